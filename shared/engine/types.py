@@ -1,0 +1,84 @@
+"""Typed contracts between the engine's parts: scheduler -> model runner -> sampler -> scheduler.
+
+The scheduler is pure CPU and speaks only in token ids and page ids; the model runner turns a SchedulerOutput
+into flat tensors and runs one forward; nothing here touches a device.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+
+@dataclass(frozen=True)
+class KVLayout:
+    """How a KV pool is laid out in memory; the hand-off protocol negotiates on this.
+
+    The pool is one contiguous buffer, page-major, so that one page of one sequence (all layers, K and V) is one
+    contiguous region a transfer engine can move with a single descriptor:
+        buffer: [num_pages, num_layers, 2 (K, V), page_size, num_kv_heads, head_dim]
+    """
+
+    dtype: str  # "float32" | "bfloat16" | "float16"
+    page_size: int
+    num_layers: int
+    num_kv_heads: int
+    head_dim: int
+
+    @property
+    def dtype_bytes(self) -> int:
+        return 4 if self.dtype == "float32" else 2
+
+    @property
+    def page_bytes(self) -> int:
+        return self.num_layers * 2 * self.page_size * self.num_kv_heads * self.head_dim * self.dtype_bytes
+
+    def compatible_with(self, other: KVLayout) -> bool:
+        return self == other
+
+
+@dataclass(frozen=True)
+class ScheduledSeq:
+    """One sequence's share of a forward step.
+
+    token_ids are the tokens to compute now (a whole prompt, a prefill chunk, or the one last sampled token);
+    they sit at positions [start_pos, start_pos + len(token_ids)). page_ids cover every position up to the end of
+    this chunk, in order; KV for positions < start_pos is already in those pages (prefix cache hit or an earlier
+    chunk). need_logits: sample a token after this step (false for a non-final prefill chunk).
+    """
+
+    req_id: str
+    token_ids: tuple[int, ...]
+    start_pos: int
+    page_ids: tuple[int, ...]
+    need_logits: bool
+
+
+@dataclass(frozen=True)
+class SchedulerOutput:
+    """What to run this step. Empty `seqs` means there is nothing to run."""
+
+    seqs: tuple[ScheduledSeq, ...] = ()
+    preempted: tuple[str, ...] = ()  # requests whose pages were taken back; they recompute later
+    finished: tuple[str, ...] = ()  # requests that finished or were aborted since the last step
+
+    @property
+    def num_tokens(self) -> int:
+        return sum(len(s.token_ids) for s in self.seqs)
+
+    @property
+    def is_decode_only(self) -> bool:
+        return bool(self.seqs) and all(len(s.token_ids) == 1 and s.need_logits for s in self.seqs)
+
+
+@dataclass(frozen=True)
+class StepStats:
+    """Timings of one engine step, for benchmarks and metrics (seconds)."""
+
+    schedule_s: float = 0.0
+    prepare_s: float = 0.0  # SchedulerOutput -> tensors
+    forward_s: float = 0.0
+    sample_s: float = 0.0
+    update_s: float = 0.0
+    num_tokens: int = 0
+    num_seqs: int = 0
+    extra: dict[str, float] = field(default_factory=dict)
