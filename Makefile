@@ -1,0 +1,38 @@
+# Quick start: `make up` (install, prepare the bundled model, run the local cluster and answer a request)
+#              `make test` (install, run the test suite)
+VENV ?= .venv
+PY := $(VENV)/bin/python
+PYTEST_ARGS ?=
+
+.PHONY: install model up down status test test-fast proto bench-engine clean
+
+install:
+	@bash scripts/install.sh
+
+model: install
+	@$(VENV)/bin/pdrelay model prepare
+
+up: model
+	@bash scripts/up.sh
+
+down:
+	@$(VENV)/bin/pdrelay down
+
+status:
+	@$(VENV)/bin/pdrelay status
+
+test: install
+	@bash scripts/test.sh $(PYTEST_ARGS)
+
+# Skip the tests marked slow (bundled model, real clusters): a quick loop while editing.
+test-fast: install
+	@bash scripts/test.sh -m "not slow" $(PYTEST_ARGS)
+
+proto: install
+	@bash scripts/gen_proto.sh
+
+bench-engine: model
+	@$(VENV)/bin/pdrelay bench engine
+
+clean:
+	rm -rf $(VENV) .run .pytest_cache

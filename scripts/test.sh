@@ -1,0 +1,15 @@
+#!/usr/bin/env bash
+# Runs the test suite in the project venv (scripts/install.sh must have run). Extra args go to pytest.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+VENV=${PDRELAY_VENV:-.venv}
+export HF_HUB_OFFLINE=1 TOKENIZERS_PARALLELISM=false
+# The bundled model is prepared once up front, so the first test using it does not pay the conversion.
+"$VENV/bin/pdrelay" model prepare >/dev/null
+set +e
+"$VENV/bin/python" -m pytest "$@"
+rc=$?
+set -e
+# pytest exits 5 when nothing was collected: that is a failure of the suite, not a pass.
+[ "$rc" -eq 5 ] && echo "no tests were collected" >&2
+exit "$rc"

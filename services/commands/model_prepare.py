@@ -1,0 +1,33 @@
+"""`pdrelay model prepare`: turn the bundled GGUF into a safetensors model directory and print its path."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from shared.config.groups import BUNDLED_MODEL
+
+
+def add_parser(sub: argparse._SubParsersAction) -> None:
+    model = sub.add_parser("model", help="prepare the bundled model")
+    model_sub = model.add_subparsers(dest="model_command", metavar="<action>")
+    model_sub.required = True
+    prep = model_sub.add_parser("prepare", help="prepare a model directory (idempotent) and print its path")
+    prep.add_argument("--model", default=BUNDLED_MODEL, help=f"model to prepare (default: {BUNDLED_MODEL})")
+    prep.add_argument("--model-cache-dir", default=None, help="cache folder (default: $XDG_CACHE_HOME/pdrelay/models)")
+    prep.set_defaults(_run=run)
+
+
+def run(ns: argparse.Namespace, extra: list[str]) -> int:
+    if extra:
+        print(f"pdrelay model prepare: unknown arguments: {' '.join(extra)}", file=sys.stderr)
+        return 2
+    from shared.engine.bundled import resolve_model_path
+
+    try:
+        path = resolve_model_path(ns.model, ns.model_cache_dir)
+    except ValueError as e:
+        print(f"pdrelay model prepare: {e}", file=sys.stderr)
+        return 2
+    print(path)
+    return 0
