@@ -1,0 +1,22 @@
+"""create_engine(backend, name=..., host=...): the only place that maps a backend name to its class."""
+
+from __future__ import annotations
+
+from shared.transfer.base import TransferEngine
+
+BACKENDS: tuple[str, ...] = ("nixl", "mooncake")
+
+
+def create_engine(backend: str, *, name: str, host: str) -> TransferEngine:
+    """A started engine of `backend` ("nixl" | "mooncake") named `name` (unique per cluster: the instance id),
+    advertising `host` (cfg.transfer.transfer_host) to peers. Raises BackendUnavailable with the install command
+    when the backend cannot be imported, ValueError for an unknown backend name."""
+    if backend == "nixl":
+        from shared.transfer.nixl_backend import NixlEngine
+
+        return NixlEngine(name, host)
+    if backend == "mooncake":
+        from shared.transfer.mooncake_backend import MooncakeEngine
+
+        return MooncakeEngine(name, host)
+    raise ValueError(f"--transfer-backend {backend!r} is not one of {BACKENDS}; try --transfer-backend nixl")
