@@ -1,0 +1,35 @@
+"""Typed errors the engine raises for user input and capacity, so callers map them to protocol codes.
+
+InvalidRequest -> HTTP 400 / gRPC INVALID_ARGUMENT (do not retry); QueueFull -> HTTP 503 / gRPC
+RESOURCE_EXHAUSTED (retry, possibly elsewhere). Internal invariants use assert instead.
+"""
+
+from __future__ import annotations
+
+
+class EngineError(Exception):
+    """Base class of errors the engine raises on purpose."""
+
+
+class InvalidRequest(EngineError, ValueError):
+    """The request can never be served as sent (bad sampling values, prompt too long, duplicate id...).
+
+    `field` names the offending value so an API layer can point at it.
+    """
+
+    def __init__(self, message: str, *, field: str | None = None) -> None:
+        super().__init__(message)
+        self.field = field
+
+
+class QueueFull(EngineError):
+    """The waiting queue is at max_queued_requests; the request may be retried later or on another instance."""
+
+    retryable = True
+
+
+class UnknownRequest(EngineError, KeyError):
+    """An operation named a request id the engine does not know (never added, or already finished)."""
+
+    def __str__(self) -> str:  # KeyError quotes its argument; keep the message readable
+        return str(self.args[0]) if self.args else ""
