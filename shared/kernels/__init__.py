@@ -1,0 +1,1 @@
+"""Kernels, one file per op: torch reference implementations (CPU), chosen through `dispatch`."""

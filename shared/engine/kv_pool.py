@@ -1,0 +1,119 @@
+"""The paged KV pool: one contiguous tensor holding every layer's K and V, page-major.
+
+    buffer: [num_pages, num_layers, 2 (K, V), page_size, num_kv_heads, head_dim]
+
+Page-major means one page of one sequence (all layers, K and V) is one contiguous region of `layout.page_bytes`
+bytes at `data_ptr + page_id * bytes_per_page`: a transfer engine moves a page with one descriptor, and a
+checksum of a page is a checksum of one byte range. Attention reads a layer through the strided views `k(layer)`
+and `v(layer)`.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Sequence
+
+import torch
+
+from shared.engine.types import KVLayout
+
+_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+def torch_dtype(name: str) -> torch.dtype:
+    """'float32' | 'bfloat16' | 'float16' -> torch dtype."""
+    if name not in _DTYPES:
+        raise ValueError(f"dtype {name!r} is not supported; use one of: {', '.join(_DTYPES)}")
+    return _DTYPES[name]
+
+
+def num_pages_for_budget(layout: KVLayout, budget_bytes: int) -> int:
+    """How many whole pages fit in `budget_bytes`."""
+    pages = budget_bytes // layout.page_bytes
+    if pages < 1:
+        raise ValueError(
+            f"KV budget of {budget_bytes} bytes holds no page of {layout.page_bytes} bytes "
+            f"(page_size {layout.page_size}, {layout.num_layers} layers); raise the budget or lower --page-size"
+        )
+    return int(pages)
+
+
+class KVPool:
+    """Owns the KV buffer; page ids index its first dimension."""
+
+    def __init__(self, layout: KVLayout, num_pages: int, device: torch.device | str = "cpu") -> None:
+        if num_pages < 1:
+            raise ValueError(f"num_pages must be >= 1, got {num_pages}")
+        self.layout = layout
+        self.num_pages = num_pages
+        self.device = torch.device(device)
+        self.dtype = torch_dtype(layout.dtype)
+        # zeros, not empty: a never-written page must read as finite numbers (masked attention multiplies it by 0,
+        # and 0 * NaN would poison the output).
+        self.buffer = torch.zeros(
+            (num_pages, layout.num_layers, 2, layout.page_size, layout.num_kv_heads, layout.head_dim),
+            dtype=self.dtype,
+            device=self.device,
+        )
+        # [num_pages, num_layers * 2, page_size * kv_heads * head_dim]: row (page, 2*layer + kv) is one page's K or V
+        # of one layer, contiguous; decode attention gathers these rows with one index_select.
+        self._rows = self.buffer.view(num_pages, layout.num_layers * 2, -1)
+
+    @property
+    def bytes_per_page(self) -> int:
+        return self.layout.page_bytes
+
+    @property
+    def nbytes(self) -> int:
+        return self.buffer.numel() * self.buffer.element_size()
+
+    def data_ptr(self) -> int:
+        return self.buffer.data_ptr()
+
+    def k(self, layer: int) -> torch.Tensor:
+        """[num_pages, page_size, kv_heads, head_dim] view of layer `layer`'s keys (strided, no copy)."""
+        return self.buffer[:, layer, 0]
+
+    def v(self, layer: int) -> torch.Tensor:
+        """[num_pages, page_size, kv_heads, head_dim] view of layer `layer`'s values (strided, no copy)."""
+        return self.buffer[:, layer, 1]
+
+    def k_rows(self, layer: int) -> torch.Tensor:
+        """[num_pages, page_size * kv_heads * head_dim]: layer's keys, one contiguous row per page."""
+        return self._rows[:, 2 * layer]
+
+    def v_rows(self, layer: int) -> torch.Tensor:
+        """[num_pages, page_size * kv_heads * head_dim]: layer's values, one contiguous row per page."""
+        return self._rows[:, 2 * layer + 1]
+
+    def write(
+        self,
+        layer: int,
+        slots_pages: torch.Tensor,
+        slots_offsets: torch.Tensor,
+        k: torch.Tensor,
+        v: torch.Tensor,
+    ) -> None:
+        """Store K/V of T tokens: token i goes to (page slots_pages[i], offset slots_offsets[i]).
+
+        slots_pages, slots_offsets: [T] int64; k, v: [T, kv_heads, head_dim].
+        """
+        self.buffer[:, layer, 0].index_put_((slots_pages, slots_offsets), k)
+        self.buffer[:, layer, 1].index_put_((slots_pages, slots_offsets), v)
+
+    def page_view(self, page_id: int) -> torch.Tensor:
+        """[num_layers, 2, page_size, kv_heads, head_dim]: one page, contiguous (a view, writes go to the pool)."""
+        return self.buffer[page_id]
+
+    def page_ptr(self, page_id: int) -> int:
+        """Address of page `page_id` (for transfer descriptors)."""
+        return self.data_ptr() + page_id * self.bytes_per_page
+
+    def pages_bytes(self, page_ids: Sequence[int]) -> torch.Tensor:
+        """The pages' raw bytes, in the given order, as one uint8 tensor [len(page_ids) * bytes_per_page] (a copy)."""
+        idx = torch.as_tensor(list(page_ids), dtype=torch.int64, device=self.device)
+        return self.buffer.index_select(0, idx).contiguous().view(torch.uint8).reshape(-1)
+
+    def pages_checksum(self, page_ids: Sequence[int]) -> str:
+        """sha256 hex digest of the pages' bytes in order; both ends of a hand-off compute it the same way."""
+        return hashlib.sha256(self.pages_bytes(page_ids).cpu().numpy().tobytes()).hexdigest()

@@ -1,0 +1,128 @@
+"""ModelRunner: loads a model and its KV pool, and runs one forward per SchedulerOutput.
+
+The runner knows nothing about sampling or scheduling: `forward` turns a SchedulerOutput into a ForwardBatch,
+runs the model (writing the scheduled tokens' K/V into the pages given, reading prefixes from them) and returns
+float32 logits for the sequences that asked for them. A prefill-only worker uses it the same way.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from shared.engine.forward_batch import ForwardBatch, build_forward_batch
+from shared.engine.kv_pool import KVPool, num_pages_for_budget, torch_dtype
+from shared.engine.models import LlamaForCausalLM, build_model, load_model_config
+from shared.engine.types import KVLayout, SchedulerOutput
+from shared.engine.weights import load_weights
+from shared.kernels.dispatch import select_attention_backend
+
+# When neither num_pages nor kv_budget_bytes is given: enough for a few full batches, small enough for a laptop.
+DEFAULT_KV_BUDGET_BYTES = 512 * 1024 * 1024
+
+
+def _read_json(path: Path) -> dict[str, Any]:
+    return json.loads(path.read_text()) if path.is_file() else {}
+
+
+class ModelRunner:
+    """One model + one KV pool on one device.
+
+    Attributes: layout (KVLayout), kv (KVPool), num_pages, vocab_size, hf_config (transformers config),
+    arch (our parsed config), eos_token_ids, context_length, page_size, device, dtype.
+    """
+
+    def __init__(
+        self,
+        model_dir: str | Path,
+        *,
+        dtype: str = "float32",
+        device: str = "cpu",
+        num_pages: int | None = None,
+        kv_budget_bytes: int | None = None,
+        page_size: int = 16,
+        attention_backend: str = "torch",
+        max_batch_tokens: int = 4096,
+        context_length: int | None = None,
+    ) -> None:
+        model_dir = Path(model_dir)
+        if page_size < 1 or page_size & (page_size - 1):
+            raise ValueError(f"page_size must be a power of two (got {page_size}); try 16")
+        if max_batch_tokens < 1:
+            raise ValueError(f"max_batch_tokens must be >= 1 (got {max_batch_tokens})")
+        self.model_dir = model_dir
+        self.device = torch.device(device)
+        self.dtype = torch_dtype(dtype)
+        self.arch = load_model_config(model_dir)
+        self.hf_config = self._load_hf_config(model_dir)
+        self.vocab_size = self.arch.vocab_size
+        self.context_length = context_length or self.arch.max_position_embeddings
+        self.page_size = page_size
+        self.max_batch_tokens = max_batch_tokens
+        self.eos_token_ids = self._eos_ids(model_dir)
+
+        self.model: LlamaForCausalLM = build_model(self.arch, self.dtype, max_positions=self.context_length)
+        load_weights(self.model, self.model.hf_weight_map(), model_dir, tied_lm_head=self.arch.tie_word_embeddings)
+        self.model.eval()
+        self.model.to_device(self.device)
+
+        self.layout = KVLayout(
+            dtype=dtype,
+            page_size=page_size,
+            num_layers=self.arch.num_layers,
+            num_kv_heads=self.arch.num_kv_heads,
+            head_dim=self.arch.head_dim,
+        )
+        if num_pages is None:
+            num_pages = num_pages_for_budget(self.layout, kv_budget_bytes or DEFAULT_KV_BUDGET_BYTES)
+        elif kv_budget_bytes is not None:
+            raise ValueError("give num_pages or kv_budget_bytes, not both")
+        self.num_pages = num_pages
+        self.kv = KVPool(self.layout, num_pages, self.device)
+        self.attn = select_attention_backend(attention_backend, self.device)
+
+    @staticmethod
+    def _load_hf_config(model_dir: Path) -> Any:
+        from transformers import AutoConfig  # heavy import, only once the model is known to be supported
+
+        return AutoConfig.from_pretrained(str(model_dir), local_files_only=True)
+
+    def _eos_ids(self, model_dir: Path) -> tuple[int, ...]:
+        """config.json's eos ids, plus generation_config.json's (chat models often list <|im_end|> there)."""
+        ids = list(self.arch.eos_token_ids)
+        gen = _read_json(model_dir / "generation_config.json").get("eos_token_id")
+        for i in [gen] if isinstance(gen, int) else gen or []:
+            if int(i) not in ids:
+                ids.append(int(i))
+        return tuple(ids)
+
+    def prepare(self, out: SchedulerOutput) -> ForwardBatch:
+        """SchedulerOutput -> ForwardBatch (validated against the pool, vocabulary and context length)."""
+        if out.num_tokens > self.max_batch_tokens:
+            raise ValueError(
+                f"step has {out.num_tokens} tokens, more than max_batch_tokens {self.max_batch_tokens}; "
+                f"schedule fewer tokens per step (chunked prefill) or raise max_batch_tokens"
+            )
+        return build_forward_batch(
+            out, self.page_size, self.device, num_pages=self.num_pages, vocab_size=self.vocab_size,
+            max_positions=self.context_length,
+        )
+
+    @torch.inference_mode()
+    def forward(self, out: SchedulerOutput) -> torch.Tensor:
+        """Run one step. Returns float32 logits [n, vocab] for the seqs with need_logits, in out.seqs order."""
+        if not out.seqs:
+            return torch.empty((0, self.vocab_size), dtype=torch.float32, device=self.device)
+        batch = self.prepare(out)
+        return self.forward_batch(batch)
+
+    @torch.inference_mode()
+    def forward_batch(self, batch: ForwardBatch) -> torch.Tensor:
+        """forward() for an already prepared batch (benchmarks time preparation and compute apart)."""
+        meta = self.attn.prepare(batch.page_table, batch.prefix_lens, batch.extend_lens, batch.token_starts,
+                                 self.page_size)
+        hidden = self.model(batch, self.kv, self.attn, meta)  # [n, hidden]
+        return self.model.compute_logits(hidden)

@@ -1,0 +1,29 @@
+"""Model implementations. All supported architectures share the Llama-family decoder in llama.py."""
+
+from __future__ import annotations
+
+import torch
+
+from shared.engine.models.config import (
+    SUPPORTED_ARCHITECTURES,
+    ModelArchConfig,
+    load_model_config,
+    parse_model_config,
+)
+from shared.engine.models.llama import LlamaForCausalLM, WeightSlot
+
+__all__ = [
+    "SUPPORTED_ARCHITECTURES",
+    "LlamaForCausalLM",
+    "ModelArchConfig",
+    "WeightSlot",
+    "build_model",
+    "load_model_config",
+    "parse_model_config",
+]
+
+
+def build_model(cfg: ModelArchConfig, dtype: torch.dtype, max_positions: int | None = None) -> LlamaForCausalLM:
+    """An unloaded model for `cfg` (Llama, Qwen2 or Qwen3: the differences are flags on the config)."""
+    assert cfg.architecture in SUPPORTED_ARCHITECTURES, cfg.architecture  # parse_model_config refused the rest
+    return LlamaForCausalLM(cfg, dtype, max_positions)

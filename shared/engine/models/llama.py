@@ -1,0 +1,176 @@
+"""Our Llama-family decoder: Llama, Qwen2 (q/k/v bias) and Qwen3 (per-head q/k RMSNorm) in one module.
+
+Inference only, laid out for few ops per layer on CPU:
+  - q, k, v projections fused into one [(H + 2 * KVH) * D, hidden] weight, gate and up into one [2 * I, hidden];
+  - RoPE (and Qwen3's q/k norm) applied to q and k heads together, as one [T, H + KVH, D] tensor;
+  - cos/sin looked up once per forward, shared by all layers;
+  - logits only for the rows that need them.
+The fused parameters are filled from the checkpoint's separate tensors by `hf_weight_map` (see weights.py).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from shared.engine.forward_batch import ForwardBatch
+from shared.engine.kv_pool import KVPool
+from shared.engine.models.config import ModelArchConfig
+from shared.kernels.activation import silu_and_mul
+from shared.kernels.dispatch import AttentionBackend, AttentionMetadata
+from shared.kernels.rms_norm import fused_add_rms_norm, rms_norm
+from shared.kernels.rotary import RotaryCache, apply_rotary
+
+
+@dataclass(frozen=True)
+class WeightSlot:
+    """Where one checkpoint tensor goes: rows [start, end) of our parameter `param` (all rows if start is None).
+    broadcast: the tensor fills every row of the slice (Qwen3's q_norm/k_norm [D] -> [heads, D])."""
+
+    param: str
+    start: int | None = None
+    end: int | None = None
+    broadcast: bool = False
+
+
+def _param(*shape: int, dtype: torch.dtype) -> nn.Parameter:
+    # Uninitialised on purpose: the strict loader fills every element or fails (weights.load_weights).
+    return nn.Parameter(torch.empty(shape, dtype=dtype), requires_grad=False)
+
+
+class DecoderLayer(nn.Module):
+    def __init__(self, cfg: ModelArchConfig, layer_id: int, dtype: torch.dtype) -> None:
+        super().__init__()
+        self.layer_id = layer_id
+        h, kvh, d = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
+        self.num_heads, self.num_kv_heads, self.head_dim = h, kvh, d
+        self.q_size, self.kv_size = h * d, kvh * d
+        self.eps = cfg.rms_norm_eps
+        self.scale = d**-0.5
+        self.input_norm = _param(cfg.hidden_size, dtype=dtype)
+        self.qkv_weight = _param(self.q_size + 2 * self.kv_size, cfg.hidden_size, dtype=dtype)
+        self.qkv_bias = _param(self.q_size + 2 * self.kv_size, dtype=dtype) if cfg.qkv_bias else None
+        # Qwen3's q_norm and k_norm weights, repeated per head: [H + KVH, D] so one rms_norm covers q and k
+        self.qk_norm = _param(h + kvh, d, dtype=dtype) if cfg.qk_norm else None
+        self.o_weight = _param(cfg.hidden_size, self.q_size, dtype=dtype)
+        self.o_bias = _param(cfg.hidden_size, dtype=dtype) if cfg.o_bias else None
+        self.post_norm = _param(cfg.hidden_size, dtype=dtype)
+        self.gate_up_weight = _param(2 * cfg.intermediate_size, cfg.hidden_size, dtype=dtype)
+        self.down_weight = _param(cfg.hidden_size, cfg.intermediate_size, dtype=dtype)
+
+    def weight_map(self, cfg: ModelArchConfig) -> dict[str, WeightSlot]:
+        """HF tensor name -> slot, for this layer."""
+        pre, me = f"model.layers.{self.layer_id}.", f"layers.{self.layer_id}."
+        q, kv, inter = self.q_size, self.kv_size, cfg.intermediate_size
+        m = {
+            pre + "input_layernorm.weight": WeightSlot(me + "input_norm"),
+            pre + "self_attn.q_proj.weight": WeightSlot(me + "qkv_weight", 0, q),
+            pre + "self_attn.k_proj.weight": WeightSlot(me + "qkv_weight", q, q + kv),
+            pre + "self_attn.v_proj.weight": WeightSlot(me + "qkv_weight", q + kv, q + 2 * kv),
+            pre + "self_attn.o_proj.weight": WeightSlot(me + "o_weight"),
+            pre + "post_attention_layernorm.weight": WeightSlot(me + "post_norm"),
+            pre + "mlp.gate_proj.weight": WeightSlot(me + "gate_up_weight", 0, inter),
+            pre + "mlp.up_proj.weight": WeightSlot(me + "gate_up_weight", inter, 2 * inter),
+            pre + "mlp.down_proj.weight": WeightSlot(me + "down_weight"),
+        }
+        if self.qkv_bias is not None:
+            m[pre + "self_attn.q_proj.bias"] = WeightSlot(me + "qkv_bias", 0, q)
+            m[pre + "self_attn.k_proj.bias"] = WeightSlot(me + "qkv_bias", q, q + kv)
+            m[pre + "self_attn.v_proj.bias"] = WeightSlot(me + "qkv_bias", q + kv, q + 2 * kv)
+        if self.o_bias is not None:
+            m[pre + "self_attn.o_proj.bias"] = WeightSlot(me + "o_bias")
+        if self.qk_norm is not None:
+            h = self.num_heads
+            m[pre + "self_attn.q_norm.weight"] = WeightSlot(me + "qk_norm", 0, h, broadcast=True)
+            m[pre + "self_attn.k_norm.weight"] = WeightSlot(me + "qk_norm", h, h + self.num_kv_heads, broadcast=True)
+        return m
+
+    def forward(
+        self,
+        hidden: torch.Tensor,
+        residual: torch.Tensor | None,
+        cos: torch.Tensor,
+        sin: torch.Tensor,
+        batch: ForwardBatch,
+        kv: KVPool,
+        attn: AttentionBackend,
+        meta: AttentionMetadata,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """hidden [T, hidden] (the previous layer's MLP output), residual [T, hidden] or None for layer 0
+        -> (this layer's MLP output, residual stream)."""
+        if residual is None:
+            residual = hidden
+            x = rms_norm(hidden, self.input_norm, self.eps)
+        else:
+            x, residual = fused_add_rms_norm(hidden, residual, self.input_norm, self.eps)
+        t = x.shape[0]
+        h, kvh, d = self.num_heads, self.num_kv_heads, self.head_dim
+        qkv = F.linear(x, self.qkv_weight, self.qkv_bias)  # [T, (H + 2 * KVH) * D]
+        qk = qkv[:, : self.q_size + self.kv_size].view(t, h + kvh, d)
+        if self.qk_norm is not None:
+            qk = rms_norm(qk, self.qk_norm, self.eps)
+        qk = apply_rotary(qk, cos, sin)  # [T, H + KVH, D]
+        q, k = qk[:, :h], qk[:, h:]
+        v = qkv[:, self.q_size + self.kv_size :].view(t, kvh, d)
+        kv.write(self.layer_id, batch.out_pages, batch.out_offsets, k, v)
+        o = attn.forward(q, k, v, kv.k(self.layer_id), kv.v(self.layer_id), meta, self.scale)  # [T, H, D]
+        x = F.linear(o.reshape(t, self.q_size), self.o_weight, self.o_bias)
+        x, residual = fused_add_rms_norm(x, residual, self.post_norm, self.eps)
+        x = F.linear(silu_and_mul(F.linear(x, self.gate_up_weight)), self.down_weight)
+        return x, residual
+
+
+class LlamaForCausalLM(nn.Module):
+    """Llama / Qwen2 / Qwen3 causal LM over a paged KV pool."""
+
+    def __init__(self, cfg: ModelArchConfig, dtype: torch.dtype, max_positions: int | None = None) -> None:
+        super().__init__()
+        self.cfg = cfg
+        self.dtype = dtype
+        self.embed_tokens = _param(cfg.vocab_size, cfg.hidden_size, dtype=dtype)
+        self.layers = nn.ModuleList(DecoderLayer(cfg, i, dtype) for i in range(cfg.num_layers))
+        self.norm = _param(cfg.hidden_size, dtype=dtype)
+        self.lm_head = self.embed_tokens if cfg.tie_word_embeddings else _param(cfg.vocab_size, cfg.hidden_size,
+                                                                                 dtype=dtype)
+        self.rotary = RotaryCache(cfg.head_dim, max_positions or cfg.max_position_embeddings, cfg.rope_theta,
+                                  cfg.rope_scaling)
+
+    def hf_weight_map(self) -> dict[str, WeightSlot]:
+        """Every checkpoint tensor this model needs, by its Hugging Face name."""
+        m = {"model.embed_tokens.weight": WeightSlot("embed_tokens"), "model.norm.weight": WeightSlot("norm")}
+        if not self.cfg.tie_word_embeddings:
+            m["lm_head.weight"] = WeightSlot("lm_head")
+        for layer in self.layers:
+            assert isinstance(layer, DecoderLayer)
+            m.update(layer.weight_map(self.cfg))
+        return m
+
+    def to_device(self, device: torch.device) -> None:
+        self.to(device)
+        self.rotary.cos, self.rotary.sin = self.rotary.cos.to(device), self.rotary.sin.to(device)
+
+    def forward(
+        self, batch: ForwardBatch, kv: KVPool, attn: AttentionBackend, meta: AttentionMetadata
+    ) -> torch.Tensor:
+        """Run all layers over the batch's T tokens, writing their K/V into `kv`.
+
+        Returns the final-normed hidden states of the rows in batch.logits_indices: [n, hidden].
+        """
+        hidden = F.embedding(batch.input_ids, self.embed_tokens)  # [T, hidden]
+        cos, sin = self.rotary.lookup(batch.positions, self.dtype)  # [T, 1, D / 2] each
+        residual: torch.Tensor | None = None
+        for layer in self.layers:
+            hidden, residual = layer(hidden, residual, cos, sin, batch, kv, attn, meta)
+        assert residual is not None
+        idx = batch.logits_indices
+        if idx.numel() != hidden.shape[0]:
+            hidden, residual = hidden.index_select(0, idx), residual.index_select(0, idx)
+        out, _ = fused_add_rms_norm(hidden, residual, self.norm, self.cfg.rms_norm_eps)
+        return out
+
+    def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        """[n, hidden] -> float32 logits [n, vocab]."""
+        return F.linear(hidden, self.lm_head).float()
