@@ -74,6 +74,10 @@ class Origin:
             return f"{self.name}: {text} in {self.file or 'the JSON config'}"
         return f"{self.name} {text}"
 
+    def example(self, text: str) -> str:
+        """How to write a value from the same source: `--page-size 16`, `PDRELAY_PAGE_SIZE=16`, `page_size: 16`."""
+        return f"{self.name}: {text}" if self.source in ("file", "json") else self.show(text)
+
     def fail(self, text: str, problem: str, fix: str) -> ConfigError:
         return ConfigError(f"{self.show(text)} {problem}; {fix}")
 
@@ -116,14 +120,14 @@ def _parse_scalar(spec: FieldSpec, base: type, text: str, origin: Origin, whole:
             return int(t, 10)
         except ValueError:
             units = " (units such as 4GiB or 512MB work too)" if spec.name.endswith("_bytes") else ""
-            raise origin.fail(_shown(whole), "is not an integer", f"e.g. {origin.show(example)}{units}") from None
+            raise origin.fail(_shown(whole), "is not an integer", f"e.g. {origin.example(example)}{units}") from None
     assert base is float
     try:
         value = float(t)
     except ValueError:
-        raise origin.fail(_shown(whole), "is not a number", f"e.g. {origin.show(example)}") from None
+        raise origin.fail(_shown(whole), "is not a number", f"e.g. {origin.example(example)}") from None
     if not math.isfinite(value):
-        raise origin.fail(_shown(whole), "is not a finite number", f"e.g. {origin.show(example)}")
+        raise origin.fail(_shown(whole), "is not a finite number", f"e.g. {origin.example(example)}")
     return value
 
 
@@ -142,7 +146,7 @@ def parse_text(spec: FieldSpec, text: str, origin: Origin) -> Any:
         items = [p.strip() for p in text.split(",")]
         if any(p == "" for p in items):
             raise origin.fail(_shown(text), "has an empty item", f"separate items with single commas, e.g. "
-                              f"{origin.show(format_value(spec.default) or _example_for(kind.base))}")
+                              f"{origin.example(format_value(spec.default) or _example_for(kind.base))}")
         return tuple(_parse_scalar(spec, kind.base, p, origin, text) for p in items)
     return _parse_scalar(spec, kind.base, text, origin, text)
 
@@ -157,12 +161,12 @@ def _coerce_scalar(spec: FieldSpec, base: type, raw: Any, origin: Origin) -> Any
           else isinstance(raw, (int, float)) and not isinstance(raw, bool) if base is float
           else False)
     if not ok:
-        fix = "quote it" if base is str else f"e.g. {origin.show(format_value(spec.default))}"
+        fix = "quote it" if base is str else f"e.g. {origin.example(format_value(spec.default))}"
         raise origin.fail(_shown(format_value(raw)), f"is not {_KIND_WORDS[base]}", fix)
     if base is float:
         value = float(raw)
         if not math.isfinite(value):
-            raise origin.fail(format_value(raw), "is not a finite number", f"e.g. {origin.show(str(spec.default))}")
+            raise origin.fail(format_value(raw), "is not a finite number", f"e.g. {origin.example(str(spec.default))}")
         return value
     return raw
 
@@ -173,15 +177,15 @@ def coerce(spec: FieldSpec, raw: Any, origin: Origin) -> Any:
     if raw is None:
         if kind.optional:
             return None
-        raise origin.fail("null", "needs a value", f"e.g. {origin.show(format_value(spec.default))}")
+        raise origin.fail("null", "needs a value", f"e.g. {origin.example(format_value(spec.default))}")
     if isinstance(raw, str):
         return parse_text(spec, raw, origin)
     if kind.is_tuple:
         items = raw if isinstance(raw, (list, tuple)) else [raw]
         return tuple(_coerce_scalar(spec, kind.base, item, origin) for item in items)
     if isinstance(raw, (list, tuple, dict)):
-        raise origin.fail(_shown(str(raw)), f"is not {_KIND_WORDS[kind.base]}",
-                          f"give one value, e.g. {origin.show(format_value(spec.default))}")
+        raise origin.fail(str(raw), f"is not {_KIND_WORDS[kind.base]}",
+                          f"give one value, e.g. {origin.example(format_value(spec.default))}")
     return _coerce_scalar(spec, kind.base, raw, origin)
 
 

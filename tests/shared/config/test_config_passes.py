@@ -1,0 +1,271 @@
+"""Each resolution pass: its contract, its provenance, and the user values it must leave alone."""
+
+from __future__ import annotations
+
+import pytest
+
+from shared.config import PASSES, ConfigError, PassContext, Provenance, StaticProbe, resolve
+from shared.config import passes as P
+
+
+def _derived(cfg, key: str) -> str:
+    prov = cfg.provenance[key]
+    assert prov.source == "derived", (key, prov)
+    assert prov.detail, f"{key} derived without a reason"
+    return prov.detail
+
+
+def test_passes_are_named_functions_in_order() -> None:
+    names = [p.__name__ for p in PASSES]
+    assert len(names) == len(set(names))
+    assert names[0] == "resolve_device" and names[-1] == "check_transfer_backend"
+    assert all(p.__doc__ for p in PASSES), "every pass states its contract"
+
+
+def test_passes_return_new_objects_and_leave_the_input_alone(ctx: PassContext) -> None:
+    from shared.config import defaults
+
+    before = defaults("decode")
+    after = P.run_passes(before, ctx)
+    assert before.device.device == "auto" and before.provenance["device.device"] == Provenance("default")
+    assert after.device.device == "cpu" and after is not before
+
+
+# -- device ---------------------------------------------------------------------------------------------------------
+def test_device_auto(make_ctx) -> None:
+    cfg = resolve("decode", env={}, ctx=make_ctx(cuda=False))
+    assert cfg.device.device == "cpu" and "no CUDA" in _derived(cfg, "device.device")
+    cfg = resolve("decode", env={}, ctx=make_ctx(cuda=True, gpus=1))
+    assert cfg.device.device == "cuda" and "is_available" in _derived(cfg, "device.device")
+
+
+def test_explicit_cuda_without_gpu_is_an_error(ctx: PassContext) -> None:
+    with pytest.raises(ConfigError, match=r"^--device cuda but torch sees no CUDA device; use --device cpu"):
+        resolve("decode", ["--device", "cuda"], env={}, ctx=ctx)
+
+
+def test_real_probe_detects_this_host() -> None:
+    import torch
+
+    cfg = resolve("gateway", env={}, ctx=PassContext(check_transfer_backends=False))
+    assert cfg.device.device == ("cuda" if torch.cuda.is_available() else "cpu")
+
+
+def test_parallel_conflicts(make_ctx, ctx: PassContext) -> None:
+    with pytest.raises(ConfigError, match=r"^--tp-size 2 needs CUDA devices \(device is cpu\)"):
+        resolve("decode", ["--tp-size", "2"], env={}, ctx=ctx)
+    with pytest.raises(ConfigError, match=r"--tp-size 2 x --dp-size 2 needs 4 GPUs but 2 are visible"):
+        resolve("decode", ["--tp-size", "2", "--dp-size", "2"], env={}, ctx=make_ctx(cuda=True, gpus=2))
+    assert resolve("decode", ["--tp-size", "2"], env={}, ctx=make_ctx(cuda=True, gpus=2)).parallel.tp_size == 2
+    assert resolve("decode", ["--dp-size", "2"], env={}, ctx=ctx).parallel.dp_size == 2  # replicas work on cpu
+
+
+def test_dtypes(make_ctx, ctx: PassContext) -> None:
+    cpu = resolve("decode", env={}, ctx=ctx)
+    assert (cpu.model.dtype, cpu.cache.kv_cache_dtype) == ("float32", "float32")
+    _derived(cpu, "model.dtype"), _derived(cpu, "cache.kv_cache_dtype")
+    gpu = resolve("decode", env={}, ctx=make_ctx(cuda=True, gpus=1))
+    assert (gpu.model.dtype, gpu.cache.kv_cache_dtype) == ("bfloat16", "bfloat16")
+    mixed = resolve("decode", ["--dtype", "float16"], env={}, ctx=ctx)
+    assert mixed.cache.kv_cache_dtype == "float16" and mixed.provenance["model.dtype"].source == "cli"
+    kept = resolve("decode", ["--kv-cache-dtype", "bfloat16"], env={}, ctx=ctx)
+    assert kept.cache.kv_cache_dtype == "bfloat16" and kept.provenance["cache.kv_cache_dtype"].source == "cli"
+
+
+def test_threads(make_ctx, ctx: PassContext) -> None:
+    cfg = resolve("decode", env={}, ctx=ctx)
+    assert cfg.device.threads == 1 and "share" in _derived(cfg, "device.threads")
+    bench = PassContext(probe=StaticProbe(cores=7, modules=frozenset({"nixl_cu12._api"})), exclusive_host=True)
+    cfg = resolve("decode", env={}, ctx=bench)
+    assert cfg.device.threads == 7 and "7 cores" in _derived(cfg, "device.threads")
+    assert resolve("decode", ["--threads", "3"], env={}, ctx=bench).device.threads == 3
+
+
+def test_attention_backend(make_ctx, ctx: PassContext) -> None:
+    assert resolve("worker", env={}, ctx=ctx).kernels.attention_backend == "torch"
+    assert resolve("worker", env={}, ctx=make_ctx(cuda=True, gpus=1)).kernels.attention_backend == "triton"
+    assert resolve("worker", ["--attention-backend", "triton"], env={}, ctx=ctx).kernels.attention_backend == "triton"
+
+
+def test_served_model_name(ctx: PassContext) -> None:
+    cfg = resolve("gateway", env={}, ctx=ctx)
+    assert cfg.model.served_model_name == "smollm2-135m-instruct"
+    _derived(cfg, "model.served_model_name")
+    assert resolve("decode", ["--model", "/models/Llama-3-8B/"], env={},
+                   ctx=ctx).model.served_model_name == "Llama-3-8B"
+    assert resolve("decode", ["--served-model-name", "x"], env={}, ctx=ctx).model.served_model_name == "x"
+    assert resolve("decode", env={}, ctx=ctx).discovery.instance_id is None  # per process: the service fills it
+    with pytest.raises(ConfigError, match=r"^--model '' is empty"):
+        resolve("decode", ["--model", ""], env={}, ctx=ctx)
+
+
+# -- CUDA graphs ----------------------------------------------------------------------------------------------------
+@pytest.mark.parametrize(("role", "decode_off", "prefill_off"), [
+    ("prefill", True, False), ("decode", False, True), ("worker", False, True)])
+def test_cuda_graph_defaults_per_role(role: str, decode_off: bool, prefill_off: bool, make_ctx) -> None:
+    cfg = resolve(role, env={}, ctx=make_ctx(cuda=True, gpus=1))
+    cg = cfg.cuda_graph
+    assert (cg.disable_cuda_graph, cg.disable_decode_cuda_graph, cg.disable_prefill_cuda_graph) == (
+        False, decode_off, prefill_off)
+    assert cfg.provenance["cuda_graph.disable_cuda_graph"] == Provenance("default")
+    _derived(cfg, "cuda_graph.disable_decode_cuda_graph"), _derived(cfg, "cuda_graph.disable_prefill_cuda_graph")
+
+
+def test_cuda_graph_user_lock_wins_over_role_default(make_ctx) -> None:
+    cfg = resolve("prefill", ["--no-disable-decode-cuda-graph"], env={}, ctx=make_ctx(cuda=True, gpus=1))
+    assert cfg.cuda_graph.disable_decode_cuda_graph is False
+    assert cfg.provenance["cuda_graph.disable_decode_cuda_graph"] == Provenance("cli", "--no-disable-decode-cuda-graph")
+
+
+def test_cuda_graphs_off_on_cpu(ctx: PassContext) -> None:
+    cfg = resolve("decode", env={}, ctx=ctx)
+    cg = cfg.cuda_graph
+    assert cg.disable_cuda_graph and cg.disable_decode_cuda_graph and cg.disable_prefill_cuda_graph
+    assert _derived(cfg, "cuda_graph.disable_cuda_graph") == "cpu device has no CUDA graphs"
+    assert cg.cuda_graph_bs == ()  # nothing is captured
+
+
+def test_disable_all_conflicts_with_explicit_enable(make_ctx) -> None:
+    gpu = make_ctx(cuda=True, gpus=1)
+    with pytest.raises(ConfigError, match=r"--disable-decode-cuda-graph false conflicts with "
+                                          r"--disable-cuda-graph true; drop one"):
+        resolve("decode", ["--disable-cuda-graph", "--disable-decode-cuda-graph", "false"], env={}, ctx=gpu)
+    cfg = resolve("decode", ["--disable-cuda-graph"], env={}, ctx=gpu)
+    assert cfg.cuda_graph.disable_decode_cuda_graph is True
+    assert "turns off all" in _derived(cfg, "cuda_graph.disable_decode_cuda_graph")
+
+
+def test_cuda_graph_batch_sizes_derived(make_ctx) -> None:
+    gpu = make_ctx(cuda=True, gpus=1)
+    cfg = resolve("decode", ["--cuda-graph-max-bs", "40"], env={}, ctx=gpu)
+    assert cfg.cuda_graph.cuda_graph_bs == (1, 2, 4, 8, 16, 24, 32, 40)
+    _derived(cfg, "cuda_graph.cuda_graph_bs")
+    # a max that is not a multiple of 8 is captured itself, so padding always finds a graph
+    assert resolve("decode", ["--cuda-graph-max-bs", "20"], env={}, ctx=gpu).cuda_graph.cuda_graph_bs == (
+        1, 2, 4, 8, 16, 20)
+    assert resolve("decode", ["--cuda-graph-max-bs", "3"], env={}, ctx=gpu).cuda_graph.cuda_graph_bs == (1, 2, 3)
+    assert resolve("prefill", env={}, ctx=gpu).cuda_graph.cuda_graph_bs == ()  # no decode graphs on prefill
+
+
+def test_cuda_graph_max_bs_capped_by_running_requests(make_ctx) -> None:
+    gpu = make_ctx(cuda=True, gpus=1)
+    cfg = resolve("decode", ["--max-running-requests", "12"], env={}, ctx=gpu)
+    assert cfg.cuda_graph.cuda_graph_max_bs == 12 and "--max-running-requests 12" in _derived(
+        cfg, "cuda_graph.cuda_graph_max_bs")
+    assert cfg.cuda_graph.cuda_graph_bs == (1, 2, 4, 8, 12)
+    mine = resolve("decode", ["--max-running-requests", "12", "--cuda-graph-max-bs", "32"], env={}, ctx=gpu)
+    assert mine.cuda_graph.cuda_graph_max_bs == 32  # the user's own value is kept
+
+
+def test_cuda_graph_batch_sizes_user_list(make_ctx) -> None:
+    gpu = make_ctx(cuda=True, gpus=1)
+    cfg = resolve("decode", ["--cuda-graph-bs", "8,1,8,4"], env={}, ctx=gpu)
+    assert cfg.cuda_graph.cuda_graph_bs == (1, 4, 8)
+    assert "--cuda-graph-bs 8,1,8,4" in _derived(cfg, "cuda_graph.cuda_graph_bs")
+    ordered = resolve("decode", ["--cuda-graph-bs", "1,2"], env={}, ctx=gpu)
+    assert ordered.provenance["cuda_graph.cuda_graph_bs"] == Provenance("cli", "--cuda-graph-bs")
+    with pytest.raises(ConfigError, match=r"^--cuda-graph-bs 1,65,0 has sizes outside 1\.\.64 \(0,65\)"):
+        resolve("decode", ["--cuda-graph-bs", "1,65,0"], env={}, ctx=gpu)
+
+
+# -- memory and scheduling --------------------------------------------------------------------------------------------
+def test_page_size_power_of_two(ctx: PassContext) -> None:
+    with pytest.raises(ConfigError) as info:
+        resolve("prefill", ["--page-size", "12"], env={}, ctx=ctx)
+    assert str(info.value) == "--page-size 12 must be a power of two (got 12); try 16"
+    with pytest.raises(ConfigError, match=r"try 128$"):
+        resolve("decode", ["--page-size", "100"], env={}, ctx=ctx)
+    for ok in (1, 2, 64, 1024):
+        assert resolve("decode", ["--page-size", str(ok)], env={}, ctx=ctx).cache.page_size == ok
+
+
+def test_context_length_holds_a_page(ctx: PassContext) -> None:
+    with pytest.raises(ConfigError, match=r"^--context-length 16 is shorter than one KV page \(--page-size 32\)"):
+        resolve("decode", ["--context-length", "16", "--page-size", "32"], env={}, ctx=ctx)
+    assert resolve("decode", ["--context-length", "32", "--page-size", "32"], env={}, ctx=ctx)
+
+
+def test_kv_memory_budget(make_ctx) -> None:
+    small = resolve("decode", env={}, ctx=make_ctx(memory_bytes=2 << 30))
+    assert small.cache.kv_cache_memory_bytes == int(0.9 * (2 << 30))
+    assert "MemAvailable" in _derived(small, "cache.kv_cache_memory_bytes")
+    big = resolve("decode", env={}, ctx=make_ctx(memory_bytes=64 << 30))
+    assert big.cache.kv_cache_memory_bytes == 4 << 30
+    assert "capped at 4.0 GiB" in _derived(big, "cache.kv_cache_memory_bytes")
+    gpu = resolve("decode", ["--mem-fraction-static", "0.5"], env={}, ctx=make_ctx(cuda=True, gpus=1,
+                                                                                    memory_bytes=80 << 30))
+    assert gpu.cache.kv_cache_memory_bytes == 40 << 30  # no cap on a GPU
+    mine = resolve("decode", ["--kv-cache-memory-bytes", "1GiB"], env={}, ctx=make_ctx(memory_bytes=64 << 30))
+    assert mine.cache.kv_cache_memory_bytes == 1 << 30 and mine.provenance["cache.kv_cache_memory_bytes"].source == "cli"
+    pages = resolve("decode", ["--num-pages", "100"], env={}, ctx=make_ctx())
+    assert pages.cache.kv_cache_memory_bytes == 0  # the page count sizes the pool
+    with pytest.raises(ConfigError, match=r"--num-pages 100 and --kv-cache-memory-bytes 1073741824 both size"):
+        resolve("decode", ["--num-pages", "100", "--kv-cache-memory-bytes", "1GiB"], env={}, ctx=make_ctx())
+
+
+@pytest.mark.parametrize(("cuda", "memory", "want"), [(False, 16 << 30, 512), (True, 24 << 30, 2048),
+                                                      (True, 80 << 30, 4096)])
+def test_chunked_prefill_size_by_device(cuda: bool, memory: int, want: int, make_ctx) -> None:
+    cfg = resolve("prefill", env={}, ctx=make_ctx(cuda=cuda, gpus=int(cuda), memory_bytes=memory))
+    assert cfg.scheduler.chunked_prefill_size == want  # 8192 on a large GPU, capped by max-prefill-tokens 4096
+    _derived(cfg, "scheduler.chunked_prefill_size")
+
+
+def test_prefill_budget_reconciled(make_ctx, ctx: PassContext) -> None:
+    big = make_ctx(cuda=True, gpus=1, memory_bytes=80 << 30)
+    cfg = resolve("prefill", ["--max-prefill-tokens", "16384"], env={}, ctx=big)
+    assert cfg.scheduler.chunked_prefill_size == 8192
+    cfg = resolve("prefill", ["--chunked-prefill-size", "8000"], env={}, ctx=ctx)
+    assert cfg.scheduler.max_prefill_tokens == 8000
+    assert "must fit in one step" in _derived(cfg, "scheduler.max_prefill_tokens")
+    with pytest.raises(ConfigError, match=r"^--chunked-prefill-size 8000 is larger than --max-prefill-tokens 1000; "
+                                          r"a chunk must fit in one step"):
+        resolve("prefill", ["--chunked-prefill-size", "8000", "--max-prefill-tokens", "1000"], env={}, ctx=ctx)
+
+
+# -- roles and services -------------------------------------------------------------------------------------------
+def test_local_prefill_threshold_is_decode_only(ctx: PassContext) -> None:
+    assert resolve("decode", ["--local-prefill-threshold", "64"], env={}, ctx=ctx).disagg.local_prefill_threshold == 64
+    for role in ("prefill", "worker"):
+        with pytest.raises(ConfigError, match=rf"^--local-prefill-threshold 64 applies to the decode role only, "
+                                              rf"not '{role}'"):
+            resolve(role, ["--local-prefill-threshold", "64"], env={}, ctx=ctx)
+
+
+def test_kvstore_disk_tier_needs_room(ctx: PassContext, tmp_path) -> None:
+    with pytest.raises(ConfigError, match=r"^--kvstore-disk-bytes 0 leaves no room in the disk tier"):
+        resolve("kvstore", ["--kvstore-disk-dir", str(tmp_path), "--kvstore-disk-bytes", "0"], env={}, ctx=ctx)
+    assert resolve("kvstore", ["--kvstore-disk-dir", str(tmp_path)], env={}, ctx=ctx).kvstore.kvstore_disk_dir
+
+
+@pytest.mark.parametrize("role", ["prefill", "decode", "kvstore"])
+def test_transfer_backend_must_be_installed(role: str, make_ctx) -> None:
+    with pytest.raises(ConfigError, match=r"^--transfer-backend nixl is not available \(module nixl_cu12\._api is "
+                                          r"not installed\); pip install nixl-cu12 .*--transfer-backend mooncake$"):
+        resolve(role, env={}, ctx=make_ctx(modules=frozenset()))
+    with pytest.raises(ConfigError, match=r"libibverbs is not installed\); pip install "
+                                          r"mooncake-transfer-engine-non-cuda and apt-get install libibverbs1"):
+        resolve(role, ["--transfer-backend", "mooncake"], env={}, ctx=make_ctx(libraries=frozenset()))
+    skip = PassContext(probe=StaticProbe(), check_transfer_backends=False)
+    assert resolve(role, env={}, ctx=skip).transfer.transfer_backend == "nixl"
+
+
+def test_roles_without_transfer_skip_the_check(make_ctx) -> None:
+    for role in ("gateway", "encoder", "worker"):
+        assert resolve(role, env={}, ctx=make_ctx(modules=frozenset())).role == role
+
+
+def test_real_probe_finds_modules_without_importing_them() -> None:
+    import sys
+
+    from shared.config.probe import HostProbe
+
+    probe = HostProbe()
+    assert probe.module_available("shared.config.values")
+    assert not probe.module_available("shared.config.no_such_module")
+    assert not probe.module_available("no_such_package_pdrelay.x")
+    had = "nixl_cu12" in sys.modules
+    probe.module_available("nixl_cu12._api")
+    assert ("nixl_cu12" in sys.modules) == had
+    memory, what = probe.device_memory("cpu")
+    assert memory > 0 and what == "MemAvailable host RAM"
