@@ -191,7 +191,8 @@ def resolve_cuda_graph_bs(cfg: ResolvedConfig, ctx: PassContext) -> ResolvedConf
         tidy = tuple(sorted(set(cg.cuda_graph_bs)))
         if tidy == cg.cuda_graph_bs:
             return cfg
-        return cfg.derive(key, tidy, f"sorted and deduplicated from {cfg.origin(key).show(format_value(cg.cuda_graph_bs))}")
+        given = cfg.origin(key).show(format_value(cg.cuda_graph_bs))
+        return cfg.derive(key, tidy, f"sorted and deduplicated from {given}")
     if cg.disable_decode_cuda_graph:
         return cfg
     sizes = {b for b in (1, 2, 4, 8) if b <= top} | set(range(16, top + 1, 8)) | {top}

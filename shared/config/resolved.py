@@ -114,6 +114,10 @@ class ResolvedConfig:
     def __hash__(self) -> int:
         return hash((self.role, tuple(self.by_group.values())))
 
+    def __reduce__(self) -> tuple[Any, ...]:
+        # mappingproxy does not pickle; rebuild from plain dicts (multiprocessing hands configs to children)
+        return (type(self), (self.role, dict(self.by_group), dict(self.provenance)))
+
     # -- reading ------------------------------------------------------------------------------------------------
     def group(self, name: str) -> object:
         """The group object `name`; AttributeError naming the roles that have it when this role does not."""
@@ -192,8 +196,9 @@ class ResolvedConfig:
         except json.JSONDecodeError as e:
             raise ConfigError(f"resolved config JSON is not valid JSON ({e}); pass the output of to_json()") from None
         if not isinstance(data, dict) or data.get("version") != JSON_VERSION:
-            raise ConfigError(f"resolved config JSON has version {data.get('version') if isinstance(data, dict) else None!r}, "
-                              f"expected {JSON_VERSION}; regenerate it with the same pdrelay version")
+            version = data.get("version") if isinstance(data, dict) else None
+            raise ConfigError(f"resolved config JSON has version {version!r}, expected {JSON_VERSION}; "
+                              "regenerate it with the same pdrelay version")
         role = data.get("role")
         catalog.check_role(str(role))
         config, prov_in = data.get("config", {}), data.get("provenance", {})

@@ -131,8 +131,11 @@ def read_env(role: str, env: Mapping[str, str]) -> list[Setting]:
 
 
 # -- YAML file ------------------------------------------------------------------------------------------------------
-def _file_items(path: str, data: dict[Any, Any]) -> list[tuple[str, Any, str | None]]:
-    """(key, raw value, group section or None). A group name holding a mapping is a section (`cache: {page_size: 16}`)."""
+def _file_items(data: dict[Any, Any]) -> list[tuple[str, Any, str | None]]:
+    """(key, raw value, group section or None).
+
+    A group name holding a mapping is a section (`cache: {page_size: 16}`); `model: /path` stays the field.
+    """
     items: list[tuple[str, Any, str | None]] = []
     for key, raw in data.items():
         key = str(key)
@@ -163,7 +166,7 @@ def read_file(role: str, path: str) -> list[Setting]:
         raise ConfigError(f"{CONFIG_FLAG} {path} must hold a mapping of settings (page_size: 16), "
                           f"not a {type(data).__name__}")
     settings = []
-    for key, raw, section in _file_items(path, data):
+    for key, raw, section in _file_items(data):
         spec = catalog.spec_for_file_key(key)
         if spec is None:
             names = [s.name for s in catalog.role_specs(role)]

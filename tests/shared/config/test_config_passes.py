@@ -196,7 +196,8 @@ def test_kv_memory_budget(make_ctx) -> None:
                                                                                     memory_bytes=80 << 30))
     assert gpu.cache.kv_cache_memory_bytes == 40 << 30  # no cap on a GPU
     mine = resolve("decode", ["--kv-cache-memory-bytes", "1GiB"], env={}, ctx=make_ctx(memory_bytes=64 << 30))
-    assert mine.cache.kv_cache_memory_bytes == 1 << 30 and mine.provenance["cache.kv_cache_memory_bytes"].source == "cli"
+    assert mine.cache.kv_cache_memory_bytes == 1 << 30
+    assert mine.provenance["cache.kv_cache_memory_bytes"].source == "cli"
     pages = resolve("decode", ["--num-pages", "100"], env={}, ctx=make_ctx())
     assert pages.cache.kv_cache_memory_bytes == 0  # the page count sizes the pool
     with pytest.raises(ConfigError, match=r"--num-pages 100 and --kv-cache-memory-bytes 1073741824 both size"):
@@ -269,3 +270,9 @@ def test_real_probe_finds_modules_without_importing_them() -> None:
     assert ("nixl_cu12" in sys.modules) == had
     memory, what = probe.device_memory("cpu")
     assert memory > 0 and what == "MemAvailable host RAM"
+
+
+def test_install_hints_cover_exactly_the_declared_backends() -> None:
+    from shared.config.catalog import specs_by_name
+
+    assert set(P.TRANSFER_BACKENDS) == set(specs_by_name()["transfer_backend"].arg.choices or ())

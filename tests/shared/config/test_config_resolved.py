@@ -129,6 +129,15 @@ def test_with_value_makes_a_checked_copy(ctx: PassContext) -> None:
         cfg.with_value("cache.page_size", 4096, Provenance("cli"))
 
 
+def test_pickle_and_deepcopy_keep_everything(ctx: PassContext) -> None:
+    import copy
+    import pickle
+
+    cfg = resolve("prefill", ["--page-size", "32"], env={}, ctx=ctx)
+    for clone in (pickle.loads(pickle.dumps(cfg)), copy.deepcopy(cfg)):
+        assert clone == cfg and dict(clone.provenance) == dict(cfg.provenance)
+
+
 def test_table_is_aligned_with_provenance(ctx: PassContext) -> None:
     cfg = resolve("decode", ["--page-size", "32"], env={"PDRELAY_CLUSTER": "blue"}, ctx=ctx)
     lines = cfg.to_table().splitlines()
