@@ -162,7 +162,7 @@ def resolve_cuda_graph_switches(cfg: ResolvedConfig, ctx: PassContext) -> Resolv
                          else f"the {cfg.role} role captures decode graphs")
     if cfg.cuda_graph.disable_prefill_cuda_graph is None:
         cfg = cfg.derive(parts[1], not prefill, "the prefill role captures prefill graphs" if prefill
-                         else f"only the prefill role captures prefill graphs")
+                         else "only the prefill role captures prefill graphs")
     return cfg
 
 

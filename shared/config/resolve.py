@@ -33,7 +33,7 @@ def resolve(role: str, argv: Sequence[str] = (), env: Mapping[str, str] | None =
     catalog.check_role(role)
     env = os.environ if env is None else env
     config_file, cli = read_argv(role, argv)  # first: it names the file
-    layers = [read_file(role, config_file) if config_file else [], read_env(role, env), cli]
+    layers = [read_file(role, config_file) if config_file is not None else [], read_env(role, env), cli]
     values: dict[str, dict[str, Any]] = {g: {} for g in ROLE_GROUPS[role]}
     provenance = {s.key: Provenance("default") for s in catalog.role_specs(role)}
     for layer in layers:  # lowest precedence first: later layers overwrite

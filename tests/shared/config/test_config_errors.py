@@ -120,6 +120,7 @@ def test_bad_files(tmp_path: Path, text: str, pattern: str, ctx: PassContext) ->
 def test_config_flag_errors(tmp_path: Path, ctx: PassContext) -> None:
     assert _err("decode", ["--config", str(tmp_path / "missing.yaml")], ctx).endswith("no such file; check the path")
     assert _err("decode", ["--config"], ctx).startswith("--config needs a file")
+    assert _err("decode", ["--config="], ctx).endswith("no such file; check the path")
     path = tmp_path / "c.yaml"
     path.write_text("")
     assert "given twice" in _err("decode", ["--config", str(path), "--config", str(path)], ctx)

@@ -276,3 +276,15 @@ def test_install_hints_cover_exactly_the_declared_backends() -> None:
     from shared.config.catalog import specs_by_name
 
     assert set(P.TRANSFER_BACKENDS) == set(specs_by_name()["transfer_backend"].arg.choices or ())
+
+
+@pytest.mark.gpu
+def test_real_probe_on_a_gpu_host() -> None:
+    import torch
+
+    cfg = resolve("decode", env={}, ctx=PassContext(check_transfer_backends=False))
+    assert cfg.device.device == "cuda" and cfg.model.dtype == "bfloat16"
+    total = torch.cuda.mem_get_info()[1]
+    assert cfg.cache.kv_cache_memory_bytes == int(cfg.cache.mem_fraction_static * total)
+    assert cfg.cuda_graph.disable_cuda_graph is False and cfg.cuda_graph.cuda_graph_bs[0] == 1
+    assert cfg.kernels.attention_backend == "triton"
