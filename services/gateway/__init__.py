@@ -1,0 +1,1 @@
+"""The gateway: OpenAI-compatible HTTP front door, tokenization, incremental detokenization, routing."""

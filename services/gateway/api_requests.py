@@ -1,0 +1,98 @@
+"""Request bodies of the OpenAI-compatible API, as msgspec Structs (decoded and type-checked in one pass).
+
+These types are also the source of /openapi.json (msgspec.json.schema_components), so the published schema is
+the one the server decodes with. Unknown fields are ignored, as OpenAI clients send many optional ones.
+Type checks happen at decode time; value checks (ranges, combinations) in validation.py.
+Extensions beyond OpenAI follow vLLM's names: top_k, min_p, repetition_penalty, ignore_eos, min_tokens,
+stop_token_ids, skip_special_tokens, include_stop_str_in_output, chat_template_kwargs.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Any, Literal
+
+import msgspec
+from msgspec import Meta
+
+Role = Literal["system", "developer", "user", "assistant", "tool"]
+
+
+class TextPart(msgspec.Struct, tag_field="type", tag="text"):
+    text: str
+
+
+class ImageUrlPart(msgspec.Struct, tag_field="type", tag="image_url"):
+    """Accepted by the schema so the error can say what is missing, rather than 'invalid type'."""
+
+    image_url: Any = None
+
+
+class InputAudioPart(msgspec.Struct, tag_field="type", tag="input_audio"):
+    input_audio: Any = None
+
+
+ContentPart = TextPart | ImageUrlPart | InputAudioPart
+
+
+class ChatMessage(msgspec.Struct, kw_only=True):
+    role: Role
+    content: str | list[ContentPart] | None = None
+    name: str | None = None
+    tool_call_id: str | None = None
+    tool_calls: list[Any] | None = None
+
+
+class StreamOptions(msgspec.Struct, kw_only=True):
+    include_usage: bool = False
+
+
+class ResponseFormat(msgspec.Struct, kw_only=True):
+    type: Literal["text", "json_object", "json_schema"] = "text"
+    json_schema: Any = None
+
+
+class _CommonRequest(msgspec.Struct, kw_only=True):
+    """Fields both endpoints share. None means "not sent": the OpenAI / vLLM default applies."""
+
+    model: Annotated[str | None, Meta(description="Served model name (default: the only model served)")] = None
+    max_tokens: Annotated[int | None, Meta(description="Most tokens to generate (default: up to the context)")] = None
+    temperature: Annotated[float | None, Meta(description="0: greedy; default 1")] = None
+    top_p: float | None = None
+    top_k: Annotated[int | None, Meta(description="Extension: -1 or 0 disables")] = None
+    min_p: Annotated[float | None, Meta(description="Extension: minimum probability relative to the top token")] = None
+    seed: int | None = None
+    stop: Annotated[str | list[str] | None, Meta(description="Stop strings; the output ends before them")] = None
+    stream: bool = False
+    stream_options: StreamOptions | None = None
+    n: Annotated[int, Meta(description="Only 1 is supported")] = 1
+    presence_penalty: float | None = None
+    frequency_penalty: float | None = None
+    repetition_penalty: Annotated[float | None, Meta(description="Extension: HF/vLLM semantics, 1 disables")] = None
+    ignore_eos: Annotated[bool, Meta(description="Extension: keep generating past EOS (benchmarks)")] = False
+    min_tokens: Annotated[int, Meta(description="Extension: EOS and stop tokens are suppressed before this")] = 0
+    stop_token_ids: Annotated[list[int] | None, Meta(description="Extension: extra stop tokens")] = None
+    skip_special_tokens: Annotated[bool, Meta(description="Extension: drop special tokens from the text")] = True
+    include_stop_str_in_output: Annotated[bool, Meta(description="Extension: keep the matched stop string")] = False
+    logit_bias: dict[str, float] | None = None
+    user: str | None = None
+
+
+class ChatCompletionRequest(_CommonRequest, kw_only=True):
+    messages: list[ChatMessage]
+    max_completion_tokens: Annotated[int | None, Meta(description="Alias of max_tokens (wins when both)")] = None
+    logprobs: bool = False
+    top_logprobs: Annotated[int | None, Meta(description="0..20; needs logprobs=true")] = None
+    tools: list[Any] | None = None
+    tool_choice: Any = None
+    response_format: ResponseFormat | None = None
+    chat_template_kwargs: Annotated[dict[str, Any] | None,
+                                    Meta(description="Extension: extra variables for the chat template")] = None
+
+
+class CompletionRequest(_CommonRequest, kw_only=True):
+    prompt: Annotated[str | list[Any], Meta(
+        description="A string, a list of token ids, or a one-element list of either (batches are not supported)")]
+    logprobs: Annotated[int | None, Meta(description="0..20 most likely alternatives per token")] = None
+    echo: bool = False
+    suffix: str | None = None
+    best_of: int | None = None

@@ -1,0 +1,164 @@
+"""The seam between the HTTP front door and whatever generates tokens.
+
+The gateway validates, tokenizes and detokenizes; a `GenerateBackend` turns prompt token ids into a stream of
+token-id deltas. Today that is `MockBackend` (tests, `--mock-workers` benchmarks); the routed gRPC backend
+(discovery, prefill/decode pair selection, retries) plugs in here later without touching the HTTP layer.
+
+Cancellation is part of the contract: the gateway closes the async generator returned by `generate`
+(`aclose()`, or cancels the task awaiting it) when the client disconnects or a stop string matched. An
+implementation must treat `GeneratorExit` / `asyncio.CancelledError` at a `yield` / `await` as "abort this
+request" and tell its worker, so no compute is spent on output nobody reads.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from typing import Literal, Protocol, runtime_checkable
+
+FinishReason = Literal["stop", "length", "abort"]
+
+
+@dataclass(frozen=True, kw_only=True)
+class BackendSamplingParams:
+    """Sampling parameters sent to the workers.
+
+    Mirrors the fields and defaults of `shared.engine.sampling_params.SamplingParams` (OpenAI / vLLM names),
+    without importing it so that the HTTP layer does not pull in the engine. max_tokens None: until the context
+    is full. temperature 0: greedy. top_k -1: off. logprobs None: off; k >= 0: the sampled token's logprob plus
+    the k most likely alternatives. Stop strings are sent so a worker can stop early, but the gateway is
+    authoritative for them (it cuts the text and cancels the stream itself).
+    """
+
+    max_tokens: int | None = 16
+    min_tokens: int = 0
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = -1
+    min_p: float = 0.0
+    repetition_penalty: float = 1.0
+    frequency_penalty: float = 0.0
+    presence_penalty: float = 0.0
+    seed: int | None = None
+    stop: tuple[str, ...] = ()
+    stop_token_ids: tuple[int, ...] = ()
+    include_stop_str_in_output: bool = False
+    ignore_eos: bool = False
+    logprobs: int | None = None
+
+
+@dataclass(frozen=True, kw_only=True)
+class BackendRequest:
+    """One generation request, already tokenized. request_id is unique per client request; a backend that
+    retries on another worker keeps it (idempotency) and bumps its own attempt counter."""
+
+    request_id: str
+    model: str
+    prompt_token_ids: tuple[int, ...]
+    sampling: BackendSamplingParams
+    # W3C trace context headers received from the client ("traceparent", "tracestate"), lower-case names.
+    trace_headers: tuple[tuple[str, str], ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class TopLogprob:
+    token_id: int
+    logprob: float
+
+
+@dataclass(frozen=True, slots=True)
+class TokenLogprob:
+    """Logprob of one generated token and the most likely alternatives at its position (best first)."""
+
+    token_id: int
+    logprob: float
+    top_logprobs: tuple[TopLogprob, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class BackendChunk:
+    """New tokens since the previous chunk (usually one decode step).
+
+    logprobs: one entry per new token when the request asked for logprobs, else None.
+    finish_reason: set on the last chunk only. stop_reason: the stop token id or stop string that ended it.
+    num_prompt_tokens / num_cached_tokens: None when this chunk does not know them (the gateway keeps the last
+    value seen; cached tokens are prompt tokens whose KV came from a prefix cache of any tier).
+    """
+
+    token_ids: tuple[int, ...]
+    logprobs: tuple[TokenLogprob, ...] | None = None
+    finish_reason: FinishReason | None = None
+    stop_reason: int | str | None = None
+    num_prompt_tokens: int | None = None
+    num_cached_tokens: int | None = None
+
+
+# ---------------------------------------------------------------- typed errors (mapped to HTTP in errors.py)
+
+
+class BackendError(Exception):
+    """A backend failure that is not the client's fault (HTTP 500 unless a subclass says otherwise)."""
+
+    retry_after_s: float | None = None
+
+
+class InvalidRequest(BackendError):
+    """The request can never be served as sent (HTTP 400). `param` names the offending field."""
+
+    def __init__(self, message: str, *, param: str | None = None) -> None:
+        super().__init__(message)
+        self.param = param
+
+
+class ModelNotFound(BackendError):
+    """No worker serves the requested model (HTTP 404)."""
+
+
+class BackendOverloaded(BackendError):
+    """Every worker that could take the request is full (HTTP 429, or 503 with status=503); retry later."""
+
+    def __init__(self, message: str, *, retry_after_s: float = 1.0, status: Literal[429, 503] = 429) -> None:
+        super().__init__(message)
+        self.retry_after_s = retry_after_s
+        self.status = status
+
+
+class BackendUnavailable(BackendError):
+    """No worker is reachable right now (HTTP 503); retry later."""
+
+    def __init__(self, message: str, *, retry_after_s: float | None = None) -> None:
+        super().__init__(message)
+        self.retry_after_s = retry_after_s
+
+
+class BackendTimeout(BackendError):
+    """A worker did not answer in time (HTTP 504)."""
+
+
+@runtime_checkable
+class GenerateBackend(Protocol):
+    """What the HTTP layer needs from the token generators behind it."""
+
+    def generate(self, req: BackendRequest) -> AsyncIterator[BackendChunk]:
+        """Stream the request's token deltas; the last chunk has finish_reason set.
+
+        Usually an `async def` generator. Errors before the first chunk become HTTP error responses; errors
+        after it end the stream with an error event. Raise the typed errors above.
+        """
+        ...
+
+    async def ready(self) -> bool:
+        """True when a request sent now could be served (GET /ready)."""
+        ...
+
+    def models(self) -> list[str]:
+        """Served model names the backend can route to right now."""
+        ...
+
+    async def start(self) -> None:
+        """Called once when the server starts (connect, discover workers)."""
+        ...
+
+    async def close(self) -> None:
+        """Called once when the server stops; must not raise."""
+        ...

@@ -1,0 +1,91 @@
+"""/openapi.json, generated from the very Structs the server decodes requests into and encodes answers from."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import msgspec
+
+from services.gateway.api_requests import ChatCompletionRequest, CompletionRequest
+from services.gateway.api_responses import (
+    ChatCompletionChunk,
+    ChatCompletionResponse,
+    CompletionChunk,
+    CompletionResponse,
+    ErrorResponse,
+    HealthStatus,
+    ModelList,
+)
+
+_REF = "#/components/schemas/{name}"
+_ERROR_CODES = {"400": "Invalid request (the body names the parameter and the fix)",
+                "401": "Missing or invalid API key", "404": "Unknown model",
+                "413": "Request body too large", "429": "Overloaded; retry after Retry-After seconds",
+                "500": "Gateway or backend failure", "503": "No worker available; retry after Retry-After seconds",
+                "504": "A worker did not answer in time"}
+
+
+def _ref(name: str) -> dict[str, str]:
+    return {"$ref": _REF.format(name=name)}
+
+
+def _errors(codes: tuple[str, ...]) -> dict[str, Any]:
+    return {c: {"description": _ERROR_CODES[c], "content": {"application/json": {"schema": _ref("ErrorResponse")}}}
+            for c in codes}
+
+
+def _generation(summary: str, request: str, response: str, chunk: str, auth: bool) -> dict[str, Any]:
+    codes = ("400", "401", "404", "413", "429", "500", "503", "504") if auth else \
+        ("400", "404", "413", "429", "500", "503", "504")
+    return {"post": {
+        "summary": summary,
+        "requestBody": {"required": True, "content": {"application/json": {"schema": _ref(request)}}},
+        "responses": {
+            "200": {"description": "The completion; with stream=true, server-sent events `data: <chunk>` ending "
+                                   "with `data: [DONE]`",
+                    "content": {"application/json": {"schema": _ref(response)},
+                                "text/event-stream": {"schema": _ref(chunk)}}},
+            **_errors(codes)},
+        **({"security": [{"bearer": []}]} if auth else {}),
+    }}
+
+
+def _get(summary: str, schema: str | None, content_type: str = "application/json", *, auth: bool = False,
+         extra: tuple[str, ...] = ()) -> dict[str, Any]:
+    body: dict[str, Any] = {"schema": _ref(schema)} if schema else {"schema": {"type": "string"}}
+    op: dict[str, Any] = {"summary": summary,
+                          "responses": {"200": {"description": "OK", "content": {content_type: body}},
+                                        **_errors(extra + (("401",) if auth else ()))}}
+    if auth:
+        op["security"] = [{"bearer": []}]
+    return {"get": op}
+
+
+def build_openapi(*, auth: bool, title: str = "pdrelay gateway", version: str = "0.1.0") -> dict[str, Any]:
+    """The OpenAPI 3.1 document. `auth`: whether /v1 routes require `Authorization: Bearer <key>`."""
+    _, schemas = msgspec.json.schema_components(
+        [ChatCompletionRequest, CompletionRequest, ChatCompletionResponse, ChatCompletionChunk, CompletionResponse,
+         CompletionChunk, ModelList, ErrorResponse, HealthStatus],
+        ref_template=_REF,
+    )
+    doc: dict[str, Any] = {
+        "openapi": "3.1.0",
+        "info": {"title": title, "version": version,
+                 "description": "OpenAI-compatible API of the pdrelay gateway (prefill/decode disaggregated)."},
+        "paths": {
+            "/v1/chat/completions": _generation("Chat completion", "ChatCompletionRequest",
+                                                "ChatCompletionResponse", "ChatCompletionChunk", auth),
+            "/v1/completions": _generation("Text completion", "CompletionRequest", "CompletionResponse",
+                                           "CompletionChunk", auth),
+            "/v1/models": _get("Served models", "ModelList", auth=auth),
+            "/health": _get("Liveness of the gateway process", "HealthStatus"),
+            "/ready": _get("Readiness: a request sent now could be served (503 when not)", "HealthStatus",
+                           extra=("503",)),
+            "/metrics": _get("Prometheus metrics", None, "text/plain"),
+            "/openapi.json": _get("This document", None, "application/json"),
+        },
+        "components": {"schemas": schemas},
+    }
+    if auth:
+        doc["components"]["securitySchemes"] = {"bearer": {"type": "http", "scheme": "bearer"}}
+    return doc
