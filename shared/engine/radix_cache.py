@@ -108,6 +108,10 @@ class RadixCache:
         """Pages eviction could free right now (every unlocked node: its descendants are unlocked too)."""
         return self._num_unlocked
 
+    def page_ids(self) -> list[int]:
+        """Every page the cache holds (tests and debug dumps)."""
+        return [n.page_id for n in self._nodes.values()]
+
     def match(self, token_ids: Sequence[int], hashes: Sequence[int] | None = None) -> MatchResult:
         """Longest cached prefix of token_ids in whole pages. `hashes` (the chained page hashes of token_ids, if
         the caller has them) saves rehashing. Touches the matched pages for LRU."""

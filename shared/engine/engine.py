@@ -1,0 +1,405 @@
+"""Engine: scheduler + model runner + sampler, one step at a time; AsyncEngine runs it on a dedicated thread.
+
+    engine = Engine(runner, page_size=16, max_running_requests=32, ...)
+    engine.add_request("r1", prompt_ids, SamplingParams(max_tokens=64))
+    while engine.has_work():
+        for delta in engine.step(): ...
+
+The runner contract (shared/engine/model_runner.py): attributes num_pages, vocab_size, eos_token_ids,
+context_length, layout (KVLayout) and `forward(SchedulerOutput) -> float32 logits [seqs with need_logits, vocab]`;
+optional `prepare(out)` + `forward_batch(batch)` let the engine time batching apart from compute.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import queue
+import threading
+import time
+from collections.abc import AsyncIterator, Callable, Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Protocol
+
+import torch
+
+from shared.engine.errors import EngineError
+from shared.engine.page_allocator import PageAllocator
+from shared.engine.radix_cache import KVEvent, RadixCache
+from shared.engine.request import FinishReason, RequestOutput, TokenLogprobs
+from shared.engine.sampler import Sampler
+from shared.engine.sampler.detokenizer import DecodeFn
+from shared.engine.sampling_params import SamplingParams
+from shared.engine.scheduler import Scheduler
+from shared.engine.types import KVLayout, SchedulerOutput, StepStats
+
+if TYPE_CHECKING:
+    from shared.config.groups import (CacheConfig, DeviceConfig, KernelConfig, ModelConfig, SchedulerConfig,
+                                      TokenizerConfig)
+
+
+class Runner(Protocol):
+    num_pages: int
+    vocab_size: int
+    eos_token_ids: tuple[int, ...]
+    context_length: int
+    layout: KVLayout
+
+    def forward(self, out: SchedulerOutput) -> torch.Tensor: ...
+
+
+class EngineStepError(EngineError):
+    """A step failed on the device side; the requests it ran were aborted (req_ids), the others keep going."""
+
+    def __init__(self, message: str, req_ids: tuple[str, ...]) -> None:
+        super().__init__(message)
+        self.req_ids = req_ids
+
+
+@dataclass(frozen=True)
+class EngineStats:
+    """A snapshot for metrics, load reports and benchmarks. Times are seconds summed over all steps."""
+
+    num_running: int
+    num_waiting: int
+    num_free_pages: int
+    num_cached_pages: int
+    num_total_pages: int
+    num_steps: int
+    num_preemptions: int
+    num_prompt_tokens: int
+    num_cached_prompt_tokens: int
+    num_generated_tokens: int
+    totals: StepStats
+    last_step: StepStats
+
+
+@dataclass(frozen=True)
+class Completion:
+    """A finished request, assembled from its deltas (Engine.generate)."""
+
+    req_id: str
+    token_ids: tuple[int, ...]
+    text: str
+    finish_reason: FinishReason | None
+    stop_reason: int | str | None
+    num_prompt_tokens: int
+    num_cached_tokens: int
+    logprobs: tuple[TokenLogprobs, ...] | None = None
+
+
+@dataclass
+class _Totals:
+    schedule_s: float = 0.0
+    prepare_s: float = 0.0
+    forward_s: float = 0.0
+    sample_s: float = 0.0
+    update_s: float = 0.0
+    num_tokens: int = 0
+    num_seqs: int = 0
+    steps: int = 0
+    extra: dict[str, float] = field(default_factory=dict)
+
+    def add(self, s: StepStats) -> None:
+        self.schedule_s += s.schedule_s
+        self.prepare_s += s.prepare_s
+        self.forward_s += s.forward_s
+        self.sample_s += s.sample_s
+        self.update_s += s.update_s
+        self.num_tokens += s.num_tokens
+        self.num_seqs += s.num_seqs
+        self.steps += 1
+
+    def frozen(self) -> StepStats:
+        return StepStats(self.schedule_s, self.prepare_s, self.forward_s, self.sample_s, self.update_s,
+                         self.num_tokens, self.num_seqs)
+
+
+def make_decode_fn(tokenizer: Any) -> DecodeFn | None:
+    """A tokenizer (HF `PreTrainedTokenizer*`, `tokenizers.Tokenizer`) or a plain ids -> str callable."""
+    if tokenizer is None:
+        return None
+    if hasattr(tokenizer, "decode"):
+        return lambda ids: tokenizer.decode(list(ids), skip_special_tokens=True)
+    if callable(tokenizer):
+        return tokenizer
+    raise TypeError(f"tokenizer must have .decode(ids) or be a callable ids -> str (got {type(tokenizer).__name__})")
+
+
+class Engine:
+    def __init__(self, runner: Runner, *, page_size: int = 16, max_running_requests: int = 64,
+                 chunked_prefill_size: int = 0, max_prefill_tokens: int = 4096, schedule_policy: str = "fcfs",
+                 enable_prefix_cache: bool = True, tokenizer: Any = None, threads: int | None = None,
+                 on_kv_event: Callable[[KVEvent], None] | None = None, max_queued_requests: int = 1024,
+                 new_token_ratio: float = 0.4, context_length: int | None = None) -> None:
+        if threads:
+            torch.set_num_threads(threads)  # per-thread OpenMP setting: AsyncEngine repeats it on its thread
+        self.threads = threads
+        if runner.layout.page_size != page_size:
+            raise ValueError(f"page_size {page_size} differs from the runner's KV layout page size "
+                             f"{runner.layout.page_size}; build both with the same --page-size")
+        max_step = max(min(max_prefill_tokens, chunked_prefill_size or max_prefill_tokens), max_running_requests)
+        runner_cap = getattr(runner, "max_batch_tokens", None)
+        if runner_cap is not None and max_step > runner_cap:
+            raise ValueError(f"a step may hold {max_step} tokens (max_prefill_tokens / chunked_prefill_size / "
+                             f"max_running_requests) but the runner takes at most {runner_cap}; lower "
+                             f"--max-prefill-tokens or build the runner with max_batch_tokens >= {max_step}")
+        self.runner = runner
+        self.page_size = page_size
+        self.allocator = PageAllocator(runner.num_pages)
+        self.cache = RadixCache(self.allocator, page_size, enabled=enable_prefix_cache, on_event=on_kv_event)
+        self.decode_fn = make_decode_fn(tokenizer)
+        self.tokenizer = tokenizer
+        ctx = min(context_length or runner.context_length, runner.context_length)
+        self.scheduler = Scheduler(
+            allocator=self.allocator, cache=self.cache, page_size=page_size, max_model_len=ctx,
+            max_running_requests=max_running_requests, max_queued_requests=max_queued_requests,
+            max_prefill_tokens=max_prefill_tokens, chunked_prefill_size=chunked_prefill_size,
+            policy=schedule_policy, new_token_ratio=new_token_ratio, eos_token_ids=runner.eos_token_ids,
+            decode_fn=self.decode_fn, vocab_size=runner.vocab_size)
+        self.sampler = Sampler(eos_token_ids=runner.eos_token_ids)
+        self._split_prepare = hasattr(runner, "prepare") and hasattr(runner, "forward_batch")
+        self._totals = _Totals()
+        self._last = StepStats()
+
+    # ---- construction from configuration ----------------------------------------------------------------------
+    @classmethod
+    def from_groups(cls, *, model: ModelConfig, cache: CacheConfig, scheduler: SchedulerConfig,
+                    kernels: KernelConfig | None = None, device: DeviceConfig | None = None,
+                    tokenizer: TokenizerConfig | None = None, on_kv_event: Callable[[KVEvent], None] | None = None,
+                    ) -> Engine:
+        """Build the runner (weights + KV pool) and the engine from resolved config groups."""
+        from shared.engine.bundled import resolve_model_path
+        from shared.engine.model_runner import ModelRunner
+
+        dev = device.device if device is not None else "auto"
+        if dev == "auto":
+            dev = "cuda" if torch.cuda.is_available() else "cpu"
+        dtype = model.dtype if model.dtype != "auto" else ("bfloat16" if dev == "cuda" else "float32")
+        backend = kernels.attention_backend if kernels is not None else "auto"
+        if backend == "auto":
+            backend = "triton" if dev == "cuda" else "torch"
+        threads = device.threads if device is not None and device.threads > 0 else None
+        if threads:
+            torch.set_num_threads(threads)  # before loading: weight conversion uses the intra-op pool too
+        path = resolve_model_path(model.model, model.model_cache_dir)
+        chunk = scheduler.chunked_prefill_size
+        max_step = max(min(scheduler.max_prefill_tokens, chunk or scheduler.max_prefill_tokens),
+                       scheduler.max_running_requests)
+        runner = ModelRunner(path, dtype=dtype, device=dev, num_pages=cache.num_pages or None,
+                             kv_budget_bytes=(cache.kv_cache_memory_bytes or None) if not cache.num_pages else None,
+                             page_size=cache.page_size, attention_backend=backend, max_batch_tokens=max_step,
+                             context_length=model.context_length)
+        tok_dir = tokenizer.tokenizer if tokenizer is not None and tokenizer.tokenizer else str(path)
+        from transformers import AutoTokenizer
+
+        tok = AutoTokenizer.from_pretrained(tok_dir, local_files_only=True)
+        return cls(runner, page_size=cache.page_size, max_running_requests=scheduler.max_running_requests,
+                   chunked_prefill_size=chunk, max_prefill_tokens=scheduler.max_prefill_tokens,
+                   schedule_policy=scheduler.schedule_policy, enable_prefix_cache=not cache.disable_radix_cache,
+                   tokenizer=tok, threads=threads, on_kv_event=on_kv_event,
+                   max_queued_requests=scheduler.max_queued_requests, new_token_ratio=scheduler.new_token_ratio,
+                   context_length=model.context_length)
+
+    @classmethod
+    def from_config(cls, cfg: Any, *, on_kv_event: Callable[[KVEvent], None] | None = None) -> Engine:
+        """From a resolved role config (shared.config): uses its model, cache, scheduler, kernels, device and
+        tokenizer groups."""
+        return cls.from_groups(model=cfg.model, cache=cfg.cache, scheduler=cfg.scheduler, kernels=cfg.kernels,
+                               device=cfg.device, tokenizer=cfg.tokenizer, on_kv_event=on_kv_event)
+
+    # ---- requests ----------------------------------------------------------------------------------------------
+    def add_request(self, req_id: str, prompt_token_ids: Sequence[int], params: SamplingParams | None = None,
+                    priority: int = 0) -> None:
+        """Queue a request. InvalidRequest / QueueFull leave the engine serving the others."""
+        self.scheduler.add_request(req_id, prompt_token_ids, params, priority)
+
+    def abort(self, req_id: str) -> bool:
+        """Abort wherever the request is; its final delta (finish_reason "abort") comes out of the next step()."""
+        return self.scheduler.abort(req_id)
+
+    def has_work(self) -> bool:
+        return self.scheduler.has_work()
+
+    # ---- one step ----------------------------------------------------------------------------------------------
+    def step(self) -> list[RequestOutput]:
+        """Schedule, run the model, sample, update: one forward pass. Returns this step's deltas."""
+        t0 = time.perf_counter()
+        out = self.scheduler.schedule()
+        t1 = time.perf_counter()
+        t2 = t3 = t4 = t1
+        tokens: list[int] = []
+        logprobs: list[TokenLogprobs | None] | None = None
+        if out.seqs:
+            try:
+                if self._split_prepare:
+                    batch = self.runner.prepare(out)  # type: ignore[attr-defined]
+                    t2 = time.perf_counter()
+                    logits = self.runner.forward_batch(batch)  # type: ignore[attr-defined]
+                else:
+                    t2 = t1
+                    logits = self.runner.forward(out)
+                t3 = time.perf_counter()
+                reqs = [self.scheduler.requests[s.req_id] for s in out.seqs if s.need_logits]
+                sampled = self.sampler.sample(logits, reqs)
+                tokens, logprobs = sampled.token_ids, sampled.logprobs
+                t4 = time.perf_counter()
+            except Exception as e:
+                ids = tuple(s.req_id for s in out.seqs)
+                self.scheduler.cancel_step()  # abort deltas come out of the next step
+                raise EngineStepError(f"step over {len(ids)} requests failed: {e!r}; they were aborted", ids) from e
+        outputs = self.scheduler.update_from_output(out, tokens, logprobs)
+        t5 = time.perf_counter()
+        stats = StepStats(schedule_s=t1 - t0, prepare_s=t2 - t1, forward_s=t3 - t2, sample_s=t4 - t3,
+                          update_s=t5 - t4, num_tokens=out.num_tokens, num_seqs=len(out.seqs))
+        self._last = stats
+        if out.seqs:
+            self._totals.add(stats)
+        return outputs
+
+    @property
+    def stats(self) -> EngineStats:
+        c = self.scheduler.counters
+        return EngineStats(
+            num_running=self.scheduler.num_running, num_waiting=self.scheduler.num_waiting,
+            num_free_pages=self.allocator.num_free, num_cached_pages=self.cache.num_pages,
+            num_total_pages=self.allocator.capacity, num_steps=self._totals.steps,
+            num_preemptions=c.num_preemptions, num_prompt_tokens=c.num_prompt_tokens,
+            num_cached_prompt_tokens=c.num_cached_prompt_tokens, num_generated_tokens=c.num_generated_tokens,
+            totals=self._totals.frozen(), last_step=self._last)
+
+    def reset_stats(self) -> None:
+        self._totals = _Totals()
+
+    # ---- convenience -------------------------------------------------------------------------------------------
+    def generate(self, prompts: Sequence[Sequence[int]], params: SamplingParams | Sequence[SamplingParams] | None = None,
+                 *, prefix: str = "gen") -> list[Completion]:
+        """Run prompts to completion in one continuous batch (tests, benchmarks, offline use)."""
+        plist = list(params) if isinstance(params, Sequence) else [params or SamplingParams()] * len(prompts)
+        ids = [f"{prefix}-{i}" for i in range(len(prompts))]
+        for rid, p, sp in zip(ids, prompts, plist, strict=True):
+            self.add_request(rid, p, sp)
+        toks: dict[str, list[int]] = {r: [] for r in ids}
+        text: dict[str, list[str]] = {r: [] for r in ids}
+        lps: dict[str, list[TokenLogprobs]] = {r: [] for r in ids}
+        done: dict[str, RequestOutput] = {}
+        while len(done) < len(ids) and self.has_work():
+            for o in self.step():
+                if o.req_id not in toks:
+                    continue
+                toks[o.req_id].extend(o.new_token_ids)
+                text[o.req_id].append(o.new_text)
+                if o.new_logprobs:
+                    lps[o.req_id].extend(o.new_logprobs)
+                if o.finished:
+                    done[o.req_id] = o
+        return [Completion(r, tuple(toks[r]), "".join(text[r]), done[r].finish_reason if r in done else None,
+                           done[r].stop_reason if r in done else None, done[r].num_prompt_tokens if r in done else 0,
+                           done[r].num_cached_tokens if r in done else 0, tuple(lps[r]) if lps[r] else None)
+                for r in ids]
+
+
+class AsyncEngine:
+    """Runs an Engine on a dedicated thread so the event loop stays free; requests stream through asyncio queues.
+
+    All engine state is touched by the engine thread only: callers submit commands (add, abort) to it.
+    """
+
+    def __init__(self, engine: Engine) -> None:
+        self.engine = engine
+        self._cmds: queue.SimpleQueue[Callable[[], None]] = queue.SimpleQueue()
+        self._wake = threading.Event()
+        self._streams: dict[str, tuple[asyncio.AbstractEventLoop, asyncio.Queue[RequestOutput | BaseException]]] = {}
+        self._stopping = False
+        self.last_error: BaseException | None = None
+        self._thread = threading.Thread(target=self._run, name="pdrelay-engine", daemon=True)
+        self._thread.start()
+
+    async def generate(self, req_id: str, prompt_token_ids: Sequence[int], params: SamplingParams | None = None,
+                       priority: int = 0) -> AsyncIterator[RequestOutput]:
+        """Deltas of one request until it finishes. Raises InvalidRequest / QueueFull before the first delta;
+        cancelling the consumer (or leaving the loop early) aborts the request."""
+        if self._stopping:
+            raise EngineError("the engine is shut down")
+        loop = asyncio.get_running_loop()
+        q: asyncio.Queue[RequestOutput | BaseException] = asyncio.Queue()
+        added: concurrent.futures.Future[None] = concurrent.futures.Future()
+
+        def add() -> None:
+            try:
+                self.engine.add_request(req_id, prompt_token_ids, params, priority)
+            except BaseException as e:  # handed to the caller, the engine keeps serving
+                added.set_exception(e)
+                return
+            self._streams[req_id] = (loop, q)
+            added.set_result(None)
+
+        self._submit(add)
+        await asyncio.wrap_future(added)
+        finished = False
+        try:
+            while not finished:
+                item = await q.get()
+                if isinstance(item, BaseException):
+                    finished = True
+                    raise item
+                finished = item.finished
+                yield item
+        finally:
+            if not finished:
+                self.abort(req_id)
+
+    def abort(self, req_id: str) -> None:
+        """Abort from any thread; a running generate() ends with a delta whose finish_reason is "abort"."""
+        self._submit(lambda: self.engine.abort(req_id))
+
+    def stats(self) -> EngineStats:
+        return self.engine.stats  # a snapshot of plain numbers; a slightly stale read is fine for metrics
+
+    def shutdown(self, timeout: float | None = 10.0) -> None:
+        """Stop the engine thread; open streams end with an EngineError."""
+        self._stopping = True
+        self._wake.set()
+        self._thread.join(timeout)
+
+    # ---- engine thread -----------------------------------------------------------------------------------------
+    def _submit(self, fn: Callable[[], None]) -> None:
+        self._cmds.put(fn)
+        self._wake.set()
+
+    def _run(self) -> None:
+        if self.engine.threads:
+            torch.set_num_threads(self.engine.threads)
+        while not self._stopping:
+            self._wake.clear()
+            while True:
+                try:
+                    self._cmds.get_nowait()()
+                except queue.Empty:
+                    break
+            if not self.engine.has_work():
+                self._wake.wait()
+                continue
+            try:
+                outputs = self.engine.step()
+            except EngineStepError as e:
+                self.last_error = e
+                for rid in e.req_ids:
+                    self._deliver(rid, e)
+                continue
+            for o in outputs:
+                self._deliver(o.req_id, o)
+        for rid in list(self._streams):
+            self._deliver(rid, EngineError("the engine shut down before this request finished"))
+
+    def _deliver(self, req_id: str, item: RequestOutput | BaseException) -> None:
+        target = self._streams.get(req_id)
+        if target is None:
+            return
+        if isinstance(item, BaseException) or item.finished:
+            del self._streams[req_id]
+        loop, q = target
+        try:
+            loop.call_soon_threadsafe(q.put_nowait, item)
+        except RuntimeError:  # the caller's loop is closed: nobody is listening any more
+            pass

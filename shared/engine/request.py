@@ -1,0 +1,118 @@
+"""A request's life inside one engine (Request, owned by the scheduler) and what it emits (RequestOutput deltas)."""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Literal
+
+from shared.engine.block_hash import ROOT_HASH, page_hash
+from shared.engine.sampling_params import SamplingParams
+
+if TYPE_CHECKING:
+    import torch
+
+    from shared.engine.sampler.detokenizer import IncrementalDetokenizer
+
+FinishReason = Literal["stop", "length", "abort"]
+
+
+class RequestStatus(enum.Enum):
+    WAITING = "waiting"  # queued, or preempted and waiting to recompute
+    RUNNING = "running"  # holds pages and is scheduled every step (prefill chunks, then decode)
+    FINISHED = "finished"
+
+
+@dataclass(frozen=True)
+class TokenLogprobs:
+    """Log-probability of a chosen token under the model's raw distribution, plus the top alternatives
+    (token id, logprob), most likely first."""
+
+    token_id: int
+    logprob: float
+    top: tuple[tuple[int, float], ...] = ()
+
+
+@dataclass(frozen=True)
+class RequestOutput:
+    """What one step added to one request (a delta: concatenate new_token_ids / new_text over the stream).
+
+    new_text is only filled when the engine has a tokenizer; it is cut before a matched stop string and holds
+    back text that could still become one. stop_reason: the stop token id or stop string that matched (None for
+    EOS, max_tokens or abort).
+    """
+
+    req_id: str
+    new_token_ids: tuple[int, ...] = ()
+    new_text: str = ""
+    new_logprobs: tuple[TokenLogprobs, ...] | None = None
+    finished: bool = False
+    finish_reason: FinishReason | None = None
+    stop_reason: int | str | None = None
+    num_prompt_tokens: int = 0
+    num_cached_tokens: int = 0  # prompt tokens served from the prefix cache at first admission
+    num_output_tokens: int = 0  # generated so far, this delta included
+
+
+@dataclass(eq=False)
+class Request:
+    """Scheduler-owned mutable state of one request. Invariants: page_ids cover positions
+    [0, num_computed_tokens) at least; the request holds one allocator reference per entry of page_ids; the
+    first num_locked entries of block_hashes are cache nodes this request has locked."""
+
+    req_id: str
+    prompt_token_ids: tuple[int, ...]
+    params: SamplingParams
+    priority: int = 0  # lower is served first (vLLM's convention)
+    arrival: int = 0  # admission order tie-breaker, assigned by the scheduler
+    page_size: int = 16
+    status: RequestStatus = RequestStatus.WAITING
+    all_token_ids: list[int] = field(default_factory=list)  # prompt + output
+    output_token_ids: list[int] = field(default_factory=list)
+    block_hashes: list[int] = field(default_factory=list)  # chained hashes of the full pages of all_token_ids
+    page_ids: list[int] = field(default_factory=list)
+    num_computed_tokens: int = 0  # tokens whose KV is in page_ids
+    num_locked: int = 0
+    num_cached_tokens: int = -1  # prefix-cache hit at first admission (-1: not admitted yet)
+    num_preemptions: int = 0
+    finish_reason: FinishReason | None = None
+    stop_reason: int | str | None = None
+    # sampler and detokenizer state, created lazily by their owners
+    generator: torch.Generator | None = None
+    detokenizer: IncrementalDetokenizer | None = None
+    output_text: str = ""
+    num_text_emitted: int = 0
+
+    def __post_init__(self) -> None:
+        if not self.all_token_ids:
+            self.all_token_ids = list(self.prompt_token_ids)
+            self._extend_hashes()
+
+    @property
+    def num_prompt_tokens(self) -> int:
+        return len(self.prompt_token_ids)
+
+    @property
+    def num_tokens(self) -> int:
+        return len(self.all_token_ids)
+
+    @property
+    def num_output_tokens(self) -> int:
+        return len(self.output_token_ids)
+
+    @property
+    def is_finished(self) -> bool:
+        return self.status is RequestStatus.FINISHED
+
+    def append_output(self, token_id: int) -> None:
+        self.output_token_ids.append(token_id)
+        self.all_token_ids.append(token_id)
+        if len(self.all_token_ids) % self.page_size == 0:
+            self._extend_hashes()
+
+    def _extend_hashes(self) -> None:
+        P = self.page_size
+        h = self.block_hashes[-1] if self.block_hashes else ROOT_HASH
+        for i in range(len(self.block_hashes), len(self.all_token_ids) // P):
+            h = page_hash(h, self.all_token_ids[i * P : (i + 1) * P])
+            self.block_hashes.append(h)

@@ -1,0 +1,116 @@
+"""Picks one token per row of logits: greedy rows in one argmax, random rows with temperature, top-k/top-p/min-p
+and the exponential-race trick (argmax(p / q), q ~ Exp(1), is a draw from p) so a whole batch samples at once.
+
+A request with a seed draws its noise from its own torch.Generator, so its tokens do not depend on what else is
+in the batch. Logprobs are taken from the raw logits (before penalties, temperature and truncation), as the
+OpenAI API reports them.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+
+import torch
+
+from shared.engine.request import Request, TokenLogprobs
+from shared.engine.sampler.filters import apply_min_p, apply_top_k_top_p
+from shared.engine.sampler.penalties import apply_penalties
+
+
+@dataclass(frozen=True)
+class SamplerOutput:
+    token_ids: list[int]  # one per row
+    logprobs: list[TokenLogprobs | None] | None = None  # None when no row asked for logprobs
+
+
+class Sampler:
+    def __init__(self, *, eos_token_ids: Iterable[int] = ()) -> None:
+        self.eos_token_ids = tuple(eos_token_ids)
+
+    def sample(self, logits: torch.Tensor, reqs: Sequence[Request]) -> SamplerOutput:
+        """logits: [B, V], row i belongs to reqs[i]. May modify logits in place."""
+        B = len(reqs)
+        assert logits.dim() == 2 and logits.shape[0] == B, f"logits {tuple(logits.shape)} for {B} requests"
+        if B == 0:
+            return SamplerOutput([])
+        logits = logits.float()
+        params = [r.params for r in reqs]
+
+        lp_rows = [i for i, p in enumerate(params) if p.logprobs is not None]
+        raw_logprobs = torch.log_softmax(logits[lp_rows], dim=-1) if lp_rows else None  # [L, V]
+
+        self._mask_early_stops(logits, reqs)
+        apply_penalties(logits, reqs, [i for i, p in enumerate(params) if p.has_penalties])
+
+        greedy = [i for i, p in enumerate(params) if p.greedy]
+        if len(greedy) == B:
+            tokens = logits.argmax(dim=-1)
+        else:
+            tokens = torch.empty(B, dtype=torch.int64, device=logits.device)
+            if greedy:
+                g = torch.as_tensor(greedy, device=logits.device)
+                tokens[g] = logits[g].argmax(dim=-1)
+            rand = [i for i, p in enumerate(params) if not p.greedy]
+            r = torch.as_tensor(rand, device=logits.device)
+            tokens[r] = self._sample_random(logits[r], [reqs[i] for i in rand])
+        token_list = tokens.tolist()
+
+        if raw_logprobs is None:
+            return SamplerOutput(token_list)
+        return SamplerOutput(token_list, _logprobs(raw_logprobs, lp_rows, token_list, params, B))
+
+    def _mask_early_stops(self, logits: torch.Tensor, reqs: Sequence[Request]) -> None:
+        """Before min_tokens are out, EOS and stop token ids cannot be drawn."""
+        for i, r in enumerate(reqs):
+            p = r.params
+            if p.min_tokens and r.num_output_tokens < p.min_tokens:
+                banned = list(p.stop_token_ids) + ([] if p.ignore_eos else list(self.eos_token_ids))
+                if banned:
+                    logits[i, banned] = float("-inf")
+
+    def _sample_random(self, logits: torch.Tensor, reqs: Sequence[Request]) -> torch.Tensor:
+        """logits: [R, V] of the non-greedy rows -> [R] sampled token ids."""
+        dev = logits.device
+        params = [r.params for r in reqs]
+        x = logits / torch.tensor([p.temperature for p in params], device=dev).unsqueeze(1)
+        V = x.shape[1]
+        use_k = any(p.top_k > 0 for p in params)
+        use_p = any(p.top_p < 1.0 for p in params)
+        if use_k or use_p:
+            k = torch.tensor([p.top_k if p.top_k > 0 else V for p in params], device=dev) if use_k else None
+            tp = torch.tensor([p.top_p if p.top_p < 1.0 else 2.0 for p in params], device=dev) if use_p else None
+            x = apply_top_k_top_p(x, k, tp)
+        if any(p.min_p > 0.0 for p in params):
+            x = apply_min_p(x, torch.tensor([p.min_p for p in params], device=dev))
+        probs = x.softmax(dim=-1)  # [R, V]
+        q = torch.empty_like(probs)
+        seeded = [j for j, p in enumerate(params) if p.seed is not None]
+        if len(seeded) < len(params):
+            q.exponential_()
+        for j in seeded:
+            r = reqs[j]
+            if r.generator is None:
+                r.generator = torch.Generator(device=dev)
+                r.generator.manual_seed(r.params.seed)  # type: ignore[arg-type]
+            q[j].exponential_(generator=r.generator)
+        # q == 0 would turn a removed token (p = 0) into 0/0 = NaN, which argmax prefers
+        return (probs / q.clamp_min_(1e-30)).argmax(dim=-1)
+
+
+def _logprobs(raw: torch.Tensor, rows: list[int], tokens: list[int], params: Sequence, B: int) -> list[TokenLogprobs | None]:
+    """raw: [L, V] log_softmax of the rows that asked; returns one entry per batch row (None if not asked)."""
+    chosen_ids = torch.tensor([tokens[i] for i in rows], device=raw.device).unsqueeze(1)
+    chosen = raw.gather(1, chosen_ids).squeeze(1).tolist()
+    n_top = max(params[i].logprobs for i in rows)
+    top_v: list[list[float]] = []
+    top_i: list[list[int]] = []
+    if n_top > 0:
+        v, ix = raw.topk(n_top, dim=-1)
+        top_v, top_i = v.tolist(), ix.tolist()
+    out: list[TokenLogprobs | None] = [None] * B
+    for j, i in enumerate(rows):
+        n = params[i].logprobs
+        top = tuple(zip(top_i[j][:n], top_v[j][:n])) if n else ()
+        out[i] = TokenLogprobs(tokens[i], chosen[j], top)
+    return out
