@@ -95,6 +95,9 @@ class MooncakeEngine(TransferEngine):
         rc = self._te.send_probe(address)
         if rc != 0:
             raise PeerError(f"peer {info.name!r} at {address} is unreachable (Mooncake probe rc {rc}); is it running?")
+        # Fetch the peer's segment descriptor now: otherwise the first write does this handshake synchronously
+        # inside transfer_submit_write, which blocks up to 60 s when the peer has stalled since.
+        self._te.get_first_buffer_address(address)
         return address
 
     def _forget_peer(self, token: Any) -> None:
