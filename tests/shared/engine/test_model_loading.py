@@ -1,0 +1,132 @@
+"""config.json parsing and the strict weight loader: refused architectures and features, missing / unexpected /
+misshaped tensors, sharded checkpoints."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file, save_file
+
+from shared.engine.models import SUPPORTED_ARCHITECTURES, build_model, load_model_config, parse_model_config
+from shared.engine.weights import load_weights
+from tests.helpers.tiny_models import tiny_llama_dir, tiny_qwen2_dir, tiny_qwen3_dir  # noqa: F401
+
+BASE = {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "vocab_size": 100, "hidden_size": 32,
+        "intermediate_size": 64, "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2}
+
+
+def test_unsupported_architecture_names_it_and_the_supported_list() -> None:
+    cfg = dict(BASE, architectures=["GPT2LMHeadModel"], model_type="gpt2")
+    with pytest.raises(ValueError) as e:
+        parse_model_config(cfg)
+    assert "GPT2LMHeadModel" in str(e.value)
+    for arch in SUPPORTED_ARCHITECTURES:
+        assert arch in str(e.value)
+
+
+@pytest.mark.parametrize(
+    "extra,match",
+    [({"hidden_act": "gelu"}, "gelu"), ({"use_sliding_window": True}, "sliding"), ({"mlp_bias": True}, "mlp_bias"),
+     ({"rope_scaling": {"rope_type": "yarn", "factor": 4.0}}, "yarn"), ({"num_key_value_heads": 3}, "multiple")],
+)
+def test_unsupported_features_are_refused(extra: dict, match: str) -> None:
+    with pytest.raises(ValueError, match=match):
+        parse_model_config(dict(BASE, **extra))
+
+
+def test_both_rope_spellings() -> None:
+    old = parse_model_config(dict(BASE, rope_theta=5e5, rope_scaling={"rope_type": "llama3", "factor": 8.0,
+                                                                       "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+                                                                       "original_max_position_embeddings": 8192}))
+    new = parse_model_config(dict(BASE, rope_parameters={"rope_type": "llama3", "rope_theta": 5e5, "factor": 8.0,
+                                                         "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+                                                         "original_max_position_embeddings": 8192}))
+    assert old.rope_theta == new.rope_theta == 5e5
+    assert old.rope_scaling is not None and new.rope_scaling is not None
+    assert old.rope_scaling["factor"] == new.rope_scaling["factor"] == 8.0
+    plain = parse_model_config(dict(BASE, rope_parameters={"rope_type": "default", "rope_theta": 1e4}))
+    assert plain.rope_scaling is None and plain.head_dim == 8
+
+
+def test_family_flags(tiny_qwen2_dir: Path, tiny_qwen3_dir: Path) -> None:
+    q2, q3 = load_model_config(tiny_qwen2_dir), load_model_config(tiny_qwen3_dir)
+    assert q2.qkv_bias and not q2.qk_norm and not q2.o_bias
+    assert q3.qk_norm and not q3.qkv_bias and q3.head_dim == 32  # head_dim decoupled from hidden / heads
+    assert not parse_model_config(BASE).qkv_bias
+
+
+def _copy_model(src: Path, dst: Path) -> Path:
+    shutil.copytree(src, dst)
+    return dst
+
+
+def _load(model_dir: Path) -> torch.nn.Module:
+    cfg = load_model_config(model_dir)
+    model = build_model(cfg, torch.float32)
+    load_weights(model, model.hf_weight_map(), model_dir, tied_lm_head=cfg.tie_word_embeddings)
+    return model
+
+
+def test_loads_every_tensor_into_the_fused_layout(tiny_qwen3_dir: Path) -> None:
+    model = _load(tiny_qwen3_dir)
+    ref = load_file(str(tiny_qwen3_dir / "model.safetensors"))
+    layer = model.layers[1]
+    q = ref["model.layers.1.self_attn.q_proj.weight"]
+    k = ref["model.layers.1.self_attn.k_proj.weight"]
+    v = ref["model.layers.1.self_attn.v_proj.weight"]
+    assert torch.equal(layer.qkv_weight, torch.cat([q, k, v]))
+    gate, up = ref["model.layers.1.mlp.gate_proj.weight"], ref["model.layers.1.mlp.up_proj.weight"]
+    assert torch.equal(layer.gate_up_weight, torch.cat([gate, up]))
+    qn, kn = ref["model.layers.1.self_attn.q_norm.weight"], ref["model.layers.1.self_attn.k_norm.weight"]
+    assert torch.equal(layer.qk_norm, torch.cat([qn.expand(4, -1), kn.expand(2, -1)]))
+
+
+def test_missing_tensor_is_named(tiny_llama_dir: Path, tmp_path: Path) -> None:
+    d = _copy_model(tiny_llama_dir, tmp_path / "m")
+    sd = load_file(str(d / "model.safetensors"))
+    del sd["model.layers.1.mlp.up_proj.weight"]
+    save_file(sd, str(d / "model.safetensors"))
+    with pytest.raises(ValueError, match=r"missing 1 tensor\(s\): model\.layers\.1\.mlp\.up_proj\.weight"):
+        _load(d)
+
+
+def test_unexpected_and_misshaped_tensors_are_named(tiny_llama_dir: Path, tmp_path: Path) -> None:
+    d = _copy_model(tiny_llama_dir, tmp_path / "m")
+    sd = load_file(str(d / "model.safetensors"))
+    sd["model.layers.0.self_attn.q_proj.bias"] = torch.zeros(64)
+    sd["model.norm.weight"] = torch.ones(65)
+    sd["model.layers.0.self_attn.rotary_emb.inv_freq"] = torch.ones(8)  # harmless extra, ignored
+    save_file(sd, str(d / "model.safetensors"))
+    with pytest.raises(ValueError) as e:
+        _load(d)
+    msg = str(e.value)
+    assert "unexpected 1 tensor(s): model.layers.0.self_attn.q_proj.bias" in msg
+    assert "model.norm.weight: checkpoint (65,), model expects (64,)" in msg
+    assert "inv_freq" not in msg
+
+
+def test_sharded_checkpoint_loads_the_same(tiny_qwen2_dir: Path, tmp_path: Path) -> None:
+    d = tmp_path / "sharded"
+    shutil.copytree(tiny_qwen2_dir, d)
+    sd = load_file(str(d / "model.safetensors"))
+    (d / "model.safetensors").unlink()
+    names = sorted(sd)
+    halves = {"model-00001-of-00002.safetensors": names[::2], "model-00002-of-00002.safetensors": names[1::2]}
+    for fname, keys in halves.items():
+        save_file({k: sd[k] for k in keys}, str(d / fname))
+    index = {"metadata": {}, "weight_map": {k: f for f, ks in halves.items() for k in ks}}
+    (d / "model.safetensors.index.json").write_text(json.dumps(index))
+    a, b = _load(tiny_qwen2_dir), _load(d)
+    for (na, pa), (nb, pb) in zip(a.named_parameters(), b.named_parameters()):
+        assert na == nb and torch.equal(pa, pb)
+
+
+def test_no_safetensors_is_a_clear_error(tmp_path: Path) -> None:
+    (tmp_path / "config.json").write_text(json.dumps(BASE))
+    (tmp_path / "pytorch_model.bin").write_bytes(b"")
+    with pytest.raises(ValueError, match="convert them to safetensors"):
+        _load(tmp_path)
