@@ -24,3 +24,7 @@ def etcd_unavailable(url: str, detail: str = "") -> ControlPlaneUnavailable:
 
 def nats_unavailable(url: str, detail: str = "") -> ControlPlaneUnavailable:
     return ControlPlaneUnavailable("NATS", url, "--nats-url / PDRELAY_NATS_URL", detail)
+
+
+class StartupError(ValueError):
+    """A service cannot start because of its own settings (a port in use, ...); the message says what to change."""

@@ -3,17 +3,22 @@
 Use them from a conftest.py: `from tests.helpers.servers import etcd_server, nats_server  # noqa: F401`.
 The returned objects can `kill()` (SIGKILL, like a crash), `restart()` (same port and data dir) and `stop()`.
 `TcpProxy` puts a cuttable link between a client and a server (a partition with both ends alive).
+`EchoProcess` runs the echo test service (the real lifecycle) as a child process.
 """
 
 from __future__ import annotations
 
 import asyncio
+import subprocess
+import sys
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
-from shared.cluster.localcluster.servers import EtcdServer, NatsServer, free_port
+from shared.cluster.handshake import ReadyInfo, parse_ready_line, read_ready_file
+from shared.cluster.localcluster.servers import EtcdServer, NatsServer, free_port, stop_process
 
 
 def start_etcd(tmp: Path) -> EtcdServer:
@@ -102,3 +107,40 @@ class TcpProxy:
 
     async def close(self) -> None:
         await self.cut()
+
+
+class EchoProcess:
+    """The `echo` test service (shared.cluster.testing) as a real child process, started and waited for."""
+
+    def __init__(self, etcd: EtcdServer, nats: NatsServer, tmp: Path, *args: str, instance_id: str = "echo-1",
+                 cluster: str = "t", lease_ttl_s: int = 2) -> None:
+        self.instance_id = instance_id
+        self.ready_file = tmp / f"{instance_id}.ready"
+        self.log_path = tmp / f"{instance_id}.log"
+        cmd = [sys.executable, "-m", "shared.cluster.testing", "--etcd-endpoints", etcd.url, "--nats-url", nats.url,
+               "--cluster", cluster, "--instance-id", instance_id, "--lease-ttl-s", str(lease_ttl_s),
+               "--ready-file", str(self.ready_file), "--load-report-interval-s", "0.1", *args]
+        with open(self.log_path, "wb") as log:
+            self.proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=log, stdin=subprocess.DEVNULL)
+        self.ready: ReadyInfo | None = None
+
+    def wait_ready(self, timeout: float = 20.0) -> ReadyInfo:
+        assert self.proc.stdout is not None
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"echo exited with {self.proc.returncode}:\n{self.log()}")
+            info = read_ready_file(self.ready_file)
+            if info is not None:
+                line = self.proc.stdout.readline()  # the same handshake also went to stdout
+                assert parse_ready_line(line) == info, f"stdout ready line {line!r} differs from the ready file"
+                self.ready = info
+                return info
+            time.sleep(0.05)
+        raise TimeoutError(f"echo not ready within {timeout} s:\n{self.log()}")
+
+    def log(self) -> str:
+        return self.log_path.read_text(errors="replace") if self.log_path.exists() else ""
+
+    def stop(self) -> int | None:
+        return stop_process(self.proc)
