@@ -55,7 +55,10 @@ def prepare_ucx_env(host: str) -> None:
     - UCX_MODULES=^ib when the host has no RDMA device: the InfiniBand module loads the wheel's bundled
       libibverbs/libnl, whose library destructor segfaults at process exit (exit code 139 on every clean shutdown),
       and without an RDMA device the module has nothing to offer.
+    - UCX_LOG_FILE=stderr: UCX logs (warnings, UCX_PROTO_INFO tables) go to stdout by default, where services
+      speak their ready-line protocol.
     """
+    os.environ.setdefault("UCX_LOG_FILE", "stderr")
     if is_loopback(host):
         os.environ.setdefault("UCX_NET_DEVICES", "lo")
     ib = Path("/sys/class/infiniband")
