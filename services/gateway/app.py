@@ -45,6 +45,7 @@ log = logging.getLogger("pdrelay.gateway")
 
 _ENC = msgspec.json.Encoder()
 _PARAM_AT = re.compile(r"at `\$\.?([^`]*)`")
+_MISSING = re.compile(r"missing required field `([^`]+)`")
 _TRACE_HEADERS = (b"traceparent", b"tracestate")
 
 Handler = Callable[[Scope, Receive, Responder], Awaitable[None]]
@@ -54,8 +55,12 @@ def _decode_error(e: msgspec.DecodeError) -> ApiError:
     """msgspec says what and where ("Expected `int`, got `str` - at `$.max_tokens`"); keep both."""
     msg = str(e)
     if isinstance(e, msgspec.ValidationError):
-        m = _PARAM_AT.search(msg)
-        return bad_request(f"invalid request: {msg}", m.group(1) if m and m.group(1) else None)
+        at = _PARAM_AT.search(msg)
+        path = at.group(1) if at else ""
+        missing = _MISSING.search(msg)
+        if missing:
+            path = f"{path}.{missing.group(1)}" if path else missing.group(1)
+        return bad_request(f"invalid request: {msg}", path or None)
     if "UTF-8" in msg:
         return bad_request(f"request body is not valid UTF-8 ({msg}); send UTF-8 encoded JSON", code="invalid_utf8")
     return bad_request(f"request body is not valid JSON ({msg})", code="invalid_json")
