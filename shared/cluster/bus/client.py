@@ -97,6 +97,7 @@ class Bus:
         self._decoders: dict[type, msgspec.msgpack.Decoder[Any]] = {}
         self._limit = _RateLimit()
         self._outage_since: float | None = None
+        self._closing = False
         self.stats = BusStats()
 
     @classmethod
@@ -130,6 +131,7 @@ class Bus:
         return self
 
     async def close(self) -> None:
+        self._closing = True
         if self._nc is not None:
             nc, self._nc = self._nc, None
             try:
@@ -150,6 +152,8 @@ class Bus:
             log.debug("nats %s: %s: %s", self.url, type(e).__name__, e)
 
     async def _on_disconnected(self) -> None:
+        if self._closing:
+            return
         if self._outage_since is None:
             self._outage_since = time.monotonic()
         self.stats.disconnects += 1

@@ -35,11 +35,32 @@ def find_binary(name: str) -> str:
                      f"install it: {_INSTALL_HINT.get(name, name)}")
 
 
+def die_with_parent() -> None:
+    """preexec_fn: the kernel sends SIGTERM to this child when the process that started it dies (Linux), so a
+    supervisor killed with SIGKILL leaves no process behind. Spawn from the main thread: the signal fires when
+    the spawning *thread* exits."""
+    if sys.platform != "linux":
+        return
+    import ctypes
+
+    pr_set_pdeathsig = 1
+    ctypes.CDLL("libc.so.6", use_errno=True).prctl(pr_set_pdeathsig, signal.SIGTERM)
+
+
 def free_port(host: str = "127.0.0.1") -> int:
     """A port nothing listens on right now (the OS picks it; another process may still take it before we bind)."""
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.bind((host, 0))
         return int(s.getsockname()[1])
+
+
+def port_is_free(port: int, host: str = "127.0.0.1") -> bool:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        try:
+            s.bind((host, port))
+            return True
+        except OSError:
+            return False
 
 
 def port_open(host: str, port: int, timeout: float = 0.2) -> bool:
@@ -75,6 +96,7 @@ class _ServerProcess:
     host: str = "127.0.0.1"
     proc: subprocess.Popen | None = field(default=None, repr=False)
     start_timeout_s: float = 15.0
+    tie_to_parent: bool = False  # die_with_parent() (for `pdrelay up`; the test fixtures stop servers themselves)
 
     name = "server"
 
@@ -98,7 +120,8 @@ class _ServerProcess:
         with open(self.log_path, "ab") as log:
             # own session: Ctrl-C in a terminal reaches the supervisor, which then stops us in order
             self.proc = subprocess.Popen(self.command(), stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                         start_new_session=True)
+                                         start_new_session=True,
+                                         preexec_fn=die_with_parent if self.tie_to_parent else None)
         deadline = time.monotonic() + self.start_timeout_s
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:

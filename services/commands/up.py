@@ -1,0 +1,113 @@
+"""`pdrelay up`: a whole cluster on this machine (etcd, NATS, gateway, prefill, decode) until Ctrl-C or `pdrelay down`.
+
+Flags it does not know (e.g. `--page-size 32`, `--model DIR`, `--port 8080`) go to every role that accepts them.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+# role -> default number of instances; the order is the order of --help
+DEFAULT_COUNTS = {"gateway": 1, "prefill": 1, "decode": 1, "encoder": 0, "kvstore": 0, "worker": 0, "echo": 0}
+
+
+def add_parser(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("up", help="start a local cluster (etcd, NATS, gateway, prefill, decode)",
+                       description=__doc__, allow_abbrev=False,
+                       formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--run-dir", default=None, help="state, logs and configs (default: .run, or $PDRELAY_RUN_DIR)")
+    p.add_argument("--cluster", default="default", help="cluster name (etcd prefix, NATS subjects)")
+    p.add_argument("--etcd", dest="etcd_url", default=None, metavar="URL", help="use this etcd; start none")
+    p.add_argument("--nats", dest="nats_url", default=None, metavar="URL", help="use this NATS server; start none")
+    p.add_argument("--etcd-port", type=int, default=0, help="port of the etcd we start (0: 2379 if free)")
+    p.add_argument("--nats-port", type=int, default=0, help="port of the nats-server we start (0: 4222 if free)")
+    for role, n in DEFAULT_COUNTS.items():
+        what = "the control-plane test service" if role == "echo" else f"{role} instances"
+        p.add_argument(f"--{role}", type=int, default=n, metavar="N", help=f"{what} (default {n})")
+    p.add_argument("--lease-ttl-s", type=int, default=5, help="etcd lease TTL of every instance")
+    p.add_argument("--ready-timeout-s", type=float, default=300.0, help="give up when not ready by then")
+    p.add_argument("--stop-timeout-s", type=float, default=30.0, help="SIGKILL what has not stopped by then")
+    p.add_argument("--detach", action="store_true", help="run in the background; return once ready")
+    p.add_argument("--demo", action="store_true", help="once ready, ask the gateway one question and print the answer")
+    p.add_argument("--quiet", action="store_true", help="do not stream the services' logs (they stay in the run dir)")
+    p.set_defaults(_run=run)
+
+
+def _options(ns: argparse.Namespace, extra: list[str]):  # -> UpOptions
+    from shared.cluster.localcluster.plan import UpOptions
+    from shared.cluster.localcluster.rundir import default_run_dir
+
+    counts = {role: getattr(ns, role) for role in DEFAULT_COUNTS}
+    for role, n in counts.items():
+        if n < 0:
+            raise ValueError(f"--{role} {n}: the number of instances must be >= 0")
+    for name in ("ready_timeout_s", "stop_timeout_s"):
+        if getattr(ns, name) <= 0:
+            raise ValueError(f"--{name.replace('_', '-')} must be > 0 (got {getattr(ns, name)})")
+    run_dir = Path(ns.run_dir) if ns.run_dir else default_run_dir()
+    return UpOptions(run_dir=str(run_dir.resolve()), cluster=ns.cluster, etcd_url=ns.etcd_url, nats_url=ns.nats_url,
+                     etcd_port=ns.etcd_port, nats_port=ns.nats_port, counts=counts, extra=tuple(extra),
+                     ready_timeout_s=ns.ready_timeout_s, stop_timeout_s=ns.stop_timeout_s,
+                     lease_ttl_s=ns.lease_ttl_s, demo=ns.demo, echo_log=not ns.quiet)
+
+
+def run(ns: argparse.Namespace, extra: list[str]) -> int:
+    import asyncio
+    import logging
+
+    from shared.cluster.localcluster.supervisor import Supervisor
+
+    try:
+        opts = _options(ns, extra)
+    except ValueError as e:
+        print(f"pdrelay up: error: {e}", file=sys.stderr)
+        return 2
+    if ns.detach:
+        return _detach(opts)
+    logging.basicConfig(level=logging.WARNING, stream=sys.stderr, format="%(asctime)s %(levelname)s %(message)s")
+    return asyncio.run(Supervisor(opts).run())
+
+
+def _detach(opts) -> int:  # opts: UpOptions
+    import msgspec
+
+    from shared.cluster.localcluster.rundir import read_state, running_supervisor
+    from shared.cluster.localcluster.summary import format_summary
+
+    run_dir = Path(opts.run_dir)
+    live = running_supervisor(run_dir)
+    if live is not None:
+        print(f"pdrelay up: a cluster is already running from {run_dir} (supervisor pid {live.supervisor_pid}); "
+              f"stop it with `pdrelay down --run-dir {run_dir}`", file=sys.stderr)
+        return 1
+    run_dir.mkdir(parents=True, exist_ok=True)
+    (run_dir / "state.json").unlink(missing_ok=True)
+    opts_file = run_dir / "up-options.json"
+    opts_file.write_bytes(msgspec.json.encode(opts))
+    log_path = run_dir / "supervisor.log"
+    with open(log_path, "ab") as log:
+        proc = subprocess.Popen([sys.executable, "-m", "shared.cluster.localcluster", "--options", str(opts_file)],
+                                stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                start_new_session=True, env={**os.environ, "PYTHONUNBUFFERED": "1"})
+    deadline = time.monotonic() + opts.ready_timeout_s + 30
+    while time.monotonic() < deadline:
+        rc = proc.poll()
+        state = read_state(run_dir)
+        if state is not None and state.ready and state.supervisor_pid == proc.pid:
+            print(format_summary(state))
+            print(f"Logs: {log_path}")
+            return 0
+        if rc is not None:
+            tail = "\n".join(log_path.read_text(errors="replace").splitlines()[-25:])
+            print(f"pdrelay up: the supervisor exited with code {rc} before the cluster was ready:\n{tail}",
+                  file=sys.stderr)
+            return rc or 1
+        time.sleep(0.1)
+    print(f"pdrelay up: not ready after {opts.ready_timeout_s:.0f} s; the supervisor (pid {proc.pid}) keeps trying; "
+          f"see {log_path}, stop it with `pdrelay down --run-dir {run_dir}`", file=sys.stderr)
+    return 1

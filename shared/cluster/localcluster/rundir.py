@@ -1,0 +1,91 @@
+"""The run directory of a local cluster: who runs it (supervisor PID), where etcd/NATS are, which children exist.
+
+    <run-dir>/state.json        RunState, rewritten atomically on every change (read by down / status / scale)
+    <run-dir>/supervisor.log    the supervisor's own output when detached
+    <run-dir>/logs/<id>.log     each child's stdout + stderr
+    <run-dir>/config/<id>.json  each child's resolved config
+    <run-dir>/etcd, nats/       server data and logs (when `pdrelay up` started them)
+
+Default: `.run/` in the current directory (override with --run-dir or $PDRELAY_RUN_DIR).
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import msgspec
+
+STATE_FILE = "state.json"
+
+
+class ChildState(msgspec.Struct, kw_only=True):
+    role: str
+    instance_id: str
+    pid: int
+    state: str = "starting"  # starting | ready | draining | exited
+    grpc: str = ""
+    http: str = ""
+    epoch: int = 0
+    log: str = ""
+    config: str = ""  # resolved config file (empty for the echo test service)
+
+
+class RunState(msgspec.Struct, kw_only=True):
+    supervisor_pid: int
+    cluster: str
+    etcd_url: str
+    nats_url: str
+    run_dir: str
+    started_at: float
+    ready: bool = False
+    etcd_pid: int = 0  # 0: an external etcd we did not start
+    nats_pid: int = 0
+    children: list[ChildState] = msgspec.field(default_factory=list)
+    skipped: list[str] = msgspec.field(default_factory=list)  # notes about roles not started
+    error: str = ""  # why the supervisor gave up, when it did
+
+
+def default_run_dir() -> Path:
+    return Path(os.environ.get("PDRELAY_RUN_DIR") or ".run")
+
+
+def write_state(run_dir: Path, state: RunState) -> None:
+    run_dir.mkdir(parents=True, exist_ok=True)
+    tmp = run_dir / f".{STATE_FILE}.{os.getpid()}.tmp"
+    tmp.write_bytes(msgspec.json.format(msgspec.json.encode(state)))
+    tmp.replace(run_dir / STATE_FILE)
+
+
+def read_state(run_dir: Path) -> RunState | None:
+    try:
+        return msgspec.json.decode((run_dir / STATE_FILE).read_bytes(), type=RunState)
+    except FileNotFoundError:
+        return None
+    except (OSError, msgspec.DecodeError, msgspec.ValidationError) as e:
+        raise ValueError(f"{run_dir / STATE_FILE} is unreadable ({e}); if no cluster is running, delete it") from None
+
+
+def pid_alive(pid: int) -> bool:
+    if pid <= 0:
+        return False
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    # a zombie (exited, not yet reaped by its parent) is not alive for our purposes
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[-1].split()[0] != "Z"
+    except OSError:
+        return True
+
+
+def running_supervisor(run_dir: Path) -> RunState | None:
+    """The state of a live supervisor using `run_dir`, or None (no state, or its supervisor is gone)."""
+    state = read_state(run_dir)
+    if state is None or not pid_alive(state.supervisor_pid):
+        return None
+    return state

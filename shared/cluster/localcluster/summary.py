@@ -1,0 +1,44 @@
+"""What `pdrelay up` prints once the cluster is ready: endpoints, a ready-to-paste curl, how to stop it."""
+
+from __future__ import annotations
+
+import json
+import shlex
+from pathlib import Path
+
+from shared.cluster.localcluster.rundir import ChildState, RunState
+
+
+def served_model_name(child: ChildState) -> str:
+    """The model name a gateway serves, from its resolved config file ("" when unknown)."""
+    try:
+        cfg = json.loads(Path(child.config).read_text())
+        model = cfg["config"]["model"]
+        return str(model.get("served_model_name") or model.get("model") or "")
+    except (OSError, ValueError, KeyError, TypeError):
+        return ""
+
+
+def curl_example(http: str, model: str) -> str:
+    body = json.dumps({"model": model or "default", "max_tokens": 32,
+                       "messages": [{"role": "user", "content": "What is the capital of France?"}]})
+    return (f"curl -s http://{http}/v1/chat/completions -H 'Content-Type: application/json' "
+            f"-d {shlex.quote(body)}")
+
+
+def format_summary(state: RunState) -> str:
+    lines = ["", f"pdrelay cluster '{state.cluster}' is ready (run dir {state.run_dir})",
+             f"  etcd   {state.etcd_url}" + ("" if state.etcd_pid else "  (external)"),
+             f"  nats   {state.nats_url}" + ("" if state.nats_pid else "  (external)")]
+    for c in state.children:
+        extra = f"  http {c.http}" if c.http else ""
+        lines.append(f"  {c.instance_id:<14} {c.state:<9} grpc {c.grpc}{extra}  epoch {c.epoch}  pid {c.pid}")
+    for note in state.skipped:
+        lines.append(f"  note: {note}")
+    gw = next((c for c in state.children if c.role == "gateway" and c.http), None)
+    if gw is not None:
+        lines += ["", "Try it:", "  " + curl_example(gw.http, served_model_name(gw))]
+    rd = shlex.quote(state.run_dir)
+    lines += ["", f"Status: pdrelay status --run-dir {rd}    Scale: pdrelay scale --run-dir {rd} prefill=2",
+              f"Stop:   Ctrl-C, or pdrelay down --run-dir {rd}", ""]
+    return "\n".join(lines)

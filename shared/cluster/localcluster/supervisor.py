@@ -1,0 +1,388 @@
+"""The `pdrelay up` supervisor: etcd + nats-server + the services as child processes, stopped cleanly.
+
+    start    resolve every instance's config first (a bad flag stops everything before anything runs), then
+             etcd and nats-server (unless external URLs were given), then the services in ROLE_ORDER
+    ready    each child's ready line (stdout) -> print endpoints and a ready-to-paste curl
+    logs     every child line goes to <run-dir>/logs/<id>.log and, prefixed with the instance id, to our stdout
+    scale    `pdrelay scale` requests on NATS: start more instances, or drain some (drain command on the bus;
+             SIGTERM if one does not exit within the stop timeout)
+    stop     SIGINT / SIGTERM (Ctrl-C or `pdrelay down`): gateways first, then the workers, SIGTERM then SIGKILL
+             after the stop timeout, then NATS and etcd. A second signal skips the waiting.
+
+Children run in their own sessions (a terminal's Ctrl-C reaches only us, and we stop them in order) and die with
+us even if we are SIGKILLed (PR_SET_PDEATHSIG).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import signal
+import sys
+import time
+from pathlib import Path
+from typing import TextIO
+
+from shared.cluster.bus.client import Bus
+from shared.cluster.bus.drain import send_drain
+from shared.cluster.bus.scale import ScaleReply, ScaleRequest, serve_scale
+from shared.cluster.errors import ControlPlaneUnavailable
+from shared.cluster.etcd import connect_etcd
+from shared.cluster.handshake import ReadyInfo, parse_ready_line
+from shared.cluster.localcluster.plan import ROLE_ORDER, InstanceSpec, UpOptions, build_spec, plan, role_available
+from shared.cluster.localcluster.rundir import ChildState, RunState, running_supervisor, write_state
+from shared.cluster.localcluster.servers import (EtcdServer, NatsServer, die_with_parent, free_port, port_is_free)
+from shared.cluster.localcluster.summary import format_summary
+
+log = logging.getLogger(__name__)
+
+
+class _Child:
+    def __init__(self, spec: InstanceSpec, proc: asyncio.subprocess.Process, log_path: Path) -> None:
+        self.spec = spec
+        self.proc = proc
+        self.log_path = log_path
+        self.ready: ReadyInfo | None = None
+        self.state = "starting"
+        self.ready_event = asyncio.Event()
+        self.exited = asyncio.Event()
+        self.tasks: list[asyncio.Task[None]] = []
+
+    @property
+    def role(self) -> str:
+        return self.spec.role
+
+    @property
+    def iid(self) -> str:
+        return self.spec.instance_id
+
+    def as_state(self) -> ChildState:
+        r = self.ready
+        return ChildState(role=self.role, instance_id=self.iid, pid=self.proc.pid, state=self.state,
+                          grpc=r.grpc if r else "", http=r.http if r else "", epoch=r.epoch if r else 0,
+                          log=str(self.log_path), config=self.spec.config_path)
+
+    def log_tail(self, n: int = 20) -> str:
+        try:
+            return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-n:])
+        except OSError:
+            return "(no log)"
+
+
+class Supervisor:
+    def __init__(self, opts: UpOptions, out: TextIO | None = None) -> None:
+        self.opts = opts
+        self.out = out or sys.stdout
+        self.run_dir = Path(opts.run_dir).resolve()
+        self.children: list[_Child] = []
+        self.etcd: EtcdServer | None = None
+        self.nats: NatsServer | None = None
+        self.bus: Bus | None = None
+        self.state: RunState | None = None
+        self._stop = asyncio.Event()
+        self._force = asyncio.Event()
+        self._next_index: dict[str, int] = {}
+        self._etcd_url = opts.etcd_url or ""
+        self._nats_url = opts.nats_url or ""
+
+    # ------------------------------------------------------------------ output
+
+    def say(self, text: str) -> None:
+        self.out.write(text if text.endswith("\n") else text + "\n")
+        self.out.flush()
+
+    def _save(self) -> None:
+        assert self.state is not None
+        self.state.children = [c.as_state() for c in self.children]
+        write_state(self.run_dir, self.state)
+
+    # ------------------------------------------------------------------ run
+
+    async def run(self) -> int:
+        live = running_supervisor(self.run_dir)
+        if live is not None:
+            self.say(f"pdrelay up: a cluster is already running from {self.run_dir} (supervisor pid "
+                     f"{live.supervisor_pid}); stop it with `pdrelay down --run-dir {self.run_dir}` or use another "
+                     "--run-dir")
+            return 1
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            loop.add_signal_handler(sig, self._on_signal)
+        self.state = RunState(supervisor_pid=os.getpid(), cluster=self.opts.cluster, etcd_url="", nats_url="",
+                              run_dir=str(self.run_dir), started_at=time.time())
+        rc = 1
+        try:
+            rc = await self._run()
+        except ControlPlaneUnavailable as e:
+            self.say(f"pdrelay up: {e}")
+            self._fail(str(e))
+            rc = 2
+        except ValueError as e:  # ConfigError and friends: bad user input, named in the message
+            self.say(f"pdrelay up: error: {e}")
+            self._fail(str(e))
+            rc = 2
+        finally:
+            await self._shutdown()
+            for sig in (signal.SIGINT, signal.SIGTERM):
+                loop.remove_signal_handler(sig)
+        return rc
+
+    def _fail(self, why: str) -> None:
+        if self.state is not None:
+            self.state.error = why
+            self._save()
+
+    def _on_signal(self) -> None:
+        if self._stop.is_set():
+            self._force.set()
+        self._stop.set()
+
+    async def _run(self) -> int:
+        assert self.state is not None
+        opts = self.opts
+        self.run_dir.mkdir(parents=True, exist_ok=True)
+        self._save()  # `pdrelay down` can stop us from here on
+        # Ports first, then configs (bad flags fail before anything runs), then servers.
+        if not opts.etcd_url:
+            port = opts.etcd_port or (2379 if port_is_free(2379) and port_is_free(2380) else free_port())
+            self.etcd = EtcdServer(data_dir=self.run_dir / "etcd", port=port, tie_to_parent=True)
+            self._etcd_url = self.etcd.url
+        if not opts.nats_url:
+            port = opts.nats_port or (4222 if port_is_free(4222) else free_port())
+            self.nats = NatsServer(data_dir=self.run_dir / "nats", port=port, tie_to_parent=True)
+            self._nats_url = self.nats.url
+        self.state.etcd_url, self.state.nats_url = self._etcd_url, self._nats_url
+        specs, notes = plan(opts, self._etcd_url, self._nats_url)
+        self.state.skipped = notes
+        for note in notes:
+            self.say(f"pdrelay up: note: {note}")
+        for spec in specs:
+            self._next_index[spec.role] = self._next_index.get(spec.role, 0) + 1
+
+        if self.etcd is None:  # an external etcd: check it answers before starting anything
+            await (await connect_etcd([self._etcd_url], timeout_s=5)).close()
+        if self.nats is None:
+            self.bus = await Bus(self._nats_url, name=f"supervisor-{self.opts.cluster}").connect(timeout_s=5)
+        if self.etcd is not None:
+            self.etcd.start()  # blocking, in the main thread (see die_with_parent)
+            self.state.etcd_pid = self.etcd.pid or 0
+        if self.nats is not None:
+            self.nats.start()
+            self.state.nats_pid = self.nats.pid or 0
+            self.bus = await Bus(self._nats_url, name=f"supervisor-{self.opts.cluster}").connect(timeout_s=5)
+        self._save()
+        assert self.bus is not None
+        await serve_scale(self.bus, opts.cluster, self._on_scale)
+
+        for spec in specs:
+            await self._spawn(spec)
+        if not await self._wait_ready(self.children, opts.ready_timeout_s):
+            return 1
+        self.state.ready = True
+        self._save()
+        self.say(format_summary(self.state))
+        if opts.demo:
+            await self._demo()
+        await self._stop.wait()
+        return 0
+
+    async def _wait_ready(self, children: list[_Child], timeout_s: float) -> bool:
+        pending = {c for c in children if c.ready is None}
+        deadline = time.monotonic() + timeout_s
+        while pending:
+            if self._stop.is_set():
+                self.say("pdrelay up: stopped while starting")
+                return False
+            for c in list(pending):
+                if c.ready is not None:
+                    pending.discard(c)
+                elif c.exited.is_set():
+                    self.say(f"pdrelay up: {c.iid} exited with code {c.proc.returncode} before it was ready; "
+                             f"its last log lines ({c.log_path}):\n{c.log_tail()}")
+                    self._fail(f"{c.iid} exited with code {c.proc.returncode} before it was ready")
+                    return False
+            if time.monotonic() > deadline:
+                names = ", ".join(sorted(c.iid for c in pending))
+                self.say(f"pdrelay up: {names} not ready after {timeout_s:.0f} s (--ready-timeout-s); "
+                         f"see their logs in {self.run_dir / 'logs'}")
+                self._fail(f"{names} not ready after {timeout_s:.0f} s")
+                return False
+            waits = [asyncio.ensure_future(e.wait()) for c in pending for e in (c.ready_event, c.exited)]
+            waits.append(asyncio.ensure_future(self._stop.wait()))
+            await asyncio.wait(waits, timeout=0.5, return_when=asyncio.FIRST_COMPLETED)
+            for w in waits:
+                w.cancel()
+        return True
+
+    # ------------------------------------------------------------------ children
+
+    async def _spawn(self, spec: InstanceSpec) -> _Child:
+        logs = self.run_dir / "logs"
+        logs.mkdir(parents=True, exist_ok=True)
+        if spec.ready_file:
+            Path(spec.ready_file).parent.mkdir(parents=True, exist_ok=True)
+            Path(spec.ready_file).unlink(missing_ok=True)
+        env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+        proc = await asyncio.create_subprocess_exec(
+            *spec.argv, stdin=asyncio.subprocess.DEVNULL, stdout=asyncio.subprocess.PIPE,
+            stderr=asyncio.subprocess.PIPE, env=env, start_new_session=True, preexec_fn=die_with_parent,
+            limit=1 << 20)
+        child = _Child(spec, proc, logs / f"{spec.instance_id}.log")
+        self.children.append(child)
+        logf = open(child.log_path, "ab")  # noqa: SIM115 - closed by the waiter task
+        assert proc.stdout is not None and proc.stderr is not None
+        child.tasks = [asyncio.create_task(self._pump(child, proc.stdout, logf, True)),
+                       asyncio.create_task(self._pump(child, proc.stderr, logf, False))]
+        child.tasks.append(asyncio.create_task(self._reap(child, logf)))
+        self._save()
+        return child
+
+    async def _pump(self, child: _Child, stream: asyncio.StreamReader, logf: object, is_stdout: bool) -> None:
+        prefix = f"{child.iid:<12}| "
+        while True:
+            try:
+                line = await stream.readline()
+            except (ValueError, asyncio.LimitOverrunError):
+                line = await stream.read(1 << 16)  # an over-long line: pass it on in pieces
+            if not line:
+                return
+            logf.write(line)  # type: ignore[attr-defined]
+            logf.flush()  # type: ignore[attr-defined]
+            if is_stdout and child.ready is None:
+                info = parse_ready_line(line)
+                if info is not None:
+                    child.ready, child.state = info, "ready"
+                    child.ready_event.set()
+                    self._save()
+            if self.opts.echo_log:
+                self.out.write(prefix + line.decode(errors="replace").rstrip("\n") + "\n")
+                self.out.flush()
+
+    async def _reap(self, child: _Child, logf: object) -> None:
+        rc = await child.proc.wait()
+        await asyncio.gather(*child.tasks[:2], return_exceptions=True)
+        logf.close()  # type: ignore[attr-defined]
+        was = child.state
+        child.state = "exited"
+        child.exited.set()
+        if was == "draining" or self._stop.is_set():
+            log.info("%s exited with code %s", child.iid, rc)
+        else:
+            self.say(f"pdrelay up: {child.iid} exited unexpectedly with code {rc}; last log lines:\n"
+                     f"{child.log_tail(10)}")
+        if was == "draining" and child in self.children:
+            self.children.remove(child)  # scaled down: forget it
+        if self.state is not None:
+            self._save()
+
+    async def _terminate(self, children: list[_Child], timeout_s: float) -> None:
+        """SIGTERM (the whole process group), wait, then SIGKILL what is left."""
+        live = [c for c in children if c.proc.returncode is None]
+        for c in live:
+            _signal_group(c.proc.pid, signal.SIGTERM)
+        waits = [asyncio.ensure_future(c.exited.wait()) for c in live]
+        if waits:
+            forced = asyncio.ensure_future(self._force.wait())
+            all_exited = asyncio.ensure_future(asyncio.wait(waits))
+            await asyncio.wait([all_exited, forced], timeout=timeout_s, return_when=asyncio.FIRST_COMPLETED)
+            for f in (forced, all_exited, *waits):
+                f.cancel()
+        for c in live:
+            if c.proc.returncode is None:
+                self.say(f"pdrelay up: {c.iid} did not stop within {timeout_s:.0f} s; killing it")
+                _signal_group(c.proc.pid, signal.SIGKILL)
+        for c in live:
+            with contextlib.suppress(asyncio.TimeoutError):
+                await asyncio.wait_for(c.exited.wait(), 5)
+
+    async def _shutdown(self) -> None:
+        if self.children:
+            self.say("pdrelay up: stopping ...")
+        gateways = [c for c in self.children if c.role == "gateway"]
+        await self._terminate(gateways, self.opts.stop_timeout_s)
+        await self._terminate([c for c in self.children if c.role != "gateway"], self.opts.stop_timeout_s)
+        if self.bus is not None:
+            await self.bus.close()
+        for server in (self.nats, self.etcd):
+            if server is not None:
+                await asyncio.to_thread(server.stop)
+        if self.state is not None and not self.state.error:
+            (self.run_dir / "state.json").unlink(missing_ok=True)
+        if self.children:
+            self.say("pdrelay up: stopped")
+
+    # ------------------------------------------------------------------ scale
+
+    async def _on_scale(self, req: ScaleRequest, meta: object) -> ScaleReply:
+        if self._stop.is_set():
+            return ScaleReply(ok=False, message="the cluster is stopping")
+        started: list[str] = []
+        draining: list[str] = []
+        for role, want in req.targets.items():
+            if role not in ROLE_ORDER:
+                return ScaleReply(ok=False, message=f"unknown role {role!r}; choose from {', '.join(ROLE_ORDER)}")
+            if want < 0:
+                return ScaleReply(ok=False, message=f"{role}={want}: the count must be >= 0")
+            if want > 0 and not role_available(role):
+                return ScaleReply(ok=False, message=f"{role} is not in this build (no services.{role}.__main__)")
+        for role, want in req.targets.items():
+            live = [c for c in self.children if c.role == role and c.state in ("starting", "ready")]
+            for _ in range(want - len(live)):
+                index = self._next_index.get(role, 0)
+                self._next_index[role] = index + 1
+                spec = build_spec(role, index, self.opts, self._etcd_url, self._nats_url)
+                await self._spawn(spec)
+                started.append(spec.instance_id)
+            for c in sorted(live, key=lambda c: c.spec.instance_id)[want:][::-1]:
+                c.state = "draining"
+                assert self.bus is not None
+                await send_drain(self.bus, self.opts.cluster, c.iid, reason="scale_down",
+                                 epoch=c.ready.epoch if c.ready else 0)
+                asyncio.create_task(self._ensure_gone(c))
+                draining.append(c.iid)
+        self._save()
+        counts = {r: sum(1 for c in self.children if c.role == r and c.state in ("starting", "ready"))
+                  for r in req.targets}
+        return ScaleReply(ok=True, started=tuple(started), draining=tuple(draining), counts=counts,
+                          message=f"started {len(started)}, draining {len(draining)}")
+
+    async def _ensure_gone(self, child: _Child) -> None:
+        """A drained instance exits on its own; one that ignores the command gets SIGTERM, then SIGKILL."""
+        with contextlib.suppress(asyncio.TimeoutError):
+            await asyncio.wait_for(child.exited.wait(), self.opts.stop_timeout_s)
+            return
+        await self._terminate([child], self.opts.stop_timeout_s)
+
+    # ------------------------------------------------------------------ demo
+
+    async def _demo(self) -> None:
+        gw = next((c for c in self.children if c.role == "gateway" and c.ready and c.ready.http), None)
+        if gw is None:
+            self.say("pdrelay up --demo: no gateway with an HTTP API is running in this build; skipping the request")
+            return
+        import httpx
+
+        base = f"http://{gw.ready.http}"  # type: ignore[union-attr]
+        try:
+            async with httpx.AsyncClient(timeout=120) as client:
+                models = (await client.get(f"{base}/v1/models")).json()["data"]
+                body = {"model": models[0]["id"], "max_tokens": 32, "temperature": 0,
+                        "messages": [{"role": "user", "content": "What is the capital of France?"}]}
+                r = await client.post(f"{base}/v1/chat/completions", json=body)
+                r.raise_for_status()
+                answer = r.json()["choices"][0]["message"]["content"]
+            self.say(f"pdrelay up --demo: Q: What is the capital of France?\n  A: {answer.strip()}")
+        except (httpx.HTTPError, KeyError, IndexError, ValueError) as e:
+            self.say(f"pdrelay up --demo: the request to {base} failed: {type(e).__name__}: {e}")
+
+
+def _signal_group(pid: int, sig: signal.Signals) -> None:
+    try:
+        os.killpg(pid, sig)  # the child leads its own session: this reaches its children too
+    except ProcessLookupError:
+        pass
+    except PermissionError:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, sig)

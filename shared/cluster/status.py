@@ -1,0 +1,96 @@
+"""`pdrelay status`: the instances registered in etcd joined with their latest NATS load reports."""
+
+from __future__ import annotations
+
+import asyncio
+
+import msgspec
+from etcd3aio import prefix_range_end
+
+from shared.cluster.bus.client import Bus
+from shared.cluster.bus.load import LoadReport, LoadTable
+from shared.cluster.errors import ControlPlaneUnavailable
+from shared.cluster.etcd import connect_etcd
+from shared.cluster.instance import InstanceInfo, decode_instance, instances_prefix
+
+
+class StatusRow(msgspec.Struct, kw_only=True):
+    role: str
+    instance_id: str
+    state: str
+    epoch: int
+    grpc: str
+    http: str = ""
+    model: str = ""
+    pid: int = 0
+    load: LoadReport | None = None
+    load_age_s: float | None = None
+
+
+class ClusterStatus(msgspec.Struct, kw_only=True):
+    cluster: str
+    etcd_url: str
+    nats_url: str
+    rows: list[StatusRow]
+    nats_error: str = ""  # load columns are empty when NATS could not be reached
+    skipped_keys: int = 0  # values under the prefix that were not InstanceInfo
+
+
+async def collect_status(etcd_url: str, nats_url: str, cluster: str, *, load_window_s: float = 0.6,
+                         timeout_s: float = 3.0) -> ClusterStatus:
+    """Raises ControlPlaneUnavailable when etcd does not answer (NATS being down only empties the load columns)."""
+    client = await connect_etcd([etcd_url], timeout_s=timeout_s)
+    try:
+        prefix = instances_prefix(cluster)
+        assert client.kv is not None
+        resp = await client.kv.get(prefix, range_end=prefix_range_end(prefix), timeout=timeout_s)
+    finally:
+        await client.close()
+    infos: list[InstanceInfo] = []
+    skipped = 0
+    for kv in resp.kvs:
+        try:
+            infos.append(decode_instance(kv.value))
+        except (msgspec.DecodeError, msgspec.ValidationError, ValueError):
+            skipped += 1
+    table = LoadTable()
+    nats_error = ""
+    try:
+        async with Bus(nats_url, name="pdrelay-status") as bus:
+            await table.subscribe(bus, cluster)
+            await asyncio.sleep(load_window_s)  # a few report intervals
+            await table.close()
+    except ControlPlaneUnavailable as e:
+        nats_error = str(e)
+    rows = []
+    for i in sorted(infos, key=lambda i: (i.role, i.instance_id)):
+        report = table.latest.get(i.instance_id)
+        if report is not None and report.epoch != i.epoch:
+            report = None  # from an older incarnation
+        rows.append(StatusRow(role=i.role, instance_id=i.instance_id, state=str(i.state), epoch=i.epoch,
+                              grpc=i.grpc_address, http=i.http_address, model=i.model, pid=i.pid, load=report,
+                              load_age_s=table.age_s(i.instance_id) if report else None))
+    return ClusterStatus(cluster=cluster, etcd_url=etcd_url, nats_url=nats_url, rows=rows, nats_error=nats_error,
+                         skipped_keys=skipped)
+
+
+def format_table(status: ClusterStatus) -> str:
+    head = ("ROLE", "INSTANCE", "STATE", "EPOCH", "GRPC", "RUNNING", "QUEUED", "FREE PAGES", "TOK/S", "LOAD AGE")
+    rows: list[tuple[str, ...]] = [head]
+    for r in status.rows:
+        ld = r.load.load if r.load else None
+        rows.append((r.role, r.instance_id, r.state, str(r.epoch), r.grpc,
+                     str(ld.running) if ld else "-", str(ld.queued) if ld else "-",
+                     f"{ld.free_pages}/{ld.total_pages}" if ld and ld.total_pages else "-",
+                     f"{ld.tokens_per_s:.1f}" if ld else "-",
+                     f"{r.load_age_s:.1f}s" if r.load_age_s is not None else "-"))
+    widths = [max(len(row[i]) for row in rows) for i in range(len(head))]
+    lines = [f"cluster '{status.cluster}'  etcd {status.etcd_url}  nats {status.nats_url}"]
+    lines += ["  ".join(cell.ljust(w) for cell, w in zip(row, widths)).rstrip() for row in rows]
+    if not status.rows:
+        lines.append("(no instances registered)")
+    if status.nats_error:
+        lines.append(f"note: no load reports: {status.nats_error}")
+    if status.skipped_keys:
+        lines.append(f"note: {status.skipped_keys} unreadable value(s) under {instances_prefix(status.cluster)}")
+    return "\n".join(lines)
