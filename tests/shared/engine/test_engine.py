@@ -26,6 +26,7 @@ def hf_greedy(model_dir: Path, prompts: list[list[int]], n: int) -> list[tuple[l
     from transformers import AutoModelForCausalLM, GenerationConfig
 
     hf = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
+    hf.generation_config.eos_token_id = None  # ignore_eos: a GenerationConfig argument cannot unset it
     cfg = GenerationConfig(max_new_tokens=n, do_sample=False, eos_token_id=None, pad_token_id=0)
     out = []
     for p in prompts:
