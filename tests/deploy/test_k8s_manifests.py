@@ -3,6 +3,8 @@ definition declares (images, ports, environment), and every pdrelay container re
 
 from __future__ import annotations
 
+import shutil
+import subprocess
 from collections.abc import Mapping
 from typing import Any
 from urllib.parse import urlsplit
@@ -185,3 +187,14 @@ def test_pods_run_as_the_image_user(docs):
         w = next(x for x in workloads(docs) if x["kind"] == kind and x["metadata"]["name"] == name)
         ctx = w["spec"]["template"]["spec"]["securityContext"]
         assert ctx.get("runAsNonRoot") is True and ctx.get("runAsUser") == uid, launch.where
+
+
+@pytest.mark.skipif(shutil.which("kubectl") is None, reason="kubectl is not installed (its built-in kustomize "
+                    "renders deploy/k8s without a cluster)")
+def test_kustomize_renders_every_resource(docs):
+    res = subprocess.run(["kubectl", "kustomize", str(K8S_DIR)], capture_output=True, text=True, timeout=60)
+    assert res.returncode == 0, res.stderr
+    rendered = [d for d in yaml.safe_load_all(res.stdout) if d]
+    key = lambda d: (d["kind"], d["metadata"]["name"])  # noqa: E731
+    assert sorted(map(key, rendered)) == sorted(map(key, docs))
+    assert all(d["metadata"].get("namespace", "pdrelay") == "pdrelay" for d in rendered if d["kind"] != "Namespace")
