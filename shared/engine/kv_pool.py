@@ -58,6 +58,10 @@ class KVPool:
         # [num_pages, num_layers * 2, page_size * kv_heads * head_dim]: row (page, 2*layer + kv) is one page's K or V
         # of one layer, contiguous; decode attention gathers these rows with one index_select.
         self._rows = self.buffer.view(num_pages, layout.num_layers * 2, -1)
+        # Per-layer views made once: slicing the buffer anew on every call is measurable dispatch overhead per
+        # layer per decode step.
+        self._k = [self.buffer[:, i, 0] for i in range(layout.num_layers)]
+        self._v = [self.buffer[:, i, 1] for i in range(layout.num_layers)]
 
     @property
     def bytes_per_page(self) -> int:
@@ -72,11 +76,11 @@ class KVPool:
 
     def k(self, layer: int) -> torch.Tensor:
         """[num_pages, page_size, kv_heads, head_dim] view of layer `layer`'s keys (strided, no copy)."""
-        return self.buffer[:, layer, 0]
+        return self._k[layer]
 
     def v(self, layer: int) -> torch.Tensor:
         """[num_pages, page_size, kv_heads, head_dim] view of layer `layer`'s values (strided, no copy)."""
-        return self.buffer[:, layer, 1]
+        return self._v[layer]
 
     def k_rows(self, layer: int) -> torch.Tensor:
         """[num_pages, page_size * kv_heads * head_dim]: layer's keys, one contiguous row per page."""
@@ -98,8 +102,9 @@ class KVPool:
 
         slots_pages, slots_offsets: [T] int64; k, v: [T, kv_heads, head_dim].
         """
-        self.buffer[:, layer, 0].index_put_((slots_pages, slots_offsets), k)
-        self.buffer[:, layer, 1].index_put_((slots_pages, slots_offsets), v)
+        idx = (slots_pages, slots_offsets)
+        self._k[layer].index_put_(idx, k)
+        self._v[layer].index_put_(idx, v)
 
     def page_view(self, page_id: int) -> torch.Tensor:
         """[num_layers, 2, page_size, kv_heads, head_dim]: one page, contiguous (a view, writes go to the pool)."""

@@ -82,7 +82,7 @@ class ModelRunner:
             raise ValueError("give num_pages or kv_budget_bytes, not both")
         self.num_pages = num_pages
         self.kv = KVPool(self.layout, num_pages, self.device)
-        self.attn = select_attention_backend(attention_backend, self.device)
+        self.attn = select_attention_backend(attention_backend, self.device, self.dtype)
 
     @staticmethod
     def _load_hf_config(model_dir: Path) -> Any:

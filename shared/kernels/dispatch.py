@@ -74,7 +74,8 @@ class TorchAttentionBackend:
 
     name = "torch"
 
-    def __init__(self) -> None:
+    def __init__(self, dtype: torch.dtype = torch.float32) -> None:
+        self.dtype = dtype  # of q/k/v; the decode mask is built in it
         self._workspace = GatherWorkspace()
 
     def prepare(
@@ -101,7 +102,7 @@ class TorchAttentionBackend:
                 dec_pt = page_table.index_select(0, rows)[:, :max_pages]
                 dec_idx = torch.from_numpy(token_starts[is_dec]).to(dev)
             dec_lens = torch.from_numpy(seq_lens).to(dev)
-            dec_mask = decode_mask(dec_lens, max_pages * page_size)
+            dec_mask = decode_mask(dec_lens, max_pages * page_size, self.dtype)
         ext = np.nonzero(~is_dec)[0]
         return AttentionMetadata(
             page_table=page_table,
@@ -146,8 +147,10 @@ class TorchAttentionBackend:
         return out
 
 
-def select_attention_backend(name: str, device: torch.device | str) -> AttentionBackend:
-    """'auto' | 'torch' | 'triton' on a device -> a backend instance (one per model runner)."""
+def select_attention_backend(
+    name: str, device: torch.device | str, dtype: torch.dtype = torch.float32
+) -> AttentionBackend:
+    """'auto' | 'torch' | 'triton' on a device, for q/k/v of `dtype` -> a backend instance (one per model runner)."""
     dev = torch.device(device)
     if name not in ATTENTION_BACKENDS:
         raise ValueError(f"attention_backend {name!r} is unknown; use one of: {', '.join(ATTENTION_BACKENDS)}")
@@ -157,7 +160,7 @@ def select_attention_backend(name: str, device: torch.device | str) -> Attention
         raise ValueError(
             f"attention_backend 'triton' is not available yet (device {dev.type}); use --attention-backend torch"
         )
-    return TorchAttentionBackend()
+    return TorchAttentionBackend(dtype)
 
 
 def sequence_token_starts(extend_lens: Sequence[int]) -> np.ndarray:
