@@ -20,6 +20,7 @@ import logging
 import time
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
+from types import MappingProxyType
 from typing import Any, TypeVar
 
 import msgspec
@@ -37,11 +38,11 @@ T = TypeVar("T", bound=msgspec.Struct)
 R = TypeVar("R", bound=msgspec.Struct)
 
 OUTAGE_POLICIES = ("buffer", "drop")
+_NO_HEADERS: Mapping[str, str] = MappingProxyType({})
 
 
-@dataclass(frozen=True)
-class Meta:
-    """Envelope of a received message."""
+class Meta(msgspec.Struct, frozen=True):
+    """Envelope of a received message (a Struct: built once per message, so it must be cheap)."""
 
     subject: str
     headers: Mapping[str, str]
@@ -222,13 +223,16 @@ class Bus:
             dec = self._decoders[typ] = msgspec.msgpack.Decoder(typ)
         return dec
 
+    def _malformed(self, subject: str, typ: type, e: Exception) -> None:
+        self.stats.malformed += 1
+        if self._limit.ok(f"malformed:{subject}"):
+            log.warning("dropping a malformed message on %s (expected %s): %s", subject, typ.__name__, e)
+
     def _decode(self, typ: type[T], msg: Msg) -> T | None:
         try:
             return self._decoder(typ).decode(msg.data)
         except (msgspec.DecodeError, msgspec.ValidationError, ValueError) as e:
-            self.stats.malformed += 1
-            if self._limit.ok(f"malformed:{msg.subject}"):
-                log.warning("dropping a malformed message on %s (expected %s): %s", msg.subject, typ.__name__, e)
+            self._malformed(msg.subject, typ, e)
             return None
 
     async def subscribe(self, subject: str, msg_type: type[T], handler: Handler[T], *, queue: str = "") -> Subscription:
@@ -237,16 +241,20 @@ class Bus:
         Messages are handled one at a time per subscription, in order. A handler exception is logged and counted.
         """
         assert self._nc is not None, "connect() first"
+        decode = self._decoder(msg_type).decode
+        stats = self.stats
 
         async def on_msg(raw: Msg) -> None:
-            self.stats.received += 1
-            value = self._decode(msg_type, raw)
-            if value is None:
+            stats.received += 1
+            try:
+                value = decode(raw.data)
+            except (msgspec.DecodeError, msgspec.ValidationError, ValueError) as e:
+                self._malformed(raw.subject, msg_type, e)
                 return
-            meta = Meta(raw.subject, dict(raw.headers or {}), raw.reply or "")
+            meta = Meta(raw.subject, raw.headers or _NO_HEADERS, raw.reply or "")
             try:
                 res = handler(value, meta)
-                if inspect.isawaitable(res):
+                if res is not None and inspect.isawaitable(res):
                     await res
             except Exception:
                 self.stats.handler_errors += 1
