@@ -3,6 +3,7 @@ command and environment resolve through the real config system (transfer-engine 
 
 from __future__ import annotations
 
+import copy
 import os
 import shutil
 import subprocess
@@ -56,12 +57,10 @@ def test_docker_compose_129_accepts_the_file(files):
 @needs_compose
 def test_docker_compose_rejects_what_the_file_avoids(tmp_path):
     """The check above can fail: 1.29 refuses the Compose-v2-only keys the file must not use."""
-    data = yaml.safe_load(COMPOSE_FILE.read_text())
+    original = yaml.safe_load(COMPOSE_FILE.read_text())
     for mutate in (lambda d: d.update(name="pdrelay"),
                    lambda d: d["services"]["decode"]["depends_on"]["etcd"].update(required=True)):
-        bad = yaml.safe_load(COMPOSE_FILE.read_text())
-        bad["services"]["decode"]["depends_on"] = dict(data["services"]["decode"]["depends_on"])
-        bad["services"]["decode"]["depends_on"]["etcd"] = dict(bad["services"]["decode"]["depends_on"]["etcd"])
+        bad = copy.deepcopy(original)
         mutate(bad)
         path = tmp_path / "docker-compose.yml"
         path.write_text(yaml.safe_dump(bad))

@@ -13,7 +13,7 @@ import tomllib
 from pathlib import Path
 
 from services.cli import build_parser
-from tests.deploy.topology import (COMPOSE_DIR, COMPOSE_FILE, DOCKERFILE, REPO, compose_launches, compose_ports,
+from tests.deploy.topology import (COMPOSE_DIR, COMPOSE_FILE, REPO, compose_launches, compose_ports,
                                    dockerfile_env, dockerfile_instructions, load_compose)
 
 INSTALL_SH = REPO / "scripts" / "install.sh"
