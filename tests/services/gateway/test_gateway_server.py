@@ -158,3 +158,26 @@ def test_mock_main_serves_over_http(tiny_llama_dir: Path) -> None:
             proc.wait(5)
         if proc.stdout:
             proc.stdout.close()
+
+
+async def test_build_app_from_a_resolved_gateway_config(tiny_llama_dir: Path) -> None:
+    from shared.config.resolve import resolve
+
+    from services.gateway.server import build_app, served_names_of, uvicorn_config
+    from tests.services.gateway.conftest import client_for
+
+    cfg = resolve("gateway", ["--model", str(tiny_llama_dir), "--api-key", "k", "--max-request-bytes", "2048",
+                              "--port", "0", "--context-length", "64"], env={})
+    primary, aliases = served_names_of(cfg)
+    assert primary == tiny_llama_dir.name and aliases == [str(tiny_llama_dir)]
+    backend = MockBackend([primary])
+    app = build_app(cfg, backend)
+    assert app.tokenizer.context_length == 64
+    async with client_for(app, authorization="Bearer k") as c:
+        r = await c.post("/v1/chat/completions", json={"model": str(tiny_llama_dir), "messages": MSG,
+                                                       "max_tokens": 2})
+        assert r.status_code == 200 and r.json()["model"] == primary
+        assert (await c.post("/v1/completions", json={"prompt": "x" * 3000})).status_code == 413
+        assert (await c.post("/v1/completions", json={"prompt": [5] * 70})).status_code == 400
+    config = uvicorn_config(cfg, app)
+    assert (config.host, config.port, config.access_log) == ("127.0.0.1", 0, False)
