@@ -113,3 +113,18 @@ def test_backend_choice_errors_name_the_fix() -> None:
         select_attention_backend("triton", "cpu")
     with pytest.raises(ValueError, match="flash"):
         select_attention_backend("flash", "cpu")
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_paged_decode_half_precision_tracks_float32(dtype: torch.dtype) -> None:
+    g = torch.Generator().manual_seed(13)
+    lens = [7, 19, 2]
+    ks, vs = _kv(lens, g)
+    k_cache, v_cache, pages = scatter_to_pages(ks, vs, 32, PAGE, g)
+    q = torch.randn(len(lens), HEADS, D, generator=g)
+    pt, seq_lens = page_table(pages), torch.tensor(lens)
+    ref = paged_decode_attention(q, k_cache, v_cache, pt, seq_lens, SCALE)
+    out = paged_decode_attention(q.to(dtype), k_cache.to(dtype), v_cache.to(dtype), pt, seq_lens, SCALE,
+                                 mask=decode_mask(seq_lens, pt.shape[1] * PAGE, dtype), workspace=GatherWorkspace())
+    assert out.dtype == dtype and not out.isnan().any()
+    torch.testing.assert_close(out.float(), ref, rtol=0, atol=3e-2)
