@@ -5,13 +5,16 @@
 
 This process is the writer; each backend gets a fresh reader subprocess that registers a zeroed pool and keeps
 its engine progressing. A batch of N pages is N scattered source pages written to N scattered destination pages
-(the shape of a KV hand-off: no two neighbours coalesce), with a completion notice, timed from write() to wait()
-returning. The baseline is a plain single-threaded torch copy of the same number of bytes in this process, measured
-in the same run; ratios are backend GB/s / memcpy GB/s. Medians over --iters repetitions.
+(the shape of a KV hand-off: neighbours rarely coalesce; --layout contiguous gives the one-descriptor best case),
+with a completion notice, timed from write() to wait() returning. Pools sit on transparent huge pages as
+shared/transfer/hostmem.py allocates them (--no-huge-pages for plain 4 KiB pages). The baseline is a plain single-threaded torch copy of the same number of bytes in this process, measured
+in the same run, interleaved round by round; a ratio is the median over rounds of memcpy time / backend time
+(the box is shared and its load drifts), GB/s are medians over rounds.
 
 A third reference, `cma`, is the kernel's process_vm_writev moving the same scattered pages into the same reader
-(Linux): the single-copy path UCX's cma transport uses between processes, hence the ceiling for NIXL on one host.
-On these VMs it runs at ~0.3-0.5x memcpy (it pins the peer's pages and copies 4 KiB at a time).
+(Linux), batching up to 1024 pages per system call: the single-copy path UCX's cma transport uses between
+processes, hence the ceiling for NIXL on one host. It pins the peer's pages as it copies: ~0.3-0.5x memcpy with
+4 KiB pages here, close to memcpy with huge pages.
 """
 
 from __future__ import annotations
@@ -118,10 +121,8 @@ def measure(
     copy_dst.fill_(0)
     rng = random.Random(seed)
     rows: list[dict[str, Any]] = [{"bytes": s, "pages": s // page_bytes} for s in sizes]
-
-    for row in rows:  # memcpy baseline of the same byte counts
-        n = row["bytes"] // 4
-        row["memcpy_gbps"] = _median_gbps(row["bytes"], _iters(iters, row["bytes"]), lambda: copy_dst[:n].copy_(src[:n]))
+    times: dict[tuple[int, str], list[float]] = {}  # (row index, "memcpy" | "cma" | backend) -> seconds per batch
+    ratios: dict[tuple[int, str], list[float]] = {}  # (row index, "cma" | backend) -> memcpy time / its time
 
     for backend in backends:
         reader = _Reader(backend, pool_pages * page_bytes, host, huge_pages)
@@ -129,7 +130,7 @@ def measure(
             with create_engine(backend, name=f"bench-writer-{os.getpid()}", host=host) as eng:
                 region = eng.register(src)
                 peer = eng.connect(reader.endpoint)
-                for row in rows:
+                for i, row in enumerate(rows):
                     n = row["pages"]
                     if layout == "contiguous":
                         src_ids = dst_ids = list(range(n))
@@ -137,19 +138,25 @@ def measure(
                         src_ids, dst_ids = rng.sample(range(pool_pages), n), rng.sample(range(pool_pages), n)
                     s = eng.describe_pages(region, src_ids, page_bytes)
                     d = [PageDesc(reader.base + p * page_bytes, page_bytes) for p in dst_ids]
+                    numel = row["bytes"] // 4
 
                     def one_write() -> None:
                         eng.wait(eng.write(peer, s, d, notify=b"bench"), timeout_s=60)
 
-                    one_write()  # warm-up: connection setup, first-touch of the reader's pages
-                    gbps = _median_gbps(row["bytes"], _iters(iters, row["bytes"]), one_write)
-                    if "cma_gbps" not in row:
-                        cma = _cma_writer(reader.proc.pid, s, d)
-                        row["cma_gbps"] = cma and _median_gbps(row["bytes"], _iters(iters, row["bytes"]), cma)
-                    row[f"{backend}_gbps"] = gbps
-                    row[f"{backend}_ratio"] = gbps / row["memcpy_gbps"]
+                    fns: dict[str, Any] = {"memcpy": lambda: copy_dst[:numel].copy_(src[:numel]), backend: one_write}
+                    cma = _cma_writer(reader.proc.pid, s, d) if (i, "cma") not in times else None
+                    if cma is not None:
+                        fns["cma"] = cma
+                    _paired(fns, _iters(iters, row["bytes"]), i, times, ratios)
         finally:
             reader.close()
+
+    for i, row in enumerate(rows):
+        for key in ["memcpy", "cma", *backends]:
+            if (i, key) in times:
+                row[f"{key}_gbps"] = row["bytes"] / statistics.median(times[i, key]) / 1e9
+            if (i, key) in ratios:
+                row[f"{key}_ratio"] = statistics.median(ratios[i, key])
     return {"page_bytes": page_bytes, "layout": layout, "huge_pages": huge_pages, "backends": backends, "rows": rows}
 
 
@@ -188,14 +195,27 @@ def _iters(requested: int, nbytes: int) -> int:
     return max(3, min(30, (256 << 20) // nbytes))  # ~256 MiB moved per size, at least 3 samples
 
 
-def _median_gbps(nbytes: int, n: int, fn: Any) -> float:
-    fn()
-    times = []
+def _paired(
+    fns: dict[str, Any],
+    n: int,
+    row: int,
+    times: dict[tuple[int, str], list[float]],
+    ratios: dict[tuple[int, str], list[float]],
+) -> None:
+    """Time every function once per round, n rounds, interleaved: on a shared box the load drifts within
+    seconds, so a ratio is the median of per-round ratios (each against the memcpy of the same round)."""
+    for fn in fns.values():
+        fn()  # warm-up: connection setup, first touch
     for _ in range(n):
-        t0 = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - t0)
-    return nbytes / statistics.median(times) / 1e9
+        t: dict[str, float] = {}
+        for key, fn in fns.items():
+            t0 = time.perf_counter()
+            fn()
+            t[key] = time.perf_counter() - t0
+            times.setdefault((row, key), []).append(t[key])
+        for key in t:
+            if key != "memcpy":
+                ratios.setdefault((row, key), []).append(t["memcpy"] / t[key])
 
 
 def print_table(result: dict[str, Any]) -> None:
@@ -208,8 +228,7 @@ def print_table(result: dict[str, Any]) -> None:
     print(head)
     for r in result["rows"]:
         line = f"{_fmt_size(r['bytes']):>9} {r['pages']:>6} {r['memcpy_gbps']:>12.2f}"
-        cma = r.get("cma_gbps")
-        line += f" {cma:>9.2f} {cma / r['memcpy_gbps']:>8.2f}x" if cma else f" {'n/a':>9} {'':>9}"
+        line += f" {r['cma_gbps']:>9.2f} {r['cma_ratio']:>8.2f}x" if "cma_gbps" in r else f" {'n/a':>9} {'':>9}"
         for b in backends:
             line += f" {r[b + '_gbps']:>14.2f} {r[b + '_ratio']:>8.2f}x"
         print(line)

@@ -57,8 +57,11 @@ def prepare_ucx_env(host: str) -> None:
       and without an RDMA device the module has nothing to offer.
     - UCX_LOG_FILE=stderr: UCX logs (warnings, UCX_PROTO_INFO tables) go to stdout by default, where services
       speak their ready-line protocol.
+    - UCX_CMA_SEG_SIZE=16m: cma copies a put in 512 KiB process_vm_writev segments by default; one 16 MiB
+      segment per call moved a coalesced 16 MiB write at 0.81x memcpy instead of 0.68x (medians of 3 A/B runs).
     """
     os.environ.setdefault("UCX_LOG_FILE", "stderr")
+    os.environ.setdefault("UCX_CMA_SEG_SIZE", "16m")
     if is_loopback(host):
         os.environ.setdefault("UCX_NET_DEVICES", "lo")
     ib = Path("/sys/class/infiniband")

@@ -33,9 +33,11 @@ def test_bench_runs_on_both_backends(tmp_path: Path) -> None:
     result = json.loads(out.read_text())
     assert [r["pages"] for r in result["rows"]] == [1, 4]
     for r in result["rows"]:
+        assert r["memcpy_gbps"] > 0
         for b in ("nixl", "mooncake"):
-            assert r[f"{b}_gbps"] > 0
-            assert r[f"{b}_ratio"] == pytest.approx(r[f"{b}_gbps"] / r["memcpy_gbps"])
+            # ratios are medians of per-round ratios: close to, not equal to, the ratio of the median speeds
+            assert r[f"{b}_gbps"] > 0 and r[f"{b}_ratio"] > 0
+            assert 0.1 < r[f"{b}_ratio"] / (r[f"{b}_gbps"] / r["memcpy_gbps"]) < 10
 
 
 def test_bad_flags_exit_2() -> None:
