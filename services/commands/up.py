@@ -22,8 +22,10 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                        formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--run-dir", default=None, help="state, logs and configs (default: .run, or $PDRELAY_RUN_DIR)")
     p.add_argument("--cluster", default="default", help="cluster name (etcd prefix, NATS subjects)")
-    p.add_argument("--etcd", dest="etcd_url", default=None, metavar="URL", help="use this etcd; start none")
-    p.add_argument("--nats", dest="nats_url", default=None, metavar="URL", help="use this NATS server; start none")
+    p.add_argument("--etcd", "--etcd-endpoints", dest="etcd_url", default=None, metavar="URL",
+                   help="use this etcd; start none")
+    p.add_argument("--nats", "--nats-url", dest="nats_url", default=None, metavar="URL",
+                   help="use this NATS server; start none")
     p.add_argument("--etcd-port", type=int, default=0, help="port of the etcd we start (0: 2379 if free)")
     p.add_argument("--nats-port", type=int, default=0, help="port of the nats-server we start (0: 4222 if free)")
     for role, n in DEFAULT_COUNTS.items():
@@ -39,7 +41,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 
 
 def _options(ns: argparse.Namespace, extra: list[str]):  # -> UpOptions
-    from shared.cluster.localcluster.plan import UpOptions
+    from shared.cluster.localcluster.plan import PER_INSTANCE_FLAGS, UpOptions, split_flags
     from shared.cluster.localcluster.rundir import default_run_dir
 
     counts = {role: getattr(ns, role) for role in DEFAULT_COUNTS}
@@ -49,6 +51,9 @@ def _options(ns: argparse.Namespace, extra: list[str]):  # -> UpOptions
     for name in ("ready_timeout_s", "stop_timeout_s"):
         if getattr(ns, name) <= 0:
             raise ValueError(f"--{name.replace('_', '-')} must be > 0 (got {getattr(ns, name)})")
+    for flag in split_flags(extra):
+        if flag[0].split("=", 1)[0] in PER_INSTANCE_FLAGS:
+            raise ValueError(f"{flag[0]}: pdrelay up sets it for each instance itself; drop it")
     run_dir = Path(ns.run_dir) if ns.run_dir else default_run_dir()
     return UpOptions(run_dir=str(run_dir.resolve()), cluster=ns.cluster, etcd_url=ns.etcd_url, nats_url=ns.nats_url,
                      etcd_port=ns.etcd_port, nats_port=ns.nats_port, counts=counts, extra=tuple(extra),

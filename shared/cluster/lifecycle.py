@@ -14,9 +14,9 @@
 A subclass overrides the hooks it needs: `add_servicers`, `warm_up`, `describe`, `load_snapshot`,
 `on_draining`, `on_stop`, `on_epoch`. A role's `__main__` is then a few lines:
 
-    opts, rest = split_lifecycle_args(argv)
-    cfg = resolve("decode", rest, os.environ)
-    return run_service(DecodeService(cfg, options=opts))
+    def main(argv):
+        cfg, opts = service_args("decode", argv)   # --resolved-config FILE (from `pdrelay up`) or raw flags
+        return run_service(DecodeService.from_config(cfg, opts))
 """
 
 from __future__ import annotations
@@ -31,6 +31,7 @@ import sys
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, ClassVar, Protocol
 
 import grpc
@@ -96,6 +97,48 @@ def split_lifecycle_args(argv: Sequence[str]) -> tuple[ServiceOptions, list[str]
     add_lifecycle_args(p)
     ns, rest = p.parse_known_args(list(argv))
     return options_from_namespace(ns), rest
+
+
+RESOLVED_CONFIG_FLAG = "--resolved-config"
+
+
+def service_args(role: str, argv: Sequence[str]) -> tuple[Any, ServiceOptions]:
+    """(ResolvedConfig, ServiceOptions) of a service process.
+
+    `--resolved-config FILE` (what `pdrelay up` passes: a ResolvedConfig JSON) replaces the role's flags; without
+    it the remaining flags are resolved as usual (defaults < --config < PDRELAY_* env < flags). Bad input exits 2
+    with the resolver's message (no traceback)."""
+    from shared.config import ResolvedConfig
+    from shared.config.resolve import exit_on_config_error, parse_role_args
+
+    p = argparse.ArgumentParser(add_help=False, allow_abbrev=False)
+    add_lifecycle_args(p)
+    p.add_argument(RESOLVED_CONFIG_FLAG, default=None)
+    ns, rest = p.parse_known_args(list(argv))
+    prog = f"pdrelay serve {role}"
+    try:
+        opts = options_from_namespace(ns)
+    except ValueError as e:
+        print(f"{prog}: error: {e}", file=sys.stderr)
+        raise SystemExit(2) from None
+    if ns.resolved_config is None:
+        return parse_role_args(role, rest, prog=prog), opts
+    if rest:
+        print(f"{prog}: error: {RESOLVED_CONFIG_FLAG} replaces the service flags; drop {' '.join(rest)} "
+              f"(or put them into the config that produced {ns.resolved_config})", file=sys.stderr)
+        raise SystemExit(2)
+    with exit_on_config_error(prog):
+        try:
+            cfg = ResolvedConfig.from_json(Path(ns.resolved_config).read_text())
+        except OSError as e:
+            print(f"{prog}: error: cannot read {RESOLVED_CONFIG_FLAG} {ns.resolved_config}: {e.strerror}",
+                  file=sys.stderr)
+            raise SystemExit(2) from None
+    if cfg.role != role:
+        print(f"{prog}: error: {ns.resolved_config} is a resolved config of role {cfg.role!r}, not {role!r}",
+              file=sys.stderr)
+        raise SystemExit(2)
+    return cfg, opts
 
 
 def options_from_namespace(ns: argparse.Namespace) -> ServiceOptions:

@@ -20,6 +20,9 @@ import msgspec
 # Start order; stop order is the reverse (the gateway stops taking requests before the workers go).
 ROLE_ORDER = ("kvstore", "encoder", "prefill", "decode", "worker", "echo", "gateway")
 ECHO_MODULE = "shared.cluster.testing"
+# Set by `pdrelay up` for every instance; a user flag for them would fight the per-instance value.
+PER_INSTANCE_FLAGS = frozenset({"--instance-id", "--grpc-port", "--etcd-endpoints", "--etcd", "--nats-url", "--nats",
+                                "--cluster", "--lease-ttl-s"})
 
 
 class UpOptions(msgspec.Struct, frozen=True, kw_only=True):

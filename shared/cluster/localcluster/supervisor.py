@@ -166,6 +166,9 @@ class Supervisor:
         if self.nats is None:
             self.bus = await Bus(self._nats_url, name=f"supervisor-{self.opts.cluster}").connect(timeout_s=5)
         if self.etcd is not None:
+            # A fresh cluster each time: keys of a previous run would otherwise come back to life for one
+            # lease TTL (etcd renews leases when it restarts) and show up as ghost instances.
+            self.etcd.wipe()
             self.etcd.start()  # blocking, in the main thread (see die_with_parent)
             self.state.etcd_pid = self.etcd.pid or 0
         if self.nats is not None:

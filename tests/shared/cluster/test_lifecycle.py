@@ -20,7 +20,7 @@ from shared.cluster.bus.load import LoadTable
 from shared.cluster.etcd import connect_etcd
 from shared.cluster.grpc_errors import error_from_rpc
 from shared.cluster.instance import InstanceState
-from shared.cluster.lifecycle import split_lifecycle_args
+from shared.cluster.lifecycle import service_args, split_lifecycle_args
 from shared.cluster.localcluster.servers import free_port
 from shared.cluster.membership import Membership
 from tests.helpers.servers import EchoProcess
@@ -46,6 +46,24 @@ def test_lifecycle_flags_are_split_from_role_flags() -> None:
     assert opts.ready_file == "r.json" and opts.drain_timeout_s == 3
     with pytest.raises(ValueError, match="--drain-timeout-s"):
         split_lifecycle_args(["--drain-timeout-s", "-1"])
+
+
+def test_service_args_take_a_resolved_config_or_raw_flags(tmp_path, capsys) -> None:
+    from shared.config import resolve
+
+    cfg = resolve("decode", ["--page-size", "32", "--instance-id", "d-7"], {})
+    path = tmp_path / "decode.json"
+    path.write_text(cfg.to_json())
+    got, opts = service_args("decode", ["--resolved-config", str(path), "--ready-file", "r.json"])
+    assert got == cfg and opts.ready_file == "r.json"
+    raw, _ = service_args("decode", ["--page-size", "64"])
+    assert raw.cache.page_size == 64
+    for argv, role, words in ((["--resolved-config", str(path), "--page-size", "8"], "decode", "replaces"),
+                              (["--resolved-config", str(tmp_path / "none.json")], "decode", "cannot read"),
+                              (["--resolved-config", str(path)], "prefill", "not 'prefill'")):
+        with pytest.raises(SystemExit) as e:
+            service_args(role, argv)
+        assert e.value.code == 2 and words in capsys.readouterr().err
 
 
 async def test_ready_registration_health_and_rpcs(etcd_server, nats_server, tmp_path) -> None:
