@@ -20,9 +20,10 @@ from shared.config.values import format_value
 
 BUNDLED_PREFIX = BUNDLED_MODEL.split(":", 1)[0] + ":"
 
-# Several services share host RAM on a CPU box (and MemAvailable is read by all of them at the same moment), so
+# Several services share host RAM on a CPU box (and MemAvailable is read by all of them at the same moment), and
+# zero-filling a large pool slows every start, so
 # a CPU KV pool never takes more than this unless asked with --kv-cache-memory-bytes.
-CPU_KV_BUDGET_CAP = 4 << 30
+CPU_KV_BUDGET_CAP = 1 << 30
 # Prefill chunk sizes by device: small chunks on CPU keep decode steps of other requests responsive; GPUs with
 # more memory have room for the larger activations of big chunks.
 CPU_CHUNK, SMALL_GPU_CHUNK, LARGE_GPU_CHUNK = 512, 2048, 8192

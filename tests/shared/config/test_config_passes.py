@@ -186,12 +186,12 @@ def test_context_length_holds_a_page(ctx: PassContext) -> None:
 
 
 def test_kv_memory_budget(make_ctx) -> None:
-    small = resolve("decode", env={}, ctx=make_ctx(memory_bytes=2 << 30))
-    assert small.cache.kv_cache_memory_bytes == int(0.9 * (2 << 30))
+    small = resolve("decode", env={}, ctx=make_ctx(memory_bytes=1 << 30))
+    assert small.cache.kv_cache_memory_bytes == int(0.9 * (1 << 30))
     assert "MemAvailable" in _derived(small, "cache.kv_cache_memory_bytes")
     big = resolve("decode", env={}, ctx=make_ctx(memory_bytes=64 << 30))
-    assert big.cache.kv_cache_memory_bytes == 4 << 30
-    assert "capped at 4.0 GiB" in _derived(big, "cache.kv_cache_memory_bytes")
+    assert big.cache.kv_cache_memory_bytes == 1 << 30
+    assert "capped at 1.0 GiB" in _derived(big, "cache.kv_cache_memory_bytes")
     gpu = resolve("decode", ["--mem-fraction-static", "0.5"], env={}, ctx=make_ctx(cuda=True, gpus=1,
                                                                                     memory_bytes=80 << 30))
     assert gpu.cache.kv_cache_memory_bytes == 40 << 30  # no cap on a GPU

@@ -1,0 +1,109 @@
+"""Decode.Generate: admit a request, get its prompt KV (locally or from a prefill instance), stream token deltas.
+
+The worker role (colocated) always prefills locally. The decode role hands the prompt to the prefill instance the
+gateway picked, unless the prompt is shorter than --local-prefill-threshold or no prefill target was given.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import AsyncIterator
+from typing import TYPE_CHECKING, Protocol
+
+import grpc
+
+from proto.pdrelay.v1 import common_pb2, worker_pb2, worker_pb2_grpc
+from shared.cluster.grpc_errors import abort, make_error
+from shared.engine.errors import EngineError, InvalidRequest, QueueFull
+from shared.engine.request import RequestOutput
+from shared.engine.sampling_params import SamplingParams
+from shared.serving.convert import finish_to_pb, logprob_to_pb, matched_stop_to_pb, sampling_from_pb
+
+if TYPE_CHECKING:
+    from shared.serving.engine_service import EngineService
+
+log = logging.getLogger(__name__)
+
+
+class RemotePrefill(Protocol):
+    """The decode role's hand-off: returns the request's deltas once its prompt KV is in decode's pages."""
+
+    def wants(self, request: worker_pb2.DecodeRequest) -> bool: ...
+
+    def run(self, request: worker_pb2.DecodeRequest, rid: str, params: SamplingParams,
+            timings: worker_pb2.DecodeTimings) -> AsyncIterator[RequestOutput]: ...
+
+
+class HandoffFailed(EngineError):
+    """The prompt KV could not be obtained from any prefill instance; `code` is the pdrelay ErrorCode."""
+
+    def __init__(self, message: str, code: int) -> None:
+        super().__init__(message)
+        self.code = code
+
+
+class DecodeServicer(worker_pb2_grpc.DecodeServicer):
+    def __init__(self, svc: EngineService, remote: RemotePrefill | None = None) -> None:
+        self.svc = svc
+        self.remote = remote
+
+    async def Generate(self, request: worker_pb2.DecodeRequest,
+                       context: grpc.aio.ServicerContext) -> AsyncIterator[worker_pb2.DecodeResponse]:
+        svc = self.svc
+        aengine = svc.aengine
+        if aengine is None:
+            await abort(context, common_pb2.ERROR_CODE_UNAVAILABLE, f"{svc.instance_id} is still warming up; retry",
+                        instance_id=svc.instance_id)
+        if not request.request_id:
+            await abort(context, common_pb2.ERROR_CODE_INVALID_ARGUMENT, "request_id is empty; set a unique id",
+                        instance_id=svc.instance_id)
+        try:
+            params = sampling_from_pb(request.sampling).validate(vocab_size=aengine.engine.runner.vocab_size)
+        except InvalidRequest as e:
+            await abort(context, common_pb2.ERROR_CODE_INVALID_ARGUMENT, str(e), instance_id=svc.instance_id)
+        rid = svc.ids.open(request.request_id, request.attempt)
+        t0 = time.monotonic()
+        timings = worker_pb2.DecodeTimings()
+        try:
+            if self.remote is not None and self.remote.wants(request):
+                stream = self.remote.run(request, rid, params, timings)
+            else:
+                stream = aengine.generate(rid, list(request.prompt_token_ids), params, priority=request.priority)
+            first = True
+            num_out = 0
+            async for out in stream:
+                num_out += len(out.new_token_ids)
+                msg = worker_pb2.DecodeResponse(
+                    request_id=request.request_id, token_ids=list(out.new_token_ids),
+                    finish_reason=finish_to_pb(out))
+                if out.new_logprobs:
+                    msg.logprobs.extend(logprob_to_pb(lp) for lp in out.new_logprobs)
+                if first:
+                    if not timings.prefill_s:
+                        timings.prefill_s = time.monotonic() - t0
+                    msg.timings.CopyFrom(timings)
+                    first = False
+                if out.finished:
+                    stop = matched_stop_to_pb(out.stop_reason)
+                    if stop is not None:
+                        msg.matched_stop.CopyFrom(stop)
+                    msg.usage.CopyFrom(common_pb2.Usage(prompt_tokens=out.num_prompt_tokens,
+                                                        completion_tokens=num_out,
+                                                        cached_tokens=out.num_cached_tokens))
+                yield msg
+        except InvalidRequest as e:
+            await abort(context, common_pb2.ERROR_CODE_INVALID_ARGUMENT, str(e), instance_id=svc.instance_id)
+        except QueueFull as e:
+            await abort(context, common_pb2.ERROR_CODE_OVERLOADED, str(e), instance_id=svc.instance_id)
+        except HandoffFailed as e:
+            await abort(context, e.code, str(e), instance_id=svc.instance_id)
+        except EngineError as e:
+            # Mid-stream engine failure: end the stream with a typed error the gateway can retry on.
+            log.warning("%s: request %s failed: %s", svc.instance_id, rid, e)
+            yield worker_pb2.DecodeResponse(
+                request_id=request.request_id, finish_reason=common_pb2.FINISH_REASON_ERROR,
+                error=make_error(common_pb2.ERROR_CODE_INTERNAL, str(e), instance_id=svc.instance_id,
+                                 retryable=True))
+        finally:
+            svc.ids.close(request.request_id, rid)

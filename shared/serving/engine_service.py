@@ -1,0 +1,164 @@
+"""What every compute service (worker, decode, prefill) shares: the engine, its KV events and load reports.
+
+The engine loads during warm-up (the instance is registered as "starting" meanwhile), then runs one tiny request
+so the first real one does not pay for lazy initialisation, and the registration is updated with the model, the KV
+layout and the capacity before the instance turns "ready".
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from typing import Any
+
+from shared.cluster.bus.cancel import Cancel, subscribe_cancel
+from shared.cluster.bus.kv_events import KVEventPublisher
+from shared.cluster.bus.load import LoadSnapshot
+from shared.cluster.instance import Capacity
+from shared.cluster.lifecycle import Service, ServiceOptions
+from shared.engine.engine import AsyncEngine, Engine
+from shared.engine.radix_cache import AllPagesCleared, KVEvent, PagesEvicted, PagesStored
+from shared.engine.sampling_params import SamplingParams
+
+log = logging.getLogger(__name__)
+
+
+class RequestIds:
+    """Gateway request id <-> engine request ids. A retry keeps the request id and bumps the attempt, and the
+    old attempt may still be winding down here, so the engine sees `<request_id>@<attempt>` (unique)."""
+
+    def __init__(self) -> None:
+        self._by_request: dict[str, set[str]] = {}
+
+    def open(self, request_id: str, attempt: int) -> str:
+        rid = f"{request_id}@{attempt}"
+        self._by_request.setdefault(request_id, set()).add(rid)
+        return rid
+
+    def close(self, request_id: str, rid: str) -> None:
+        ids = self._by_request.get(request_id)
+        if ids is not None:
+            ids.discard(rid)
+            if not ids:
+                del self._by_request[request_id]
+
+    def engine_ids(self, request_id: str) -> list[str]:
+        return sorted(self._by_request.get(request_id, ()))
+
+
+class _Rate:
+    """Tokens per second over a sliding window, for load reports."""
+
+    def __init__(self, window_s: float = 2.0) -> None:
+        self.window_s = window_s
+        self._t0 = time.monotonic()
+        self._n0 = 0
+        self.value = 0.0
+
+    def update(self, total: int) -> float:
+        now = time.monotonic()
+        if now - self._t0 >= self.window_s:
+            self.value = (total - self._n0) / (now - self._t0)
+            self._t0, self._n0 = now, total
+        return self.value
+
+
+class EngineService(Service):
+    """Base of the worker, decode and prefill services. Subclasses add their gRPC servicers."""
+
+    def __init__(self, cfg: Any, options: ServiceOptions = ServiceOptions()) -> None:
+        super().__init__(discovery=cfg.discovery, bus=cfg.bus, grpc_cfg=cfg.grpc, options=options)
+        self.cfg = cfg
+        self.engine: Engine | None = None
+        self.aengine: AsyncEngine | None = None
+        self.ids = RequestIds()
+        self._kv_pub: KVEventPublisher | None = None
+        self._rate = _Rate()
+
+    # ---- warm-up -----------------------------------------------------------------------------------------------
+    def build_engine(self) -> Engine:
+        """Runs in a worker thread: loading weights takes seconds and must not block the event loop."""
+        return Engine.from_config(self.cfg, on_kv_event=self._on_kv_event)
+
+    async def warm_up(self) -> None:
+        t0 = time.monotonic()
+        self.engine = await asyncio.to_thread(self.build_engine)
+        self.aengine = AsyncEngine(self.engine)
+        self._kv_pub = KVEventPublisher(self.bus, self.cluster, self.instance_id, epoch=self.epoch,
+                                        page_size=self.engine.page_size)
+        await subscribe_cancel(self.bus, self.cluster, self._on_cancel)
+        await self._warm_request()
+        await self.after_engine()
+        assert self.registrar is not None
+        await self.registrar.update(**self.describe())
+        log.info("%s: engine ready in %.1f s (%d KV pages of %d tokens)", self.instance_id,
+                 time.monotonic() - t0, self.engine.runner.num_pages, self.engine.page_size)
+
+    async def after_engine(self) -> None:
+        """Hook for subclasses: set up what needs the engine (transfer engine, peers) before "ready"."""
+
+    async def _warm_request(self) -> None:
+        assert self.aengine is not None
+        async for _ in self.aengine.generate(f"warmup-{self.instance_id}", [1, 2, 3, 4],
+                                             SamplingParams(max_tokens=2, temperature=0.0, ignore_eos=True)):
+            pass
+        self.aengine.engine.reset_stats()
+
+    # ---- registration and load ---------------------------------------------------------------------------------
+    def describe(self) -> dict[str, Any]:
+        d: dict[str, Any] = {"model": self.cfg.model.served_model_name or self.cfg.model.model}
+        if self.engine is not None:
+            runner = self.engine.runner
+            d["kv_layout"] = runner.layout
+            d["capacity"] = Capacity(max_running_requests=self.cfg.scheduler.max_running_requests,
+                                     num_pages=runner.num_pages, page_size=self.engine.page_size)
+        return d
+
+    def load_snapshot(self) -> LoadSnapshot | None:
+        if self.aengine is None:
+            return LoadSnapshot(running=self.gate.inflight)
+        s = self.aengine.stats()
+        queued_tokens = self._queued_prefill_tokens()
+        return LoadSnapshot(running=s.num_running, queued=s.num_waiting, queued_prefill_tokens=queued_tokens,
+                            free_pages=s.num_free_pages + s.num_cached_pages, total_pages=s.num_total_pages,
+                            tokens_per_s=self._rate.update(s.num_generated_tokens + s.num_prompt_tokens))
+
+    def _queued_prefill_tokens(self) -> int:
+        assert self.aengine is not None
+        sched = self.aengine.engine.scheduler
+        # A racy read of another thread's queue is fine for a load estimate; never let it break the report.
+        try:
+            return sum(r.num_prompt_tokens for r in list(sched.waiting._live.values()))
+        except Exception:  # noqa: BLE001 - the queue changed under us; report 0 this time
+            return 0
+
+    async def on_epoch(self, epoch: int) -> None:
+        if self._kv_pub is not None:
+            self._kv_pub.set_epoch(epoch)
+
+    # ---- events ------------------------------------------------------------------------------------------------
+    def _on_kv_event(self, ev: KVEvent) -> None:
+        """Radix-cache callback (engine thread): publish on NATS for the gateway's KV index."""
+        pub = self._kv_pub
+        if pub is None:
+            return
+        if isinstance(ev, PagesStored):
+            pub.stored(ev.hashes)
+        elif isinstance(ev, PagesEvicted):
+            pub.evicted(ev.hashes)
+        elif isinstance(ev, AllPagesCleared):
+            pub.cleared()
+
+    async def _on_cancel(self, msg: Cancel, meta: object) -> None:
+        if self.aengine is None:
+            return
+        for rid in self.ids.engine_ids(msg.request_id):
+            log.info("%s: cancel %s (%s)", self.instance_id, rid, msg.reason or "no reason")
+            self.aengine.abort(rid)
+
+    async def on_stop(self) -> None:
+        if self._kv_pub is not None:
+            await self._kv_pub.close()
+        if self.aengine is not None:
+            await asyncio.to_thread(self.aengine.shutdown)
