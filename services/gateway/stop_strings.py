@@ -3,7 +3,8 @@
 The gateway is authoritative for stop strings. Text that could still turn into a stop string is held back: the
 longest suffix of what arrived that is a proper prefix of some stop string. A stop string that starts inside
 already emitted text is impossible, because that text would have been such a suffix and held back; so each
-step only searches the held-back tail plus the new text, O(new + longest stop) per step.
+step only searches the held-back tail plus the new text. The hold-back check only tries prefix lengths whose
+last character matches the text's last character, so a step usually costs O(new text + total stop length).
 """
 
 from __future__ import annotations
@@ -19,17 +20,19 @@ class StopScan:
 
 
 class StopStringMatcher:
-    """Per-request state. feed() each decoded piece; flush() at the end of the stream."""
+    """Per-request state. feed() each decoded piece; flush() at the end of the stream.
 
-    __slots__ = ("_stops", "_prefixes", "_max_hold", "_include", "_pending", "_done")
+    The output ends at the first stop string to be complete in the text (the earliest end; at equal ends the
+    longest), which is what a character-by-character stream would see, so the result never depends on how the
+    text was chunked.
+    """
+
+    __slots__ = ("_stops", "_include", "_pending", "_done")
 
     def __init__(self, stops: Sequence[str], *, include_stop_str_in_output: bool = False) -> None:
         if any(not s for s in stops):
             raise ValueError(f"stop strings must be non-empty (got {list(stops)!r})")
         self._stops = tuple(dict.fromkeys(stops))  # dedupe, keep order
-        # Every proper prefix of every stop string: a held-back tail must be one of these.
-        self._prefixes = frozenset(s[:i] for s in self._stops for i in range(1, len(s)))
-        self._max_hold = max((len(s) - 1 for s in self._stops), default=0)
         self._include = include_stop_str_in_output
         self._pending = ""
         self._done = False
@@ -46,21 +49,36 @@ class StopStringMatcher:
         best_at, best = -1, None
         for s in self._stops:
             at = buf.find(s)
-            # The earliest match wins; at equal starts the longer string (it contains the shorter).
-            if at >= 0 and (best is None or at < best_at or (at == best_at and len(s) > len(best))):
+            # The stop string completed first wins, whatever the chunking; at equal ends the longer one.
+            if at >= 0 and (best is None or at + len(s) < best_at + len(best)
+                            or (at + len(s) == best_at + len(best) and len(s) > len(best))):
                 best_at, best = at, s
         if best is not None:
             self._done = True
             self._pending = ""
             end = best_at + len(best) if self._include else best_at
             return StopScan(buf[:end], best)
-        hold = 0
-        for k in range(min(self._max_hold, len(buf)), 0, -1):
-            if buf[-k:] in self._prefixes:
-                hold = k
-                break
+        hold = self._partial_stop_len(buf)
         self._pending = buf[len(buf) - hold :] if hold else ""
         return StopScan(buf[: len(buf) - hold], None)
+
+    def _partial_stop_len(self, buf: str) -> int:
+        """Length of the longest suffix of buf that is a proper prefix of some stop string (0: none)."""
+        if not buf:
+            return 0
+        last = buf[-1]
+        best = 0
+        for s in self._stops:
+            k = min(len(s) - 1, len(buf))
+            while k > best:
+                k = s.rfind(last, 0, k) + 1  # the longest prefix of length <= k that ends with `last`
+                if k <= best:
+                    break
+                if buf.endswith(s[:k]):
+                    best = k
+                    break
+                k -= 1
+        return best
 
     def flush(self) -> str:
         """The held-back tail, when the stream ended without completing a stop string."""

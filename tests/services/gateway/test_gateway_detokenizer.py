@@ -97,12 +97,13 @@ def test_prompt_context_keeps_first_token_spacing(tiny_tokenizer: GatewayTokeniz
 
 
 def reference_cut(text: str, stops: list[str], include: bool) -> tuple[str, str | None]:
-    """Earliest occurrence of any stop string (longest at equal starts), found on the whole text at once."""
-    hits = [(text.find(s), -len(s), s) for s in stops if s in text]
+    """The stop string that is complete first (earliest end, the longest at equal ends), found on the whole text
+    at once."""
+    hits = [(text.find(s) + len(s), -len(s), s) for s in stops if s in text]
     if not hits:
         return text, None
-    at, _, s = min(hits)
-    return text[: at + len(s)] if include else text[:at], s
+    end, _, s = min(hits)
+    return text[:end] if include else text[: end - len(s)], s
 
 
 @SETTINGS
@@ -178,3 +179,21 @@ def test_cost_per_token_does_not_grow_with_output_length(tiny_tokenizer: Gateway
     unit = tiny_tokenizer.encode_text("Prefill computes the prompt; decode produces one token. ", add_special_tokens=False)
     short, long = unit * 10, unit * 160  # 16x longer: a quadratic detokenizer would cost ~16x more per token
     assert _cost_per_token(tiny_tokenizer, long) < 4 * _cost_per_token(tiny_tokenizer, short)
+
+
+@settings(max_examples=300, deadline=None)
+@given(pieces=st.lists(st.text(alphabet="abc", max_size=6), max_size=8),
+       stops=st.lists(st.text(alphabet="abc", min_size=1, max_size=6), min_size=1, max_size=3))
+def test_held_back_tail_is_the_longest_partial_stop(pieces: list[str], stops: list[str]) -> None:
+    m = StopStringMatcher(stops)
+    emitted = ""
+    for piece in pieces:
+        scan = m.feed(piece)
+        emitted += scan.text
+        if scan.matched:
+            return
+        text = emitted + m.held_back
+        # Brute force: every suffix of everything seen so far against every proper prefix of every stop.
+        want = max((k for k in range(1, len(text) + 1) for s in stops if k < len(s) and text.endswith(s[:k])),
+                   default=0)
+        assert len(m.held_back) == want
