@@ -4,8 +4,9 @@
     outage:   a probe notices etcd is unreachable: `.stale` becomes True, the last known membership keeps being
               served (routing on a slightly old view beats refusing every request).
     recovery: when the probe answers again, the watch restarts from the last revision seen + 1, so no join/leave
-              in between is lost. If that revision was compacted, or etcd came back with a smaller revision (a
-              replaced etcd), a full read replaces the cache and the differences are emitted as events.
+              in between is lost. If that revision was compacted, or etcd came back as a different store (a
+              smaller revision, or a recreated epoch counter: a replaced etcd whose revisions mean nothing to
+              us), a full read replaces the cache and the differences are emitted as events.
 
 Consumers read `instances(...)`, register callbacks with `on_event(cb)`, or iterate `async for ev in m.events()`.
 """
@@ -25,7 +26,8 @@ import msgspec
 from etcd3aio import Etcd3Client, EtcdError, prefix_range_end
 
 from shared.cluster.etcd import etcd_reachable
-from shared.cluster.instance import InstanceInfo, InstanceState, decode_instance, instances_prefix
+from shared.cluster.instance import (InstanceInfo, InstanceState, decode_instance, epoch_counter_key,
+                                     instances_prefix)
 
 log = logging.getLogger(__name__)
 
@@ -71,6 +73,7 @@ class Membership:
         self._probe_task: asyncio.Task[None] | None = None
         self._need_snapshot = False
         self._last_restart = 0.0
+        self._counter_created = 0  # create_revision of the epoch counter at the last full read (0: absent)
         self.resyncs = 0  # full reads after the first one
         self.watch_restarts = 0
 
@@ -175,6 +178,7 @@ class Membership:
             if info is not None:
                 fresh[key] = info
         rev = resp.header.revision
+        self._counter_created = await self._counter_create_revision()
         events: list[MembershipEvent] = []
         for key, old in self._by_key.items():
             if key not in fresh:
@@ -191,6 +195,18 @@ class Membership:
             log.info("membership of %s resynced by a full read at revision %d (%d changes)", self._prefix, rev,
                      len(events))
         await self._emit(events)
+
+    async def _counter_create_revision(self) -> int:
+        assert self._client.kv is not None, "etcd client is not connected"
+        resp = await self._client.kv.get(epoch_counter_key(self.cluster), timeout=2.0)
+        return int(resp.kvs[0].create_revision) if resp.kvs else 0
+
+    async def _store_replaced(self, header_revision: int) -> bool:
+        """On every (re)created watch: is this still the etcd store we were watching? (One small read.)"""
+        if header_revision < self._revision:
+            return True
+        # Same revision range but a recreated counter: a new store that already took as many writes.
+        return await self._counter_create_revision() != self._counter_created
 
     def _apply(self, ev: object, rev: int) -> MembershipEvent | None:
         kv = ev.kv  # type: ignore[attr-defined]
@@ -243,9 +259,9 @@ class Membership:
                             restart = True
                             break
                         created_seen = True
-                        if resp.header.revision < self._revision:
-                            log.warning("etcd revision went back from %d to %d (a new etcd?); resyncing",
-                                        self._revision, resp.header.revision)
+                        if await self._store_replaced(int(resp.header.revision)):
+                            log.warning("etcd came back as a different store (revision %d, ours %d); resyncing",
+                                        resp.header.revision, self._revision)
                             self._need_snapshot = restart = True
                             break
                         await self._set_fresh()

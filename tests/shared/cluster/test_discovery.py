@@ -253,3 +253,35 @@ async def test_replaced_etcd_gets_reregistration_with_higher_epoch(etcd_server) 
     await r.deregister()
     await c_reg.close()
     await c_watch.close()
+
+
+@pytest.mark.slow
+async def test_replaced_etcd_with_more_writes_than_before_is_still_detected(etcd_server) -> None:
+    """A new etcd whose revision already passed ours would let a resumed watch skip everything: detect it."""
+    proxy = await TcpProxy("127.0.0.1", etcd_server.port).start()
+    direct = await _client(etcd_server.endpoint)
+    via_proxy = await connect_etcd([f"http://{proxy.address}"])
+    ghost = Registrar(direct, _info("ghost"), ttl_s=TTL)
+    await ghost.register()
+    async with Membership(via_proxy, "t", probe_interval_s=0.2) as m:
+        await m.wait_for(lambda m: _ids(m) == ["ghost"], 5)
+        old_revision = m.revision
+        await proxy.cut()
+        await m.wait_for(lambda m: m.stale, 5)
+        etcd_server.kill()
+        etcd_server.wipe()
+        await asyncio.to_thread(etcd_server.start)
+        await direct.close()  # the ghost's process is gone too: it never re-registers
+        fresh = await _client(etcd_server.endpoint)
+        for i in range(old_revision + 5):  # push the new store's revision past the one the watcher knows
+            await fresh.kv.put("/unrelated/k", str(i))
+        newcomer = Registrar(fresh, _info("new"), ttl_s=TTL)
+        await newcomer.register()
+        assert (await fresh.kv.get("x")).header.revision > old_revision
+        await proxy.heal()
+        await m.wait_for(lambda m: not m.stale and _ids(m) == ["new"], 10)
+        assert m.resyncs == 1
+        await newcomer.deregister()
+        await fresh.close()
+    await proxy.close()
+    await via_proxy.close()
