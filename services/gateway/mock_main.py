@@ -33,8 +33,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     for name in ("token_delay_ms", "first_token_delay_ms"):
         if getattr(ns, name) < 0:
             raise SystemExit(f"--{name.replace('_', '-')} must be >= 0 (got {getattr(ns, name)})")
-    cfg = parse_role_args("gateway", rest, prog="python -m services.gateway.mock_main")
-    tokenizer = load_tokenizer(cfg)
+    prog = "python -m services.gateway.mock_main"
+    cfg = parse_role_args("gateway", rest, prog=prog)
+    try:
+        tokenizer = load_tokenizer(cfg)
+    except ValueError as e:  # a bad --model / --tokenizer / --chat-template: the message says what to do
+        print(f"{prog}: error: {e}", file=sys.stderr)
+        return 2
     primary, aliases = served_names_of(cfg)
     backend = MockBackend([primary, *aliases], token_delay_s=ns.token_delay_ms / 1000,
                           first_token_delay_s=ns.first_token_delay_ms / 1000, tokens_per_chunk=ns.tokens_per_chunk,

@@ -281,3 +281,17 @@ async def test_lifespan_starts_and_closes_the_backend(app: Any, backend: MockBac
     await app({"type": "lifespan"}, receive, send)
     assert sent == ["lifespan.startup.complete", "lifespan.shutdown.complete"]
     assert backend.started and backend.closed
+
+
+async def test_cached_prompt_tokens_are_reported(make_app: AppFactory) -> None:
+    backend = MockBackend([MODEL], cached_tokens=4)
+    async with client_for(make_app(backend=backend)) as c:
+        r = await c.post(COMPLETIONS, json={"prompt": [5, 6, 7, 8, 9, 10], "max_tokens": 2})
+    assert r.json()["usage"]["prompt_tokens_details"] == {"cached_tokens": 4}
+    assert r.json()["usage"]["prompt_tokens"] == 6
+
+
+def test_mock_backend_implements_the_protocol() -> None:
+    from services.gateway.backend import GenerateBackend
+
+    assert isinstance(MockBackend(), GenerateBackend)
