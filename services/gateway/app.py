@@ -149,6 +149,8 @@ class GatewayApp:
             await handler(scope, receive, r)
         except ApiError as e:
             await self._fail(r, e)
+        except BackendError as e:  # e.g. raised by a backend's generate() itself, before its first chunk
+            await self._fail(r, from_backend(e))
         except ClientDisconnected:
             pass
         except Exception:

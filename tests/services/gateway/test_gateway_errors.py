@@ -234,3 +234,15 @@ async def test_a_bug_in_the_backend_is_a_500_without_internals(client: httpx.Asy
     backend.fail_next.append(RuntimeError("secret internal detail"))
     err = assert_error(await client.post(CHAT, json={"messages": MSG}), 500, code="internal_error")
     assert "secret" not in err["message"]
+
+
+class _RefusesAtCall(MockBackend):
+    def generate(self, req):  # type: ignore[no-untyped-def]
+        raise BackendOverloaded("admission refused synchronously", retry_after_s=4)
+
+
+async def test_backend_refusing_in_generate_itself_keeps_its_status(make_app: AppFactory) -> None:
+    async with client_for(make_app(backend=_RefusesAtCall(["tiny"]))) as c:
+        r = await c.post(CHAT, json={"messages": MSG, "max_tokens": 2, "stream": True})
+    assert_error(r, 429, code="overloaded")
+    assert r.headers["retry-after"] == "4"
