@@ -7,6 +7,7 @@ float32 logits for the sequences that asked for them. A prefill-only worker uses
 
 from __future__ import annotations
 
+import functools
 import json
 from pathlib import Path
 from typing import Any
@@ -31,8 +32,8 @@ def _read_json(path: Path) -> dict[str, Any]:
 class ModelRunner:
     """One model + one KV pool on one device.
 
-    Attributes: layout (KVLayout), kv (KVPool), num_pages, vocab_size, hf_config (transformers config),
-    arch (our parsed config), eos_token_ids, context_length, page_size, device, dtype.
+    Attributes: layout (KVLayout), kv (KVPool), num_pages, vocab_size, hf_config (transformers config, lazy),
+    arch (our parsed config), eos_token_ids, context_length, page_size, device, dtype, model.
     """
 
     def __init__(
@@ -57,7 +58,6 @@ class ModelRunner:
         self.device = torch.device(device)
         self.dtype = torch_dtype(dtype)
         self.arch = load_model_config(model_dir)
-        self.hf_config = self._load_hf_config(model_dir)
         self.vocab_size = self.arch.vocab_size
         self.context_length = context_length or self.arch.max_position_embeddings
         self.page_size = page_size
@@ -84,11 +84,13 @@ class ModelRunner:
         self.kv = KVPool(self.layout, num_pages, self.device)
         self.attn = select_attention_backend(attention_backend, self.device, self.dtype)
 
-    @staticmethod
-    def _load_hf_config(model_dir: Path) -> Any:
-        from transformers import AutoConfig  # heavy import, only once the model is known to be supported
+    @functools.cached_property
+    def hf_config(self) -> Any:
+        """The transformers config of the model, loaded on first use: importing transformers takes seconds and
+        the runner itself only needs `arch` (a prefill or decode worker without a tokenizer never pays it)."""
+        from transformers import AutoConfig
 
-        return AutoConfig.from_pretrained(str(model_dir), local_files_only=True)
+        return AutoConfig.from_pretrained(str(self.model_dir), local_files_only=True)
 
     def _eos_ids(self, model_dir: Path) -> tuple[int, ...]:
         """config.json's eos ids, plus generation_config.json's (chat models often list <|im_end|> there)."""
