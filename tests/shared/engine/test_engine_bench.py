@@ -1,0 +1,42 @@
+"""Smoke test of the engine benchmark: `--quick` on a tiny model, every number present and consistent."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+from bench.engine import add_arguments, make_workloads, run
+from tests.helpers.tiny_models import tiny_llama_dir  # noqa: F401
+
+
+def test_workloads_follow_the_spec():
+    ws = make_workloads(49152, quick=False, seed=0, concurrency=None)
+    uniform = [w for w in ws if w.name.startswith("uniform")]
+    assert [w.concurrency for w in uniform] == [1, 8, 16, 32]
+    assert all(len(p) == 128 and n == 64 for w in uniform for p, n in w.requests)
+    varied = ws[-1]
+    assert varied.concurrency == 16 and len(varied.requests) == 64
+    assert all(32 <= len(p) <= 512 and 16 <= n <= 256 for p, n in varied.requests)
+    assert make_workloads(49152, quick=False, seed=0, concurrency=None)[-1] == varied  # seeded
+
+
+def test_quick_run_reports_ratios_and_roofline(tiny_llama_dir: Path, tmp_path: Path, capsys):  # noqa: F811
+    p = argparse.ArgumentParser()
+    add_arguments(p)
+    out = tmp_path / "r.json"
+    ns = p.parse_args(["--quick", "--threads", "1", "--model", str(tiny_llama_dir), "--json-out", str(out),
+                       "--kv-budget-mb", "16"])
+    assert run(ns) == 0
+    res = json.loads(out.read_text())
+    assert res["machine"]["matmul_gflops"] > 0 and res["machine"]["copy_gbps"] > 0
+    names = [r["workload"] for r in res["results"]]
+    assert names == ["uniform-32/8", "uniform-32/8", "varied"]
+    for r in res["results"]:
+        e, hf = r["engine"], r["hf"]
+        assert e["output_tok_s"] > 0 and hf["output_tok_s"] > 0
+        assert abs(r["ratio_vs_hf"] - e["output_tok_s"] / hf["output_tok_s"]) < 1e-9
+        assert 0 < e["overhead_share"] < 1 and 0 < e["roofline_fraction"] <= 1.0
+        assert e["step_ms_p50"] <= e["step_ms_p99"]
+    printed = capsys.readouterr().out
+    assert "tok/s" in printed and "roofline" in printed
