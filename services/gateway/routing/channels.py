@@ -1,0 +1,64 @@
+"""One gRPC channel per instance, created on first use and closed when the instance leaves.
+
+A channel is keyed by instance id and address: an instance that re-registers on another port gets a new channel
+(the old one is closed). Closing is deferred by a grace period so that a stream still running on it (an instance
+that announced it is leaving while finishing requests) is not cut off.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+
+import grpc
+
+log = logging.getLogger(__name__)
+
+# Generation streams can carry long prompts (token ids) and many logprobs.
+_OPTIONS = (("grpc.max_receive_message_length", 64 << 20), ("grpc.max_send_message_length", 64 << 20),
+            # Re-dial a restarted instance quickly instead of backing off for up to two minutes.
+            ("grpc.initial_reconnect_backoff_ms", 200), ("grpc.max_reconnect_backoff_ms", 2000))
+
+
+class ChannelPool:
+    def __init__(self, *, close_grace_s: float = 30.0) -> None:
+        self._channels: dict[str, tuple[str, grpc.aio.Channel]] = {}
+        self._close_grace_s = close_grace_s
+        self._closing: set[asyncio.Task[None]] = set()
+
+    def get(self, instance_id: str, address: str) -> grpc.aio.Channel:
+        entry = self._channels.get(instance_id)
+        if entry is not None:
+            if entry[0] == address:
+                return entry[1]
+            self._close_later(entry[1])
+        channel = grpc.aio.insecure_channel(address, options=_OPTIONS)
+        self._channels[instance_id] = (address, channel)
+        return channel
+
+    def discard(self, instance_id: str) -> None:
+        """The instance left: close its channel once in-flight streams had `close_grace_s` to finish."""
+        entry = self._channels.pop(instance_id, None)
+        if entry is not None:
+            self._close_later(entry[1])
+
+    def __contains__(self, instance_id: str) -> bool:
+        return instance_id in self._channels
+
+    def __len__(self) -> int:
+        return len(self._channels)
+
+    def _close_later(self, channel: grpc.aio.Channel) -> None:
+        task = asyncio.ensure_future(channel.close(grace=self._close_grace_s))
+        self._closing.add(task)
+        task.add_done_callback(self._closing.discard)
+
+    async def close(self) -> None:
+        channels = [ch for _, ch in self._channels.values()]
+        self._channels.clear()
+        for ch in channels:
+            await ch.close(grace=None)
+        for task in list(self._closing):
+            task.cancel()
+        if self._closing:
+            await asyncio.gather(*self._closing, return_exceptions=True)

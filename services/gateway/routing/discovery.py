@@ -1,0 +1,126 @@
+"""The routing layer's I/O: ready instances from the etcd membership, loads from the NATS load table, KV events into
+the KV index, and cleanup when instances leave. Everything it produces is plain data for the pure router.
+
+    pools(model)   Pools of READY decode / prefill / worker instances serving `model`, each with its latest load
+    start()        subscribe to KV events and load reports; watch membership for leaves and epoch changes
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from typing import Protocol
+
+from nats.aio.subscription import Subscription
+
+from shared.cluster.bus.client import Bus, Meta
+from shared.cluster.bus.kv_events import KVEvent, subscribe_kv_events
+from shared.cluster.bus.load import LoadTable
+from shared.cluster.instance import InstanceInfo
+from shared.cluster.membership import EventKind, MembershipEvent
+from services.gateway.routing.router import Router
+from services.gateway.routing.views import Candidate, Load, Pools
+
+log = logging.getLogger(__name__)
+
+DECODE_ROLE, PREFILL_ROLE, WORKER_ROLE = "decode", "prefill", "worker"
+ROUTED_ROLES = (DECODE_ROLE, PREFILL_ROLE, WORKER_ROLE)
+
+
+class MembershipView(Protocol):
+    """What routing reads from shared.cluster.membership.Membership (tests pass a static fake)."""
+
+    @property
+    def stale(self) -> bool: ...
+
+    def ready(self, role: str | None = None) -> list[InstanceInfo]: ...
+
+    def instances(self, role: str | None = None) -> list[InstanceInfo]: ...
+
+    def on_event(self, cb: Callable[[MembershipEvent], object]) -> Callable[[], None]: ...
+
+
+def candidate_of(info: InstanceInfo, loads: LoadTable, max_load_age_s: float) -> Candidate:
+    page_size = info.capacity.page_size or (info.kv_layout.page_size if info.kv_layout is not None else 0)
+    report = loads.latest.get(info.instance_id)
+    age = loads.age_s(info.instance_id)
+    load = Load()
+    # A report of an older incarnation, or one too old, says nothing about the instance now.
+    if report is not None and age is not None and age <= max_load_age_s and report.epoch >= info.epoch:
+        s = report.load
+        load = Load(running=s.running, queued=s.queued, queued_prefill_tokens=s.queued_prefill_tokens,
+                    free_pages=s.free_pages, total_pages=s.total_pages, known=True)
+    return Candidate(instance_id=info.instance_id, role=info.role, grpc_address=info.grpc_address, epoch=info.epoch,
+                     model=info.model, page_size=page_size, max_running=info.capacity.max_running_requests, load=load)
+
+
+def serves(info: InstanceInfo, model: str | None) -> bool:
+    """An instance that registered no model name serves whatever it was started with: accept it."""
+    return model is None or not info.model or info.model == model
+
+
+class Discovery:
+    """Membership + load table + KV events feeding one Router."""
+
+    def __init__(self, membership: MembershipView, router: Router, *, bus: Bus | None = None, cluster: str = "",
+                 max_load_age_s: float = 2.0, on_leave: Callable[[InstanceInfo], object] | None = None) -> None:
+        self.membership = membership
+        self.router = router
+        self.loads = LoadTable()
+        self._bus = bus
+        self._cluster = cluster
+        self._max_load_age_s = max_load_age_s
+        self._on_leave = on_leave
+        self._subs: list[Subscription] = []
+        self._unsubscribe: Callable[[], None] | None = None
+
+    async def start(self) -> None:
+        self._unsubscribe = self.membership.on_event(self._on_membership)
+        if self._bus is not None:
+            await self.loads.subscribe(self._bus, self._cluster)
+            self._subs.append(await subscribe_kv_events(self._bus, self._cluster, self._on_kv_event))
+
+    async def close(self) -> None:
+        if self._unsubscribe is not None:
+            self._unsubscribe()
+            self._unsubscribe = None
+        await self.loads.close()
+        for sub in self._subs:
+            try:
+                await sub.unsubscribe()
+            except Exception as e:  # NATS already closed: nothing left to unsubscribe from
+                log.debug("unsubscribe failed: %s", e)
+        self._subs.clear()
+
+    # ------------------------------------------------------------------ reads
+
+    def pools(self, model: str | None) -> Pools:
+        def ready(role: str) -> tuple[Candidate, ...]:
+            return tuple(candidate_of(i, self.loads, self._max_load_age_s) for i in self.membership.ready(role)
+                         if serves(i, model))
+
+        return Pools(decode=ready(DECODE_ROLE), prefill=ready(PREFILL_ROLE), worker=ready(WORKER_ROLE))
+
+    def models(self) -> list[str]:
+        """Model names registered by ready decode/worker instances."""
+        names = {i.model for role in (DECODE_ROLE, WORKER_ROLE) for i in self.membership.ready(role) if i.model}
+        return sorted(names)
+
+    # ------------------------------------------------------------------ events
+
+    def _on_kv_event(self, event: KVEvent, meta: Meta) -> None:
+        self.router.kv_index.apply(event)
+
+    def _on_membership(self, ev: MembershipEvent) -> None:
+        info = ev.instance
+        if info.role not in ROUTED_ROLES:
+            return
+        if ev.kind == EventKind.LEAVE:
+            self.router.forget(info.instance_id)
+            self.loads.latest.pop(info.instance_id, None)
+            if self._on_leave is not None:
+                self._on_leave(info)
+        elif ev.kind == EventKind.UPDATE and ev.previous is not None and ev.previous.epoch != info.epoch:
+            # Re-registered (lost lease or restart under the same id): its old cache and failures are history.
+            self.router.kv_index.forget_older_than(info.instance_id, info.epoch)
+            self.router.breakers.remove(info.instance_id)

@@ -1,0 +1,196 @@
+"""The router: from the ready pools, a policy, the KV index and the breakers, choose where a request goes.
+
+Pool selection (per request, from what is ready for the request's model):
+    decode + prefill ready  -> disaggregated: a decode instance and the prefill instance it hands the prompt to
+    else worker ready       -> colocated: one worker does both
+    else decode ready       -> decode-local: decode prefills itself (empty PrefillTarget)
+    else                    -> NoRoute (nothing can serve the request)
+
+A pair is admitted as a unit: when an attempt fails on the prefill side (see failures.py) the caller excludes that
+prefill and asks for a new plan, which may keep the decode, so a decode never waits on a prefill that refused.
+The router also counts what this gateway has in flight per instance (`Lease`), which the policies add to the
+instances' reports. Everything here is synchronous and pure apart from the clock inside the breakers.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Collection
+from dataclasses import dataclass
+
+from services.gateway.routing.breaker import BreakerBoard
+from services.gateway.routing.kv_index import KVIndex, PromptHashes
+from services.gateway.routing.policies import Policy
+from services.gateway.routing.views import Candidate, Mode, Pools, RoutePlan, RouteRequest
+
+
+class NoRoute(Exception):
+    """No instance can take the request now. `reason`: "none_ready" (no servable pool), "breakers_open" (every
+    candidate's circuit breaker is open) or "excluded" (every candidate already failed or refused this request)."""
+
+    def __init__(self, message: str, reason: str) -> None:
+        super().__init__(message)
+        self.reason = reason
+
+
+@dataclass
+class _Local:
+    inflight: int = 0
+    inflight_tokens: int = 0
+    pending_prefill_tokens: int = 0
+
+
+class Lease:
+    """What one attempt holds on its instances' local counters; `first_token()` then `release()` (idempotent)."""
+
+    __slots__ = ("_router", "plan", "_tokens", "_uncached", "_prefilling", "_released")
+
+    def __init__(self, router: Router, plan: RoutePlan, tokens: int) -> None:
+        self._router, self.plan = router, plan
+        self._tokens = tokens
+        self._uncached = max(0, tokens - plan.cached_tokens)
+        self._prefilling = True
+        self._released = False
+        for iid in plan.instance_ids:
+            loc = router._local_of(iid)
+            loc.inflight += 1
+            loc.inflight_tokens += tokens
+        loc = router._local_of(self._prefill_id)
+        loc.pending_prefill_tokens += self._uncached
+
+    @property
+    def _prefill_id(self) -> str:
+        return self.plan.prefill.instance_id if self.plan.prefill is not None else self.plan.decode.instance_id
+
+    def first_token(self) -> None:
+        if self._prefilling and not self._released:
+            self._prefilling = False
+            self._router._local_of(self._prefill_id).pending_prefill_tokens -= self._uncached
+
+    def release(self) -> None:
+        if self._released:
+            return
+        self.first_token()
+        self._released = True
+        for iid in self.plan.instance_ids:
+            loc = self._router._local_of(iid)
+            loc.inflight -= 1
+            loc.inflight_tokens -= self._tokens
+
+
+class _RequestSignals:
+    """policies.Signals for one request: KV overlap of its prompt plus the router's local counters."""
+
+    def __init__(self, router: Router, hashes: PromptHashes, prompt_len: int) -> None:
+        self._router = router
+        self._hashes = hashes
+        self._prompt_len = prompt_len
+        self._cached: dict[str, int] = {}
+
+    def cached_tokens(self, cand: Candidate) -> int:
+        got = self._cached.get(cand.instance_id)
+        if got is None:
+            if cand.page_size <= 0:
+                got = 0
+            else:
+                pages = self._router.kv_index.overlap_pages(cand.instance_id,
+                                                            self._hashes.for_page_size(cand.page_size))
+                got = min(pages * cand.page_size, self._prompt_len)
+            self._cached[cand.instance_id] = got
+        return got
+
+    def inflight(self, cand: Candidate) -> int:
+        return self._router.local(cand.instance_id).inflight
+
+    def pending_prefill_tokens(self, cand: Candidate) -> int:
+        return self._router.local(cand.instance_id).pending_prefill_tokens
+
+    def inflight_tokens(self, cand: Candidate) -> int:
+        return self._router.local(cand.instance_id).inflight_tokens
+
+
+class Router:
+    def __init__(self, policy: Policy, *, kv_index: KVIndex | None = None,
+                 breakers: BreakerBoard | None = None) -> None:
+        self.policy = policy
+        self.kv_index = kv_index if kv_index is not None else KVIndex()
+        self.breakers = breakers if breakers is not None else BreakerBoard()
+        self._local: dict[str, _Local] = {}
+
+    # ------------------------------------------------------------------ planning
+
+    def plan(self, req: RouteRequest, pools: Pools, exclude: Collection[str] = (),
+             hashes: PromptHashes | None = None) -> RoutePlan:
+        """The best plan for `req` avoiding `exclude`; raises NoRoute when there is none."""
+        if not pools.servable:
+            raise NoRoute("no decode or worker instance is ready" + (" (only prefill instances are)"
+                                                                      if pools.prefill else ""), "none_ready")
+        sig = _RequestSignals(self, hashes or PromptHashes(req.prompt_token_ids), len(req.prompt_token_ids))
+        usable_decode = self._usable(pools.decode, exclude)
+        usable_prefill = self._usable(pools.prefill, exclude)
+        usable_worker = self._usable(pools.worker, exclude)
+        policy = self.policy
+        # Disaggregated first when both halves exist; a pool whose members are all excluded falls through to the
+        # next mode (a request whose prefills all refused may still be served colocated or decode-local).
+        if usable_decode and usable_prefill:
+            decode = policy.rank_decode(usable_decode, req, sig)[0]
+            prefill = policy.rank_prefill(usable_prefill, req, sig)[0]
+            return RoutePlan(Mode.DISAGGREGATED, decode, prefill, sig.cached_tokens(prefill))
+        if usable_worker:
+            worker = policy.rank_worker(usable_worker, req, sig)[0]
+            return RoutePlan(Mode.COLOCATED, worker, None, sig.cached_tokens(worker))
+        if usable_decode:
+            decode = policy.rank_decode(usable_decode, req, sig)[0]
+            return RoutePlan(Mode.DECODE_LOCAL, decode, None, sig.cached_tokens(decode))
+        everyone = [c.instance_id for c in (*pools.decode, *pools.worker)]
+        if all(iid in exclude for iid in everyone):
+            raise NoRoute(f"every instance that could serve the request failed or refused it ({', '.join(everyone)})",
+                          "excluded")
+        raise NoRoute(f"the circuit breakers of every ready instance are open ({', '.join(everyone)}); they are "
+                      "failing requests", "breakers_open")
+
+    def _usable(self, cands: tuple[Candidate, ...], exclude: Collection[str]) -> list[Candidate]:
+        return [c for c in cands if c.instance_id not in exclude and self.breakers.allows(c.instance_id)]
+
+    # ------------------------------------------------------------------ attempts
+
+    def begin(self, plan: RoutePlan, prompt_tokens: int) -> Lease:
+        """An attempt of `plan` starts: count it locally and let half-open breakers know this is their probe."""
+        for iid in plan.instance_ids:
+            self.breakers.get(iid).on_attempt()
+        return Lease(self, plan, prompt_tokens)
+
+    def succeeded(self, instance_ids: Collection[str]) -> None:
+        for iid in instance_ids:
+            self.breakers.get(iid).on_success()
+
+    def failed(self, blame: Collection[str], involved: Collection[str]) -> None:
+        """Breaker bookkeeping of a failed attempt: `blame` recorded a server-side failure; the others in
+        `involved` are released from any half-open probe without a verdict."""
+        for iid in involved:
+            if iid in blame:
+                self.breakers.get(iid).on_failure()
+            else:
+                self.breakers.get(iid).on_abandoned()
+
+    def abandoned(self, instance_ids: Collection[str]) -> None:
+        for iid in instance_ids:
+            self.breakers.get(iid).on_abandoned()
+
+    # ------------------------------------------------------------------ membership
+
+    def forget(self, instance_id: str) -> None:
+        """The instance left: drop its breaker, KV entries and (now meaningless) local counters."""
+        self.breakers.remove(instance_id)
+        self.kv_index.remove(instance_id)
+        loc = self._local.get(instance_id)
+        if loc is not None and loc.inflight == 0:
+            del self._local[instance_id]
+
+    def local(self, instance_id: str) -> _Local:
+        return self._local.get(instance_id) or _Local()
+
+    def _local_of(self, instance_id: str) -> _Local:
+        loc = self._local.get(instance_id)
+        if loc is None:
+            loc = self._local[instance_id] = _Local()
+        return loc

@@ -1,0 +1,90 @@
+"""Gateway backend types <-> the worker API (proto pdrelay.v1 Decode.Generate). Pure functions.
+
+Replay: when a stream breaks after some tokens were sent to the client, the next attempt continues it. Its prompt is
+the original prompt followed by the tokens already streamed, max_tokens / min_tokens shrink by what was sent, and
+the client sees one continuous stream. Greedy output is identical to an unbroken run; seeded sampling restarts
+its generator on the new context, and frequency/presence penalties no longer see the replayed tokens as output.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from proto.pdrelay.v1 import common_pb2, worker_pb2
+from services.gateway.backend import (BackendChunk, BackendRequest, BackendSamplingParams, FinishReason,
+                                      TokenLogprob, TopLogprob)
+from services.gateway.routing.views import RoutePlan
+
+_FINISH: dict[int, FinishReason] = {common_pb2.FINISH_REASON_STOP: "stop", common_pb2.FINISH_REASON_LENGTH: "length",
+                                    common_pb2.FINISH_REASON_ABORT: "abort"}
+
+
+def remaining_max_tokens(sampling: BackendSamplingParams, num_sent: int) -> int | None:
+    return None if sampling.max_tokens is None else max(0, sampling.max_tokens - num_sent)
+
+
+def sampling_to_pb(sp: BackendSamplingParams, num_sent: int = 0) -> common_pb2.SamplingParams:
+    """The worker's sampling parameters; `num_sent` tokens of the output were already streamed (replay)."""
+    pb = common_pb2.SamplingParams(
+        temperature=sp.temperature, top_p=sp.top_p, min_p=sp.min_p, stop=list(sp.stop),
+        stop_token_ids=list(sp.stop_token_ids), min_tokens=max(0, sp.min_tokens - num_sent),
+        ignore_eos=sp.ignore_eos, logprobs=sp.logprobs is not None, top_logprobs=sp.logprobs or 0,
+        presence_penalty=sp.presence_penalty, frequency_penalty=sp.frequency_penalty,
+        repetition_penalty=sp.repetition_penalty)
+    if sp.top_k > 0:
+        pb.top_k = sp.top_k
+    max_tokens = remaining_max_tokens(sp, num_sent)
+    if max_tokens is not None:
+        pb.max_tokens = max_tokens
+    if sp.seed is not None:
+        pb.seed = sp.seed
+    return pb
+
+
+def decode_request(req: BackendRequest, plan: RoutePlan, sent: Sequence[int], attempt: int) -> worker_pb2.DecodeRequest:
+    """Attempt number `attempt` of `req` on `plan`, continuing after the `sent` tokens."""
+    msg = worker_pb2.DecodeRequest(
+        request_id=req.request_id, prompt_token_ids=[*req.prompt_token_ids, *sent],
+        sampling=sampling_to_pb(req.sampling, len(sent)), model=req.model, attempt=attempt)
+    if plan.prefill is not None:
+        p = plan.prefill
+        msg.prefill.CopyFrom(worker_pb2.PrefillTarget(instance_id=p.instance_id, grpc_address=p.grpc_address,
+                                                      epoch=p.epoch))
+    trace = dict(req.trace_headers)
+    if "traceparent" in trace:
+        msg.trace.CopyFrom(common_pb2.TraceContext(traceparent=trace["traceparent"],
+                                                   tracestate=trace.get("tracestate", "")))
+    return msg
+
+
+def logprobs_from_pb(entries: Sequence[common_pb2.TokenLogprob]) -> tuple[TokenLogprob, ...]:
+    return tuple(TokenLogprob(e.token_id, e.logprob, tuple(TopLogprob(t.token_id, t.logprob) for t in e.top_logprobs))
+                 for e in entries)
+
+
+def stop_reason_of(resp: worker_pb2.DecodeResponse) -> int | str | None:
+    if not resp.HasField("matched_stop"):
+        return None
+    which = resp.matched_stop.WhichOneof("what")
+    if which == "token_id":
+        return int(resp.matched_stop.token_id)
+    if which == "text":
+        return str(resp.matched_stop.text)
+    return None
+
+
+def chunk_from_pb(resp: worker_pb2.DecodeResponse, *, want_logprobs: bool, num_prompt_tokens: int,
+                  first: bool) -> BackendChunk:
+    """One worker message -> one backend chunk. Usage is reported against the client's original prompt (a replayed
+    attempt's prompt includes the tokens streamed before it)."""
+    finish = _FINISH.get(resp.finish_reason)
+    cached: int | None = None
+    if finish is not None and resp.HasField("usage"):
+        cached = min(resp.usage.cached_tokens, num_prompt_tokens)
+    return BackendChunk(
+        token_ids=tuple(resp.token_ids),
+        logprobs=logprobs_from_pb(resp.logprobs) if want_logprobs else None,
+        finish_reason=finish,
+        stop_reason=stop_reason_of(resp) if finish == "stop" else None,
+        num_prompt_tokens=num_prompt_tokens if first or finish is not None else None,
+        num_cached_tokens=cached)

@@ -1,0 +1,125 @@
+"""Routing policies: round robin rotates, least_load follows load, kv_aware trades prefix overlap for queued work."""
+
+from __future__ import annotations
+
+from collections import Counter
+
+import pytest
+
+from shared.cluster.bus.kv_events import KVEvent, KVOp, KVOpKind
+from shared.engine.block_hash import page_hashes
+from services.gateway.routing import (Candidate, KVIndex, Load, Mode, Pools, RouteRequest, Router, make_policy)
+
+P = 16
+PROMPT = tuple(range(1, 1 + 10 * P))  # 10 full pages
+
+
+def cand(iid: str, role: str = "prefill", **load: int) -> Candidate:
+    known = bool(load)
+    load.setdefault("total_pages", 1000)
+    load.setdefault("free_pages", 1000)
+    return Candidate(instance_id=iid, role=role, grpc_address=f"127.0.0.1:{abs(hash(iid)) % 50000 + 1000}", epoch=1,
+                     model="m", page_size=P, max_running=8, load=Load(known=known, **load))
+
+
+def req(prompt: tuple[int, ...] = PROMPT, max_tokens: int = 16) -> RouteRequest:
+    return RouteRequest("r", prompt, max_tokens)
+
+
+def held(router: Router, iid: str, prompt: tuple[int, ...], pages: int, seq: int = 1) -> None:
+    hashes = tuple(page_hashes(prompt, P)[:pages])
+    router.kv_index.apply(KVEvent(instance_id=iid, epoch=1, seq=seq, ops=(KVOp(KVOpKind.STORED, hashes),),
+                                  page_size=P))
+
+
+def test_round_robin_spreads_evenly_and_ignores_load() -> None:
+    r = Router(make_policy("round_robin"))
+    pools = Pools(worker=(cand("w1", "worker", running=7), cand("w2", "worker"), cand("w3", "worker")))
+    picks = Counter(r.plan(req(), pools).decode.instance_id for _ in range(30))
+    assert picks == {"w1": 10, "w2": 10, "w3": 10}
+
+
+def test_least_load_picks_the_idle_worker_and_breaks_ties_fairly() -> None:
+    r = Router(make_policy("least_load"))
+    pools = Pools(worker=(cand("w1", "worker", running=5), cand("w2", "worker", running=1),
+                          cand("w3", "worker", running=1)))
+    picks = Counter(r.plan(req(), pools).decode.instance_id for _ in range(10))
+    assert picks == {"w2": 5, "w3": 5}
+
+
+def test_least_load_avoids_a_decode_without_room_for_the_request() -> None:
+    r = Router(make_policy("least_load"))
+    # d1 is idle but has 5 free pages; the request needs ceil((160 + 16) / 16) = 11.
+    pools = Pools(decode=(cand("d1", "decode", free_pages=5), cand("d2", "decode", running=6, free_pages=500)))
+    assert r.plan(req(), pools).decode.instance_id == "d2"
+
+
+def test_least_load_counts_what_this_gateway_sent_since_the_last_report() -> None:
+    r = Router(make_policy("least_load"))
+    pools = Pools(worker=(cand("w1", "worker"), cand("w2", "worker")))
+    leases = [r.begin(r.plan(req(), pools), len(PROMPT)) for _ in range(4)]
+    # Reports still say both are idle; local accounting spread the burst.
+    assert Counter(lease.plan.decode.instance_id for lease in leases) == {"w1": 2, "w2": 2}
+    for lease in leases:
+        lease.release()
+    assert r.local("w1").inflight == 0 and r.local("w1").inflight_tokens == 0
+
+
+def test_kv_aware_prefill_prefers_the_instance_holding_the_prefix() -> None:
+    r = Router(make_policy("kv_aware"))
+    held(r, "p2", PROMPT, pages=8)
+    pools = Pools(decode=(cand("d1", "decode"),), prefill=(cand("p1"), cand("p2"), cand("p3")))
+    for _ in range(5):
+        plan = r.plan(req(), pools)
+        assert plan.mode == Mode.DISAGGREGATED
+        assert plan.prefill is not None and plan.prefill.instance_id == "p2"
+        assert plan.cached_tokens == 8 * P
+
+
+def test_kv_aware_trades_overlap_against_queued_prefill_tokens() -> None:
+    r = Router(make_policy("kv_aware"))
+    held(r, "p2", PROMPT, pages=8)  # saves 128 of 160 tokens on p2
+    decode = (cand("d1", "decode"),)
+    # p2's queue (100 tokens) + 32 uncached = 132 > p1's 0 + 160? No: 132 < 160, p2 still wins.
+    pools = Pools(decode=decode, prefill=(cand("p1"), cand("p2", queued_prefill_tokens=100)))
+    assert r.plan(req(), pools).prefill.instance_id == "p2"  # type: ignore[union-attr]
+    # A queue of 200 tokens on p2: 232 > 160, so the cold instance is cheaper.
+    pools = Pools(decode=decode, prefill=(cand("p1"), cand("p2", queued_prefill_tokens=200)))
+    assert r.plan(req(), pools).prefill.instance_id == "p1"  # type: ignore[union-attr]
+
+
+def test_kv_aware_local_pending_prefill_counts_as_queue() -> None:
+    r = Router(make_policy("kv_aware"))
+    pools = Pools(decode=(cand("d1", "decode"),), prefill=(cand("p1"), cand("p2")))
+    first = r.plan(req(), pools)
+    lease = r.begin(first, len(PROMPT))
+    second = r.plan(req(), pools)
+    assert second.prefill != first.prefill, "a prompt still prefilling on p1 is queued work there"
+    lease.first_token()
+    assert r.local(first.prefill.instance_id).pending_prefill_tokens == 0  # type: ignore[union-attr]
+    lease.release()
+
+
+def test_kv_aware_worker_prefers_prefix_when_idle_and_load_when_busy() -> None:
+    r = Router(make_policy("kv_aware"))
+    held(r, "w2", PROMPT, pages=10)
+    idle = Pools(worker=(cand("w1", "worker"), cand("w2", "worker"), cand("w3", "worker")))
+    plan = r.plan(req(), idle)
+    assert plan.mode == Mode.COLOCATED and plan.decode.instance_id == "w2" and plan.cached_tokens == len(PROMPT)
+    # w2 holds 900 pages of running requests' KV (14400 tokens): far more work than prefilling 160 tokens.
+    busy = Pools(worker=(cand("w1", "worker"), cand("w2", "worker", free_pages=100)))
+    assert r.plan(req(), busy).decode.instance_id == "w1"
+
+
+def test_kv_aware_ignores_an_unrelated_prefix() -> None:
+    r = Router(make_policy("kv_aware"))
+    other = tuple(range(5000, 5000 + 10 * P))
+    held(r, "p2", other, pages=10)
+    pools = Pools(decode=(cand("d1", "decode"),), prefill=(cand("p1"), cand("p2")))
+    picks = Counter(r.plan(req(), pools).prefill.instance_id for _ in range(6))  # type: ignore[union-attr]
+    assert picks == {"p1": 3, "p2": 3}
+
+
+def test_unknown_policy_is_rejected_with_the_choices() -> None:
+    with pytest.raises(ValueError, match="kv_aware, least_load, round_robin"):
+        make_policy("random")
