@@ -19,7 +19,7 @@ import threading
 import time
 from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
 import torch
 
@@ -31,11 +31,15 @@ from shared.engine.sampler import Sampler
 from shared.engine.sampler.detokenizer import DecodeFn
 from shared.engine.sampling_params import SamplingParams
 from shared.engine.scheduler import Scheduler
+from shared.engine.scheduler.handoff import Reservation
 from shared.engine.types import KVLayout, SchedulerOutput, StepStats
 
 if TYPE_CHECKING:
     from shared.config.groups import (CacheConfig, DeviceConfig, KernelConfig, ModelConfig, SchedulerConfig,
                                       TokenizerConfig)
+
+
+T = TypeVar("T")
 
 
 class Runner(Protocol):
@@ -210,9 +214,29 @@ class Engine:
 
     # ---- requests ----------------------------------------------------------------------------------------------
     def add_request(self, req_id: str, prompt_token_ids: Sequence[int], params: SamplingParams | None = None,
-                    priority: int = 0) -> None:
-        """Queue a request. InvalidRequest / QueueFull leave the engine serving the others."""
-        self.scheduler.add_request(req_id, prompt_token_ids, params, priority)
+                    priority: int = 0, *, hold_pages: bool = False) -> None:
+        """Queue a request. InvalidRequest / QueueFull leave the engine serving the others. hold_pages: keep its
+        pages when it finishes until release_held() (prefill role: the KV is sent after the first token)."""
+        self.scheduler.add_request(req_id, prompt_token_ids, params, priority, hold_pages=hold_pages)
+
+    # ---- KV hand-off (shared/engine/scheduler/handoff.py) ------------------------------------------------------
+    def reserve_remote(self, req_id: str, prompt_token_ids: Sequence[int], params: SamplingParams | None = None,
+                       priority: int = 0) -> Reservation:
+        """Decode role: pages for a prompt whose KV another instance computes."""
+        return self.scheduler.handoff.reserve_remote(req_id, list(prompt_token_ids), params, priority)
+
+    def activate_remote(self, req_id: str, first_token: int,
+                        logprob: TokenLogprobs | None = None) -> list[RequestOutput]:
+        return self.scheduler.handoff.activate_remote(req_id, first_token, logprob)
+
+    def cancel_remote(self, req_id: str, quarantine_s: float = 0.0) -> bool:
+        return self.scheduler.handoff.cancel_remote(req_id, quarantine_s)
+
+    def held_pages(self, req_id: str) -> tuple[int, ...]:
+        return self.scheduler.handoff.held_pages(req_id)
+
+    def release_held(self, req_id: str) -> bool:
+        return self.scheduler.handoff.release_held(req_id)
 
     def abort(self, req_id: str) -> bool:
         """Abort wherever the request is; its final delta (finish_reason "abort") comes out of the next step()."""
@@ -316,7 +340,7 @@ class AsyncEngine:
         self._thread.start()
 
     async def generate(self, req_id: str, prompt_token_ids: Sequence[int], params: SamplingParams | None = None,
-                       priority: int = 0) -> AsyncIterator[RequestOutput]:
+                       priority: int = 0, *, hold_pages: bool = False) -> AsyncIterator[RequestOutput]:
         """Deltas of one request until it finishes. Raises InvalidRequest / QueueFull before the first delta;
         cancelling the consumer (or leaving the loop early) aborts the request."""
         if self._stopping:
@@ -327,7 +351,7 @@ class AsyncEngine:
 
         def add() -> None:
             try:
-                self.engine.add_request(req_id, prompt_token_ids, params, priority)
+                self.engine.add_request(req_id, prompt_token_ids, params, priority, hold_pages=hold_pages)
             except BaseException as e:  # handed to the caller, the engine keeps serving
                 added.set_exception(e)
                 return
@@ -345,6 +369,49 @@ class AsyncEngine:
                     raise item
                 finished = item.finished
                 yield item
+        finally:
+            if not finished:
+                self.abort(req_id)
+
+    async def call(self, fn: Callable[[], T]) -> T:
+        """Run fn on the engine thread (between steps) and return its result; its exception is raised here."""
+        if self._stopping:
+            raise EngineError("the engine is shut down")
+        fut: concurrent.futures.Future[T] = concurrent.futures.Future()
+
+        def run() -> None:
+            try:
+                fut.set_result(fn())
+            except BaseException as e:  # handed to the caller, the engine keeps serving
+                fut.set_exception(e)
+
+        self._submit(run)
+        return await asyncio.wrap_future(fut)
+
+    async def stream(self, req_id: str, start: Callable[[], list[RequestOutput]]) -> AsyncIterator[RequestOutput]:
+        """Deltas of a request that `start` puts into the engine (e.g. activate_remote), run on the engine thread
+        together with the stream's registration, so no delta of a step in between is lost. Leaving early aborts."""
+        loop = asyncio.get_running_loop()
+        q: asyncio.Queue[RequestOutput | BaseException] = asyncio.Queue()
+
+        def begin() -> list[RequestOutput]:
+            first = start()
+            if not any(o.finished for o in first):
+                self._streams[req_id] = (loop, q)
+            return first
+
+        finished = False
+        try:
+            for item in await self.call(begin):
+                finished = item.finished
+                yield item
+            while not finished:
+                got = await q.get()
+                if isinstance(got, BaseException):
+                    finished = True
+                    raise got
+                finished = got.finished
+                yield got
         finally:
             if not finished:
                 self.abort(req_id)

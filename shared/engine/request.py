@@ -75,6 +75,8 @@ class Request:
     num_locked: int = 0
     num_cached_tokens: int = -1  # prefix-cache hit at first admission (-1: not admitted yet)
     num_preemptions: int = 0
+    # Prefill role: keep the pages after the request finishes, until release_held() (the KV is being sent).
+    hold_pages: bool = False
     finish_reason: FinishReason | None = None
     stop_reason: int | str | None = None
     # sampler and detokenizer state, created lazily by their owners

@@ -126,11 +126,10 @@ class EngineService(Service):
 
     def _queued_prefill_tokens(self) -> int:
         assert self.aengine is not None
-        sched = self.aengine.engine.scheduler
-        # A racy read of another thread's queue is fine for a load estimate; never let it break the report.
+        # A racy read of the engine thread's queue is fine for a load estimate; never let it break the report.
         try:
-            return sum(r.num_prompt_tokens for r in list(sched.waiting._live.values()))
-        except Exception:  # noqa: BLE001 - the queue changed under us; report 0 this time
+            return self.aengine.engine.scheduler.queued_prompt_tokens
+        except RuntimeError:  # the queue changed under us; report 0 this time
             return 0
 
     async def on_epoch(self, epoch: int) -> None:

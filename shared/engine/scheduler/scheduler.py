@@ -24,6 +24,7 @@ from shared.engine.request import FinishReason, Request, RequestOutput, RequestS
 from shared.engine.sampler.detokenizer import DecodeFn
 from shared.engine.sampler.stop import StopChecker
 from shared.engine.sampling_params import SamplingParams
+from shared.engine.scheduler.handoff import HandoffPages
 from shared.engine.scheduler.kv import KVManager
 from shared.engine.scheduler.policy import WaitingQueue, sort_key
 from shared.engine.types import ScheduledSeq, SchedulerOutput
@@ -79,6 +80,7 @@ class Scheduler:
         self.stop_checker = StopChecker(eos_token_ids=eos_token_ids, max_model_len=self.max_model_len,
                                         decode_fn=decode_fn)
         self.waiting = WaitingQueue(policy)
+        self.handoff = HandoffPages(self)
         self.running: list[Request] = []
         self.requests: dict[str, Request] = {}
         self.counters = SchedulerCounters()
@@ -89,8 +91,21 @@ class Scheduler:
 
     # ---- requests in and out -----------------------------------------------------------------------------------
     def add_request(self, req_id: str, prompt_token_ids: Sequence[int], params: SamplingParams | None = None,
+                    priority: int = 0, *, hold_pages: bool = False) -> Request:
+        """Queue a request. Raises InvalidRequest (never servable as sent) or QueueFull (retry later).
+        hold_pages: when it finishes, keep its pages (see HandoffPages.held_pages / release_held)."""
+        req = self.new_request(req_id, prompt_token_ids, params, priority)
+        if len(self.waiting) >= self.max_queued_requests:
+            raise QueueFull(f"{len(self.waiting)} requests are already waiting (max_queued_requests="
+                            f"{self.max_queued_requests}); retry later or on another instance")
+        req.hold_pages = hold_pages
+        self.requests[req_id] = req
+        self.waiting.push(req)
+        return req
+
+    def new_request(self, req_id: str, prompt_token_ids: Sequence[int], params: SamplingParams | None = None,
                     priority: int = 0) -> Request:
-        """Queue a request. Raises InvalidRequest (never servable as sent) or QueueFull (retry later)."""
+        """A validated Request that is not queued anywhere yet. Raises InvalidRequest."""
         params = (params or SamplingParams()).validate(vocab_size=self.vocab_size)
         if req_id in self.requests:
             raise InvalidRequest(f"request id {req_id!r} is already in use; ids must be unique", field="req_id")
@@ -108,18 +123,14 @@ class Scheduler:
         if params.stop and self.decode_fn is None:
             raise InvalidRequest("stop strings need a tokenizer, and this engine has none; use stop_token_ids",
                                  field="stop")
-        if len(self.waiting) >= self.max_queued_requests:
-            raise QueueFull(f"{len(self.waiting)} requests are already waiting (max_queued_requests="
-                            f"{self.max_queued_requests}); retry later or on another instance")
-        req = Request(req_id, tuple(int(t) for t in prompt_token_ids), params, priority=priority,
-                      arrival=next(self._arrival), page_size=self.page_size)
-        self.requests[req_id] = req
-        self.waiting.push(req)
-        return req
+        return Request(req_id, tuple(int(t) for t in prompt_token_ids), params, priority=priority,
+                       arrival=next(self._arrival), page_size=self.page_size)
 
     def abort(self, req_id: str) -> bool:
         """Stop a request wherever it is (waiting, running, mid-step); its final delta (finish_reason "abort")
         comes out of the next update_from_output / take_pending_outputs. False if the id is unknown."""
+        if self.handoff.cancel_remote(req_id, 0.0):
+            return True
         req = self.requests.pop(req_id, None)
         if req is None:
             return False
@@ -155,9 +166,19 @@ class Scheduler:
     def num_waiting(self) -> int:
         return len(self.waiting)
 
+    @property
+    def queued_prompt_tokens(self) -> int:
+        """Prompt tokens of waiting requests (the prefill routing cost of this instance)."""
+        return sum(r.num_prompt_tokens for r in self.waiting)
+
+    def emit_delta(self, req: Request, toks: tuple[int, ...], text: str, lps: tuple[TokenLogprobs, ...] | None,
+                   *, finished: bool) -> RequestOutput:
+        return self._delta(req, toks, text, lps, finished=finished)
+
     # ---- schedule ----------------------------------------------------------------------------------------------
     def schedule(self) -> SchedulerOutput:
         assert not self._inflight, "schedule() called twice without update_from_output()"
+        self.handoff.release_expired()
         plan = _Plan(budget=self.token_budget)
         order = sorted(self.running, key=self.key)
         decodes = [r for r in order if r.num_tokens - r.num_computed_tokens == 1]
@@ -305,7 +326,10 @@ class Scheduler:
 
     def _finish(self, req: Request, reason: FinishReason, stop: int | str | None) -> None:
         req.status, req.finish_reason, req.stop_reason = RequestStatus.FINISHED, reason, stop
-        self.kv.release(req)
+        if req.hold_pages:
+            self.handoff.hold(req)
+        else:
+            self.kv.release(req)
         self.running.remove(req)
         del self.requests[req.req_id]
         self._finished_ids.append(req.req_id)

@@ -1,0 +1,132 @@
+"""Decode's side of the KV hand-off: reserve pages, ticket a prefill instance, verify, then decode.
+
+Each attempt has its own epoch and its own pages. A failed attempt's pages go to quarantine for the hand-off
+timeout (a slow prefill could still be writing into them) before they are reused; the retry reserves new ones.
+The first attempt goes to the prefill the gateway chose; retries go to other ready prefill instances.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import AsyncIterator
+from typing import TYPE_CHECKING
+
+import grpc
+
+from proto.pdrelay.v1 import common_pb2, worker_pb2, worker_pb2_grpc
+from shared.cluster.grpc_errors import error_from_rpc
+from shared.engine.errors import InvalidRequest
+from shared.engine.request import RequestOutput
+from shared.engine.sampling_params import SamplingParams
+from shared.serving.convert import layout_to_pb, logprob_from_pb, sampling_to_pb
+from shared.serving.decode_servicer import HandoffFailed
+from shared.serving.handoff import EpochClock, accept_response
+
+if TYPE_CHECKING:
+    from services.decode.service import DecodeService
+
+log = logging.getLogger(__name__)
+
+
+class RemotePrefillClient:
+    def __init__(self, svc: DecodeService) -> None:
+        self.svc = svc
+        self.epochs = EpochClock()
+        self._channels: dict[str, grpc.aio.Channel] = {}
+        self.handoffs_ok = 0
+        self.handoffs_failed = 0
+        self.retries = 0
+
+    def wants(self, request: worker_pb2.DecodeRequest) -> bool:
+        threshold = self.svc.cfg.disagg.local_prefill_threshold
+        if threshold and len(request.prompt_token_ids) < threshold:
+            return False  # short prompt: computing it here costs less than a hand-off
+        return bool(request.prefill.grpc_address) or bool(self._alternates(""))
+
+    def _alternates(self, exclude: str) -> list[tuple[str, str]]:
+        members = self.svc.prefills
+        if members is None:
+            return []
+        return [(m.instance_id, m.grpc_address) for m in members.ready("prefill") if m.instance_id != exclude]
+
+    def _stub(self, address: str) -> worker_pb2_grpc.PrefillStub:
+        ch = self._channels.get(address)
+        if ch is None:
+            ch = self._channels[address] = grpc.aio.insecure_channel(address)
+        return worker_pb2_grpc.PrefillStub(ch)
+
+    async def close(self) -> None:
+        for ch in self._channels.values():
+            await ch.close()
+
+    async def run(self, request: worker_pb2.DecodeRequest, rid: str, params: SamplingParams,
+                  timings: worker_pb2.DecodeTimings) -> AsyncIterator[RequestOutput]:
+        svc = self.svc
+        aengine, transfer = svc.aengine, svc.transfer
+        assert aengine is not None and transfer is not None
+        engine = aengine.engine
+        prompt = list(request.prompt_token_ids)
+        targets: list[tuple[str, str]] = []
+        if request.prefill.grpc_address:
+            targets.append((request.prefill.instance_id, request.prefill.grpc_address))
+        targets += [t for t in self._alternates(request.prefill.instance_id) if t not in targets]
+        targets = targets[: 1 + svc.cfg.disagg.handoff_retries]
+        timeout_s = svc.cfg.disagg.handoff_timeout_s
+        t0 = time.monotonic()
+        last_error = "no prefill instance is ready"
+        last_code = common_pb2.ERROR_CODE_UNAVAILABLE
+        for attempt, (target_id, address) in enumerate(targets):
+            if attempt:
+                self.retries += 1
+            res = await aengine.call(lambda: engine.reserve_remote(rid, prompt, params, request.priority))
+            epoch = self.epochs.next(svc.epoch)
+            ticket = worker_pb2.HandoffTicket(
+                request_id=request.request_id, epoch=epoch, decode_instance_id=svc.instance_id,
+                decode_instance_epoch=svc.epoch, decode_peer=transfer.peer_pb(),
+                pages=transfer.descriptors(res.page_ids[res.skip_tokens // engine.page_size:]),
+                layout=layout_to_pb(engine.runner.layout), prompt_token_ids=prompt,
+                skip_tokens=res.skip_tokens, sampling=sampling_to_pb(params), trace=request.trace,
+                deadline_s=timeout_s, attempt=request.attempt)
+            transfer.begin_receive()
+            activated = False
+            try:
+                resp = await self._stub(address).Prefill(ticket, timeout=timeout_s)
+                why = accept_response(resp, request.request_id, epoch)
+                if why is not None:
+                    raise HandoffFailed(why, common_pb2.ERROR_CODE_STALE_EPOCH)
+                written = list(res.page_ids[res.skip_tokens // engine.page_size:])
+                mine = await asyncio.to_thread(transfer.checksum, written)
+                if mine != resp.checksum:
+                    raise HandoffFailed(f"checksum of the {len(written)} pages received from {target_id} is "
+                                        f"{mine:#x}, prefill wrote {resp.checksum:#x}",
+                                        common_pb2.ERROR_CODE_CHECKSUM_MISMATCH)
+                lp = logprob_from_pb(resp.first_logprob) if resp.HasField("first_logprob") else None
+                activated = True
+            except grpc.aio.AioRpcError as e:
+                err = error_from_rpc(e)
+                last_code = err.code if err is not None else common_pb2.ERROR_CODE_UNAVAILABLE
+                last_error = f"prefill {target_id} at {address}: {err.message if err else e.details()}"
+                if last_code == common_pb2.ERROR_CODE_INVALID_ARGUMENT:
+                    await aengine.call(lambda: engine.cancel_remote(rid, 0.0))
+                    raise InvalidRequest(last_error) from None
+            except HandoffFailed as e:
+                last_code, last_error = e.code, f"prefill {target_id}: {e}"
+            finally:
+                transfer.end_receive()
+                if not activated:
+                    # The prefill may still be writing (timeout, cancellation): quarantine, do not reuse yet.
+                    await asyncio.shield(aengine.call(lambda: engine.cancel_remote(rid, timeout_s)))
+            if activated:
+                self.handoffs_ok += 1
+                timings.prefill_s = time.monotonic() - t0
+                timings.transfer_s = resp.timings.transfer_s
+                first_token = resp.first_token_id
+                async for out in aengine.stream(rid, lambda: engine.activate_remote(rid, first_token, lp)):
+                    yield out
+                return
+            self.handoffs_failed += 1
+            log.warning("%s: hand-off of %s failed (attempt %d): %s", svc.instance_id, rid, attempt + 1, last_error)
+        raise HandoffFailed(f"prompt KV of {request.request_id} not obtained after {len(targets)} attempt(s): "
+                            f"{last_error}", last_code)

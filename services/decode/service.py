@@ -1,0 +1,53 @@
+"""The decode service: admits requests, gets their prompt KV from prefill instances (or computes short prompts
+itself), and streams tokens from its continuous batch."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Sequence
+from typing import Any
+
+import grpc
+
+from proto.pdrelay.v1 import worker_pb2_grpc
+from services.decode.remote_prefill import RemotePrefillClient
+from shared.cluster.membership import Membership
+from shared.serving.decode_servicer import DecodeServicer
+from shared.serving.engine_service import EngineService
+from shared.serving.kv_transfer import KVTransfer
+
+
+class DecodeService(EngineService):
+    role = "decode"
+
+    def __init__(self, *args: Any, **kw: Any) -> None:
+        super().__init__(*args, **kw)
+        self.transfer: KVTransfer | None = None
+        self.prefills: Membership | None = None
+        self.remote = RemotePrefillClient(self)
+
+    def add_servicers(self, server: grpc.aio.Server) -> Sequence[str]:
+        worker_pb2_grpc.add_DecodeServicer_to_server(DecodeServicer(self, self.remote), server)
+        return ("pdrelay.v1.Decode",)
+
+    async def after_engine(self) -> None:
+        assert self.engine is not None and self.etcd is not None
+        t = self.cfg.transfer
+        self.transfer = await asyncio.to_thread(KVTransfer, t.transfer_backend, self.instance_id, t.transfer_host,
+                                                self.engine.runner.kv)
+        self.transfer.start_progress()
+        self.prefills = Membership(self.etcd, self.cluster, "prefill")
+        await self.prefills.start()
+
+    def describe(self) -> dict[str, Any]:
+        d = super().describe()
+        d["transfer_backend"] = self.cfg.transfer.transfer_backend
+        return d
+
+    async def on_stop(self) -> None:
+        await super().on_stop()
+        await self.remote.close()
+        if self.prefills is not None:
+            await self.prefills.close()
+        if self.transfer is not None:
+            await self.transfer.close()

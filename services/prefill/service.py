@@ -1,0 +1,194 @@
+"""The prefill service: computes prompt KV (reusing its prefix cache) and writes it straight into decode's pages.
+
+Prefill(ticket) is one hand-off: check the layout and the epoch (fencing), run the prompt through the engine with
+its pages held after the first token, write those pages into the pages the ticket names, checksum them, release
+them, answer. If decode disappears meanwhile (the RPC is cancelled), the engine request is aborted and its pages
+are released; nothing stays held.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import logging
+import time
+from collections.abc import Sequence
+
+import grpc
+
+from proto.pdrelay.v1 import common_pb2, worker_pb2, worker_pb2_grpc
+from shared.cluster.grpc_errors import abort
+from shared.engine.errors import EngineError, InvalidRequest, QueueFull
+from shared.serving.convert import BACKEND_FROM_PB, layout_from_pb, logprob_to_pb, sampling_from_pb
+from shared.serving.engine_service import EngineService
+from shared.serving.handoff import FencingLedger, descs_from_pb, pages_needed
+from shared.serving.kv_transfer import KVTransfer
+from shared.transfer.errors import TransferError
+
+log = logging.getLogger(__name__)
+
+
+class PrefillService(EngineService):
+    role = "prefill"
+
+    def __init__(self, *args, **kw) -> None:  # type: ignore[no-untyped-def]
+        super().__init__(*args, **kw)
+        self.transfer: KVTransfer | None = None
+        self.ledger = FencingLedger()
+        self.pages_written = 0
+        self.bytes_written = 0
+
+    def add_servicers(self, server: grpc.aio.Server) -> Sequence[str]:
+        worker_pb2_grpc.add_PrefillServicer_to_server(PrefillServicer(self), server)
+        return ("pdrelay.v1.Prefill",)
+
+    async def after_engine(self) -> None:
+        assert self.engine is not None
+        t = self.cfg.transfer
+        self.transfer = await asyncio.to_thread(KVTransfer, t.transfer_backend, self.instance_id, t.transfer_host,
+                                                self.engine.runner.kv)
+
+    def describe(self) -> dict:  # type: ignore[type-arg]
+        d = super().describe()
+        d["transfer_backend"] = self.cfg.transfer.transfer_backend
+        return d
+
+    async def on_stop(self) -> None:
+        await super().on_stop()
+        if self.transfer is not None:
+            await self.transfer.close()
+
+
+class PrefillServicer(worker_pb2_grpc.PrefillServicer):
+    def __init__(self, svc: PrefillService) -> None:
+        self.svc = svc
+
+    async def Prefill(self, ticket: worker_pb2.HandoffTicket,
+                      context: grpc.aio.ServicerContext) -> worker_pb2.PrefillResponse:
+        svc = self.svc
+        me = svc.instance_id
+
+        async def fail(code: int, msg: str) -> None:
+            await abort(context, code, msg, instance_id=me)
+
+        aengine, transfer = svc.aengine, svc.transfer
+        if aengine is None or transfer is None:
+            await fail(common_pb2.ERROR_CODE_UNAVAILABLE, f"{me} is still warming up; retry")
+        assert aengine is not None and transfer is not None
+        engine = aengine.engine
+        t_start = time.monotonic()
+        # ---- validate the ticket (malformed -> INVALID_ARGUMENT, incompatible -> LAYOUT_MISMATCH) ----------
+        if not ticket.request_id or not ticket.prompt_token_ids:
+            await fail(common_pb2.ERROR_CODE_INVALID_ARGUMENT, "ticket needs a request_id and prompt tokens")
+        want_backend = BACKEND_FROM_PB.get(ticket.decode_peer.backend)
+        if want_backend != transfer.backend:
+            await fail(common_pb2.ERROR_CODE_LAYOUT_MISMATCH,
+                       f"decode uses transfer backend {want_backend or 'unspecified'!r} but {me} uses "
+                       f"{transfer.backend!r}; run both with the same --transfer-backend")
+        try:
+            layout = layout_from_pb(ticket.layout)
+        except ValueError as e:
+            await fail(common_pb2.ERROR_CODE_INVALID_ARGUMENT, f"malformed ticket: {e}")
+        mine = engine.runner.layout
+        if not mine.compatible_with(layout):
+            await fail(common_pb2.ERROR_CODE_LAYOUT_MISMATCH,
+                       f"decode's KV layout {layout} differs from {me}'s {mine}; run both with the same model, "
+                       "--dtype/--kv-cache-dtype and --page-size")
+        P = layout.page_size
+        prompt = list(ticket.prompt_token_ids)
+        if ticket.skip_tokens % P or ticket.skip_tokens >= len(prompt):
+            await fail(common_pb2.ERROR_CODE_INVALID_ARGUMENT,
+                       f"skip_tokens {ticket.skip_tokens} must be a multiple of the page size {P} and shorter "
+                       f"than the prompt ({len(prompt)} tokens)")
+        skip_pages = ticket.skip_tokens // P
+        n_pages = pages_needed(len(prompt), P)
+        try:
+            dst = descs_from_pb(ticket.pages, layout)
+        except ValueError as e:
+            await fail(common_pb2.ERROR_CODE_INVALID_ARGUMENT, f"malformed ticket: {e}")
+        if len(dst) != n_pages - skip_pages:
+            await fail(common_pb2.ERROR_CODE_INVALID_ARGUMENT,
+                       f"ticket names {len(dst)} pages but a {len(prompt)}-token prompt needs "
+                       f"{n_pages - skip_pages} after skipping {skip_pages}")
+        try:
+            params = sampling_from_pb(ticket.sampling).validate(vocab_size=engine.runner.vocab_size)
+        except InvalidRequest as e:
+            await fail(common_pb2.ERROR_CODE_INVALID_ARGUMENT, str(e))
+        # ---- fencing -------------------------------------------------------------------------------------------
+        state, cached = svc.ledger.check(ticket.request_id, ticket.epoch)
+        if state == "stale":
+            await fail(common_pb2.ERROR_CODE_STALE_EPOCH,
+                       f"ticket epoch {ticket.epoch} of {ticket.request_id} is older than one already seen; refused")
+        if state == "busy":
+            await fail(common_pb2.ERROR_CODE_OVERLOADED,
+                       f"hand-off {ticket.request_id} epoch {ticket.epoch} is already running here; retry later")
+        if state == "replay":
+            assert cached is not None
+            return cached
+        svc.ledger.begin(ticket.request_id, ticket.epoch)
+        response: worker_pb2.PrefillResponse | None = None
+        try:
+            response = await self._run(ticket, prompt, params, dst, skip_pages, n_pages, t_start, context)
+            return response
+        finally:
+            svc.ledger.finish(ticket.request_id, ticket.epoch, response)
+
+    async def _run(self, ticket: worker_pb2.HandoffTicket, prompt: list[int], params, dst, skip_pages: int,  # type: ignore[no-untyped-def]
+                   n_pages: int, t_start: float, context: grpc.aio.ServicerContext) -> worker_pb2.PrefillResponse:
+        svc = self.svc
+        me = svc.instance_id
+        aengine, transfer = svc.aengine, svc.transfer
+        assert aengine is not None and transfer is not None
+        engine = aengine.engine
+        deadline = t_start + (ticket.deadline_s or svc.cfg.disagg.handoff_timeout_s)
+        # One token only, sampled with the request's own parameters; stop strings are decode's business.
+        first_params = dataclasses.replace(params, max_tokens=1, min_tokens=min(params.min_tokens, 1), stop=())
+        rid = svc.ids.open(ticket.request_id, int(ticket.epoch))
+        held = False
+        try:
+            try:
+                first = None
+                async for out in aengine.generate(rid, prompt, first_params, hold_pages=True):
+                    first = out
+                held = True
+            except InvalidRequest as e:
+                await abort(context, common_pb2.ERROR_CODE_INVALID_ARGUMENT, str(e), instance_id=me)
+            except QueueFull as e:
+                await abort(context, common_pb2.ERROR_CODE_OVERLOADED, str(e), instance_id=me)
+            except EngineError as e:
+                await abort(context, common_pb2.ERROR_CODE_INTERNAL, str(e), instance_id=me)
+            assert first is not None and first.new_token_ids
+            if first.finish_reason == "abort":
+                await abort(context, common_pb2.ERROR_CODE_CANCELLED, f"prefill of {rid} was aborted", instance_id=me)
+            t_computed = time.monotonic()
+            pages = await aengine.call(lambda: engine.held_pages(rid))
+            src_pages = list(pages[skip_pages:n_pages])
+            if time.monotonic() >= deadline:
+                await abort(context, common_pb2.ERROR_CODE_TIMEOUT,
+                            f"prefill of {ticket.request_id} finished after its hand-off deadline; not writing",
+                            instance_id=me)
+            try:
+                peer = await asyncio.to_thread(transfer.connect, ticket.decode_peer)
+                handle = transfer.write_pages(peer, src_pages, dst, f"{ticket.request_id}:{ticket.epoch}".encode())
+                await transfer.wait(handle, max(0.05, deadline - time.monotonic()))
+            except TransferError as e:
+                await abort(context, common_pb2.ERROR_CODE_TRANSFER_FAILED, f"KV write to decode failed: {e}",
+                            instance_id=me)
+            t_sent = time.monotonic()
+            checksum = await asyncio.to_thread(transfer.checksum, src_pages)
+        finally:
+            if held:
+                await aengine.call(lambda: engine.release_held(rid))
+            svc.ids.close(ticket.request_id, rid)
+        svc.pages_written += len(src_pages)
+        svc.bytes_written += handle.nbytes
+        resp = worker_pb2.PrefillResponse(
+            request_id=ticket.request_id, epoch=ticket.epoch, first_token_id=first.new_token_ids[0],
+            checksum_algorithm=worker_pb2.CHECKSUM_ALGORITHM_CRC32, checksum=checksum,
+            pages_written=len(src_pages), bytes_written=handle.nbytes, cached_tokens=first.num_cached_tokens,
+            computed_tokens=len(prompt) - first.num_cached_tokens, prefill_instance_id=me,
+            timings=worker_pb2.PrefillTimings(compute_s=t_computed - t_start, transfer_s=t_sent - t_computed,
+                                              total_s=time.monotonic() - t_start))
+        if first.new_logprobs:
+            resp.first_logprob.CopyFrom(logprob_to_pb(first.new_logprobs[0]))
+        return resp

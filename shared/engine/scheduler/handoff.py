@@ -1,0 +1,137 @@
+"""Pages of requests whose KV crosses processes: the two ends of a prefill -> decode hand-off.
+
+Decode side ("remote" requests): `reserve_remote` admits a request without computing it: it matches the prefix
+cache, takes pages for the rest of the prompt and parks the request outside the waiting queue and the running
+batch; the prefill instance writes the prompt KV into those pages; `activate_remote` then marks the prompt as
+computed, appends the first token (sampled by prefill) and moves the request into the running batch.
+`cancel_remote` undoes a reservation; with a quarantine time the written-to pages stay allocated that long,
+because an abandoned prefill may still be writing into them.
+
+Prefill side ("held" requests): a request added with hold_pages=True keeps its pages when it finishes, so they
+can be sent; `release_held` gives them back (full prompt pages stay in the prefix cache).
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from shared.engine.errors import InvalidRequest, QueueFull, UnknownRequest
+from shared.engine.request import Request, RequestOutput, RequestStatus, TokenLogprobs
+from shared.engine.sampling_params import SamplingParams
+
+if TYPE_CHECKING:
+    from shared.engine.scheduler.scheduler import Scheduler
+
+
+@dataclass(frozen=True)
+class Reservation:
+    """Pages a remote request's prompt KV goes into. The first skip_tokens positions (whole pages, from decode's
+    own prefix cache) are already there; the writer fills page_ids[skip_tokens // page_size:]."""
+
+    req_id: str
+    page_ids: tuple[int, ...]
+    skip_tokens: int
+
+
+class HandoffPages:
+    def __init__(self, sched: Scheduler) -> None:
+        self.s = sched
+        self.remote: dict[str, Request] = {}
+        self.held: dict[str, Request] = {}
+        self._quarantine: list[tuple[float, list[int]]] = []  # (release time, page ids), oldest first
+
+    # ---- decode side ---------------------------------------------------------------------------------------------
+    def reserve_remote(self, req_id: str, prompt_token_ids: tuple[int, ...] | list[int],
+                       params: SamplingParams | None = None, priority: int = 0) -> Reservation:
+        s = self.s
+        if req_id in s.requests or req_id in self.remote:
+            raise InvalidRequest(f"request id {req_id!r} is already in use; ids must be unique", field="req_id")
+        req = s.new_request(req_id, prompt_token_ids, params, priority)
+        if len(s.running) + len(self.remote) >= s.max_running_requests:
+            raise QueueFull(f"{len(s.running)} running and {len(self.remote)} arriving requests reach "
+                            f"max_running_requests={s.max_running_requests}; retry on another instance")
+        self.release_expired()
+        cached = s.kv.match_prefix(req)
+        if not s.kv.allocate(req, req.num_tokens - cached):
+            s.kv.release(req)
+            raise QueueFull(f"not enough free KV pages for a {req.num_tokens}-token prompt "
+                            f"({s.kv.available_pages} available); retry on another instance")
+        req.num_cached_tokens = cached
+        s.counters.num_prompt_tokens += req.num_prompt_tokens
+        s.counters.num_cached_prompt_tokens += cached
+        self.remote[req_id] = req
+        return Reservation(req_id, tuple(req.page_ids), cached)
+
+    def activate_remote(self, req_id: str, first_token: int,
+                        logprob: TokenLogprobs | None = None) -> list[RequestOutput]:
+        """The prompt KV arrived: the request joins the running batch with its first token (its delta returned)."""
+        s = self.s
+        req = self.remote.pop(req_id, None)
+        if req is None:
+            raise UnknownRequest(f"no reserved hand-off for request {req_id!r} (cancelled or never reserved)")
+        req.num_computed_tokens = req.num_tokens
+        s.kv.commit(req)  # the received full pages now serve later prefix hits here too
+        req.status = RequestStatus.RUNNING
+        s.requests[req_id] = req
+        s.running.append(req)
+        req.append_output(int(first_token))
+        s.counters.num_generated_tokens += 1
+        res = s.stop_checker.check(req)
+        if res.finish_reason is not None:
+            s._finish(req, res.finish_reason, res.stop_reason)
+        return [s.emit_delta(req, (int(first_token),), res.new_text, None if logprob is None else (logprob,),
+                             finished=res.finish_reason is not None)]
+
+    def cancel_remote(self, req_id: str, quarantine_s: float) -> bool:
+        """Drop a reservation. Prefix-cache pages (only read by the writer) are unlocked at once; the pages the
+        writer was filling are freed after quarantine_s. False if there is no such reservation."""
+        req = self.remote.pop(req_id, None)
+        if req is None:
+            return False
+        s = self.s
+        own = req.page_ids[req.num_locked:]
+        if req.num_locked:
+            s.kv.cache.unlock(req.block_hashes[: req.num_locked])
+            s.kv.allocator.decref(req.page_ids[: req.num_locked])
+        if own:
+            if quarantine_s > 0:
+                self._quarantine.append((time.monotonic() + quarantine_s, list(own)))
+            else:
+                s.kv.allocator.decref(own)
+        req.page_ids, req.num_locked, req.num_computed_tokens = [], 0, 0
+        req.status, req.finish_reason = RequestStatus.FINISHED, "abort"
+        return True
+
+    def release_expired(self, now: float | None = None) -> int:
+        """Free quarantined pages whose time is up; returns how many pages were freed."""
+        now = time.monotonic() if now is None else now
+        freed = 0
+        while self._quarantine and self._quarantine[0][0] <= now:
+            _, pages = self._quarantine.pop(0)
+            self.s.kv.allocator.decref(pages)
+            freed += len(pages)
+        return freed
+
+    @property
+    def num_quarantined_pages(self) -> int:
+        return sum(len(p) for _, p in self._quarantine)
+
+    # ---- prefill side --------------------------------------------------------------------------------------------
+    def hold(self, req: Request) -> None:
+        """Called instead of releasing when a hold_pages request finishes."""
+        self.held[req.req_id] = req
+
+    def held_pages(self, req_id: str) -> tuple[int, ...]:
+        req = self.held.get(req_id)
+        if req is None:
+            raise UnknownRequest(f"request {req_id!r} holds no pages (not finished, aborted, or released)")
+        return tuple(req.page_ids)
+
+    def release_held(self, req_id: str) -> bool:
+        req = self.held.pop(req_id, None)
+        if req is None:
+            return False
+        self.s.kv.release(req)
+        return True

@@ -1,0 +1,114 @@
+"""The KV hand-off protocol pieces both sides share: tickets, page descriptors, epochs and fencing.
+
+A hand-off is a small transaction owned by decode: decode reserves pages and sends a ticket with a fresh epoch;
+prefill writes the prompt KV into exactly those pages and answers with the first token and a checksum of what it
+wrote; decode accepts the answer only for the epoch it is waiting for and only if its own checksum of the pages
+agrees. A retry (another prefill instance, or the same one) gets a new epoch and new pages, so a late write of an
+abandoned attempt can only land in quarantined pages, never in pages a request reads.
+"""
+
+from __future__ import annotations
+
+import itertools
+import time
+from collections import OrderedDict
+from dataclasses import dataclass
+
+from proto.pdrelay.v1 import common_pb2, worker_pb2
+from shared.engine.types import KVLayout
+from shared.transfer.descs import PageDesc
+
+# Remember this many request ids per prefill instance for fencing and idempotent replies.
+_LEDGER_SIZE = 8192
+
+
+class EpochClock:
+    """Hand-off epochs of one decode instance: strictly increasing, also across its restarts, because the high
+    bits are the instance's registration epoch (which etcd increases on every registration)."""
+
+    def __init__(self) -> None:
+        self._counter = itertools.count(1)
+
+    def next(self, registration_epoch: int) -> int:
+        return (registration_epoch << 32) | (next(self._counter) & 0xFFFFFFFF)
+
+
+def paged_descriptors(base_address: int, page_bytes: int, page_ids: list[int] | tuple[int, ...],
+                      device_id: int = 0, on_gpu: bool = False) -> common_pb2.PageDescriptors:
+    return common_pb2.PageDescriptors(
+        memory_kind=common_pb2.MEMORY_KIND_VRAM if on_gpu else common_pb2.MEMORY_KIND_DRAM, device_id=device_id,
+        paged=common_pb2.PagedRegion(base_address=base_address, page_bytes=page_bytes, page_ids=list(page_ids)))
+
+
+def descs_from_pb(pages: common_pb2.PageDescriptors, layout: KVLayout) -> list[PageDesc]:
+    """Destination descriptors of a ticket. Raises ValueError when they do not describe whole pages."""
+    which = pages.WhichOneof("layout")
+    if which == "paged":
+        p = pages.paged
+        if p.page_bytes != layout.page_bytes:
+            raise ValueError(f"ticket pages are {p.page_bytes} bytes but the layout says {layout.page_bytes}")
+        return [PageDesc(p.base_address + pid * p.page_bytes, p.page_bytes) for pid in p.page_ids]
+    if which == "regions":
+        r = pages.regions
+        if len(r.addresses) != len(r.lengths):
+            raise ValueError(f"ticket regions list {len(r.addresses)} addresses but {len(r.lengths)} lengths")
+        return [PageDesc(a, n) for a, n in zip(r.addresses, r.lengths, strict=True)]
+    raise ValueError("ticket has no destination pages (neither paged nor regions)")
+
+
+def pages_needed(num_prompt_tokens: int, page_size: int) -> int:
+    return -(-num_prompt_tokens // page_size)
+
+
+@dataclass
+class _Entry:
+    epoch: int
+    response: worker_pb2.PrefillResponse | None = None
+    at: float = 0.0
+
+
+class FencingLedger:
+    """Prefill side: the newest epoch seen per request id, and the answer given for it.
+
+    A ticket older than the newest epoch seen is stale (its decode already moved on): refused. The same epoch
+    again (a network-level retry) gets the same answer without recomputing or rewriting anything."""
+
+    def __init__(self, size: int = _LEDGER_SIZE) -> None:
+        self._size = size
+        self._entries: OrderedDict[str, _Entry] = OrderedDict()
+
+    def check(self, request_id: str, epoch: int) -> tuple[str, worker_pb2.PrefillResponse | None]:
+        """("new", None) | ("replay", response) | ("stale", None) | ("busy", None) (same epoch still running)."""
+        e = self._entries.get(request_id)
+        if e is None or epoch > e.epoch:
+            return "new", None
+        if epoch < e.epoch:
+            return "stale", None
+        return ("replay", e.response) if e.response is not None else ("busy", None)
+
+    def begin(self, request_id: str, epoch: int) -> None:
+        self._entries[request_id] = _Entry(epoch, None, time.monotonic())
+        self._entries.move_to_end(request_id)
+        while len(self._entries) > self._size:
+            self._entries.popitem(last=False)
+
+    def is_current(self, request_id: str, epoch: int) -> bool:
+        e = self._entries.get(request_id)
+        return e is not None and e.epoch == epoch
+
+    def finish(self, request_id: str, epoch: int, response: worker_pb2.PrefillResponse | None) -> None:
+        e = self._entries.get(request_id)
+        if e is not None and e.epoch == epoch:
+            if response is None:
+                del self._entries[request_id]  # failed: a retry with the same epoch may run again
+            else:
+                e.response = response
+
+
+def accept_response(resp: worker_pb2.PrefillResponse, request_id: str, epoch: int) -> str | None:
+    """Decode side: why an answer must be refused (None: it belongs to the hand-off we are waiting for)."""
+    if resp.request_id != request_id:
+        return f"answer is for request {resp.request_id!r}, not {request_id!r}"
+    if resp.epoch != epoch:
+        return f"answer has epoch {resp.epoch} but hand-off epoch {epoch} is current (stale answer refused)"
+    return None

@@ -1,0 +1,99 @@
+"""A service's transfer engine over its KV pool: created after the engine, the pool registered once, progress
+driven from the event loop (no backend progress thread: NIXL's busy-spins a core).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Sequence
+
+from proto.pdrelay.v1 import common_pb2
+from shared.engine.kv_pool import KVPool
+from shared.serving.convert import BACKEND_TO_PB
+from shared.serving.handoff import paged_descriptors
+from shared.transfer import create_engine
+from shared.transfer.base import TransferEngine, TransferHandle
+from shared.transfer.checksum import checksum_pages
+from shared.transfer.descs import PageDesc, RegionHandle
+from shared.transfer.errors import TransferError, TransferTimeout
+
+log = logging.getLogger(__name__)
+
+
+class KVTransfer:
+    def __init__(self, backend: str, name: str, host: str, pool: KVPool) -> None:
+        self.backend = backend
+        self.pool = pool
+        self.engine: TransferEngine = create_engine(backend, name=name, host=host)
+        self.region: RegionHandle = self.engine.register(pool.buffer)
+        self.page_bytes = pool.bytes_per_page
+        self._endpoint = self.engine.endpoint()
+        self._active = 0  # hand-offs in flight: progress fast while any is, slowly otherwise
+        self._task: asyncio.Task[None] | None = None
+
+    # ---- receiving side (decode) -------------------------------------------------------------------------------
+    def peer_pb(self) -> common_pb2.TransferPeer:
+        """How a writer reaches us: the backend's opaque endpoint (agent metadata + registered regions)."""
+        return common_pb2.TransferPeer(backend=BACKEND_TO_PB[self.backend], agent_name=self.engine.name,
+                                       agent_metadata=self._endpoint)
+
+    def descriptors(self, page_ids: Sequence[int]) -> common_pb2.PageDescriptors:
+        on_gpu = self.pool.buffer.device.type == "cuda"
+        return paged_descriptors(self.region.addr, self.page_bytes, list(page_ids),
+                                 device_id=self.pool.buffer.device.index or 0, on_gpu=on_gpu)
+
+    def begin_receive(self) -> None:
+        self._active += 1
+
+    def end_receive(self) -> None:
+        self._active = max(0, self._active - 1)
+
+    def start_progress(self) -> None:
+        self._task = asyncio.ensure_future(self._progress_loop())
+
+    async def _progress_loop(self) -> None:
+        # The receiver must keep its backend progressing (NIXL/UCX) or a peer's first write never connects.
+        while True:
+            try:
+                self.engine.notifications()  # drains completion notices and progresses the backend
+            except TransferError as e:
+                log.warning("transfer progress: %s", e)
+            await asyncio.sleep(0.0005 if self._active else 0.02)
+
+    # ---- writing side (prefill) --------------------------------------------------------------------------------
+    def connect(self, peer: common_pb2.TransferPeer) -> str:
+        return self.engine.connect(peer.agent_metadata)
+
+    def write_pages(self, peer: str, src_pages: Sequence[int], dst: list[PageDesc], notify: bytes) -> TransferHandle:
+        src = self.engine.describe_pages(self.region, src_pages, self.page_bytes)
+        return self.engine.write(peer, src, dst, notify)
+
+    async def wait(self, handle: TransferHandle, timeout_s: float) -> None:
+        """Poll from the event loop (other RPCs keep being served); raises TransferError / TransferTimeout."""
+        deadline = time.monotonic() + timeout_s
+        delay = 0.0
+        while True:
+            status = self.engine.poll(handle)
+            if status == "done":
+                return
+            if status == "error":
+                raise TransferError(f"KV write of {handle.nbytes} bytes to {handle.peer!r} failed")
+            if time.monotonic() >= deadline:
+                raise TransferTimeout(f"KV write of {handle.nbytes} bytes to {handle.peer!r} not done after "
+                                      f"{timeout_s:.1f} s (--handoff-timeout-s)")
+            await asyncio.sleep(delay)
+            delay = min(0.001, delay + 0.0001)
+
+    # ---- both ----------------------------------------------------------------------------------------------------
+    def checksum(self, page_ids: Sequence[int]) -> int:
+        return checksum_pages(self.pool.buffer, page_ids)
+
+    async def close(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+        try:
+            self.engine.close()
+        except TransferError as e:
+            log.warning("closing the transfer engine: %s", e)
