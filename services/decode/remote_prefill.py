@@ -123,8 +123,12 @@ class RemotePrefillClient:
                 timings.prefill_s = time.monotonic() - t0
                 timings.transfer_s = resp.timings.transfer_s
                 first_token = resp.first_token_id
+                n = 0
                 async for out in aengine.stream(rid, lambda: engine.activate_remote(rid, first_token, lp)):
                     yield out
+                    n += 1
+                    if n == 2:
+                        svc.faults.crash_if("decode_crash_mid_stream")
                 return
             self.handoffs_failed += 1
             log.warning("%s: hand-off of %s failed (attempt %d): %s", svc.instance_id, rid, attempt + 1, last_error)

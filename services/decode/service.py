@@ -14,6 +14,7 @@ from services.decode.remote_prefill import RemotePrefillClient
 from shared.cluster.membership import Membership
 from shared.serving.decode_servicer import DecodeServicer
 from shared.serving.engine_service import EngineService
+from shared.serving.faults import Faults
 from shared.serving.kv_transfer import KVTransfer
 
 
@@ -25,6 +26,7 @@ class DecodeService(EngineService):
         self.transfer: KVTransfer | None = None
         self.prefills: Membership | None = None
         self.remote = RemotePrefillClient(self)
+        self.faults = Faults(self.cfg.disagg.fault_injection, self.instance_id)
 
     def add_servicers(self, server: grpc.aio.Server) -> Sequence[str]:
         worker_pb2_grpc.add_DecodeServicer_to_server(DecodeServicer(self, self.remote), server)

@@ -21,6 +21,7 @@ from shared.cluster.grpc_errors import abort
 from shared.engine.errors import EngineError, InvalidRequest, QueueFull
 from shared.serving.convert import BACKEND_FROM_PB, layout_from_pb, logprob_to_pb, sampling_from_pb
 from shared.serving.engine_service import EngineService
+from shared.serving.faults import Faults
 from shared.serving.handoff import FencingLedger, descs_from_pb, pages_needed
 from shared.serving.kv_transfer import KVTransfer
 from shared.transfer.errors import TransferError
@@ -35,6 +36,7 @@ class PrefillService(EngineService):
         super().__init__(*args, **kw)
         self.transfer: KVTransfer | None = None
         self.ledger = FencingLedger()
+        self.faults = Faults(self.cfg.disagg.fault_injection, self.instance_id)
         self.pages_written = 0
         self.bytes_written = 0
 
@@ -167,15 +169,20 @@ class PrefillServicer(worker_pb2_grpc.PrefillServicer):
                 await abort(context, common_pb2.ERROR_CODE_TIMEOUT,
                             f"prefill of {ticket.request_id} finished after its hand-off deadline; not writing",
                             instance_id=me)
+            svc.faults.crash_if("prefill_crash_before_write")
+            await svc.faults.hang_if("prefill_hang", deadline - time.monotonic() + 1.0)
             try:
                 peer = await asyncio.to_thread(transfer.connect, ticket.decode_peer)
                 handle = transfer.write_pages(peer, src_pages, dst, f"{ticket.request_id}:{ticket.epoch}".encode())
+                svc.faults.crash_if("prefill_crash_mid_transfer")
                 await transfer.wait(handle, max(0.05, deadline - time.monotonic()))
             except TransferError as e:
                 await abort(context, common_pb2.ERROR_CODE_TRANSFER_FAILED, f"KV write to decode failed: {e}",
                             instance_id=me)
             t_sent = time.monotonic()
             checksum = await asyncio.to_thread(transfer.checksum, src_pages)
+            if svc.faults.active("prefill_corrupt_checksum"):
+                checksum ^= 1
         finally:
             if held:
                 await aengine.call(lambda: engine.release_held(rid))

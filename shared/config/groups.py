@@ -91,6 +91,11 @@ class DisaggConfig:
     local_prefill_threshold: A[int, Arg("Decode prefills prompts shorter than this itself (0: never)", min=0)] = 0
     handoff_timeout_s: A[float, Arg("Seconds a KV hand-off may take before its pages are freed", min=0.1)] = 30.0
     handoff_retries: A[int, Arg("Retries of a failed hand-off on another prefill instance", min=0, max=10)] = 1
+    # Fault injection is a product feature: operators rehearse failures on a staging cluster with the real code.
+    fault_injection: A[str, Arg("Inject one failure into every hand-off (chaos testing; never in production)",
+                                choices=("none", "prefill_crash_before_write", "prefill_crash_mid_transfer",
+                                         "prefill_hang", "prefill_corrupt_checksum",
+                                         "decode_crash_mid_stream"))] = "none"
 
 
 @dataclass(frozen=True, kw_only=True)
