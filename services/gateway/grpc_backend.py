@@ -1,0 +1,227 @@
+"""The routed gRPC backend: `GenerateBackend` over the cluster's decode / worker instances.
+
+Per request: the router picks a plan (a decode + prefill pair, a colocated worker, or a decode that prefills
+itself) from the ready instances, this module calls `Decode.Generate` on the plan's instance over a cached channel,
+and turns the stream into BackendChunks. Then:
+
+    refusal     overloaded / draining / a refused hand-off before any token: the instance (or the pair's prefill)
+                is excluded and another plan is tried; refusals do not use the retry budget, and they end when
+                every candidate has refused (-> 429 when one was overloaded, else 503, both with Retry-After)
+    failure     unreachable, crashed, INTERNAL, a stream cut off: the circuit breaker of the blamed instance
+                records it and the request is retried elsewhere, up to `request_retries` times
+    replay      a failure after tokens were streamed: the next attempt's prompt is the original prompt + the tokens
+                already sent, max_tokens shrinks by as many, so the client sees one continuous stream
+    disconnect  the client went away (the generator is closed or its task cancelled): the gRPC call is cancelled
+                (the worker aborts the request) and a NATS cancel goes to every instance that may hold work for it
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import AsyncIterator, Sequence
+
+import grpc
+
+from proto.pdrelay.v1 import common_pb2, worker_pb2_grpc
+from services.gateway.backend import (BackendChunk, BackendError, BackendOverloaded, BackendRequest,
+                                      BackendUnavailable, InvalidRequest, ModelNotFound)
+from services.gateway.routing.breaker import BreakerBoard, BreakerConfig
+from services.gateway.routing.channels import ChannelPool
+from services.gateway.routing.discovery import Discovery, MembershipView
+from services.gateway.routing.failures import FailureKind, Verdict, classify, classify_stream_end
+from services.gateway.routing.kv_index import KVIndex, PromptHashes
+from services.gateway.routing.policies import make_policy
+from services.gateway.routing.router import NoRoute, Router
+from services.gateway.routing.views import RoutePlan, RouteRequest
+from services.gateway.routing.wire import chunk_from_pb, decode_request, remaining_max_tokens
+from shared.cluster.bus.cancel import publish_cancel
+from shared.cluster.bus.client import Bus
+from shared.cluster.grpc_errors import error_from_rpc
+
+log = logging.getLogger(__name__)
+
+
+class GrpcBackend:
+    """Implements services.gateway.backend.GenerateBackend. One event loop; not thread-safe."""
+
+    def __init__(self, discovery: Discovery, *, models: Sequence[str], request_retries: int = 2,
+                 bus: Bus | None = None, cluster: str = "", origin: str = "gateway",
+                 channels: ChannelPool | None = None, retry_after_s: float = 1.0) -> None:
+        if request_retries < 0:
+            raise ValueError(f"request_retries must be >= 0 (got {request_retries}); try 2")
+        if not models:
+            raise ValueError("models is empty; pass the served model name(s) the gateway accepts")
+        self.discovery = discovery
+        self.router = discovery.router
+        self._models = list(models)
+        self.request_retries = request_retries
+        self._bus = bus
+        self._cluster = cluster
+        self._origin = origin
+        self.channels = channels if channels is not None else ChannelPool()
+        self._retry_after_s = retry_after_s
+        self._background: set[asyncio.Task[object]] = set()
+        self.retries = 0  # attempts after a failure (replays included), for metrics and tests
+        self.replays = 0  # of which continued a stream that had already sent tokens
+        self.cancels_published = 0
+
+    @classmethod
+    def create(cls, membership: MembershipView, *, models: Sequence[str], policy: str = "kv_aware",
+               request_retries: int = 2, bus: Bus | None = None, cluster: str = "", origin: str = "gateway",
+               breaker: BreakerConfig = BreakerConfig(), max_load_age_s: float = 2.0) -> GrpcBackend:
+        """The backend over a started membership (and a connected bus for loads, KV events and cancels)."""
+        router = Router(make_policy(policy), kv_index=KVIndex(), breakers=BreakerBoard(breaker))
+        channels = ChannelPool()
+        discovery = Discovery(membership, router, bus=bus, cluster=cluster, max_load_age_s=max_load_age_s,
+                              on_leave=lambda info: channels.discard(info.instance_id))
+        return cls(discovery, models=models, request_retries=request_retries, bus=bus, cluster=cluster,
+                   origin=origin, channels=channels)
+
+    # ------------------------------------------------------------------ GenerateBackend
+
+    async def start(self) -> None:
+        await self.discovery.start()
+
+    async def close(self) -> None:
+        try:
+            await self.discovery.close()
+            if self._background:
+                await asyncio.wait(self._background, timeout=2.0)
+            await self.channels.close()
+        except Exception:  # close() must not raise (GenerateBackend contract)
+            log.exception("closing the gRPC backend failed")
+
+    async def ready(self) -> bool:
+        return any(self.discovery.pools(m).servable for m in self._models)
+
+    def models(self) -> list[str]:
+        return [m for m in self._models if self.discovery.pools(m).servable]
+
+    def generate(self, req: BackendRequest) -> AsyncIterator[BackendChunk]:
+        return self._generate(req)
+
+    # ------------------------------------------------------------------ one request
+
+    async def _generate(self, req: BackendRequest) -> AsyncIterator[BackendChunk]:
+        prompt_len = len(req.prompt_token_ids)
+        want_logprobs = req.sampling.logprobs is not None
+        hashes = PromptHashes(req.prompt_token_ids)
+        sent: list[int] = []  # output tokens already handed to the client, over all attempts
+        exclude: set[str] = set()
+        verdicts: list[Verdict] = []
+        failures = 0
+        attempt = 0
+        call: grpc.aio.UnaryStreamCall | None = None
+        plans: list[RoutePlan] = []
+        completed = False
+        try:
+            while True:
+                left = remaining_max_tokens(req.sampling, len(sent))
+                if left == 0:
+                    # Every token was streamed; only the last message got lost with its instance.
+                    completed = True
+                    yield BackendChunk((), None, "length", None, prompt_len, None)
+                    return
+                route_req = RouteRequest(req.request_id, (*req.prompt_token_ids, *sent), left)
+                try:
+                    plan = self.router.plan(route_req, self.discovery.pools(req.model), exclude,
+                                            hashes if not sent else None)
+                except NoRoute as e:
+                    raise self._no_route_error(req, e, verdicts, bool(sent)) from None
+                plans.append(plan)
+                msg = decode_request(req, plan, sent, attempt)
+                channel = self.channels.get(plan.decode.instance_id, plan.decode.grpc_address)
+                lease = self.router.begin(plan, len(msg.prompt_token_ids))
+                started = False
+                verdict: Verdict | None = None
+                try:
+                    call = worker_pb2_grpc.DecodeStub(channel).Generate(msg)
+                    async for resp in call:
+                        if resp.finish_reason == common_pb2.FINISH_REASON_ERROR:
+                            verdict = classify(grpc.StatusCode.INTERNAL, resp.error, plan, started=started)
+                            break
+                        if not started and (resp.token_ids or resp.finish_reason):
+                            started = True
+                            lease.first_token()
+                            self.router.succeeded(plan.instance_ids)
+                        chunk = chunk_from_pb(resp, want_logprobs=want_logprobs, num_prompt_tokens=prompt_len,
+                                              first=not sent)
+                        sent.extend(chunk.token_ids)
+                        if chunk.finish_reason is not None:
+                            completed = True
+                        if chunk.token_ids or chunk.finish_reason is not None:
+                            yield chunk
+                        if completed:
+                            return
+                    else:
+                        verdict = classify_stream_end(plan)
+                except grpc.aio.AioRpcError as e:
+                    verdict = classify(e.code(), error_from_rpc(e), plan, details=e.details() or "", started=started)
+                finally:
+                    lease.release()
+                    if not completed and verdict is None:
+                        self.router.abandoned(plan.instance_ids)  # closed by the client: no verdict on anyone
+                assert verdict is not None
+                call.cancel()  # a stream ended by an error message may still be open
+                call = None
+                self.router.failed(verdict.blame, plan.instance_ids)
+                verdicts.append(verdict)
+                log.warning("request %s attempt %d on %s failed (%s): %s", req.request_id, attempt, plan.describe(),
+                            verdict.kind, verdict.message)
+                if not verdict.retryable:
+                    raise self._final_error(verdict)
+                exclude |= verdict.exclude
+                if verdict.uses_retry_budget:
+                    failures += 1
+                    if failures > self.request_retries:
+                        raise BackendUnavailable(
+                            f"request failed {failures} times (last on {plan.describe()}: {verdict.message}); "
+                            f"the gateway retries {self.request_retries} times (--request-retries)",
+                            retry_after_s=self._retry_after_s)
+                    self.retries += 1
+                    if sent:
+                        self.replays += 1
+                attempt += 1
+        except (GeneratorExit, asyncio.CancelledError):
+            # The client went away (or a stop string matched): stop every attempt's work, here and on NATS.
+            if plans:
+                self._publish_cancel(req.request_id)
+            raise
+        finally:
+            if not completed and call is not None:
+                call.cancel()
+
+    # ------------------------------------------------------------------ errors
+
+    def _no_route_error(self, req: BackendRequest, e: NoRoute, verdicts: list[Verdict], started: bool) -> BackendError:
+        kinds = {v.kind for v in verdicts}
+        if e.reason == "excluded" and FailureKind.OVERLOADED in kinds and not started:
+            return BackendOverloaded(f"every instance serving {req.model!r} is at capacity "
+                                     f"({verdicts[-1].message})", retry_after_s=self._retry_after_s)
+        detail = f"; last failure: {verdicts[-1].message}" if verdicts else ""
+        if e.reason == "none_ready":
+            return BackendUnavailable(f"no instance serving {req.model!r} is ready ({e}){detail}",
+                                      retry_after_s=self._retry_after_s)
+        cooldown = self.router.breakers.config.cooldown_s
+        return BackendUnavailable(f"{e}{detail}", retry_after_s=max(self._retry_after_s, cooldown)
+                                  if e.reason == "breakers_open" else self._retry_after_s)
+
+    @staticmethod
+    def _final_error(verdict: Verdict) -> BackendError:
+        if verdict.kind == FailureKind.NOT_FOUND:
+            return ModelNotFound(verdict.message)
+        return InvalidRequest(verdict.message)
+
+    # ------------------------------------------------------------------ cancellation
+
+    def _publish_cancel(self, request_id: str) -> None:
+        """Tell every instance holding work for the request (decode, its prefill, an older attempt) to drop it.
+        Fire and forget: this runs while the caller's task is being closed or cancelled."""
+        if self._bus is None or not self._cluster:
+            return
+        self.cancels_published += 1
+        task: asyncio.Task[object] = asyncio.ensure_future(
+            publish_cancel(self._bus, self._cluster, request_id, reason="client_disconnected", origin=self._origin))
+        self._background.add(task)
+        task.add_done_callback(self._background.discard)
