@@ -40,3 +40,45 @@ def test_quick_run_reports_ratios_and_roofline(tiny_llama_dir: Path, tmp_path: P
         assert e["step_ms_p50"] <= e["step_ms_p99"]
     printed = capsys.readouterr().out
     assert "tok/s" in printed and "roofline" in printed
+
+
+def test_url_mode_drives_an_openai_compatible_server():
+    import threading
+    import time
+
+    import uvicorn
+    from fastapi import FastAPI
+
+    from bench.engine import Workload, _first_model, run_server
+
+    app = FastAPI()
+    seen: list[dict] = []
+
+    @app.get("/v1/models")
+    def models() -> dict:
+        return {"object": "list", "data": [{"id": "peer-model", "object": "model"}]}
+
+    @app.post("/v1/completions")
+    def completions(body: dict) -> dict:
+        seen.append(body)
+        return {"choices": [{"text": "x"}], "usage": {"completion_tokens": body["max_tokens"]}}
+
+    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=0, log_level="error"))
+    t = threading.Thread(target=server.run, daemon=True)
+    t.start()
+    try:
+        deadline = time.monotonic() + 20
+        while not (server.started and server.servers):
+            assert time.monotonic() < deadline, "test server did not start"
+            time.sleep(0.02)
+        port = server.servers[0].sockets[0].getsockname()[1]
+        url = f"http://127.0.0.1:{port}"
+        assert _first_model(url) == "peer-model"
+        w = Workload("w", 2, (((5, 6, 7), 4), ((8, 9), 3), ((1,), 2)))
+        res = run_server(url, "peer-model", w, None)
+        assert res["output_tokens"] == 9 and res["output_tok_s"] > 0
+        assert sorted(b["prompt"] for b in seen) == [[1], [5, 6, 7], [8, 9]]
+        assert all(b["temperature"] == 0.0 and b["ignore_eos"] is True for b in seen)
+    finally:
+        server.should_exit = True
+        t.join(10)
