@@ -8,6 +8,7 @@ import pytest
 import torch
 
 from shared.kernels.decode_attention import GatherWorkspace, decode_mask, paged_decode_attention
+from shared.kernels.attention_plan import length_groups
 from shared.kernels.dispatch import TorchAttentionBackend, select_attention_backend, sequence_token_starts
 from shared.kernels.extend_attention import extend_attention
 from tests.shared.kernels.paged_ref import naive_attention, page_table, scatter_to_pages
@@ -102,10 +103,40 @@ def test_backend_mixes_decode_and_extend_in_one_step() -> None:
 def test_backend_all_decode_plan() -> None:
     backend = TorchAttentionBackend()
     pt = torch.tensor([[3, 1, 0], [2, 0, 0]])
-    meta = backend.prepare(pt, np.array([8, 2]), np.array([1, 1]), np.array([0, 1]), PAGE)
+    meta = backend.prepare(pt, np.array([8, 5]), np.array([1, 1]), np.array([0, 1]), PAGE)
     assert meta.all_decode and meta.extend_rows == ()
-    assert meta.decode_page_table is not None and meta.decode_page_table.shape == (2, 3)  # 9 tokens -> 3 pages
-    assert meta.decode_seq_lens is not None and meta.decode_seq_lens.tolist() == [9, 3]
+    (g,) = meta.decode_groups
+    assert g.token_idx is None and g.page_table.shape == (2, 3)  # 9 tokens -> 3 pages
+    assert g.seq_lens.tolist() == [9, 6] and g.mask.shape == (2, 1, 1, 12)
+
+
+def test_length_groups_bound_padding() -> None:
+    pages = np.array([3, 40, 2, 38, 12, 20, 1])
+    groups = length_groups(pages)
+    assert sorted(np.concatenate(groups).tolist()) == list(range(7))  # a partition
+    for g in groups:
+        assert pages[g].max() < 2 * pages[g].min()  # no group pads any member to 2x its length
+    assert [sorted(pages[g].tolist()) for g in groups] == [[38, 40], [12, 20], [2, 3], [1]]
+    halving = np.array([2, 64, 4, 32, 8, 16])
+    assert [sorted(halving[g].tolist()) for g in length_groups(halving)] == [[64], [32], [16], [2, 4, 8]]  # cap 4
+    assert len(length_groups(np.array([5, 5, 4]))) == 1
+
+
+def test_decode_groups_of_very_different_lengths_match_naive() -> None:
+    g = torch.Generator().manual_seed(17)
+    lens = [3, 61, 5, 30, 2, 64, 9]  # several length groups, interleaved in the batch
+    ks, vs = _kv(lens, g)
+    k_cache, v_cache, pages = scatter_to_pages(ks, vs, 96, PAGE, g)
+    q = torch.randn(len(lens), HEADS, D, generator=g)
+    backend = TorchAttentionBackend()
+    one = np.ones(len(lens), dtype=np.int64)
+    meta = backend.prepare(page_table(pages), np.array(lens) - 1, one, sequence_token_starts(one), PAGE)
+    assert len(meta.decode_groups) > 1 and not meta.all_decode
+    out = backend.forward(q, q[:, :KV_HEADS], q[:, :KV_HEADS], k_cache, v_cache, meta, SCALE)
+    assert not out.isnan().any()
+    for i, n in enumerate(lens):
+        ref = naive_attention(q[i : i + 1], ks[i], vs[i], torch.tensor([n - 1]), SCALE)
+        torch.testing.assert_close(out[i : i + 1].double(), ref, rtol=1e-5, atol=1e-5)
 
 
 def test_backend_choice_errors_name_the_fix() -> None:

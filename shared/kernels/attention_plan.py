@@ -1,0 +1,103 @@
+"""The per-step attention plan: which tokens take the batched paged-decode path (in length groups) and which
+sequences take the per-sequence extend path. Built once per step on the CPU; every layer reuses it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from shared.kernels.decode_attention import decode_mask
+
+# At most this many decode groups per step: each group costs two gathers and one attention call per layer.
+MAX_DECODE_GROUPS = 4
+
+
+@dataclass(frozen=True)
+class DecodeGroup:
+    """Decode sequences attended together: their keys are gathered into one [n, max_len] batch, so a group holds
+    sequences of similar length (a 700-token sequence would otherwise make fifteen 100-token ones pad to 700)."""
+
+    token_idx: torch.Tensor | None  # [n] their tokens in the flat batch; None: the whole batch, in order
+    page_table: torch.Tensor  # [n, group_max_pages] int64
+    seq_lens: torch.Tensor  # [n] int64, including the new token
+    mask: torch.Tensor  # [n, 1, 1, group_max_pages * page_size] additive, in the attention dtype
+
+
+@dataclass(frozen=True)
+class AttentionMetadata:
+    """Per-step attention plan.
+
+    decode_groups: the sequences computing exactly one new token (whatever their prefix), grouped by length.
+    extend_*: the other sequences, as parallel tuples: row in page_table, first token index, prefix, new tokens.
+    """
+
+    page_table: torch.Tensor  # [bs, max_pages] int64
+    decode_groups: tuple[DecodeGroup, ...]
+    extend_rows: tuple[int, ...]
+    extend_token_starts: tuple[int, ...]
+    extend_prefix_lens: tuple[int, ...]
+    extend_lens: tuple[int, ...]
+
+    @property
+    def all_decode(self) -> bool:
+        """One decode group covering the whole batch: q goes to the kernel as is."""
+        return len(self.decode_groups) == 1 and self.decode_groups[0].token_idx is None
+
+
+def length_groups(pages: np.ndarray, max_groups: int = MAX_DECODE_GROUPS) -> list[np.ndarray]:
+    """Split sequences (pages needed by each, [n]) into groups of similar length; returns index arrays.
+
+    Longest first; a sequence needing at most half the pages of its group's longest starts a new group, so no
+    group gathers more than ~2x the keys it needs; past max_groups the rest join the last group.
+    """
+    order = np.argsort(-pages, kind="stable")
+    groups: list[list[int]] = []
+    top = 0
+    for i in order.tolist():
+        if not groups or (2 * pages[i] <= top and len(groups) < max_groups):
+            groups.append([i])
+            top = int(pages[i])
+        else:
+            groups[-1].append(i)
+    return [np.sort(np.asarray(g, dtype=np.int64)) for g in groups]
+
+
+def plan_attention(
+    page_table: torch.Tensor,
+    prefix_lens: np.ndarray,
+    extend_lens: np.ndarray,
+    token_starts: np.ndarray,
+    page_size: int,
+    dtype: torch.dtype,
+) -> AttentionMetadata:
+    """page_table [bs, max_pages] (on the device); prefix_lens, extend_lens, token_starts: [bs] int64 numpy."""
+    dev = page_table.device
+    bs = len(extend_lens)
+    is_dec = extend_lens == 1
+    dec_rows = np.nonzero(is_dec)[0]
+    groups: list[DecodeGroup] = []
+    if len(dec_rows):
+        seq_lens = prefix_lens[dec_rows] + 1
+        pages = -(-seq_lens // page_size)
+        for g in length_groups(pages):
+            max_pages = int(pages[g].max())
+            if len(g) == bs:  # the whole batch, in order: no index ops at all
+                pt, tok = page_table[:, :max_pages], None
+            else:
+                rows = dec_rows[g]
+                pt = page_table.index_select(0, torch.from_numpy(rows).to(dev))[:, :max_pages]
+                tok = torch.from_numpy(token_starts[rows]).to(dev)
+            lens = torch.from_numpy(seq_lens[g]).to(dev)
+            groups.append(DecodeGroup(tok, pt, lens, decode_mask(lens, max_pages * page_size, dtype)))
+    ext = np.nonzero(~is_dec)[0]
+    return AttentionMetadata(
+        page_table=page_table,
+        decode_groups=tuple(groups),
+        extend_rows=tuple(ext.tolist()),
+        extend_token_starts=tuple(token_starts[ext].tolist()),
+        extend_prefix_lens=tuple(prefix_lens[ext].tolist()),
+        extend_lens=tuple(extend_lens[ext].tolist()),
+    )
