@@ -147,3 +147,15 @@ def test_from_groups_builds_a_working_engine(tiny_llama_dir: Path):  # noqa: F81
     assert engine.page_size == 8 and engine.allocator.capacity == 32 and engine.scheduler.token_budget == 32
     c = engine.generate([[5, 6, 7]], SamplingParams(max_tokens=4, temperature=0.0, ignore_eos=True))[0]
     assert len(c.token_ids) == 4 and isinstance(c.text, str)
+
+
+def test_from_config_takes_a_resolved_worker_config(tiny_llama_dir: Path):  # noqa: F811
+    from shared.config.resolve import resolve
+
+    cfg = resolve("worker", ["--model", str(tiny_llama_dir), "--num-pages", "24", "--page-size", "8",
+                             "--device", "cpu", "--threads", "1", "--disable-radix-cache",
+                             "--schedule-policy", "priority"], env={})
+    engine = Engine.from_config(cfg)
+    assert engine.allocator.capacity == 24 and not engine.cache.enabled and engine.scheduler.policy == "priority"
+    c = engine.generate([[5, 6, 7]], SamplingParams(max_tokens=3, temperature=0.0, ignore_eos=True))[0]
+    assert len(c.token_ids) == 3 and engine.cache.num_pages == 0
