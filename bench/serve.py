@@ -241,18 +241,24 @@ async def _bench(ns: argparse.Namespace, targets: list[Target], requests: list[B
         for sig in (signal.SIGINT, signal.SIGTERM):
             loop.remove_signal_handler(sig)  # a second Ctrl-C is a KeyboardInterrupt
 
+    installed = []
     for sig in (signal.SIGINT, signal.SIGTERM):
         try:
             loop.add_signal_handler(sig, on_signal)
+            installed.append(sig)
         except (NotImplementedError, RuntimeError, ValueError):  # not the main thread: no Ctrl-C handling
             pass
     deadline = time.monotonic() + ns.total_timeout_s
     out = []
-    for target in targets:
-        if stop.is_set() or time.monotonic() >= deadline:
-            break
-        out.append(await measure(target, requests, ns, tok=tok, stop=stop, deadline=deadline, slo=slo,
-                                 percentiles=percentiles))
+    try:
+        for target in targets:
+            if stop.is_set() or time.monotonic() >= deadline:
+                break
+            out.append(await measure(target, requests, ns, tok=tok, stop=stop, deadline=deadline, slo=slo,
+                                     percentiles=percentiles))
+    finally:
+        for sig in installed:
+            loop.remove_signal_handler(sig)
     return out
 
 
