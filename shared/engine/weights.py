@@ -50,6 +50,10 @@ def iter_checkpoint(model_dir: str | Path) -> Iterator[tuple[str, torch.Tensor]]
                 yield name, f.get_tensor(name)
 
 
+def _first(names: list[str], n: int = 8) -> str:
+    return ", ".join(names[:n]) + (" ..." if len(names) > n else "")
+
+
 def load_weights(
     model: nn.Module,
     weight_map: dict[str, WeightSlot],
@@ -87,11 +91,9 @@ def load_weights(
     missing = sorted(set(weight_map) - seen)
     problems = []
     if missing:
-        problems.append(f"missing {len(missing)} tensor(s): {', '.join(missing[:8])}{' ...' if len(missing) > 8 else ''}")
+        problems.append(f"missing {len(missing)} tensor(s): {_first(missing)}")
     if unexpected:
-        problems.append(
-            f"unexpected {len(unexpected)} tensor(s): {', '.join(unexpected[:8])}{' ...' if len(unexpected) > 8 else ''}"
-        )
+        problems.append(f"unexpected {len(unexpected)} tensor(s): {_first(unexpected)}")
     if bad_shape:
         problems.append("wrong shape: " + "; ".join(bad_shape[:8]))
     if problems:

@@ -20,7 +20,9 @@ class GatherWorkspace:
         self._k: torch.Tensor | None = None
         self._v: torch.Tensor | None = None
 
-    def get(self, rows: int, row_len: int, dtype: torch.dtype, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+    def get(
+        self, rows: int, row_len: int, dtype: torch.dtype, device: torch.device
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         need = rows * row_len
         k = self._k
         if k is None or k.numel() < need or k.dtype != dtype or k.device != device:

@@ -57,7 +57,8 @@ def extend_attention(
             ki = torch.cat((gather_prefix(k_cache, pages, p), ki))
             vi = torch.cat((gather_prefix(v_cache, pages, p), vi))
             # new token j (position p + j) sees keys 0..p + j: bottom-right aligned causal mask [n, p + n]
-            keep = torch.arange(p + n, device=q.device).unsqueeze(0) <= torch.arange(p, p + n, device=q.device).unsqueeze(1)
+            key_pos = torch.arange(p + n, device=q.device)
+            keep = key_pos.unsqueeze(0) <= key_pos[p:].unsqueeze(1)
             attn_mask, causal = keep, False
         else:
             attn_mask, causal = None, True

@@ -35,7 +35,9 @@ def page_table(pages: list[list[int]], pad: int = 0) -> torch.Tensor:
     return torch.tensor([p + [pad] * (width - len(p)) for p in pages], dtype=torch.int64)
 
 
-def naive_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, q_pos: torch.Tensor, scale: float) -> torch.Tensor:
+def naive_attention(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, q_pos: torch.Tensor, scale: float
+) -> torch.Tensor:
     """q [n, H, d] at positions q_pos [n]; k, v [L, KVH, d] for positions 0..L-1; causal; float64. -> [n, H, d]."""
     heads, kvh = q.shape[1], k.shape[1]
     group = heads // kvh
