@@ -31,12 +31,12 @@ from shared.engine.sampler import Sampler
 from shared.engine.sampler.detokenizer import DecodeFn
 from shared.engine.sampling_params import SamplingParams
 from shared.engine.scheduler import Scheduler
-from shared.engine.scheduler.handoff import Reservation
+from shared.engine.scheduler.handoff import DEFAULT_QUARANTINE_S, Reservation
 from shared.engine.types import KVLayout, SchedulerOutput, StepStats
 
 if TYPE_CHECKING:
-    from shared.config.groups import (CacheConfig, DeviceConfig, KernelConfig, ModelConfig, SchedulerConfig,
-                                      TokenizerConfig)
+    from shared.config.groups import (CacheConfig, DeviceConfig, DisaggConfig, KernelConfig, ModelConfig,
+                                      SchedulerConfig, TokenizerConfig)
 
 
 T = TypeVar("T")
@@ -135,7 +135,8 @@ class Engine:
                  chunked_prefill_size: int = 0, max_prefill_tokens: int = 4096, schedule_policy: str = "fcfs",
                  enable_prefix_cache: bool = True, tokenizer: Any = None, threads: int | None = None,
                  on_kv_event: Callable[[KVEvent], None] | None = None, max_queued_requests: int = 1024,
-                 new_token_ratio: float = 0.4, context_length: int | None = None) -> None:
+                 new_token_ratio: float = 0.4, context_length: int | None = None,
+                 handoff_quarantine_s: float = DEFAULT_QUARANTINE_S) -> None:
         if threads:
             torch.set_num_threads(threads)  # per-thread OpenMP setting: AsyncEngine repeats it on its thread
         self.threads = threads
@@ -161,6 +162,7 @@ class Engine:
             max_prefill_tokens=max_prefill_tokens, chunked_prefill_size=chunked_prefill_size,
             policy=schedule_policy, new_token_ratio=new_token_ratio, eos_token_ids=runner.eos_token_ids,
             decode_fn=self.decode_fn, vocab_size=runner.vocab_size)
+        self.scheduler.handoff.abort_quarantine_s = handoff_quarantine_s
         self.sampler = Sampler(eos_token_ids=runner.eos_token_ids)
         self._split_prepare = hasattr(runner, "prepare") and hasattr(runner, "forward_batch")
         self._totals = _Totals()
@@ -171,7 +173,7 @@ class Engine:
     def from_groups(cls, *, model: ModelConfig, cache: CacheConfig, scheduler: SchedulerConfig,
                     kernels: KernelConfig | None = None, device: DeviceConfig | None = None,
                     tokenizer: TokenizerConfig | None = None, on_kv_event: Callable[[KVEvent], None] | None = None,
-                    ) -> Engine:
+                    disagg: DisaggConfig | None = None) -> Engine:
         """Build the runner (weights + KV pool) and the engine from resolved config groups."""
         from shared.engine.bundled import resolve_model_path
         from shared.engine.model_runner import ModelRunner
@@ -203,14 +205,16 @@ class Engine:
                    schedule_policy=scheduler.schedule_policy, enable_prefix_cache=not cache.disable_radix_cache,
                    tokenizer=tok, threads=threads, on_kv_event=on_kv_event,
                    max_queued_requests=scheduler.max_queued_requests, new_token_ratio=scheduler.new_token_ratio,
-                   context_length=model.context_length)
+                   context_length=model.context_length,
+                   handoff_quarantine_s=disagg.handoff_timeout_s if disagg is not None else DEFAULT_QUARANTINE_S)
 
     @classmethod
     def from_config(cls, cfg: Any, *, on_kv_event: Callable[[KVEvent], None] | None = None) -> Engine:
         """From a resolved role config (shared.config): uses its model, cache, scheduler, kernels, device and
         tokenizer groups."""
         return cls.from_groups(model=cfg.model, cache=cfg.cache, scheduler=cfg.scheduler, kernels=cfg.kernels,
-                               device=cfg.device, tokenizer=cfg.tokenizer, on_kv_event=on_kv_event)
+                               device=cfg.device, tokenizer=cfg.tokenizer, on_kv_event=on_kv_event,
+                               disagg=getattr(cfg, "disagg", None))
 
     # ---- requests ----------------------------------------------------------------------------------------------
     def add_request(self, req_id: str, prompt_token_ids: Sequence[int], params: SamplingParams | None = None,
@@ -237,6 +241,12 @@ class Engine:
 
     def release_held(self, req_id: str) -> bool:
         return self.scheduler.handoff.release_held(req_id)
+
+    def release_expired_pages(self) -> float | None:
+        """Free hand-off pages whose quarantine is over; seconds until the next ones are due (None: none left)."""
+        handoff = self.scheduler.handoff
+        handoff.release_expired()
+        return handoff.next_release_in()
 
     def abort(self, req_id: str) -> bool:
         """Abort wherever the request is; its final delta (finish_reason "abort") comes out of the next step()."""
@@ -445,7 +455,8 @@ class AsyncEngine:
                 except queue.Empty:
                     break
             if not self.engine.has_work():
-                self._wake.wait()
+                # idle: still wake up when quarantined hand-off pages are due, so they are freed without a request
+                self._wake.wait(self.engine.release_expired_pages())
                 continue
             try:
                 outputs = self.engine.step()

@@ -5,7 +5,8 @@ cache, takes pages for the rest of the prompt and parks the request outside the 
 batch; the prefill instance writes the prompt KV into those pages; `activate_remote` then marks the prompt as
 computed, appends the first token (sampled by prefill) and moves the request into the running batch.
 `cancel_remote` undoes a reservation; with a quarantine time the written-to pages stay allocated that long,
-because an abandoned prefill may still be writing into them.
+because an abandoned prefill may still be writing into them. An abort (client gone, gateway cancel) of a reserved
+request quarantines them for `abort_quarantine_s` for the same reason.
 
 Prefill side ("held" requests): a request added with hold_pages=True keeps its pages when it finishes, so they
 can be sent; `release_held` gives them back (full prompt pages stay in the prefix cache).
@@ -13,6 +14,7 @@ can be sent; `release_held` gives them back (full prompt pages stay in the prefi
 
 from __future__ import annotations
 
+import bisect
 import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
@@ -35,9 +37,14 @@ class Reservation:
     skip_tokens: int
 
 
+# Quarantine of an aborted reservation unless the engine is told otherwise (the default --handoff-timeout-s).
+DEFAULT_QUARANTINE_S = 30.0
+
+
 class HandoffPages:
-    def __init__(self, sched: Scheduler) -> None:
+    def __init__(self, sched: Scheduler, abort_quarantine_s: float = DEFAULT_QUARANTINE_S) -> None:
         self.s = sched
+        self.abort_quarantine_s = abort_quarantine_s
         self.remote: dict[str, Request] = {}
         self.held: dict[str, Request] = {}
         self._quarantine: list[tuple[float, list[int]]] = []  # (release time, page ids), oldest first
@@ -97,7 +104,8 @@ class HandoffPages:
             s.kv.allocator.decref(req.page_ids[: req.num_locked])
         if own:
             if quarantine_s > 0:
-                self._quarantine.append((time.monotonic() + quarantine_s, list(own)))
+                # kept sorted by release time: quarantines of different lengths (abort vs. failed hand-off) mix
+                bisect.insort(self._quarantine, (time.monotonic() + quarantine_s, list(own)), key=lambda q: q[0])
             else:
                 s.kv.allocator.decref(own)
         req.page_ids, req.num_locked, req.num_computed_tokens = [], 0, 0
@@ -113,6 +121,14 @@ class HandoffPages:
             self.s.kv.allocator.decref(pages)
             freed += len(pages)
         return freed
+
+    def next_release_in(self, now: float | None = None) -> float | None:
+        """Seconds until the oldest quarantined pages may be freed (None: nothing in quarantine). An idle engine
+        sleeps at most this long, so load reports show the pages free again without another request coming."""
+        if not self._quarantine:
+            return None
+        now = time.monotonic() if now is None else now
+        return max(0.0, self._quarantine[0][0] - now)
 
     @property
     def num_quarantined_pages(self) -> int:

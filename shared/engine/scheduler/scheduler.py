@@ -129,7 +129,8 @@ class Scheduler:
     def abort(self, req_id: str) -> bool:
         """Stop a request wherever it is (waiting, running, mid-step); its final delta (finish_reason "abort")
         comes out of the next update_from_output / take_pending_outputs. False if the id is unknown."""
-        if self.handoff.cancel_remote(req_id, 0.0):
+        # A reserved (arriving) request: a prefill may still be writing into its pages, so they are quarantined.
+        if self.handoff.cancel_remote(req_id, self.handoff.abort_quarantine_s):
             return True
         req = self.requests.pop(req_id, None)
         if req is None:
