@@ -52,6 +52,10 @@ def descs_from_pb(pages: common_pb2.PageDescriptors, layout: KVLayout) -> list[P
         r = pages.regions
         if len(r.addresses) != len(r.lengths):
             raise ValueError(f"ticket regions list {len(r.addresses)} addresses but {len(r.lengths)} lengths")
+        bad = [n for n in r.lengths if n != layout.page_bytes]
+        if bad:
+            raise ValueError(f"ticket region of {bad[0]} bytes is not one whole page of {layout.page_bytes} bytes; "
+                             "send one region per page")
         return [PageDesc(a, n) for a, n in zip(r.addresses, r.lengths, strict=True)]
     raise ValueError("ticket has no destination pages (neither paged nor regions)")
 
@@ -65,13 +69,16 @@ class _Entry:
     epoch: int
     response: worker_pb2.PrefillResponse | None = None
     at: float = 0.0
+    failed: bool = False  # the attempt ended without an answer: the same epoch may run again
 
 
 class FencingLedger:
     """Prefill side: the newest epoch seen per request id, and the answer given for it.
 
-    A ticket older than the newest epoch seen is stale (its decode already moved on): refused. The same epoch
-    again (a network-level retry) gets the same answer without recomputing or rewriting anything."""
+    A ticket older than the newest epoch seen is stale (its decode already moved on): refused, also when the newer
+    attempt failed here (a late stale ticket could otherwise write into pages decode has reused since). The same
+    epoch again (a network-level retry) gets the same answer without recomputing or rewriting anything, or runs
+    again if its first run failed."""
 
     def __init__(self, size: int = _LEDGER_SIZE) -> None:
         self._size = size
@@ -84,7 +91,9 @@ class FencingLedger:
             return "new", None
         if epoch < e.epoch:
             return "stale", None
-        return ("replay", e.response) if e.response is not None else ("busy", None)
+        if e.response is not None:
+            return "replay", e.response
+        return ("new", None) if e.failed else ("busy", None)
 
     def begin(self, request_id: str, epoch: int) -> None:
         self._entries[request_id] = _Entry(epoch, None, time.monotonic())
@@ -100,7 +109,7 @@ class FencingLedger:
         e = self._entries.get(request_id)
         if e is not None and e.epoch == epoch:
             if response is None:
-                del self._entries[request_id]  # failed: a retry with the same epoch may run again
+                e.failed = True  # keep the epoch as the fence; a retry with the same epoch may run again
             else:
                 e.response = response
 
