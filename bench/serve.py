@@ -27,8 +27,14 @@ from pathlib import Path
 from typing import Any
 
 from bench.serve_client import ENDPOINTS, RequestOptions, served_model
-from bench.serve_datasets import DATASETS, BenchRequest, BenchTokenizer, multi_turn_dataset, random_dataset, \
-    shared_prefix_dataset
+from bench.serve_datasets import (
+    DATASETS,
+    BenchRequest,
+    BenchTokenizer,
+    multi_turn_dataset,
+    random_dataset,
+    shared_prefix_dataset,
+)
 from bench.serve_http import HTTP_CLIENTS, HttpError, make_http
 from bench.serve_metrics import Slo, compute_metrics, parse_percentiles, parse_slo
 from bench.serve_procs import CpuSample, MockGateway, process_cpu
@@ -160,7 +166,9 @@ async def measure(target: Target, requests: list[BenchRequest], ns: argparse.Nam
         if ns.num_warmups > 0:
             _log(f"{target.label}: {ns.num_warmups} warm-up requests to {target.base_url} ({model})")
             warm = await warm_up(http, opts, requests[: ns.num_warmups], max_concurrency=ns.max_concurrency,
-                                 timeout_s=ns.timeout_s, count_tokens=count)
+                                 timeout_s=ns.timeout_s, count_tokens=count, stop=stop,
+                                 deadline_s=max(0.0, deadline - time.monotonic()))
+            # (stopped during warm-up: the measured run below returns at once, reported as partial)
             bad = [r.error for r in warm.results if not r.success]
             if bad:
                 raise RuntimeError(f"{target.label}: warm-up requests to {target.base_url} failed: {bad[0]}")

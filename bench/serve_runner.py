@@ -165,9 +165,10 @@ async def run_workload(http: StreamingHttp, opts: RequestOptions, workload: Work
 
 
 async def warm_up(http: StreamingHttp, opts: RequestOptions, requests: Sequence[BenchRequest], *,
-                  max_concurrency: int | None, timeout_s: float, count_tokens: Callable[[str], int]) -> RunOutcome:
+                  max_concurrency: int | None, timeout_s: float, count_tokens: Callable[[str], int],
+                  stop: asyncio.Event | None = None, deadline_s: float | None = None) -> RunOutcome:
     """Send `requests` (as independent single-turn requests) and wait for them: connections, caches and the
     server's first-request costs are paid before the measured run."""
     single = tuple(dataclasses.replace(r, conversation=None, turn=0) for r in requests)
     workload = Workload(single, max_concurrency=max_concurrency, timeout_s=timeout_s)
-    return await run_workload(http, opts, workload, count_tokens=count_tokens)
+    return await run_workload(http, opts, workload, count_tokens=count_tokens, stop=stop, deadline_s=deadline_s)
