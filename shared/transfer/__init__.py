@@ -8,11 +8,12 @@ Backends are imported lazily by create_engine, so importing this package needs n
 
 from __future__ import annotations
 
-from shared.transfer.base import BoundDescs, PeerId, TransferEngine, TransferHandle, TransferStatus
+from shared.transfer.base import PeerId, TransferEngine, TransferHandle, TransferStatus
 from shared.transfer.checksum import checksum_buffers, checksum_pages
 from shared.transfer.descs import PageDesc, RegionHandle, coalesce, coalesce_pairs, describe, describe_pages
 from shared.transfer.errors import BackendUnavailable, PeerError, RegionError, TransferError, TransferTimeout
 from shared.transfer.factory import BACKENDS, create_engine
+from shared.transfer.plan import BoundDescs, WritePlan, plan_write
 
 __all__ = [
     "BACKENDS",
@@ -28,6 +29,7 @@ __all__ = [
     "TransferHandle",
     "TransferStatus",
     "TransferTimeout",
+    "WritePlan",
     "checksum_buffers",
     "checksum_pages",
     "coalesce",
@@ -35,4 +37,5 @@ __all__ = [
     "create_engine",
     "describe",
     "describe_pages",
+    "plan_write",
 ]

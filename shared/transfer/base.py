@@ -23,20 +23,10 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, Literal
 
-from shared.transfer.descs import (
-    DEVICES,
-    Device,
-    PageDesc,
-    RegionHandle,
-    check_pairs,
-    coalesce_pairs,
-    describe,
-    describe_pages,
-    find_region,
-    total_bytes,
-)
+from shared.transfer.descs import DEVICES, Device, PageDesc, RegionHandle, describe, describe_pages
 from shared.transfer.endpoint import EndpointInfo, decode_endpoint, encode_endpoint
 from shared.transfer.errors import PeerError, RegionError, TransferError, TransferTimeout
+from shared.transfer.plan import BoundDescs, plan_write
 
 TransferStatus = Literal["pending", "done", "error"]
 PeerId = str  # the peer engine's name, as its endpoint declares it
@@ -51,15 +41,6 @@ class TransferHandle:
     peer: PeerId
     nbytes: int
     num_descs: int
-
-
-@dataclass(frozen=True)
-class BoundDescs:
-    """Descriptors of one side of a write, with the memory kind the backend needs (one kind per side)."""
-
-    descs: list[PageDesc]
-    device: Device
-    device_ids: list[int]
 
 
 @dataclass
@@ -242,19 +223,11 @@ class TransferEngine(ABC):
             p = self._peers.get(peer)
             if p is None:
                 raise PeerError(f"unknown peer {peer!r}; call connect(peer_endpoint) first (known: {list(self._peers)})")
-            if not src:
-                raise ValueError("write() needs at least one page descriptor")
-            check_pairs(src, dst)
-            src_regs = [self._local_region(d, i) for i, d in enumerate(src)]
-            dst_regs = [self._peer_region(p, d, i) for i, d in enumerate(dst)]
-            keys = [(s.region_id, d.addr, d.device, d.device_id) for s, d in zip(src_regs, dst_regs)]
-            csrc, cdst = coalesce_pairs(src, dst, keys)
-            src_bound = _bind(csrc, self.regions(), "source")
-            dst_bound = _bind(cdst, p.regions, "destination")
-            token = self._start_write(p.token, src_bound, dst_bound, bytes(notify))
-            handle = TransferHandle(self._next_xfer, peer, total_bytes(csrc), len(csrc))
+            plan = plan_write(src, dst, self.regions(), p.regions, engine=self._name, peer=peer)
+            token = self._start_write(p.token, plan.src, plan.dst, bytes(notify))
+            handle = TransferHandle(self._next_xfer, peer, plan.nbytes, len(plan.src.descs))
             self._next_xfer += 1
-            self._xfers[handle.xfer_id] = _Xfer(handle, token, frozenset(r.region_id for r in src_regs))
+            self._xfers[handle.xfer_id] = _Xfer(handle, token, plan.src_region_ids)
             return handle
 
     def poll(self, handle: TransferHandle) -> TransferStatus:
@@ -343,24 +316,6 @@ class TransferEngine(ABC):
                 self._finished.popitem(last=False)
         return status, detail
 
-    def _local_region(self, d: PageDesc, i: int) -> RegionHandle:
-        for r in self._regions.values():
-            if r.handle.contains(d):
-                return r.handle
-        raise RegionError(
-            f"source descriptor {i} [{d.addr:#x}, +{d.length}) is not inside memory registered with {self._name!r} "
-            "(never registered, or deregistered); register the KV pool before writing from it"
-        )
-
-    def _peer_region(self, p: _Peer, d: PageDesc, i: int) -> RegionHandle:
-        r = find_region(p.regions, d)
-        if r is None:
-            raise RegionError(
-                f"destination descriptor {i} [{d.addr:#x}, +{d.length}) is outside the memory peer {p.info.name!r} "
-                "registered; the ticket's pages must come from the peer's describe_pages() on its current endpoint"
-            )
-        return r
-
     # ---- backend hooks -------------------------------------------------------------------------------------------
 
     @abstractmethod
@@ -393,11 +348,3 @@ class TransferEngine(ABC):
     @abstractmethod
     def _shutdown(self) -> None: ...
 
-
-def _bind(descs: list[PageDesc], regions: list[RegionHandle], side: str) -> BoundDescs:
-    found = [find_region(regions, d) for d in descs]
-    assert all(r is not None for r in found), "descriptors were validated against these regions"
-    kinds = {r.device for r in found if r is not None}
-    if len(kinds) != 1:
-        raise ValueError(f"{side} descriptors mix device kinds {sorted(kinds)}; split the write by device")
-    return BoundDescs(descs, kinds.pop(), [r.device_id for r in found if r is not None])

@@ -17,7 +17,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from shared.transfer.base import BoundDescs, TransferEngine, TransferStatus
+from shared.transfer.base import TransferEngine, TransferStatus
+from shared.transfer.plan import BoundDescs
 from shared.transfer.descs import RegionHandle
 from shared.transfer.endpoint import EndpointInfo
 from shared.transfer.errors import BackendUnavailable, PeerError, RegionError, TransferError
@@ -26,7 +27,7 @@ INSTALL_HINT = (
     "install it with `pip install mooncake-transfer-engine-non-cuda` and `apt-get install libibverbs1` (the wheel "
     "links libibverbs even for TCP), or run scripts/install.sh; GPU hosts use the CUDA wheel `mooncake-transfer-engine`"
 )
-_PENDING, _DONE = 0, 1  # transfer_check_status: 0 in flight, 1 done, negative failed
+_PENDING, _DONE, _TIMED_OUT = 0, 1, -2  # transfer_check_status: 0 in flight, 1 done, -1 failed, -2 timed out
 
 
 def import_mooncake() -> tuple[Any, Any, Any]:
@@ -95,9 +96,12 @@ class MooncakeEngine(TransferEngine):
         rc = self._te.send_probe(address)
         if rc != 0:
             raise PeerError(f"peer {info.name!r} at {address} is unreachable (Mooncake probe rc {rc}); is it running?")
-        # Fetch the peer's segment descriptor now: otherwise the first write does this handshake synchronously
-        # inside transfer_submit_write, which blocks up to 60 s when the peer has stalled since.
-        self._te.get_first_buffer_address(address)
+        # Open the peer's segment now (handshake + segment descriptor) and prime the engine's per-peer handle
+        # cache with a zero-length write: otherwise the first transfer_submit_write does this synchronously and
+        # blocks for up to 60 s when the peer has stalled since. Zero bytes: no memory is read on either side.
+        first = self._te.get_first_buffer_address(address)
+        if first and self._te.transfer_sync_write(address, first, first, 0) != 0:
+            raise PeerError(f"peer {info.name!r} at {address} answered the probe but refused a zero-length write")
         return address
 
     def _forget_peer(self, token: Any) -> None:
@@ -105,9 +109,9 @@ class MooncakeEngine(TransferEngine):
 
     # transfers
     def _start_write(self, peer: Any, src: BoundDescs, dst: BoundDescs, notify: bytes) -> Any:
-        x = _McXfer(peer, [], notify, src.descs[0].addr, dst.descs[0].addr)
-        for s, d in zip(src.descs, dst.descs):
-            tid = self._te.transfer_submit_write(peer, s.addr, d.addr, s.length)
+        x = _McXfer(peer, [], notify, src.descs[0][0], dst.descs[0][0])
+        for (s_addr, length, _), (d_addr, _, _) in zip(src.descs, dst.descs):
+            tid = self._te.transfer_submit_write(peer, s_addr, d_addr, length)
             if tid <= 0:
                 if not x.pending:
                     raise TransferError(f"Mooncake refused a write to {peer} (rc {tid}); is the peer still alive?")
@@ -123,6 +127,8 @@ class MooncakeEngine(TransferEngine):
             st = self._te.transfer_check_status(tid)
             if st == _PENDING:
                 still.append(tid)
+            elif st == _TIMED_OUT:
+                x.errors.append("descriptor timed out inside Mooncake (MC_TRANSFER_TIMEOUT, default 30 s)")
             elif st != _DONE:
                 x.errors.append(f"descriptor failed (status {st})")
         x.pending = still  # a finished id must never be checked again

@@ -15,7 +15,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from shared.transfer.base import BoundDescs, TransferEngine, TransferStatus
+from shared.transfer.base import TransferEngine, TransferStatus
+from shared.transfer.plan import BoundDescs
 from shared.transfer.descs import RegionHandle
 from shared.transfer.endpoint import EndpointInfo
 from shared.transfer.errors import BackendUnavailable, PeerError, RegionError, TransferError
@@ -141,8 +142,8 @@ class NixlEngine(TransferEngine):
     # transfers
     def _start_write(self, peer: Any, src: BoundDescs, dst: BoundDescs, notify: bytes) -> Any:
         try:
-            local = self._agent.get_xfer_descs(_tuples(src), _MEM[src.device])
-            remote = self._agent.get_xfer_descs(_tuples(dst), _MEM[dst.device])
+            local = self._agent.get_xfer_descs(src.descs, _MEM[src.device])
+            remote = self._agent.get_xfer_descs(dst.descs, _MEM[dst.device])
             handle = self._agent.initialize_xfer("WRITE", local, remote, peer, notify)
         except Exception as e:  # noqa: BLE001
             raise TransferError(_nixl_error(f"NIXL could not prepare a write to {peer!r}", e)) from e
@@ -179,6 +180,3 @@ class NixlEngine(TransferEngine):
     def _shutdown(self) -> None:
         del self._agent
 
-
-def _tuples(side: BoundDescs) -> list[tuple[int, int, int]]:
-    return [(d.addr, d.length, dev) for d, dev in zip(side.descs, side.device_ids)]
