@@ -78,3 +78,36 @@ def test_find_region() -> None:
     a, b = RegionHandle(1, 0, 100), RegionHandle(2, 100, 100)
     assert find_region([a, b], PageDesc(100, 100)) == b
     assert find_region([a, b], PageDesc(90, 20)) is None  # straddles both
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.tuples(st.integers(0, 15), st.integers(0, 15)), min_size=1, max_size=24))
+def test_plan_write_coalesces_like_coalesce_pairs(pages: list[tuple[int, int]]) -> None:
+    from shared.transfer.plan import plan_write
+
+    # two local regions that touch in memory (pages 0-7 and 8-15): a merged descriptor must not straddle them
+    local = [RegionHandle(1, 0, 8 * PAGE), RegionHandle(2, 8 * PAGE, 8 * PAGE)]
+    remote = [RegionHandle(-1, 10_000, 16 * PAGE)]
+    src = [PageDesc(s * PAGE, PAGE) for s, _ in pages]
+    dst = [PageDesc(10_000 + d * PAGE, PAGE) for _, d in pages]
+    plan = plan_write(src, dst, local, remote, engine="w", peer="r")
+    keys = [s // 8 for s, _ in pages]
+    csrc, cdst = coalesce_pairs(src, dst, keys)
+    assert [(a, n) for a, n, _ in plan.src.descs] == [(d.addr, d.length) for d in csrc]
+    assert [(a, n) for a, n, _ in plan.dst.descs] == [(d.addr, d.length) for d in cdst]
+    assert plan.nbytes == len(pages) * PAGE
+    assert plan.src_region_ids == {1 + k for k in keys}
+
+
+def test_plan_write_rejects_out_of_region_pairs() -> None:
+    from shared.transfer.errors import RegionError
+    from shared.transfer.plan import plan_write
+
+    local, remote = [RegionHandle(1, 0, 4 * PAGE)], [RegionHandle(-1, 1000, 4 * PAGE)]
+    ok = PageDesc(0, PAGE)
+    with pytest.raises(RegionError, match="source descriptor 1"):
+        plan_write([ok, PageDesc(3 * PAGE + 1, PAGE)], [PageDesc(1000, PAGE)] * 2, local, remote, engine="w", peer="r")
+    with pytest.raises(RegionError, match="destination descriptor 0 .* peer 'r'"):
+        plan_write([ok], [PageDesc(999, PAGE)], local, remote, engine="w", peer="r")
+    with pytest.raises(ValueError, match="at least one"):
+        plan_write([], [], local, remote, engine="w", peer="r")
