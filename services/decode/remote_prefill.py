@@ -62,7 +62,7 @@ class RemotePrefillClient:
             await ch.close()
 
     async def run(self, request: worker_pb2.DecodeRequest, rid: str, params: SamplingParams,
-                  timings: worker_pb2.DecodeTimings) -> AsyncIterator[RequestOutput]:
+                  head: worker_pb2.DecodeResponse) -> AsyncIterator[RequestOutput]:
         svc = self.svc
         aengine, transfer = svc.aengine, svc.transfer
         assert aengine is not None and transfer is not None
@@ -80,7 +80,11 @@ class RemotePrefillClient:
         for attempt, (target_id, address) in enumerate(targets):
             if attempt:
                 self.retries += 1
-            res = await aengine.call(lambda: engine.reserve_remote(rid, prompt, params, request.priority))
+            try:
+                res = await aengine.call(lambda: engine.reserve_remote(rid, prompt, params, request.priority))
+            except asyncio.CancelledError:
+                aengine.abort(rid)  # queued after the reservation: undoes it if it was made before we left
+                raise
             epoch = self.epochs.next(svc.epoch)
             ticket = worker_pb2.HandoffTicket(
                 request_id=request.request_id, epoch=epoch, decode_instance_id=svc.instance_id,
@@ -120,8 +124,9 @@ class RemotePrefillClient:
                     await asyncio.shield(aengine.call(lambda: engine.cancel_remote(rid, timeout_s)))
             if activated:
                 self.handoffs_ok += 1
-                timings.prefill_s = time.monotonic() - t0
-                timings.transfer_s = resp.timings.transfer_s
+                head.timings.prefill_s = time.monotonic() - t0
+                head.timings.transfer_s = resp.timings.transfer_s
+                head.prefill_instance_id = resp.prefill_instance_id or target_id
                 first_token = resp.first_token_id
                 n = 0
                 async for out in aengine.stream(rid, lambda: engine.activate_remote(rid, first_token, lp)):

@@ -146,13 +146,11 @@ class PrefillServicer(worker_pb2_grpc.PrefillServicer):
         # One token only, sampled with the request's own parameters; stop strings are decode's business.
         first_params = dataclasses.replace(params, max_tokens=1, min_tokens=min(params.min_tokens, 1), stop=())
         rid = svc.ids.open(ticket.request_id, int(ticket.epoch))
-        held = False
         try:
             try:
                 first = None
                 async for out in aengine.generate(rid, prompt, first_params, hold_pages=True):
                     first = out
-                held = True
             except InvalidRequest as e:
                 await abort(context, common_pb2.ERROR_CODE_INVALID_ARGUMENT, str(e), instance_id=me)
             except QueueFull as e:
@@ -184,8 +182,13 @@ class PrefillServicer(worker_pb2_grpc.PrefillServicer):
             if svc.faults.active("prefill_corrupt_checksum"):
                 checksum ^= 1
         finally:
-            if held:
-                await aengine.call(lambda: engine.release_held(rid))
+            # Always, and shielded: when decode goes away (the RPC is cancelled) the request may have finished in
+            # the engine, its pages held, just before we saw its last delta. generate() queued an abort first, so
+            # this runs after it: a request still running is aborted, a finished one released.
+            try:
+                await asyncio.shield(aengine.call(lambda: engine.release_held(rid)))
+            except EngineError:  # the engine is shutting down: its pages go with it
+                pass
             svc.ids.close(ticket.request_id, rid)
         svc.pages_written += len(src_pages)
         svc.bytes_written += handle.nbytes

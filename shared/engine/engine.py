@@ -68,6 +68,7 @@ class EngineStats:
     num_waiting: int
     num_free_pages: int
     num_cached_pages: int
+    num_evictable_pages: int  # cached pages no request holds: a new request could take them
     num_total_pages: int
     num_steps: int
     num_preemptions: int
@@ -297,6 +298,7 @@ class Engine:
         return EngineStats(
             num_running=self.scheduler.num_running, num_waiting=self.scheduler.num_waiting,
             num_free_pages=self.allocator.num_free, num_cached_pages=self.cache.num_pages,
+            num_evictable_pages=self.cache.num_evictable,
             num_total_pages=self.allocator.capacity, num_steps=self._totals.steps,
             num_preemptions=c.num_preemptions, num_prompt_tokens=c.num_prompt_tokens,
             num_cached_prompt_tokens=c.num_cached_prompt_tokens, num_generated_tokens=c.num_generated_tokens,
@@ -360,6 +362,8 @@ class AsyncEngine:
         added: concurrent.futures.Future[None] = concurrent.futures.Future()
 
         def add() -> None:
+            if not added.set_running_or_notify_cancel():
+                return  # the caller went away before the engine got here: never admit it
             try:
                 self.engine.add_request(req_id, prompt_token_ids, params, priority, hold_pages=hold_pages)
             except BaseException as e:  # handed to the caller, the engine keeps serving
@@ -369,7 +373,11 @@ class AsyncEngine:
             added.set_result(None)
 
         self._submit(add)
-        await asyncio.wrap_future(added)
+        try:
+            await asyncio.wrap_future(added)
+        except asyncio.CancelledError:
+            self.abort(req_id)  # queued after add(): drops the request if add() already admitted it
+            raise
         finished = False
         try:
             while not finished:
@@ -384,16 +392,24 @@ class AsyncEngine:
                 self.abort(req_id)
 
     async def call(self, fn: Callable[[], T]) -> T:
-        """Run fn on the engine thread (between steps) and return its result; its exception is raised here."""
+        """Run fn on the engine thread (between steps) and return its result; its exception is raised here.
+        Cancelling the caller before fn started skips fn; once started, fn runs to its end (its result is lost),
+        so callers that change engine state shield the call or undo it on cancellation."""
         if self._stopping:
             raise EngineError("the engine is shut down")
         fut: concurrent.futures.Future[T] = concurrent.futures.Future()
 
         def run() -> None:
+            # A caller cancelled before its turn (its task was cancelled, e.g. the RPC ended) cancels the future:
+            # skip fn, and never set a result on a cancelled future (that raises and would end the engine thread).
+            if not fut.set_running_or_notify_cancel():
+                return
             try:
-                fut.set_result(fn())
+                result = fn()
             except BaseException as e:  # handed to the caller, the engine keeps serving
                 fut.set_exception(e)
+                return
+            fut.set_result(result)
 
         self._submit(run)
         return await asyncio.wrap_future(fut)

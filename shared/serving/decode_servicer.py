@@ -32,7 +32,9 @@ class RemotePrefill(Protocol):
     def wants(self, request: worker_pb2.DecodeRequest) -> bool: ...
 
     def run(self, request: worker_pb2.DecodeRequest, rid: str, params: SamplingParams,
-            timings: worker_pb2.DecodeTimings) -> AsyncIterator[RequestOutput]: ...
+            head: worker_pb2.DecodeResponse) -> AsyncIterator[RequestOutput]:
+        """`head`: fields only the first response carries (timings, prefill_instance_id), filled in by run()."""
+        ...
 
 
 class HandoffFailed(EngineError):
@@ -64,10 +66,10 @@ class DecodeServicer(worker_pb2_grpc.DecodeServicer):
             await abort(context, common_pb2.ERROR_CODE_INVALID_ARGUMENT, str(e), instance_id=svc.instance_id)
         rid = svc.ids.open(request.request_id, request.attempt)
         t0 = time.monotonic()
-        timings = worker_pb2.DecodeTimings()
+        head = worker_pb2.DecodeResponse()  # what only the first message carries
         try:
             if self.remote is not None and self.remote.wants(request):
-                stream = self.remote.run(request, rid, params, timings)
+                stream = self.remote.run(request, rid, params, head)
             else:
                 stream = aengine.generate(rid, list(request.prompt_token_ids), params, priority=request.priority)
             first = True
@@ -80,9 +82,10 @@ class DecodeServicer(worker_pb2_grpc.DecodeServicer):
                 if out.new_logprobs:
                     msg.logprobs.extend(logprob_to_pb(lp) for lp in out.new_logprobs)
                 if first:
-                    if not timings.prefill_s:
-                        timings.prefill_s = time.monotonic() - t0
-                    msg.timings.CopyFrom(timings)
+                    if not head.timings.prefill_s:
+                        head.timings.prefill_s = time.monotonic() - t0
+                    msg.timings.CopyFrom(head.timings)
+                    msg.prefill_instance_id = head.prefill_instance_id
                     first = False
                 if out.finished:
                     stop = matched_stop_to_pb(out.stop_reason)

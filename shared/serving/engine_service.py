@@ -120,8 +120,10 @@ class EngineService(Service):
             return LoadSnapshot(running=self.gate.inflight)
         s = self.aengine.stats()
         queued_tokens = self._queued_prefill_tokens()
+        # Free = what a new request could get: free pages plus cached pages nobody holds. Cached pages that running,
+        # arriving (hand-off) or held requests use are not free, nor are quarantined ones.
         return LoadSnapshot(running=s.num_running, queued=s.num_waiting, queued_prefill_tokens=queued_tokens,
-                            free_pages=s.num_free_pages + s.num_cached_pages, total_pages=s.num_total_pages,
+                            free_pages=s.num_free_pages + s.num_evictable_pages, total_pages=s.num_total_pages,
                             tokens_per_s=self._rate.update(s.num_generated_tokens + s.num_prompt_tokens))
 
     def _queued_prefill_tokens(self) -> int:

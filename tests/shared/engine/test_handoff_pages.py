@@ -264,3 +264,55 @@ def test_held_pages_stay_until_released_and_then_feed_the_prefix_cache():
     with pytest.raises(UnknownRequest):
         pre.held_pages("x")
     assert idle_and_clean(pre)
+
+
+# ---- AsyncEngine: a caller that goes away mid-command ---------------------------------------------------------------
+async def _busy(a: AsyncEngine, seconds: float) -> asyncio.Task[None]:
+    """Keep the engine thread inside one command for `seconds`, so the next commands queue behind it."""
+    started = asyncio.Event()
+    loop = asyncio.get_running_loop()
+
+    def block() -> None:
+        loop.call_soon_threadsafe(started.set)
+        time.sleep(seconds)
+
+    task = asyncio.ensure_future(a.call(block))
+    await started.wait()
+    return task
+
+
+async def test_cancelled_call_leaves_the_engine_thread_running():
+    # decode killed while prefill awaits engine.held_pages(): the RPC task is cancelled mid-call
+    eng = make_engine()
+    a = AsyncEngine(eng)
+    try:
+        busy = await _busy(a, 0.2)
+        t = asyncio.ensure_future(a.call(lambda: 42))
+        await asyncio.sleep(0.01)
+        t.cancel()
+        await busy
+        assert await asyncio.wait_for(a.call(lambda: 7), 5) == 7, "engine thread died"
+    finally:
+        a.shutdown()
+
+
+async def test_generate_cancelled_before_admission_holds_nothing():
+    # a hold_pages request whose caller is gone before the engine took it: it must not run and hold pages
+    eng = make_engine(num_pages=16)
+    a = AsyncEngine(eng)
+
+    async def consume() -> None:
+        async for _ in a.generate("h", list(range(1, 11)), dataclasses.replace(GREEDY, max_tokens=1), hold_pages=True):
+            pass
+
+    try:
+        busy = await _busy(a, 0.2)
+        t = asyncio.ensure_future(consume())
+        await asyncio.sleep(0.01)
+        t.cancel()
+        await busy
+        await asyncio.sleep(0.1)
+        assert await asyncio.wait_for(a.call(lambda: eng.release_held("h")), 5) is False
+        assert await a.call(lambda: idle_and_clean(eng) and eng.allocator.num_free == 16)
+    finally:
+        a.shutdown()
