@@ -1,11 +1,12 @@
-"""The gateway over a real cluster: etcd + NATS + two colocated workers (`python -m services.worker`) on a tiny model +
-the gateway (`python -m services.gateway`), all real processes.
+"""The gateway over a real cluster: etcd + NATS + the gateway (`python -m services.gateway`) + two model instances on
+a tiny model, all real processes, in two topologies: two colocated workers (`services.worker`), and two decode
+instances with one prefill instance (`services.decode`, `services.prefill`: disaggregated, KV hand-off over NIXL).
 
 Checked: chat (streaming and not) gives exactly the greedy output of the engine run in this process; a repeated
 prompt is routed to the worker holding its prefix (KV events -> KV index); the gRPC API; unknown models; a client
 disconnect aborts the request on the worker (its load report's running count drops) and publishes a NATS cancel;
-a worker SIGKILLed mid-stream leaves the client with one complete, correct stream (replay on the other worker).
-The kill test runs last: it leaves one worker.
+a worker (decode) SIGKILLed mid-stream leaves the client with one complete, correct stream (replay on the other).
+The kill test runs last in each topology: it leaves one instance.
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ import pytest
 from proto.pdrelay.v1 import common_pb2, gateway_pb2, gateway_pb2_grpc
 from shared.cluster.bus.cancel import Cancel, subscribe_cancel
 from shared.cluster.bus.client import Bus, Meta
+from shared.cluster.bus.kv_events import KVEvent, KVOpKind, subscribe_kv_events
 from shared.cluster.bus.load import LoadTable
 from shared.cluster.handshake import ReadyInfo, read_ready_file
 from shared.cluster.localcluster.servers import EtcdServer, NatsServer, stop_process
@@ -56,10 +58,12 @@ class Proc:
 
 @dataclass
 class Cluster:
+    topology: str
     model_dir: Path
     etcd: EtcdServer
     nats: NatsServer
-    workers: dict[str, Proc]
+    workers: dict[str, Proc]  # the instances the gateway calls (workers, or decodes)
+    others: list[Proc]  # prefill instances
     gateway: Proc
 
     @property
@@ -68,7 +72,8 @@ class Cluster:
         return f"http://{self.gateway.ready.http}"
 
     def logs(self) -> str:
-        return "\n".join(f"----- {p.name}\n{p.log()[-3000:]}" for p in (*self.workers.values(), self.gateway))
+        return "\n".join(f"----- {p.name}\n{p.log()[-3000:]}"
+                         for p in (*self.workers.values(), *self.others, self.gateway))
 
 
 def _spawn(name: str, module: str, args: list[str], tmp: Path) -> Proc:
@@ -101,27 +106,37 @@ def _long_context_model(tmp: Path) -> Path:
     return model_dir
 
 
-@pytest.fixture(scope="module")
-def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
-    tmp = tmp_path_factory.mktemp("gateway-cluster")
+TOPOLOGIES = {"colocated": (("worker", 2),), "disaggregated": (("prefill", 1), ("decode", 2))}
+
+
+@pytest.fixture(scope="module", params=list(TOPOLOGIES))
+def cluster(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
+    topology = request.param
+    tmp = tmp_path_factory.mktemp(f"gateway-{topology}")
     model_dir = _long_context_model(tmp / "models")
     etcd, nats = start_etcd(tmp), start_nats(tmp)
     common = ["--etcd-endpoints", etcd.url, "--nats-url", nats.url, "--cluster", CLUSTER, "--lease-ttl-s", "2",
               "--model", str(model_dir)]
     procs: list[Proc] = []
     try:
-        workers = {}
-        for i in (1, 2):
-            name = f"worker-{i}"
-            workers[name] = _spawn(name, "services.worker", [
-                *common, "--instance-id", name, "--threads", "1", "--num-pages", "2048",
-                "--load-report-interval-s", "0.05"], tmp)
-            procs.append(workers[name])
+        called: dict[str, Proc] = {}
+        others: list[Proc] = []
+        for role, count in TOPOLOGIES[topology]:
+            for i in range(1, count + 1):
+                name = f"{role}-{i}"
+                proc = _spawn(name, f"services.{role}", [
+                    *common, "--instance-id", name, "--threads", "1", "--num-pages", "2048",
+                    "--load-report-interval-s", "0.05"], tmp)
+                procs.append(proc)
+                if role == "prefill":
+                    others.append(proc)
+                else:
+                    called[name] = proc
         gateway = _spawn("gateway-1", "services.gateway", [*common, "--instance-id", "gateway-1", "--port", "0",
                                                           "--request-retries", "2"], tmp)
         procs.append(gateway)
         _wait_ready(procs, READY_TIMEOUT_S)
-        yield Cluster(model_dir, etcd, nats, workers, gateway)
+        yield Cluster(topology, model_dir, etcd, nats, called, others, gateway)
     finally:
         for p in procs:
             stop_process(p.proc)
@@ -153,16 +168,28 @@ def tokenizer(cluster: Cluster):  # -> GatewayTokenizer
     return GatewayTokenizer.from_dir(cluster.model_dir)
 
 
-async def _watch_bus(cluster: Cluster) -> tuple[Bus, LoadTable, list[Cancel]]:
+@dataclass
+class BusWatch:
+    bus: Bus
+    loads: LoadTable
+    cancels: list[Cancel]
+    stored_by: dict[str, int]  # instance id -> pages its KV events reported stored
+
+
+async def _watch_bus(cluster: Cluster) -> BusWatch:
     bus = await Bus(cluster.nats.url, name="test").connect()
-    loads = await LoadTable().subscribe(bus, CLUSTER)
-    cancels: list[Cancel] = []
+    w = BusWatch(bus, await LoadTable().subscribe(bus, CLUSTER), [], {})
 
     def on_cancel(msg: Cancel, meta: Meta) -> None:
-        cancels.append(msg)
+        w.cancels.append(msg)
+
+    def on_kv(ev: KVEvent, meta: Meta) -> None:
+        n = sum(len(op.block_hashes) for op in ev.ops if op.kind == KVOpKind.STORED)
+        w.stored_by[ev.instance_id] = w.stored_by.get(ev.instance_id, 0) + n
 
     await subscribe_cancel(bus, CLUSTER, on_cancel)
-    return bus, loads, cancels
+    await subscribe_kv_events(bus, CLUSTER, on_kv)
+    return w
 
 
 async def _wait(predicate, timeout: float, what: str) -> float:  # type: ignore[no-untyped-def]
@@ -174,8 +201,9 @@ async def _wait(predicate, timeout: float, what: str) -> float:  # type: ignore[
     return time.monotonic() - t0
 
 
-def _running(loads: LoadTable) -> dict[str, int]:
-    return {iid: r.load.running for iid, r in loads.fresh(0.5).items()}
+def _running(loads: LoadTable, cluster: Cluster) -> dict[str, int]:
+    """Running requests of the instances the gateway calls (workers or decodes), from their load reports."""
+    return {iid: r.load.running for iid, r in loads.fresh(0.5).items() if iid in cluster.workers}
 
 
 def _sse_events(lines: list[str]) -> list[dict]:
@@ -190,6 +218,7 @@ async def test_chat_matches_the_engine_streaming_and_not(cluster: Cluster, refer
     want_ids = reference(prompt, 24)
     want = tokenizer.decode(want_ids)
     body = {"messages": MESSAGES, "max_tokens": 24, "temperature": 0, "ignore_eos": True}
+    watch = await _watch_bus(cluster)
     async with httpx.AsyncClient(base_url=cluster.http, timeout=30) as c:
         assert (await c.get("/ready")).status_code == 200, cluster.logs()
         r = await c.post("/v1/chat/completions", json=body)
@@ -203,13 +232,20 @@ async def test_chat_matches_the_engine_streaming_and_not(cluster: Cluster, refer
         text = "".join(e["choices"][0]["delta"].get("content") or "" for e in events)
         assert text == want
         assert events[-1]["choices"][0]["finish_reason"] == "length"
+    try:
+        if cluster.topology == "disaggregated":
+            # The prompt (two full pages) was computed by the prefill instance, which cached it.
+            await _wait(lambda: watch.stored_by.get("prefill-1", 0) >= len(prompt) // 16, 5, "prefill KV events")
+    finally:
+        await watch.bus.close()
 
 
 async def test_repeated_prompt_goes_to_the_worker_holding_its_prefix(cluster: Cluster, tokenizer) -> None:
     long_text = " ".join(f"item {i} of a long shared document;" for i in range(60))
     messages = [{"role": "system", "content": long_text}, {"role": "user", "content": "Summarize."}]
     assert len(tokenizer.encode_chat(messages)) > 200
-    bus, loads, _ = await _watch_bus(cluster)
+    watch = await _watch_bus(cluster)
+    loads = watch.loads
     try:
         async with httpx.AsyncClient(base_url=cluster.http, timeout=30) as c:
             cached = []
@@ -223,7 +259,7 @@ async def test_repeated_prompt_goes_to_the_worker_holding_its_prefix(cluster: Cl
         # Every repeat lands where the prefix is (round robin would alternate and miss every other time).
         assert all(c >= 192 for c in cached[1:]), f"cached tokens per request: {cached}"
     finally:
-        await bus.close()
+        await watch.bus.close()
 
 
 async def test_grpc_api_generate_tokenize_models_health(cluster: Cluster, reference, tokenizer) -> None:
@@ -232,7 +268,8 @@ async def test_grpc_api_generate_tokenize_models_health(cluster: Cluster, refere
         stub = gateway_pb2_grpc.GatewayStub(ch)
         health = await stub.Health(gateway_pb2.HealthRequest())
         assert health.serving and not health.discovery_stale
-        assert {(r.role, r.ready) for r in health.roles} >= {("worker", 2)}
+        want_roles = {(role, n) for role, n in TOPOLOGIES[cluster.topology]}
+        assert {(r.role, r.ready) for r in health.roles} >= want_roles
         models = await stub.ListModels(gateway_pb2.ListModelsRequest())
         assert [m.id for m in models.models] == [cluster.model_dir.name]
         tok = await stub.Tokenize(gateway_pb2.TokenizeRequest(text="hello world"))
@@ -261,9 +298,10 @@ async def test_unknown_model_is_404(cluster: Cluster) -> None:
 
 
 async def test_client_disconnect_aborts_on_the_worker(cluster: Cluster, tokenizer) -> None:
-    bus, loads, cancels = await _watch_bus(cluster)
+    watch = await _watch_bus(cluster)
+    loads, cancels = watch.loads, watch.cancels
     try:
-        await _wait(lambda: len(loads.fresh(0.5)) == 2 and not any(_running(loads).values()), 10,
+        await _wait(lambda: len(_running(loads, cluster)) == 2 and not any(_running(loads, cluster).values()), 10,
                     "both workers idle")
         body = {"prompt": "count", "max_tokens": CONTEXT - 100, "temperature": 0, "ignore_eos": True, "stream": True}
         async with httpx.AsyncClient(base_url=cluster.http, timeout=30) as c:
@@ -274,13 +312,13 @@ async def test_client_disconnect_aborts_on_the_worker(cluster: Cluster, tokenize
                     line = await anext(lines)
                     if line.startswith("data: {"):
                         first = json.loads(line[6:])
-                await _wait(lambda: sum(_running(loads).values()) == 1, 5, "the request running on a worker")
+                await _wait(lambda: sum(_running(loads, cluster).values()) == 1, 5, "the request running on a worker")
             # leaving the block closed the connection mid-stream (thousands of tokens were still to come)
-        took = await _wait(lambda: not any(_running(loads).values()), 5, "the worker aborted the request")
+        took = await _wait(lambda: not any(_running(loads, cluster).values()), 5, "the worker aborted the request")
         await _wait(lambda: any(c.request_id == first["id"] for c in cancels), 5, "a NATS cancel")
         assert took < 5
     finally:
-        await bus.close()
+        await watch.bus.close()
 
 
 async def test_worker_killed_mid_stream_is_replayed(cluster: Cluster, reference, tokenizer) -> None:
@@ -288,9 +326,10 @@ async def test_worker_killed_mid_stream_is_replayed(cluster: Cluster, reference,
     prompt = tokenizer.encode_text(prompt_text)
     n = 1500
     want = tokenizer.decode(reference(prompt, n))
-    bus, loads, _ = await _watch_bus(cluster)
+    watch = await _watch_bus(cluster)
+    loads = watch.loads
     try:
-        await _wait(lambda: len(loads.fresh(0.5)) == 2 and not any(_running(loads).values()), 10,
+        await _wait(lambda: len(_running(loads, cluster)) == 2 and not any(_running(loads, cluster).values()), 10,
                     "both workers idle")
         body = {"prompt": prompt_text, "max_tokens": n, "temperature": 0, "ignore_eos": True, "stream": True}
         victim = ""
@@ -302,8 +341,8 @@ async def test_worker_killed_mid_stream_is_replayed(cluster: Cluster, reference,
                     if line.startswith("data: {"):
                         events.append(json.loads(line[6:]))
                     if len(events) == 5:
-                        await _wait(lambda: sum(_running(loads).values()) == 1, 5, "the request on a worker")
-                        victim = next(iid for iid, n_run in _running(loads).items() if n_run)
+                        await _wait(lambda: sum(_running(loads, cluster).values()) == 1, 5, "the request on a worker")
+                        victim = next(iid for iid, n_run in _running(loads, cluster).items() if n_run)
                         os.kill(cluster.workers[victim].proc.pid, signal.SIGKILL)
         assert victim, "the stream ended before the kill"
         assert cluster.workers[victim].proc.wait(5) == -signal.SIGKILL
@@ -312,7 +351,8 @@ async def test_worker_killed_mid_stream_is_replayed(cluster: Cluster, reference,
         assert text == want, f"replayed stream differs from the engine's greedy output\n{cluster.logs()}"
         rid = events[0]["id"]
         gateway_log = cluster.gateway.log()
-        assert f"request {rid} attempt 0 on colocated {victim} failed" in gateway_log, \
-            "the stream must have been cut and replayed, not finished before the kill"
+        cut = [line for line in gateway_log.splitlines() if f"request {rid} attempt 0 on " in line]
+        assert cut and victim in cut[0] and "failed" in cut[0], \
+            f"the stream must have been cut and replayed, not finished before the kill\n{gateway_log[-3000:]}"
     finally:
-        await bus.close()
+        await watch.bus.close()

@@ -3,9 +3,11 @@
     round_robin  rotate through the pool, ignoring load (a baseline, and what sglang-router calls round_robin)
     least_load   decode/worker by running requests and KV pages in use; prefill by queued prompt tokens
     kv_aware     (default) prefill by predicted cost = queued prefill tokens + prompt tokens not cached there
-                 (prefix overlap from the KV index); decode by load as in least_load; colocated workers by
-                 queued prefill + uncached prompt tokens + KV tokens held by running requests, the potential
-                 prefill blocks + potential decode blocks cost of Dynamo's KV router with unit weights
+                 (prefix overlap from the KV index); colocated workers and decodes by queued prefill + uncached
+                 prompt tokens + KV tokens held by running requests, the potential prefill blocks + potential
+                 decode blocks cost of Dynamo's KV router with unit weights. A decode that holds the prompt's
+                 prefix takes only the rest through the hand-off (and the prefill skips writing it), so decode
+                 overlap counts as well as decode load.
 
 Loads come from the instances' reports (every ~200 ms), which lag a burst of requests; `Signals` adds what this
 gateway itself sent since (requests in flight, prompt tokens whose first token has not come back) so that ten
@@ -153,12 +155,17 @@ class KVAware(LeastLoad):
                                      for c in cands])
 
     def rank_worker(self, cands: Sequence[Candidate], req: RouteRequest, sig: Signals) -> list[Candidate]:
-        scored = []
-        for c in cands:
-            no_room = decode_score(c, req, sig)[0]
-            cost = prefill_cost(c, req, sig) + active_kv_tokens(c, sig)
-            scored.append(Scored(c, (no_room, float(cost), float(busy_requests(c, sig)))))
-        return self.rank("worker", scored)
+        return self.rank("worker", [Scored(c, kv_load_score(c, req, sig)) for c in cands])
+
+    def rank_decode(self, cands: Sequence[Candidate], req: RouteRequest, sig: Signals) -> list[Candidate]:
+        return self.rank("decode", [Scored(c, kv_load_score(c, req, sig)) for c in cands])
+
+
+def kv_load_score(cand: Candidate, req: RouteRequest, sig: Signals) -> tuple[float, ...]:
+    """Lower is better: (cannot fit the request's KV, queued + uncached prompt tokens + active KV tokens, busy)."""
+    no_room = decode_score(cand, req, sig)[0]
+    cost = prefill_cost(cand, req, sig) + active_kv_tokens(cand, sig)
+    return (no_room, float(cost), float(busy_requests(cand, sig)))
 
 
 def make_policy(name: str) -> Policy:

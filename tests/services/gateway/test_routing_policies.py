@@ -123,3 +123,17 @@ def test_kv_aware_ignores_an_unrelated_prefix() -> None:
 def test_unknown_policy_is_rejected_with_the_choices() -> None:
     with pytest.raises(ValueError, match="kv_aware, least_load, round_robin"):
         make_policy("random")
+
+
+def test_kv_aware_decode_prefers_the_decode_holding_the_prefix() -> None:
+    """A decode with the prefix cached takes only the rest through the hand-off."""
+    r = Router(make_policy("kv_aware"))
+    held(r, "d2", PROMPT, pages=10)
+    pools = Pools(decode=(cand("d1", "decode"), cand("d2", "decode")), prefill=(cand("p1"),))
+    assert {r.plan(req(), pools).decode.instance_id for _ in range(4)} == {"d2"}
+    # Load still wins over a small saving: d2 holds 500 pages (8000 tokens) of running requests' KV.
+    busy = Pools(decode=(cand("d1", "decode"), cand("d2", "decode", free_pages=500)), prefill=(cand("p1"),))
+    assert r.plan(req(), busy).decode.instance_id == "d1"
+    # least_load ignores the prefix: the two idle decodes take turns.
+    ll = Router(make_policy("least_load"), kv_index=r.kv_index)
+    assert Counter(ll.plan(req(), pools).decode.instance_id for _ in range(4)) == {"d1": 2, "d2": 2}
