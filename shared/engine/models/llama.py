@@ -61,6 +61,18 @@ class DecoderLayer(nn.Module):
         self.gate_up_weight = _param(2 * cfg.intermediate_size, cfg.hidden_size, dtype=dtype)
         self.down_weight = _param(cfg.hidden_size, cfg.intermediate_size, dtype=dtype)
 
+    def _gated(self, x: torch.Tensor) -> torch.Tensor:
+        """silu(x @ gate.T) * (x @ up.T): [T, hidden] -> [T, inter].
+
+        On CPU two GEMMs over the contiguous halves of the fused weight measured ~5% faster than one GEMM of
+        twice the width at decode batch sizes (MKL, fp32, M = 16); with many tokens the fused GEMM + silu_and_mul
+        is as fast and one op fewer.
+        """
+        if x.shape[0] > 64 or x.device.type != "cpu":
+            return silu_and_mul(F.linear(x, self.gate_up_weight))
+        inter = self.gate_up_weight.shape[0] // 2
+        return F.silu(F.linear(x, self.gate_up_weight[:inter])) * F.linear(x, self.gate_up_weight[inter:])
+
     def weight_map(self, cfg: ModelArchConfig) -> dict[str, WeightSlot]:
         """HF tensor name -> slot, for this layer."""
         pre, me = f"model.layers.{self.layer_id}.", f"layers.{self.layer_id}."
@@ -119,7 +131,7 @@ class DecoderLayer(nn.Module):
         o = attn.forward(q, k, v, kv.k(self.layer_id), kv.v(self.layer_id), meta, self.scale)  # [T, H, D]
         x = F.linear(o.reshape(t, self.q_size), self.o_weight, self.o_bias)
         x, residual = fused_add_rms_norm(x, residual, self.post_norm, self.eps)
-        x = F.linear(silu_and_mul(F.linear(x, self.gate_up_weight)), self.down_weight)
+        x = F.linear(self._gated(x), self.down_weight)
         return x, residual
 
 
