@@ -25,6 +25,9 @@ from shared.cluster.handshake import ReadyInfo, parse_ready_line
 from shared.cluster.localcluster.servers import EtcdServer, NatsServer, stop_process
 
 READY_TIMEOUT_S = 120.0  # several model processes starting together on a busy 2-core box
+BACKENDS = ("nixl", "mooncake")
+HANDOFF_TIMEOUT_S = 3.0  # the decode's --handoff-timeout-s in conftest.py: quarantine of a failed attempt's pages
+NUM_PAGES = ("--num-pages", "256")  # 16 concurrent prompts of up to 12 pages each fit without queueing
 
 
 @dataclass(frozen=True)
@@ -35,6 +38,27 @@ class Spec:
     args: tuple[str, ...] = ()
 
 
+@dataclass
+class Servers:
+    tmp: Path
+    etcd: EtcdServer
+    nats: NatsServer
+    model_dir: Path
+
+
+@dataclass
+class BackendCluster:
+    backend: str
+    cluster: str
+    procs: dict[str, ServiceProc]
+    nats_url: str
+    model_dir: Path
+
+    def __getitem__(self, name: str) -> ServiceProc:
+        """By name without the backend suffix: cl["d"], cl["pa-healthy"], ..."""
+        return self.procs[f"{name}-{self.backend}"]
+
+
 class ServiceProc:
     def __init__(self, spec: Spec, tmp: Path, etcd: EtcdServer, nats: NatsServer, model: str | Path) -> None:
         self.spec = spec
@@ -43,7 +67,7 @@ class ServiceProc:
         self.err_path = tmp / f"{spec.instance_id}.err"
         cmd = [sys.executable, "-m", f"services.{spec.role}", "--etcd-endpoints", etcd.url, "--nats-url", nats.url,
                "--cluster", spec.cluster, "--instance-id", spec.instance_id, "--model", str(model), "--threads", "1",
-               "--lease-ttl-s", "2", "--load-report-interval-s", "0.1", *spec.args]
+               "--lease-ttl-s", "5", "--load-report-interval-s", "0.1", *spec.args]
         env = dict(os.environ, HF_HUB_OFFLINE="1", OMP_NUM_THREADS="1", TOKENIZERS_PARALLELISM="false")
         with open(self.out_path, "wb") as out, open(self.err_path, "wb") as err:
             self.proc = subprocess.Popen(cmd, stdout=out, stderr=err, stdin=subprocess.DEVNULL, env=env)
