@@ -141,14 +141,3 @@ def tiny_qwen3_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def tiny_model_dir(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Path:
     """Each architecture in turn."""
     return _tiny(tmp_path_factory, request.param)
-
-
-@pytest.fixture(autouse=False)
-def one_thread():
-    """torch.set_num_threads(1) for the test (the box is shared), restored after."""
-    import torch
-
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
