@@ -61,6 +61,7 @@ class GrpcBackend:
         self._origin = origin
         self.channels = channels if channels is not None else ChannelPool()
         self._retry_after_s = retry_after_s
+        self.finish_grace_s = 5.0
         self._background: set[asyncio.Task[object]] = set()
         self.retries = 0  # attempts after a failure (replays included), for metrics and tests
         self.replays = 0  # of which continued a stream that had already sent tokens
@@ -189,8 +190,11 @@ class GrpcBackend:
                 self._publish_cancel(req.request_id)
             raise
         finally:
-            if not completed and call is not None:
-                call.cancel()
+            if call is not None:
+                if completed:
+                    self._reap(call)
+                else:
+                    call.cancel()
 
     # ------------------------------------------------------------------ errors
 
@@ -214,6 +218,20 @@ class GrpcBackend:
         return InvalidRequest(verdict.message)
 
     # ------------------------------------------------------------------ cancellation
+
+    def _reap(self, call: grpc.aio.UnaryStreamCall) -> None:
+        """The last message arrived: read the call's status so the RPC ends normally, and cancel it if the worker
+        keeps the stream open for longer than `finish_grace_s` after its final message (its work is over)."""
+
+        async def wait_status() -> None:
+            try:
+                await asyncio.wait_for(call.code(), self.finish_grace_s)
+            except (asyncio.TimeoutError, grpc.aio.AioRpcError):
+                call.cancel()
+
+        task: asyncio.Task[object] = asyncio.ensure_future(wait_status())
+        self._background.add(task)
+        task.add_done_callback(self._background.discard)
 
     def _publish_cancel(self, request_id: str) -> None:
         """Tell every instance holding work for the request (decode, its prefill, an older attempt) to drop it.

@@ -26,6 +26,7 @@ from services.gateway.asgi import Receive, Scope, Send
 from services.gateway.errors import ApiError
 from services.gateway.grpc_api import ApiContext, GatewayApi
 from services.gateway.grpc_backend import GrpcBackend
+from services.gateway.routing.metrics import BackendCollector
 from services.gateway.server import build_app, load_tokenizer, served_names_of
 from shared.cluster.bus.load import LoadSnapshot
 from shared.cluster.errors import StartupError
@@ -115,6 +116,7 @@ class GatewayService(Service):
                                           cluster=self.cluster, origin=self.instance_id)
         await self.backend.start()
         self.app = build_app(cfg, self.backend, tokenizer=tokenizer)
+        self.app.metrics.registry.register(BackendCollector(self.backend))
         self.api.attach(ApiContext(backend=self.backend, tokenizer=tokenizer, served_model_names=(primary,),
                                    aliases=tuple(aliases), model_root=cfg.model.model, metrics=self.app.metrics,
                                    membership=self.membership, instance_id=self.instance_id))

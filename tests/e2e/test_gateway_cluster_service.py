@@ -187,6 +187,9 @@ async def test_ready_line_registration_and_readiness(env: Env, worker: FakeWorke
 
         tok = AutoTokenizer.from_pretrained(str(env.model_dir))
         assert r.json()["choices"][0]["message"]["content"] == tok.decode([TOKENS[i % 4] for i in range(6)])
+        metrics = (await c.get("/metrics")).text
+        assert 'pdrelay:gateway_instances_ready{role="worker"} 1.0' in metrics
+        assert "pdrelay:time_to_first_token_seconds_count" in metrics
 
 
 async def test_overloaded_workers_give_429(env: Env, worker: FakeWorker) -> None:
@@ -226,7 +229,10 @@ async def test_sigterm_drains_streams_then_exits_0(env: Env, worker: FakeWorker)
     assert "data: [DONE]" in seen
     assert len("".join(e["choices"][0]["delta"].get("content") or "" for e in events)) == n, "a token went missing"
     assert events[-1]["choices"][0]["finish_reason"] == "length"
-    assert worker.finished == worker.served == 1, "the stream ran to its end on the worker"
+    deadline = time.monotonic() + 3
+    while worker.finished < 1 and time.monotonic() < deadline:  # the worker resumes after its last message is out
+        await asyncio.sleep(0.02)
+    assert worker.finished == worker.served == 1, "the stream ran to its end on the worker, not cancelled"
     assert await asyncio.to_thread(env.gateway.proc.wait, 20) == 0, env.gateway.log()[-3000:]
     client = await connect_etcd([env.etcd.url])
     try:

@@ -50,6 +50,7 @@ class Behaviour:
     error_after: int | None = None  # end the stream with an INTERNAL error message after this many tokens
     token_delay_s: float = 0.0
     refuse_if_prefill: str = ""  # answer TRANSFER_FAILED when the request names this prefill instance
+    linger_s: float = 0.0  # keep the stream open this long after the last message
 
 
 @dataclass
@@ -97,6 +98,8 @@ class FakeDecode(worker_pb2_grpc.DecodeServicer):
                     msg.usage.CopyFrom(common_pb2.Usage(prompt_tokens=len(request.prompt_token_ids),
                                                         completion_tokens=max_tokens, cached_tokens=16))
                 yield msg
+            if b.linger_s:
+                await asyncio.sleep(b.linger_s)
         except asyncio.CancelledError:
             self.cancelled.set()
             raise
@@ -410,4 +413,34 @@ async def test_leaving_instance_loses_its_channel(cluster: Cluster) -> None:
     assert "w1" in backend.channels and "w2" in backend.channels
     cluster.membership.leave("w1")
     assert "w1" not in backend.channels and "w2" in backend.channels
+    await backend.close()
+
+
+async def test_metrics_collector_reports_retries_and_breakers(cluster: Cluster) -> None:
+    from prometheus_client import CollectorRegistry, generate_latest
+
+    from services.gateway.routing.metrics import BackendCollector
+
+    await cluster.add("w1", crash_after=2)
+    await cluster.add("w2")
+    backend = backend_for(cluster, threshold=1)
+    await backend.start()
+    registry = CollectorRegistry()
+    registry.register(BackendCollector(backend))
+    await collect(backend, request(max_tokens=5))
+    text = generate_latest(registry).decode()
+    assert "pdrelay:gateway_retries_total 1.0" in text and "pdrelay:gateway_replays_total 1.0" in text
+    assert 'pdrelay:gateway_circuit_breakers{state="open"} 1.0' in text
+    assert 'pdrelay:gateway_instances_ready{role="worker"} 2.0' in text
+    await backend.close()
+
+
+
+async def test_stream_left_open_after_the_last_message_is_cancelled(cluster: Cluster) -> None:
+    fake = await cluster.add("w1", linger_s=30.0)
+    backend = backend_for(cluster)
+    backend.finish_grace_s = 0.2
+    await backend.start()
+    assert tokens(await collect(backend, request(max_tokens=3))) == reference(PROMPT, 3)
+    await asyncio.wait_for(fake.cancelled.wait(), 5.0)
     await backend.close()
