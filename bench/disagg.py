@@ -1,0 +1,278 @@
+"""Hand-off benchmark: time to first token disaggregated (decode + prefill, KV over NIXL or Mooncake) vs colocated.
+
+    python -m bench.disagg [--backends nixl,mooncake] [--lengths 256,1024,2048] [--reps 3] [--quick] [--json-out P]
+    pdrelay bench handoff ...   (same flags)
+
+Starts etcd and NATS, one colocated worker, and per backend one prefill + one decode (each service with
+--threads, default 1, so every mode computes on one core), all on the bundled model unless --model says
+otherwise. Each round sends, for every prompt length, one request per mode in turn (colocated, then each backend)
+with max_tokens=1 and a prompt of fresh random token ids (no prefix-cache hit anywhere), and measures TTFT at the
+client. Printed per length and backend (medians over rounds):
+    TTFT colocated, TTFT disaggregated,
+    overhead = TTFT_disagg - TTFT_colocated (transfer + protocol: reserve, ticket, checksums, activation, RPCs),
+               the median of per-round differences, as a fraction of the colocated TTFT,
+    transfer = the prefill-reported KV write time (DecodeResponse.timings.transfer_s), as a fraction of TTFT,
+    and the KV bytes moved (whole pages of the prompt).
+Target: overhead <= 10% of TTFT at 1024 tokens with NIXL. A warm-up request per mode (the first hand-off also
+connects the transfer engines) is not counted.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import random
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+TARGET_OVERHEAD = 0.10  # of TTFT, at 1024 prompt tokens, NIXL
+TARGET_TOKENS = 1024
+READY_TIMEOUT_S = 180.0
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--model", default="bundled:smollm2-135m-instruct",
+                   help="model of every service: 'bundled:smollm2-135m-instruct' or a local model directory")
+    p.add_argument("--backends", default="nixl,mooncake", help="comma-separated transfer backends (nixl, mooncake)")
+    p.add_argument("--lengths", default="256,1024,2048", help="comma-separated prompt lengths in tokens")
+    p.add_argument("--reps", type=int, default=3, help="measured rounds per length (each mode once per round)")
+    p.add_argument("--threads", type=int, default=1, help="torch threads of each service")
+    p.add_argument("--page-size", type=int, default=16, help="--page-size of every service")
+    p.add_argument("--seed", type=int, default=0, help="seed of the random prompts")
+    p.add_argument("--quick", action="store_true", help="smoke run: prompts of 64 and 256 tokens, 2 rounds")
+    p.add_argument("--json-out", default=None, help="also write the results as JSON to this file")
+
+
+# ---- processes --------------------------------------------------------------------------------------------------
+class _Service:
+    """One pdrelay service as a child process; stdout (the ready line, NIXL logs) and stderr go to files."""
+
+    def __init__(self, role: str, name: str, cluster: str, args: Sequence[str], tmp: Path, etcd: str,
+                 nats: str) -> None:
+        from shared.cluster.localcluster.servers import die_with_parent
+
+        self.name = name
+        self.out = tmp / f"{name}.out"
+        self.err = tmp / f"{name}.err"
+        cmd = [sys.executable, "-m", f"services.{role}", "--etcd-endpoints", etcd, "--nats-url", nats,
+               "--cluster", cluster, "--instance-id", name, *args]
+        env = {**os.environ, "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false"}
+        with open(self.out, "wb") as out, open(self.err, "wb") as err:
+            self.proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=out, stderr=err, env=env,
+                                         preexec_fn=die_with_parent)
+        self.ready: Any = None
+
+    def poll_ready(self) -> bool:
+        from shared.cluster.handshake import parse_ready_line
+
+        if self.ready is None:
+            if self.proc.poll() is not None:
+                tail = self.err.read_text(errors="replace")[-3000:]
+                raise RuntimeError(f"{self.name} exited with {self.proc.returncode} before it was ready:\n{tail}")
+            for line in self.out.read_bytes().splitlines():
+                self.ready = parse_ready_line(line) or self.ready
+        return self.ready is not None
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.terminate()
+        try:
+            self.proc.wait(20)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait(5)
+
+
+def _start_all(services: list[_Service]) -> None:
+    deadline = time.monotonic() + READY_TIMEOUT_S
+    while not all(s.poll_ready() for s in services):
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"services not ready within {READY_TIMEOUT_S:.0f} s: "
+                               f"{[s.name for s in services if s.ready is None]}")
+        time.sleep(0.2)
+
+
+# ---- measurement ------------------------------------------------------------------------------------------------
+async def _ttft(address: str, rid: str, prompt: list[int], prefill: Any | None) -> tuple[float, float]:
+    """(TTFT seconds at the client, prefill-reported transfer seconds) of one max_tokens=1 request."""
+    import grpc
+
+    from proto.pdrelay.v1 import common_pb2, worker_pb2, worker_pb2_grpc
+
+    req = worker_pb2.DecodeRequest(request_id=rid, prompt_token_ids=prompt,
+                                   sampling=common_pb2.SamplingParams(temperature=0.0, max_tokens=1, ignore_eos=True))
+    if prefill is not None:
+        req.prefill.CopyFrom(prefill)
+    async with grpc.aio.insecure_channel(address) as ch:
+        stub = worker_pb2_grpc.DecodeStub(ch)
+        await ch.channel_ready()  # connection set-up is not part of TTFT
+        t0 = time.perf_counter()
+        ttft, transfer = 0.0, 0.0
+        async for msg in stub.Generate(req, timeout=300):
+            if msg.token_ids and not ttft:
+                ttft = time.perf_counter() - t0
+            if msg.HasField("timings"):
+                transfer = msg.timings.transfer_s
+    if not ttft:
+        raise RuntimeError(f"request {rid} to {address} returned no token")
+    if prefill is not None and not transfer:
+        raise RuntimeError(f"request {rid} was not handed off (no transfer time reported)")
+    return ttft, transfer
+
+
+async def _measure(modes: dict[str, tuple[str, Any]], lengths: list[int], reps: int, vocab: int,
+                   seed: int) -> dict[tuple[str, int], list[tuple[float, float]]]:
+    rng = random.Random(seed)
+    lo = min(100, vocab // 4)  # above the special tokens
+
+    def prompt(n: int) -> list[int]:
+        return [rng.randrange(lo, vocab) for _ in range(n)]
+
+    for mode, (address, prefill) in modes.items():  # warm-up: connects the transfer engines
+        await _ttft(address, f"warmup-{mode}", prompt(min(lengths)), prefill)
+    out: dict[tuple[str, int], list[tuple[float, float]]] = {}
+    for r in range(reps):
+        for n in lengths:
+            for mode, (address, prefill) in modes.items():  # interleaved: noise hits every mode alike
+                out.setdefault((mode, n), []).append(await _ttft(address, f"{mode}-{n}-{r}", prompt(n), prefill))
+        print(f"round {r + 1}/{reps} done", file=sys.stderr, flush=True)
+    return out
+
+
+def _summarize(raw: dict[tuple[str, int], list[tuple[float, float]]], backends: list[str], lengths: list[int],
+               page_bytes: int, page_size: int) -> list[dict[str, Any]]:
+    rows = []
+    for n in lengths:
+        colo = [t for t, _ in raw[("colocated", n)]]
+        for b in backends:
+            pd = raw[(b, n)]
+            ttft = [t for t, _ in pd]
+            diffs = [d - c for d, c in zip(ttft, colo, strict=True)]
+            transfer = statistics.median(x for _, x in pd)
+            colo_med, pd_med, over = statistics.median(colo), statistics.median(ttft), statistics.median(diffs)
+            rows.append({
+                "prompt_tokens": n, "backend": b, "rounds": len(pd),
+                "ttft_colocated_ms": 1e3 * colo_med, "ttft_disagg_ms": 1e3 * pd_med,
+                "overhead_ms": 1e3 * over, "overhead_frac": over / colo_med,
+                # the spread of the per-round differences: compute noise of a shared box shows up here
+                "overhead_ms_min": 1e3 * min(diffs), "overhead_ms_max": 1e3 * max(diffs),
+                "transfer_ms": 1e3 * transfer, "transfer_frac": transfer / pd_med,
+                "kv_bytes": -(-n // page_size) * page_bytes,
+                "transfer_gb_s": -(-n // page_size) * page_bytes / transfer / 1e9 if transfer else 0.0,
+            })
+    return rows
+
+
+def _row(r: dict[str, Any]) -> str:
+    return (f"{r['prompt_tokens']:>6} {r['backend']:>9}  TTFT colocated {r['ttft_colocated_ms']:8.1f} ms  "
+            f"disagg {r['ttft_disagg_ms']:8.1f} ms  overhead {r['overhead_ms']:7.1f} ms "
+            f"({100 * r['overhead_frac']:5.1f}% of TTFT; rounds {r['overhead_ms_min']:.0f}..{r['overhead_ms_max']:.0f} ms)"
+            f"  transfer {r['transfer_ms']:6.1f} ms "
+            f"({100 * r['transfer_frac']:4.1f}%, {r['kv_bytes'] / 2**20:6.1f} MiB, {r['transfer_gb_s']:5.2f} GB/s)")
+
+
+def _target(rows: list[dict[str, Any]], quick: bool) -> dict[str, Any] | None:
+    hit = next((r for r in rows if r["backend"] == "nixl" and r["prompt_tokens"] == TARGET_TOKENS), None)
+    if hit is None:
+        return None
+    out = {"value": hit["overhead_frac"], "target": TARGET_OVERHEAD, "met": hit["overhead_frac"] <= TARGET_OVERHEAD}
+    if quick:
+        out["note"] = "--quick: not a measurement of the target"
+    return out
+
+
+def run(ns: argparse.Namespace) -> int:
+    from shared.cluster.localcluster.servers import EtcdServer, NatsServer, free_port
+    from shared.engine.bundled import resolve_model_path
+    from shared.engine.models import load_model_config
+
+    backends = [b.strip() for b in ns.backends.split(",") if b.strip()]
+    bad = [b for b in backends if b not in ("nixl", "mooncake")]
+    if bad or not backends:
+        print(f"bench handoff: --backends {ns.backends!r}: use nixl and/or mooncake, e.g. --backends nixl,mooncake",
+              file=sys.stderr)
+        return 2
+    lengths = [64, 256] if ns.quick else [int(x) for x in ns.lengths.split(",") if x.strip()]
+    reps = 2 if ns.quick else ns.reps
+    if reps < 1 or not lengths or min(lengths) < 1:
+        print(f"bench handoff: --reps {reps} and --lengths {ns.lengths!r} must be >= 1", file=sys.stderr)
+        return 2
+    model = str(resolve_model_path(ns.model))
+    arch = load_model_config(model)
+    if max(lengths) >= arch.max_position_embeddings:
+        print(f"bench handoff: --lengths up to {max(lengths)} tokens do not fit the model's context of "
+              f"{arch.max_position_embeddings}; use shorter prompts", file=sys.stderr)
+        return 2
+    page_bytes = arch.num_layers * 2 * ns.page_size * arch.num_kv_heads * arch.head_dim * 4  # fp32 KV on CPU
+    pages = str(2 * (-(-max(lengths) // ns.page_size)) + 8)  # the longest prompt twice over: never short of pages
+    common = ["--model", model, "--threads", str(ns.threads), "--num-pages", pages, "--page-size", str(ns.page_size)]
+    tmp = Path(tempfile.mkdtemp(prefix="pdrelay-bench-handoff-"))
+    etcd = EtcdServer(data_dir=tmp / "etcd", port=free_port())
+    nats = NatsServer(data_dir=tmp / "nats", port=free_port())
+    services: list[_Service] = []
+    ok = False
+    try:
+        etcd.start()
+        nats.start()
+        services.append(_Service("worker", "bench-worker", "bench-colo", common, tmp, etcd.url, nats.url))
+        for b in backends:
+            args = [*common, "--transfer-backend", b, "--local-prefill-threshold", "0"]
+            services.append(_Service("prefill", f"bench-prefill-{b}", f"bench-{b}", args, tmp, etcd.url, nats.url))
+            services.append(_Service("decode", f"bench-decode-{b}", f"bench-{b}", args, tmp, etcd.url, nats.url))
+        t0 = time.monotonic()
+        _start_all(services)
+        print(f"{len(services)} services ready in {time.monotonic() - t0:.1f} s (logs in {tmp})", file=sys.stderr)
+        by = {s.name: s for s in services}
+        from proto.pdrelay.v1 import worker_pb2
+
+        modes: dict[str, tuple[str, Any]] = {"colocated": (by["bench-worker"].ready.grpc, None)}
+        for b in backends:
+            p = by[f"bench-prefill-{b}"].ready
+            modes[b] = (by[f"bench-decode-{b}"].ready.grpc,
+                        worker_pb2.PrefillTarget(instance_id=p.instance_id, grpc_address=p.grpc, epoch=p.epoch))
+        raw = asyncio.run(_measure(modes, lengths, reps, arch.vocab_size, ns.seed))
+        ok = True
+    finally:
+        for s in services:
+            if s.proc.poll() is None:
+                s.proc.terminate()
+        for s in services:
+            s.stop()
+        nats.stop()
+        etcd.stop()
+        if ok:
+            shutil.rmtree(tmp, ignore_errors=True)  # on failure the service logs stay for a look
+    rows = _summarize(raw, backends, lengths, page_bytes, ns.page_size)
+    print(f"model {ns.model}, {ns.threads} thread(s) per service, {reps} rounds, medians; overhead = TTFT_disagg - "
+          "TTFT_colocated as a fraction of TTFT_colocated, transfer = prefill-reported KV write time")
+    for r in rows:
+        print(_row(r))
+    target = _target(rows, ns.quick)
+    if target is not None:
+        print(f"target overhead at {TARGET_TOKENS} tokens with nixl: {100 * target['value']:.1f}% "
+              f"(<= {100 * TARGET_OVERHEAD:.0f}%) {'met' if target['met'] else 'NOT met'}"
+              + (f" [{target['note']}]" if "note" in target else ""))
+    if ns.json_out:
+        summary = {"model": ns.model, "threads": ns.threads, "rounds": reps, "quick": ns.quick, "results": rows,
+                   "target_overhead_1024_nixl": target}
+        Path(ns.json_out).write_text(json.dumps(summary, indent=2))
+    return 0
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m bench.disagg", description=__doc__.split("\n\n")[0])
+    add_arguments(p)
+    return run(p.parse_args(argv))
+
+
+if __name__ == "__main__":
+    sys.exit(main())
