@@ -101,16 +101,24 @@ class TorchAttentionBackend:
 def select_attention_backend(
     name: str, device: torch.device | str, dtype: torch.dtype = torch.float32
 ) -> AttentionBackend:
-    """'auto' | 'torch' | 'triton' on a device, for q/k/v of `dtype` -> a backend instance (one per model runner)."""
+    """'auto' | 'torch' | 'triton' on a device, for q/k/v of `dtype` -> a backend instance (one per model runner).
+
+    auto: the Triton kernels on CUDA, the torch reference ops elsewhere. 'triton' on CPU runs the same kernels under
+    Triton's interpreter: for tests, far slower than 'torch'.
+    """
     dev = torch.device(device)
     if name not in ATTENTION_BACKENDS:
         raise ValueError(f"attention_backend {name!r} is unknown; use one of: {', '.join(ATTENTION_BACKENDS)}")
     if name == "auto":
-        name = "torch"  # the Triton kernels land behind this same interface later; until then torch everywhere
+        name = "triton" if dev.type == "cuda" else "torch"
     if name == "triton":
-        raise ValueError(
-            f"attention_backend 'triton' is not available yet (device {dev.type}); use --attention-backend torch"
-        )
+        if dev.type not in ("cuda", "cpu"):
+            raise ValueError(f"attention_backend 'triton' runs on cuda (or cpu, interpreted), not {dev.type}; "
+                             "use --attention-backend torch")
+        # imported here: a torch-backend worker never pays for loading triton
+        from shared.kernels.triton.backend import TritonAttentionBackend
+
+        return TritonAttentionBackend(dtype)
     return TorchAttentionBackend(dtype)
 
 
