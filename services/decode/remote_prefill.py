@@ -23,6 +23,9 @@ from shared.engine.sampling_params import SamplingParams
 from shared.serving.convert import layout_to_pb, logprob_from_pb, sampling_to_pb
 from shared.serving.decode_servicer import HandoffFailed
 from shared.serving.handoff import EpochClock, accept_response
+from shared.telemetry import spans
+from shared.telemetry.metrics import CountersCollector, error_label
+from shared.telemetry.tracing import SpanKind, add_event, current_span, inject, set_error
 
 if TYPE_CHECKING:
     from services.decode.service import DecodeService
@@ -38,6 +41,11 @@ class RemotePrefillClient:
         self.handoffs_ok = 0
         self.handoffs_failed = 0
         self.retries = 0
+        svc.telemetry.metrics.registry.register(CountersCollector(self, [
+            ("pdrelay:handoffs", "KV hand-offs that delivered a request's prompt KV", "handoffs_ok"),
+            ("pdrelay:handoffs_failed", "KV hand-off attempts that failed (each retried or reported)",
+             "handoffs_failed"),
+            ("pdrelay:handoff_retries", "Hand-off attempts on another prefill after a failed one", "retries")]))
 
     def wants(self, request: worker_pb2.DecodeRequest) -> bool:
         threshold = self.svc.cfg.disagg.local_prefill_threshold
@@ -74,17 +82,24 @@ class RemotePrefillClient:
         targets += [t for t in self._alternates(request.prefill.instance_id) if t not in targets]
         targets = targets[: 1 + svc.cfg.disagg.handoff_retries]
         timeout_s = svc.cfg.disagg.handoff_timeout_s
+        tr = svc.telemetry.tracing
         t0 = time.monotonic()
         last_error = "no prefill instance is ready"
         last_code = common_pb2.ERROR_CODE_UNAVAILABLE
         for attempt, (target_id, address) in enumerate(targets):
             if attempt:
                 self.retries += 1
+                add_event(current_span(), spans.EVENT_RETRY, {
+                    spans.ATTEMPT: attempt, spans.PREFILL_INSTANCE: target_id, spans.ERROR_CODE: error_label(last_code),
+                    "pdrelay.error.message": last_error})
+            t_admit = time.monotonic()
             try:
                 res = await aengine.call(lambda: engine.reserve_remote(rid, prompt, params, request.priority))
             except asyncio.CancelledError:
                 aengine.abort(rid)  # queued after the reservation: undoes it if it was made before we left
                 raise
+            tr.record(spans.DECODE_ADMIT, t_admit, time.monotonic(),
+                      {spans.PAGES: len(res.page_ids), spans.SKIP_TOKENS: res.skip_tokens})
             epoch = self.epochs.next(svc.epoch)
             ticket = worker_pb2.HandoffTicket(
                 request_id=request.request_id, epoch=epoch, decode_instance_id=svc.instance_id,
@@ -93,15 +108,24 @@ class RemotePrefillClient:
                 layout=layout_to_pb(engine.runner.layout), prompt_token_ids=prompt,
                 skip_tokens=res.skip_tokens, sampling=sampling_to_pb(params), trace=request.trace,
                 deadline_s=timeout_s, attempt=request.attempt)
+            handoff = tr.start_span(spans.DECODE_HANDOFF, kind=SpanKind.CLIENT, attributes={
+                spans.PREFILL_INSTANCE: target_id, spans.HANDOFF_EPOCH: epoch, spans.ATTEMPT: attempt,
+                spans.SERVER_ADDRESS: address, spans.RPC_SYSTEM: "grpc",
+                spans.RPC_METHOD: "pdrelay.v1.Prefill/Prefill"})
+            inject(handoff, ticket.trace)  # prefill's spans are children of this call
             transfer.begin_receive()
             activated = False
             try:
                 resp = await self._stub(address).Prefill(ticket, timeout=timeout_s)
+                tr.end(handoff)
                 why = accept_response(resp, request.request_id, epoch)
                 if why is not None:
                     raise HandoffFailed(why, common_pb2.ERROR_CODE_STALE_EPOCH)
                 written = list(res.page_ids[res.skip_tokens // engine.page_size:])
+                t_verify = time.monotonic()
                 mine = await asyncio.to_thread(transfer.checksum, written)
+                tr.record(spans.DECODE_VERIFY, t_verify, time.monotonic(),
+                          {spans.PAGES: len(written), "pdrelay.checksum.ok": mine == resp.checksum})
                 if mine != resp.checksum:
                     raise HandoffFailed(f"checksum of the {len(written)} pages received from {target_id} is "
                                         f"{mine:#x}, prefill wrote {resp.checksum:#x}",
@@ -112,12 +136,14 @@ class RemotePrefillClient:
                 err = error_from_rpc(e)
                 last_code = err.code if err is not None else common_pb2.ERROR_CODE_UNAVAILABLE
                 last_error = f"prefill {target_id} at {address}: {err.message if err else e.details()}"
+                set_error(handoff, last_error, {spans.ERROR_CODE: error_label(last_code)})
                 if last_code == common_pb2.ERROR_CODE_INVALID_ARGUMENT:
                     await aengine.call(lambda: engine.cancel_remote(rid, 0.0))
                     raise InvalidRequest(last_error) from None
             except HandoffFailed as e:
                 last_code, last_error = e.code, f"prefill {target_id}: {e}"
             finally:
+                tr.end(handoff)  # when the call failed (no-op when it already ended)
                 transfer.end_receive()
                 if not activated:
                     # The prefill may still be writing (timeout, cancellation): quarantine, do not reuse yet.
@@ -129,7 +155,10 @@ class RemotePrefillClient:
                 head.prefill_instance_id = resp.prefill_instance_id or target_id
                 first_token = resp.first_token_id
                 n = 0
+                t_activate = time.monotonic()
                 async for out in aengine.stream(rid, lambda: engine.activate_remote(rid, first_token, lp)):
+                    if not n:
+                        tr.record(spans.DECODE_FIRST_TOKEN, t_activate, time.monotonic())
                     yield out
                     n += 1
                     if n == 2:

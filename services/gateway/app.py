@@ -18,6 +18,7 @@ import uuid
 from collections.abc import Awaitable, Callable, Sequence
 
 import msgspec
+from opentelemetry.context import Context
 
 from services.gateway.api_requests import ChatCompletionRequest, CompletionRequest
 from services.gateway.api_responses import HealthStatus, ModelCard, ModelList
@@ -40,6 +41,9 @@ from services.gateway.metrics import GatewayMetrics
 from services.gateway.openapi import build_openapi
 from services.gateway.tokenizer import ChatTemplateError, GatewayTokenizer
 from services.gateway.validation import Plan, plan_chat, plan_completion
+from shared.telemetry import spans
+from shared.telemetry.logs import bind_request_id
+from shared.telemetry.tracing import Span, SpanKind, Tracing, add_event, current_span, extract, perf_to_mono, set_error
 
 log = logging.getLogger("pdrelay.gateway")
 
@@ -66,6 +70,15 @@ def _decode_error(e: msgspec.DecodeError) -> ApiError:
     return bad_request(f"request body is not valid JSON ({msg})", code="invalid_json")
 
 
+def _annotate(span: Span, gen: Generation, arrival: float) -> None:
+    """What the gateway.request span says about the request once it is over."""
+    span.set_attributes({spans.PROMPT_TOKENS: gen.num_prompt_tokens, spans.OUTPUT_TOKENS: gen.num_generated,
+                         spans.CACHED_TOKENS: gen.num_cached_tokens})
+    if gen.first_token_at is not None:
+        span.set_attribute(spans.TTFT_MS, (gen.first_token_at - arrival) * 1e3)
+        add_event(span, spans.EVENT_FIRST_TOKEN, at=perf_to_mono(gen.first_token_at))
+
+
 class GatewayApp:
     """ASGI application. One instance per served model (one tokenizer)."""
 
@@ -83,6 +96,7 @@ class GatewayApp:
         self.model_root = model_root
         self.max_request_bytes = max_request_bytes
         self.metrics = GatewayMetrics()
+        self.tracing = Tracing.off()  # the service sets its process tracer (shared.telemetry) once it has one
         self._api_key = api_key.encode() if api_key else None
         self._created = int(time.time())
         self._chat_decoder = msgspec.json.Decoder(ChatCompletionRequest)
@@ -209,10 +223,45 @@ class GatewayApp:
     # ------------------------------------------------------------ generation
 
     async def _chat(self, scope: Scope, receive: Receive, r: Responder) -> None:
-        await self._generate(scope, receive, r, "chat")
+        await self._traced(scope, receive, r, "chat")
 
     async def _completions(self, scope: Scope, receive: Receive, r: Responder) -> None:
-        await self._generate(scope, receive, r, "completion")
+        await self._traced(scope, receive, r, "completion")
+
+    async def _traced(self, scope: Scope, receive: Receive, r: Responder, kind: str) -> None:
+        """`_generate` in the gateway.request span: a child of the client's traceparent header, if it sent one, and
+        the current span while the request runs (route, decode call and NATS cancels are its children)."""
+        tr = self.tracing
+        if not tr.enabled:
+            await self._generate(scope, receive, r, kind)
+            return
+        parent = extract((k.decode(), v.decode("latin-1")) for k, v in scope["headers"] if k in _TRACE_HEADERS)
+        span = tr.start_span(spans.GATEWAY_REQUEST, parent=parent or Context(), kind=SpanKind.SERVER,
+                             attributes={spans.HTTP_ROUTE: scope["path"]})
+        token = tr.activate(span)
+        status = 0
+        try:
+            await self._generate(scope, receive, r, kind)
+        except ApiError as e:
+            status = e.status
+            if status >= 500:
+                set_error(span, e.message)
+            raise
+        except BackendError as e:
+            status = from_backend(e).status
+            set_error(span, str(e))
+            raise
+        except ClientDisconnected:
+            span.set_attribute("pdrelay.client_disconnected", True)
+            raise
+        except Exception as e:
+            status = 500
+            set_error(span, f"{type(e).__name__}: {e}")
+            raise
+        finally:
+            span.set_attribute(spans.HTTP_STATUS, status or r.status)
+            tr.deactivate(token)
+            tr.end(span)
 
     async def _generate(self, scope: Scope, receive: Receive, r: Responder, kind: str) -> None:
         arrival = time.perf_counter()
@@ -232,6 +281,12 @@ class GatewayApp:
         prefix = "chatcmpl-" if kind == "chat" else "cmpl-"
         req = BackendRequest(request_id=prefix + uuid.uuid4().hex, model=model, prompt_token_ids=prompt,
                              sampling=sampling, trace_headers=trace)
+        bind_request_id(req.request_id)  # log lines of this request (its task's own context) carry the id
+        span = current_span()
+        if span.is_recording():
+            span.set_attributes({spans.REQUEST_ID: req.request_id, spans.MODEL: model})
+            self.tracing.record(spans.GATEWAY_TOKENIZE, perf_to_mono(arrival), time.monotonic(),
+                                {spans.PROMPT_TOKENS: len(prompt)}, parent=span)
         fmt_cls = ChatFormatter if kind == "chat" else CompletionFormatter
         fmt = fmt_cls(self.tokenizer, req.request_id, int(time.time()), model, plan.include_usage,
                       sampling.logprobs is not None)
@@ -246,6 +301,8 @@ class GatewayApp:
             self.metrics.generation_tokens.inc(gen.num_generated)
             if r.ended and r.status == 200:
                 self.metrics.e2e.observe(time.perf_counter() - arrival)
+            if span.is_recording():
+                _annotate(span, gen, arrival)
 
     def _resolve_model(self, requested: str | None) -> str:
         if requested is None:

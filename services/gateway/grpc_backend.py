@@ -19,7 +19,8 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import AsyncIterator, Sequence
+import time
+from collections.abc import AsyncIterator, Collection, Sequence
 
 import grpc
 
@@ -38,12 +39,37 @@ from services.gateway.routing.wire import chunk_from_pb, decode_request, remaini
 from shared.cluster.bus.cancel import publish_cancel
 from shared.cluster.bus.client import Bus
 from shared.cluster.grpc_errors import error_from_rpc
+from shared.telemetry import spans
+from shared.telemetry.tracing import SpanKind, Tracing, add_event, current_span, inject, set_error
 
 log = logging.getLogger(__name__)
 
 
+def _route_attributes(plan: RoutePlan, policy: str, attempt: int, excluded: Collection[str],
+                      prompt_len: int) -> dict[str, object]:
+    """The gateway.route span's attributes: the chosen pair and why (policy, predicted cache hit, loads)."""
+    d = plan.decode
+    why = [f"{policy} policy, {plan.mode}", f"{d.role} {d.instance_id}: {d.load.running} running, "
+           f"{d.load.free_pages}/{d.load.total_pages} pages free" + ("" if d.load.known else " (no load report)")]
+    if plan.prefill is not None:
+        p = plan.prefill
+        why.append(f"prefill {p.instance_id}: {p.load.queued_prefill_tokens} queued prompt tokens")
+    if plan.cached_tokens:
+        why.append(f"{plan.cached_tokens} of {prompt_len} prompt tokens predicted cached")
+    if excluded:
+        why.append(f"excluded after failures: {', '.join(sorted(excluded))}")
+    attrs: dict[str, object] = {spans.ROUTE_MODE: str(plan.mode), spans.ROUTE_DECODE: d.instance_id,
+                                spans.ROUTE_POLICY: policy, spans.ROUTE_CACHED_TOKENS: plan.cached_tokens,
+                                spans.ROUTE_REASON: "; ".join(why), spans.ATTEMPT: attempt}
+    if plan.prefill is not None:
+        attrs[spans.ROUTE_PREFILL] = plan.prefill.instance_id
+    return attrs
+
+
 class GrpcBackend:
-    """Implements services.gateway.backend.GenerateBackend. One event loop; not thread-safe."""
+    """Implements services.gateway.backend.GenerateBackend. One event loop; not thread-safe.
+
+    `tracing` (shared.telemetry.tracing) is off until the gateway service sets its process tracer."""
 
     def __init__(self, discovery: Discovery, *, models: Sequence[str], request_retries: int = 2,
                  bus: Bus | None = None, cluster: str = "", origin: str = "gateway",
@@ -63,6 +89,7 @@ class GrpcBackend:
         self._retry_after_s = retry_after_s
         self.finish_grace_s = 5.0
         self._background: set[asyncio.Task[object]] = set()
+        self.tracing = Tracing.off()
         self.retries = 0  # attempts after a failure (replays included), for metrics and tests
         self.replays = 0  # of which continued a stream that had already sent tokens
         self.cancels_published = 0
@@ -116,6 +143,8 @@ class GrpcBackend:
         call: grpc.aio.UnaryStreamCall | None = None
         plans: list[RoutePlan] = []
         completed = False
+        tr = self.tracing
+        request_span = current_span()  # the HTTP layer's gateway.request (retries and migrations are its events)
         try:
             while True:
                 left = remaining_max_tokens(req.sampling, len(sent))
@@ -125,13 +154,22 @@ class GrpcBackend:
                     yield BackendChunk((), None, "length", None, prompt_len, None)
                     return
                 route_req = RouteRequest(req.request_id, (*req.prompt_token_ids, *sent), left)
+                t_route = time.monotonic()
                 try:
                     plan = self.router.plan(route_req, self.discovery.pools(req.model), exclude,
                                             hashes if not sent else None)
                 except NoRoute as e:
                     raise self._no_route_error(req, e, verdicts, bool(sent)) from None
+                if tr.enabled:
+                    policy = getattr(self.router.policy, "name", type(self.router.policy).__name__)
+                    tr.record(spans.GATEWAY_ROUTE, t_route, time.monotonic(), _route_attributes(
+                        plan, policy, attempt, exclude, len(route_req.prompt_token_ids)))
                 plans.append(plan)
                 msg = decode_request(req, plan, sent, attempt)
+                call_span = tr.start_span(spans.GATEWAY_DECODE_CALL, kind=SpanKind.CLIENT, attributes={
+                    spans.INSTANCE: plan.decode.instance_id, spans.ATTEMPT: attempt, spans.RPC_SYSTEM: "grpc",
+                    spans.RPC_METHOD: "pdrelay.v1.Decode/Generate", spans.SERVER_ADDRESS: plan.decode.grpc_address})
+                inject(call_span, msg.trace)  # decode's spans are children of this call
                 channel = self.channels.get(plan.decode.instance_id, plan.decode.grpc_address)
                 lease = self.router.begin(plan, len(msg.prompt_token_ids))
                 started = False
@@ -145,6 +183,7 @@ class GrpcBackend:
                         if not started and (resp.token_ids or resp.finish_reason):
                             started = True
                             lease.first_token()
+                            add_event(call_span, spans.EVENT_FIRST_TOKEN)
                             self.router.succeeded(plan.instance_ids)
                         chunk = chunk_from_pb(resp, want_logprobs=want_logprobs, num_prompt_tokens=prompt_len,
                                               first=not sent)
@@ -163,6 +202,9 @@ class GrpcBackend:
                     lease.release()
                     if not completed and verdict is None:
                         self.router.abandoned(plan.instance_ids)  # closed by the client: no verdict on anyone
+                    if verdict is not None:
+                        set_error(call_span, verdict.message, {"pdrelay.failure": str(verdict.kind)})
+                    tr.end(call_span)
                 assert verdict is not None
                 call.cancel()  # a stream ended by an error message may still be open
                 call = None
@@ -183,6 +225,9 @@ class GrpcBackend:
                     self.retries += 1
                     if sent:
                         self.replays += 1
+                add_event(request_span, spans.EVENT_MIGRATION if sent else spans.EVENT_RETRY, {
+                    spans.ATTEMPT: attempt, "pdrelay.failed_on": plan.describe(), "pdrelay.failure": str(verdict.kind),
+                    "pdrelay.error.message": verdict.message, spans.OUTPUT_TOKENS: len(sent)})
                 attempt += 1
         except (GeneratorExit, asyncio.CancelledError):
             # The client went away (or a stop string matched): stop every attempt's work, here and on NATS.

@@ -77,9 +77,11 @@ class _DrainGateMiddleware:
 
 class GatewayService(Service):
     role = "gateway"
+    own_metrics_server = False  # /metrics is on the HTTP port (metrics_address = http_address)
 
     def __init__(self, cfg: Any, options: ServiceOptions = ServiceOptions()) -> None:
-        super().__init__(discovery=cfg.discovery, bus=cfg.bus, grpc_cfg=cfg.grpc, options=options)
+        super().__init__(discovery=cfg.discovery, bus=cfg.bus, grpc_cfg=cfg.grpc, options=options,
+                         telemetry=cfg.telemetry)
         self.cfg = cfg
         self.api = GatewayApi()
         self.membership: Membership | None = None
@@ -99,6 +101,8 @@ class GatewayService(Service):
         d: dict[str, Any] = {"model": primary}
         if self.http_address:
             d["http_address"] = self.http_address
+            if self.telemetry.metrics_enabled:
+                d["metrics_address"] = self.http_address
         return d
 
     def load_snapshot(self) -> LoadSnapshot | None:
@@ -114,8 +118,10 @@ class GatewayService(Service):
         self.backend = GrpcBackend.create(self.membership, models=[primary], policy=cfg.http.routing_policy,
                                           request_retries=cfg.http.request_retries, bus=self.bus,
                                           cluster=self.cluster, origin=self.instance_id)
+        self.backend.tracing = self.telemetry.tracing
         await self.backend.start()
         self.app = build_app(cfg, self.backend, tokenizer=tokenizer)
+        self.app.tracing = self.telemetry.tracing
         self.app.metrics.registry.register(BackendCollector(self.backend))
         self.api.attach(ApiContext(backend=self.backend, tokenizer=tokenizer, served_model_names=(primary,),
                                    aliases=tuple(aliases), model_root=cfg.model.model, metrics=self.app.metrics,

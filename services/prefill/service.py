@@ -19,11 +19,13 @@ import grpc
 from proto.pdrelay.v1 import common_pb2, worker_pb2, worker_pb2_grpc
 from shared.cluster.grpc_errors import abort
 from shared.engine.errors import EngineError, InvalidRequest, QueueFull
+from shared.engine.request import RequestOutput
 from shared.serving.convert import BACKEND_FROM_PB, layout_from_pb, logprob_to_pb, sampling_from_pb
 from shared.serving.engine_service import EngineService
 from shared.serving.faults import Faults
 from shared.serving.handoff import FencingLedger, descs_from_pb, pages_needed
 from shared.serving.kv_transfer import KVTransfer
+from shared.telemetry import spans
 from shared.transfer.errors import TransferError
 
 log = logging.getLogger(__name__)
@@ -67,6 +69,23 @@ class PrefillServicer(worker_pb2_grpc.PrefillServicer):
 
     async def Prefill(self, ticket: worker_pb2.HandoffTicket,
                       context: grpc.aio.ServicerContext) -> worker_pb2.PrefillResponse:
+        """`_prefill`, observed: the prefill.handoff span (a child of decode's hand-off call, from ticket.trace),
+        errors by code, the request id in the logs."""
+        svc = self.svc
+        attrs = {spans.HANDOFF_EPOCH: ticket.epoch, spans.DECODE_INSTANCE: ticket.decode_instance_id,
+                 spans.ATTEMPT: ticket.attempt, spans.EPOCH: svc.epoch,
+                 spans.PROMPT_TOKENS: len(ticket.prompt_token_ids), spans.SKIP_TOKENS: ticket.skip_tokens}
+        with svc.telemetry.server_rpc(spans.PREFILL_HANDOFF, ticket.trace, context, ticket.request_id, attrs) as rpc:
+            resp = await self._prefill(ticket, context)
+            if rpc.span is not None and rpc.span.is_recording():
+                rpc.span.set_attributes({spans.CACHED_TOKENS: resp.cached_tokens,
+                                         spans.COMPUTED_TOKENS: resp.computed_tokens,
+                                         spans.TRANSFER_PAGES: resp.pages_written,
+                                         spans.TRANSFER_BYTES: resp.bytes_written})
+            return resp
+
+    async def _prefill(self, ticket: worker_pb2.HandoffTicket,
+                       context: grpc.aio.ServicerContext) -> worker_pb2.PrefillResponse:
         svc = self.svc
         me = svc.instance_id
 
@@ -146,10 +165,17 @@ class PrefillServicer(worker_pb2_grpc.PrefillServicer):
         # One token only, sampled with the request's own parameters; stop strings are decode's business.
         first_params = dataclasses.replace(params, max_tokens=1, min_tokens=min(params.min_tokens, 1), stop=())
         rid = svc.ids.open(ticket.request_id, int(ticket.epoch))
+        accepted: list[float] = []  # when the engine thread took the request: the end of its queue wait
+
+        def admit() -> list[RequestOutput]:
+            accepted.append(time.monotonic())
+            engine.add_request(rid, prompt, first_params, hold_pages=True)
+            return []
+
         try:
             try:
                 first = None
-                async for out in aengine.generate(rid, prompt, first_params, hold_pages=True):
+                async for out in aengine.stream(rid, admit):  # generate(), but timed where the engine admits it
                     first = out
             except InvalidRequest as e:
                 await abort(context, common_pb2.ERROR_CODE_INVALID_ARGUMENT, str(e), instance_id=me)
@@ -163,12 +189,14 @@ class PrefillServicer(worker_pb2_grpc.PrefillServicer):
             t_computed = time.monotonic()
             pages = await aengine.call(lambda: engine.held_pages(rid))
             src_pages = list(pages[skip_pages:n_pages])
+            t_pinned = time.monotonic()
             if time.monotonic() >= deadline:
                 await abort(context, common_pb2.ERROR_CODE_TIMEOUT,
                             f"prefill of {ticket.request_id} finished after its hand-off deadline; not writing",
                             instance_id=me)
             svc.faults.crash_if("prefill_crash_before_write")
             await svc.faults.hang_if("prefill_hang", deadline - time.monotonic() + 1.0)
+            t_write = time.monotonic()
             try:
                 peer = await asyncio.to_thread(transfer.connect, ticket.decode_peer)
                 handle = transfer.write_pages(peer, src_pages, dst, f"{ticket.request_id}:{ticket.epoch}".encode())
@@ -179,16 +207,20 @@ class PrefillServicer(worker_pb2_grpc.PrefillServicer):
                             instance_id=me)
             t_sent = time.monotonic()
             checksum = await asyncio.to_thread(transfer.checksum, src_pages)
+            self._observe(first, t_start, accepted[0], t_pinned, t_write, t_sent, len(src_pages), handle.nbytes,
+                          ticket.decode_instance_id)
             if svc.faults.active("prefill_corrupt_checksum"):
                 checksum ^= 1
         finally:
             # Always, and shielded: when decode goes away (the RPC is cancelled) the request may have finished in
-            # the engine, its pages held, just before we saw its last delta. generate() queued an abort first, so
+            # the engine, its pages held, just before we saw its last delta. stream() queued an abort first, so
             # this runs after it: a request still running is aborted, a finished one released.
+            t_release = time.monotonic()
             try:
                 await asyncio.shield(aengine.call(lambda: engine.release_held(rid)))
             except EngineError:  # the engine is shutting down: its pages go with it
                 pass
+            svc.telemetry.tracing.record(spans.PREFILL_RELEASE, t_release, time.monotonic())
             svc.ids.close(ticket.request_id, rid)
         svc.pages_written += len(src_pages)
         svc.bytes_written += handle.nbytes
@@ -202,3 +234,28 @@ class PrefillServicer(worker_pb2_grpc.PrefillServicer):
         if first.new_logprobs:
             resp.first_logprob.CopyFrom(logprob_to_pb(first.new_logprobs[0]))
         return resp
+
+    def _observe(self, first: RequestOutput, t_start: float, t_accepted: float, t_pinned: float, t_write: float,
+                 t_sent: float, pages: int, nbytes: int, decode_id: str) -> None:
+        """Metrics and spans of one hand-off's phases (monotonic times), the checksum ending now."""
+        tel = self.svc.telemetry
+        m = tel.metrics.prefill
+        m.queue.observe(t_accepted - t_start)
+        m.compute.observe(t_pinned - t_accepted)
+        m.transfer.observe(t_sent - t_write)
+        m.transfer_bytes.inc(nbytes)
+        m.transfer_pages.inc(pages)
+        tr = tel.tracing
+        if not tr.enabled:
+            return
+        prompt = first.num_prompt_tokens
+        tr.record(spans.PREFILL_QUEUE_WAIT, t_start, t_accepted)
+        tr.record(spans.PREFILL_COMPUTE, t_accepted, t_pinned, {
+            spans.PROMPT_TOKENS: prompt, spans.CACHED_TOKENS: first.num_cached_tokens,
+            spans.COMPUTED_TOKENS: prompt - first.num_cached_tokens})
+        took = max(t_sent - t_write, 1e-9)
+        tr.record(spans.KV_TRANSFER, t_write, t_sent, {
+            spans.TRANSFER_BACKEND: self.svc.transfer.backend if self.svc.transfer else "", spans.TRANSFER_BYTES:
+            nbytes, spans.TRANSFER_PAGES: pages, spans.TRANSFER_GBPS: nbytes / took / 1e9,
+            spans.DECODE_INSTANCE: decode_id})
+        tr.record(spans.PREFILL_CHECKSUM, t_sent, time.monotonic(), {spans.PAGES: pages})

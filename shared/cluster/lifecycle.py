@@ -48,6 +48,7 @@ from shared.cluster.etcd import connect_etcd
 from shared.cluster.handshake import ReadyInfo, announce_ready
 from shared.cluster.instance import InstanceInfo, InstanceState, check_name
 from shared.cluster.registration import Registrar
+from shared.telemetry.service import ServiceTelemetry
 
 log = logging.getLogger(__name__)
 
@@ -166,12 +167,17 @@ def advertised_host(bind_host: str) -> str:
 
 
 class Service:
-    """Base of every pdrelay service process. Subclasses set `role` and override hooks."""
+    """Base of every pdrelay service process. Subclasses set `role` and override hooks.
+
+    `telemetry` (a TelemetryConfig) turns on /metrics on --metrics-port (advertised as metrics_address) and, with
+    --otlp-traces-endpoint, tracing; `self.telemetry` (shared.telemetry.service) is what the request path uses."""
 
     role: ClassVar[str] = ""
+    # False: the service serves /metrics itself (the gateway, on its HTTP port) and describes its metrics_address.
+    own_metrics_server: ClassVar[bool] = True
 
     def __init__(self, *, discovery: _Discovery, bus: _BusCfg, grpc_cfg: _GrpcCfg,
-                 options: ServiceOptions = ServiceOptions()) -> None:
+                 options: ServiceOptions = ServiceOptions(), telemetry: Any = None) -> None:
         assert self.role, f"{type(self).__name__} must set the class attribute `role`"
         self.discovery_cfg, self.bus_cfg, self.grpc_cfg, self.options = discovery, bus, grpc_cfg, options
         self.cluster = discovery.cluster
@@ -193,11 +199,14 @@ class Service:
         self._drain_reason = ""
         self._drain_timeout_s = options.drain_timeout_s
         self._load_reporter: LoadReporter | None = None
+        self.telemetry = ServiceTelemetry(telemetry, role=self.role, instance_id=self.instance_id,
+                                          cluster=self.cluster)
 
     @classmethod
     def from_config(cls, cfg: Any, options: ServiceOptions = ServiceOptions(), **kw: Any) -> Service:
-        """From a resolved config with `.discovery`, `.bus` and `.grpc` groups."""
-        return cls(discovery=cfg.discovery, bus=cfg.bus, grpc_cfg=cfg.grpc, options=options, **kw)
+        """From a resolved config with `.discovery`, `.bus` and `.grpc` groups (and `.telemetry`, if it has one)."""
+        return cls(discovery=cfg.discovery, bus=cfg.bus, grpc_cfg=cfg.grpc, options=options,
+                   telemetry=getattr(cfg, "telemetry", None), **kw)
 
     # ------------------------------------------------------------------ hooks
 
@@ -260,7 +269,8 @@ class Service:
     async def _start(self) -> None:
         opts = self.options
         self.etcd = await connect_etcd(self.discovery_cfg.etcd_endpoints, timeout_s=opts.connect_timeout_s)
-        self.bus = Bus.from_config(self.bus_cfg, name=self.instance_id)
+        self.bus = Bus.from_config(self.bus_cfg, name=self.instance_id,
+                                   headers_hook=self.telemetry.bus_headers_hook())
         await self.bus.connect(timeout_s=opts.connect_timeout_s)
 
         self.server = grpc.aio.server(interceptors=[self.gate])
@@ -276,12 +286,19 @@ class Service:
             await self.health.set(name, _NOT_SERVING)
         await self.server.start()
         self.grpc_address = f"{advertised_host(host)}:{port}"
+        if self.own_metrics_server:
+            await self._start_metrics(host)
 
         info = InstanceInfo(cluster=self.cluster, role=self.role, instance_id=self.instance_id,
                             grpc_address=self.grpc_address, state=InstanceState.STARTING,
-                            host=socket.gethostname(), pid=os.getpid(), started_at=time.time(), **self.describe())
+                            host=socket.gethostname(), pid=os.getpid(), started_at=time.time(),
+                            **self._description())
         self.registrar = Registrar(self.etcd, info, ttl_s=self.discovery_cfg.lease_ttl_s, on_epoch=self.on_epoch)
         await self.registrar.register()
+        try:
+            self.telemetry.start_tracing(self.epoch)
+        except ValueError as e:  # a malformed --otlp-traces-endpoint
+            raise StartupError(str(e)) from None
         await subscribe_drain(self.bus, self.cluster, self.instance_id, self._on_drain_command)
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGTERM, signal.SIGINT):
@@ -304,8 +321,23 @@ class Service:
         announce_ready(self.ready_info(), opts.ready_file)
         log.info("%s %s ready", self.role, self.instance_id)
 
-    def ready_info(self) -> ReadyInfo:
+    async def _start_metrics(self, host: str) -> None:
+        try:
+            await self.telemetry.start_metrics(host, advertise_host=advertised_host(host))
+        except OSError as e:
+            raise StartupError(f"cannot serve /metrics on {host}:{self.telemetry.cfg.metrics_port} (--host/"
+                               f"--metrics-port): {e.strerror or e}; pick another port, or --metrics-port 0 for a "
+                               "free one") from None
+
+    def _description(self) -> dict[str, Any]:
+        """describe() plus what the lifecycle itself knows (the /metrics address)."""
         d = self.describe()
+        if self.telemetry.metrics_address and not d.get("metrics_address"):
+            d["metrics_address"] = self.telemetry.metrics_address
+        return d
+
+    def ready_info(self) -> ReadyInfo:
+        d = self._description()
         return ReadyInfo(role=self.role, instance_id=self.instance_id, cluster=self.cluster, grpc=self.grpc_address,
                          epoch=self.epoch, pid=os.getpid(), http=d.get("http_address", ""),
                          metrics=d.get("metrics_address", ""))
@@ -360,6 +392,7 @@ class Service:
             await self.bus.close()
         if self.etcd is not None:
             await self.etcd.close()
+        await self.telemetry.close()  # last: spans of the shutdown itself are exported too
 
 
 def run_service(service: Service) -> int:

@@ -140,6 +140,8 @@ class TelemetryConfig:
     log_level: A[str, Arg("Log level", choices=("debug", "info", "warning", "error"))] = "info"
     log_json: A[bool, Arg("Structured JSON logs")] = False
     otlp_traces_endpoint: A[str | None, Arg("OTLP/gRPC endpoint for traces (off when unset)")] = None
+    trace_sample_ratio: A[float, Arg("Share of new traces recorded (a request arriving with a trace context "
+                                     "follows its caller's decision)", min=0.0, max=1.0)] = 1.0
     enable_metrics: A[bool, Arg("Serve Prometheus /metrics")] = True
     metrics_port: A[int, Arg("Port of /metrics on workers (0: pick a free one)", min=0, max=65535)] = 0
 

@@ -19,8 +19,12 @@ from shared.engine.errors import EngineError, InvalidRequest, QueueFull
 from shared.engine.request import RequestOutput
 from shared.engine.sampling_params import SamplingParams
 from shared.serving.convert import finish_to_pb, logprob_to_pb, matched_stop_to_pb, sampling_from_pb
+from shared.telemetry import spans
+from shared.telemetry.rpc import TokenTimer
 
 if TYPE_CHECKING:
+    from opentelemetry.trace import Span
+
     from shared.serving.engine_service import EngineService
 
 log = logging.getLogger(__name__)
@@ -52,6 +56,49 @@ class DecodeServicer(worker_pb2_grpc.DecodeServicer):
 
     async def Generate(self, request: worker_pb2.DecodeRequest,
                        context: grpc.aio.ServicerContext) -> AsyncIterator[worker_pb2.DecodeResponse]:
+        """The stream of `_generate`, observed: the decode.generate span (child of request.trace), TTFT / ITL / e2e
+        histograms, errors by code, the request id in the logs."""
+        svc = self.svc
+        tel = svc.telemetry
+        timer = TokenTimer(tel.metrics.requests)
+        attrs = {spans.ATTEMPT: request.attempt, spans.EPOCH: svc.epoch,
+                 spans.PROMPT_TOKENS: len(request.prompt_token_ids)}
+        with tel.server_rpc(spans.DECODE_GENERATE, request.trace, context, request.request_id, attrs) as rpc:
+            first = last = None
+            try:
+                async for msg in self._generate(request, context):
+                    timer.on_tokens(len(msg.token_ids))
+                    if msg.HasField("error"):
+                        rpc.fail(msg.error.code, msg.error.message)
+                    if first is None:
+                        first = msg
+                    last = msg
+                    yield msg
+                if last is not None and last.finish_reason != common_pb2.FINISH_REASON_ERROR:
+                    timer.finished()
+            finally:
+                if rpc.span is not None and rpc.span.is_recording():
+                    self._record_spans(rpc.span, timer, first, last)
+
+    def _record_spans(self, span: Span, timer: TokenTimer, first: worker_pb2.DecodeResponse | None,
+                      last: worker_pb2.DecodeResponse | None) -> None:
+        tr = self.svc.telemetry.tracing
+        if first is not None and last is not None:
+            span.set_attributes({spans.OUTPUT_TOKENS: timer.tokens, spans.CACHED_TOKENS: last.usage.cached_tokens,
+                                 spans.FINISH_REASON: common_pb2.FinishReason.Name(last.finish_reason).lower()
+                                 .removeprefix("finish_reason_")})
+            if first.prefill_instance_id:
+                span.set_attribute(spans.PREFILL_INSTANCE, first.prefill_instance_id)
+            elif timer.first_at is not None:  # prefilled here: queue wait and compute in one phase
+                tr.record(spans.DECODE_PREFILL, timer.start, timer.first_at, {
+                    spans.PROMPT_TOKENS: last.usage.prompt_tokens, spans.CACHED_TOKENS: last.usage.cached_tokens},
+                    parent=span)
+        if timer.first_at is not None and timer.last_at is not None:
+            tr.record(spans.DECODE_STREAM, timer.first_at, timer.last_at, {spans.OUTPUT_TOKENS: timer.tokens},
+                      parent=span)
+
+    async def _generate(self, request: worker_pb2.DecodeRequest,
+                        context: grpc.aio.ServicerContext) -> AsyncIterator[worker_pb2.DecodeResponse]:
         svc = self.svc
         aengine = svc.aengine
         if aengine is None:

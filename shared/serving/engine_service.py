@@ -20,6 +20,9 @@ from shared.cluster.lifecycle import Service, ServiceOptions
 from shared.engine.engine import AsyncEngine, Engine
 from shared.engine.radix_cache import AllPagesCleared, KVEvent, PagesEvicted, PagesStored
 from shared.engine.sampling_params import SamplingParams
+from shared.telemetry import spans
+from shared.telemetry.metrics import EngineCollector
+from shared.telemetry.tracing import extract
 
 log = logging.getLogger(__name__)
 
@@ -68,13 +71,16 @@ class EngineService(Service):
     """Base of the worker, decode and prefill services. Subclasses add their gRPC servicers."""
 
     def __init__(self, cfg: Any, options: ServiceOptions = ServiceOptions()) -> None:
-        super().__init__(discovery=cfg.discovery, bus=cfg.bus, grpc_cfg=cfg.grpc, options=options)
+        super().__init__(discovery=cfg.discovery, bus=cfg.bus, grpc_cfg=cfg.grpc, options=options,
+                         telemetry=cfg.telemetry)
         self.cfg = cfg
         self.engine: Engine | None = None
         self.aengine: AsyncEngine | None = None
         self.ids = RequestIds()
         self._kv_pub: KVEventPublisher | None = None
         self._rate = _Rate()
+        self.telemetry.metrics.registry.register(
+            EngineCollector(lambda: self.aengine.stats() if self.aengine is not None else None))
 
     # ---- warm-up -----------------------------------------------------------------------------------------------
     def build_engine(self) -> Engine:
@@ -154,9 +160,18 @@ class EngineService(Service):
     async def _on_cancel(self, msg: Cancel, meta: object) -> None:
         if self.aengine is None:
             return
-        for rid in self.ids.engine_ids(msg.request_id):
+        engine_ids = self.ids.engine_ids(msg.request_id)
+        for rid in engine_ids:
             log.info("%s: cancel %s (%s)", self.instance_id, rid, msg.reason or "no reason")
             self.aengine.abort(rid)
+        tr = self.telemetry.tracing
+        # A span in the cancelled request's trace, whose context came in the NATS message headers.
+        parent = extract(getattr(meta, "headers", None)) if tr.enabled and engine_ids else None
+        if parent is not None:
+            now = time.monotonic()
+            tr.record(spans.REQUEST_CANCEL, now, now, {
+                spans.REQUEST_ID: msg.request_id, spans.INSTANCE: self.instance_id,
+                "pdrelay.cancel.reason": msg.reason, "pdrelay.cancel.origin": msg.origin}, parent=parent)
 
     async def on_stop(self) -> None:
         if self._kv_pub is not None:

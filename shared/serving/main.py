@@ -2,17 +2,18 @@
 
 from __future__ import annotations
 
-import logging
 import sys
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from shared.cluster.lifecycle import ServiceOptions, run_service, service_args
+from shared.cluster.lifecycle import ServiceOptions, default_instance_id, run_service, service_args
+from shared.telemetry.logs import setup_logging as setup_service_logging
 
 
 def setup_logging(cfg: Any) -> None:
-    logging.basicConfig(level=cfg.telemetry.log_level.upper(), stream=sys.stderr,
-                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    """Text lines, or JSON with trace and request ids (--log-json): shared.telemetry.logs."""
+    role = cfg.role
+    setup_service_logging(cfg.telemetry, role=role, instance_id=cfg.discovery.instance_id or default_instance_id(role))
 
 
 def serve_role(role: str, factory: Callable[[Any, ServiceOptions], Any], argv: Sequence[str] | None) -> int:
