@@ -56,8 +56,17 @@ def _rows(x: torch.Tensor) -> torch.Tensor:
     return x2 if x2.stride(-1) == 1 else x2.contiguous()
 
 
-def _launch(x: torch.Tensor, residual: torch.Tensor | None, weight: torch.Tensor,
-            eps: float) -> tuple[torch.Tensor, torch.Tensor | None]:
+def _out(given: torch.Tensor | None, shape: torch.Size, dtype: torch.dtype, device: torch.device,
+         name: str) -> torch.Tensor:
+    if given is None:
+        return torch.empty(shape, dtype=dtype, device=device)
+    if given.shape != shape or given.dtype != dtype or not given.is_contiguous():
+        raise ValueError(f"{name} must be a contiguous {dtype} tensor of shape {tuple(shape)}")
+    return given
+
+
+def _launch(x: torch.Tensor, residual: torch.Tensor | None, weight: torch.Tensor, eps: float,
+            out: torch.Tensor | None, residual_out: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor | None]:
     check_float("x", x)
     check_float("weight", weight)
     d = x.shape[-1]
@@ -66,7 +75,7 @@ def _launch(x: torch.Tensor, residual: torch.Tensor | None, weight: torch.Tensor
                          f"{tuple(x.shape)} (a [d] weight, or Qwen3's [heads, d] per-head weight)")
     x2 = _rows(x)
     w2 = weight.reshape(-1, d).contiguous()  # [w_rows, d]: row r of x uses weight row r % w_rows
-    out = torch.empty(x.shape, dtype=torch.promote_types(x.dtype, weight.dtype), device=x.device)
+    out = _out(out, x.shape, torch.promote_types(x.dtype, weight.dtype), x.device, "out")
     res_out = None
     r2 = x2
     if residual is not None:
@@ -74,7 +83,7 @@ def _launch(x: torch.Tensor, residual: torch.Tensor | None, weight: torch.Tensor
             raise ValueError(f"residual {tuple(residual.shape)} {residual.dtype} must match x {tuple(x.shape)} "
                              f"{x.dtype}")
         r2 = _rows(residual)
-        res_out = torch.empty(x.shape, dtype=x.dtype, device=x.device)
+        res_out = _out(residual_out, x.shape, x.dtype, x.device, "residual_out")
     rows = x2.shape[0]
     if rows == 0:
         return out, res_out
@@ -89,16 +98,19 @@ def _launch(x: torch.Tensor, residual: torch.Tensor | None, weight: torch.Tensor
     return out, res_out
 
 
-def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
-    """x [..., d], weight [d] (or [heads, d] matching x's trailing dims) -> x / rms(x) * weight, [..., d]."""
-    out, _ = _launch(x, None, weight, eps)
-    return out
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float, *, out: torch.Tensor | None = None) -> torch.Tensor:
+    """x [..., d], weight [d] (or [heads, d] matching x's trailing dims) -> x / rms(x) * weight, [..., d]
+    (a new contiguous tensor unless `out`)."""
+    y, _ = _launch(x, None, weight, eps, out, None)
+    return y
 
 
 def fused_add_rms_norm(
-    x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float
+    x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float, *,
+    out: torch.Tensor | None = None, residual_out: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """residual' = x + residual; returns (rms_norm(residual'), residual'), both new tensors; inputs untouched."""
-    out, res_out = _launch(x, residual, weight, eps)
+    """residual' = x + residual; returns (rms_norm(residual'), residual'), new tensors unless `out` /
+    `residual_out` are given; the inputs are left untouched."""
+    y, res_out = _launch(x, residual, weight, eps, out, residual_out)
     assert res_out is not None
-    return out, res_out
+    return y, res_out

@@ -45,9 +45,11 @@ def _rotary_kernel(
     tl.store(o_ptr + half, o2.to(Out.dtype.element_ty), mask=mask)
 
 
-def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, *,
+                 out: torch.Tensor | None = None) -> torch.Tensor:
     """Rotate x [T, heads, head_dim] (any row/head strides, contiguous last dim) by (cos, sin), each
-    [T, 1, head_dim // 2] or [T, head_dim // 2]; returns a new contiguous [T, heads, head_dim] in x's dtype."""
+    [T, 1, head_dim // 2] or [T, head_dim // 2]; returns [T, heads, head_dim] in x's dtype (a new contiguous
+    tensor unless `out`, which may not overlap x)."""
     check_float("x", x)
     if x.dim() != 3 or x.shape[-1] % 2:
         raise ValueError(f"x must be [tokens, heads, head_dim] with an even head_dim, got {tuple(x.shape)}")
@@ -56,7 +58,10 @@ def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch
     c, s = cos.reshape(t, half), sin.reshape(t, half)  # [T, head_dim // 2] views of the lookup
     for name, v in (("cos", c), ("sin", s)):
         check_float(name, v)
-    out = torch.empty((t, heads, d), dtype=x.dtype, device=x.device)
+    if out is None:
+        out = torch.empty((t, heads, d), dtype=x.dtype, device=x.device)
+    elif out.shape != x.shape or out.dtype != x.dtype or out.stride(-1) != 1:
+        raise ValueError(f"out must be a {x.dtype} tensor of shape {tuple(x.shape)} with a contiguous last dim")
     if t == 0:
         return out
     _rotary_kernel.on(x.device)[(t,)](
