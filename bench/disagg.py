@@ -175,8 +175,8 @@ def _summarize(raw: dict[tuple[str, int], list[tuple[float, float]]], backends: 
 def _row(r: dict[str, Any]) -> str:
     return (f"{r['prompt_tokens']:>6} {r['backend']:>9}  TTFT colocated {r['ttft_colocated_ms']:8.1f} ms  "
             f"disagg {r['ttft_disagg_ms']:8.1f} ms  overhead {r['overhead_ms']:7.1f} ms "
-            f"({100 * r['overhead_frac']:5.1f}% of TTFT; rounds {r['overhead_ms_min']:.0f}..{r['overhead_ms_max']:.0f} ms)"
-            f"  transfer {r['transfer_ms']:6.1f} ms "
+            f"({100 * r['overhead_frac']:5.1f}% of TTFT; rounds {r['overhead_ms_min']:.0f}.."
+            f"{r['overhead_ms_max']:.0f} ms)  transfer {r['transfer_ms']:6.1f} ms "
             f"({100 * r['transfer_frac']:4.1f}%, {r['kv_bytes'] / 2**20:6.1f} MiB, {r['transfer_gb_s']:5.2f} GB/s)")
 
 

@@ -1,4 +1,4 @@
-"""Real pdrelay service processes for the disaggregation tests (and bench/disagg.py's shape, in test form).
+"""Real pdrelay service processes for the disaggregation tests.
 
     procs = start_services(tmp, etcd, nats, model, [Spec("prefill", "p-1", "c", ("--transfer-backend", "nixl")), ...])
     ...
@@ -22,7 +22,7 @@ from pathlib import Path
 
 from proto.pdrelay.v1 import worker_pb2
 from shared.cluster.handshake import ReadyInfo, parse_ready_line
-from shared.cluster.localcluster.servers import EtcdServer, NatsServer, stop_process
+from shared.cluster.localcluster.servers import EtcdServer, NatsServer
 
 READY_TIMEOUT_S = 120.0  # several model processes starting together on a busy 2-core box
 BACKENDS = ("nixl", "mooncake")
@@ -110,9 +110,6 @@ class ServiceProc:
         if self.alive():
             self.proc.send_signal(signal.SIGKILL)
         return self.proc.wait(10)
-
-    def stop(self, timeout: float = 10.0) -> int | None:
-        return stop_process(self.proc, timeout)
 
 
 def wait_ready(procs: Sequence[ServiceProc], timeout: float = READY_TIMEOUT_S) -> None:

@@ -14,9 +14,9 @@ import grpc
 
 from proto.pdrelay.v1 import worker_pb2, worker_pb2_grpc
 from shared.engine.model_runner import ModelRunner
+from shared.engine.sampling_params import SamplingParams
 from shared.serving.convert import layout_to_pb, sampling_to_pb
 from shared.serving.kv_transfer import KVTransfer
-from shared.engine.sampling_params import SamplingParams
 
 PAGE = 16  # the services' default --page-size
 

@@ -1,10 +1,10 @@
 """Hand-off failures with real processes and --fault-injection, per transfer backend.
 
 The processes are conftest.py's (per backend: decode `d` with a 3 s hand-off timeout and 1 retry, a healthy
-prefill, one prefill per fault). The client always routes to the faulty prefill; decode must free (quarantine) the attempt's pages and retry on
-another ready prefill from etcd. Alternates are tried in instance-id order, so the healthy one is named `pa-...`
-and the faulty ones `pz-...`. After each failure: the answer equals HF generate, and no KV page leaks (load
-reports: free_pages == total_pages once idle and the quarantine is over).
+prefill, one prefill per fault). The client always routes to the faulty prefill; decode must free (quarantine)
+the attempt's pages and retry on another ready prefill from etcd. Alternates are tried in instance-id order, so
+the healthy one is named `pa-...` and the faulty ones `pz-...`. After each failure: the answer equals HF
+generate, and no KV page leaks (load reports: free_pages == total_pages once idle and the quarantine is over).
 """
 
 from __future__ import annotations
@@ -15,28 +15,30 @@ import time
 import grpc
 import pytest
 
+from shared.cluster.bus.load import LoadReport
 from shared.serving.faults import CRASH_EXIT_CODE
+from tests.services.disagg.disagg_client import Loads, generate, hf_greedy
 from tests.services.disagg.disagg_procs import HANDOFF_TIMEOUT_S as TIMEOUT_S
 from tests.services.disagg.disagg_procs import BackendCluster, Servers
-from tests.services.disagg.disagg_client import Loads, generate, hf_greedy
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 
 NEW = 8
 PROMPTS = {name: list(range(start, start + 40)) for name, start in  # 40 tokens: 3 pages of 16, distinct per test
            [("crash", 10), ("corrupt", 60), ("hang", 110), ("kill", 160), ("after", 210)]}
+Ref = dict[str, list[int]]  # prompt name -> HF greedy tokens
 
 
 @pytest.fixture(scope="module")
-def reference(servers: Servers) -> dict[str, list[int]]:
+def reference(servers: Servers) -> Ref:
     return dict(zip(PROMPTS, hf_greedy(servers.model_dir, list(PROMPTS.values()), NEW), strict=True))
 
 
-def quarantined(r) -> bool:  # type: ignore[no-untyped-def]
+def quarantined(r: LoadReport) -> bool:
     return r.load.free_pages < r.load.total_pages and r.load.running == 0
 
 
-async def test_prefill_crash_mid_transfer_is_retried_on_another_prefill(pd: BackendCluster, reference: dict[str, list[int]]):
+async def test_prefill_crash_mid_transfer_is_retried_on_another_prefill(pd: BackendCluster, reference: Ref):
     d, healthy, crash = pd["d"], pd["pa-healthy"], pd["pz-crash"]
     async with Loads(pd.nats_url, [pd.cluster]) as loads:
         res = await generate(d.grpc, "crash-1", PROMPTS["crash"], prefill=crash.target(), max_tokens=NEW)
@@ -50,7 +52,7 @@ async def test_prefill_crash_mid_transfer_is_retried_on_another_prefill(pd: Back
         await loads.all_pages_free([d.instance_id, healthy.instance_id], timeout_s=TIMEOUT_S + 5)
 
 
-async def test_corrupt_checksum_is_refused_and_retried(pd: BackendCluster, reference: dict[str, list[int]]):
+async def test_corrupt_checksum_is_refused_and_retried(pd: BackendCluster, reference: Ref):
     d, healthy, corrupt = pd["d"], pd["pa-healthy"], pd["pz-corrupt"]
     async with Loads(pd.nats_url, [pd.cluster]) as loads:
         res = await generate(d.grpc, "corrupt-1", PROMPTS["corrupt"], prefill=corrupt.target(), max_tokens=NEW)
@@ -62,7 +64,7 @@ async def test_corrupt_checksum_is_refused_and_retried(pd: BackendCluster, refer
                                    timeout_s=TIMEOUT_S + 5)
 
 
-async def test_hung_prefill_times_out_and_releases_its_held_pages(pd: BackendCluster, reference: dict[str, list[int]]):
+async def test_hung_prefill_times_out_and_releases_its_held_pages(pd: BackendCluster, reference: Ref):
     d, healthy, hang = pd["d"], pd["pa-healthy"], pd["pz-hang"]
     async with Loads(pd.nats_url, [pd.cluster]) as loads:
         t0 = time.monotonic()
@@ -74,7 +76,7 @@ async def test_hung_prefill_times_out_and_releases_its_held_pages(pd: BackendClu
         await loads.all_pages_free([hang.instance_id, d.instance_id, healthy.instance_id], timeout_s=TIMEOUT_S + 5)
 
 
-async def test_killed_decode_makes_the_prefill_release_held_pages(pd: BackendCluster, reference: dict[str, list[int]]):
+async def test_killed_decode_makes_the_prefill_release_held_pages(pd: BackendCluster, reference: Ref):
     victim, hang = pd["d-kill"], pd["pz-hang"]
     async with Loads(pd.nats_url, [pd.cluster]) as loads:
         call = asyncio.ensure_future(generate(victim.grpc, "kill-1", PROMPTS["kill"], prefill=hang.target(),
@@ -93,7 +95,7 @@ async def test_killed_decode_makes_the_prefill_release_held_pages(pd: BackendClu
         assert hang.alive()
 
 
-async def test_services_keep_serving_and_nothing_leaks(pd: BackendCluster, reference: dict[str, list[int]]):
+async def test_services_keep_serving_and_nothing_leaks(pd: BackendCluster, reference: Ref):
     d, healthy = pd["d"], pd["pa-healthy"]
     res = await generate(d.grpc, "after-1", PROMPTS["after"], prefill=healthy.target(), max_tokens=NEW)
     assert res.tokens == reference["after"] and res.prefill_instance_id == healthy.instance_id

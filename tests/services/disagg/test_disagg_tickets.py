@@ -9,8 +9,8 @@ import pytest
 
 from proto.pdrelay.v1 import common_pb2, worker_pb2
 from shared.cluster.grpc_errors import error_from_rpc
-from tests.services.disagg.disagg_procs import BackendCluster
 from tests.services.disagg.disagg_client import Loads, hf_greedy
+from tests.services.disagg.disagg_procs import BackendCluster
 from tests.services.disagg.disagg_tickets import LocalDecode, send
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
