@@ -9,11 +9,13 @@ from __future__ import annotations
 
 import functools
 import json
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 import torch
 
+from shared.engine.cuda_graph import CudaGraphDecodeRunner, build_decode_graphs
 from shared.engine.forward_batch import ForwardBatch, build_forward_batch
 from shared.engine.kv_pool import KVPool, num_pages_for_budget, torch_dtype
 from shared.engine.models import LlamaForCausalLM, build_model, load_model_config
@@ -33,7 +35,8 @@ class ModelRunner:
     """One model + one KV pool on one device.
 
     Attributes: layout (KVLayout), kv (KVPool), num_pages, vocab_size, hf_config (transformers config, lazy),
-    arch (our parsed config), eos_token_ids, context_length, page_size, device, dtype, model.
+    arch (our parsed config), eos_token_ids, context_length, page_size, device, dtype, model, graphs (the
+    CUDA-graph decode runner, or None: on CPU, without cuda_graph_bs, or with a backend that cannot be captured).
     """
 
     def __init__(
@@ -48,6 +51,7 @@ class ModelRunner:
         attention_backend: str = "torch",
         max_batch_tokens: int = 4096,
         context_length: int | None = None,
+        cuda_graph_bs: Sequence[int] = (),
     ) -> None:
         model_dir = Path(model_dir)
         if page_size < 1 or page_size & (page_size - 1):
@@ -81,8 +85,16 @@ class ModelRunner:
         elif kv_budget_bytes is not None:
             raise ValueError("give num_pages or kv_budget_bytes, not both")
         self.num_pages = num_pages
-        self.kv = KVPool(self.layout, num_pages, self.device)
+        # Decode CUDA graphs (cuda only) pad a batch with rows whose K/V go to one extra page past the num_pages
+        # the scheduler hands out.
+        want_graphs = self.device.type == "cuda" and bool(cuda_graph_bs)
+        self.kv = KVPool(self.layout, num_pages + int(want_graphs), self.device)
         self.attn = select_attention_backend(attention_backend, self.device, self.dtype)
+        self.graphs: CudaGraphDecodeRunner | None = None
+        if want_graphs:
+            self.graphs = build_decode_graphs(self.model, self.kv, self.attn, batch_sizes=cuda_graph_bs,
+                                              context_length=self.context_length, page_size=page_size,
+                                              scratch_page=num_pages)
 
     @functools.cached_property
     def hf_config(self) -> Any:
@@ -124,6 +136,8 @@ class ModelRunner:
     @torch.inference_mode()
     def forward_batch(self, batch: ForwardBatch) -> torch.Tensor:
         """forward() for an already prepared batch (benchmarks time preparation and compute apart)."""
+        if self.graphs is not None and self.graphs.can_run(batch):
+            return self.graphs.run(batch)
         meta = self.attn.prepare(batch.page_table, batch.prefix_lens, batch.extend_lens, batch.token_starts,
                                  self.page_size)
         hidden = self.model(batch, self.kv, self.attn, meta)  # [n, hidden]
