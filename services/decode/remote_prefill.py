@@ -51,7 +51,8 @@ class RemotePrefillClient:
         threshold = self.svc.cfg.disagg.local_prefill_threshold
         if threshold and len(request.prompt_token_ids) < threshold:
             return False  # short prompt: computing it here costs less than a hand-off
-        return bool(request.prefill.grpc_address) or bool(self._alternates(""))
+        # No prefill target: the gateway chose local prefill here (e.g. no prefill instance was ready).
+        return bool(request.prefill.grpc_address)
 
     def _alternates(self, exclude: str) -> list[tuple[str, str]]:
         members = self.svc.prefills

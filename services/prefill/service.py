@@ -136,7 +136,10 @@ class PrefillServicer(worker_pb2_grpc.PrefillServicer):
         except InvalidRequest as e:
             await fail(common_pb2.ERROR_CODE_INVALID_ARGUMENT, str(e))
         # ---- fencing -------------------------------------------------------------------------------------------
-        state, cached = svc.ledger.check(ticket.request_id, ticket.epoch)
+        # Epochs are ordered per owner: each decode numbers its own hand-offs, so a request retried on another
+        # decode (gateway failover) is a new transaction, not a stale one.
+        owner_key = f"{ticket.decode_instance_id}/{ticket.request_id}"
+        state, cached = svc.ledger.check(owner_key, ticket.epoch)
         if state == "stale":
             await fail(common_pb2.ERROR_CODE_STALE_EPOCH,
                        f"ticket epoch {ticket.epoch} of {ticket.request_id} is older than one already seen; refused")
@@ -146,13 +149,13 @@ class PrefillServicer(worker_pb2_grpc.PrefillServicer):
         if state == "replay":
             assert cached is not None
             return cached
-        svc.ledger.begin(ticket.request_id, ticket.epoch)
+        svc.ledger.begin(owner_key, ticket.epoch)
         response: worker_pb2.PrefillResponse | None = None
         try:
             response = await self._run(ticket, prompt, params, dst, skip_pages, n_pages, t_start, context)
             return response
         finally:
-            svc.ledger.finish(ticket.request_id, ticket.epoch, response)
+            svc.ledger.finish(owner_key, ticket.epoch, response)
 
     async def _run(self, ticket: worker_pb2.HandoffTicket, prompt: list[int], params, dst, skip_pages: int,  # type: ignore[no-untyped-def]
                    n_pages: int, t_start: float, context: grpc.aio.ServicerContext) -> worker_pb2.PrefillResponse:

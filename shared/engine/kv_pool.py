@@ -50,11 +50,15 @@ class KVPool:
         self.dtype = torch_dtype(layout.dtype)
         # zeros, not empty: a never-written page must read as finite numbers (masked attention multiplies it by 0,
         # and 0 * NaN would poison the output).
-        self.buffer = torch.zeros(
-            (num_pages, layout.num_layers, 2, layout.page_size, layout.num_kv_heads, layout.head_dim),
-            dtype=self.dtype,
-            device=self.device,
-        )
+        shape = (num_pages, layout.num_layers, 2, layout.page_size, layout.num_kv_heads, layout.head_dim)
+        if self.device.type == "cpu":
+            # Huge-page-advised anonymous memory: zero without a fill pass (fast start), fewer TLB misses for
+            # attention, and memcpy-speed page writes between processes (see shared/transfer/hostmem.py).
+            from shared.transfer.hostmem import alloc_host_buffer
+
+            self.buffer = alloc_host_buffer(shape, self.dtype)
+        else:
+            self.buffer = torch.zeros(shape, dtype=self.dtype, device=self.device)
         # [num_pages, num_layers * 2, page_size * kv_heads * head_dim]: row (page, 2*layer + kv) is one page's K or V
         # of one layer, contiguous; decode attention gathers these rows with one index_select.
         self._rows = self.buffer.view(num_pages, layout.num_layers * 2, -1)

@@ -73,7 +73,8 @@ class _Entry:
 
 
 class FencingLedger:
-    """Prefill side: the newest epoch seen per request id, and the answer given for it.
+    """Prefill side: the newest epoch seen per hand-off owner and request id ("<decode id>/<request id>"), and the
+    answer given for it.
 
     A ticket older than the newest epoch seen is stale (its decode already moved on): refused, also when the newer
     attempt failed here (a late stale ticket could otherwise write into pages decode has reused since). The same
