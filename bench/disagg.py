@@ -12,7 +12,9 @@ client. Printed per length and backend (medians over rounds):
     overhead = TTFT_disagg - TTFT_colocated (transfer + protocol: reserve, ticket, checksums, activation, RPCs),
                the median of per-round differences, as a fraction of the colocated TTFT,
     transfer = the prefill-reported KV write time (DecodeResponse.timings.transfer_s), as a fraction of TTFT,
-    and the KV bytes moved (whole pages of the prompt).
+    the KV bytes moved (whole pages of the prompt),
+    and the CPU time the mode's processes spent per request (worker; prefill + decode), which, unlike TTFT
+    differences, another load on the machine barely moves.
 Target: overhead <= 10% of TTFT at 1024 tokens with NIXL. A warm-up request per mode (the first hand-off also
 connects the transfer engines) is not counted.
 """
@@ -129,35 +131,46 @@ async def _ttft(address: str, rid: str, prompt: list[int], prefill: Any | None) 
     return ttft, transfer
 
 
-async def _measure(modes: dict[str, tuple[str, Any]], lengths: list[int], reps: int, vocab: int,
-                   seed: int) -> dict[tuple[str, int], list[tuple[float, float]]]:
+def _cpu_s(pids: Sequence[int]) -> float:
+    from bench.serve_procs import process_cpu
+
+    return sum(process_cpu(pid).best_s for pid in pids)
+
+
+async def _measure(modes: dict[str, tuple[str, Any, list[int]]], lengths: list[int], reps: int, vocab: int,
+                   seed: int) -> dict[tuple[str, int], list[tuple[float, float, float]]]:
+    """(TTFT s, transfer s, CPU s of the mode's processes) per request, keyed by (mode, prompt length)."""
     rng = random.Random(seed)
     lo = min(100, vocab // 4)  # above the special tokens
 
     def prompt(n: int) -> list[int]:
         return [rng.randrange(lo, vocab) for _ in range(n)]
 
-    for mode, (address, prefill) in modes.items():  # warm-up: connects the transfer engines
+    for mode, (address, prefill, _) in modes.items():  # warm-up: connects the transfer engines
         await _ttft(address, f"warmup-{mode}", prompt(min(lengths)), prefill)
-    out: dict[tuple[str, int], list[tuple[float, float]]] = {}
+    out: dict[tuple[str, int], list[tuple[float, float, float]]] = {}
     for r in range(reps):
         for n in lengths:
-            for mode, (address, prefill) in modes.items():  # interleaved: noise hits every mode alike
-                out.setdefault((mode, n), []).append(await _ttft(address, f"{mode}-{n}-{r}", prompt(n), prefill))
+            for mode, (address, prefill, pids) in modes.items():  # interleaved: noise hits every mode alike
+                cpu0 = _cpu_s(pids)
+                ttft, transfer = await _ttft(address, f"{mode}-{n}-{r}", prompt(n), prefill)
+                out.setdefault((mode, n), []).append((ttft, transfer, _cpu_s(pids) - cpu0))
         print(f"round {r + 1}/{reps} done", file=sys.stderr, flush=True)
     return out
 
 
-def _summarize(raw: dict[tuple[str, int], list[tuple[float, float]]], backends: list[str], lengths: list[int],
-               page_bytes: int, page_size: int) -> list[dict[str, Any]]:
+def _summarize(raw: dict[tuple[str, int], list[tuple[float, float, float]]], backends: list[str],
+               lengths: list[int], page_bytes: int, page_size: int) -> list[dict[str, Any]]:
     rows = []
     for n in lengths:
-        colo = [t for t, _ in raw[("colocated", n)]]
+        colo = [t for t, _, _ in raw[("colocated", n)]]
+        colo_cpu = statistics.median(c for _, _, c in raw[("colocated", n)])
         for b in backends:
             pd = raw[(b, n)]
-            ttft = [t for t, _ in pd]
+            ttft = [t for t, _, _ in pd]
             diffs = [d - c for d, c in zip(ttft, colo, strict=True)]
-            transfer = statistics.median(x for _, x in pd)
+            transfer = statistics.median(x for _, x, _ in pd)
+            pd_cpu = statistics.median(c for _, _, c in pd)
             colo_med, pd_med, over = statistics.median(colo), statistics.median(ttft), statistics.median(diffs)
             rows.append({
                 "prompt_tokens": n, "backend": b, "rounds": len(pd),
@@ -166,6 +179,10 @@ def _summarize(raw: dict[tuple[str, int], list[tuple[float, float]]], backends: 
                 # the spread of the per-round differences: compute noise of a shared box shows up here
                 "overhead_ms_min": 1e3 * min(diffs), "overhead_ms_max": 1e3 * max(diffs),
                 "transfer_ms": 1e3 * transfer, "transfer_frac": transfer / pd_med,
+                # CPU seconds the mode's processes spent per request (worker; prefill + decode): unlike TTFT
+                # differences, barely moved by other load on the machine
+                "cpu_colocated_ms": 1e3 * colo_cpu, "cpu_disagg_ms": 1e3 * pd_cpu,
+                "extra_cpu_frac": (pd_cpu - colo_cpu) / colo_cpu if colo_cpu else 0.0,
                 "kv_bytes": -(-n // page_size) * page_bytes,
                 "transfer_gb_s": -(-n // page_size) * page_bytes / transfer / 1e9 if transfer else 0.0,
             })
@@ -177,7 +194,9 @@ def _row(r: dict[str, Any]) -> str:
             f"disagg {r['ttft_disagg_ms']:8.1f} ms  overhead {r['overhead_ms']:7.1f} ms "
             f"({100 * r['overhead_frac']:5.1f}% of TTFT; rounds {r['overhead_ms_min']:.0f}.."
             f"{r['overhead_ms_max']:.0f} ms)  transfer {r['transfer_ms']:6.1f} ms "
-            f"({100 * r['transfer_frac']:4.1f}%, {r['kv_bytes'] / 2**20:6.1f} MiB, {r['transfer_gb_s']:5.2f} GB/s)")
+            f"({100 * r['transfer_frac']:4.1f}%, {r['kv_bytes'] / 2**20:6.1f} MiB, {r['transfer_gb_s']:5.2f} GB/s)  "
+            f"CPU/request {r['cpu_colocated_ms']:.0f} -> {r['cpu_disagg_ms']:.0f} ms "
+            f"({100 * r['extra_cpu_frac']:+.1f}%)")
 
 
 def _target(rows: list[dict[str, Any]], quick: bool) -> dict[str, Any] | None:
@@ -220,6 +239,7 @@ def run(ns: argparse.Namespace) -> int:
     nats = NatsServer(data_dir=tmp / "nats", port=free_port())
     services: list[_Service] = []
     ok = False
+    load_before = load_after = 0.0
     try:
         etcd.start()
         nats.start()
@@ -234,12 +254,17 @@ def run(ns: argparse.Namespace) -> int:
         by = {s.name: s for s in services}
         from proto.pdrelay.v1 import worker_pb2
 
-        modes: dict[str, tuple[str, Any]] = {"colocated": (by["bench-worker"].ready.grpc, None)}
+        w = by["bench-worker"]
+        modes: dict[str, tuple[str, Any, list[int]]] = {"colocated": (w.ready.grpc, None, [w.proc.pid])}
         for b in backends:
-            p = by[f"bench-prefill-{b}"].ready
-            modes[b] = (by[f"bench-decode-{b}"].ready.grpc,
-                        worker_pb2.PrefillTarget(instance_id=p.instance_id, grpc_address=p.grpc, epoch=p.epoch))
+            pre, dec = by[f"bench-prefill-{b}"], by[f"bench-decode-{b}"]
+            p = pre.ready
+            modes[b] = (dec.ready.grpc,
+                        worker_pb2.PrefillTarget(instance_id=p.instance_id, grpc_address=p.grpc, epoch=p.epoch),
+                        [pre.proc.pid, dec.proc.pid])
+        load_before = os.getloadavg()[0]
         raw = asyncio.run(_measure(modes, lengths, reps, arch.vocab_size, ns.seed))
+        load_after = os.getloadavg()[0]
         ok = True
     finally:
         for s in services:
@@ -253,7 +278,9 @@ def run(ns: argparse.Namespace) -> int:
             shutil.rmtree(tmp, ignore_errors=True)  # on failure the service logs stay for a look
     rows = _summarize(raw, backends, lengths, page_bytes, ns.page_size)
     print(f"model {ns.model}, {ns.threads} thread(s) per service, {reps} rounds, medians; overhead = TTFT_disagg - "
-          "TTFT_colocated as a fraction of TTFT_colocated, transfer = prefill-reported KV write time")
+          "TTFT_colocated as a fraction of TTFT_colocated, transfer = prefill-reported KV write time; machine load "
+          f"average {load_before:.1f} -> {load_after:.1f} on {os.cpu_count()} CPUs (TTFT differences are noise when "
+          "it exceeds the CPU count; CPU/request is not)")
     for r in rows:
         print(_row(r))
     target = _target(rows, ns.quick)
@@ -263,7 +290,7 @@ def run(ns: argparse.Namespace) -> int:
               + (f" [{target['note']}]" if "note" in target else ""))
     if ns.json_out:
         summary = {"model": ns.model, "threads": ns.threads, "rounds": reps, "quick": ns.quick, "results": rows,
-                   "target_overhead_1024_nixl": target}
+                   "load_average": [load_before, load_after], "target_overhead_1024_nixl": target}
         Path(ns.json_out).write_text(json.dumps(summary, indent=2))
     return 0
 

@@ -26,9 +26,12 @@ def test_bench_handoff_quick(servers: Servers, tmp_path: Path, capsys: pytest.Ca
         assert r["rounds"] == 2 and r["ttft_colocated_ms"] > 0 and r["ttft_disagg_ms"] > 0
         assert r["transfer_ms"] > 0 and 0 < r["transfer_frac"] < 1
         assert r["overhead_ms"] == pytest.approx(r["overhead_frac"] * r["ttft_colocated_ms"])
+        assert r["overhead_ms_min"] <= r["overhead_ms"] <= r["overhead_ms_max"]
+        assert r["cpu_colocated_ms"] > 0 and r["cpu_disagg_ms"] > 0
         assert r["kv_bytes"] == -(-r["prompt_tokens"] // 16) * 2 * 2 * 16 * 2 * 16 * 4  # tiny model pages, fp32
         assert f"{r['prompt_tokens']:>6}      nixl  TTFT colocated" in printed
     assert summary["target_overhead_1024_nixl"] is None  # --quick has no 1024-token prompts
+    assert len(summary["load_average"]) == 2 and "machine load average" in printed
 
 
 def test_bench_handoff_rejects_bad_flags(capsys: pytest.CaptureFixture[str]):
