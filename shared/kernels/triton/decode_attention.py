@@ -185,7 +185,7 @@ def paged_decode_attention(
     _decode_merge_kernel.on(dev)[(bs, heads)](
         mid_o, mid_lse, out,
         heads, splits, out.stride(0), out.stride(1),
-        HEAD_DIM=head_dim, BLOCK_S=next_pow2(splits), BLOCK_D=block_dim(head_dim),
+        HEAD_DIM=head_dim, BLOCK_S=max(2, next_pow2(splits)), BLOCK_D=block_dim(head_dim),
         ROUND_BF16=round_mode(out.dtype, dev),
     )
     return out

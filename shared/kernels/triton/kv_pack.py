@@ -59,14 +59,27 @@ def _words(t: torch.Tensor, name: str) -> torch.Tensor:
     return flat.view(word)
 
 
-def _ids(page_ids: torch.Tensor | Sequence[int], num_pages: int, device: torch.device) -> torch.Tensor:
-    ids = torch.as_tensor(page_ids, dtype=torch.int64, device=device)
+def _ids(page_ids: torch.Tensor | Sequence[int], num_pages: int, device: torch.device, validate: bool,
+         distinct: bool) -> torch.Tensor:
+    """page_ids -> int64 [n] on `device`. The kernel has no bounds checks (a bad id reads or corrupts memory
+    outside the pool), so ids are checked first: for free when they come from the host, with a device sync when
+    they are a device tensor (skip it with validate=False when the ids come from the page allocator)."""
+    if isinstance(page_ids, torch.Tensor):
+        ids = page_ids.to(device=device, dtype=torch.int64)
+        check = validate and ids.numel() > 0
+        lo, hi = (int(ids.min()), int(ids.max())) if check else (0, 0)
+        dup = check and distinct and torch.unique(ids).numel() != ids.numel()
+    else:
+        host = [int(p) for p in page_ids]
+        lo, hi = (min(host), max(host)) if host else (0, 0)
+        dup = distinct and len(set(host)) != len(host)
+        ids = torch.tensor(host, dtype=torch.int64, device=device)
     if ids.dim() != 1:
         raise ValueError(f"page_ids must be one-dimensional, got shape {tuple(ids.shape)}")
-    # The kernel has no bounds checks: a bad id would read or corrupt memory outside the pool, so check first
-    # (a device sync; pack/unpack run per transfer, never inside a CUDA graph).
-    if ids.numel() and (int(ids.min()) < 0 or int(ids.max()) >= num_pages):
-        raise ValueError(f"page_ids must lie in [0, {num_pages}); got min {int(ids.min())}, max {int(ids.max())}")
+    if lo < 0 or hi >= num_pages:
+        raise ValueError(f"page_ids must lie in [0, {num_pages}); got min {lo}, max {hi}")
+    if dup:
+        raise ValueError("page_ids has duplicates; each destination page can be written only once")
     return ids
 
 
@@ -82,9 +95,9 @@ def _launch(src: torch.Tensor, dst: torch.Tensor, ids: torch.Tensor, pack: bool)
 
 
 def pack_pages(pool: torch.Tensor, page_ids: torch.Tensor | Sequence[int], *,
-               out: torch.Tensor | None = None) -> torch.Tensor:
+               out: torch.Tensor | None = None, validate: bool = True) -> torch.Tensor:
     """Copy pool pages `page_ids` (in that order) into a contiguous buffer [n, *pool.shape[1:]] (`out` if given)."""
-    ids = _ids(page_ids, pool.shape[0], pool.device)
+    ids = _ids(page_ids, pool.shape[0], pool.device, validate, distinct=False)
     shape = (ids.numel(), *pool.shape[1:])
     if out is None:
         out = torch.empty(shape, dtype=pool.dtype, device=pool.device)
@@ -95,12 +108,11 @@ def pack_pages(pool: torch.Tensor, page_ids: torch.Tensor | Sequence[int], *,
     return out
 
 
-def unpack_pages(buffer: torch.Tensor, pool: torch.Tensor, page_ids: torch.Tensor | Sequence[int]) -> None:
+def unpack_pages(buffer: torch.Tensor, pool: torch.Tensor, page_ids: torch.Tensor | Sequence[int], *,
+                 validate: bool = True) -> None:
     """Copy buffer row i into pool page page_ids[i], in place. page_ids must be distinct (each page written once)."""
-    ids = _ids(page_ids, pool.shape[0], pool.device)
+    ids = _ids(page_ids, pool.shape[0], pool.device, validate, distinct=True)
     if tuple(buffer.shape) != (ids.numel(), *pool.shape[1:]) or buffer.dtype != pool.dtype:
         raise ValueError(f"buffer {tuple(buffer.shape)} {buffer.dtype} must be [{ids.numel()}, "
                          f"*{tuple(pool.shape[1:])}] {pool.dtype}: one page per page id")
-    if torch.unique(ids).numel() != ids.numel():
-        raise ValueError("page_ids has duplicates; each destination page can be written only once")
     _launch(buffer, pool, ids, pack=False)

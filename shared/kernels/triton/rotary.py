@@ -68,6 +68,6 @@ def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, *,
         x, c, s, out,
         heads, half,
         x.stride(0), x.stride(1), c.stride(0), s.stride(0), out.stride(0), out.stride(1),
-        BLOCK_H=next_pow2(heads), BLOCK_HALF=next_pow2(half), ROUND_BF16=round_mode(x.dtype, x.device),
+        BLOCK_H=max(2, next_pow2(heads)), BLOCK_HALF=max(2, next_pow2(half)), ROUND_BF16=round_mode(x.dtype, x.device),
     )
     return out

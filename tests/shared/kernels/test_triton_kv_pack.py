@@ -73,6 +73,10 @@ def test_bad_page_ids_are_refused() -> None:
         kv_pack.unpack_pages(torch.zeros(1, 8), pool, [-1])
     with pytest.raises(ValueError, match="duplicates"):
         kv_pack.unpack_pages(torch.zeros(2, 8), pool, [2, 2])
+    with pytest.raises(ValueError, match="duplicates"):
+        kv_pack.unpack_pages(torch.zeros(2, 8), pool, torch.tensor([3, 3]))
+    with pytest.raises(ValueError, match=r"\[0, 4\)"):
+        kv_pack.pack_pages(pool, torch.tensor([0, 9]))
     with pytest.raises(ValueError, match="one page per page id"):
         kv_pack.unpack_pages(torch.zeros(3, 8), pool, [0, 1])
     assert kv_pack.pack_pages(pool, []).shape == (0, 8)
