@@ -22,7 +22,7 @@ def _rms_norm_kernel(
     X, R, W, Out, ResOut,
     d, w_rows, eps,
     stride_x, stride_r, stride_o, stride_ro, stride_w,
-    BLOCK_D: tl.constexpr, HAS_RESIDUAL: tl.constexpr, ROUND_BF16: tl.constexpr,
+    BLOCK_D: tl.constexpr, HAS_RESIDUAL: tl.constexpr, ROUND_X_BF16: tl.constexpr, ROUND_OUT_BF16: tl.constexpr,
 ):
     row = tl.program_id(0).to(tl.int64)
     cols = tl.arange(0, BLOCK_D)
@@ -30,7 +30,7 @@ def _rms_norm_kernel(
     x = tl.load(X + row * stride_x + cols, mask=mask, other=0.0).to(tl.float32)
     if HAS_RESIDUAL:
         x += tl.load(R + row * stride_r + cols, mask=mask, other=0.0).to(tl.float32)
-        if ROUND_BF16:  # round to nearest even by hand (the interpreter's cast truncates)
+        if ROUND_X_BF16:  # round to nearest even by hand (the interpreter's cast truncates)
             u = x.to(tl.uint32, bitcast=True)
             x = (((u + 0x7FFF + ((u >> 16) & 1)) >> 16) << 16).to(tl.float32, bitcast=True)
         x = x.to(ResOut.dtype.element_ty)
@@ -38,13 +38,13 @@ def _rms_norm_kernel(
         x = x.to(tl.float32)
     # [BLOCK_D] float32; padding lanes are 0 and do not change the sum
     y = x * tl.rsqrt(tl.reduce(x * x, 0, tl.standard._sum_combine) / d + eps)
-    if ROUND_BF16:
+    if ROUND_X_BF16:
         u = y.to(tl.uint32, bitcast=True)
         y = (((u + 0x7FFF + ((u >> 16) & 1)) >> 16) << 16).to(tl.float32, bitcast=True)
     y = y.to(X.dtype.element_ty).to(tl.float32)  # HF order: cast back to the input dtype, then scale
     w = tl.load(W + (row % w_rows) * stride_w + cols, mask=mask, other=0.0).to(tl.float32)
     out = y * w
-    if ROUND_BF16:
+    if ROUND_OUT_BF16:
         u = out.to(tl.uint32, bitcast=True)
         out = (((u + 0x7FFF + ((u >> 16) & 1)) >> 16) << 16).to(tl.float32, bitcast=True)
     tl.store(Out + row * stride_o + cols, out.to(Out.dtype.element_ty), mask=mask)
@@ -93,7 +93,7 @@ def _launch(x: torch.Tensor, residual: torch.Tensor | None, weight: torch.Tensor
         d, w2.shape[0], float(eps),
         x2.stride(0), r2.stride(0), d, d, w2.stride(0),
         BLOCK_D=next_pow2(d), HAS_RESIDUAL=residual is not None,
-        ROUND_BF16=round_mode(x.dtype, x.device) or round_mode(out.dtype, x.device),
+        ROUND_X_BF16=round_mode(x.dtype, x.device), ROUND_OUT_BF16=round_mode(out.dtype, x.device),
     )
     return out, res_out
 

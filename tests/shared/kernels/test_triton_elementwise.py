@@ -55,6 +55,15 @@ def test_rms_norm(gen: torch.Generator, dtype: torch.dtype, shape: tuple[int, ..
         torch.testing.assert_close(out.double(), naive_rms(x, w, 1e-6), rtol=1e-5, atol=1e-5)
 
 
+def test_rms_norm_bf16_input_float32_weight(gen: torch.Generator) -> None:
+    # the reference's type promotion: the normalised row is rounded to bf16, the product stays float32
+    x = (torch.randn(4, 64, generator=gen) * 3).bfloat16()
+    w = torch.randn(64, generator=gen)
+    out = norm.rms_norm(x, w, 1e-6)
+    assert out.dtype == torch.float32
+    torch.testing.assert_close(out, norm.reference(x, w, 1e-6), rtol=1e-6, atol=1e-6)
+
+
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_rms_norm_per_head_weight_on_a_strided_view(gen: torch.Generator, dtype: torch.dtype) -> None:
     # Qwen3: q and k heads of the fused qkv projection, normalised in one call with a [heads, d] weight
