@@ -60,7 +60,9 @@ class KVTransfer:
                 self.engine.notifications()  # drains completion notices and progresses the backend
             except TransferError as e:
                 log.warning("transfer progress: %s", e)
-            await asyncio.sleep(0.0005 if self._active else 0.02)
+            # Fast enough to never hold up a writer (its own wait polls the transfer), slow enough to cost little
+            # CPU while a prefill computes: the first write to a new peer needs a few progress calls here.
+            await asyncio.sleep(0.002 if self._active else 0.02)
 
     # ---- writing side (prefill) --------------------------------------------------------------------------------
     def connect(self, peer: common_pb2.TransferPeer) -> str:
