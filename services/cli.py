@@ -22,6 +22,7 @@ COMMANDS: tuple[tuple[str, str, str], ...] = (
     ("serve", "services.commands.serve", "run one service in the foreground: pdrelay serve <role> [flags]"),
     ("config", "services.commands.config_show", "show the resolved configuration of a role"),
     ("model", "services.commands.model_prepare", "prepare the bundled model"),
+    ("trace", "services.commands.trace", "print one request's span tree (needs `pdrelay up --trace`)"),
 )
 BENCH_COMMANDS: tuple[tuple[str, str, str], ...] = (
     ("engine", "services.commands.bench_engine", "engine throughput vs HF generate"),

@@ -37,6 +37,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--detach", action="store_true", help="run in the background; return once ready")
     p.add_argument("--demo", action="store_true", help="once ready, ask the gateway one question and print the answer")
     p.add_argument("--quiet", action="store_true", help="do not stream the services' logs (they stay in the run dir)")
+    p.add_argument("--trace", action="store_true",
+                   help="trace every request into <run-dir>/traces/ (a local OTLP sink); read with `pdrelay trace`")
     p.set_defaults(_run=run)
 
 
@@ -54,11 +56,14 @@ def _options(ns: argparse.Namespace, extra: list[str]):  # -> UpOptions
     for flag in split_flags(extra):
         if flag[0].split("=", 1)[0] in PER_INSTANCE_FLAGS:
             raise ValueError(f"{flag[0]}: pdrelay up sets it for each instance itself; drop it")
+        if ns.trace and flag[0].split("=", 1)[0] == "--otlp-traces-endpoint":
+            raise ValueError("--trace points the services at a local trace sink; drop --otlp-traces-endpoint (or "
+                             "--trace to send traces to your own collector)")
     run_dir = Path(ns.run_dir) if ns.run_dir else default_run_dir()
     return UpOptions(run_dir=str(run_dir.resolve()), cluster=ns.cluster, etcd_url=ns.etcd_url, nats_url=ns.nats_url,
                      etcd_port=ns.etcd_port, nats_port=ns.nats_port, counts=counts, extra=tuple(extra),
                      ready_timeout_s=ns.ready_timeout_s, stop_timeout_s=ns.stop_timeout_s,
-                     lease_ttl_s=ns.lease_ttl_s, demo=ns.demo, echo_log=not ns.quiet)
+                     lease_ttl_s=ns.lease_ttl_s, demo=ns.demo, echo_log=not ns.quiet, trace=ns.trace)
 
 
 def run(ns: argparse.Namespace, extra: list[str]) -> int:

@@ -2,15 +2,17 @@
 
 `pdrelay trace <request-id>` prints `render(...)`:
 
-    trace 4bf92f35...  request chatcmpl-9f2c...  total 41.20 ms  TTFT 23.52 ms
-         +0.00 ms    41.20 ms  gateway.request       pdrelay-gateway/gateway-1  http.route=/v1/chat/completions ...
-         +0.02 ms     0.81 ms  |- gateway.tokenize   pdrelay-gateway/gateway-1  prompt_tokens=18
-         ...
-    TTFT 23.52 ms: prefill.compute 14.10 (60%), kv.transfer 2.31 (10%), ...; spans cover 96% of it
+    trace 4bf92f35...  request chatcmpl-9f2c...  total 27.24 ms  TTFT 15.93 ms
+           start    duration  span
+        +0.00 ms    27.24 ms  gateway.request  [pdrelay-gateway/gateway-1]  http.route=/v1/chat/completions ...
+                             * first_token at +15.93 ms
+        +0.01 ms     1.98 ms  |- gateway.tokenize  [pdrelay-gateway/gateway-1]  prompt_tokens=118
+        ...
+    TTFT 15.93 ms = prefill.compute 3.79 (24%), decode.handoff (self) 2.10 (13%), gateway.tokenize 1.98 (12%), ...
 
-The breakdown counts the leaf spans (phases with no child span: tokenize, route, admit, queue wait, compute,
-transfer, ...) inside the TTFT window, from the start of the gateway's request span to its first_token event;
-what no leaf covers is RPC transit and scheduling between phases.
+The TTFT window runs from the start of the gateway's request span to its first_token event. Every instant of it
+is charged to the deepest span covering it, so the parts add up to the TTFT: leaf phases (tokenize, route, admit,
+queue wait, compute, transfer, ...) and the "self" time of calls and servers (RPC transit, scheduling).
 """
 
 from __future__ import annotations
@@ -76,39 +78,39 @@ def first_token_ns(root: SpanRecord) -> int | None:
     return None
 
 
-def union_ns(intervals: Iterable[tuple[int, int]]) -> int:
-    """Total length covered by a set of [start, end) intervals (overlaps counted once)."""
-    total, cur_s, cur_e = 0, None, None
-    for s, e in sorted(i for i in intervals if i[1] > i[0]):
-        if cur_e is None or s > cur_e:
-            if cur_e is not None:
-                total += cur_e - cur_s  # type: ignore[operator]
-            cur_s, cur_e = s, e
-        else:
-            cur_e = max(cur_e, e)
-    if cur_e is not None:
-        total += cur_e - cur_s  # type: ignore[operator]
-    return total
-
-
 @dataclass(frozen=True)
 class Breakdown:
+    """Where a request's TTFT went. Every instant of the window is charged to the deepest span covering it, so the
+    parts add up to the TTFT: a leaf's part is its phase, a parent's part ("self") is what none of its children
+    covers (RPC transit inside a client span, scheduling between phases inside a server span)."""
+
     ttft_ns: int
-    phases: list[tuple[str, int]]  # (span name, ns inside the TTFT window), largest first
-    covered_ns: int  # union of the leaf spans inside the window
+    parts: list[tuple[str, int, bool]]  # (span name, ns charged to it, is a leaf), largest first
+    leaf_ns: int  # charged to leaf phases
 
     @property
     def coverage(self) -> float:
-        return self.covered_ns / self.ttft_ns if self.ttft_ns else 0.0
+        """Share of the TTFT spent in named leaf phases."""
+        return self.leaf_ns / self.ttft_ns if self.ttft_ns else 0.0
 
 
-def leaves(trace: Sequence[SpanRecord]) -> list[SpanRecord]:
-    parents = {s.parent_span_id for s in trace}
-    return [s for s in trace if s.span_id not in parents]
+def _depths(trace: Sequence[SpanRecord]) -> dict[str, int]:
+    by_id = {s.span_id: s for s in trace}
+    depth: dict[str, int] = {}
+
+    def of(s: SpanRecord) -> int:
+        if s.span_id not in depth:
+            parent = by_id.get(s.parent_span_id)
+            depth[s.span_id] = 0 if parent is None or parent is s else of(parent) + 1
+        return depth[s.span_id]
+
+    for s in trace:
+        of(s)
+    return depth
 
 
 def breakdown(trace: Sequence[SpanRecord]) -> Breakdown | None:
-    """Where the TTFT of the trace's request went; None without a gateway request span and its first token."""
+    """The TTFT breakdown of a trace; None without a gateway request span and its first_token event."""
     root = root_of(trace)
     if root is None or root.name != names.GATEWAY_REQUEST:
         return None
@@ -116,13 +118,20 @@ def breakdown(trace: Sequence[SpanRecord]) -> Breakdown | None:
     if end is None:
         return None
     start = root.start_ns
-    clipped = [(s.name, max(s.start_ns, start), min(s.end_ns, end)) for s in leaves(trace) if s is not root]
-    clipped = [c for c in clipped if c[2] > c[1]]
-    per: dict[str, int] = defaultdict(int)
-    for name, s, e in clipped:
-        per[name] += e - s
-    phases = sorted(per.items(), key=lambda kv: -kv[1])
-    return Breakdown(end - start, phases, union_ns((s, e) for _, s, e in clipped))
+    depth = _depths(trace)
+    inside = [s for s in trace if s.start_ns < end and s.end_ns > start]
+    parents = {s.parent_span_id for s in trace}
+    cuts = sorted({start, end, *(min(max(t, start), end) for s in inside for t in (s.start_ns, s.end_ns))})
+    charged: dict[tuple[str, bool], int] = defaultdict(int)
+    for a, b in zip(cuts, cuts[1:]):
+        covering = [s for s in inside if s.start_ns <= a and s.end_ns >= b]
+        if not covering:
+            continue
+        # the deepest span; among equals, the one that started last (the phase now running)
+        s = max(covering, key=lambda c: (depth[c.span_id], c.start_ns))
+        charged[(s.name, s.span_id not in parents)] += b - a
+    parts = sorted(((n, ns, leaf) for (n, leaf), ns in charged.items()), key=lambda p: -p[1])
+    return Breakdown(end - start, parts, sum(ns for _, ns, leaf in parts if leaf))
 
 
 def _fmt_value(v: Any) -> str:
@@ -181,9 +190,11 @@ def render(trace: Sequence[SpanRecord], request_id: str = "") -> str:
     for top in sorted(tops, key=lambda s: (s is not root, s.start_ns)):
         walk(top, 0)
     if bd is not None:
-        parts = ", ".join(f"{n} {ns / 1e6:.2f} ({ns / bd.ttft_ns:.0%})" for n, ns in bd.phases)
-        lines.append(f"TTFT {bd.ttft_ns / 1e6:.2f} ms: {parts}; spans cover {bd.coverage:.0%} of it "
-                     "(the rest: RPC transit and scheduling between phases)")
+        parts = ", ".join(f"{n}{'' if leaf else ' (self)'} {ns / 1e6:.2f} ({ns / bd.ttft_ns:.0%})"
+                          for n, ns, leaf in bd.parts)
+        lines.append(f"TTFT {bd.ttft_ns / 1e6:.2f} ms = {parts}")
+        lines.append(f"  named phases: {bd.coverage:.0%} of TTFT; '(self)': time inside a span none of its children "
+                     "covers (RPC transit in a call, scheduling between phases)")
     return "\n".join(lines)
 
 

@@ -39,6 +39,7 @@ class UpOptions(msgspec.Struct, frozen=True, kw_only=True):
     lease_ttl_s: int = 5
     demo: bool = False  # send one chat request through the gateway once ready
     echo_log: bool = True  # stream the merged child logs to stdout
+    trace: bool = False  # start a local trace sink and point every service at it (`pdrelay trace` reads it)
 
 
 class InstanceSpec(msgspec.Struct, frozen=True, kw_only=True):

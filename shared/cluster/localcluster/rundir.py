@@ -5,6 +5,7 @@
     <run-dir>/logs/<id>.log     each child's stdout + stderr
     <run-dir>/config/<id>.json  each child's resolved config
     <run-dir>/etcd, nats/       server data and logs (when `pdrelay up` started them)
+    <run-dir>/traces/spans.jsonl  spans of every request, one JSON object per line (`pdrelay up --trace`)
 
 Default: `.run/` in the current directory (override with --run-dir or $PDRELAY_RUN_DIR).
 """
@@ -17,6 +18,7 @@ from pathlib import Path
 import msgspec
 
 STATE_FILE = "state.json"
+TRACES_FILE = "traces/spans.jsonl"
 
 
 class ChildState(msgspec.Struct, kw_only=True):
@@ -43,6 +45,9 @@ class RunState(msgspec.Struct, kw_only=True):
     nats_pid: int = 0
     children: list[ChildState] = msgspec.field(default_factory=list)
     skipped: list[str] = msgspec.field(default_factory=list)  # notes about roles not started
+    traces: str = ""  # the span file of the trace sink (`pdrelay up --trace`); "" when tracing is off
+    trace_endpoint: str = ""  # the sink's OTLP/gRPC endpoint, which every service exports to
+    trace_sink_pid: int = 0
     error: str = ""  # why the supervisor gave up, when it did
 
 

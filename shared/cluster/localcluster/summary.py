@@ -39,6 +39,10 @@ def format_summary(state: RunState) -> str:
     if gw is not None:
         lines += ["", "Try it:", "  " + curl_example(gw.http, served_model_name(gw))]
     rd = shlex.quote(state.run_dir)
+    if state.traces:
+        lines += ["", f"Traces: every request's spans go to {state.traces}",
+                  f"  pdrelay trace --run-dir {rd}                  lists the traced requests",
+                  f"  pdrelay trace <request-id> --run-dir {rd}     one request's span tree (id: the response's 'id')"]
     lines += ["", f"Status: pdrelay status --run-dir {rd}    Scale: pdrelay scale --run-dir {rd} prefill=2",
               f"Stop:   Ctrl-C, or pdrelay down --run-dir {rd}", ""]
     return "\n".join(lines)

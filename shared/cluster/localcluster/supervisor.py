@@ -25,6 +25,8 @@ import time
 from pathlib import Path
 from typing import TextIO
 
+import msgspec
+
 from shared.cluster.bus.client import Bus
 from shared.cluster.bus.drain import send_drain
 from shared.cluster.bus.scale import ScaleReply, ScaleRequest, serve_scale
@@ -32,9 +34,10 @@ from shared.cluster.errors import ControlPlaneUnavailable
 from shared.cluster.etcd import connect_etcd
 from shared.cluster.handshake import ReadyInfo, parse_ready_line
 from shared.cluster.localcluster.plan import ROLE_ORDER, InstanceSpec, UpOptions, build_spec, plan, role_available
-from shared.cluster.localcluster.rundir import ChildState, RunState, running_supervisor, write_state
+from shared.cluster.localcluster.rundir import TRACES_FILE, ChildState, RunState, running_supervisor, write_state
 from shared.cluster.localcluster.servers import (EtcdServer, NatsServer, die_with_parent, free_port, port_is_free)
 from shared.cluster.localcluster.summary import format_summary
+from shared.cluster.localcluster.tracesink import TraceSink
 
 log = logging.getLogger(__name__)
 
@@ -79,6 +82,7 @@ class Supervisor:
         self.children: list[_Child] = []
         self.etcd: EtcdServer | None = None
         self.nats: NatsServer | None = None
+        self.trace_sink: TraceSink | None = None
         self.bus: Bus | None = None
         self.state: RunState | None = None
         self._stop = asyncio.Event()
@@ -154,6 +158,9 @@ class Supervisor:
             self.nats = NatsServer(data_dir=self.run_dir / "nats", port=port, tie_to_parent=True)
             self._nats_url = self.nats.url
         self.state.etcd_url, self.state.nats_url = self._etcd_url, self._nats_url
+        if opts.trace:
+            self._start_trace_sink()
+            opts = self.opts  # now with --otlp-traces-endpoint for every service
         specs, notes = plan(opts, self._etcd_url, self._nats_url)
         self.state.skipped = notes
         for note in notes:
@@ -190,6 +197,17 @@ class Supervisor:
             await self._demo()
         await self._stop.wait()
         return 0
+
+    def _start_trace_sink(self) -> None:
+        assert self.state is not None
+        out = self.run_dir / TRACES_FILE
+        self.trace_sink = TraceSink(data_dir=out.parent, port=free_port(), out=out, tie_to_parent=True)
+        self.trace_sink.start()  # blocking, in the main thread (see die_with_parent)
+        self.opts = msgspec.structs.replace(
+            self.opts, extra=(*self.opts.extra, "--otlp-traces-endpoint", self.trace_sink.endpoint))
+        self.state.traces, self.state.trace_endpoint = str(out), self.trace_sink.endpoint
+        self.state.trace_sink_pid = self.trace_sink.pid or 0
+        self._save()
 
     async def _wait_ready(self, children: list[_Child], timeout_s: float) -> bool:
         pending = {c for c in children if c.ready is None}
@@ -308,7 +326,7 @@ class Supervisor:
         await self._terminate([c for c in self.children if c.role != "gateway"], self.opts.stop_timeout_s)
         if self.bus is not None:
             await self.bus.close()
-        for server in (self.nats, self.etcd):
+        for server in (self.trace_sink, self.nats, self.etcd):
             if server is not None:
                 await asyncio.to_thread(server.stop)
         if self.state is not None and not self.state.error:
