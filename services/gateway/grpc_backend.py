@@ -230,8 +230,9 @@ class GrpcBackend:
                     "pdrelay.error.message": verdict.message, spans.OUTPUT_TOKENS: len(sent)})
                 attempt += 1
         except (GeneratorExit, asyncio.CancelledError):
-            # The client went away (or a stop string matched): stop every attempt's work, here and on NATS.
-            if plans:
+            # The client went away (or a stop string matched): stop every attempt's work, here and on NATS. A request
+            # that completed is only being closed after its last chunk: nothing to stop anywhere.
+            if plans and not completed:
                 self._publish_cancel(req.request_id)
             raise
         finally:

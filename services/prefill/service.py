@@ -41,6 +41,7 @@ class PrefillService(EngineService):
         self.faults = Faults(self.cfg.disagg.fault_injection, self.instance_id)
         self.pages_written = 0
         self.bytes_written = 0
+        self.telemetry.metrics.prefill  # queue / compute / transfer metrics exist (at zero) before the first hand-off
 
     def add_servicers(self, server: grpc.aio.Server) -> Sequence[str]:
         worker_pb2_grpc.add_PrefillServicer_to_server(PrefillServicer(self), server)

@@ -22,7 +22,7 @@ from shared.engine.radix_cache import AllPagesCleared, KVEvent, PagesEvicted, Pa
 from shared.engine.sampling_params import SamplingParams
 from shared.telemetry import spans
 from shared.telemetry.metrics import EngineCollector
-from shared.telemetry.tracing import extract
+from shared.telemetry.tracing import SpanKind, extract
 
 log = logging.getLogger(__name__)
 
@@ -165,13 +165,15 @@ class EngineService(Service):
             log.info("%s: cancel %s (%s)", self.instance_id, rid, msg.reason or "no reason")
             self.aengine.abort(rid)
         tr = self.telemetry.tracing
-        # A span in the cancelled request's trace, whose context came in the NATS message headers.
-        parent = extract(getattr(meta, "headers", None)) if tr.enabled and engine_ids else None
+        # A span in the cancelled request's trace, whose context came in the NATS message headers (every engine
+        # instance receives the cancel; `aborted` says whether this one held work for the request).
+        parent = extract(getattr(meta, "headers", None)) if tr.enabled else None
         if parent is not None:
             now = time.monotonic()
             tr.record(spans.REQUEST_CANCEL, now, now, {
                 spans.REQUEST_ID: msg.request_id, spans.INSTANCE: self.instance_id,
-                "pdrelay.cancel.reason": msg.reason, "pdrelay.cancel.origin": msg.origin}, parent=parent)
+                "pdrelay.cancel.reason": msg.reason, "pdrelay.cancel.origin": msg.origin,
+                "pdrelay.cancel.aborted": len(engine_ids)}, parent=parent, kind=SpanKind.CONSUMER)
 
     async def on_stop(self) -> None:
         if self._kv_pub is not None:
