@@ -70,7 +70,7 @@ class Seqs:
     def __init__(self, runner: ModelRunner, lens: list[int], seed: int) -> None:
         g = torch.Generator().manual_seed(seed)
         free = torch.randperm(runner.num_pages, generator=g).tolist()
-        free.remove(SCRATCH) if SCRATCH in free else None
+        free.remove(SCRATCH)  # never handed to a sequence (the CPU tests use it as the padding page)
         self.tokens: list[list[int]] = []
         self.pages: list[tuple[int, ...]] = []
         for n in lens:
