@@ -106,10 +106,13 @@ def attention_rows(dev: torch.device, clock: Clock, copy_bw: float, quick: bool)
             lambda: dec.paged_decode_attention(q, kc, vc, pt, lens, scale), "SDPA dense",
             lambda: F.scaled_dot_product_attention(q.unsqueeze(2), kd, vd, scale=scale, enable_gqa=True),
             nbytes, copy_bw))
-        if dev.type == "cuda" and not quick:  # split-KV sweep: tells the next tuning step where the optimum is
+        if dev.type == "cuda" and not quick:  # sweeps: tell the next tuning step where the optimum is
             for splits in (1, 2, 4, 8, 16):
                 ms = clock.ms(lambda: dec.paged_decode_attention(q, kc, vc, pt, lens, scale, num_splits=splits))
                 rows[-1][f"us_splits{splits}"] = ms * 1e3
+            for warps in (4, 8):
+                ms = clock.ms(lambda: dec.paged_decode_attention(q, kc, vc, pt, lens, scale, num_warps=warps))
+                rows[-1][f"us_warps{warps}"] = ms * 1e3
         rows.append(kernel_row(
             f"decode {heads}/{kvh}x{d} vs torch paged", clock,
             lambda: dec.paged_decode_attention(q, kc, vc, pt, lens, scale), "torch paged ref",
@@ -263,7 +266,8 @@ def print_tables(res: dict[str, Any]) -> None:
           f"{'of copy':>8}")
     for r in res["kernels"]:
         extra = f"  {r['tflops']:.1f} TFLOPS" if "tflops" in r else ""
-        sweep = "  splits " + " ".join(f"{k[9:]}:{v:.0f}" for k, v in r.items() if k.startswith("us_splits"))
+        sweep = "  us at splits " + " ".join(f"{k[9:]}:{v:.0f}" for k, v in r.items() if k.startswith("us_splits"))
+        sweep += ", warps " + " ".join(f"{k[8:]}:{v:.0f}" for k, v in r.items() if k.startswith("us_warps"))
         print(f"{r['kernel']:34} {r['triton_us']:10.1f} {r['ref']:>20} {r['ref_us']:10.1f} {r['speedup']:7.2f}x "
               f"{r['gbps']:8.0f} {r['copy_fraction']:7.0%}{extra}{sweep if 'us_splits1' in r else ''}")
     print(f"\ndecode steps: {res['model']}, context {res['steps'][0]['context']} tokens")

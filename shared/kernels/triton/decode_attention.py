@@ -20,7 +20,7 @@ import triton.language as tl
 from shared.kernels.decode_attention import paged_decode_attention as reference
 from shared.kernels.triton.launch import block_dim, check_float, next_pow2, round_mode, sm_count, triton_kernel
 
-__all__ = ["default_num_splits", "paged_decode_attention", "reference"]
+__all__ = ["default_num_splits", "launch_config", "paged_decode_attention", "reference"]
 
 MIN_TOKENS_PER_SPLIT = 256  # below this a split's fixed cost (q load, merge traffic) outweighs the parallelism
 
@@ -123,6 +123,17 @@ def default_num_splits(batch: int, kv_heads: int, max_len: int, device: torch.de
     return max(1, min(want, -(-max_len // MIN_TOKENS_PER_SPLIT), 64))
 
 
+def launch_config(head_dim: int, dtype: torch.dtype) -> tuple[int, int]:
+    """(BLOCK_N, num_warps) for the split kernel on a GPU, from sm_90 builds (cuobjdump, 16-divisible strides):
+    none spills (float32 at 4 warps would: 255 registers + stack); head_dim 128 takes 8 warps at 74 registers
+    rather than 4 at 115, for more resident warps per SM. bench/gpu_check sweeps the alternatives."""
+    if dtype == torch.float32:
+        return 32, 8
+    if head_dim <= 64:
+        return 64, 4
+    return (64, 8) if head_dim <= 128 else (32, 8)
+
+
 def paged_decode_attention(
     q: torch.Tensor,
     k_cache: torch.Tensor,
@@ -133,6 +144,7 @@ def paged_decode_attention(
     *,
     num_splits: int | None = None,
     block_n: int | None = None,
+    num_warps: int | None = None,
     out: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Attention of one new token per sequence over its cached keys/values.
@@ -141,7 +153,7 @@ def paged_decode_attention(
     (strided views of the pool are fine, the last dim contiguous); page_table: [bs, max_pages] int; seq_lens: [bs]
     int, >= 1, the tokens to attend to including the current one (already written). heads % kv_heads == 0.
     Returns [bs, heads, head_dim] in q's dtype (`out` if given). Entries of page_table past a sequence's last page
-    are never read.
+    are never read. num_splits, block_n, num_warps override the tuned defaults (launch_config).
     """
     for name, t in (("q", q), ("k_cache", k_cache), ("v_cache", v_cache)):
         check_float(name, t)
@@ -164,8 +176,8 @@ def paged_decode_attention(
     max_len = page_table.shape[1] * page_size
     splits = num_splits or default_num_splits(bs, kv_heads, max_len, q.device)
     group = heads // kv_heads
-    if block_n is None:
-        block_n = 64 if head_dim <= 128 else 32
+    default_n, default_warps = launch_config(head_dim, q.dtype)
+    block_n = block_n or default_n
     if block_n < 16 or block_n & (block_n - 1):
         raise ValueError(f"block_n must be a power of two >= 16, got {block_n}")
     mid_o = torch.empty((bs, heads, splits, head_dim), dtype=torch.float32, device=q.device)
@@ -181,6 +193,7 @@ def paged_decode_attention(
         page_table.stride(0),
         GROUP=group, HEAD_DIM=head_dim, PAGE_SIZE=page_size,
         BLOCK_H=block_dim(group), BLOCK_N=block_n, BLOCK_D=block_dim(head_dim), F32_DOT=f32_dot,
+        num_warps=num_warps or default_warps,
     )
     _decode_merge_kernel.on(dev)[(bs, heads)](
         mid_o, mid_lse, out,

@@ -18,7 +18,7 @@ import triton.language as tl
 from shared.kernels.extend_attention import extend_attention as reference
 from shared.kernels.triton.launch import block_dim, check_float, round_mode, triton_kernel
 
-__all__ = ["extend_attention", "reference"]
+__all__ = ["extend_attention", "launch_config", "reference"]
 
 
 @triton_kernel
@@ -90,6 +90,16 @@ def _extend_kernel(
                  mask=qmask)
 
 
+def launch_config(head_dim: int, dtype: torch.dtype, device: torch.device) -> tuple[int, int, int]:
+    """(BLOCK_M, BLOCK_N, num_warps). GPU: chosen from sm_90 builds (cuobjdump register counts), the largest
+    tiles that fit without spills. CPU: the interpreter pays per program and per tile op, not per element."""
+    if device.type == "cpu":
+        return 32, 32, 4
+    if dtype == torch.float32 or head_dim > 128:
+        return 32, 32, 8
+    return 64, 64, 8
+
+
 def extend_attention(
     q: torch.Tensor,
     k_cache: torch.Tensor,
@@ -132,10 +142,7 @@ def extend_attention(
     if n == 0 or tokens == 0 or max_extend_len < 1:
         return out
     dev = q.device
-    if dev.type == "cpu":
-        block_m = block_n = 32  # the interpreter pays per program and per tile op, not per element
-    else:
-        block_m, block_n = (64, 64) if head_dim <= 128 else (32, 32)
+    block_m, block_n, num_warps = launch_config(head_dim, q.dtype, dev)
     grid = (n, heads, -(-max_extend_len // block_m))
     _extend_kernel.on(dev)[grid](
         q, k_cache, v_cache, out, page_table, rows, token_starts, prefix_lens, extend_lens,
@@ -147,5 +154,6 @@ def extend_attention(
         GROUP=heads // kv_heads, HEAD_DIM=head_dim, PAGE_SIZE=page_size,
         BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_D=block_dim(head_dim),
         F32_DOT=q.dtype == torch.float32 or dev.type == "cpu", ROUND_BF16=round_mode(out.dtype, dev),
+        num_warps=num_warps,
     )
     return out
