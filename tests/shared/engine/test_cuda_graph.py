@@ -137,7 +137,7 @@ def test_prefill_and_partial_logits_steps_are_not_captured(runner: ModelRunner) 
 
 # ---- real capture -------------------------------------------------------------------------------------------------
 @pytest.mark.gpu
-@pytest.mark.parametrize("dtype,tol", [("float32", 1e-4), ("bfloat16", 5e-2)])
+@pytest.mark.parametrize("dtype,tol", [("float32", 1e-4), ("bfloat16", 1e-1)])  # logits ~ +-3
 def test_gpu_replay_equals_eager(tiny_dir: Path, dtype: str, tol: float) -> None:
     kw = dict(dtype=dtype, device="cuda", num_pages=NUM_PAGES, page_size=PAGE, attention_backend="triton",
               context_length=64)
