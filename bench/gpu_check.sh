@@ -3,14 +3,14 @@
 # torch references, CUDA-graph replay == eager), then bench/gpu_check.py (kernel timings vs torch/cuBLAS/SDPA and
 # the copy-bandwidth roofline, decode steps with and without CUDA graphs at batch 1/16/64). Run from anywhere:
 #
-#     bench/gpu_check.sh [OUT_DIR]          (default OUT_DIR: $OUT if set, else bench/out)
+#     bench/gpu_check.sh [OUT_DIR]          (default OUT_DIR: $OUT if set, else .run/gpu_check, git-ignored)
 #
 # PYTHON picks the interpreter (default: the repo's .venv if present, else python3); it needs CUDA torch, triton,
 # transformers and the repo installed (pip install -e .). Writes OUT_DIR/gpu-tests.log, gpu_check.txt,
 # gpu_check.json and exits non-zero if a test failed or a target was missed. Paste the tables into bench/RESULTS.md.
 set -uo pipefail
 cd "$(dirname "$0")/.."
-out="${1:-${OUT:-bench/out}}"
+out="${1:-${OUT:-.run/gpu_check}}"
 mkdir -p "$out"
 py="${PYTHON:-}"
 if [ -z "$py" ]; then
