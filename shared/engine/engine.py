@@ -35,8 +35,8 @@ from shared.engine.scheduler.handoff import DEFAULT_QUARANTINE_S, Reservation
 from shared.engine.types import KVLayout, SchedulerOutput, StepStats
 
 if TYPE_CHECKING:
-    from shared.config.groups import (CacheConfig, DeviceConfig, DisaggConfig, KernelConfig, ModelConfig,
-                                      SchedulerConfig, TokenizerConfig)
+    from shared.config.groups import (CacheConfig, CudaGraphConfig, DeviceConfig, DisaggConfig, KernelConfig,
+                                      ModelConfig, SchedulerConfig, TokenizerConfig)
 
 
 T = TypeVar("T")
@@ -131,6 +131,13 @@ def make_decode_fn(tokenizer: Any) -> DecodeFn | None:
     raise TypeError(f"tokenizer must have .decode(ids) or be a callable ids -> str (got {type(tokenizer).__name__})")
 
 
+def _graph_sizes(cfg: CudaGraphConfig | None) -> tuple[int, ...]:
+    """Decode batch sizes to capture; the config passes already disabled graphs on CPU and for prefill roles."""
+    if cfg is None or cfg.disable_cuda_graph or cfg.disable_decode_cuda_graph:
+        return ()
+    return tuple(cfg.cuda_graph_bs)
+
+
 class Engine:
     def __init__(self, runner: Runner, *, page_size: int = 16, max_running_requests: int = 64,
                  chunked_prefill_size: int = 0, max_prefill_tokens: int = 4096, schedule_policy: str = "fcfs",
@@ -174,7 +181,7 @@ class Engine:
     def from_groups(cls, *, model: ModelConfig, cache: CacheConfig, scheduler: SchedulerConfig,
                     kernels: KernelConfig | None = None, device: DeviceConfig | None = None,
                     tokenizer: TokenizerConfig | None = None, on_kv_event: Callable[[KVEvent], None] | None = None,
-                    disagg: DisaggConfig | None = None) -> Engine:
+                    disagg: DisaggConfig | None = None, cuda_graph: CudaGraphConfig | None = None) -> Engine:
         """Build the runner (weights + KV pool) and the engine from resolved config groups."""
         from shared.engine.bundled import resolve_model_path
         from shared.engine.model_runner import ModelRunner
@@ -196,7 +203,7 @@ class Engine:
         runner = ModelRunner(path, dtype=dtype, device=dev, num_pages=cache.num_pages or None,
                              kv_budget_bytes=(cache.kv_cache_memory_bytes or None) if not cache.num_pages else None,
                              page_size=cache.page_size, attention_backend=backend, max_batch_tokens=max_step,
-                             context_length=model.context_length)
+                             context_length=model.context_length, cuda_graph_bs=_graph_sizes(cuda_graph))
         tok_dir = tokenizer.tokenizer if tokenizer is not None and tokenizer.tokenizer else str(path)
         from transformers import AutoTokenizer
 
@@ -215,7 +222,7 @@ class Engine:
         tokenizer groups."""
         return cls.from_groups(model=cfg.model, cache=cfg.cache, scheduler=cfg.scheduler, kernels=cfg.kernels,
                                device=cfg.device, tokenizer=cfg.tokenizer, on_kv_event=on_kv_event,
-                               disagg=getattr(cfg, "disagg", None))
+                               disagg=getattr(cfg, "disagg", None), cuda_graph=getattr(cfg, "cuda_graph", None))
 
     # ---- requests ----------------------------------------------------------------------------------------------
     def add_request(self, req_id: str, prompt_token_ids: Sequence[int], params: SamplingParams | None = None,
