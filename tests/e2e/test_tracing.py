@@ -9,7 +9,7 @@ across the process boundaries (gateway call -> decode server, decode hand-off ca
 transfer span carries the bytes and pages the prompt needs (computed here from the model's config); the spans
 cover >= 90% of the TTFT the gateway measured (and its named phases most of it); a client disconnect's NATS cancel
 lands in the request's trace; /metrics of the gateway, decode and prefill count exactly the requests sent; with
-tracing off a request carrying a sampled trace context produces no span.
+tracing off a request carrying a sampled trace context produces no span; --log-json lines name the instance.
 """
 
 from __future__ import annotations
@@ -114,7 +114,7 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
               "0.05", "--metrics-port", "0"]
     procs: list[Proc] = []
     try:
-        procs += [_spawn("prefill-1", "prefill", [*traced, *engine], tmp),
+        procs += [_spawn("prefill-1", "prefill", [*traced, *engine, "--log-json"], tmp),
                   _spawn("decode-1", "decode", [*traced, *engine], tmp),
                   _spawn("worker-off", "worker", [*base, "--cluster", "trace-off", *engine], tmp),
                   _spawn("gateway-1", "gateway", [*traced, "--port", "0"], tmp)]
@@ -382,3 +382,10 @@ async def test_tracing_off_records_nothing_but_still_counts(cluster: Cluster):
     assert not [s for s in cluster.collector.spans() if s.trace_id == trace_id]
     assert not [s for s in cluster.collector.spans() if s.instance == "worker-off"]
     assert _metric(await _scrape(metrics), "pdrelay:time_to_first_token_seconds_count") == before + 1
+
+
+def test_json_logs_carry_the_service_and_instance(cluster: Cluster):
+    lines = [json.loads(ln) for ln in cluster.prefill.log().splitlines() if ln.startswith('{"ts"')]
+    assert lines, "no JSON log lines from the prefill started with --log-json"
+    assert all(ln["service"] == "pdrelay-prefill" and ln["instance_id"] == "prefill-1" for ln in lines)
+    assert any("ready" in ln["message"] for ln in lines)
