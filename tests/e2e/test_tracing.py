@@ -2,14 +2,16 @@
 
 Real processes on a tiny model: etcd, NATS, a gateway, a prefill and a decode instance (KV over NIXL), all
 tracing to an OTLP/gRPC receiver that runs in this test process (shared.telemetry.sink, the receiver
-`pdrelay up --trace` uses); plus a colocated worker with tracing off, in a cluster of its own.
+`pdrelay up --trace` uses); plus a colocated worker with tracing off and a prefill that corrupts its checksums,
+each in a cluster of its own (the gateway never routes to them).
 
 Checked: each request is exactly one trace with spans from the gateway, decode and prefill, linked parent -> child
 across the process boundaries (gateway call -> decode server, decode hand-off call -> prefill server); the KV
 transfer span carries the bytes and pages the prompt needs (computed here from the model's config); the spans
 cover >= 90% of the TTFT the gateway measured (and its named phases most of it); a client disconnect's NATS cancel
 lands in the request's trace; /metrics of the gateway, decode and prefill count exactly the requests sent; with
-tracing off a request carrying a sampled trace context produces no span; --log-json lines name the instance.
+tracing off a request carrying a sampled trace context produces no span; a failed hand-off shows as a failed
+verify and a retry event before the successful second hand-off; --log-json lines name the instance.
 """
 
 from __future__ import annotations
@@ -68,6 +70,7 @@ class Cluster:
     decode: Proc
     prefill: Proc
     untraced: Proc  # a colocated worker with tracing off (cluster "trace-off")
+    bad_prefill: Proc  # corrupts its checksums (cluster "trace-bad": the gateway never routes to it)
 
     @property
     def http(self) -> str:
@@ -76,7 +79,7 @@ class Cluster:
 
     def logs(self) -> str:
         return "\n".join(f"----- {p.name}\n{p.log()[-3000:]}"
-                         for p in (self.gateway, self.decode, self.prefill, self.untraced))
+                         for p in (self.gateway, self.decode, self.prefill, self.untraced, self.bad_prefill))
 
 
 def _spawn(name: str, role: str, args: list[str], tmp: Path) -> Proc:
@@ -117,10 +120,13 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
         procs += [_spawn("prefill-1", "prefill", [*traced, *engine, "--log-json"], tmp),
                   _spawn("decode-1", "decode", [*traced, *engine], tmp),
                   _spawn("worker-off", "worker", [*base, "--cluster", "trace-off", *engine], tmp),
+                  _spawn("prefill-bad", "prefill", [*base, "--cluster", "trace-bad", "--otlp-traces-endpoint",
+                                                    f"http://{endpoint}", *engine, "--fault-injection",
+                                                    "prefill_corrupt_checksum"], tmp),
                   _spawn("gateway-1", "gateway", [*traced, "--port", "0"], tmp)]
         _wait_ready(procs)
-        prefill, decode, untraced, gateway = procs
-        yield Cluster(model_dir, etcd, nats, collector, gateway, decode, prefill, untraced)
+        prefill, decode, untraced, bad, gateway = procs
+        yield Cluster(model_dir, etcd, nats, collector, gateway, decode, prefill, untraced, bad)
     finally:
         for p in procs:
             stop_process(p.proc)
@@ -389,3 +395,39 @@ def test_json_logs_carry_the_service_and_instance(cluster: Cluster):
     assert lines, "no JSON log lines from the prefill started with --log-json"
     assert all(ln["service"] == "pdrelay-prefill" and ln["instance_id"] == "prefill-1" for ln in lines)
     assert any("ready" in ln["message"] for ln in lines)
+
+
+async def test_a_failed_hand_off_and_its_retry_are_in_the_trace(cluster: Cluster):
+    """Decode is sent to a prefill that corrupts its checksum (another cluster, so only this request goes there):
+    the verify span says so, a retry event names the error, and the second hand-off (to prefill-1) succeeds."""
+    assert cluster.bad_prefill.ready is not None and cluster.decode.ready is not None
+    bad = cluster.bad_prefill.ready
+    trace_id, caller = "4" * 32, "3" * 16
+    req = worker_pb2.DecodeRequest(
+        request_id="retried-1", prompt_token_ids=list(range(3, 60)),
+        sampling=common_pb2.SamplingParams(max_tokens=3, temperature=0.0, ignore_eos=True),
+        prefill=worker_pb2.PrefillTarget(instance_id=bad.instance_id, grpc_address=bad.grpc, epoch=bad.epoch),
+        trace=common_pb2.TraceContext(traceparent=f"00-{trace_id}-{caller}-01"))
+    async with grpc.aio.insecure_channel(cluster.decode.ready.grpc) as ch:
+        got = [m async for m in worker_pb2_grpc.DecodeStub(ch).Generate(req)]
+    assert sum(len(m.token_ids) for m in got) == 3 and got[0].prefill_instance_id == "prefill-1"
+    deadline = time.monotonic() + SPAN_WAIT_S
+    while True:
+        trace = [s for s in cluster.collector.spans() if s.trace_id == trace_id]
+        names = [s.name for s in trace]
+        if (names.count("prefill.handoff") == 2 and "decode.generate" in names) or time.monotonic() > deadline:
+            break
+        await asyncio.sleep(0.1)
+    dec = _one(trace, "decode.generate")
+    assert dec.parent_span_id == caller  # a child of the caller's context from DecodeRequest.trace
+    handoffs = sorted((s for s in trace if s.name == "decode.handoff"), key=lambda s: s.start_ns)
+    assert [h.attributes["pdrelay.prefill.instance_id"] for h in handoffs] == ["prefill-bad", "prefill-1"]
+    servers = {s.parent_span_id: s for s in trace if s.name == "prefill.handoff"}
+    assert servers[handoffs[0].span_id].instance == "prefill-bad" and servers[handoffs[1].span_id].instance == \
+        "prefill-1"
+    verifies = sorted((s for s in trace if s.name == "decode.verify"), key=lambda s: s.start_ns)
+    assert [v.attributes["pdrelay.checksum.ok"] for v in verifies] == [False, True]
+    (retry,) = [e for e in dec.events if e.name == "retry"]
+    assert retry.attributes["pdrelay.error.code"] == "checksum_mismatch"
+    assert retry.attributes["pdrelay.prefill.instance_id"] == "prefill-1" and retry.attributes["pdrelay.attempt"] == 1
+    assert dec.status != "error"  # the request itself succeeded
