@@ -12,7 +12,7 @@ headers. Many phases are recorded after the fact from timestamps the code takes 
 request path free of context managers that would straddle `await`s and `yield`s.
 
 Times: the helpers take `time.monotonic()` seconds (the clock the services already use; on Linux the same clock
-as `time.perf_counter()`; see perf_to_mono), converted to the epoch nanoseconds OpenTelemetry wants at the moment of the call.
+as `time.perf_counter()`, see perf_to_mono), converted to the epoch nanoseconds OpenTelemetry wants when called.
 """
 
 from __future__ import annotations
