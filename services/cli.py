@@ -30,6 +30,7 @@ BENCH_COMMANDS: tuple[tuple[str, str, str], ...] = (
     ("serve", "services.commands.bench_serve", "serving benchmark against an OpenAI-compatible endpoint"),
     ("control-plane", "services.commands.bench_control_plane", "etcd/NATS/gRPC control-plane latencies"),
     ("handoff", "services.commands.bench_handoff", "disaggregated vs colocated TTFT (KV hand-off overhead)"),
+    ("trace", "services.commands.bench_trace", "tracing overhead: throughput with tracing off vs on"),
 )
 
 
