@@ -142,6 +142,7 @@ async def _fanout_raw(nats_url: str, n: int) -> float:
     t0 = time.perf_counter()
     for _ in range(n):
         await pub.publish(subject, payload)
+    await pub.flush()  # everything is on the wire before we wait for it (as Bus.publish's buffer is)
     await asyncio.wait_for(done.wait(), 60)
     rate = total / (time.perf_counter() - t0)
     for c in (pub, *subs):
