@@ -238,6 +238,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--kv-budget-mb", type=int, default=1024, help="KV pool size in MiB")
     p.add_argument("--chunked-prefill-size", type=int, default=512)
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--repeat", type=int, default=1, help="runs per workload and side, alternating; best one counts")
     p.add_argument("--json-out", default=None, metavar="PATH", help="also write the results as JSON to PATH")
 
 
@@ -254,6 +255,9 @@ def run(ns: argparse.Namespace) -> int:
     concs = tuple(int(c) for c in ns.concurrency.split(",")) if ns.concurrency else None
     if concs is not None and any(c < 1 for c in concs):
         print(f"--concurrency {ns.concurrency}: every value must be >= 1", file=sys.stderr)
+        return 2
+    if ns.repeat < 1:
+        print(f"--repeat {ns.repeat} must be >= 1", file=sys.stderr)
         return 2
     wanted = {x.strip() for x in ns.workloads.split(",") if x.strip()}
     if not wanted <= {"uniform", "varied"}:
@@ -298,18 +302,26 @@ def run(ns: argparse.Namespace) -> int:
     for i, w in enumerate(workloads):
         res: dict[str, Any] = {"workload": w.name, "concurrency": w.concurrency, "requests": len(w.requests),
                                "output_tokens": w.output_tokens}
-        eng = run_engine(engine, metered.meter, w, f"w{i}")
-        eng.update(roofline(eng, machine))
+        # Engine and HF alternate, best of --repeat each: load from other processes drifts, so both sides see it.
+        eng: dict[str, Any] = {}
+        base: dict[str, Any] = {}
+        for k in range(ns.repeat):
+            e = run_engine(engine, metered.meter, w, f"w{i}.{k}")
+            e.update(roofline(e, machine))
+            eng = e if not eng or e["output_tok_s"] > eng["output_tok_s"] else eng
+            if hf is not None:
+                h = run_hf(hf, w)
+                base = h if not base or h["output_tok_s"] > base["output_tok_s"] else base
         res["engine"] = eng
         if hf is not None:
-            res["hf"] = run_hf(hf, w)
-            res["ratio_vs_hf"] = eng["output_tok_s"] / res["hf"]["output_tok_s"]
+            res["hf"] = base
+            res["ratio_vs_hf"] = eng["output_tok_s"] / base["output_tok_s"]
         if ns.url:
             res["server"] = run_server(ns.url, server_model or "", w, server_tok)
             res["ratio_vs_server"] = eng["output_tok_s"] / res["server"]["output_tok_s"]
         results.append(res)
         print(_row(res), flush=True)
-    summary = {"model": ns.model, "quick": ns.quick, "machine": machine, "results": results,
+    summary = {"model": ns.model, "quick": ns.quick, "repeat": ns.repeat, "machine": machine, "results": results,
                "targets": _targets(results, ns.quick)}
     for line in _target_lines(summary["targets"]):
         print(line)
