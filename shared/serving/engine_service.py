@@ -17,7 +17,8 @@ from shared.cluster.bus.kv_events import KVEventPublisher
 from shared.cluster.bus.load import LoadSnapshot
 from shared.cluster.instance import Capacity
 from shared.cluster.lifecycle import Service, ServiceOptions
-from shared.engine.engine import AsyncEngine, Engine
+from shared.engine.async_engine import AsyncEngine
+from shared.engine.engine import Engine
 from shared.engine.radix_cache import AllPagesCleared, KVEvent, PagesEvicted, PagesStored
 from shared.engine.sampling_params import SamplingParams
 from shared.telemetry import spans

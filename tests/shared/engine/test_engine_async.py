@@ -10,7 +10,8 @@ import pytest
 import torch
 from test_engine_fakes import FakeRunner, reference_greedy
 
-from shared.engine.engine import AsyncEngine, Engine, EngineStepError
+from shared.engine.async_engine import AsyncEngine
+from shared.engine.engine import Engine, EngineStepError
 from shared.engine.errors import InvalidRequest, QueueFull
 from shared.engine.request import RequestOutput
 from shared.engine.sampling_params import SamplingParams

@@ -18,7 +18,8 @@ from collections import Counter
 import pytest
 from test_engine_fakes import FakeRunner, reference_greedy
 
-from shared.engine.engine import AsyncEngine, Engine
+from shared.engine.async_engine import AsyncEngine
+from shared.engine.engine import Engine
 from shared.engine.errors import InvalidRequest, QueueFull, UnknownRequest
 from shared.engine.sampling_params import SamplingParams
 
