@@ -57,6 +57,16 @@ def _spans(tel: ServiceTelemetry, exporter: InMemorySpanExporter):
     return exporter.get_finished_spans()
 
 
+async def _wait_spans(tel: ServiceTelemetry, exporter: InMemorySpanExporter, n: int = 1):
+    """The finished spans once there are `n`: an abort or a cancel reaches the caller before the server's handler
+    has left its `with` block, so the span may end a moment after the client sees the status."""
+    for _ in range(250):
+        if len(_spans(tel, exporter)) >= n:
+            break
+        await asyncio.sleep(0.02)
+    return _spans(tel, exporter)
+
+
 async def test_span_is_a_child_of_the_callers_context(served):
     tel, exporter, call, seen = served
     tc = common_pb2.TraceContext(traceparent=f"00-{CALLER_TRACE}-{CALLER_SPAN}-01", tracestate="a")
@@ -75,7 +85,7 @@ async def test_abort_counts_the_error_code_and_marks_the_span(served):
     with pytest.raises(grpc.aio.AioRpcError) as info:
         await call(common_pb2.TraceContext(tracestate="fail").SerializeToString())
     assert info.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
-    (span,) = _spans(tel, exporter)
+    (span,) = await _wait_spans(tel, exporter)
     assert not span.status.is_ok and span.status.description == "full; retry elsewhere"
     assert span.attributes["pdrelay.error.code"] == "overloaded"
     assert 'pdrelay:request_errors_total{code="overloaded"} 1.0' in generate_latest(tel.metrics.registry).decode()
@@ -86,11 +96,7 @@ async def test_a_cancelled_call_is_not_an_error(served):
     pending = call(common_pb2.TraceContext(tracestate="slow").SerializeToString())
     await asyncio.sleep(0.2)
     pending.cancel()
-    for _ in range(100):
-        if _spans(tel, exporter):
-            break
-        await asyncio.sleep(0.02)
-    (span,) = _spans(tel, exporter)
+    (span,) = await _wait_spans(tel, exporter)
     assert span.status.is_unset and span.attributes["pdrelay.cancelled"] is True
     assert "pdrelay:request_errors_total{" not in generate_latest(tel.metrics.registry).decode()
 
