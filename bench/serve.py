@@ -4,11 +4,15 @@ throughput and goodput, in vLLM's vocabulary and JSON keys.
     pdrelay bench serve --base-url http://127.0.0.1:8000 --num-prompts 200 --max-concurrency 16
     pdrelay bench serve --mock-workers --random-output-len 8 --max-concurrency 1       # the gateway alone
     pdrelay bench serve --base-url URL --compare-url http://127.0.0.1:8001 --compare-pid PID   # side by side
+    pdrelay bench serve --mock-workers --peer-cmd 'bench/dynamo_peer.sh {port} {pid_file}' \
+        --random-output-len 8 --max-concurrency 1 --throughput-concurrency 32       # vs Dynamo, one run
 
 It points at pdrelay's gateway, `vllm serve`, sglang-router or a Dynamo frontend alike. `--mock-workers` starts
 pdrelay's gateway over mock workers itself and reports its CPU per request; `--compare-url` runs the same
 workload (same prompts, same arrival times) against a second endpoint right after the first and prints the
-ratios. Ctrl-C stops the run and prints what finished (marked partial).
+ratios; `--peer-cmd` starts that second endpoint itself (bench/serve_peer.py) and reads its front process's
+CPU too. `--throughput-concurrency N` runs the workload once more per endpoint at concurrency N. Ctrl-C stops
+the run and prints what finished (marked partial).
 """
 
 from __future__ import annotations
@@ -37,8 +41,9 @@ from bench.serve_datasets import (
 )
 from bench.serve_http import HTTP_CLIENTS, HttpError, make_http
 from bench.serve_metrics import Slo, compute_metrics, parse_percentiles, parse_slo
+from bench.serve_peer import PeerProcess
 from bench.serve_procs import CpuSample, MockGateway, process_cpu
-from bench.serve_report import detailed, format_table, ratios
+from bench.serve_report import detailed, format_table, headline, ratios
 from bench.serve_runner import RunOutcome, Workload, run_workload, warm_up
 
 DEFAULT_MODEL = "bundled:smollm2-135m-instruct"
@@ -61,6 +66,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     t.add_argument("--api-key", default=None, help="sent as 'Authorization: Bearer KEY'")
     t.add_argument("--http-client", default="raw", choices=HTTP_CLIENTS,
                    help="raw: lean asyncio HTTP/1.1 client (default); httpx: the reference client")
+    t.add_argument("--tcp-quickack", action="store_true",
+                   help="raw client: ACK every read at once (servers that leave Nagle on, like Dynamo's frontend, "
+                        "otherwise stall ~40 ms on the client's delayed ACK)")
     t.add_argument("--target-pid", type=int, default=None,
                    help="pid of the target's front process, to report its CPU per request")
     d = p.add_argument_group("workload")
@@ -107,6 +115,15 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     c.add_argument("--compare-url", default=None, help="run the same workload against this endpoint too")
     c.add_argument("--compare-model", default=None, help="model name at --compare-url (default: its first)")
     c.add_argument("--compare-pid", type=int, default=None, help="pid of the compare endpoint's front process")
+    c.add_argument("--peer-cmd", default=None, metavar="CMD",
+                   help="start the compare endpoint with this shell command ({port}: its HTTP port; {pid_file}: "
+                        "where it may write 'front PID' / 'worker PID' lines), e.g. "
+                        "'bench/dynamo_peer.sh {port} {pid_file}'")
+    c.add_argument("--peer-label", default="peer", help="name of the compare endpoint in the table")
+    c.add_argument("--peer-start-timeout-s", type=float, default=180.0,
+                   help="how long --peer-cmd may take to list a model")
+    c.add_argument("--throughput-concurrency", type=int, default=None, metavar="N",
+                   help="after the main run, run the same workload at concurrency N against every endpoint")
 
 
 @dataclass(frozen=True)
@@ -114,7 +131,8 @@ class Target:
     label: str
     base_url: str
     model: str | None
-    pid: int | None
+    pid: int | None  # front process: its CPU is the gateway's
+    worker_pids: tuple[int, ...] = ()  # reported apart (a peer's separate engine processes)
 
 
 def build_requests(ns: argparse.Namespace, tok: BenchTokenizer) -> list[BenchRequest]:
@@ -144,14 +162,23 @@ def _cpu(pid: int | None) -> CpuSample | None:
     return process_cpu(pid) if pid is not None else None
 
 
+def _cpu_sum(pids: tuple[int, ...]) -> CpuSample | None:
+    if not pids:
+        return None
+    samples = [process_cpu(p) for p in pids]
+    sched = [s.sched_s for s in samples]
+    return CpuSample(sum(s.stat_s for s in samples), None if None in sched else sum(s for s in sched if s is not None))
+
+
 async def measure(target: Target, requests: list[BenchRequest], ns: argparse.Namespace, *, tok: BenchTokenizer,
-                  stop: asyncio.Event, deadline: float, slo: Slo | None,
-                  percentiles: tuple[float, ...]) -> tuple[dict[str, Any], RunOutcome]:
+                  stop: asyncio.Event, deadline: float, slo: Slo | None, percentiles: tuple[float, ...],
+                  max_concurrency: int | None) -> tuple[dict[str, Any], RunOutcome]:
     """Warm up, then run the workload against one target; the summary dict has vLLM's keys plus CPU figures."""
     workload = Workload(tuple(requests), request_rate=ns.request_rate, burstiness=ns.burstiness,
-                        max_concurrency=ns.max_concurrency, seed=ns.seed, timeout_s=ns.timeout_s)
-    conns = min(len(requests), ns.max_concurrency or len(requests))
-    http = make_http(ns.http_client, target.base_url, api_key=ns.api_key, max_connections=max(conns, 1))
+                        max_concurrency=max_concurrency, seed=ns.seed, timeout_s=ns.timeout_s)
+    conns = min(len(requests), max_concurrency or len(requests))
+    http = make_http(ns.http_client, target.base_url, api_key=ns.api_key, max_connections=max(conns, 1),
+                     quickack=ns.tcp_quickack)
     count: Callable[[str], int] = tok.count
     try:
         try:
@@ -165,7 +192,7 @@ async def measure(target: Target, requests: list[BenchRequest], ns: argparse.Nam
                               extra_body=extra)
         if ns.num_warmups > 0:
             _log(f"{target.label}: {ns.num_warmups} warm-up requests to {target.base_url} ({model})")
-            warm = await warm_up(http, opts, requests[: ns.num_warmups], max_concurrency=ns.max_concurrency,
+            warm = await warm_up(http, opts, requests[: ns.num_warmups], max_concurrency=max_concurrency,
                                  timeout_s=ns.timeout_s, count_tokens=count, stop=stop,
                                  deadline_s=max(0.0, deadline - time.monotonic()))
             # (stopped during warm-up: the measured run below returns at once, reported as partial)
@@ -173,11 +200,11 @@ async def measure(target: Target, requests: list[BenchRequest], ns: argparse.Nam
             if bad:
                 raise RuntimeError(f"{target.label}: warm-up requests to {target.base_url} failed: {bad[0]}")
         _log(f"{target.label}: {len(requests)} requests, rate {ns.request_rate:g}/s, "
-             f"concurrency {ns.max_concurrency or 'unlimited'}")
-        cpu0, client0 = _cpu(target.pid), time.process_time()
+             f"concurrency {max_concurrency or 'unlimited'}")
+        cpu0, work0, client0 = _cpu(target.pid), _cpu_sum(target.worker_pids), time.process_time()
         outcome = await run_workload(http, opts, workload, count_tokens=count, stop=stop,
                                      deadline_s=max(0.0, deadline - time.monotonic()))
-        cpu1, client1 = _cpu(target.pid), time.process_time()
+        cpu1, work1, client1 = _cpu(target.pid), _cpu_sum(target.worker_pids), time.process_time()
     finally:
         await http.aclose()
     summary: dict[str, Any] = {"label": target.label, "base_url": target.base_url, "model": model}
@@ -189,6 +216,10 @@ async def measure(target: Target, requests: list[BenchRequest], ns: argparse.Nam
         summary["gateway_pid"] = target.pid
         summary["gateway_cpu_us_per_request"] = used.best_s / finished * 1e6
         summary["gateway_cpu_us_per_request_ticks"] = used.stat_s / finished * 1e6
+    if work0 is not None and work1 is not None:
+        summary["worker_pids"] = list(target.worker_pids)
+        summary["worker_cpu_us_per_request"] = work1.minus(work0).best_s / finished * 1e6
+    summary["max_concurrency"] = max_concurrency
     summary["partial"] = outcome.stopped is not None
     summary["stopped"] = outcome.stopped
     errors = [r.error for r in outcome.results if not r.success]
@@ -213,6 +244,7 @@ def _settings(ns: argparse.Namespace, tokenizer_dir: Path, slo: Slo | None) -> d
         "num_warmups": ns.num_warmups,
         "seed": ns.seed,
         "http_client": ns.http_client,
+        "tcp_quickack": ns.tcp_quickack,
         "mock_workers": ns.mock_workers,
         "slo": slo.as_dict() if slo is not None else None,
     }
@@ -221,6 +253,16 @@ def _settings(ns: argparse.Namespace, tokenizer_dir: Path, slo: Slo | None) -> d
 def _validate(ns: argparse.Namespace) -> tuple[Slo | None, tuple[float, ...]]:
     if ns.mock_workers and ns.base_url:
         raise ValueError("--mock-workers starts its own gateway; drop --base-url (or drop --mock-workers)")
+    if ns.peer_cmd is not None and ns.compare_url is not None:
+        raise ValueError("--peer-cmd starts the compare endpoint itself; drop --compare-url (or --peer-cmd)")
+    if ns.peer_cmd is not None and "{port}" not in ns.peer_cmd:
+        raise ValueError(f"--peer-cmd {ns.peer_cmd!r} must contain {{port}} (the port the peer serves HTTP on)")
+    if ns.throughput_concurrency is not None and ns.throughput_concurrency < 1:
+        raise ValueError(f"--throughput-concurrency must be >= 1 (got {ns.throughput_concurrency})")
+    if not ns.peer_start_timeout_s > 0:
+        raise ValueError(f"--peer-start-timeout-s must be > 0 (got {ns.peer_start_timeout_s})")
+    if ns.tcp_quickack and ns.http_client != "raw":
+        raise ValueError("--tcp-quickack needs --http-client raw")
     if ns.num_warmups < 0:
         raise ValueError(f"--num-warmups must be >= 0 (got {ns.num_warmups})")
     if not ns.total_timeout_s > 0:
@@ -239,7 +281,10 @@ def _validate(ns: argparse.Namespace) -> tuple[Slo | None, tuple[float, ...]]:
 
 
 async def _bench(ns: argparse.Namespace, targets: list[Target], requests: list[BenchRequest],
-                 tok: BenchTokenizer, slo: Slo | None, percentiles: tuple[float, ...]) -> list[tuple[dict[str, Any], RunOutcome]]:
+                 tok: BenchTokenizer, slo: Slo | None,
+                 percentiles: tuple[float, ...]) -> list[list[tuple[dict[str, Any], RunOutcome]]]:
+    """One phase per concurrency (the main one, then --throughput-concurrency); every target in each phase,
+    back to back, so that the endpoints see the same box load as nearly as possible."""
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
 
@@ -257,13 +302,20 @@ async def _bench(ns: argparse.Namespace, targets: list[Target], requests: list[B
         except (NotImplementedError, RuntimeError, ValueError):  # not the main thread: no Ctrl-C handling
             pass
     deadline = time.monotonic() + ns.total_timeout_s
-    out = []
+    phases = [ns.max_concurrency]
+    if ns.throughput_concurrency is not None:
+        phases.append(ns.throughput_concurrency)
+    out: list[list[tuple[dict[str, Any], RunOutcome]]] = []
     try:
-        for target in targets:
-            if stop.is_set() or time.monotonic() >= deadline:
-                break
-            out.append(await measure(target, requests, ns, tok=tok, stop=stop, deadline=deadline, slo=slo,
-                                     percentiles=percentiles))
+        for concurrency in phases:
+            phase: list[tuple[dict[str, Any], RunOutcome]] = []
+            for target in targets:
+                if stop.is_set() or time.monotonic() >= deadline:
+                    break
+                phase.append(await measure(target, requests, ns, tok=tok, stop=stop, deadline=deadline, slo=slo,
+                                           percentiles=percentiles, max_concurrency=concurrency))
+            if phase:
+                out.append(phase)
     finally:
         for sig in installed:
             loop.remove_signal_handler(sig)
@@ -291,6 +343,7 @@ def run(ns: argparse.Namespace) -> int:
 
         tokenizer_dir = Path(resolve_model_path(DEFAULT_MODEL))
     gateway: MockGateway | None = None
+    peer: PeerProcess | None = None
     try:
         tok = BenchTokenizer.from_dir(tokenizer_dir)
         requests = build_requests(ns, tok)
@@ -304,6 +357,17 @@ def run(ns: argparse.Namespace) -> int:
             targets = [Target("target", ns.base_url or "http://127.0.0.1:8000", ns.model, ns.target_pid)]
         if ns.compare_url:
             targets.append(Target("compare", ns.compare_url, ns.compare_model, ns.compare_pid))
+        if ns.peer_cmd:
+            peer = PeerProcess(ns.peer_cmd)
+            _log(f"peer: {peer.command}")
+            model = peer.wait_ready(ns.peer_start_timeout_s)
+            pids = peer.pids()
+            _log(f"peer {ns.peer_label} on {peer.base_url} ({model}): front pids {pids['front']}, "
+                 f"worker pids {pids['worker']}")
+            if len(pids["front"]) != 1:
+                raise ValueError(f"the peer wrote {len(pids['front'])} front pids; one front process is measured")
+            targets.append(Target(ns.peer_label, peer.base_url, ns.compare_model or model, pids["front"][0],
+                                  pids["worker"]))
         with asyncio.Runner(loop_factory=_new_loop) as runner:
             runs = runner.run(_bench(ns, targets, requests, tok, slo, percentiles))
     except ValueError as e:
@@ -313,20 +377,18 @@ def run(ns: argparse.Namespace) -> int:
         print(f"pdrelay bench serve: {e}", file=sys.stderr)
         return 1
     finally:
+        if peer is not None:
+            peer.stop()
         if gateway is not None:
             gateway.stop()
     return report(ns, runs, tokenizer_dir, slo, percentiles)
 
 
-def report(ns: argparse.Namespace, runs: list[tuple[dict[str, Any], RunOutcome]], tokenizer_dir: Path,
-           slo: Slo | None, percentiles: tuple[float, ...]) -> int:
-    if not runs:
-        print("pdrelay bench serve: stopped before any measured request", file=sys.stderr)
-        return 130
-    (target, target_run), rest = runs[0], runs[1:]
-    partial = any(s["partial"] for s, _ in runs) or (ns.compare_url is not None and not rest)
-    title = "Serving Benchmark Result" + (" (partial)" if partial else "")
-    doc: dict[str, Any] = {**_settings(ns, tokenizer_dir, slo), **target, "partial": partial}
+def _phase_doc(ns: argparse.Namespace, phase: list[tuple[dict[str, Any], RunOutcome]], title: str,
+               percentiles: tuple[float, ...]) -> dict[str, Any]:
+    """Print one phase's table (side by side when there is a compare endpoint); its part of the JSON."""
+    (target, target_run), rest = phase[0], phase[1:]
+    doc: dict[str, Any] = {**target}
     if ns.save_detailed:
         doc.update(detailed(target_run.results))
     if rest:
@@ -336,12 +398,35 @@ def report(ns: argparse.Namespace, runs: list[tuple[dict[str, Any], RunOutcome]]
         doc["ratios"] = ratios(target, compare, percentiles)
     else:
         print(format_table(title, target, percentiles))
+    return doc
+
+
+def report(ns: argparse.Namespace, runs: list[list[tuple[dict[str, Any], RunOutcome]]], tokenizer_dir: Path,
+           slo: Slo | None, percentiles: tuple[float, ...]) -> int:
+    if not runs:
+        print("pdrelay bench serve: stopped before any measured request", file=sys.stderr)
+        return 130
+    flat = [r for phase in runs for r in phase]
+    with_compare = ns.compare_url is not None or ns.peer_cmd is not None
+    expected = 1 + (ns.throughput_concurrency is not None)
+    partial = (any(s["partial"] for s, _ in flat) or len(runs) < expected
+               or (with_compare and any(len(phase) < 2 for phase in runs)))
+    suffix = " (partial)" if partial else ""
+    doc: dict[str, Any] = {**_settings(ns, tokenizer_dir, slo), "partial": partial}
+    doc.update(_phase_doc(ns, runs[0], "Serving Benchmark Result" + suffix, percentiles))
+    doc["partial"] = partial
+    if len(runs) > 1:
+        print()
+        doc["throughput_phase"] = _phase_doc(
+            ns, runs[1], f"Concurrency {ns.throughput_concurrency}{suffix}", percentiles)
+    if "ratios" in doc:
+        print(headline(doc))
     if ns.output_json:
         Path(ns.output_json).write_text(json.dumps(doc, indent=2) + "\n")
         _log(f"wrote {ns.output_json}")
     if partial:
-        return 130 if any(s["stopped"] == "interrupted" for s, _ in runs) else 1
-    return 0 if all(s["completed"] > 0 for s, _ in runs) else 1
+        return 130 if any(s["stopped"] == "interrupted" for s, _ in flat) else 1
+    return 0 if all(s["completed"] > 0 for s, _ in flat) else 1
 
 
 def main(argv: list[str] | None = None) -> int:

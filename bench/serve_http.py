@@ -8,12 +8,18 @@ the kernel's loopback send, which Linux charges to the sender. `HttpxHttp` is th
 the same interface (and the way through proxies).
 Both yield `(arrival_time, [sse data payloads])` per network read; the timestamp is taken when the bytes
 arrive, before any parsing.
+
+`quickack` (raw client, Linux): re-arm TCP_QUICKACK after every read. A server that leaves Nagle's algorithm on
+(Dynamo's HTTP frontend does) holds a small chunk back until the previous one is ACKed, and the client's
+delayed ACK waits up to 40 ms: streams then take ~44 ms whatever the server's own work. With quickack the
+client ACKs at once and the benchmark measures the server's work, not the kernel's ACK timer.
 """
 
 from __future__ import annotations
 
 import asyncio
 import json
+import socket
 import ssl
 import time
 from collections.abc import AsyncIterator, Mapping
@@ -71,11 +77,24 @@ def _split_base_url(base_url: str) -> tuple[str, str, int, str]:
     return u.scheme, u.hostname, port, u.path.rstrip("/")
 
 
-class _Conn:
-    __slots__ = ("reader", "writer", "reused")
+_QUICKACK = getattr(socket, "TCP_QUICKACK", None)  # Linux only
 
-    def __init__(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+
+class _Conn:
+    __slots__ = ("reader", "writer", "reused", "_sock")
+
+    def __init__(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, quickack: bool = False) -> None:
         self.reader, self.writer, self.reused = reader, writer, False
+        self._sock = writer.get_extra_info("socket") if quickack and _QUICKACK is not None else None
+        self.ack()
+
+    def ack(self) -> None:
+        """Quickack mode: ACK the next segments at once (the kernel leaves the mode by itself, so re-arm)."""
+        if self._sock is not None:
+            try:
+                self._sock.setsockopt(socket.IPPROTO_TCP, _QUICKACK, 1)
+            except OSError:
+                self._sock = None
 
     def close(self) -> None:
         self.writer.close()
@@ -84,8 +103,10 @@ class _Conn:
 class RawHttp:
     """Minimal HTTP/1.1 client with a keep-alive pool (at most `max_connections` idle connections kept)."""
 
-    def __init__(self, base_url: str, *, headers: Mapping[str, str] | None = None, max_connections: int = 256) -> None:
+    def __init__(self, base_url: str, *, headers: Mapping[str, str] | None = None, max_connections: int = 256,
+                 quickack: bool = False) -> None:
         scheme, self.host, self.port, self.prefix = _split_base_url(base_url)
+        self._quickack = quickack
         self._ssl = ssl.create_default_context() if scheme == "https" else None
         extra = "".join(f"{k}: {v}\r\n" for k, v in (headers or {}).items())
         host_header = self.host if self.port in (80, 443) else f"{self.host}:{self.port}"
@@ -95,7 +116,7 @@ class RawHttp:
 
     async def _connect(self) -> _Conn:
         reader, writer = await asyncio.open_connection(self.host, self.port, ssl=self._ssl, limit=1 << 20)
-        return _Conn(reader, writer)
+        return _Conn(reader, writer, self._quickack)
 
     async def _send(self, method: str, path: str, body: bytes) -> tuple[_Conn, int, dict[str, str]]:
         """Send on an idle connection (or a new one); retry once on a fresh one if the idle one was closed by
@@ -106,8 +127,10 @@ class RawHttp:
         for attempt in (0, 1):
             conn = self._idle.pop() if self._idle and attempt == 0 else await self._connect()
             try:
+                conn.ack()
                 conn.writer.write(head + body)
                 status_and_headers = await conn.reader.readuntil(b"\r\n\r\n")
+                conn.ack()
             except (asyncio.IncompleteReadError, ConnectionError) as e:
                 conn.close()
                 if conn.reused and attempt == 0 and not getattr(e, "partial", b""):
@@ -132,16 +155,19 @@ class RawHttp:
         if "chunked" in headers.get("transfer-encoding", "").lower():
             while True:
                 size = int((await reader.readline()).split(b";", 1)[0], 16)
+                conn.ack()
                 if size == 0:
                     while (await reader.readline()) not in (b"\r\n", b""):  # trailers
                         pass
                     return
                 data = await reader.readexactly(size + 2)
+                conn.ack()
                 yield data[:-2]
         elif "content-length" in headers:
             remaining = int(headers["content-length"])
             while remaining > 0:
                 data = await reader.read(min(remaining, 1 << 20))
+                conn.ack()
                 if not data:
                     raise ConnectionError("the response body ended before Content-Length")
                 remaining -= len(data)
@@ -228,10 +254,13 @@ class HttpxHttp:
         await self._client.aclose()
 
 
-def make_http(kind: str, base_url: str, *, api_key: str | None = None, max_connections: int = 256) -> StreamingHttp:
+def make_http(kind: str, base_url: str, *, api_key: str | None = None, max_connections: int = 256,
+              quickack: bool = False) -> StreamingHttp:
     headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
     if kind == "raw":
-        return RawHttp(base_url, headers=headers, max_connections=max_connections)
+        return RawHttp(base_url, headers=headers, max_connections=max_connections, quickack=quickack)
+    if quickack:
+        raise ValueError("--tcp-quickack needs --http-client raw")
     if kind == "httpx":
         return HttpxHttp(base_url, headers=headers, max_connections=max_connections)
     raise ValueError(f"--http-client {kind!r} is not one of {', '.join(HTTP_CLIENTS)}")

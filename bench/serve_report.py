@@ -25,6 +25,7 @@ _HEAD_ROWS: tuple[tuple[str, str, str], ...] = (
 )
 _CPU_ROWS: tuple[tuple[str, str, str], ...] = (
     ("Gateway CPU per request (us)", "gateway_cpu_us_per_request", "{:.1f}"),
+    ("Worker CPU per request (us)", "worker_cpu_us_per_request", "{:.1f}"),  # a peer's separate engine
     ("Client CPU per request (us)", "client_cpu_us_per_request", "{:.1f}"),
 )
 # Keys whose target/compare ratio is printed and saved (counts and durations are not comparable quantities).
@@ -32,7 +33,8 @@ RATIO_KEYS_FIXED = ("request_throughput", "request_goodput", "output_throughput"
                     "gateway_cpu_us_per_request", "client_cpu_us_per_request")
 
 
-def _rows(summary: Summary, percentiles: Sequence[float]) -> list[tuple[str, str, str] | str]:
+def _rows(summary: Summary, percentiles: Sequence[float],
+          compare: Summary | None = None) -> list[tuple[str, str, str] | str]:
     rows: list[tuple[str, str, str] | str] = [r for r in _HEAD_ROWS if r[1] in summary]
     for m in METRICS:
         rows.append(METRIC_TITLES[m])
@@ -40,7 +42,7 @@ def _rows(summary: Summary, percentiles: Sequence[float]) -> list[tuple[str, str
         rows.append((f"Median {m.upper()} (ms)", f"median_{m}_ms", "{:.2f}"))
         for p in percentiles:
             rows.append((f"P{percentile_key(p)[1:]} {m.upper()} (ms)", f"{percentile_key(p)}_{m}_ms", "{:.2f}"))
-    cpu = [r for r in _CPU_ROWS if summary.get(r[1]) is not None]
+    cpu = [r for r in _CPU_ROWS if summary.get(r[1]) is not None or (compare or {}).get(r[1]) is not None]
     if cpu:
         rows.append("CPU")
         rows.extend(cpu)
@@ -73,7 +75,7 @@ def _fmt(fmt: str, v: Any) -> str:
 def format_table(title: str, target: Summary, percentiles: Sequence[float], *, compare: Summary | None = None,
                  labels: tuple[str, str] = ("target", "compare")) -> str:
     """vLLM's result block; with `compare`, two value columns and their ratio (target/compare)."""
-    rows = _rows(target, percentiles)
+    rows = _rows(target, percentiles, compare)
     if compare is None:
         lines = [f"{' ' + title + ' ':=^{_WIDTH}}"]
         for row in rows:
@@ -99,6 +101,31 @@ def format_table(title: str, target: Summary, percentiles: Sequence[float], *, c
     lines.append("=" * width)
     lines.append(f"ratio = {labels[0]} / {labels[1]}: below 1 is better for latencies and CPU, above 1 for "
                  f"throughput")
+    return "\n".join(lines)
+
+
+def headline(doc: Mapping[str, Any]) -> str:
+    """The gateway-overhead figures in one block: p50 E2E and gateway CPU at the main concurrency, request
+    throughput at --throughput-concurrency, each with its ratio (ours / peer)."""
+    cmp = doc["compare"]
+    lines = [f"{doc['label']} vs {cmp['label']} (ratio = {doc['label']} / {cmp['label']}):"]
+
+    def line(name: str, a: Any, b: Any, fmt: str) -> None:
+        r = a / b if isinstance(a, (int, float)) and isinstance(b, (int, float)) and b else None
+        lines.append(f"  {name:<44}{_fmt(fmt, a):>12}{_fmt(fmt, b):>12}   ratio {_fmt('{:.3f}', r)}")
+
+    conc = doc.get("max_concurrency") or "unlimited"
+    line(f"p50 E2E (ms), concurrency {conc}", doc.get("median_e2el_ms"), cmp.get("median_e2el_ms"), "{:.3f}")
+    line(f"p99 E2E (ms), concurrency {conc}", doc.get("p99_e2el_ms"), cmp.get("p99_e2el_ms"), "{:.3f}")
+    line(f"gateway CPU/request (us), concurrency {conc}", doc.get("gateway_cpu_us_per_request"),
+         cmp.get("gateway_cpu_us_per_request"), "{:.1f}")
+    tp = doc.get("throughput_phase")
+    if tp and "compare" in tp:
+        c = tp.get("max_concurrency")
+        line(f"throughput (req/s), concurrency {c}", tp.get("request_throughput"),
+             tp["compare"].get("request_throughput"), "{:.1f}")
+        line(f"gateway CPU/request (us), concurrency {c}", tp.get("gateway_cpu_us_per_request"),
+             tp["compare"].get("gateway_cpu_us_per_request"), "{:.1f}")
     return "\n".join(lines)
 
 

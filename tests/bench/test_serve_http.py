@@ -125,3 +125,18 @@ def test_sse_splitter_is_independent_of_read_boundaries(cuts: list[int], crlf: b
     sse = SseSplitter()
     got = [p for piece in pieces for p in sse.feed(piece)]
     assert got == _expected()
+
+
+@pytest.mark.parametrize("path", ["/chunked", "/sized", "/close"])
+async def test_raw_client_with_quickack_delivers_every_event(server: ScriptedServer, path: str) -> None:
+    http = make_http("raw", server.url, quickack=True)
+    try:
+        for _ in range(3):
+            assert await _payloads(http, path) == _expected()
+    finally:
+        await http.aclose()
+
+
+def test_quickack_needs_the_raw_client() -> None:
+    with pytest.raises(ValueError, match="--tcp-quickack needs --http-client raw"):
+        make_http("httpx", "http://127.0.0.1:1", quickack=True)
