@@ -22,6 +22,7 @@ from shared.engine.models import LlamaForCausalLM, build_model, load_model_confi
 from shared.engine.types import KVLayout, SchedulerOutput
 from shared.engine.weights import load_weights
 from shared.kernels.dispatch import select_attention_backend
+from shared.kernels.elementwise import elementwise_ops
 
 # When neither num_pages nor kv_budget_bytes is given: enough for a few full batches, small enough for a laptop.
 DEFAULT_KV_BUDGET_BYTES = 512 * 1024 * 1024
@@ -68,7 +69,10 @@ class ModelRunner:
         self.max_batch_tokens = max_batch_tokens
         self.eos_token_ids = self._eos_ids(model_dir)
 
-        self.model: LlamaForCausalLM = build_model(self.arch, self.dtype, max_positions=self.context_length)
+        # The attention backend decides the other kernels too: Triton attention comes with Triton norms/rotary/act.
+        self.attn = select_attention_backend(attention_backend, self.device, self.dtype)
+        self.model: LlamaForCausalLM = build_model(self.arch, self.dtype, max_positions=self.context_length,
+                                                   ops=elementwise_ops(self.attn.name))
         load_weights(self.model, self.model.hf_weight_map(), model_dir, tied_lm_head=self.arch.tie_word_embeddings)
         self.model.eval()
         self.model.to_device(self.device)
@@ -89,7 +93,6 @@ class ModelRunner:
         # the scheduler hands out.
         want_graphs = self.device.type == "cuda" and bool(cuda_graph_bs)
         self.kv = KVPool(self.layout, num_pages + int(want_graphs), self.device)
-        self.attn = select_attention_backend(attention_backend, self.device, self.dtype)
         self.graphs: CudaGraphDecodeRunner | None = None
         if want_graphs:
             self.graphs = build_decode_graphs(self.model, self.kv, self.attn, batch_sizes=cuda_graph_bs,

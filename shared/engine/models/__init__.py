@@ -11,6 +11,7 @@ from shared.engine.models.config import (
     parse_model_config,
 )
 from shared.engine.models.llama import LlamaForCausalLM, WeightSlot
+from shared.kernels.elementwise import TORCH_OPS, ElementwiseOps
 
 __all__ = [
     "SUPPORTED_ARCHITECTURES",
@@ -23,7 +24,9 @@ __all__ = [
 ]
 
 
-def build_model(cfg: ModelArchConfig, dtype: torch.dtype, max_positions: int | None = None) -> LlamaForCausalLM:
-    """An unloaded model for `cfg` (Llama, Qwen2 or Qwen3: the differences are flags on the config)."""
+def build_model(cfg: ModelArchConfig, dtype: torch.dtype, max_positions: int | None = None,
+                ops: ElementwiseOps = TORCH_OPS) -> LlamaForCausalLM:
+    """An unloaded model for `cfg` (Llama, Qwen2 or Qwen3: the differences are flags on the config), calling the
+    norm/rotary/activation kernels in `ops`."""
     assert cfg.architecture in SUPPORTED_ARCHITECTURES, cfg.architecture  # parse_model_config refused the rest
-    return LlamaForCausalLM(cfg, dtype, max_positions)
+    return LlamaForCausalLM(cfg, dtype, max_positions, ops)

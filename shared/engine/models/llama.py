@@ -19,10 +19,9 @@ from torch import nn
 from shared.engine.forward_batch import ForwardBatch
 from shared.engine.kv_pool import KVPool
 from shared.engine.models.config import ModelArchConfig
-from shared.kernels.activation import silu_and_mul
 from shared.kernels.dispatch import AttentionBackend, AttentionMetadata
-from shared.kernels.rms_norm import fused_add_rms_norm, rms_norm
-from shared.kernels.rotary import RotaryCache, apply_rotary
+from shared.kernels.elementwise import TORCH_OPS, ElementwiseOps
+from shared.kernels.rotary import RotaryCache
 
 
 @dataclass(frozen=True)
@@ -42,9 +41,11 @@ def _param(*shape: int, dtype: torch.dtype) -> nn.Parameter:
 
 
 class DecoderLayer(nn.Module):
-    def __init__(self, cfg: ModelArchConfig, layer_id: int, dtype: torch.dtype) -> None:
+    def __init__(self, cfg: ModelArchConfig, layer_id: int, dtype: torch.dtype,
+                 ops: ElementwiseOps = TORCH_OPS) -> None:
         super().__init__()
         self.layer_id = layer_id
+        self.ops = ops
         h, kvh, d = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
         self.num_heads, self.num_kv_heads, self.head_dim = h, kvh, d
         self.q_size, self.kv_size = h * d, kvh * d
@@ -68,8 +69,8 @@ class DecoderLayer(nn.Module):
         twice the width at decode batch sizes (MKL, fp32, M = 16); with many tokens the fused GEMM + silu_and_mul
         is as fast and one op fewer.
         """
-        if x.shape[0] > 64 or x.device.type != "cpu":
-            return silu_and_mul(F.linear(x, self.gate_up_weight))
+        if x.shape[0] > 64 or x.device.type != "cpu" or self.ops.name != "torch":
+            return self.ops.silu_and_mul(F.linear(x, self.gate_up_weight))
         inter = self.gate_up_weight.shape[0] // 2
         return F.silu(F.linear(x, self.gate_up_weight[:inter])) * F.linear(x, self.gate_up_weight[inter:])
 
@@ -115,22 +116,22 @@ class DecoderLayer(nn.Module):
         -> (this layer's MLP output, residual stream)."""
         if residual is None:
             residual = hidden
-            x = rms_norm(hidden, self.input_norm, self.eps)
+            x = self.ops.rms_norm(hidden, self.input_norm, self.eps)
         else:
-            x, residual = fused_add_rms_norm(hidden, residual, self.input_norm, self.eps)
+            x, residual = self.ops.fused_add_rms_norm(hidden, residual, self.input_norm, self.eps)
         t = x.shape[0]
         h, kvh, d = self.num_heads, self.num_kv_heads, self.head_dim
         qkv = F.linear(x, self.qkv_weight, self.qkv_bias)  # [T, (H + 2 * KVH) * D]
         qk = qkv[:, : self.q_size + self.kv_size].view(t, h + kvh, d)
         if self.qk_norm is not None:
-            qk = rms_norm(qk, self.qk_norm, self.eps)
-        qk = apply_rotary(qk, cos, sin)  # [T, H + KVH, D]
+            qk = self.ops.rms_norm(qk, self.qk_norm, self.eps)
+        qk = self.ops.apply_rotary(qk, cos, sin)  # [T, H + KVH, D]
         q, k = qk[:, :h], qk[:, h:]
         v = qkv[:, self.q_size + self.kv_size :].view(t, kvh, d)
         kv.write(self.layer_id, batch.out_pages, batch.out_offsets, k, v)
         o = attn.forward(q, k, v, kv.k(self.layer_id), kv.v(self.layer_id), meta, self.scale)  # [T, H, D]
         x = F.linear(o.reshape(t, self.q_size), self.o_weight, self.o_bias)
-        x, residual = fused_add_rms_norm(x, residual, self.post_norm, self.eps)
+        x, residual = self.ops.fused_add_rms_norm(x, residual, self.post_norm, self.eps)
         x = F.linear(self._gated(x), self.down_weight)
         return x, residual
 
@@ -138,12 +139,14 @@ class DecoderLayer(nn.Module):
 class LlamaForCausalLM(nn.Module):
     """Llama / Qwen2 / Qwen3 causal LM over a paged KV pool."""
 
-    def __init__(self, cfg: ModelArchConfig, dtype: torch.dtype, max_positions: int | None = None) -> None:
+    def __init__(self, cfg: ModelArchConfig, dtype: torch.dtype, max_positions: int | None = None,
+                 ops: ElementwiseOps = TORCH_OPS) -> None:
         super().__init__()
         self.cfg = cfg
         self.dtype = dtype
+        self.ops = ops
         self.embed_tokens = _param(cfg.vocab_size, cfg.hidden_size, dtype=dtype)
-        self.layers = nn.ModuleList(DecoderLayer(cfg, i, dtype) for i in range(cfg.num_layers))
+        self.layers = nn.ModuleList(DecoderLayer(cfg, i, dtype, ops) for i in range(cfg.num_layers))
         self.norm = _param(cfg.hidden_size, dtype=dtype)
         self.lm_head = self.embed_tokens if cfg.tie_word_embeddings else _param(cfg.vocab_size, cfg.hidden_size,
                                                                                  dtype=dtype)
@@ -180,7 +183,7 @@ class LlamaForCausalLM(nn.Module):
         idx = batch.logits_indices
         if idx.numel() != hidden.shape[0]:
             hidden, residual = hidden.index_select(0, idx), residual.index_select(0, idx)
-        out, _ = fused_add_rms_norm(hidden, residual, self.norm, self.cfg.rms_norm_eps)
+        out, _ = self.ops.fused_add_rms_norm(hidden, residual, self.norm, self.cfg.rms_norm_eps)
         return out
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:

@@ -2,7 +2,8 @@
 <= 1e-4) with the Triton attention kernels running under the interpreter, on tiny two-layer random Llama and Qwen3
 checkpoints (Qwen3: head_dim 32, q/k norm). Same scenarios as tests/shared/engine/test_model_parity.py: mixed
 prompt lengths in one forward (extend kernel), chunked prefill over unaligned chunks, a prefix hit on copied pages,
-decode steps (decode kernel), decode mixed with prefill in one step. HF recomputes each full sequence without a
+decode steps (decode kernel), decode mixed with prefill in one step. The norms, rotary embedding and SiLU-and-mul
+run on their Triton kernels too (they come with the attention backend). HF recomputes each full sequence without a
 cache, so it is an independent reference."""
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ def pair(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactor
     hf = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
     runner = ModelRunner(model_dir, num_pages=64, page_size=PAGE, attention_backend="triton")
     assert isinstance(runner.attn, TritonAttentionBackend)
+    assert runner.model.ops.name == "triton" and runner.model.layers[0].ops.name == "triton"  # norms, rotary, act
     return hf, runner
 
 
