@@ -6,10 +6,8 @@ Flags it does not know (e.g. `--page-size 32`, `--model DIR`, `--port 8080`) go 
 from __future__ import annotations
 
 import argparse
-import os
-import subprocess
+import shlex
 import sys
-import time
 from pathlib import Path
 
 # role -> default number of instances; the order is the order of --help
@@ -31,6 +29,9 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     for role, n in DEFAULT_COUNTS.items():
         what = "the control-plane test service" if role == "echo" else f"{role} instances"
         p.add_argument(f"--{role}", type=int, default=n, metavar="N", help=f"{what} (default {n})")
+    p.add_argument("--role-flags", action="append", default=[], metavar="ROLE=FLAGS",
+                   help="service flags for one role only, after the shared ones (repeatable), e.g. "
+                        "--role-flags 'prefill=--num-pages 160'")
     p.add_argument("--lease-ttl-s", type=int, default=5, help="etcd lease TTL of every instance")
     p.add_argument("--ready-timeout-s", type=float, default=300.0, help="give up when not ready by then")
     p.add_argument("--stop-timeout-s", type=float, default=30.0, help="SIGKILL what has not stopped by then")
@@ -59,11 +60,33 @@ def _options(ns: argparse.Namespace, extra: list[str]):  # -> UpOptions
         if ns.trace and flag[0].split("=", 1)[0] == "--otlp-traces-endpoint":
             raise ValueError("--trace points the services at a local trace sink; drop --otlp-traces-endpoint (or "
                              "--trace to send traces to your own collector)")
+    role_extra = parse_role_flags(ns.role_flags)
+    for flags in role_extra.values():
+        for flag in split_flags(flags):
+            if flag[0].split("=", 1)[0] in PER_INSTANCE_FLAGS:
+                raise ValueError(f"{flag[0]}: pdrelay up sets it for each instance itself; drop it")
     run_dir = Path(ns.run_dir) if ns.run_dir else default_run_dir()
     return UpOptions(run_dir=str(run_dir.resolve()), cluster=ns.cluster, etcd_url=ns.etcd_url, nats_url=ns.nats_url,
                      etcd_port=ns.etcd_port, nats_port=ns.nats_port, counts=counts, extra=tuple(extra),
-                     ready_timeout_s=ns.ready_timeout_s, stop_timeout_s=ns.stop_timeout_s,
+                     role_extra=role_extra, ready_timeout_s=ns.ready_timeout_s, stop_timeout_s=ns.stop_timeout_s,
                      lease_ttl_s=ns.lease_ttl_s, demo=ns.demo, echo_log=not ns.quiet, trace=ns.trace)
+
+
+def parse_role_flags(items: list[str]) -> dict[str, tuple[str, ...]]:
+    """['prefill=--num-pages 160', 'prefill=--page-size 32'] -> {'prefill': ('--num-pages', '160', '--page-size',
+    '32')}; ValueError naming a malformed item or an unknown role."""
+    out: dict[str, tuple[str, ...]] = {}
+    for item in items:
+        role, eq, flags = item.partition("=")
+        role = role.strip()
+        if not eq or role not in DEFAULT_COUNTS:
+            raise ValueError(f"--role-flags {item!r}: write ROLE=FLAGS with ROLE one of {', '.join(DEFAULT_COUNTS)}, "
+                             "e.g. --role-flags 'prefill=--num-pages 160'")
+        words = shlex.split(flags)
+        if not words or not words[0].startswith("--"):
+            raise ValueError(f"--role-flags {item!r}: FLAGS must start with a --flag")
+        out[role] = out.get(role, ()) + tuple(words)
+    return out
 
 
 def run(ns: argparse.Namespace, extra: list[str]) -> int:
@@ -84,40 +107,14 @@ def run(ns: argparse.Namespace, extra: list[str]) -> int:
 
 
 def _detach(opts) -> int:  # opts: UpOptions
-    import msgspec
-
-    from shared.cluster.localcluster.rundir import read_state, running_supervisor
+    from shared.cluster.localcluster.detached import SUPERVISOR_LOG, NotReady, StartFailed, start
     from shared.cluster.localcluster.summary import format_summary
 
-    run_dir = Path(opts.run_dir)
-    live = running_supervisor(run_dir)
-    if live is not None:
-        print(f"pdrelay up: a cluster is already running from {run_dir} (supervisor pid {live.supervisor_pid}); "
-              f"stop it with `pdrelay down --run-dir {run_dir}`", file=sys.stderr)
-        return 1
-    run_dir.mkdir(parents=True, exist_ok=True)
-    (run_dir / "state.json").unlink(missing_ok=True)
-    opts_file = run_dir / "up-options.json"
-    opts_file.write_bytes(msgspec.json.encode(opts))
-    log_path = run_dir / "supervisor.log"
-    with open(log_path, "ab") as log:
-        proc = subprocess.Popen([sys.executable, "-m", "shared.cluster.localcluster", "--options", str(opts_file)],
-                                stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                start_new_session=True, env={**os.environ, "PYTHONUNBUFFERED": "1"})
-    deadline = time.monotonic() + opts.ready_timeout_s + 30
-    while time.monotonic() < deadline:
-        rc = proc.poll()
-        state = read_state(run_dir)
-        if state is not None and state.ready and state.supervisor_pid == proc.pid:
-            print(format_summary(state))
-            print(f"Logs: {log_path}")
-            return 0
-        if rc is not None:
-            tail = "\n".join(log_path.read_text(errors="replace").splitlines()[-25:])
-            print(f"pdrelay up: the supervisor exited with code {rc} before the cluster was ready:\n{tail}",
-                  file=sys.stderr)
-            return rc or 1
-        time.sleep(0.1)
-    print(f"pdrelay up: not ready after {opts.ready_timeout_s:.0f} s; the supervisor (pid {proc.pid}) keeps trying; "
-          f"see {log_path}, stop it with `pdrelay down --run-dir {run_dir}`", file=sys.stderr)
-    return 1
+    try:
+        state = start(opts)
+    except (ValueError, StartFailed, NotReady) as e:  # already running, exited early, not ready in time
+        print(f"pdrelay up: {e}", file=sys.stderr)
+        return (e.returncode or 1) if isinstance(e, StartFailed) else 1
+    print(format_summary(state))
+    print(f"Logs: {Path(opts.run_dir) / SUPERVISOR_LOG}")
+    return 0

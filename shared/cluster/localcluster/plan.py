@@ -34,6 +34,8 @@ class UpOptions(msgspec.Struct, frozen=True, kw_only=True):
     nats_port: int = 0  # 0: 4222 when free, else any free port
     counts: dict[str, int] = msgspec.field(default_factory=dict)  # role -> instances
     extra: tuple[str, ...] = ()  # service flags, each handed to the roles that accept it
+    # service flags for one role only, after `extra` (so they win): e.g. {"prefill": ("--num-pages", "160")}
+    role_extra: dict[str, tuple[str, ...]] = msgspec.field(default_factory=dict)
     ready_timeout_s: float = 300.0
     stop_timeout_s: float = 30.0
     lease_ttl_s: int = 5
@@ -108,7 +110,7 @@ def build_spec(role: str, index: int, opts: UpOptions, etcd_url: str, nats_url: 
         return InstanceSpec(role=role, instance_id=iid, argv=argv, ready_file=ready_file)
     from shared.config import resolve
 
-    user = flags_for_role(role, opts.extra)
+    user = [*flags_for_role(role, opts.extra), *opts.role_extra.get(role, ())]
     cfg = resolve(role, [*user, *per_instance], os.environ if env is None else env)
     cfg_path = (run_dir / "config" / f"{iid}.json").resolve()
     cfg_path.parent.mkdir(parents=True, exist_ok=True)

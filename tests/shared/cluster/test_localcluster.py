@@ -73,6 +73,31 @@ def test_build_spec_writes_a_resolved_config_per_instance(tmp_path: Path) -> Non
                    "nats://h:2", env={})
 
 
+def test_role_flags_reach_only_their_role_and_win_over_shared_flags(tmp_path: Path) -> None:
+    from shared.config import ResolvedConfig
+
+    opts = UpOptions(run_dir=str(tmp_path), extra=("--num-pages", "500"),
+                     role_extra={"prefill": ("--num-pages", "160", "--page-size", "32")})
+    cfgs = {role: ResolvedConfig.from_json(Path(build_spec(role, 0, opts, "http://127.0.0.1:1", "nats://127.0.0.1:2",
+                                                           env={}).config_path).read_text())
+            for role in ("prefill", "decode")}
+    assert (cfgs["prefill"].cache.num_pages, cfgs["prefill"].cache.page_size) == (160, 32)
+    assert (cfgs["decode"].cache.num_pages, cfgs["decode"].cache.page_size) == (500, 16)
+    with pytest.raises(ConfigError, match="routing-policy"):  # a flag the role does not take is an error there
+        build_spec("prefill", 0, UpOptions(run_dir=str(tmp_path), role_extra={"prefill": ("--routing-policy", "x")}),
+                   "http://h:1", "nats://h:2", env={})
+
+
+def test_up_role_flags_are_parsed_and_checked() -> None:
+    from services.commands.up import parse_role_flags
+
+    assert parse_role_flags(["prefill=--num-pages 160", "decode=--page-size=32", "prefill=--threads 2"]) == {
+        "prefill": ("--num-pages", "160", "--threads", "2"), "decode": ("--page-size=32",)}
+    for bad in ("--num-pages 160", "nosuch=--num-pages 1", "prefill=", "prefill=160"):
+        with pytest.raises(ValueError, match="role-flags"):
+            parse_role_flags([bad])
+
+
 def test_roles_missing_from_the_build_are_skipped_with_a_note(tmp_path: Path, monkeypatch) -> None:
     monkeypatch.setattr(plan_mod, "role_available", lambda role: role == "echo")
     opts = UpOptions(run_dir=str(tmp_path), counts={"gateway": 1, "prefill": 2, "echo": 2})
