@@ -6,6 +6,7 @@ throughput and goodput, in vLLM's vocabulary and JSON keys.
     pdrelay bench serve --base-url URL --compare-url http://127.0.0.1:8001 --compare-pid PID   # side by side
     pdrelay bench serve --mock-workers --peer-cmd 'bench/dynamo_peer.sh {port} {pid_file}' \
         --random-output-len 8 --max-concurrency 1 --throughput-concurrency 32       # vs Dynamo, one run
+    pdrelay bench serve --compare-policies kv_aware,round_robin --dataset shared-prefix   # a cluster per policy
 
 It points at pdrelay's gateway, `vllm serve`, sglang-router or a Dynamo frontend alike. `--mock-workers` starts
 pdrelay's gateway over mock workers itself and reports its CPU per request; `--compare-url` runs the same
@@ -42,6 +43,7 @@ from bench.serve_datasets import (
 from bench.serve_http import HTTP_CLIENTS, HttpError, make_http
 from bench.serve_metrics import Slo, compute_metrics, parse_percentiles, parse_slo
 from bench.serve_peer import PeerProcess
+from bench.serve_policies import add_policy_arguments, run_policies
 from bench.serve_procs import CpuSample, MockGateway, process_cpu
 from bench.serve_report import detailed, format_table, headline, ratios
 from bench.serve_runner import RunOutcome, Workload, run_workload, warm_up
@@ -124,6 +126,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="how long --peer-cmd may take to list a model")
     c.add_argument("--throughput-concurrency", type=int, default=None, metavar="N",
                    help="after the main run, run the same workload at concurrency N against every endpoint")
+    add_policy_arguments(p)
 
 
 @dataclass(frozen=True)
@@ -347,6 +350,8 @@ def run(ns: argparse.Namespace) -> int:
     try:
         tok = BenchTokenizer.from_dir(tokenizer_dir)
         requests = build_requests(ns, tok)
+        if ns.compare_policies:
+            return run_policies(ns, requests, tok, tokenizer_dir, _settings(ns, tokenizer_dir, slo), slo, percentiles)
         if ns.mock_workers:
             gateway = MockGateway(tokenizer_dir, token_delay_ms=ns.mock_token_delay_ms,
                                   first_token_delay_ms=ns.mock_first_token_delay_ms)

@@ -17,7 +17,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         "cap) to /v1/completions or /v1/chat/completions of pdrelay's gateway, vLLM, sglang-router or a Dynamo "
         "frontend; print TTFT, TPOT, ITL, E2E, throughput and goodput with vLLM's keys. --mock-workers measures "
         "pdrelay's gateway over mock workers (with its CPU per request); --compare-url adds a second endpoint "
-        "and the ratios.",
+        "and the ratios; --compare-policies starts one local cluster per gateway routing policy, back to back, and "
+        "prints their TTFT ratios and prefix hit rates.",
     )
     add_arguments(p)
     p.set_defaults(_run=run)
