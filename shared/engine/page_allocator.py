@@ -1,8 +1,10 @@
 """Fixed-size KV pages with reference counts.
 
 A page is referenced by every running request that attends over it and by the radix cache when it holds the
-page for reuse; it returns to the free stack when the last reference goes. State is two numpy arrays (no
-Python object per page): `_ref[num_pages]` counts and `_free[num_pages]` a stack of free ids.
+page for reuse; it returns to the free set when the last reference goes. Reference counts are one numpy array
+(`_ref[num_pages]`, no Python object per page); the free pages are a set of runs handed out best-fit
+(free_runs.py), so a request's pages are one contiguous run whenever the pool has one, and a KV hand-off of them
+is one transfer descriptor instead of one per page.
 """
 
 from __future__ import annotations
@@ -10,6 +12,8 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 
 import numpy as np
+
+from shared.engine.free_runs import FreeRuns
 
 
 class PageAllocator:
@@ -23,9 +27,7 @@ class PageAllocator:
         self.num_pages = num_pages
         self.num_reserved = num_reserved
         self._ref = np.zeros(num_pages, dtype=np.int32)
-        # Stack of free ids; the top is at _free[_top - 1]. Low ids on top so allocation starts at the pool's front.
-        self._free = np.arange(num_pages - 1, num_reserved - 1, -1, dtype=np.int64)
-        self._top = num_pages - num_reserved
+        self._free = FreeRuns(num_reserved, num_pages)
 
     @property
     def capacity(self) -> int:
@@ -34,22 +36,30 @@ class PageAllocator:
 
     @property
     def num_free(self) -> int:
-        return self._top
+        return self._free.num_free
 
     @property
     def num_used(self) -> int:
-        return self.capacity - self._top
+        return self.capacity - self._free.num_free
 
-    def alloc(self, n: int) -> list[int] | None:
-        """n fresh pages with one reference each, or None (nothing taken) when fewer than n are free."""
+    @property
+    def num_free_runs(self) -> int:
+        """Contiguous stretches the free pages form (1 = unfragmented)."""
+        return self._free.num_runs
+
+    def alloc(self, n: int, *, after: int | None = None) -> list[int] | None:
+        """n fresh pages with one reference each, or None (nothing taken) when fewer than n are free.
+
+        One contiguous run when the pool has one of n pages (best fit); `after`: the last page the caller
+        already holds for this sequence, so that its growth continues right behind it when that page is free.
+        """
         if n < 0:
             raise ValueError(f"cannot allocate a negative number of pages (got {n})")
-        if n > self._top:
+        if n > self._free.num_free:
             return None
-        ids = self._free[self._top - n : self._top][::-1]
-        self._top -= n
+        ids = self._free.take(n, near=None if after is None else after + 1)
         self._ref[ids] = 1
-        return ids.tolist()
+        return ids
 
     def incref(self, page_ids: Sequence[int] | Iterable[int]) -> None:
         """Add one reference to each page (a page may appear several times); every page must be in use."""
@@ -67,12 +77,10 @@ class PageAllocator:
         np.subtract.at(self._ref, ids, 1)
         ref = self._ref[ids]
         assert (ref >= 0).all(), f"decref of a free page in {ids[ref < 0].tolist()}"
-        freed = np.unique(ids[ref == 0])
-        n = freed.size
-        if n:
-            self._free[self._top : self._top + n] = freed[::-1]
-            self._top += n
-        return freed.tolist()
+        freed = np.unique(ids[ref == 0]).tolist()  # ascending, as FreeRuns.put needs
+        if freed:
+            self._free.put(freed)
+        return freed
 
     def refcount(self, page_id: int) -> int:
         return int(self._ref[page_id])

@@ -50,7 +50,9 @@ class KVManager:
         short = need - self.allocator.num_free
         if short > 0:
             self.cache.evict(short)
-        pages = self.allocator.alloc(need)
+        # after=: growth (the next prefill chunk, a decode page) continues the request's run where it can, so its
+        # pages stay few contiguous runs and a hand-off of them few transfer descriptors.
+        pages = self.allocator.alloc(need, after=req.page_ids[-1] if req.page_ids else None)
         assert pages is not None, "eviction freed fewer pages than num_evictable promised"
         req.page_ids.extend(pages)
         return True
