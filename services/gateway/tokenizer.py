@@ -1,7 +1,9 @@
 """Prompt tokenization for the gateway: HF tokenizer in-process, the model's chat template, token texts/bytes.
 
-The chat template is rendered by transformers (its compiled Jinja template is cached, ~25 us) and the text is
-encoded with the Rust `tokenizers.Tokenizer` directly (about half the cost of going through the HF wrapper).
+The chat template is rendered by transformers (its compiled Jinja template is cached, ~25 us). Text is encoded
+by `fast_encode.ByteLevelEncoder` when the tokenizer is a byte-level BPE it reproduces exactly (cached per word:
+~5-10x cheaper than `Tokenizer.encode` once warm), else by the Rust `tokenizers.Tokenizer` directly (about half
+the cost of going through the HF wrapper).
 Templates put their own special tokens (BOS, role markers) into the text, so chat prompts are encoded with
 add_special_tokens=False, as `apply_chat_template(tokenize=True)` does.
 """
@@ -14,6 +16,8 @@ import re
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
+
+from services.gateway.fast_encode import ByteLevelEncoder
 
 # Keys of config.json that hold the context length, by model family (first found wins).
 _CONTEXT_KEYS = ("max_position_embeddings", "n_positions", "max_sequence_length", "seq_length", "max_seq_len")
@@ -66,6 +70,7 @@ class GatewayTokenizer:
         self._byte_level = decoder is not None and type(decoder).__name__ == "ByteLevel"
         self._byte_table = _byte_level_table() if self._byte_level else {}
         self._text_cache: dict[int, str] = {}
+        self._encoder = ByteLevelEncoder.of(self.fast)  # None: not a pipeline it reproduces; use the Rust one
         self._bytes_cache: dict[int, bytes] = {}
 
     @classmethod
@@ -115,9 +120,14 @@ class GatewayTokenizer:
         return text
 
     def encode_chat(self, messages: Sequence[Mapping[str, Any]], **template_kwargs: Any) -> list[int]:
-        return self.fast.encode(self.render_chat(messages, **template_kwargs), add_special_tokens=False).ids
+        text = self.render_chat(messages, **template_kwargs)
+        if self._encoder is not None:
+            return self._encoder.encode(text)
+        return self.fast.encode(text, add_special_tokens=False).ids
 
     def encode_text(self, text: str, *, add_special_tokens: bool = True) -> list[int]:
+        if self._encoder is not None:  # (only for pipelines whose post-processor adds no special tokens)
+            return self._encoder.encode(text)
         return self.fast.encode(text, add_special_tokens=add_special_tokens).ids
 
     def decode(self, token_ids: Sequence[int], *, skip_special_tokens: bool = True) -> str:
