@@ -15,7 +15,7 @@ scratch the same way; events of an older epoch are ignored.
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterable, Sequence
+from collections.abc import Container, Iterable, Sequence
 from dataclasses import dataclass, field
 
 from shared.cluster.bus.kv_events import KVEvent, KVOpKind
@@ -103,13 +103,7 @@ class KVIndex:
         idx = self._by_instance.get(instance_id)
         if idx is None or not idx.hashes:
             return 0
-        held = idx.hashes
-        n = 0
-        for h in prompt_hashes:
-            if h not in held:
-                break
-            n += 1
-        return n
+        return leading_pages(prompt_hashes, idx.hashes)
 
     def num_pages(self, instance_id: str) -> int:
         idx = self._by_instance.get(instance_id)
@@ -117,6 +111,16 @@ class KVIndex:
 
     def instances(self) -> list[str]:
         return sorted(self._by_instance)
+
+
+def leading_pages(prompt_hashes: Sequence[int], held: Container[int]) -> int:
+    """How many of the prompt's pages, from the first, are in `held` (chained hashes: a gap ends the prefix)."""
+    n = 0
+    for h in prompt_hashes:
+        if h not in held:
+            break
+        n += 1
+    return n
 
 
 class PromptHashes:

@@ -3,11 +3,12 @@
     round_robin  rotate through the pool, ignoring load (a baseline, and what sglang-router calls round_robin)
     least_load   decode/worker by running requests and KV pages in use; prefill by queued prompt tokens
     kv_aware     (default) prefill by predicted cost = queued prefill tokens + prompt tokens not cached there
-                 (prefix overlap from the KV index); colocated workers and decodes by queued prefill + uncached
+                 (prefix overlap from the KV index, plus prompts of ours it is computing right now), ties to the
+                 instance computing less of the prompt; colocated workers and decodes by queued prefill + uncached
                  prompt tokens + KV tokens held by running requests, the potential prefill blocks + potential
                  decode blocks cost of Dynamo's KV router with unit weights. A decode that holds the prompt's
-                 prefix takes only the rest through the hand-off (and the prefill skips writing it), so decode
-                 overlap counts as well as decode load.
+                 prefix takes only the rest through the hand-off (the prefill still computes the whole prompt, it
+                 only skips writing those pages), so decode overlap saves transfer and counts as well as decode load.
 
 Loads come from the instances' reports (every ~200 ms), which lag a burst of requests; `Signals` adds what this
 gateway itself sent since (requests in flight, prompt tokens whose first token has not come back) so that ten
@@ -75,10 +76,13 @@ def decode_score(cand: Candidate, req: RouteRequest, sig: Signals) -> tuple[floa
     return (no_room, slots + pages, float(busy))
 
 
+def uncached_tokens(cand: Candidate, req: RouteRequest, sig: Signals) -> int:
+    return max(0, len(req.prompt_token_ids) - sig.cached_tokens(cand))
+
+
 def prefill_cost(cand: Candidate, req: RouteRequest, sig: Signals) -> int:
     """Prompt tokens the candidate must compute before this prompt is done: its queue + our uncached part."""
-    uncached = max(0, len(req.prompt_token_ids) - sig.cached_tokens(cand))
-    return queued_prefill(cand, sig) + uncached
+    return queued_prefill(cand, sig) + uncached_tokens(cand, req, sig)
 
 
 def active_kv_tokens(cand: Candidate, sig: Signals) -> int:
@@ -151,8 +155,11 @@ class KVAware(LeastLoad):
     name = "kv_aware"
 
     def rank_prefill(self, cands: Sequence[Candidate], req: RouteRequest, sig: Signals) -> list[Candidate]:
-        return self.rank("prefill", [Scored(c, (float(prefill_cost(c, req, sig)), float(busy_requests(c, sig))))
-                                     for c in cands])
+        # Equal predicted cost: the instance that computes less of this prompt (a queue ahead of it is work that
+        # happens anyway; computing a prefix another instance holds or is computing spends compute and cache
+        # space twice), then the less busy one.
+        return self.rank("prefill", [Scored(c, (float(prefill_cost(c, req, sig)), float(uncached_tokens(c, req, sig)),
+                                                float(busy_requests(c, sig)))) for c in cands])
 
     def rank_worker(self, cands: Sequence[Candidate], req: RouteRequest, sig: Signals) -> list[Candidate]:
         return self.rank("worker", [Scored(c, kv_load_score(c, req, sig)) for c in cands])

@@ -15,10 +15,10 @@ instances' reports. Everything here is synchronous and pure apart from the clock
 from __future__ import annotations
 
 from collections.abc import Collection
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from services.gateway.routing.breaker import BreakerBoard
-from services.gateway.routing.kv_index import KVIndex, PromptHashes
+from services.gateway.routing.kv_index import KVIndex, PromptHashes, leading_pages
 from services.gateway.routing.policies import Policy
 from services.gateway.routing.views import Candidate, Mode, Pools, RoutePlan, RouteRequest
 
@@ -37,6 +37,11 @@ class _Local:
     inflight: int = 0
     inflight_tokens: int = 0
     pending_prefill_tokens: int = 0
+    # Page hashes of prompts this gateway sent here that have not produced a first token: the instance will hold
+    # them once computed, but its KV events announce a page only after the chunk that fills it (seconds for a long
+    # prompt), so without this credit a second request with the same prefix, routed meanwhile, sees no overlap
+    # and computes the prefix again elsewhere. hash -> number of such prompts.
+    computing: dict[int, int] = field(default_factory=dict)
 
 
 class Lease:
@@ -56,15 +61,25 @@ class Lease:
             loc.inflight_tokens += tokens
         loc = router._local_of(self._prefill_id)
         loc.pending_prefill_tokens += self._uncached
+        for h in plan.prompt_hashes:
+            loc.computing[h] = loc.computing.get(h, 0) + 1
 
     @property
     def _prefill_id(self) -> str:
-        return self.plan.prefill.instance_id if self.plan.prefill is not None else self.plan.decode.instance_id
+        return self.plan.prefill_side.instance_id
 
     def first_token(self) -> None:
+        """The prompt is computed: its pages are in the instance's cache now (and its KV events on the way)."""
         if self._prefilling and not self._released:
             self._prefilling = False
-            self._router._local_of(self._prefill_id).pending_prefill_tokens -= self._uncached
+            loc = self._router._local_of(self._prefill_id)
+            loc.pending_prefill_tokens -= self._uncached
+            for h in self.plan.prompt_hashes:
+                left = loc.computing.get(h, 0) - 1
+                if left > 0:
+                    loc.computing[h] = left
+                else:
+                    loc.computing.pop(h, None)
 
     def release(self) -> None:
         if self._released:
@@ -87,16 +102,23 @@ class _RequestSignals:
         self._cached: dict[str, int] = {}
 
     def cached_tokens(self, cand: Candidate) -> int:
+        """Prompt tokens the candidate holds (KV index) or is computing for an earlier request of ours."""
         got = self._cached.get(cand.instance_id)
         if got is None:
             if cand.page_size <= 0:
                 got = 0
             else:
-                pages = self._router.kv_index.overlap_pages(cand.instance_id,
-                                                            self._hashes.for_page_size(cand.page_size))
+                hashes = self._hashes.for_page_size(cand.page_size)
+                pages = self._router.kv_index.overlap_pages(cand.instance_id, hashes)
+                loc = self._router._local.get(cand.instance_id)
+                if loc is not None and loc.computing:
+                    pages = max(pages, leading_pages(hashes, loc.computing))
                 got = min(pages * cand.page_size, self._prompt_len)
             self._cached[cand.instance_id] = got
         return got
+
+    def prompt_hashes(self, cand: Candidate) -> tuple[int, ...]:
+        return tuple(self._hashes.for_page_size(cand.page_size)) if cand.page_size > 0 else ()
 
     def inflight(self, cand: Candidate) -> int:
         return self._router.local(cand.instance_id).inflight
@@ -134,13 +156,14 @@ class Router:
         if usable_decode and usable_prefill:
             decode = policy.rank_decode(usable_decode, req, sig)[0]
             prefill = policy.rank_prefill(usable_prefill, req, sig)[0]
-            return RoutePlan(Mode.DISAGGREGATED, decode, prefill, sig.cached_tokens(prefill))
+            return RoutePlan(Mode.DISAGGREGATED, decode, prefill, sig.cached_tokens(prefill),
+                             sig.prompt_hashes(prefill))
         if usable_worker:
             worker = policy.rank_worker(usable_worker, req, sig)[0]
-            return RoutePlan(Mode.COLOCATED, worker, None, sig.cached_tokens(worker))
+            return RoutePlan(Mode.COLOCATED, worker, None, sig.cached_tokens(worker), sig.prompt_hashes(worker))
         if usable_decode:
             decode = policy.rank_decode(usable_decode, req, sig)[0]
-            return RoutePlan(Mode.DECODE_LOCAL, decode, None, sig.cached_tokens(decode))
+            return RoutePlan(Mode.DECODE_LOCAL, decode, None, sig.cached_tokens(decode), sig.prompt_hashes(decode))
         everyone = [c.instance_id for c in (*pools.decode, *pools.worker)]
         if all(iid in exclude for iid in everyone):
             raise NoRoute(f"every instance that could serve the request failed or refused it ({', '.join(everyone)})",

@@ -77,12 +77,20 @@ class RoutePlan:
     """The chosen instance(s). `prefill` is None for colocated and decode-local plans.
 
     cached_tokens: prompt tokens the chosen prefill-side instance is predicted to hold already (KV index).
+    prompt_hashes: the prompt's chained page hashes at that instance's page size: the pages it will hold once it
+    has computed the prompt (the router credits them to it while the prefill runs, before its KV events say so).
     """
 
     mode: Mode
     decode: Candidate  # the instance the gateway calls (a decode or a worker)
     prefill: Candidate | None = None
     cached_tokens: int = 0
+    prompt_hashes: tuple[int, ...] = ()
+
+    @property
+    def prefill_side(self) -> Candidate:
+        """The instance that computes the prompt: the prefill, or the decode/worker itself."""
+        return self.prefill if self.prefill is not None else self.decode
 
     @property
     def instance_ids(self) -> tuple[str, ...]:

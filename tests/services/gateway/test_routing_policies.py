@@ -80,7 +80,7 @@ def test_kv_aware_trades_overlap_against_queued_prefill_tokens() -> None:
     r = Router(make_policy("kv_aware"))
     held(r, "p2", PROMPT, pages=8)  # saves 128 of 160 tokens on p2
     decode = (cand("d1", "decode"),)
-    # p2's queue (100 tokens) + 32 uncached = 132 > p1's 0 + 160? No: 132 < 160, p2 still wins.
+    # p2's queue (100 tokens) + 32 uncached = 132 < p1's 0 + 160: p2 still wins.
     pools = Pools(decode=decode, prefill=(cand("p1"), cand("p2", queued_prefill_tokens=100)))
     assert r.plan(req(), pools).prefill.instance_id == "p2"  # type: ignore[union-attr]
     # A queue of 200 tokens on p2: 232 > 160, so the cold instance is cheaper.
@@ -93,11 +93,48 @@ def test_kv_aware_local_pending_prefill_counts_as_queue() -> None:
     pools = Pools(decode=(cand("d1", "decode"),), prefill=(cand("p1"), cand("p2")))
     first = r.plan(req(), pools)
     lease = r.begin(first, len(PROMPT))
-    second = r.plan(req(), pools)
+    other = tuple(range(5000, 5000 + 10 * P))  # shares nothing with PROMPT
+    second = r.plan(req(other), pools)
     assert second.prefill != first.prefill, "a prompt still prefilling on p1 is queued work there"
     lease.first_token()
     assert r.local(first.prefill.instance_id).pending_prefill_tokens == 0  # type: ignore[union-attr]
     lease.release()
+
+
+def test_kv_aware_credits_a_prefix_the_instance_is_computing_for_an_earlier_request() -> None:
+    """Before the first request's KV events arrive, the instance computing a prompt is credited with its pages:
+    a second request with the same 10 pages and one more costs 160 queued + 16 uncached there, as much as the
+    176 uncached on an idle instance, and the tie goes to the instance that computes less of it (not the prefix a
+    second time). After the first token the credit is gone and the KV index speaks."""
+    r = Router(make_policy("kv_aware"))
+    pools = Pools(decode=(cand("d1", "decode"),), prefill=(cand("p1"), cand("p2")))
+    first = r.plan(req(), pools)
+    assert first.prompt_hashes == tuple(page_hashes(PROMPT, P))
+    lease = r.begin(first, len(PROMPT))
+    follow_up = PROMPT + tuple(range(9000, 9000 + P))  # same 10 pages, one more
+    second = r.plan(req(follow_up), pools)
+    assert second.prefill == first.prefill and second.cached_tokens == len(PROMPT)
+    lease2 = r.begin(second, len(follow_up))
+    # Queued work on p1 counts the follow-up's 16 uncached tokens, not its 176.
+    assert r.local(first.prefill.instance_id).pending_prefill_tokens == len(PROMPT) + P  # type: ignore[union-attr]
+    lease.first_token()
+    lease2.first_token()
+    assert r.local(first.prefill.instance_id).computing == {}  # type: ignore[union-attr]
+    # No KV event ever said p1 holds it (e.g. it evicted at once): no credit is left over.
+    assert r.plan(req(follow_up), pools).cached_tokens == 0
+    lease.release()
+    lease2.release()
+
+
+def test_kv_aware_credit_of_a_computing_prefix_stops_at_the_first_difference() -> None:
+    r = Router(make_policy("kv_aware"))
+    pools = Pools(decode=(cand("d1", "decode"),), prefill=(cand("p1"),))
+    lease = r.begin(r.plan(req(), pools), len(PROMPT))
+    fork = PROMPT[: 4 * P] + tuple(range(7000, 7000 + 6 * P))  # first 4 pages shared, then different
+    assert r.plan(req(fork), pools).cached_tokens == 4 * P
+    assert r.plan(req(tuple(range(7000, 7000 + 10 * P))), pools).cached_tokens == 0
+    lease.release()
+    assert r.plan(req(fork), pools).cached_tokens == 0, "released before its first token: the credit goes too"
 
 
 def test_kv_aware_worker_prefers_prefix_when_idle_and_load_when_busy() -> None:
