@@ -1,20 +1,29 @@
 """KV transfer benchmark: GB/s of page-batch writes per backend between two processes, next to memcpy.
 
     python -m bench.transfer [--backends nixl,mooncake] [--sizes 64K,256K,1M,4M,16M,64M] [--page-kib 64]
+                             [--layout allocator|scattered|contiguous]
     pdrelay bench transfer ...   (same flags)
 
 This process is the writer; each backend gets a fresh reader subprocess that registers a zeroed pool and keeps
-its engine progressing. A batch of N pages is N scattered source pages written to N scattered destination pages
-(the shape of a KV hand-off: neighbours rarely coalesce; --layout contiguous gives the one-descriptor best case),
-with a completion notice, timed from write() to wait() returning. Pools sit on transparent huge pages as
-shared/transfer/hostmem.py allocates them (--no-huge-pages for plain 4 KiB pages). The baseline is a plain single-threaded torch copy of the same number of bytes in this process, measured
-in the same run, interleaved round by round; a ratio is the median over rounds of memcpy time / backend time
-(the box is shared and its load drifts), GB/s are medians over rounds.
+its engine progressing. A batch of N pages is written from N source pages to N destination pages, with a
+completion notice, timed from write() to wait() returning. Where the pages sit is the layout:
+- allocator (default, what a real hand-off moves): both page lists come from the engine's PageAllocator after a
+  seeded churn of requests of random lengths, prefill's side allocated chunk by chunk and decode's reserved at
+  once (bench/kv_churn.py); the allocator hands out contiguous runs, so pairs coalesce into few descriptors;
+- scattered (worst case): random source and destination pages, every page its own descriptor;
+- contiguous (best case): pages 0..N-1 on both sides, one descriptor.
+The table prints the descriptors a batch becomes after coalescing next to its GB/s. Pools hold 4x the largest
+batch (room for the churn) and sit on transparent huge pages as shared/transfer/hostmem.py allocates them
+(--no-huge-pages for plain 4 KiB pages). A size that is not a whole number of pages is rounded down to one.
 
-A third reference, `cma`, is the kernel's process_vm_writev moving the same scattered pages into the same reader
-(Linux), batching up to 1024 pages per system call: the single-copy path UCX's cma transport uses between
-processes, hence the ceiling for NIXL on one host. It pins the peer's pages as it copies: ~0.3-0.5x memcpy with
-4 KiB pages here, close to memcpy with huge pages.
+The baseline is a plain single-threaded torch copy of the same number of bytes in this process, measured in the
+same run, interleaved round by round; a ratio is the median over rounds of memcpy time / backend time (the box is
+shared and its load drifts), GB/s are medians over rounds.
+
+A third reference, `cma`, is the kernel's process_vm_writev moving the same pages (one iovec per coalesced
+descriptor) into the same reader (Linux), batching up to 1024 per system call: the single-copy path UCX's cma
+transport uses between processes, hence the ceiling for NIXL on one host. It pins the peer's pages as it copies:
+~0.3-0.5x memcpy with 4 KiB pages here, close to memcpy with huge pages.
 """
 
 from __future__ import annotations
@@ -34,6 +43,8 @@ from typing import Any
 
 DEFAULT_SIZES = "64K,256K,1M,4M,16M,64M"
 TARGET_RATIO, TARGET_MIN_BYTES = 0.7, 16 << 20  # NIXL should reach 0.7x memcpy from 16 MiB batches up
+LAYOUTS = ("allocator", "scattered", "contiguous")
+POOL_BATCHES = 4  # pools hold this many of the largest batch: room for the allocator churn to fragment
 
 
 def parse_size(text: str) -> int:
@@ -50,11 +61,13 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     """The benchmark's flags (shared by `python -m bench.transfer` and `pdrelay bench transfer`)."""
     p.add_argument("--backends", default="nixl,mooncake", help="comma-separated backends (default: nixl,mooncake)")
     p.add_argument("--sizes", default=DEFAULT_SIZES, help=f"batch sizes, K/M suffixes (default: {DEFAULT_SIZES})")
-    p.add_argument("--page-kib", type=int, default=64, help="page size in KiB; a batch is size/page pages (default 64)")
+    p.add_argument("--page-kib", type=int, default=64,
+                   help="page size in KiB; a batch is the whole pages that fit in its size (default 64; the bundled "
+                   "model's KV page is 720)")
     p.add_argument("--iters", type=int, default=0, help="repetitions per size (default: adaptive, 3-30)")
     p.add_argument("--host", default="127.0.0.1", help="address the engines advertise (default 127.0.0.1)")
     p.add_argument("--json", default=None, metavar="PATH", help="also write the results as JSON to PATH")
-    p.add_argument("--seed", type=int, default=0, help="page-shuffle seed")
+    p.add_argument("--seed", type=int, default=0, help="seed of the page churn / shuffle")
     p.add_argument(
         "--no-huge-pages",
         dest="huge_pages",
@@ -63,10 +76,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument(
         "--layout",
-        choices=("scattered", "contiguous"),
-        default="scattered",
-        help="scattered: random source and destination pages (a real hand-off); contiguous: pages i..i+n on both "
-        "sides, which coalesce into one descriptor (the best case)",
+        choices=LAYOUTS,
+        default="allocator",
+        help="allocator (default): pages from the engine's page allocator after a seeded churn of requests, as a "
+        "real hand-off gets them; scattered: random pages on both sides (worst case, one descriptor per page); "
+        "contiguous: pages 0..n-1 on both sides (best case, one descriptor)",
     )
 
 
@@ -78,9 +92,9 @@ def run(ns: argparse.Namespace) -> int:
         page_bytes = ns.page_kib << 10
         if ns.page_kib <= 0:
             raise ValueError(f"--page-kib {ns.page_kib} must be > 0; try 64")
-        bad = [s for s in sizes if s % page_bytes]
-        if bad:
-            raise ValueError(f"--sizes {bad} are not multiples of --page-kib {ns.page_kib} KiB; use multiples")
+        small = [s for s in sizes if s < page_bytes]
+        if small:
+            raise ValueError(f"--sizes {small} are smaller than one page of --page-kib {ns.page_kib} KiB")
         from shared.transfer.factory import BACKENDS
 
         unknown = [b for b in backends if b not in BACKENDS]
@@ -110,17 +124,34 @@ def measure(
     import torch
 
     from shared.transfer import PageDesc, create_engine
+    from shared.transfer.descs import coalesce_pairs
     from shared.transfer.hostmem import alloc_host_buffer
 
     torch.set_num_threads(1)  # memcpy on one core, like the single-threaded transfer it is compared with
-    pool_pages = max(sizes) // page_bytes
+    from bench.kv_churn import Churn, decode_pages, num_descriptors, prefill_pages
+
+    max_pages = max(sizes) // page_bytes
+    pool_pages = POOL_BATCHES * max_pages
     # the writer's pool, page-major: page i = bytes [i * page_bytes, (i + 1) * page_bytes); [pool_bytes / 4] fp32
     src = alloc_host_buffer([pool_pages * page_bytes // 4], huge_pages=huge_pages)
     src.copy_(torch.randn(src.shape))
     copy_dst = alloc_host_buffer(src.shape, huge_pages=huge_pages)
     copy_dst.fill_(0)
     rng = random.Random(seed)
-    rows: list[dict[str, Any]] = [{"bytes": s, "pages": s // page_bytes} for s in sizes]
+    # size: as asked (what the target refers to); bytes: the whole pages moved
+    rows: list[dict[str, Any]] = [{"size": s, "bytes": s // page_bytes * page_bytes, "pages": s // page_bytes} for s in sizes]
+    churn = Churn(pool_pages=pool_pages, max_request_pages=max_pages)
+    pages: list[tuple[list[int], list[int]]] = []  # (source ids, destination ids) per row, the same for every backend
+    for i, row in enumerate(rows):
+        n = row["pages"]
+        if layout == "contiguous":
+            src_ids = dst_ids = list(range(n))
+        elif layout == "allocator":  # two instances, two histories
+            src_ids, dst_ids = prefill_pages(churn, n, seed * 7919 + 2 * i), decode_pages(churn, n, seed * 7919 + 2 * i + 1)
+        else:
+            src_ids, dst_ids = rng.sample(range(pool_pages), n), rng.sample(range(pool_pages), n)
+        pages.append((src_ids, dst_ids))
+        row["descriptors"] = num_descriptors(src_ids, dst_ids)
     times: dict[tuple[int, str], list[float]] = {}  # (row index, "memcpy" | "cma" | backend) -> seconds per batch
     ratios: dict[tuple[int, str], list[float]] = {}  # (row index, "cma" | backend) -> memcpy time / its time
 
@@ -131,11 +162,7 @@ def measure(
                 region = eng.register(src)
                 peer = eng.connect(reader.endpoint)
                 for i, row in enumerate(rows):
-                    n = row["pages"]
-                    if layout == "contiguous":
-                        src_ids = dst_ids = list(range(n))
-                    else:
-                        src_ids, dst_ids = rng.sample(range(pool_pages), n), rng.sample(range(pool_pages), n)
+                    src_ids, dst_ids = pages[i]
                     s = eng.describe_pages(region, src_ids, page_bytes)
                     d = [PageDesc(reader.base + p * page_bytes, page_bytes) for p in dst_ids]
                     numel = row["bytes"] // 4
@@ -144,7 +171,8 @@ def measure(
                         eng.wait(eng.write(peer, s, d, notify=b"bench"), timeout_s=60)
 
                     fns: dict[str, Any] = {"memcpy": lambda: copy_dst[:numel].copy_(src[:numel]), backend: one_write}
-                    cma = _cma_writer(reader.proc.pid, s, d) if (i, "cma") not in times else None
+                    # the kernel reference gets the coalescing NIXL gets: one iovec per merged descriptor
+                    cma = _cma_writer(reader.proc.pid, *coalesce_pairs(s, d)) if (i, "cma") not in times else None
                     if cma is not None:
                         fns["cma"] = cma
                     _paired(fns, _iters(iters, row["bytes"]), i, times, ratios)
@@ -220,20 +248,20 @@ def _paired(
 
 def print_table(result: dict[str, Any]) -> None:
     backends = result["backends"]
-    head = f"{'batch':>9} {'pages':>6} {'memcpy GB/s':>12} {'cma GB/s':>9} {'x memcpy':>9}"
+    head = f"{'batch':>9} {'pages':>6} {'descs':>6} {'memcpy GB/s':>12} {'cma GB/s':>9} {'x memcpy':>9}"
     head += "".join(f" {b + ' GB/s':>14} {'x memcpy':>9}" for b in backends)
     kib, layout = result["page_bytes"] >> 10, result["layout"]
     mem = "huge-page buffers" if result["huge_pages"] else "4 KiB-page buffers"
     print(f"KV transfer between two processes, {kib} KiB KV pages, {layout}, {mem}, medians")
     print(head)
     for r in result["rows"]:
-        line = f"{_fmt_size(r['bytes']):>9} {r['pages']:>6} {r['memcpy_gbps']:>12.2f}"
+        line = f"{_fmt_size(r['bytes']):>9} {r['pages']:>6} {r['descriptors']:>6} {r['memcpy_gbps']:>12.2f}"
         line += f" {r['cma_gbps']:>9.2f} {r['cma_ratio']:>8.2f}x" if "cma_gbps" in r else f" {'n/a':>9} {'':>9}"
         for b in backends:
             line += f" {r[b + '_gbps']:>14.2f} {r[b + '_ratio']:>8.2f}x"
         print(line)
     if "nixl" in backends:
-        big = [r for r in result["rows"] if r["bytes"] >= TARGET_MIN_BYTES]
+        big = [r for r in result["rows"] if r["size"] >= TARGET_MIN_BYTES]
         if big:
             worst = min(r["nixl_ratio"] for r in big)
             verdict = "met" if worst >= TARGET_RATIO else "MISSED"
@@ -241,7 +269,9 @@ def print_table(result: dict[str, Any]) -> None:
 
 
 def _fmt_size(n: int) -> str:
-    return f"{n >> 20} MiB" if n >= 1 << 20 else f"{n >> 10} KiB"
+    if n >= 1 << 20:
+        return f"{n >> 20} MiB" if n % (1 << 20) == 0 else f"{n / (1 << 20):.1f} MiB"
+    return f"{n >> 10} KiB" if n % (1 << 10) == 0 else f"{n} B"
 
 
 class _Reader:

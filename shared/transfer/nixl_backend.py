@@ -59,7 +59,12 @@ def prepare_ucx_env(host: str) -> None:
     - UCX_LOG_FILE=stderr: UCX logs (warnings, UCX_PROTO_INFO tables) go to stdout by default, where services
       speak their ready-line protocol.
     - UCX_CMA_SEG_SIZE=16m: cma copies a put in 512 KiB process_vm_writev segments by default; one 16 MiB
-      segment per call moved a coalesced 16 MiB write at 0.81x memcpy instead of 0.68x (medians of 3 A/B runs).
+      segment per call moved a coalesced 16 MiB write at 0.81x memcpy instead of 0.68x (medians of 3 A/B runs),
+      and allocator-placed 16/64 MiB batches at 0.72-0.81x instead of 0.68-0.77x (2 A/B runs; 64m: no better).
+    Tried and left unset (bench/transfer.py, 16 and 64 MiB, allocator and scattered layouts): UCX_RNDV_THRESH=inf
+    and UCX_MAX_RMA_LANES=1 are within noise (a put to host memory is one cma zero-copy, no rendezvous, one
+    lane); UCX_PROTO_ENABLE=n makes NIXL's transfers fail ("Unsupported operation"). No knob cuts the ~5.5 us each
+    descriptor costs (one process_vm_writev per descriptor): fewer descriptors do, see PageAllocator.
     """
     os.environ.setdefault("UCX_LOG_FILE", "stderr")
     os.environ.setdefault("UCX_CMA_SEG_SIZE", "16m")

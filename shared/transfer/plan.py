@@ -48,8 +48,13 @@ def plan_write(
     rem = [(r.addr, r.addr + r.nbytes) for r in remote]
     s_out: list[list[int]] = []  # [addr, length, local region index]
     d_out: list[list[int]] = []  # [addr, length, remote region index]
-    li = ri = 0  # the region the previous pair hit: pages of one pool hit the same one
+    # The bounds of the regions the previous pair hit, as locals: pages of one pool hit the same region, so the
+    # common pair costs two comparisons per side (a 1024-pair plan is ~0.3 ms of Python otherwise).
+    li = ri = -1
+    l_lo = l_hi = r_lo = r_hi = 0
     prev_s = prev_d = -1
+    last_s: list[int] = []
+    last_d: list[int] = []
     for i in range(len(src)):
         s, d = src[i], dst[i]
         sa, n, da = s.addr, s.length, d.addr
@@ -58,26 +63,32 @@ def plan_write(
                 f"descriptor pair {i}: source length {n} != destination length {d.length} (or <= 0); "
                 "both sides must describe pages of the same KVLayout.page_bytes"
             )
-        if not (loc and loc[li][0] <= sa and sa + n <= loc[li][1]):
+        same_regions = True
+        if not (l_lo <= sa and sa + n <= l_hi):
             li = _find(loc, sa, n)
             if li < 0:
                 raise RegionError(
                     f"source descriptor {i} [{sa:#x}, +{n}) is not inside memory registered with {engine!r} "
                     "(never registered, or deregistered); register the KV pool before writing from it"
                 )
-        if not (rem and rem[ri][0] <= da and da + n <= rem[ri][1]):
+            l_lo, l_hi = loc[li]
+            same_regions = False
+        if not (r_lo <= da and da + n <= r_hi):
             ri = _find(rem, da, n)
             if ri < 0:
                 raise RegionError(
                     f"destination descriptor {i} [{da:#x}, +{n}) is outside the memory peer {peer!r} registered; "
                     "the ticket's pages must come from the peer's describe_pages() on its current endpoint"
                 )
-        if sa == prev_s and da == prev_d and s_out[-1][2] == li and d_out[-1][2] == ri:
-            s_out[-1][1] += n
-            d_out[-1][1] += n
+            r_lo, r_hi = rem[ri]
+            same_regions = False
+        if sa == prev_s and da == prev_d and same_regions:
+            last_s[1] += n
+            last_d[1] += n
         else:
-            s_out.append([sa, n, li])
-            d_out.append([da, n, ri])
+            last_s, last_d = [sa, n, li], [da, n, ri]
+            s_out.append(last_s)
+            d_out.append(last_d)
         prev_s, prev_d = sa + n, da + n
     used_local = {x[2] for x in s_out}
     return WritePlan(

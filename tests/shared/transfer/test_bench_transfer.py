@@ -32,7 +32,9 @@ def test_bench_runs_on_both_backends(tmp_path: Path) -> None:
     assert "x memcpy" in proc.stdout
     result = json.loads(out.read_text())
     assert [r["pages"] for r in result["rows"]] == [1, 4]
+    assert result["layout"] == "allocator"
     for r in result["rows"]:
+        assert 1 <= r["descriptors"] <= r["pages"]
         assert r["memcpy_gbps"] > 0
         for b in ("nixl", "mooncake"):
             # ratios are medians of per-round ratios: close to, not equal to, the ratio of the median speeds
