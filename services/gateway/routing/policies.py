@@ -39,7 +39,8 @@ class Signals(Protocol):
         ...
 
     def pending_prefill_tokens(self, cand: Candidate) -> int:
-        """Prompt tokens this gateway sent to the candidate that have not produced a first token yet."""
+        """Uncached prompt tokens this gateway sent to the candidate that it has not computed yet (by the rate
+        observed there; all of them until a rate is known)."""
         ...
 
     def inflight_tokens(self, cand: Candidate) -> int:

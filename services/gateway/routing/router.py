@@ -14,7 +14,9 @@ instances' reports. Everything here is synchronous and pure apart from the clock
 
 from __future__ import annotations
 
-from collections.abc import Collection
+import math
+import time
+from collections.abc import Callable, Collection
 from dataclasses import dataclass, field
 
 from services.gateway.routing.breaker import BreakerBoard
@@ -42,12 +44,39 @@ class _Local:
     # prompt), so without this credit a second request with the same prefix, routed meanwhile, sees no overlap
     # and computes the prefix again elsewhere. hash -> number of such prompts.
     computing: dict[int, int] = field(default_factory=dict)
+    # The prefills of ours running here (lease -> uncached tokens, start), and the rate this instance got through
+    # them: decayed sums of uncached tokens and of the seconds from hand-off to first token, so big prefills
+    # weigh more. A prefill that started seconds ago is partly done; counting it whole made a request whose
+    # prefix this instance holds go to an idle one and compute the prefix there again.
+    prefilling: dict[int, tuple[int, float]] = field(default_factory=dict)
+    rate_tokens: float = 0.0
+    rate_seconds: float = 0.0
+
+    def remaining_prefill_tokens(self, now: float) -> int:
+        """Uncached tokens of our running prefills not computed yet, by the observed rate: the instance takes
+        them first come, first served. All of pending_prefill_tokens before a rate is known."""
+        if not self.prefilling or self.rate_tokens <= 0 or self.rate_seconds <= 0:
+            return self.pending_prefill_tokens
+        rate = self.rate_tokens / self.rate_seconds
+        done_at, left = -math.inf, 0.0
+        for uncached, started in sorted(self.prefilling.values(), key=lambda v: v[1]):
+            done_at = max(done_at, started) + uncached / rate
+            left += min(uncached, max(0.0, done_at - now) * rate)
+        return int(left)
+
+    def observe_prefill(self, uncached: int, seconds: float) -> None:
+        if uncached > 0 and seconds > 0:
+            self.rate_tokens = RATE_DECAY * self.rate_tokens + uncached
+            self.rate_seconds = RATE_DECAY * self.rate_seconds + seconds
+
+
+RATE_DECAY = 0.8  # weight of the past in the observed prefill rate (about the last 5 prefills count)
 
 
 class Lease:
     """What one attempt holds on its instances' local counters; `first_token()` then `release()` (idempotent)."""
 
-    __slots__ = ("_router", "plan", "_tokens", "_uncached", "_prefilling", "_released")
+    __slots__ = ("_router", "plan", "_tokens", "_uncached", "_prefilling", "_released", "_started")
 
     def __init__(self, router: Router, plan: RoutePlan, tokens: int) -> None:
         self._router, self.plan = router, plan
@@ -61,6 +90,8 @@ class Lease:
             loc.inflight_tokens += tokens
         loc = router._local_of(self._prefill_id)
         loc.pending_prefill_tokens += self._uncached
+        self._started = router.clock()
+        loc.prefilling[id(self)] = (self._uncached, self._started)
         for h in plan.prompt_hashes:
             loc.computing[h] = loc.computing.get(h, 0) + 1
 
@@ -70,21 +101,28 @@ class Lease:
 
     def first_token(self) -> None:
         """The prompt is computed: its pages are in the instance's cache now (and its KV events on the way)."""
-        if self._prefilling and not self._released:
-            self._prefilling = False
-            loc = self._router._local_of(self._prefill_id)
-            loc.pending_prefill_tokens -= self._uncached
-            for h in self.plan.prompt_hashes:
-                left = loc.computing.get(h, 0) - 1
-                if left > 0:
-                    loc.computing[h] = left
-                else:
-                    loc.computing.pop(h, None)
+        self._prefill_over(observed=True)
+
+    def _prefill_over(self, *, observed: bool) -> None:
+        if not self._prefilling or self._released:
+            return
+        self._prefilling = False
+        loc = self._router._local_of(self._prefill_id)
+        loc.pending_prefill_tokens -= self._uncached
+        loc.prefilling.pop(id(self), None)
+        if observed:  # a release before the first token (failure, cancel) says nothing of the rate
+            loc.observe_prefill(self._uncached, self._router.clock() - self._started)
+        for h in self.plan.prompt_hashes:
+            left = loc.computing.get(h, 0) - 1
+            if left > 0:
+                loc.computing[h] = left
+            else:
+                loc.computing.pop(h, None)
 
     def release(self) -> None:
         if self._released:
             return
-        self.first_token()
+        self._prefill_over(observed=False)
         self._released = True
         for iid in self.plan.instance_ids:
             loc = self._router._local_of(iid)
@@ -100,6 +138,7 @@ class _RequestSignals:
         self._hashes = hashes
         self._prompt_len = prompt_len
         self._cached: dict[str, int] = {}
+        self._now = router.clock()
 
     def cached_tokens(self, cand: Candidate) -> int:
         """Prompt tokens the candidate holds (KV index) or is computing for an earlier request of ours."""
@@ -124,7 +163,8 @@ class _RequestSignals:
         return self._router.local(cand.instance_id).inflight
 
     def pending_prefill_tokens(self, cand: Candidate) -> int:
-        return self._router.local(cand.instance_id).pending_prefill_tokens
+        loc = self._router._local.get(cand.instance_id)
+        return 0 if loc is None else loc.remaining_prefill_tokens(self._now)
 
     def inflight_tokens(self, cand: Candidate) -> int:
         return self._router.local(cand.instance_id).inflight_tokens
@@ -132,8 +172,9 @@ class _RequestSignals:
 
 class Router:
     def __init__(self, policy: Policy, *, kv_index: KVIndex | None = None,
-                 breakers: BreakerBoard | None = None) -> None:
+                 breakers: BreakerBoard | None = None, clock: Callable[[], float] = time.monotonic) -> None:
         self.policy = policy
+        self.clock = clock
         self.kv_index = kv_index if kv_index is not None else KVIndex()
         self.breakers = breakers if breakers is not None else BreakerBoard()
         self._local: dict[str, _Local] = {}

@@ -137,6 +137,59 @@ def test_kv_aware_credit_of_a_computing_prefix_stops_at_the_first_difference() -
     assert r.plan(req(fork), pools).cached_tokens == 0, "released before its first token: the credit goes too"
 
 
+def _timed_router() -> tuple[Router, list[float]]:
+    now = [0.0]
+    return Router(make_policy("kv_aware"), clock=lambda: now[0]), now
+
+
+def _lease_on(r: Router, pools: Pools, prompt: tuple[int, ...]):
+    lease = r.begin(r.plan(req(prompt), pools), len(prompt))
+    assert lease.plan.prefill is not None and lease.plan.prefill.instance_id == "p1"
+    return lease
+
+
+def test_queued_work_of_ours_drains_at_the_rate_the_instance_showed() -> None:
+    r, now = _timed_router()
+    pools = Pools(decode=(cand("d1", "decode"),), prefill=(cand("p1"),))
+    first = _lease_on(r, pools, PROMPT)
+    now[0] = 1.0
+    first.first_token()  # 160 uncached tokens in 1 s
+    cold = [tuple(range(k * 1000, k * 1000 + 10 * P)) for k in (5, 6)]
+    leases = [_lease_on(r, pools, prompt) for prompt in cold]  # both start at t=1, served one after the other
+    now[0] = 1.5
+    loc = r.local("p1")
+    assert loc.pending_prefill_tokens == 320
+    assert loc.remaining_prefill_tokens(now[0]) == 80 + 160
+    now[0] = 2.5
+    assert loc.remaining_prefill_tokens(now[0]) == 80
+    now[0] = 9.0
+    assert loc.remaining_prefill_tokens(now[0]) == 0
+    for lease in leases:
+        lease.release()  # before a first token: no rate sample, nothing left pending
+    assert loc.pending_prefill_tokens == 0 and loc.prefilling == {}
+    assert (loc.rate_tokens, loc.rate_seconds) == (160, 1.0)
+
+
+def test_a_partly_done_prefill_does_not_push_a_prefix_hit_onto_a_cold_instance() -> None:
+    """p1 holds 8 of the prompt's 10 pages and is 3/4 through a 160-token prompt of ours: 40 left + 32 uncached
+    beats computing all 160 on idle p2. Counting the running prefill whole (160 + 32) sent it to p2."""
+    r, now = _timed_router()
+    only_p1 = Pools(decode=(cand("d1", "decode"),), prefill=(cand("p1"),))
+    warm = _lease_on(r, only_p1, tuple(range(3000, 3000 + 10 * P)))
+    now[0] = 1.0
+    warm.first_token()  # p1 computes 160 tokens/s
+    warm.release()
+    held(r, "p1", PROMPT, pages=8)
+    running = _lease_on(r, only_p1, tuple(range(4000, 4000 + 10 * P)))
+    pools = Pools(decode=(cand("d1", "decode"),), prefill=(cand("p1"), cand("p2")))
+    now[0] = 1.75
+    plan = r.plan(req(), pools)
+    assert plan.prefill is not None and plan.prefill.instance_id == "p1" and plan.cached_tokens == 8 * P
+    now[0] = 1.05  # just started: 152 left + 32 > 160
+    assert r.plan(req(), pools).prefill.instance_id == "p2"  # type: ignore[union-attr]
+    running.release()
+
+
 def test_kv_aware_worker_prefers_prefix_when_idle_and_load_when_busy() -> None:
     r = Router(make_policy("kv_aware"))
     held(r, "w2", PROMPT, pages=10)
