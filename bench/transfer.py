@@ -41,6 +41,8 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
+from bench.kv_churn import Churn, decode_pages, num_descriptors, prefill_pages
+
 DEFAULT_SIZES = "64K,256K,1M,4M,16M,64M"
 TARGET_RATIO, TARGET_MIN_BYTES = 0.7, 16 << 20  # NIXL should reach 0.7x memcpy from 16 MiB batches up
 LAYOUTS = ("allocator", "scattered", "contiguous")
@@ -118,7 +120,7 @@ def measure(
     iters: int,
     host: str,
     seed: int,
-    layout: str = "scattered",
+    layout: str = "allocator",
     huge_pages: bool = True,
 ) -> dict[str, Any]:
     import torch
@@ -128,8 +130,6 @@ def measure(
     from shared.transfer.hostmem import alloc_host_buffer
 
     torch.set_num_threads(1)  # memcpy on one core, like the single-threaded transfer it is compared with
-    from bench.kv_churn import Churn, decode_pages, num_descriptors, prefill_pages
-
     max_pages = max(sizes) // page_bytes
     pool_pages = POOL_BATCHES * max_pages
     # the writer's pool, page-major: page i = bytes [i * page_bytes, (i + 1) * page_bytes); [pool_bytes / 4] fp32
@@ -137,20 +137,12 @@ def measure(
     src.copy_(torch.randn(src.shape))
     copy_dst = alloc_host_buffer(src.shape, huge_pages=huge_pages)
     copy_dst.fill_(0)
-    rng = random.Random(seed)
     # size: as asked (what the target refers to); bytes: the whole pages moved
-    rows: list[dict[str, Any]] = [{"size": s, "bytes": s // page_bytes * page_bytes, "pages": s // page_bytes} for s in sizes]
-    churn = Churn(pool_pages=pool_pages, max_request_pages=max_pages)
-    pages: list[tuple[list[int], list[int]]] = []  # (source ids, destination ids) per row, the same for every backend
-    for i, row in enumerate(rows):
-        n = row["pages"]
-        if layout == "contiguous":
-            src_ids = dst_ids = list(range(n))
-        elif layout == "allocator":  # two instances, two histories
-            src_ids, dst_ids = prefill_pages(churn, n, seed * 7919 + 2 * i), decode_pages(churn, n, seed * 7919 + 2 * i + 1)
-        else:
-            src_ids, dst_ids = rng.sample(range(pool_pages), n), rng.sample(range(pool_pages), n)
-        pages.append((src_ids, dst_ids))
+    rows: list[dict[str, Any]] = [
+        {"size": s, "bytes": s // page_bytes * page_bytes, "pages": s // page_bytes} for s in sizes
+    ]
+    pages = _page_lists(layout, [r["pages"] for r in rows], pool_pages, seed)  # the same for every backend
+    for row, (src_ids, dst_ids) in zip(rows, pages):
         row["descriptors"] = num_descriptors(src_ids, dst_ids)
     times: dict[tuple[int, str], list[float]] = {}  # (row index, "memcpy" | "cma" | backend) -> seconds per batch
     ratios: dict[tuple[int, str], list[float]] = {}  # (row index, "cma" | backend) -> memcpy time / its time
@@ -186,6 +178,22 @@ def measure(
             if (i, key) in ratios:
                 row[f"{key}_ratio"] = statistics.median(ratios[i, key])
     return {"page_bytes": page_bytes, "layout": layout, "huge_pages": huge_pages, "backends": backends, "rows": rows}
+
+
+def _page_lists(layout: str, counts: list[int], pool_pages: int, seed: int) -> list[tuple[list[int], list[int]]]:
+    """(source page ids, destination page ids) for a batch of each count of pages, placed as the layout says."""
+    churn = Churn(pool_pages=pool_pages, max_request_pages=max(counts))
+    rng = random.Random(seed)
+    out = []
+    for i, n in enumerate(counts):
+        if layout == "contiguous":
+            out.append((list(range(n)), list(range(n))))
+        elif layout == "allocator":  # two instances with their own histories
+            base = seed * 7919 + 2 * i
+            out.append((prefill_pages(churn, n, base), decode_pages(churn, n, base + 1)))
+        else:
+            out.append((rng.sample(range(pool_pages), n), rng.sample(range(pool_pages), n)))
+    return out
 
 
 def _cma_writer(pid: int, src: list[Any], dst: list[Any]) -> Any:
