@@ -140,7 +140,8 @@ def prefix_stats(before: dict[str, dict[str, float]], after: dict[str, dict[str,
 
 
 async def _measure(base_url: str, requests: list[BenchRequest], ns: argparse.Namespace, tok: BenchTokenizer,
-                   prefills: dict[str, str], slo: Slo | None, percentiles: tuple[float, ...]) -> dict[str, Any]:
+                   prefills: dict[str, str], slo: Slo | None, percentiles: tuple[float, ...],
+                   deadline: float) -> dict[str, Any]:
     conns = max(1, min(len(requests), ns.max_concurrency or len(requests)))
     http = make_http(ns.http_client, base_url, api_key=ns.api_key, max_connections=conns)
     try:
@@ -152,7 +153,7 @@ async def _measure(base_url: str, requests: list[BenchRequest], ns: argparse.Nam
             warm = random_dataset(tok, num_prompts=ns.num_warmups, input_len=WARMUP_INPUT_LEN, output_len=4,
                                   seed=ns.seed + 7919)
             out = await warm_up(http, opts, warm, max_concurrency=ns.max_concurrency, timeout_s=ns.timeout_s,
-                                count_tokens=tok.count)
+                                count_tokens=tok.count, deadline_s=max(0.0, deadline - time.monotonic()))
             bad = [r.error for r in out.results if not r.success]
             if bad:
                 raise RuntimeError(f"warm-up requests to {base_url} failed: {bad[0]}")
@@ -160,7 +161,8 @@ async def _measure(base_url: str, requests: list[BenchRequest], ns: argparse.Nam
         before = await asyncio.to_thread(snap)
         workload = Workload(tuple(requests), request_rate=ns.request_rate, burstiness=ns.burstiness,
                             max_concurrency=ns.max_concurrency, seed=ns.seed, timeout_s=ns.timeout_s)
-        outcome = await run_workload(http, opts, workload, count_tokens=tok.count)
+        outcome = await run_workload(http, opts, workload, count_tokens=tok.count,
+                                     deadline_s=max(0.0, deadline - time.monotonic()))
         after = await asyncio.to_thread(snap)
     finally:
         await http.aclose()
@@ -179,7 +181,8 @@ def _log(msg: str) -> None:
 
 
 def _run_one(policy: str, topo: Topology, requests: list[BenchRequest], ns: argparse.Namespace,
-             tok: BenchTokenizer, slo: Slo | None, percentiles: tuple[float, ...], tmp: Path) -> dict[str, Any]:
+             tok: BenchTokenizer, slo: Slo | None, percentiles: tuple[float, ...], tmp: Path,
+             deadline: float) -> dict[str, Any]:
     from shared.cluster.handshake import read_ready_file
     from shared.cluster.localcluster import detached
 
@@ -199,7 +202,8 @@ def _run_one(policy: str, topo: Topology, requests: list[BenchRequest], ns: argp
                 prefills[c.instance_id] = info.metrics
         _log(f"{policy}: ready in {time.monotonic() - t0:.0f} s; gateway http://{gateway.http}; "
              f"{len(requests)} requests, concurrency {ns.max_concurrency or 'unlimited'}")
-        summary = asyncio.run(_measure(f"http://{gateway.http}", requests, ns, tok, prefills, slo, percentiles))
+        summary = asyncio.run(_measure(f"http://{gateway.http}", requests, ns, tok, prefills, slo, percentiles,
+                                       deadline))
     finally:
         detached.stop(run_dir, timeout_s=30.0, say=lambda m: _log(f"{policy}: {m}"))
     summary["label"] = policy
@@ -252,16 +256,18 @@ def run_policies(ns: argparse.Namespace, requests: list[BenchRequest], tok: Benc
     topo = Topology(ns.prefill_instances, ns.decode_instances, ns.prefill_num_pages, str(tokenizer_dir),
                     tuple(shlex.split(ns.cluster_flags)))
     summaries: list[dict[str, Any]] = []
+    deadline = time.monotonic() + ns.total_timeout_s  # a late policy's run stops there, reported as partial
     with tempfile.TemporaryDirectory(prefix="pdrelay-bench-policies-") as tmp:
         for policy in policies:
-            summaries.append(_run_one(policy, topo, requests, ns, tok, slo, percentiles, Path(tmp)))
+            summaries.append(_run_one(policy, topo, requests, ns, tok, slo, percentiles, Path(tmp), deadline))
+    partial = any(s["partial"] for s in summaries)
     print(f"Topology (each policy): {topo.describe()}")
     print(f"Workload: {workload_line(ns)}; fresh cluster per policy, in this order: {', '.join(policies)}")
-    print(format_table("Routing policies (same workload, one run)", summaries[0], percentiles, compare=summaries[1],
+    title = "Routing policies (same workload, one run)" + (" (partial)" if partial else "")
+    print(format_table(title, summaries[0], percentiles, compare=summaries[1],
                        labels=(summaries[0]["label"], summaries[1]["label"])))
     for line in policy_lines(summaries):
         print(line)
-    partial = any(s["partial"] for s in summaries)
     if ns.output_json:
         doc = {**settings, "topology": topo.describe(), "policies": summaries, "partial": partial,
                "ttft_ratios": {s["label"]: dict(zip(("mean", "median"), ttft_ratios(s, summaries[0]), strict=True))
