@@ -2,7 +2,7 @@
 
 `tokenizers.Tokenizer.encode` spends most of its time outside the BPE merges: the pre-tokenizer's Oniguruma
 regex (~1.4 us per word), offsets, and building the Encoding. For a GPT-2 style pipeline (no normalizer,
-byte-level pre-tokenizer, BPE, a post-processor that adds nothing) the same ids come from:
+byte-level pre-tokenizer, BPE) the same ids come from:
 
     split out added tokens (leftmost-longest, like the Rust AhoCorasick)
     -> split each remaining segment with the pre-tokenizer's regex (Python `regex`, ~0.3 us per word)
@@ -12,8 +12,9 @@ The per-word cache is what makes it cheap: words repeat across prompts (system p
 words), so a warm cache turns a word into one dict lookup. A miss asks the Rust BPE model for that one word.
 With the GPT-2 pattern, a segment whose words are separated by single spaces skips the regex: `str.split(" ")`
 chunks are looked up whole (half the cost again).
-`ByteLevelEncoder.of(tokenizer)` returns None for any other pipeline shape; the caller then keeps the Rust
-`encode`. Tests compare the ids with the Rust pipeline on random text, Unicode and special tokens.
+`encode` gives the ids without the post-processor's special tokens (`add_special_tokens=False`); callers that
+want them keep the Rust `encode` when `adds_special_tokens(tokenizer)`. `ByteLevelEncoder.of(tokenizer)` returns
+None for any other pipeline shape; the caller then keeps the Rust `encode`. Tests compare the ids with the Rust pipeline on random text, Unicode and special tokens.
 """
 
 from __future__ import annotations
@@ -46,6 +47,12 @@ def _unassigned_chars() -> regex.Pattern[str]:
             ranges.append(f"\\U{start:08x}-\\U{cp - 1:08x}")
             start = None
     return regex.compile("[" + "".join(ranges) + "]")
+
+
+def adds_special_tokens(tokenizer: Any) -> bool:
+    """Whether `encode(text, add_special_tokens=True)` adds tokens (BOS/EOS from the post-processor)."""
+    post = tokenizer.post_processor
+    return post is not None and post.num_special_tokens_to_add(False) > 0
 
 
 def byte_to_char() -> list[str]:
@@ -116,9 +123,6 @@ class ByteLevelEncoder:
         pattern = _split_pattern(spec.get("pre_tokenizer"))
         if pattern is None:
             return None
-        post = tokenizer.post_processor
-        if post is not None and (post.num_special_tokens_to_add(False) or post.num_special_tokens_to_add(True)):
-            return None  # BOS/EOS added by the post-processor: keep the Rust path
         added: dict[str, int] = {}
         for token_id, tok in tokenizer.get_added_tokens_decoder().items():
             if tok.lstrip or tok.rstrip or tok.single_word or not tok.content:

@@ -17,7 +17,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from services.gateway.fast_encode import ByteLevelEncoder
+from services.gateway.fast_encode import ByteLevelEncoder, adds_special_tokens
 
 # Keys of config.json that hold the context length, by model family (first found wins).
 _CONTEXT_KEYS = ("max_position_embeddings", "n_positions", "max_sequence_length", "seq_length", "max_seq_len")
@@ -71,6 +71,7 @@ class GatewayTokenizer:
         self._byte_table = _byte_level_table() if self._byte_level else {}
         self._text_cache: dict[int, str] = {}
         self._encoder = ByteLevelEncoder.of(self.fast)  # None: not a pipeline it reproduces; use the Rust one
+        self._post_adds = adds_special_tokens(self.fast)  # BOS/EOS on plain text: the Rust path adds them
         self._bytes_cache: dict[int, bytes] = {}
 
     @classmethod
@@ -126,7 +127,7 @@ class GatewayTokenizer:
         return self.fast.encode(text, add_special_tokens=False).ids
 
     def encode_text(self, text: str, *, add_special_tokens: bool = True) -> list[int]:
-        if self._encoder is not None:  # (only for pipelines whose post-processor adds no special tokens)
+        if self._encoder is not None and not (add_special_tokens and self._post_adds):
             return self._encoder.encode(text)
         return self.fast.encode(text, add_special_tokens=add_special_tokens).ids
 

@@ -104,13 +104,32 @@ def test_pipelines_it_cannot_reproduce_are_declined(bundled_tokenizer: Tokenizer
     tok.normalizer = normalizers.NFC()
     assert ByteLevelEncoder.of(tok) is None
     tok = Tokenizer.from_str(bundled_tokenizer.to_str())
-    tok.post_processor = processors.TemplateProcessing(single="<|endoftext|> $A", special_tokens=[("<|endoftext|>", 0)])
-    assert ByteLevelEncoder.of(tok) is None
-    tok = Tokenizer.from_str(bundled_tokenizer.to_str())
     tok.add_tokens([AddedToken("<tool>", lstrip=True)])
     assert ByteLevelEncoder.of(tok) is None
     with_prefix = json.loads(bundled_tokenizer.to_str())["pre_tokenizer"] | {"add_prefix_space": True}
     assert ByteLevelEncoder.of(_with(bundled_tokenizer, pre_tokenizer=with_prefix)) is None
+
+
+def test_a_post_processor_bos_is_left_to_the_rust_path(bundled_model_dir: Path, tmp_path: Path) -> None:
+    """A tokenizer that adds BOS to plain text (Llama 3 style): chat prompts (whose template writes its own
+    special tokens) still use the encoder; text with add_special_tokens gets the BOS from the Rust path."""
+    for name in ("tokenizer_config.json", "config.json", "chat_template.jinja"):
+        src = Path(bundled_model_dir) / name
+        if src.exists():
+            (tmp_path / name).write_bytes(src.read_bytes())
+    spec = json.loads((Path(bundled_model_dir) / "tokenizer.json").read_text())
+    spec["post_processor"] = json.loads(processors.TemplateProcessing(
+        single="<|endoftext|> $A", special_tokens=[("<|endoftext|>", 0)]).__getstate__())
+    (tmp_path / "tokenizer.json").write_text(json.dumps(spec))
+    tok = GatewayTokenizer.from_dir(tmp_path)
+    assert tok._encoder is not None and tok._post_adds
+    text = "Hello there, world"
+    want = tok.fast.encode(text).ids
+    assert want[0] == 0 and tok.encode_text(text) == want
+    assert tok.encode_text(text, add_special_tokens=False) == tok.fast.encode(text, add_special_tokens=False).ids
+    messages = [{"role": "user", "content": "Name a colour."}]
+    rendered = tok.render_chat(messages)
+    assert tok.encode_chat(messages) == tok.fast.encode(rendered, add_special_tokens=False).ids
 
 
 def test_gateway_tokenizer_uses_it_and_agrees_with_transformers(bundled_model_dir: Path) -> None:
