@@ -234,6 +234,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--url", default=None, help="also drive an OpenAI-compatible server at this base URL")
     p.add_argument("--url-model", default=None, help="model name for --url (default: the server's first model)")
     p.add_argument("--url-text", action="store_true", help="send prompts to --url as text, not token ids")
+    p.add_argument("--dtype", default="float32", choices=("float32", "bfloat16"),
+                   help="weights and activations of BOTH the engine and the HF baseline (bfloat16: the same "
+                        "comparison where the CPU has bf16 matmuls; the roofline's matmul rate stays fp32)")
     p.add_argument("--page-size", type=int, default=16)
     p.add_argument("--kv-budget-mb", type=int, default=1024, help="KV pool size in MiB")
     p.add_argument("--chunked-prefill-size", type=int, default=512)
@@ -267,7 +270,7 @@ def run(ns: argparse.Namespace) -> int:
     workloads = [w for w in make_workloads(_vocab_size(model_dir), quick=ns.quick, seed=ns.seed,
                                            concurrency=concs) if w.name.split("-")[0] in wanted]
     max_conc = max(w.concurrency for w in workloads)
-    runner = ModelRunner(model_dir, page_size=ns.page_size, kv_budget_bytes=ns.kv_budget_mb << 20,
+    runner = ModelRunner(model_dir, dtype=ns.dtype, page_size=ns.page_size, kv_budget_bytes=ns.kv_budget_mb << 20,
                          max_batch_tokens=max(ns.chunked_prefill_size, max_conc))
     metered = MeteredRunner(runner)
     engine = Engine(metered, page_size=ns.page_size, max_running_requests=max_conc,
@@ -280,7 +283,7 @@ def run(ns: argparse.Namespace) -> int:
     if ns.hf:
         from transformers import AutoModelForCausalLM
 
-        hf = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
+        hf = AutoModelForCausalLM.from_pretrained(model_dir, dtype=getattr(torch, ns.dtype)).eval()
         hf.generation_config.eos_token_id = None  # ignore_eos, like the engine
     server_model, server_tok = None, None
     if ns.url:
@@ -297,7 +300,7 @@ def run(ns: argparse.Namespace) -> int:
         run_hf(hf, warm)
 
     results: list[dict[str, Any]] = []
-    print(f"model {ns.model}  threads {threads}  matmul {machine['matmul_gflops']:.0f} GFLOPS  "
+    print(f"model {ns.model}  {ns.dtype}  threads {threads}  matmul {machine['matmul_gflops']:.0f} GFLOPS  "
           f"copy {machine['copy_gbps']:.1f} GB/s  weights {metered._weight_bytes / 1e6:.0f} MB", flush=True)
     for i, w in enumerate(workloads):
         res: dict[str, Any] = {"workload": w.name, "concurrency": w.concurrency, "requests": len(w.requests),
@@ -321,7 +324,8 @@ def run(ns: argparse.Namespace) -> int:
             res["ratio_vs_server"] = eng["output_tok_s"] / res["server"]["output_tok_s"]
         results.append(res)
         print(_row(res), flush=True)
-    summary = {"model": ns.model, "quick": ns.quick, "repeat": ns.repeat, "machine": machine, "results": results,
+    summary = {"model": ns.model, "dtype": ns.dtype, "quick": ns.quick, "repeat": ns.repeat, "machine": machine,
+               "results": results,
                "targets": _targets(results, ns.quick)}
     for line in _target_lines(summary["targets"]):
         print(line)

@@ -6,6 +6,8 @@ import argparse
 import json
 from pathlib import Path
 
+import pytest
+
 from bench.engine import add_arguments, make_workloads, run
 from tests.helpers.tiny_models import tiny_llama_dir  # noqa: F401
 
@@ -21,14 +23,17 @@ def test_workloads_follow_the_spec():
     assert make_workloads(49152, quick=False, seed=0, concurrency=None)[-1] == varied  # seeded
 
 
-def test_quick_run_reports_ratios_and_roofline(tiny_llama_dir: Path, tmp_path: Path, capsys):  # noqa: F811
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_quick_run_reports_ratios_and_roofline(dtype: str, tiny_llama_dir: Path, tmp_path: Path,  # noqa: F811
+                                               capsys):
     p = argparse.ArgumentParser()
     add_arguments(p)
     out = tmp_path / "r.json"
     ns = p.parse_args(["--quick", "--threads", "1", "--model", str(tiny_llama_dir), "--json-out", str(out),
-                       "--kv-budget-mb", "16"])
+                       "--kv-budget-mb", "16", "--dtype", dtype])
     assert run(ns) == 0
     res = json.loads(out.read_text())
+    assert res["dtype"] == dtype
     assert res["machine"]["matmul_gflops"] > 0 and res["machine"]["copy_gbps"] > 0
     names = [r["workload"] for r in res["results"]]
     assert names == ["uniform-32/8", "uniform-32/8", "varied"]
@@ -39,7 +44,7 @@ def test_quick_run_reports_ratios_and_roofline(tiny_llama_dir: Path, tmp_path: P
         assert 0 < e["overhead_share"] < 1 and 0 < e["roofline_fraction"] <= 1.0
         assert e["step_ms_p50"] <= e["step_ms_p99"]
     printed = capsys.readouterr().out
-    assert "tok/s" in printed and "roofline" in printed
+    assert "tok/s" in printed and "roofline" in printed and f"  {dtype}  " in printed
 
 
 def test_url_mode_drives_an_openai_compatible_server():
