@@ -212,7 +212,7 @@ class PrefillServicer(worker_pb2_grpc.PrefillServicer):
             t_sent = time.monotonic()
             checksum = await asyncio.to_thread(transfer.checksum, src_pages)
             self._observe(first, t_start, accepted[0], t_pinned, t_write, t_sent, len(src_pages), handle.nbytes,
-                          ticket.decode_instance_id)
+                          handle.num_descs, ticket.decode_instance_id)
             if svc.faults.active("prefill_corrupt_checksum"):
                 checksum ^= 1
         finally:
@@ -240,7 +240,7 @@ class PrefillServicer(worker_pb2_grpc.PrefillServicer):
         return resp
 
     def _observe(self, first: RequestOutput, t_start: float, t_accepted: float, t_pinned: float, t_write: float,
-                 t_sent: float, pages: int, nbytes: int, decode_id: str) -> None:
+                 t_sent: float, pages: int, nbytes: int, descs: int, decode_id: str) -> None:
         """Metrics and spans of one hand-off's phases (monotonic times), the checksum ending now."""
         tel = self.svc.telemetry
         m = tel.metrics.prefill
@@ -249,6 +249,7 @@ class PrefillServicer(worker_pb2_grpc.PrefillServicer):
         m.transfer.observe(t_sent - t_write)
         m.transfer_bytes.inc(nbytes)
         m.transfer_pages.inc(pages)
+        m.transfer_descs.inc(descs)
         tr = tel.tracing
         if not tr.enabled:
             return
@@ -260,6 +261,6 @@ class PrefillServicer(worker_pb2_grpc.PrefillServicer):
         took = max(t_sent - t_write, 1e-9)
         tr.record(spans.KV_TRANSFER, t_write, t_sent, {
             spans.TRANSFER_BACKEND: self.svc.transfer.backend if self.svc.transfer else "", spans.TRANSFER_BYTES:
-            nbytes, spans.TRANSFER_PAGES: pages, spans.TRANSFER_GBPS: nbytes / took / 1e9,
+            nbytes, spans.TRANSFER_PAGES: pages, spans.TRANSFER_DESCS: descs, spans.TRANSFER_GBPS: nbytes / took / 1e9,
             spans.DECODE_INSTANCE: decode_id})
         tr.record(spans.PREFILL_CHECKSUM, t_sent, time.monotonic(), {spans.PAGES: pages})

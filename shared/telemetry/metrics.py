@@ -10,6 +10,7 @@ Each service owns one registry (served on --metrics-port, see metrics_server.py)
     pdrelay:prefill_compute_seconds       histogram  engine accepted -> first token, prompt KV pinned (prefill)
     pdrelay:kv_transfer_seconds           histogram  one hand-off's KV write (prefill, the writer)
     pdrelay:kv_transfer_bytes_total / pdrelay:kv_transfer_pages_total   counters
+    pdrelay:kv_transfer_descriptors_total                               counter (pages merged into descriptors)
 
 and read from the engine at scrape time (EngineCollector; nothing is counted twice on the request path):
     pdrelay:num_requests_running / pdrelay:num_requests_waiting        gauges
@@ -102,6 +103,9 @@ class PrefillMetrics:
                                       registry=registry)
         self.transfer_pages = Counter("pdrelay:kv_transfer_pages", "KV pages written into decode instances",
                                       registry=registry)
+        # pages / descriptors = how well hand-offs coalesce (each descriptor has a fixed cost in the backend)
+        self.transfer_descs = Counter("pdrelay:kv_transfer_descriptors", "Transfer descriptors the KV writes became "
+                                      "after merging pages contiguous on both sides", registry=registry)
 
 
 class EngineCollector(Collector):

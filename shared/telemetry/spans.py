@@ -87,6 +87,7 @@ SKIP_TOKENS = "pdrelay.kv.skip_tokens"
 TRANSFER_BACKEND = "pdrelay.transfer.backend"
 TRANSFER_BYTES = "pdrelay.transfer.bytes"
 TRANSFER_PAGES = "pdrelay.transfer.pages"
+TRANSFER_DESCS = "pdrelay.transfer.descriptors"  # after coalescing adjacent pages: what the backend moved
 TRANSFER_GBPS = "pdrelay.transfer.gb_per_s"
 HTTP_ROUTE = "http.route"
 HTTP_STATUS = "http.response.status_code"

@@ -334,6 +334,7 @@ async def test_metrics_count_the_requests_sent(cluster: Cluster):
     prompt_pages = sum(math.ceil(p / PAGE_SIZE) for _, p in sent)
     assert delta("prefill-1", "pdrelay:kv_transfer_seconds_count") == n
     assert delta("prefill-1", "pdrelay:kv_transfer_pages_total") == prompt_pages
+    assert n <= delta("prefill-1", "pdrelay:kv_transfer_descriptors_total") <= prompt_pages
     assert delta("prefill-1", "pdrelay:kv_transfer_bytes_total") == prompt_pages * _page_bytes(cluster.model_dir)
     assert delta("prefill-1", "pdrelay:prefill_queue_time_seconds_count") == n
     assert delta("decode-1", "pdrelay:handoffs_total") == n
