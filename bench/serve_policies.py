@@ -2,7 +2,7 @@
 cluster per gateway routing policy, started back to back (`pdrelay up` machinery: etcd, NATS, a gateway, prefill
 and decode instances on free ports), and the TTFT ratio with each policy's prefix-cache hit rate.
 
-    flock /tmp/pdrelay-bench.lock pdrelay bench serve --compare-policies kv_aware,round_robin \\
+    pdrelay bench serve --compare-policies kv_aware,round_robin \\
         --dataset shared-prefix --shared-prefix-groups 8 --num-prompts 48 --random-input-len 32 \\
         --random-output-len 8 --max-concurrency 2 --prefill-instances 2 --decode-instances 2 --prefill-num-pages 160
 
