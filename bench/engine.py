@@ -62,18 +62,25 @@ def make_workloads(vocab: int, *, quick: bool, seed: int, concurrency: Sequence[
 
 # ---- machine roofline ---------------------------------------------------------------------------------------------
 def measure_machine(hidden: int, intermediate: int, batch: int) -> dict[str, float]:
-    """Matmul GFLOPS on the model's MLP shape ([batch, hidden] x [hidden, intermediate], fp32) and copy GB/s."""
+    """Matmul GFLOPS on the model's MLP shape ([batch, hidden] x [hidden, intermediate], fp32; the faster of
+    torch's F.linear and prepacked oneDNN, so the roofline is the best this machine does, whichever kernel the
+    engine runs) and copy GB/s."""
     import torch
 
+    from shared.kernels.linear import OneDnnLinear, TorchLinear, onednn_available
+
     a = torch.randn(batch, hidden)
-    w = torch.randn(hidden, intermediate)
-    for _ in range(3):
-        a @ w
-    reps, t0 = 0, time.perf_counter()
-    while time.perf_counter() - t0 < 0.5:
-        a @ w
-        reps += 1
-    gflops = 2 * batch * hidden * intermediate * reps / (time.perf_counter() - t0) / 1e9
+    w = torch.randn(intermediate, hidden)
+    gflops = 0.0
+    for kernel in (TorchLinear(), OneDnnLinear()) if onednn_available() else (TorchLinear(),):
+        packed = kernel.pack(w)
+        for _ in range(3):
+            kernel.apply(a, packed)
+        reps, t0 = 0, time.perf_counter()
+        while time.perf_counter() - t0 < 0.5:
+            kernel.apply(a, packed)
+            reps += 1
+        gflops = max(gflops, 2 * batch * hidden * intermediate * reps / (time.perf_counter() - t0) / 1e9)
     src = torch.empty(64 << 20, dtype=torch.float32).fill_(1.0)  # 256 MiB: far larger than the caches
     dst = torch.empty_like(src)
     dst.copy_(src)
@@ -106,7 +113,7 @@ class MeteredRunner:
         self._head_flops = 2 * a.hidden_size * a.vocab_size  # per token that needs logits
         self._attn_flops = 4 * a.num_layers * q  # per (query token, context token) pair: QK^T and PV
         elt = runner.layout.dtype_bytes
-        self._weight_bytes = sum(p.numel() * p.element_size() for p in runner.model.parameters())
+        self._weight_bytes = runner.model.weight_bytes
         self._kv_token_bytes = a.num_layers * 2 * kv * elt
 
     def __getattr__(self, name: str) -> Any:
@@ -237,6 +244,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--dtype", default="float32", choices=("float32", "bfloat16"),
                    help="weights and activations of BOTH the engine and the HF baseline (bfloat16: the same "
                         "comparison where the CPU has bf16 matmuls; the roofline's matmul rate stays fp32)")
+    p.add_argument("--linear-backend", default="auto", choices=("auto", "torch", "onednn"),
+                   help="the engine's dense projections (auto: prepacked oneDNN for float32 on CPU); HF always "
+                        "runs torch's F.linear")
     p.add_argument("--page-size", type=int, default=16)
     p.add_argument("--kv-budget-mb", type=int, default=1024, help="KV pool size in MiB")
     p.add_argument("--chunked-prefill-size", type=int, default=512)
@@ -271,6 +281,7 @@ def run(ns: argparse.Namespace) -> int:
                                            concurrency=concs) if w.name.split("-")[0] in wanted]
     max_conc = max(w.concurrency for w in workloads)
     runner = ModelRunner(model_dir, dtype=ns.dtype, page_size=ns.page_size, kv_budget_bytes=ns.kv_budget_mb << 20,
+                         linear_backend=ns.linear_backend,
                          max_batch_tokens=max(ns.chunked_prefill_size, max_conc))
     metered = MeteredRunner(runner)
     engine = Engine(metered, page_size=ns.page_size, max_running_requests=max_conc,
@@ -300,7 +311,7 @@ def run(ns: argparse.Namespace) -> int:
         run_hf(hf, warm)
 
     results: list[dict[str, Any]] = []
-    print(f"model {ns.model}  {ns.dtype}  threads {threads}  matmul {machine['matmul_gflops']:.0f} GFLOPS  "
+    print(f"model {ns.model}  {ns.dtype}  linear {runner.linear.name}  threads {threads}  matmul {machine['matmul_gflops']:.0f} GFLOPS  "
           f"copy {machine['copy_gbps']:.1f} GB/s  weights {metered._weight_bytes / 1e6:.0f} MB", flush=True)
     for i, w in enumerate(workloads):
         res: dict[str, Any] = {"workload": w.name, "concurrency": w.concurrency, "requests": len(w.requests),
@@ -324,7 +335,7 @@ def run(ns: argparse.Namespace) -> int:
             res["ratio_vs_server"] = eng["output_tok_s"] / res["server"]["output_tok_s"]
         results.append(res)
         print(_row(res), flush=True)
-    summary = {"model": ns.model, "dtype": ns.dtype, "quick": ns.quick, "repeat": ns.repeat, "machine": machine,
+    summary = {"model": ns.model, "dtype": ns.dtype, "linear_backend": runner.linear.name, "quick": ns.quick, "repeat": ns.repeat, "machine": machine,
                "results": results,
                "targets": _targets(results, ns.quick)}
     for line in _target_lines(summary["targets"]):

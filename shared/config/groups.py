@@ -74,6 +74,8 @@ class ParallelConfig:
 class KernelConfig:
     attention_backend: A[str, Arg("Attention kernels ('auto': triton on GPU, torch on CPU)",
                                   choices=("auto", "torch", "triton"))] = "auto"
+    linear_backend: A[str, Arg("Dense projections ('auto': oneDNN over prepacked weights for fp32 on CPU, "
+                               "torch's F.linear elsewhere)", choices=("auto", "torch", "onednn"))] = "auto"
     sampling_backend: A[str, Arg("Sampling implementation", choices=("torch",))] = "torch"
 
 

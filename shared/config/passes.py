@@ -113,6 +113,22 @@ def resolve_attention_backend(cfg: ResolvedConfig, ctx: PassContext) -> Resolved
     return cfg.derive("kernels.attention_backend", backend, f"auto: {backend} on {cfg.device.device}")
 
 
+def resolve_linear_backend(cfg: ResolvedConfig, ctx: PassContext) -> ResolvedConfig:
+    """linear_backend is concrete: auto -> onednn for float32 on cpu, torch otherwise; onednn on cuda is an error."""
+    if not cfg.has("kernels"):
+        return cfg
+    backend, device = cfg.kernels.linear_backend, cfg.device.device
+    if backend == "onednn" and device != "cpu":
+        raise cfg.origin("kernels.linear_backend").fail(backend, f"runs on cpu, not {device}",
+                                                        "use --linear-backend torch (or auto)")
+    if backend != "auto":
+        return cfg
+    dtype = cfg.model.dtype if cfg.has("model") else "float32"
+    if device == "cpu" and dtype == "float32":
+        return cfg.derive("kernels.linear_backend", "onednn", "auto: prepacked oneDNN GEMMs for float32 on cpu")
+    return cfg.derive("kernels.linear_backend", "torch", f"auto: torch F.linear for {dtype} on {device}")
+
+
 # -- model ----------------------------------------------------------------------------------------------------------
 def resolve_served_model_name(cfg: ResolvedConfig, ctx: PassContext) -> ResolvedConfig:
     """served_model_name is set: the bundled model's name without 'bundled:', else the model directory's name.
@@ -331,6 +347,7 @@ PASSES: tuple[Pass, ...] = (
     resolve_kv_cache_dtype,
     resolve_threads,
     resolve_attention_backend,
+    resolve_linear_backend,
     resolve_served_model_name,
     check_page_size,
     check_context_length,

@@ -196,7 +196,9 @@ class Engine:
                        scheduler.max_running_requests)
         runner = ModelRunner(path, dtype=dtype, device=dev, num_pages=cache.num_pages or None,
                              kv_budget_bytes=(cache.kv_cache_memory_bytes or None) if not cache.num_pages else None,
-                             page_size=cache.page_size, attention_backend=backend, max_batch_tokens=max_step,
+                             page_size=cache.page_size, attention_backend=backend,
+                             linear_backend=kernels.linear_backend if kernels is not None else "auto",
+                             max_batch_tokens=max_step,
                              context_length=model.context_length, cuda_graph_bs=_graph_sizes(cuda_graph))
         tok_dir = tokenizer.tokenizer if tokenizer is not None and tokenizer.tokenizer else str(path)
         from transformers import AutoTokenizer

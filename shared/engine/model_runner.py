@@ -23,6 +23,7 @@ from shared.engine.types import KVLayout, SchedulerOutput
 from shared.engine.weights import load_weights
 from shared.kernels.dispatch import select_attention_backend
 from shared.kernels.elementwise import elementwise_ops
+from shared.kernels.linear import select_linear_backend
 
 # When neither num_pages nor kv_budget_bytes is given: enough for a few full batches, small enough for a laptop.
 DEFAULT_KV_BUDGET_BYTES = 512 * 1024 * 1024
@@ -36,7 +37,7 @@ class ModelRunner:
     """One model + one KV pool on one device.
 
     Attributes: layout (KVLayout), kv (KVPool), num_pages, vocab_size, hf_config (transformers config, lazy),
-    arch (our parsed config), eos_token_ids, context_length, page_size, device, dtype, model, graphs (the
+    arch (our parsed config), attn and linear (the kernel backends), eos_token_ids, context_length, page_size, device, dtype, model, graphs (the
     CUDA-graph decode runner, or None: on CPU, without cuda_graph_bs, or with a backend that cannot be captured).
     """
 
@@ -50,6 +51,7 @@ class ModelRunner:
         kv_budget_bytes: int | None = None,
         page_size: int = 16,
         attention_backend: str = "torch",
+        linear_backend: str = "auto",
         max_batch_tokens: int = 4096,
         context_length: int | None = None,
         cuda_graph_bs: Sequence[int] = (),
@@ -76,6 +78,8 @@ class ModelRunner:
         load_weights(self.model, self.model.hf_weight_map(), model_dir, tied_lm_head=self.arch.tie_word_embeddings)
         self.model.eval()
         self.model.to_device(self.device)
+        self.linear = select_linear_backend(linear_backend, self.device, self.dtype)
+        self.model.use_linear(self.linear)
 
         self.layout = KVLayout(
             dtype=dtype,

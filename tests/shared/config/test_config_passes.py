@@ -87,6 +87,16 @@ def test_attention_backend(make_ctx, ctx: PassContext) -> None:
     assert resolve("worker", ["--attention-backend", "triton"], env={}, ctx=ctx).kernels.attention_backend == "triton"
 
 
+def test_linear_backend(make_ctx, ctx: PassContext) -> None:
+    assert resolve("worker", env={}, ctx=ctx).kernels.linear_backend == "onednn"
+    _derived(resolve("worker", env={}, ctx=ctx), "kernels.linear_backend")
+    assert resolve("worker", ["--dtype", "bfloat16"], env={}, ctx=ctx).kernels.linear_backend == "torch"
+    assert resolve("worker", env={}, ctx=make_ctx(cuda=True, gpus=1)).kernels.linear_backend == "torch"
+    assert resolve("worker", ["--linear-backend", "torch"], env={}, ctx=ctx).kernels.linear_backend == "torch"
+    with pytest.raises(ConfigError, match=r"^--linear-backend onednn runs on cpu, not cuda; use --linear-backend torch"):
+        resolve("worker", ["--linear-backend", "onednn"], env={}, ctx=make_ctx(cuda=True, gpus=1))
+
+
 def test_served_model_name(ctx: PassContext) -> None:
     cfg = resolve("gateway", env={}, ctx=ctx)
     assert cfg.model.served_model_name == "smollm2-135m-instruct"
