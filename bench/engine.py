@@ -244,6 +244,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--dtype", default="float32", choices=("float32", "bfloat16"),
                    help="weights and activations of BOTH the engine and the HF baseline (bfloat16: the same "
                         "comparison where the CPU has bf16 matmuls; the roofline's matmul rate stays fp32)")
+    p.add_argument("--attention-backend", default="auto", choices=("auto", "torch", "native"),
+                   help="the engine's attention kernels on CPU (auto: native where it builds)")
     p.add_argument("--linear-backend", default="auto", choices=("auto", "torch", "onednn"),
                    help="the engine's dense projections (auto: prepacked oneDNN for float32 on CPU); HF always "
                         "runs torch's F.linear")
@@ -281,7 +283,7 @@ def run(ns: argparse.Namespace) -> int:
                                            concurrency=concs) if w.name.split("-")[0] in wanted]
     max_conc = max(w.concurrency for w in workloads)
     runner = ModelRunner(model_dir, dtype=ns.dtype, page_size=ns.page_size, kv_budget_bytes=ns.kv_budget_mb << 20,
-                         linear_backend=ns.linear_backend,
+                         attention_backend=ns.attention_backend, linear_backend=ns.linear_backend,
                          max_batch_tokens=max(ns.chunked_prefill_size, max_conc))
     metered = MeteredRunner(runner)
     engine = Engine(metered, page_size=ns.page_size, max_running_requests=max_conc,
@@ -311,7 +313,7 @@ def run(ns: argparse.Namespace) -> int:
         run_hf(hf, warm)
 
     results: list[dict[str, Any]] = []
-    print(f"model {ns.model}  {ns.dtype}  linear {runner.linear.name}  threads {threads}  matmul {machine['matmul_gflops']:.0f} GFLOPS  "
+    print(f"model {ns.model}  {ns.dtype}  attention {runner.attn.name}  linear {runner.linear.name}  threads {threads}  matmul {machine['matmul_gflops']:.0f} GFLOPS  "
           f"copy {machine['copy_gbps']:.1f} GB/s  weights {metered._weight_bytes / 1e6:.0f} MB", flush=True)
     for i, w in enumerate(workloads):
         res: dict[str, Any] = {"workload": w.name, "concurrency": w.concurrency, "requests": len(w.requests),
@@ -335,7 +337,7 @@ def run(ns: argparse.Namespace) -> int:
             res["ratio_vs_server"] = eng["output_tok_s"] / res["server"]["output_tok_s"]
         results.append(res)
         print(_row(res), flush=True)
-    summary = {"model": ns.model, "dtype": ns.dtype, "linear_backend": runner.linear.name, "quick": ns.quick, "repeat": ns.repeat, "machine": machine,
+    summary = {"model": ns.model, "dtype": ns.dtype, "attention_backend": runner.attn.name, "linear_backend": runner.linear.name, "quick": ns.quick, "repeat": ns.repeat, "machine": machine,
                "results": results,
                "targets": _targets(results, ns.quick)}
     for line in _target_lines(summary["targets"]):

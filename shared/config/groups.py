@@ -72,8 +72,9 @@ class ParallelConfig:
 
 @dataclass(frozen=True, kw_only=True)
 class KernelConfig:
-    attention_backend: A[str, Arg("Attention kernels ('auto': triton on GPU, torch on CPU)",
-                                  choices=("auto", "torch", "triton"))] = "auto"
+    attention_backend: A[str, Arg("Attention kernels ('auto': triton on GPU; on CPU native (C decode kernel) for "
+                                  "float32 where it builds, else torch)",
+                                  choices=("auto", "torch", "native", "triton"))] = "auto"
     linear_backend: A[str, Arg("Dense projections ('auto': oneDNN over prepacked weights for fp32 on CPU, "
                                "torch's F.linear elsewhere)", choices=("auto", "torch", "onednn"))] = "auto"
     sampling_backend: A[str, Arg("Sampling implementation", choices=("torch",))] = "torch"

@@ -106,11 +106,17 @@ def resolve_threads(cfg: ResolvedConfig, ctx: PassContext) -> ResolvedConfig:
 
 
 def resolve_attention_backend(cfg: ResolvedConfig, ctx: PassContext) -> ResolvedConfig:
-    """attention_backend is concrete: auto -> triton on cuda, torch reference ops on cpu."""
-    if not cfg.has("kernels") or cfg.kernels.attention_backend != "auto":
+    """attention_backend: auto -> triton on cuda; on cpu it stays auto, for the runner to pick native (C decode
+    kernel, built for the host at first use) or torch where no compiler builds it. native off cpu is an error."""
+    if not cfg.has("kernels"):
         return cfg
-    backend = "triton" if cfg.device.device == "cuda" else "torch"
-    return cfg.derive("kernels.attention_backend", backend, f"auto: {backend} on {cfg.device.device}")
+    backend, device = cfg.kernels.attention_backend, cfg.device.device
+    if backend == "native" and device != "cpu":
+        raise cfg.origin("kernels.attention_backend").fail(backend, f"runs on cpu, not {device}",
+                                                           "use --attention-backend triton (or auto)")
+    if backend != "auto" or device != "cuda":
+        return cfg
+    return cfg.derive("kernels.attention_backend", "triton", "auto: triton on cuda")
 
 
 def resolve_linear_backend(cfg: ResolvedConfig, ctx: PassContext) -> ResolvedConfig:

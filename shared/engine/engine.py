@@ -184,9 +184,7 @@ class Engine:
         if dev == "auto":
             dev = "cuda" if torch.cuda.is_available() else "cpu"
         dtype = model.dtype if model.dtype != "auto" else ("bfloat16" if dev == "cuda" else "float32")
-        backend = kernels.attention_backend if kernels is not None else "auto"
-        if backend == "auto":
-            backend = "triton" if dev == "cuda" else "torch"
+        backend = kernels.attention_backend if kernels is not None else "auto"  # the runner resolves auto
         threads = device.threads if device is not None and device.threads > 0 else None
         if threads:
             torch.set_num_threads(threads)  # before loading: weight conversion uses the intra-op pool too

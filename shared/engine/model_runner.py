@@ -50,7 +50,7 @@ class ModelRunner:
         num_pages: int | None = None,
         kv_budget_bytes: int | None = None,
         page_size: int = 16,
-        attention_backend: str = "torch",
+        attention_backend: str = "auto",
         linear_backend: str = "auto",
         max_batch_tokens: int = 4096,
         context_length: int | None = None,

@@ -4,7 +4,7 @@ sequences take the per-sequence extend path. Built once per step on the CPU; eve
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 import torch
@@ -27,10 +27,20 @@ class DecodeGroup:
 
 
 @dataclass(frozen=True)
+class FlatDecode:
+    """All decode sequences of a step for a kernel that reads pages in place (no gather, so no length groups)."""
+
+    token_idx: torch.Tensor  # [n] int64, their tokens in the flat batch
+    page_table: torch.Tensor  # [n, max_pages] int64, contiguous
+    seq_lens: torch.Tensor  # [n] int64, including the new token
+
+
+@dataclass(frozen=True)
 class AttentionMetadata:
     """Per-step attention plan.
 
-    decode_groups: the sequences computing exactly one new token (whatever their prefix), grouped by length.
+    decode_groups: the sequences computing exactly one new token (whatever their prefix), grouped by length;
+    or, when planned flat, none and flat_decode holds them all.
     extend_*: the other sequences, as parallel tuples: row in page_table, first token index, prefix, new tokens.
     """
 
@@ -40,6 +50,7 @@ class AttentionMetadata:
     extend_token_starts: tuple[int, ...]
     extend_prefix_lens: tuple[int, ...]
     extend_lens: tuple[int, ...]
+    flat_decode: FlatDecode | None = field(default=None, kw_only=True)  # keyword-only: subclasses add fields
 
     @property
     def all_decode(self) -> bool:
@@ -72,14 +83,26 @@ def plan_attention(
     token_starts: np.ndarray,
     page_size: int,
     dtype: torch.dtype,
+    *,
+    flat_decode: bool = False,
 ) -> AttentionMetadata:
-    """page_table [bs, max_pages] (on the device); prefix_lens, extend_lens, token_starts: [bs] int64 numpy."""
+    """page_table [bs, max_pages] (on the device); prefix_lens, extend_lens, token_starts: [bs] int64 numpy.
+
+    flat_decode: put every decode sequence in one FlatDecode instead of length groups."""
     dev = page_table.device
     bs = len(extend_lens)
     is_dec = extend_lens == 1
     dec_rows = np.nonzero(is_dec)[0]
     groups: list[DecodeGroup] = []
-    if len(dec_rows):
+    flat: FlatDecode | None = None
+    if len(dec_rows) and flat_decode:
+        seq_lens = prefix_lens[dec_rows] + 1
+        max_pages = int(-(-seq_lens.max() // page_size))
+        rows_t = torch.from_numpy(dec_rows.astype(np.int64)).to(dev)
+        pt = page_table if len(dec_rows) == bs else page_table.index_select(0, rows_t)
+        flat = FlatDecode(torch.from_numpy(np.ascontiguousarray(token_starts[dec_rows], dtype=np.int64)).to(dev),
+                          pt[:, :max_pages].contiguous(), torch.from_numpy(seq_lens.astype(np.int64)).to(dev))
+    elif len(dec_rows):
         seq_lens = prefix_lens[dec_rows] + 1
         pages = -(-seq_lens // page_size)
         for g in length_groups(pages):
@@ -100,4 +123,5 @@ def plan_attention(
         extend_token_starts=tuple(token_starts[ext].tolist()),
         extend_prefix_lens=tuple(prefix_lens[ext].tolist()),
         extend_lens=tuple(extend_lens[ext].tolist()),
+        flat_decode=flat,
     )

@@ -4,10 +4,14 @@ device and the configured `attention_backend`, once, when the runner is built (n
 A step's batch may mix decode tokens (one new token per sequence) and extend sequences (prefill chunks). The
 backend's `prepare` plans the step once (attention_plan.py): decode tokens go to the batched paged decode kernel
 in groups of similar length, extend sequences to the per-sequence extend kernel.
+
+Backends: torch (the reference ops, any CPU), native (the torch extend path plus a C decode kernel that reads the
+pages in place; CPU fp32, the CPU default), triton (GPU; interpreted on CPU for tests).
 """
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Sequence
 from typing import Protocol
 
@@ -17,11 +21,15 @@ import torch
 from shared.kernels.attention_plan import AttentionMetadata, DecodeGroup, plan_attention
 from shared.kernels.decode_attention import GatherWorkspace, paged_decode_attention
 from shared.kernels.extend_attention import extend_attention
+from shared.kernels.native.build import native_available
+from shared.kernels.native.paged_decode import native_paged_decode
 
-__all__ = ["ATTENTION_BACKENDS", "AttentionBackend", "AttentionMetadata", "DecodeGroup", "TorchAttentionBackend",
-           "select_attention_backend", "sequence_token_starts"]
+__all__ = ["ATTENTION_BACKENDS", "AttentionBackend", "AttentionMetadata", "DecodeGroup", "NativeAttentionBackend",
+           "TorchAttentionBackend", "select_attention_backend", "sequence_token_starts"]
 
-ATTENTION_BACKENDS = ("auto", "torch", "triton")
+log = logging.getLogger(__name__)
+
+ATTENTION_BACKENDS = ("auto", "torch", "native", "triton")
 
 
 class AttentionBackend(Protocol):
@@ -98,19 +106,75 @@ class TorchAttentionBackend:
         return out
 
 
+class NativeAttentionBackend(TorchAttentionBackend):
+    """The torch path, with decode tokens (all of a step's, in one call per layer) through the C kernel of
+    shared/kernels/native: it reads each sequence's pages in place, where the reference gathers them into a padded
+    batch first (measured 2.2-2.5x faster over 30 layers at 16 sequences of 100-760 tokens, fp32, 2 threads)."""
+
+    name = "native"
+
+    def prepare(
+        self,
+        page_table: torch.Tensor,
+        prefix_lens: np.ndarray,
+        extend_lens: np.ndarray,
+        token_starts: np.ndarray,
+        page_size: int,
+    ) -> AttentionMetadata:
+        return plan_attention(page_table, prefix_lens, extend_lens, token_starts, page_size, self.dtype,
+                              flat_decode=True)
+
+    def forward(
+        self,
+        q: torch.Tensor,
+        k: torch.Tensor,
+        v: torch.Tensor,
+        k_cache: torch.Tensor,
+        v_cache: torch.Tensor,
+        meta: AttentionMetadata,
+        scale: float,
+    ) -> torch.Tensor:
+        flat = meta.flat_decode
+        if meta.extend_rows:
+            out = extend_attention(
+                q, k, v, k_cache, v_cache, meta.page_table, meta.extend_prefix_lens, meta.extend_lens, scale,
+                rows=meta.extend_rows, token_starts=meta.extend_token_starts,
+            )
+        else:
+            out = torch.empty_like(q)
+        if flat is not None:
+            native_paged_decode(q.contiguous(), k_cache, v_cache, flat.page_table, flat.seq_lens, flat.token_idx,
+                                scale, out)
+        return out
+
+
 def select_attention_backend(
     name: str, device: torch.device | str, dtype: torch.dtype = torch.float32
 ) -> AttentionBackend:
     """'auto' | 'torch' | 'triton' on a device, for q/k/v of `dtype` -> a backend instance (one per model runner).
 
-    auto: the Triton kernels on CUDA, the torch reference ops elsewhere. 'triton' on CPU runs the same kernels under
-    Triton's interpreter: for tests, far slower than 'torch'.
+    auto: the Triton kernels on CUDA, native on CPU for fp32 where a C compiler can build it (else the torch
+    reference ops, with a warning saying why). 'native' asked for explicitly must build. 'triton' on CPU runs the
+    same kernels under Triton's interpreter: for tests, far slower than 'torch'.
     """
     dev = torch.device(device)
     if name not in ATTENTION_BACKENDS:
         raise ValueError(f"attention_backend {name!r} is unknown; use one of: {', '.join(ATTENTION_BACKENDS)}")
     if name == "auto":
-        name = "triton" if dev.type == "cuda" else "torch"
+        name = "triton" if dev.type == "cuda" else "native" if dtype == torch.float32 else "torch"
+        if name == "native":
+            ok, why = native_available()
+            if not ok:
+                log.warning("native CPU attention unavailable (%s); using the torch reference ops", why)
+                name = "torch"
+    if name == "native":
+        if dev.type != "cpu" or dtype != torch.float32:
+            raise ValueError(f"attention_backend 'native' runs fp32 on cpu, not {dtype} on {dev.type}; "
+                             "use --attention-backend torch")
+        ok, why = native_available()
+        if not ok:
+            raise ValueError(f"attention_backend 'native' is unavailable: {why}; use --attention-backend torch")
+        return NativeAttentionBackend(dtype)
     if name == "triton":
         if dev.type not in ("cuda", "cpu"):
             raise ValueError(f"attention_backend 'triton' runs on cuda (or cpu, interpreted), not {dev.type}; "

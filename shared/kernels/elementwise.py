@@ -36,11 +36,12 @@ TORCH_OPS = ElementwiseOps(
 
 
 def elementwise_ops(backend: str) -> ElementwiseOps:
-    """The ops that go with a selected attention backend's name ('torch' or 'triton')."""
-    if backend == "torch":
+    """The ops that go with a selected attention backend's name ('torch', 'native' or 'triton')."""
+    if backend in ("torch", "native"):
         return TORCH_OPS
     if backend != "triton":
-        raise ValueError(f"no elementwise kernels for attention backend {backend!r}; use 'torch' or 'triton'")
+        raise ValueError(f"no elementwise kernels for attention backend {backend!r}; use 'torch', 'native' or "
+                         "'triton'")
     # imported here: a torch-backend worker never pays for loading triton
     from shared.kernels.triton import activation as t_act
     from shared.kernels.triton import rms_norm as t_norm

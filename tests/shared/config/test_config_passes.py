@@ -82,8 +82,11 @@ def test_threads(make_ctx, ctx: PassContext) -> None:
 
 
 def test_attention_backend(make_ctx, ctx: PassContext) -> None:
-    assert resolve("worker", env={}, ctx=ctx).kernels.attention_backend == "torch"
+    # on cpu auto stays for the runner: native where a C compiler builds it, torch otherwise
+    assert resolve("worker", env={}, ctx=ctx).kernels.attention_backend == "auto"
     assert resolve("worker", env={}, ctx=make_ctx(cuda=True, gpus=1)).kernels.attention_backend == "triton"
+    with pytest.raises(ConfigError, match=r"^--attention-backend native runs on cpu, not cuda"):
+        resolve("worker", ["--attention-backend", "native"], env={}, ctx=make_ctx(cuda=True, gpus=1))
     assert resolve("worker", ["--attention-backend", "triton"], env={}, ctx=ctx).kernels.attention_backend == "triton"
 
 

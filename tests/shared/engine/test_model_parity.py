@@ -1,7 +1,7 @@
 """Logits of our runner vs Hugging Face transformers (fp32, max abs diff <= 1e-4) on tiny random Llama, Qwen2 and
 Qwen3 checkpoints: a mixed-length batch in one forward, chunked prefill, prefix hits (shared and copied pages),
-decode steps, and decode mixed with prefill in one step; with each CPU linear backend. HF recomputes each full
-sequence without a cache, so it is an independent reference."""
+decode steps, and decode mixed with prefill in one step; with the reference and the default CPU kernels. HF
+recomputes each full sequence without a cache, so it is an independent reference."""
 
 from __future__ import annotations
 
@@ -30,14 +30,17 @@ class Pages:
         return tuple(got)
 
 
-@pytest.fixture(scope="module", params=["torch", "onednn"])
+@pytest.fixture(scope="module", params=[("torch", "torch"), ("native", "onednn")], ids=["reference", "cpu-default"])
 def pair(request, tiny_model_dir: Path):  # noqa: F811
-    """Both CPU linear backends: F.linear (transformers' own GEMM) and oneDNN over prepacked weights (the default)."""
+    """(attention, linear) backends: the torch reference ops with F.linear (transformers' own GEMM), and the CPU
+    default (C decode attention, oneDNN over prepacked weights)."""
     from transformers import AutoModelForCausalLM
 
+    attention, linear = request.param
     hf = AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32).eval()
-    runner = ModelRunner(tiny_model_dir, num_pages=128, page_size=PAGE, linear_backend=request.param)
-    assert runner.linear.name == request.param
+    runner = ModelRunner(tiny_model_dir, num_pages=128, page_size=PAGE, attention_backend=attention,
+                         linear_backend=linear)
+    assert (runner.attn.name, runner.linear.name) == request.param
     return hf, runner
 
 

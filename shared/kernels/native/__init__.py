@@ -1,0 +1,1 @@
+"""Native (C) CPU kernels, compiled for the host on first use; see build.py."""

@@ -1,0 +1,120 @@
+"""Build and load the native CPU kernels (plain C, loaded with ctypes: no Python headers, no torch headers).
+
+The shared library is compiled on first use with the host's C compiler, for the host's CPU (-march=native), into a
+cache directory keyed by the source, the compiler and the CPU flags, so a second process (or a second service on the
+same box) loads it in milliseconds. Concurrent first uses build once: an exclusive file lock around the build, the
+result moved into place atomically. Without a C compiler the kernels are reported unavailable (with the reason) and
+callers keep the torch reference path.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import fcntl
+import functools
+import hashlib
+import logging
+import os
+import shutil
+import subprocess
+import tempfile
+from pathlib import Path
+
+log = logging.getLogger(__name__)
+
+_SRC = Path(__file__).with_name("paged_decode.c")
+# -ffast-math: lets the compiler vectorise the dot-product sums and call glibc's vector expf (the kernel keeps every
+# value finite, which fast-math assumes). -fopenmp links libgomp.so.1: loaded after torch, the dynamic loader binds it
+# to torch's already loaded copy of that soname, so the kernel's parallel loop shares torch's thread pool.
+CFLAGS = ("-O3", "-march=native", "-ffast-math", "-fopenmp", "-fPIC", "-shared")
+LIBS = ("-lm",)
+
+
+def cache_dir() -> Path:
+    """$PDRELAY_KERNEL_CACHE, else $XDG_CACHE_HOME/pdrelay/kernels, else ~/.cache/pdrelay/kernels."""
+    env = os.environ.get("PDRELAY_KERNEL_CACHE")
+    if env:
+        return Path(env)
+    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+    return Path(base) / "pdrelay" / "kernels"
+
+
+def _compiler() -> str | None:
+    for name in (os.environ.get("CC"), "cc", "gcc", "clang"):
+        if name and shutil.which(name):
+            return name
+    return None
+
+
+def _cpu_flags() -> str:
+    try:
+        with open("/proc/cpuinfo", encoding="ascii", errors="replace") as f:
+            for line in f:
+                if line.startswith("flags"):
+                    return line
+    except OSError:
+        pass
+    return os.uname().machine
+
+
+def _key(cc: str) -> str:
+    version = subprocess.run([cc, "--version"], capture_output=True, text=True, timeout=30).stdout
+    h = hashlib.sha256()
+    for part in (_SRC.read_bytes(), " ".join(CFLAGS + LIBS).encode(), version.encode(), _cpu_flags().encode()):
+        h.update(part)
+    return h.hexdigest()[:16]
+
+
+def _build(cc: str, out: Path) -> None:
+    out.parent.mkdir(parents=True, exist_ok=True)
+    with open(out.parent / ".build.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # another process may be building the same library
+        if out.exists():
+            return
+        fd, tmp = tempfile.mkstemp(suffix=".so", dir=out.parent)
+        os.close(fd)
+        try:
+            res = subprocess.run([cc, *CFLAGS, "-o", tmp, str(_SRC), *LIBS], capture_output=True, text=True,
+                                 timeout=120)
+            if res.returncode != 0:
+                raise RuntimeError(f"{cc} failed: {res.stderr.strip()[-500:]}")
+            os.replace(tmp, out)
+        finally:
+            if os.path.exists(tmp):
+                os.unlink(tmp)
+
+
+class NativeUnavailable(RuntimeError):
+    """The native kernels cannot be built or loaded here; the message says why."""
+
+
+@functools.lru_cache(maxsize=1)
+def load_library() -> ctypes.CDLL:
+    """The compiled kernels (built on first use). Raises NativeUnavailable with the reason."""
+    import torch  # noqa: F401  (loaded first, so the kernels bind to torch's OpenMP runtime, not a second one)
+
+    cc = _compiler()
+    if cc is None:
+        raise NativeUnavailable("no C compiler found (install gcc, or set CC)")
+    try:
+        path = cache_dir() / f"pdrelay_kernels_{_key(cc)}.so"
+        if not path.exists():
+            log.info("building native CPU kernels with %s into %s", cc, path.parent)
+            _build(cc, path)
+        lib = ctypes.CDLL(str(path))
+    except (OSError, RuntimeError, subprocess.SubprocessError) as e:
+        raise NativeUnavailable(f"building the native CPU kernels failed: {e}") from e
+    I64, PTR, INT = ctypes.c_int64, ctypes.c_void_p, ctypes.c_int
+    fn = lib.pdr_paged_decode_f32
+    fn.restype = INT
+    fn.argtypes = [PTR, I64, PTR, PTR, I64, PTR, I64, PTR, PTR, PTR, I64, INT, INT, INT, INT, INT, ctypes.c_float, INT]
+    return lib
+
+
+def native_available() -> tuple[bool, str]:
+    """(True, "") or (False, why)."""
+    try:
+        load_library()
+    except NativeUnavailable as e:
+        return False, str(e)
+    return True, ""
