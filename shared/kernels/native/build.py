@@ -24,10 +24,12 @@ log = logging.getLogger(__name__)
 
 _SRC = Path(__file__).with_name("paged_decode.c")
 # -ffast-math: lets the compiler vectorise the dot-product sums and call glibc's vector expf (the kernel keeps every
-# value finite, which fast-math assumes). -fopenmp links libgomp.so.1: loaded after torch, the dynamic loader binds it
-# to torch's already loaded copy of that soname, so the kernel's parallel loop shares torch's thread pool.
-CFLAGS = ("-O3", "-march=native", "-ffast-math", "-fopenmp", "-fPIC", "-shared")
-LIBS = ("-lm",)
+# value finite, which fast-math assumes). Compile only: linking with -ffast-math adds crtfastmath.o, whose constructor
+# turns on flush-to-zero for the whole process when the library loads (torch's and Python's subnormals would vanish),
+# so the link step below runs without it. -fopenmp links libgomp.so.1: loaded after torch, the dynamic loader binds
+# it to torch's already loaded copy of that soname, so the kernel's parallel loop shares torch's thread pool.
+CFLAGS = ("-O3", "-march=native", "-ffast-math", "-fopenmp", "-fPIC", "-c")
+LDFLAGS = ("-shared", "-fopenmp", "-lm")
 
 
 def cache_dir() -> Path:
@@ -60,7 +62,7 @@ def _cpu_flags() -> str:
 def _key(cc: str) -> str:
     version = subprocess.run([cc, "--version"], capture_output=True, text=True, timeout=30).stdout
     h = hashlib.sha256()
-    for part in (_SRC.read_bytes(), " ".join(CFLAGS + LIBS).encode(), version.encode(), _cpu_flags().encode()):
+    for part in (_SRC.read_bytes(), " ".join(CFLAGS + LDFLAGS).encode(), version.encode(), _cpu_flags().encode()):
         h.update(part)
     return h.hexdigest()[:16]
 
@@ -73,15 +75,17 @@ def _build(cc: str, out: Path) -> None:
             return
         fd, tmp = tempfile.mkstemp(suffix=".so", dir=out.parent)
         os.close(fd)
+        obj = tmp[:-3] + ".o"
         try:
-            res = subprocess.run([cc, *CFLAGS, "-o", tmp, str(_SRC), *LIBS], capture_output=True, text=True,
-                                 timeout=120)
-            if res.returncode != 0:
-                raise RuntimeError(f"{cc} failed: {res.stderr.strip()[-500:]}")
+            for cmd in ([cc, *CFLAGS, "-o", obj, str(_SRC)], [cc, "-o", tmp, obj, *LDFLAGS]):
+                res = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
+                if res.returncode != 0:
+                    raise RuntimeError(f"{' '.join(cmd[:2])} failed: {res.stderr.strip()[-500:]}")
             os.replace(tmp, out)
         finally:
-            if os.path.exists(tmp):
-                os.unlink(tmp)
+            for leftover in (tmp, obj):
+                if os.path.exists(leftover):
+                    os.unlink(leftover)
 
 
 class NativeUnavailable(RuntimeError):

@@ -100,6 +100,14 @@ def test_selection_and_fallback(monkeypatch, tmp_path, caplog) -> None:
         build.load_library.cache_clear()
 
 
+def test_loading_keeps_subnormals() -> None:
+    """A library linked with -ffast-math would turn on flush-to-zero for the whole process when it loads."""
+    build.load_library()
+    smallest_normal = 2.2250738585072014e-308
+    assert smallest_normal / 4 > 0.0
+    assert torch.tensor(1e-40, dtype=torch.float32).mul(1.0).item() > 0.0
+
+
 def test_builds_once_into_the_cache(monkeypatch, tmp_path) -> None:
     monkeypatch.setenv("PDRELAY_KERNEL_CACHE", str(tmp_path))
     build.load_library.cache_clear()
