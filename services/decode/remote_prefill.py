@@ -17,6 +17,7 @@ import grpc
 
 from proto.pdrelay.v1 import common_pb2, worker_pb2, worker_pb2_grpc
 from shared.cluster.grpc_errors import error_from_rpc
+from shared.cluster.tls import open_channel
 from shared.engine.errors import InvalidRequest
 from shared.engine.request import RequestOutput
 from shared.engine.sampling_params import SamplingParams
@@ -63,7 +64,7 @@ class RemotePrefillClient:
     def _stub(self, address: str) -> worker_pb2_grpc.PrefillStub:
         ch = self._channels.get(address)
         if ch is None:
-            ch = self._channels[address] = grpc.aio.insecure_channel(address)
+            ch = self._channels[address] = open_channel(address, self.svc.tls)
         return worker_pb2_grpc.PrefillStub(ch)
 
     async def close(self) -> None:

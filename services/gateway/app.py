@@ -29,6 +29,7 @@ from services.gateway.asgi import (
     Scope,
     Send,
     cancel_on_disconnect,
+    check_json_content_type,
     header,
     read_body,
 )
@@ -36,6 +37,7 @@ from services.gateway.backend import BackendError, BackendRequest, BackendSampli
 from services.gateway.errors import ApiError, bad_request, from_backend, internal_error
 from services.gateway.formatters import DONE, ChatFormatter, CompletionFormatter, Formatter, sse, usage
 from services.gateway.generation import Delta, Generation
+from services.gateway.json_body import decode_body
 from services.gateway.metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
 from services.gateway.metrics import GatewayMetrics
 from services.gateway.openapi import build_openapi
@@ -101,7 +103,8 @@ class GatewayApp:
         self._created = int(time.time())
         self._chat_decoder = msgspec.json.Decoder(ChatCompletionRequest)
         self._completion_decoder = msgspec.json.Decoder(CompletionRequest)
-        self._openapi = _ENC.encode(build_openapi(auth=self._api_key is not None))
+        self._openapi = _ENC.encode(build_openapi(auth=self._api_key is not None, vocab_size=tokenizer.vocab_size,
+                                                  context_length=tokenizer.context_length))
         self._routes: dict[str, tuple[str, Handler, bool]] = {  # path -> (method, handler, needs api key)
             "/v1/chat/completions": ("POST", self._chat, True),
             "/v1/completions": ("POST", self._completions, True),
@@ -160,6 +163,8 @@ class GatewayApp:
                                headers=((b"allow", method.encode()),))
             if needs_key and self._api_key is not None:
                 self._check_api_key(scope)
+            if method == "POST":
+                check_json_content_type(scope)
             await handler(scope, receive, r)
         except ApiError as e:
             await self._fail(r, e)
@@ -269,9 +274,9 @@ class GatewayApp:
         vocab = self.tokenizer.vocab_size
         try:
             if kind == "chat":
-                plan = plan_chat(self._chat_decoder.decode(body), vocab_size=vocab)
+                plan = plan_chat(decode_body(self._chat_decoder, body), vocab_size=vocab)
             else:
-                plan = plan_completion(self._completion_decoder.decode(body), vocab_size=vocab)
+                plan = plan_completion(decode_body(self._completion_decoder, body), vocab_size=vocab)
         except msgspec.DecodeError as e:
             raise _decode_error(e) from None
         model = self._resolve_model(plan.model)

@@ -39,6 +39,7 @@ from services.gateway.routing.wire import chunk_from_pb, decode_request, remaini
 from shared.cluster.bus.cancel import publish_cancel
 from shared.cluster.bus.client import Bus
 from shared.cluster.grpc_errors import error_from_rpc
+from shared.cluster.tls import TlsFiles
 from shared.telemetry import spans
 from shared.telemetry.tracing import SpanKind, Tracing, add_event, current_span, inject, set_error
 
@@ -97,10 +98,12 @@ class GrpcBackend:
     @classmethod
     def create(cls, membership: MembershipView, *, models: Sequence[str], policy: str = "kv_aware",
                request_retries: int = 2, bus: Bus | None = None, cluster: str = "", origin: str = "gateway",
-               breaker: BreakerConfig = BreakerConfig(), max_load_age_s: float = 2.0) -> GrpcBackend:
-        """The backend over a started membership (and a connected bus for loads, KV events and cancels)."""
+               breaker: BreakerConfig = BreakerConfig(), max_load_age_s: float = 2.0,
+               tls: TlsFiles | None = None) -> GrpcBackend:
+        """The backend over a started membership (and a connected bus for loads, KV events and cancels); `tls`:
+        the cluster's mutual TLS on every channel to a worker."""
         router = Router(make_policy(policy), kv_index=KVIndex(), breakers=BreakerBoard(breaker))
-        channels = ChannelPool()
+        channels = ChannelPool(tls=tls)
         discovery = Discovery(membership, router, bus=bus, cluster=cluster, max_load_age_s=max_load_age_s,
                               on_leave=lambda info: channels.discard(info.instance_id))
         return cls(discovery, models=models, request_retries=request_retries, bus=bus, cluster=cluster,

@@ -12,6 +12,7 @@ from typing import Any
 
 from services.gateway.app import GatewayApp
 from services.gateway.backend import GenerateBackend
+from services.gateway.public_tls import uvicorn_ssl_args
 from services.gateway.tokenizer import GatewayTokenizer
 
 BUNDLED_PREFIX = "bundled:"
@@ -58,7 +59,7 @@ def uvicorn_config(cfg: Any, app: GatewayApp, *, access_log: bool = False) -> An
 
     level = getattr(getattr(cfg, "telemetry", None), "log_level", "info")
     return uvicorn.Config(app, host=cfg.grpc.host, port=cfg.http.port, access_log=access_log, log_level=level,
-                          lifespan="on", timeout_graceful_shutdown=5, server_header=False)
+                          lifespan="on", timeout_graceful_shutdown=5, server_header=False, **uvicorn_ssl_args(cfg.http))
 
 
 def serve(cfg: Any, backend: GenerateBackend, *, access_log: bool = False) -> None:

@@ -25,6 +25,8 @@ from services.gateway.app import GatewayApp
 from services.gateway.asgi import Receive, Scope, Send
 from services.gateway.errors import ApiError
 from services.gateway.grpc_api import ApiContext, GatewayApi
+from services.gateway.grpc_auth import ApiKeyInterceptor
+from services.gateway.public_tls import public_tls, uvicorn_ssl_args
 from services.gateway.grpc_backend import GrpcBackend
 from services.gateway.routing.metrics import BackendCollector
 from services.gateway.server import build_app, load_tokenizer, served_names_of
@@ -32,6 +34,7 @@ from shared.cluster.bus.load import LoadSnapshot
 from shared.cluster.errors import StartupError
 from shared.cluster.lifecycle import Service, ServiceOptions, advertised_host
 from shared.cluster.membership import Membership
+from shared.cluster.tls import TlsFiles
 
 log = logging.getLogger(__name__)
 
@@ -81,7 +84,7 @@ class GatewayService(Service):
 
     def __init__(self, cfg: Any, options: ServiceOptions = ServiceOptions()) -> None:
         super().__init__(discovery=cfg.discovery, bus=cfg.bus, grpc_cfg=cfg.grpc, options=options,
-                         telemetry=cfg.telemetry)
+                         telemetry=cfg.telemetry, tls=getattr(cfg, "tls", None))
         self.cfg = cfg
         self.api = GatewayApi()
         self.membership: Membership | None = None
@@ -95,6 +98,18 @@ class GatewayService(Service):
     def add_servicers(self, server: grpc.aio.Server) -> Sequence[str]:
         gateway_pb2_grpc.add_GatewayServicer_to_server(self.api, server)
         return ("pdrelay.v1.Gateway",)
+
+    def server_interceptors(self) -> Sequence[grpc.aio.ServerInterceptor]:
+        key = self.cfg.http.api_key
+        return (ApiKeyInterceptor(key),) if key else ()
+
+    def server_credentials(self) -> tuple[TlsFiles | None, bool]:
+        # The gRPC API is the public front door, like HTTP: the --ssl-* certificate, client certificates only when
+        # --ssl-ca-certs asks for them. Without --ssl-*, the cluster's mutual TLS (if any) applies.
+        public = public_tls(self.cfg.http)
+        if public is not None:
+            return public, self.cfg.http.ssl_ca_certs is not None
+        return self.tls, True
 
     def describe(self) -> dict[str, Any]:
         primary, _ = served_names_of(self.cfg)
@@ -117,7 +132,7 @@ class GatewayService(Service):
         primary, aliases = served_names_of(cfg)
         self.backend = GrpcBackend.create(self.membership, models=[primary], policy=cfg.http.routing_policy,
                                           request_retries=cfg.http.request_retries, bus=self.bus,
-                                          cluster=self.cluster, origin=self.instance_id)
+                                          cluster=self.cluster, origin=self.instance_id, tls=self.tls)
         self.backend.tracing = self.telemetry.tracing
         await self.backend.start()
         self.app = build_app(cfg, self.backend, tokenizer=tokenizer)
@@ -140,7 +155,8 @@ class GatewayService(Service):
         # lifespan off: the service starts and closes the backend itself (the gRPC API shares it).
         config = uvicorn.Config(_DrainGateMiddleware(app, self), host=cfg.grpc.host, port=cfg.http.port,
                                 access_log=False, log_level=level, log_config=None, lifespan="off", server_header=False,
-                                timeout_graceful_shutdown=max(1, int(self.options.drain_timeout_s)))
+                                timeout_graceful_shutdown=max(1, int(self.options.drain_timeout_s)),
+                                **uvicorn_ssl_args(cfg.http))
         server = _embedded_server_class()(config)
         self._http = server
 

@@ -36,6 +36,11 @@ def _bytes(v: str | bytes) -> bytes:
     return v.encode() if isinstance(v, str) else v
 
 
+async def _requests(create: Any, finished: asyncio.Event) -> AsyncIterator[Any]:
+    yield create
+    await finished.wait()  # keep the stream open until the call is over, then end (and so gRPC's task drains it)
+
+
 async def watch_range(client: Etcd3Client, key: str | bytes, range_end: str | bytes, *, start_revision: int = 0,
                       backoff_s: float = 0.1, max_backoff_s: float = 1.0) -> AsyncIterator[Any]:
     """WatchResponses for keys in [key, range_end) from `start_revision`, reconnecting on transient errors (each
@@ -48,11 +53,7 @@ async def watch_range(client: Etcd3Client, key: str | bytes, range_end: str | by
         create = watch_request(create_request=create_request(key=_bytes(key), range_end=_bytes(range_end),
                                                              start_revision=next_revision))
 
-        async def requests() -> AsyncIterator[Any]:
-            yield create
-            await finished.wait()  # keep the stream open until the call is over, then end (and so its task)
-
-        call = stub.Watch(requests())
+        call = stub.Watch(_requests(create, finished))
         try:
             async for resp in call:
                 if resp.compact_revision > 0:

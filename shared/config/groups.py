@@ -120,6 +120,8 @@ class BusConfig:
     nats_url: A[str, Arg("NATS server URL", aliases=("--nats",))] = "nats://127.0.0.1:4222"
     load_report_interval_s: A[float, Arg("Seconds between load reports", min=0.01, max=60)] = 0.2
     bus_outage_policy: A[str, Arg("What a publish does while NATS is down", choices=("buffer", "drop"))] = "buffer"
+    admin_secret_file: A[str | None, Arg("File holding the cluster secret that signs admin commands on NATS (drain, "
+                                         "scale); unsigned ones are then refused (`pdrelay up` makes one)")] = None
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -129,9 +131,24 @@ class GrpcConfig:
 
 
 @dataclass(frozen=True, kw_only=True)
+class TlsConfig:
+    tls_ca_file: A[str | None, Arg("CA certificate (PEM) that signs every service's certificate; with it gRPC between "
+                                   "services is mutual TLS, and https:// etcd / tls:// NATS use it (`pdrelay certs`)")] = None
+    tls_certfile: A[str | None, Arg("This service's certificate (PEM), signed by --tls-ca-file; presented as server "
+                                    "and as client")] = None
+    tls_keyfile: A[str | None, Arg("Private key (PEM) of --tls-certfile")] = None
+
+
+@dataclass(frozen=True, kw_only=True)
 class HttpConfig:
     port: A[int, Arg("HTTP port of the gateway", min=0, max=65535)] = 8000
-    api_key: A[str | None, Arg("Require 'Authorization: Bearer <key>' on the API", secret=True)] = None
+    api_key: A[str | None, Arg("Require 'Authorization: Bearer <key>' on the HTTP API and gRPC metadata "
+                               "'authorization: Bearer <key>' on the gRPC API", secret=True)] = None
+    ssl_certfile: A[str | None, Arg("Certificate (PEM) of the public front door: HTTPS, and TLS on the gateway's "
+                                    "gRPC API")] = None
+    ssl_keyfile: A[str | None, Arg("Private key (PEM) of --ssl-certfile")] = None
+    ssl_keyfile_password: A[str | None, Arg("Password of an encrypted --ssl-keyfile", secret=True)] = None
+    ssl_ca_certs: A[str | None, Arg("CA bundle: clients of the public API must present a certificate it signed")] = None
     max_request_bytes: A[int, Arg("Largest request body accepted", min=1024)] = 4 * 1024 * 1024
     routing_policy: A[str, Arg("How the gateway picks a prefill/decode pair",
                                choices=("kv_aware", "least_load", "round_robin"))] = "kv_aware"
@@ -179,6 +196,7 @@ GROUPS: dict[str, type] = {
     "discovery": DiscoveryConfig,
     "bus": BusConfig,
     "grpc": GrpcConfig,
+    "tls": TlsConfig,
     "http": HttpConfig,
     "telemetry": TelemetryConfig,
     "encoder": EncoderConfig,

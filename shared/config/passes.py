@@ -16,6 +16,7 @@ from shared.config.errors import ConfigError
 from shared.config.groups import BUNDLED_MODEL
 from shared.config.probe import HostProbe
 from shared.config.resolved import ResolvedConfig
+from shared.config.tls_passes import check_ssl_files, check_tls_files
 from shared.config.values import format_value
 
 BUNDLED_PREFIX = BUNDLED_MODEL.split(":", 1)[0] + ":"
@@ -360,6 +361,8 @@ PASSES: tuple[Pass, ...] = (
     check_kv_pool_sizing,
     check_local_prefill_role,
     check_kvstore_tiers,
+    check_tls_files,
+    check_ssl_files,
     resolve_cuda_graph_switches,
     cap_cuda_graph_max_bs,
     resolve_cuda_graph_bs,

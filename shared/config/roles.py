@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-_COMMON = ("device", "discovery", "bus", "grpc", "telemetry")
+_COMMON = ("device", "discovery", "bus", "grpc", "tls", "telemetry")
 _ENGINE = ("model", "tokenizer", "cache", "scheduler", "parallel", "kernels", "cuda_graph")
 
 ROLE_GROUPS: dict[str, tuple[str, ...]] = {

@@ -73,7 +73,7 @@ class EngineService(Service):
 
     def __init__(self, cfg: Any, options: ServiceOptions = ServiceOptions()) -> None:
         super().__init__(discovery=cfg.discovery, bus=cfg.bus, grpc_cfg=cfg.grpc, options=options,
-                         telemetry=cfg.telemetry)
+                         telemetry=cfg.telemetry, tls=getattr(cfg, "tls", None))
         self.cfg = cfg
         self.engine: Engine | None = None
         self.aengine: AsyncEngine | None = None

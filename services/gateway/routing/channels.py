@@ -2,7 +2,7 @@
 
 A channel is keyed by instance id and address: an instance that re-registers on another port gets a new channel
 (the old one is closed). Closing is deferred by a grace period so that a stream still running on it (an instance
-that announced it is leaving while finishing requests) is not cut off.
+that announced it is leaving while finishing requests) is not cut off. With `tls`, channels are mutual TLS.
 """
 
 from __future__ import annotations
@@ -11,6 +11,8 @@ import asyncio
 import logging
 
 import grpc
+
+from shared.cluster.tls import TlsFiles, open_channel
 
 log = logging.getLogger(__name__)
 
@@ -21,7 +23,8 @@ _OPTIONS = (("grpc.max_receive_message_length", 64 << 20), ("grpc.max_send_messa
 
 
 class ChannelPool:
-    def __init__(self, *, close_grace_s: float = 30.0) -> None:
+    def __init__(self, *, close_grace_s: float = 30.0, tls: TlsFiles | None = None) -> None:
+        self._tls = tls
         self._channels: dict[str, tuple[str, grpc.aio.Channel]] = {}
         self._close_grace_s = close_grace_s
         self._closing: set[asyncio.Task[None]] = set()
@@ -32,7 +35,7 @@ class ChannelPool:
             if entry[0] == address:
                 return entry[1]
             self._close_later(entry[1])
-        channel = grpc.aio.insecure_channel(address, options=_OPTIONS)
+        channel = open_channel(address, self._tls, _OPTIONS)
         self._channels[instance_id] = (address, channel)
         return channel
 

@@ -10,6 +10,9 @@ False instead of raising, and `stats` counts what was dropped.
 
 Headers: `headers_hook()` (e.g. the current W3C trace context) is merged into every published message's headers,
 and subscribers see them in `Meta.headers`.
+
+TLS: with `tls` (shared.cluster.tls.TlsFiles) the connection verifies the server against the cluster CA and
+presents this service's certificate, when the server asks for TLS (a tls:// URL or a server with TLS on).
 """
 
 from __future__ import annotations
@@ -31,6 +34,7 @@ from nats.aio.subscription import Subscription
 from nats.errors import Error as NatsError
 
 from shared.cluster.errors import nats_unavailable
+from shared.cluster.tls import TlsFiles
 
 log = logging.getLogger(__name__)
 
@@ -83,7 +87,7 @@ class _RateLimit:
 class Bus:
     def __init__(self, url: str, *, name: str = "pdrelay", outage_policy: str = "buffer",
                  pending_bytes: int = 4 << 20, reconnect_wait_s: float = 0.5,
-                 headers_hook: Callable[[], Mapping[str, str]] | None = None) -> None:
+                 headers_hook: Callable[[], Mapping[str, str]] | None = None, tls: TlsFiles | None = None) -> None:
         if outage_policy not in OUTAGE_POLICIES:
             raise ValueError(f"bus outage policy {outage_policy!r} must be one of {OUTAGE_POLICIES}; "
                              "use --bus-outage-policy buffer")
@@ -93,6 +97,7 @@ class Bus:
         self._pending_bytes = pending_bytes
         self._reconnect_wait_s = reconnect_wait_s
         self._headers_hook = headers_hook
+        self._tls = tls
         self._nc: NatsClient | None = None
         self._encoder = msgspec.msgpack.Encoder()
         self._decoders: dict[type, msgspec.msgpack.Decoder[Any]] = {}
@@ -115,13 +120,14 @@ class Bus:
     async def connect(self, timeout_s: float = 5.0) -> Bus:
         """Connect once; ControlPlaneUnavailable naming the URL if NATS does not answer within `timeout_s`."""
         nc = NatsClient()
+        tls = {"tls": self._tls.client_ssl_context()} if self._tls is not None else {}
         try:
             await asyncio.wait_for(nc.connect(
                 servers=[self.url], name=self.name, connect_timeout=max(1, int(timeout_s)),
                 reconnect_time_wait=self._reconnect_wait_s, max_reconnect_attempts=-1,
                 pending_size=self._pending_bytes, flush_timeout=2.0,
                 error_cb=self._on_error, disconnected_cb=self._on_disconnected, reconnected_cb=self._on_reconnected,
-            ), timeout_s)
+                **tls), timeout_s)
         except (asyncio.TimeoutError, OSError, NatsError) as e:
             try:
                 await nc.close()
