@@ -23,6 +23,7 @@ COMMANDS: tuple[tuple[str, str, str], ...] = (
     ("config", "services.commands.config_show", "show the resolved configuration of a role"),
     ("model", "services.commands.model_prepare", "prepare the bundled model"),
     ("trace", "services.commands.trace", "print one request's span tree (needs `pdrelay up --trace`)"),
+    ("certs", "services.commands.certs", "make a local CA and per-service certificates (mutual TLS)"),
 )
 BENCH_COMMANDS: tuple[tuple[str, str, str], ...] = (
     ("engine", "services.commands.bench_engine", "engine throughput vs HF generate"),

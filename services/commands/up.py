@@ -40,11 +40,14 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--quiet", action="store_true", help="do not stream the services' logs (they stay in the run dir)")
     p.add_argument("--trace", action="store_true",
                    help="trace every request into <run-dir>/traces/ (a local OTLP sink); read with `pdrelay trace`")
+    p.add_argument("--tls", action="store_true",
+                   help="mutual TLS on every hop (gRPC, etcd, NATS) and HTTPS on the gateway, with a local CA and "
+                        "certificates made in <run-dir>/certs (`pdrelay certs`)")
     p.set_defaults(_run=run)
 
 
 def _options(ns: argparse.Namespace, extra: list[str]):  # -> UpOptions
-    from shared.cluster.localcluster.plan import PER_INSTANCE_FLAGS, UpOptions, split_flags
+    from shared.cluster.localcluster.plan import PER_INSTANCE_FLAGS, TLS_FLAGS, UpOptions, split_flags
     from shared.cluster.localcluster.rundir import default_run_dir
 
     counts = {role: getattr(ns, role) for role in DEFAULT_COUNTS}
@@ -57,6 +60,9 @@ def _options(ns: argparse.Namespace, extra: list[str]):  # -> UpOptions
     for flag in split_flags(extra):
         if flag[0].split("=", 1)[0] in PER_INSTANCE_FLAGS:
             raise ValueError(f"{flag[0]}: pdrelay up sets it for each instance itself; drop it")
+        if ns.tls and flag[0].split("=", 1)[0] in TLS_FLAGS:
+            raise ValueError(f"{flag[0]}: --tls makes a certificate for every instance; drop it (or --tls, to bring "
+                             "your own certificates)")
         if ns.trace and flag[0].split("=", 1)[0] == "--otlp-traces-endpoint":
             raise ValueError("--trace points the services at a local trace sink; drop --otlp-traces-endpoint (or "
                              "--trace to send traces to your own collector)")
@@ -69,7 +75,7 @@ def _options(ns: argparse.Namespace, extra: list[str]):  # -> UpOptions
     return UpOptions(run_dir=str(run_dir.resolve()), cluster=ns.cluster, etcd_url=ns.etcd_url, nats_url=ns.nats_url,
                      etcd_port=ns.etcd_port, nats_port=ns.nats_port, counts=counts, extra=tuple(extra),
                      role_extra=role_extra, ready_timeout_s=ns.ready_timeout_s, stop_timeout_s=ns.stop_timeout_s,
-                     lease_ttl_s=ns.lease_ttl_s, demo=ns.demo, echo_log=not ns.quiet, trace=ns.trace)
+                     lease_ttl_s=ns.lease_ttl_s, demo=ns.demo, echo_log=not ns.quiet, trace=ns.trace, tls=ns.tls)
 
 
 def parse_role_flags(items: list[str]) -> dict[str, tuple[str, ...]]:

@@ -39,6 +39,7 @@ from etcd3aio import Etcd3Client
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_health.v1._async import HealthServicer
 
+from shared.cluster.bus.admin_auth import AdminAuth, AdminAuthError
 from shared.cluster.bus.client import Bus
 from shared.cluster.bus.drain import DrainCommand, subscribe_drain
 from shared.cluster.bus.load import LoadReporter, LoadSnapshot
@@ -184,6 +185,7 @@ class Service:
         assert self.role, f"{type(self).__name__} must set the class attribute `role`"
         self._tls_cfg = tls
         self.tls: TlsFiles | None = None  # read at start (a bad file is a StartupError, exit 2)
+        self.admin_auth: AdminAuth | None = None  # the cluster secret that signs admin commands (read at start)
         self.discovery_cfg, self.bus_cfg, self.grpc_cfg, self.options = discovery, bus, grpc_cfg, options
         self.cluster = discovery.cluster
         self.instance_id = discovery.instance_id or default_instance_id(self.role)
@@ -286,6 +288,7 @@ class Service:
             self.tls = TlsFiles.from_config(self._tls_cfg)
         except TlsError as e:
             raise StartupError(str(e)) from None
+        self.admin_auth = self._admin_auth()
         self.etcd = await connect_etcd(self.discovery_cfg.etcd_endpoints, timeout_s=opts.connect_timeout_s,
                                        tls=self.tls)
         self.bus = Bus.from_config(self.bus_cfg, name=self.instance_id,
@@ -322,7 +325,8 @@ class Service:
             self.telemetry.start_tracing(self.epoch)
         except ValueError as e:  # a malformed --otlp-traces-endpoint
             raise StartupError(str(e)) from None
-        await subscribe_drain(self.bus, self.cluster, self.instance_id, self._on_drain_command)
+        await subscribe_drain(self.bus, self.cluster, self.instance_id, self._on_drain_command,
+                              auth=self.admin_auth)
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, self.request_drain, sig.name)
@@ -343,6 +347,17 @@ class Service:
                 interval_s=self.bus_cfg.load_report_interval_s, epoch=lambda: self.epoch).start()
         announce_ready(self.ready_info(), opts.ready_file)
         log.info("%s %s ready", self.role, self.instance_id)
+
+    def _admin_auth(self) -> AdminAuth | None:
+        """Drain commands must be signed with the cluster secret when --admin-secret-file is set."""
+        path = getattr(self.bus_cfg, "admin_secret_file", None)
+        if not path:
+            log.info("%s: no --admin-secret-file: drain commands on the bus are not authenticated", self.instance_id)
+            return None
+        try:
+            return AdminAuth.from_file(path)
+        except AdminAuthError as e:
+            raise StartupError(str(e)) from None
 
     async def _start_metrics(self, host: str) -> None:
         try:

@@ -12,6 +12,7 @@ from shared.cluster.bus.load import LoadReport, LoadTable
 from shared.cluster.errors import ControlPlaneUnavailable
 from shared.cluster.etcd import connect_etcd
 from shared.cluster.instance import InstanceInfo, decode_instance, instances_prefix
+from shared.cluster.tls import TlsFiles
 
 
 class StatusRow(msgspec.Struct, kw_only=True):
@@ -37,9 +38,10 @@ class ClusterStatus(msgspec.Struct, kw_only=True):
 
 
 async def collect_status(etcd_url: str, nats_url: str, cluster: str, *, load_window_s: float = 0.6,
-                         timeout_s: float = 3.0) -> ClusterStatus:
-    """Raises ControlPlaneUnavailable when etcd does not answer (NATS being down only empties the load columns)."""
-    client = await connect_etcd([etcd_url], timeout_s=timeout_s)
+                         timeout_s: float = 3.0, tls: TlsFiles | None = None) -> ClusterStatus:
+    """Raises ControlPlaneUnavailable when etcd does not answer (NATS being down only empties the load columns).
+    `tls`: the client identity for https:// etcd and TLS NATS."""
+    client = await connect_etcd([etcd_url], timeout_s=timeout_s, tls=tls)
     try:
         prefix = instances_prefix(cluster)
         assert client.kv is not None
@@ -56,7 +58,7 @@ async def collect_status(etcd_url: str, nats_url: str, cluster: str, *, load_win
     table = LoadTable()
     nats_error = ""
     try:
-        async with Bus(nats_url, name="pdrelay-status") as bus:
+        async with Bus(nats_url, name="pdrelay-status", tls=tls) as bus:
             await table.subscribe(bus, cluster)
             await asyncio.sleep(load_window_s)  # a few report intervals
             await table.close()

@@ -20,7 +20,7 @@ from shared.config.errors import ConfigError
 from shared.config.groups import (GROUPS, BusConfig, CacheConfig, CudaGraphConfig, DeviceConfig, DisaggConfig,
                                   DiscoveryConfig, EncoderConfig, GrpcConfig, HttpConfig, KernelConfig,
                                   KVStoreConfig, ModelConfig, ParallelConfig, SchedulerConfig, TelemetryConfig,
-                                  TokenizerConfig, TransferConfig)
+                                  TlsConfig, TokenizerConfig, TransferConfig)
 from shared.config.roles import ROLE_GROUPS
 from shared.config.values import Origin, coerce, format_value, validate
 
@@ -97,6 +97,7 @@ class ResolvedConfig:
     discovery = _GroupAttr(DiscoveryConfig)
     bus = _GroupAttr(BusConfig)
     grpc = _GroupAttr(GrpcConfig)
+    tls = _GroupAttr(TlsConfig)
     http = _GroupAttr(HttpConfig)
     telemetry = _GroupAttr(TelemetryConfig)
     encoder = _GroupAttr(EncoderConfig)

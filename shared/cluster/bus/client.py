@@ -51,6 +51,7 @@ class Meta(msgspec.Struct, frozen=True):
     subject: str
     headers: Mapping[str, str]
     reply: str = ""
+    data: bytes = b""  # the payload as received (what a signature covers: shared.cluster.bus.admin_auth)
 
 
 Handler = Callable[[T, Meta], Awaitable[None] | None]
@@ -257,7 +258,7 @@ class Bus:
             except (msgspec.DecodeError, msgspec.ValidationError, ValueError) as e:
                 self._malformed(raw.subject, msg_type, e)
                 return
-            meta = Meta(raw.subject, raw.headers or _NO_HEADERS, raw.reply or "")
+            meta = Meta(raw.subject, raw.headers or _NO_HEADERS, raw.reply or "", raw.data)
             try:
                 res = handler(value, meta)
                 if res is not None and inspect.isawaitable(res):
@@ -270,12 +271,20 @@ class Bus:
 
     # ------------------------------------------------------------------ request / reply
 
+    def encode(self, msg: msgspec.Struct) -> bytes:
+        """The payload `publish(subject, msg)` sends (for signing it first: publish_raw / request_raw)."""
+        return self._encoder.encode(msg)
+
     async def request(self, subject: str, msg: msgspec.Struct, reply_type: type[R], *, timeout_s: float = 2.0) -> R:
         """One request, one typed reply. Raises TimeoutError when nobody answers (or NATS is down)."""
+        return await self.request_raw(subject, self._encoder.encode(msg), reply_type, timeout_s=timeout_s)
+
+    async def request_raw(self, subject: str, payload: bytes, reply_type: type[R], *, timeout_s: float = 2.0,
+                          headers: Mapping[str, str] | None = None) -> R:
+        """`request` with an encoded payload and extra headers."""
         assert self._nc is not None, "connect() first"
         try:
-            raw = await self._nc.request(subject, self._encoder.encode(msg), timeout=timeout_s,
-                                         headers=self._headers(None))
+            raw = await self._nc.request(subject, payload, timeout=timeout_s, headers=self._headers(headers))
         except (nats.errors.TimeoutError, nats.errors.NoRespondersError, asyncio.TimeoutError) as e:
             raise TimeoutError(f"no reply on {subject} within {timeout_s:g} s ({type(e).__name__})") from None
         value = self._decode(reply_type, raw)

@@ -17,6 +17,8 @@ from pathlib import Path
 
 import msgspec
 
+from shared.cluster.tls import TlsFiles
+
 STATE_FILE = "state.json"
 TRACES_FILE = "traces/spans.jsonl"
 
@@ -49,6 +51,8 @@ class RunState(msgspec.Struct, kw_only=True):
     trace_endpoint: str = ""  # the sink's OTLP/gRPC endpoint, which every service exports to
     trace_sink_pid: int = 0
     error: str = ""  # why the supervisor gave up, when it did
+    tls_dir: str = ""  # `pdrelay up --tls`: the CA and certificates (etcd, NATS and gRPC are mutual TLS)
+    admin_secret_file: str = ""  # the secret that signs drain / scale commands on NATS (shared.cluster.bus.admin_auth)
 
 
 def default_run_dir() -> Path:
@@ -94,3 +98,11 @@ def running_supervisor(run_dir: Path) -> RunState | None:
     if state is None or not pid_alive(state.supervisor_pid):
         return None
     return state
+
+
+def client_tls(state: RunState) -> TlsFiles | None:
+    """The identity command-line tools use on a `pdrelay up --tls` cluster (its "client" certificate)."""
+    if not state.tls_dir:
+        return None
+    d = Path(state.tls_dir)
+    return TlsFiles.load(str(d / "ca.pem"), str(d / "client.pem"), str(d / "client-key.pem"))

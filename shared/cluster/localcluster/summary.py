@@ -19,10 +19,12 @@ def served_model_name(child: ChildState) -> str:
         return ""
 
 
-def curl_example(http: str, model: str) -> str:
+def curl_example(http: str, model: str, ca_file: str = "") -> str:
+    """With `ca_file` (`pdrelay up --tls`): HTTPS, trusting the cluster's CA."""
     body = json.dumps({"model": model or "default", "max_tokens": 32,
                        "messages": [{"role": "user", "content": "What is the capital of France?"}]})
-    return (f"curl -s http://{http}/v1/chat/completions -H 'Content-Type: application/json' "
+    scheme, trust = ("https", f"--cacert {shlex.quote(ca_file)} ") if ca_file else ("http", "")
+    return (f"curl -s {trust}{scheme}://{http}/v1/chat/completions -H 'Content-Type: application/json' "
             f"-d {shlex.quote(body)}")
 
 
@@ -37,7 +39,8 @@ def format_summary(state: RunState) -> str:
         lines.append(f"  note: {note}")
     gw = next((c for c in state.children if c.role == "gateway" and c.http), None)
     if gw is not None:
-        lines += ["", "Try it:", "  " + curl_example(gw.http, served_model_name(gw))]
+        ca = str(Path(state.tls_dir) / "ca.pem") if state.tls_dir else ""
+        lines += ["", "Try it:", "  " + curl_example(gw.http, served_model_name(gw), ca)]
     rd = shlex.quote(state.run_dir)
     if state.traces:
         lines += ["", f"Traces: every request's spans go to {state.traces}",

@@ -27,6 +27,7 @@ from typing import TextIO
 
 import msgspec
 
+from shared.cluster.bus.admin_auth import AdminAuth
 from shared.cluster.bus.client import Bus
 from shared.cluster.bus.drain import send_drain
 from shared.cluster.bus.scale import ScaleReply, ScaleRequest, serve_scale
@@ -38,6 +39,7 @@ from shared.cluster.localcluster.rundir import TRACES_FILE, ChildState, RunState
 from shared.cluster.localcluster.servers import (EtcdServer, NatsServer, die_with_parent, free_port, port_is_free)
 from shared.cluster.localcluster.summary import format_summary
 from shared.cluster.localcluster.tracesink import TraceSink
+from shared.cluster.tls import TlsFiles
 
 log = logging.getLogger(__name__)
 
@@ -90,6 +92,8 @@ class Supervisor:
         self._next_index: dict[str, int] = {}
         self._etcd_url = opts.etcd_url or ""
         self._nats_url = opts.nats_url or ""
+        self.admin: AdminAuth | None = None  # signs drain commands, verifies scale requests
+        self.tls: TlsFiles | None = None  # our own client identity with --tls
 
     # ------------------------------------------------------------------ output
 
@@ -148,14 +152,17 @@ class Supervisor:
         opts = self.opts
         self.run_dir.mkdir(parents=True, exist_ok=True)
         self._save()  # `pdrelay down` can stop us from here on
+        self._secure()
+        opts = self.opts  # now with the admin secret (and the certificates) for every instance
+        tls_dir = Path(opts.tls_dir) if opts.tls_dir else None
         # Ports first, then configs (bad flags fail before anything runs), then servers.
         if not opts.etcd_url:
             port = opts.etcd_port or (2379 if port_is_free(2379) and port_is_free(2380) else free_port())
-            self.etcd = EtcdServer(data_dir=self.run_dir / "etcd", port=port, tie_to_parent=True)
+            self.etcd = EtcdServer(data_dir=self.run_dir / "etcd", port=port, tie_to_parent=True, tls_dir=tls_dir)
             self._etcd_url = self.etcd.url
         if not opts.nats_url:
             port = opts.nats_port or (4222 if port_is_free(4222) else free_port())
-            self.nats = NatsServer(data_dir=self.run_dir / "nats", port=port, tie_to_parent=True)
+            self.nats = NatsServer(data_dir=self.run_dir / "nats", port=port, tie_to_parent=True, tls_dir=tls_dir)
             self._nats_url = self.nats.url
         self.state.etcd_url, self.state.nats_url = self._etcd_url, self._nats_url
         if opts.trace:
@@ -169,9 +176,10 @@ class Supervisor:
             self._next_index[spec.role] = self._next_index.get(spec.role, 0) + 1
 
         if self.etcd is None:  # an external etcd: check it answers before starting anything
-            await (await connect_etcd([self._etcd_url], timeout_s=5)).close()
+            await (await connect_etcd([self._etcd_url], timeout_s=5, tls=self.tls)).close()
         if self.nats is None:
-            self.bus = await Bus(self._nats_url, name=f"supervisor-{self.opts.cluster}").connect(timeout_s=5)
+            self.bus = await Bus(self._nats_url, name=f"supervisor-{self.opts.cluster}",
+                                 tls=self.tls).connect(timeout_s=5)
         if self.etcd is not None:
             # A fresh cluster each time: keys of a previous run would otherwise come back to life for one
             # lease TTL (etcd renews leases when it restarts) and show up as ghost instances.
@@ -181,10 +189,11 @@ class Supervisor:
         if self.nats is not None:
             self.nats.start()
             self.state.nats_pid = self.nats.pid or 0
-            self.bus = await Bus(self._nats_url, name=f"supervisor-{self.opts.cluster}").connect(timeout_s=5)
+            self.bus = await Bus(self._nats_url, name=f"supervisor-{self.opts.cluster}",
+                                 tls=self.tls).connect(timeout_s=5)
         self._save()
         assert self.bus is not None
-        await serve_scale(self.bus, opts.cluster, self._on_scale)
+        await serve_scale(self.bus, opts.cluster, self._on_scale, auth=self.admin)
 
         for spec in specs:
             await self._spawn(spec)
@@ -197,6 +206,25 @@ class Supervisor:
             await self._demo()
         await self._stop.wait()
         return 0
+
+    def _secure(self) -> None:
+        """The admin secret (always) and, with --tls, a local CA and a certificate per role (an existing CA in
+        <run-dir>/certs is reused); every instance gets their paths through its flags."""
+        from shared.cluster.certs import DEFAULT_NAMES, cert_paths, make_certs
+
+        assert self.state is not None
+        secret = self.run_dir / "admin.secret"
+        self.admin = AdminAuth.create_file(secret)
+        changes: dict[str, str] = {"admin_secret_file": str(secret)}
+        if self.opts.tls:
+            certs = self.run_dir / "certs"
+            make_certs(certs, (*DEFAULT_NAMES, *(r for r in ROLE_ORDER if r not in DEFAULT_NAMES)))
+            me = cert_paths(certs, "supervisor")
+            self.tls = TlsFiles.load(str(certs / "ca.pem"), str(me.cert), str(me.key))
+            changes["tls_dir"] = str(certs)
+            self.state.tls_dir = str(certs)
+        self.opts = msgspec.structs.replace(self.opts, **changes)
+        self.state.admin_secret_file = str(secret)
 
     def _start_trace_sink(self) -> None:
         assert self.state is not None
@@ -360,7 +388,7 @@ class Supervisor:
                 c.state = "draining"
                 assert self.bus is not None
                 await send_drain(self.bus, self.opts.cluster, c.iid, reason="scale_down",
-                                 epoch=c.ready.epoch if c.ready else 0)
+                                 epoch=c.ready.epoch if c.ready else 0, auth=self.admin)
                 asyncio.create_task(self._ensure_gone(c))
                 draining.append(c.iid)
         self._save()
@@ -385,9 +413,11 @@ class Supervisor:
             return
         import httpx
 
-        base = f"http://{gw.ready.http}"  # type: ignore[union-attr]
+        scheme = "https" if self.opts.tls_dir else "http"
+        base = f"{scheme}://{gw.ready.http}"  # type: ignore[union-attr]
+        verify: object = str(Path(self.opts.tls_dir) / "ca.pem") if self.opts.tls_dir else True
         try:
-            async with httpx.AsyncClient(timeout=120) as client:
+            async with httpx.AsyncClient(timeout=120, verify=verify) as client:  # type: ignore[arg-type]
                 models = (await client.get(f"{base}/v1/models")).json()["data"]
                 body = {"model": models[0]["id"], "max_tokens": 32, "temperature": 0,
                         "messages": [{"role": "user", "content": "What is the capital of France?"}]}
