@@ -1,7 +1,7 @@
 """`pdrelay up --tls --api-key K` end to end (bundled model, real processes): the official openai client over HTTPS
 with the key, a gRPC client with the key over TLS; refused without the key, with a wrong key, without trusting the
 cluster CA, or with a certificate of another CA; etcd and NATS are TLS too (`pdrelay status` still reads them), and
-an unsigned scale request is refused by the supervisor."""
+an unsigned scale request is refused by the supervisor. Bad bodies (deep JSON, text/plain) get 400 / 415."""
 
 from __future__ import annotations
 
@@ -77,6 +77,14 @@ def test_openai_client_over_https_with_the_key(cluster: RunState) -> None:
                                                    headers={} if bad else {"Authorization": ""})).models.list()
     with pytest.raises(openai.APIConnectionError):  # a client that does not trust the cluster CA
         openai.OpenAI(base_url=f"https://{http}/v1", api_key=KEY, max_retries=0).models.list()
+    with httpx.Client(base_url=f"https://{http}", verify=_ca(cluster),
+                      headers={"Authorization": f"Bearer {KEY}"}) as c:  # bad bodies: 4xx, never a 500
+        deep = b'{"messages": [{"role": "user", "content": "hi"}], "x": ' + b"[" * 3000 + b"]" * 3000 + b"}"
+        r = c.post("/v1/chat/completions", content=deep, headers={"content-type": "application/json"})
+        assert r.status_code == 400 and r.json()["error"]["code"] == "invalid_json", r.text
+        r = c.post("/v1/chat/completions", content=b'{"messages": [{"role": "user", "content": "hi"}]}',
+                   headers={"content-type": "text/plain"})
+        assert r.status_code == 415, r.text
     with pytest.raises(httpx.HTTPError):  # plain HTTP on the HTTPS port
         httpx.get(f"http://{http}/v1/models", headers={"Authorization": f"Bearer {KEY}"}, timeout=5)
 
