@@ -121,14 +121,14 @@ class Bus:
     async def connect(self, timeout_s: float = 5.0) -> Bus:
         """Connect once; ControlPlaneUnavailable naming the URL if NATS does not answer within `timeout_s`."""
         nc = NatsClient()
-        tls = {"tls": self._tls.client_ssl_context()} if self._tls is not None else {}
+        tls = self._tls.client_ssl_context() if self._tls is not None else None
         try:
             await asyncio.wait_for(nc.connect(
                 servers=[self.url], name=self.name, connect_timeout=max(1, int(timeout_s)),
                 reconnect_time_wait=self._reconnect_wait_s, max_reconnect_attempts=-1,
                 pending_size=self._pending_bytes, flush_timeout=2.0,
                 error_cb=self._on_error, disconnected_cb=self._on_disconnected, reconnected_cb=self._on_reconnected,
-                **tls), timeout_s)
+                tls=tls), timeout_s)
         except (asyncio.TimeoutError, OSError, NatsError) as e:
             try:
                 await nc.close()

@@ -19,12 +19,21 @@ def served_model_name(child: ChildState) -> str:
         return ""
 
 
-def curl_example(http: str, model: str, ca_file: str = "") -> str:
-    """With `ca_file` (`pdrelay up --tls`): HTTPS, trusting the cluster's CA."""
+def needs_api_key(child: ChildState) -> bool:
+    """Does the gateway require an API key (its resolved config has one; the key itself is not shown)?"""
+    try:
+        return bool(json.loads(Path(child.config).read_text())["config"]["http"].get("api_key"))
+    except (OSError, ValueError, KeyError, TypeError, AttributeError):
+        return False
+
+
+def curl_example(http: str, model: str, ca_file: str = "", api_key: bool = False) -> str:
+    """With `ca_file` (`pdrelay up --tls`): HTTPS, trusting the cluster's CA; `api_key`: send $PDRELAY_API_KEY."""
     body = json.dumps({"model": model or "default", "max_tokens": 32,
                        "messages": [{"role": "user", "content": "What is the capital of France?"}]})
     scheme, trust = ("https", f"--cacert {shlex.quote(ca_file)} ") if ca_file else ("http", "")
-    return (f"curl -s {trust}{scheme}://{http}/v1/chat/completions -H 'Content-Type: application/json' "
+    auth = "-H \"Authorization: Bearer $PDRELAY_API_KEY\" " if api_key else ""
+    return (f"curl -s {trust}{scheme}://{http}/v1/chat/completions {auth}-H 'Content-Type: application/json' "
             f"-d {shlex.quote(body)}")
 
 
@@ -40,7 +49,7 @@ def format_summary(state: RunState) -> str:
     gw = next((c for c in state.children if c.role == "gateway" and c.http), None)
     if gw is not None:
         ca = str(Path(state.tls_dir) / "ca.pem") if state.tls_dir else ""
-        lines += ["", "Try it:", "  " + curl_example(gw.http, served_model_name(gw), ca)]
+        lines += ["", "Try it:", "  " + curl_example(gw.http, served_model_name(gw), ca, needs_api_key(gw))]
     rd = shlex.quote(state.run_dir)
     if state.traces:
         lines += ["", f"Traces: every request's spans go to {state.traces}",
