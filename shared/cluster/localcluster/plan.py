@@ -98,9 +98,12 @@ def _instance_flags(role: str, iid: str, opts: UpOptions, etcd_url: str, nats_ur
              "--instance-id", iid, "--lease-ttl-s", str(opts.lease_ttl_s), "--grpc-port", "0"]
     if role == "gateway" and index > 0:
         flags += ["--port", "0"]  # only the first gateway takes the configured HTTP port
-    if opts.admin_secret_file:
+    from shared.config.roles import ROLE_GROUPS
+
+    groups = ROLE_GROUPS.get(role, ())  # echo: its own flags (the admin secret, no TLS)
+    if opts.admin_secret_file and (role == "echo" or "bus" in groups):
         flags += ["--admin-secret-file", opts.admin_secret_file]
-    if opts.tls_dir and role != "echo":
+    if opts.tls_dir and "tls" in groups:
         certs = Path(opts.tls_dir)
         flags += ["--tls-ca-file", str(certs / "ca.pem"), "--tls-certfile", str(certs / f"{role}.pem"),
                   "--tls-keyfile", str(certs / f"{role}-key.pem")]

@@ -13,7 +13,12 @@ import pytest
 from shared.cluster.bus.admin_auth import HEADER, AdminAuth, AdminAuthError
 from shared.cluster.bus.client import Bus
 from shared.cluster.bus.drain import send_drain
-from shared.cluster.bus.scale import ScaleReply, ScaleRequest, request_scale, serve_scale
+from shared.cluster.bus.scale import (
+    ScaleReply,
+    ScaleRequest,
+    request_scale,
+    serve_scale,
+)
 from tests.helpers.servers import EchoProcess
 
 pytestmark = pytest.mark.timeout(90)

@@ -165,8 +165,30 @@ def test_certs_reuse_the_ca_and_the_command_reports_errors(tmp_path: Path) -> No
     assert "node-7.example" in sans.get_values_for_type(x509.DNSName)
     assert first["decode"].key.stat().st_mode & 0o777 == 0o600
     ok = subprocess.run([sys.executable, "-m", "services.cli", "certs", "--out", str(tmp_path / "c"), "--name",
-                         "gateway"], capture_output=True, text=True, timeout=60)
+                         "gateway"], capture_output=True, text=True, timeout=60, check=False)
     assert ok.returncode == 0 and "gateway.pem" in ok.stdout, ok.stderr
     bad = subprocess.run([sys.executable, "-m", "services.cli", "certs", "--out", str(tmp_path / "c"), "--name",
-                          "../x"], capture_output=True, text=True, timeout=60)
+                          "../x"], capture_output=True, text=True, timeout=60, check=False)
     assert bad.returncode == 2 and "certificate name" in bad.stderr and "Traceback" not in bad.stderr
+
+
+def test_up_hands_each_role_its_certificate_and_the_admin_secret(tmp_path: Path, certs: Path) -> None:
+    from shared.cluster.localcluster.plan import UpOptions, build_spec
+    from shared.config import ResolvedConfig
+
+    (tmp_path / "admin.secret").write_text("x" * 64)
+    for name in ("prefill",):
+        make_certs(certs, (name,))
+    opts = UpOptions(run_dir=str(tmp_path), tls=True, tls_dir=str(certs), admin_secret_file=str(tmp_path / "admin.secret"))
+    for role in ("gateway", "decode", "prefill"):
+        spec = build_spec(role, 0, opts, "https://127.0.0.1:1", "tls://127.0.0.1:2", env={})
+        cfg = ResolvedConfig.from_json(Path(spec.config_path).read_text())
+        assert cfg.tls.tls_certfile == str(certs / f"{role}.pem") and cfg.tls.tls_ca_file == str(certs / "ca.pem")
+        assert cfg.bus.admin_secret_file == str(tmp_path / "admin.secret")
+        if role == "gateway":
+            assert cfg.http.ssl_certfile == str(certs / "gateway.pem")
+    own = str(certs / "client.pem"), str(certs / "client-key.pem")  # a user's own public certificate wins
+    spec = build_spec("gateway", 0, UpOptions(run_dir=str(tmp_path), tls_dir=str(certs),
+                                              extra=("--ssl-certfile", own[0], "--ssl-keyfile", own[1])),
+                      "https://127.0.0.1:1", "tls://127.0.0.1:2", env={})
+    assert ResolvedConfig.from_json(Path(spec.config_path).read_text()).http.ssl_certfile == own[0]
