@@ -280,7 +280,7 @@ class GatewayApp:
         trace = tuple((k.decode(), v.decode("latin-1")) for k, v in scope["headers"] if k in _TRACE_HEADERS)
         prefix = "chatcmpl-" if kind == "chat" else "cmpl-"
         req = BackendRequest(request_id=prefix + uuid.uuid4().hex, model=model, prompt_token_ids=prompt,
-                             sampling=sampling, trace_headers=trace)
+                             sampling=sampling, trace_headers=trace, priority=plan.priority)
         bind_request_id(req.request_id)  # log lines of this request (its task's own context) carry the id
         span = current_span()
         if span.is_recording():

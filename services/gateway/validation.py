@@ -19,10 +19,13 @@ from services.gateway.api_requests import (
 )
 from services.gateway.backend import BackendSamplingParams
 from services.gateway.errors import ApiError, bad_request
+from services.gateway.structured import structured_spec
+from shared.grammar.spec import StructuredSpec
 
 MAX_LOGPROBS = 20
 MAX_STOP_STRINGS = 32
 MAX_STOP_STRING_CHARS = 1024
+MAX_LOGIT_BIAS_ENTRIES = 1024
 
 
 @dataclass(frozen=True, slots=True)
@@ -39,6 +42,7 @@ class Plan:
     chat_template_kwargs: dict[str, Any] | None = None
     prompt_text: str | None = None
     prompt_ids: tuple[int, ...] | None = None
+    priority: int = 0
 
 
 def _unsupported(param: str, what: str, fix: str) -> ApiError:
@@ -52,7 +56,33 @@ def _check_range(param: str, value: float, lo: float, hi: float, *, lo_open: boo
         raise bad_request(f"{param} must be in {interval} (got {value!r}){'; ' + fix if fix else ''}", param)
 
 
-def _sampling(req: _CommonRequest, max_tokens: int | None, logprobs: int | None, vocab_size: int) -> BackendSamplingParams:
+def _logit_bias(raw: dict[str, float] | None, vocab_size: int) -> tuple[tuple[int, float], ...]:
+    if not raw:
+        return ()
+    if len(raw) > MAX_LOGIT_BIAS_ENTRIES:
+        raise bad_request(f"logit_bias: at most {MAX_LOGIT_BIAS_ENTRIES} entries (got {len(raw)})", "logit_bias")
+    out = []
+    for key, bias in raw.items():
+        try:
+            tok = int(key)
+        except ValueError:
+            raise bad_request(f"logit_bias keys must be token ids (got {key!r})", "logit_bias") from None
+        if not 0 <= tok < vocab_size:
+            raise bad_request(f"logit_bias: token id {tok} is not in [0, {vocab_size})", "logit_bias")
+        _check_range("logit_bias", bias, -100.0, 100.0)
+        out.append((tok, float(bias)))
+    return tuple(sorted(out))
+
+
+def _priority(req: _CommonRequest) -> int:
+    if not 0 <= req.priority < 2**31:
+        raise bad_request(f"priority must be in [0, 2**31) (got {req.priority}); lower is served first",
+                          "priority")
+    return req.priority
+
+
+def _sampling(req: _CommonRequest, max_tokens: int | None, logprobs: int | None, vocab_size: int,
+              structured: StructuredSpec | None = None) -> BackendSamplingParams:
     if req.n != 1:
         raise bad_request(f"n: only n=1 is supported (got {req.n}); send separate requests instead", "n")
     if max_tokens is not None and max_tokens < 1:
@@ -83,15 +113,14 @@ def _sampling(req: _CommonRequest, max_tokens: int | None, logprobs: int | None,
     if req.min_tokens < 0 or (max_tokens is not None and req.min_tokens > max_tokens):
         raise bad_request(f"min_tokens must be in [0, max_tokens] (got {req.min_tokens}, max_tokens {max_tokens})",
                           "min_tokens")
-    if req.logit_bias:
-        raise _unsupported("logit_bias", "logit_bias", "leave it out")
+    logit_bias = _logit_bias(req.logit_bias, vocab_size)
     if logprobs is not None and not 0 <= logprobs <= MAX_LOGPROBS:
         raise bad_request(f"logprobs must be in [0, {MAX_LOGPROBS}] (got {logprobs})", "logprobs")
     return BackendSamplingParams(
         max_tokens=max_tokens, min_tokens=req.min_tokens, temperature=temperature, top_p=top_p, top_k=top_k,
         min_p=min_p, repetition_penalty=repetition, frequency_penalty=frequency, presence_penalty=presence,
         seed=req.seed, stop=stop, stop_token_ids=stop_ids, include_stop_str_in_output=req.include_stop_str_in_output,
-        ignore_eos=req.ignore_eos, logprobs=logprobs,
+        ignore_eos=req.ignore_eos, logprobs=logprobs, logit_bias=logit_bias, structured=structured,
     )
 
 
@@ -119,9 +148,7 @@ def plan_chat(req: ChatCompletionRequest, *, vocab_size: int) -> Plan:
         raise bad_request("messages must contain at least one message", "messages")
     if req.tools or req.tool_choice not in (None, "none"):
         raise _unsupported("tools", "tool calling", "leave out tools and tool_choice")
-    if req.response_format is not None and req.response_format.type != "text":
-        raise _unsupported("response_format", f"response_format type {req.response_format.type!r}",
-                           "use {\"type\": \"text\"}")
+    structured = structured_spec(req.response_format, req.structured_outputs)
     if req.top_logprobs is not None:
         if not 0 <= req.top_logprobs <= MAX_LOGPROBS:
             raise bad_request(f"top_logprobs must be in [0, {MAX_LOGPROBS}] (got {req.top_logprobs})", "top_logprobs")
@@ -129,7 +156,7 @@ def plan_chat(req: ChatCompletionRequest, *, vocab_size: int) -> Plan:
             raise bad_request("top_logprobs needs logprobs=true", "top_logprobs")
     logprobs = (req.top_logprobs or 0) if req.logprobs else None
     max_tokens = req.max_completion_tokens if req.max_completion_tokens is not None else req.max_tokens
-    sampling = _sampling(req, max_tokens, logprobs, vocab_size)
+    sampling = _sampling(req, max_tokens, logprobs, vocab_size, structured)
     messages: list[dict[str, Any]] = []
     for i, m in enumerate(req.messages):
         content: str
@@ -150,7 +177,7 @@ def plan_chat(req: ChatCompletionRequest, *, vocab_size: int) -> Plan:
             msg["name"] = m.name
         messages.append(msg)
     return Plan("chat", req.model, req.stream, _stream_flags(req), sampling, req.skip_special_tokens,
-                messages=messages, chat_template_kwargs=req.chat_template_kwargs)
+                messages=messages, chat_template_kwargs=req.chat_template_kwargs, priority=_priority(req))
 
 
 def plan_completion(req: CompletionRequest, *, vocab_size: int) -> Plan:
@@ -160,10 +187,11 @@ def plan_completion(req: CompletionRequest, *, vocab_size: int) -> Plan:
         raise _unsupported("echo", "echo=true", "prepend the prompt yourself")
     if req.suffix:
         raise _unsupported("suffix", "suffix", "leave it out")
-    sampling = _sampling(req, req.max_tokens, req.logprobs, vocab_size)
+    structured = structured_spec(None, req.structured_outputs)
+    sampling = _sampling(req, req.max_tokens, req.logprobs, vocab_size, structured)
     text, ids = _prompt(req.prompt, vocab_size)
     return Plan("completion", req.model, req.stream, _stream_flags(req), sampling, req.skip_special_tokens,
-                prompt_text=text, prompt_ids=ids)
+                prompt_text=text, prompt_ids=ids, priority=_priority(req))
 
 
 def _is_token_list(value: Any) -> bool:

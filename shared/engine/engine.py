@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 import torch
 
 from shared.engine.errors import EngineError
+from shared.engine.grammar import GrammarBackend, MaskFiller
 from shared.engine.page_allocator import PageAllocator
 from shared.engine.radix_cache import KVEvent, RadixCache
 from shared.engine.request import FinishReason, RequestOutput, TokenLogprobs
@@ -138,7 +139,7 @@ class Engine:
                  enable_prefix_cache: bool = True, tokenizer: Any = None, threads: int | None = None,
                  on_kv_event: Callable[[KVEvent], None] | None = None, max_queued_requests: int = 1024,
                  new_token_ratio: float = 0.4, context_length: int | None = None,
-                 handoff_quarantine_s: float = DEFAULT_QUARANTINE_S) -> None:
+                 handoff_quarantine_s: float = DEFAULT_QUARANTINE_S, grammar_backend: str = "xgrammar") -> None:
         if threads:
             torch.set_num_threads(threads)  # per-thread OpenMP setting: AsyncEngine repeats it on its thread
         self.threads = threads
@@ -158,12 +159,20 @@ class Engine:
         self.decode_fn = make_decode_fn(tokenizer)
         self.tokenizer = tokenizer
         ctx = min(context_length or runner.context_length, runner.context_length)
+        # Structured outputs: xgrammar over the engine's own tokenizer (an HF tokenizer; a bare decode callable
+        # cannot describe its vocabulary to a grammar compiler).
+        grammar = None
+        if grammar_backend == "xgrammar" and tokenizer is not None and hasattr(tokenizer, "get_vocab"):
+            grammar = GrammarBackend(tokenizer, runner.vocab_size, runner.eos_token_ids)
+        elif grammar_backend not in ("xgrammar", "none"):
+            raise ValueError(f"grammar_backend must be 'xgrammar' or 'none' (got {grammar_backend!r})")
+        self.masks = MaskFiller(runner.vocab_size)
         self.scheduler = Scheduler(
             allocator=self.allocator, cache=self.cache, page_size=page_size, max_model_len=ctx,
             max_running_requests=max_running_requests, max_queued_requests=max_queued_requests,
             max_prefill_tokens=max_prefill_tokens, chunked_prefill_size=chunked_prefill_size,
             policy=schedule_policy, new_token_ratio=new_token_ratio, eos_token_ids=runner.eos_token_ids,
-            decode_fn=self.decode_fn, vocab_size=runner.vocab_size)
+            decode_fn=self.decode_fn, vocab_size=runner.vocab_size, grammar=grammar)
         self.scheduler.handoff.abort_quarantine_s = handoff_quarantine_s
         self.sampler = Sampler(eos_token_ids=runner.eos_token_ids)
         self._split_prepare = hasattr(runner, "prepare") and hasattr(runner, "forward_batch")
@@ -208,7 +217,8 @@ class Engine:
                    tokenizer=tok, threads=threads, on_kv_event=on_kv_event,
                    max_queued_requests=scheduler.max_queued_requests, new_token_ratio=scheduler.new_token_ratio,
                    context_length=model.context_length,
-                   handoff_quarantine_s=disagg.handoff_timeout_s if disagg is not None else DEFAULT_QUARANTINE_S)
+                   handoff_quarantine_s=disagg.handoff_timeout_s if disagg is not None else DEFAULT_QUARANTINE_S,
+                   grammar_backend=kernels.grammar_backend if kernels is not None else "xgrammar")
 
     @classmethod
     def from_config(cls, cfg: Any, *, on_kv_event: Callable[[KVEvent], None] | None = None) -> Engine:
@@ -268,6 +278,8 @@ class Engine:
         logprobs: list[TokenLogprobs | None] | None = None
         if out.seqs:
             try:
+                reqs = [self.scheduler.requests[s.req_id] for s in out.seqs if s.need_logits]
+                pending = self.masks.start(reqs)  # grammar bitmask filled while the forward pass runs
                 if self._split_prepare:
                     batch = self.runner.prepare(out)  # type: ignore[attr-defined]
                     t2 = time.perf_counter()
@@ -276,8 +288,8 @@ class Engine:
                     t2 = t1
                     logits = self.runner.forward(out)
                 t3 = time.perf_counter()
-                reqs = [self.scheduler.requests[s.req_id] for s in out.seqs if s.need_logits]
-                sampled = self.sampler.sample(logits, reqs)
+                sampled = self.sampler.sample(
+                    logits, reqs, None if pending is None else (lambda x: self.masks.apply(pending, x)))
                 tokens, logprobs = sampled.token_ids, sampled.logprobs
                 t4 = time.perf_counter()
             except Exception as e:

@@ -12,6 +12,7 @@ from shared.engine.sampling_params import SamplingParams
 if TYPE_CHECKING:
     import torch
 
+    from shared.engine.grammar.backend import RequestGrammar
     from shared.engine.sampler.detokenizer import IncrementalDetokenizer
 
 FinishReason = Literal["stop", "length", "abort"]
@@ -82,6 +83,7 @@ class Request:
     # sampler and detokenizer state, created lazily by their owners
     generator: torch.Generator | None = None
     detokenizer: IncrementalDetokenizer | None = None
+    grammar: RequestGrammar | None = None  # structured output: where the output stands in its grammar
     output_text: str = ""
     num_text_emitted: int = 0
 

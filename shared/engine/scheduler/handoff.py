@@ -83,11 +83,8 @@ class HandoffPages:
         req.status = RequestStatus.RUNNING
         s.requests[req_id] = req
         s.running.append(req)
-        req.append_output(int(first_token))
-        s.counters.num_generated_tokens += 1
-        res = s.stop_checker.check(req)
-        if res.finish_reason is not None:
-            s._finish(req, res.finish_reason, res.stop_reason)
+        # The first token was sampled by prefill under the same grammar: the local matcher consumes it here.
+        res = s.advance(req, int(first_token))
         return [s.emit_delta(req, (int(first_token),), res.new_text, None if logprob is None else (logprob,),
                              finished=res.finish_reason is not None)]
 

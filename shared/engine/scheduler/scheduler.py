@@ -18,11 +18,12 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from shared.engine.errors import InvalidRequest, QueueFull
+from shared.engine.grammar.backend import GrammarBackend
 from shared.engine.page_allocator import PageAllocator
 from shared.engine.radix_cache import RadixCache
 from shared.engine.request import FinishReason, Request, RequestOutput, RequestStatus, TokenLogprobs
 from shared.engine.sampler.detokenizer import DecodeFn
-from shared.engine.sampler.stop import StopChecker
+from shared.engine.sampler.stop import StopChecker, StopResult
 from shared.engine.sampling_params import SamplingParams
 from shared.engine.scheduler.handoff import HandoffPages
 from shared.engine.scheduler.kv import KVManager
@@ -54,7 +55,7 @@ class Scheduler:
                  max_running_requests: int = 64, max_queued_requests: int = 1024, max_prefill_tokens: int = 4096,
                  chunked_prefill_size: int = 0, policy: str = "fcfs", new_token_ratio: float = 0.4,
                  eos_token_ids: Sequence[int] = (), decode_fn: DecodeFn | None = None,
-                 vocab_size: int | None = None) -> None:
+                 vocab_size: int | None = None, grammar: GrammarBackend | None = None) -> None:
         if max_running_requests < 1:
             raise ValueError(f"max_running_requests must be >= 1 (got {max_running_requests})")
         if max_prefill_tokens < 1:
@@ -77,6 +78,7 @@ class Scheduler:
         self.policy = policy
         self.vocab_size = vocab_size
         self.decode_fn = decode_fn
+        self.grammar = grammar
         self.stop_checker = StopChecker(eos_token_ids=eos_token_ids, max_model_len=self.max_model_len,
                                         decode_fn=decode_fn)
         self.waiting = WaitingQueue(policy)
@@ -123,8 +125,29 @@ class Scheduler:
         if params.stop and self.decode_fn is None:
             raise InvalidRequest("stop strings need a tokenizer, and this engine has none; use stop_token_ids",
                                  field="stop")
-        return Request(req_id, tuple(int(t) for t in prompt_token_ids), params, priority=priority,
-                       arrival=next(self._arrival), page_size=self.page_size)
+        req = Request(req_id, tuple(int(t) for t in prompt_token_ids), params, priority=priority,
+                      arrival=next(self._arrival), page_size=self.page_size)
+        if params.structured is not None:
+            if self.grammar is None:
+                raise InvalidRequest("structured outputs need a grammar backend and a tokenizer; start the engine "
+                                     "with --grammar-backend xgrammar", field="response_format")
+            req.grammar = self.grammar.matcher(params.structured)
+        return req
+
+    def advance(self, req: Request, tok: int) -> StopResult:
+        """Append a sampled token: grammar, counters, stop conditions (a finished request is finished here)."""
+        req.append_output(tok)
+        self.counters.num_generated_tokens += 1
+        res = self.stop_checker.check(req)
+        g = req.grammar
+        if g is not None and not g.accept(tok) and res.finish_reason is None:
+            # Only a token sampled outside the mask gets here (e.g. past the end of the structure): stop cleanly.
+            res = StopResult("stop", None, res.new_text)
+        elif g is not None and res.finish_reason is None and g.is_terminated:
+            res = StopResult("stop", None, res.new_text)
+        if res.finish_reason is not None:
+            self._finish(req, res.finish_reason, res.stop_reason)
+        return res
 
     def abort(self, req_id: str) -> bool:
         """Stop a request wherever it is (waiting, running, mid-step); its final delta (finish_reason "abort")
@@ -315,11 +338,7 @@ class Scheduler:
             self.kv.commit(req)
             if tok is None:
                 continue
-            req.append_output(tok)
-            self.counters.num_generated_tokens += 1
-            res = self.stop_checker.check(req)
-            if res.finish_reason is not None:
-                self._finish(req, res.finish_reason, res.stop_reason)
+            res = self.advance(req, tok)
             outputs.append(self._delta(req, (tok,), res.new_text, None if lp is None else (lp,),
                                        finished=res.finish_reason is not None))
         self._inflight = {}
