@@ -74,6 +74,22 @@ def _locate(schema: Any, message: str, path: str = "") -> str:
     return path
 
 
+# xgrammar 0.2.9 writes the characters of a length-bounded string (minLength / maxLength) as [^"\\\r\n], which
+# lets raw control characters (U+0000-U+001F) into a JSON string: no strict JSON parser reads that back. Its
+# unbounded strings exclude them; give bounded ones the same class.
+_LOOSE_STRING_CHARS = r'[^\"\\\r\n]'
+_JSON_STRING_CHARS = r'[^\0-\x1f\"\\\r\n]'
+
+
+def _json_safe(grammar):  # xgrammar.Grammar -> xgrammar.Grammar
+    import xgrammar as xgr
+
+    text = str(grammar)
+    if _LOOSE_STRING_CHARS not in text:
+        return grammar
+    return xgr.Grammar.from_ebnf(text.replace(_LOOSE_STRING_CHARS, _JSON_STRING_CHARS))
+
+
 def build_grammar(spec: StructuredSpec):  # -> xgrammar.Grammar
     """Raises GrammarError naming what is wrong and where."""
     import xgrammar as xgr
@@ -90,7 +106,7 @@ def build_grammar(spec: StructuredSpec):  # -> xgrammar.Grammar
             if not isinstance(schema, dict | bool):
                 raise GrammarError(f"the schema must be a JSON object (got {type(schema).__name__})")
             try:
-                return xgr.Grammar.from_json_schema(spec.spec, any_whitespace=False, strict_mode=True)
+                return _json_safe(xgr.Grammar.from_json_schema(spec.spec, any_whitespace=False, strict_mode=True))
             except Exception as e:  # noqa: BLE001
                 msg = _clean(e)
                 where = _locate(schema, msg)
