@@ -105,6 +105,7 @@ class ChatCompletionRequest(_CommonRequest, kw_only=True):
     top_logprobs: Annotated[int | None, Meta(description="0..20; needs logprobs=true")] = None
     tools: list[Any] | None = None
     tool_choice: Any = None
+    parallel_tool_calls: bool | None = None
     response_format: ResponseFormat | None = None
     chat_template_kwargs: Annotated[dict[str, Any] | None,
                                     Meta(description="Extension: extra variables for the chat template")] = None

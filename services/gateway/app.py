@@ -40,6 +40,9 @@ from services.gateway.metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
 from services.gateway.metrics import GatewayMetrics
 from services.gateway.openapi import build_openapi
 from services.gateway.tokenizer import ChatTemplateError, GatewayTokenizer
+from services.gateway.tools.formatter import ToolChatFormatter
+from services.gateway.tools.render import render_messages
+from services.gateway.tools.spec import ToolChoiceMode
 from services.gateway.validation import Plan, plan_chat, plan_completion
 from shared.telemetry import spans
 from shared.telemetry.logs import bind_request_id
@@ -287,9 +290,14 @@ class GatewayApp:
             span.set_attributes({spans.REQUEST_ID: req.request_id, spans.MODEL: model})
             self.tracing.record(spans.GATEWAY_TOKENIZE, perf_to_mono(arrival), time.monotonic(),
                                 {spans.PROMPT_TOKENS: len(prompt)}, parent=span)
-        fmt_cls = ChatFormatter if kind == "chat" else CompletionFormatter
-        fmt = fmt_cls(self.tokenizer, req.request_id, int(time.time()), model, plan.include_usage,
-                      sampling.logprobs is not None)
+        fmt: Formatter
+        if plan.tools is not None and plan.tools.mode is not ToolChoiceMode.NONE:
+            fmt = ToolChatFormatter(self.tokenizer, req.request_id, int(time.time()), model, plan.include_usage,
+                                    sampling.logprobs is not None, plan.tools)
+        else:
+            fmt_cls = ChatFormatter if kind == "chat" else CompletionFormatter
+            fmt = fmt_cls(self.tokenizer, req.request_id, int(time.time()), model, plan.include_usage,
+                          sampling.logprobs is not None)
         gen = Generation(self.backend, self.tokenizer, req, skip_special_tokens=plan.skip_special_tokens,
                          metrics=self.metrics, arrival=arrival)
         self.metrics.in_flight.inc()
@@ -317,7 +325,9 @@ class GatewayApp:
         tok = self.tokenizer
         if plan.messages is not None:
             try:
-                ids = tok.encode_chat(plan.messages, **(plan.chat_template_kwargs or {}))
+                template = tok.chat_template or getattr(tok.hf, "chat_template", None)
+                messages, extra = render_messages(plan.messages, plan.tools, template)
+                ids = tok.encode_chat(messages, **{**(plan.chat_template_kwargs or {}), **extra})
             except ChatTemplateError as e:
                 raise bad_request(str(e), "messages", "chat_template_error") from None
         elif plan.prompt_text is not None:

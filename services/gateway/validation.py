@@ -19,7 +19,8 @@ from services.gateway.api_requests import (
 )
 from services.gateway.backend import BackendSamplingParams
 from services.gateway.errors import ApiError, bad_request
-from services.gateway.structured import structured_spec
+from services.gateway.structured import check, structured_spec
+from services.gateway.tools.spec import ToolPlan, plan_tools
 from shared.grammar.spec import StructuredSpec
 
 MAX_LOGPROBS = 20
@@ -43,6 +44,7 @@ class Plan:
     prompt_text: str | None = None
     prompt_ids: tuple[int, ...] | None = None
     priority: int = 0
+    tools: ToolPlan | None = None
 
 
 def _unsupported(param: str, what: str, fix: str) -> ApiError:
@@ -146,9 +148,15 @@ def _stream_flags(req: _CommonRequest) -> bool:
 def plan_chat(req: ChatCompletionRequest, *, vocab_size: int) -> Plan:
     if not req.messages:
         raise bad_request("messages must contain at least one message", "messages")
-    if req.tools or req.tool_choice not in (None, "none"):
-        raise _unsupported("tools", "tool calling", "leave out tools and tool_choice")
+    tools = plan_tools(req.tools, req.tool_choice, req.parallel_tool_calls)
     structured = structured_spec(req.response_format, req.structured_outputs)
+    if tools is not None and tools.constrained:
+        if structured is not None:
+            raise bad_request("tool_choice required / a named function already constrains the output; leave out "
+                              "response_format and structured_outputs", "tool_choice")
+        structured = tools.grammar()
+        assert structured is not None
+        check(structured, "tools")
     if req.top_logprobs is not None:
         if not 0 <= req.top_logprobs <= MAX_LOGPROBS:
             raise bad_request(f"top_logprobs must be in [0, {MAX_LOGPROBS}] (got {req.top_logprobs})", "top_logprobs")
@@ -175,9 +183,14 @@ def plan_chat(req: ChatCompletionRequest, *, vocab_size: int) -> Plan:
         msg: dict[str, Any] = {"role": m.role, "content": content}
         if m.name is not None:
             msg["name"] = m.name
+        if m.tool_calls:
+            msg["tool_calls"] = m.tool_calls
+        if m.tool_call_id is not None:
+            msg["tool_call_id"] = m.tool_call_id
         messages.append(msg)
     return Plan("chat", req.model, req.stream, _stream_flags(req), sampling, req.skip_special_tokens,
-                messages=messages, chat_template_kwargs=req.chat_template_kwargs, priority=_priority(req))
+                messages=messages, chat_template_kwargs=req.chat_template_kwargs, priority=_priority(req),
+                tools=tools)
 
 
 def plan_completion(req: CompletionRequest, *, vocab_size: int) -> Plan:
