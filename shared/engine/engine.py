@@ -174,6 +174,7 @@ class Engine:
             policy=schedule_policy, new_token_ratio=new_token_ratio, eos_token_ids=runner.eos_token_ids,
             decode_fn=self.decode_fn, vocab_size=runner.vocab_size, grammar=grammar)
         self.scheduler.handoff.abort_quarantine_s = handoff_quarantine_s
+        self.scheduler.forks.can_copy = hasattr(getattr(runner, "kv", None), "copy_pages")
         self.sampler = Sampler(eos_token_ids=runner.eos_token_ids)
         self._split_prepare = hasattr(runner, "prepare") and hasattr(runner, "forward_batch")
         self._totals = _Totals()
@@ -276,6 +277,9 @@ class Engine:
         t2 = t3 = t4 = t1
         tokens: list[int] = []
         logprobs: list[TokenLogprobs | None] | None = None
+        copies = self.scheduler.forks.take_copies()
+        if copies:  # n > 1: the partial prompt page of each new fork, before anything writes into it
+            self.runner.kv.copy_pages(copies)  # type: ignore[attr-defined]
         if out.seqs:
             try:
                 reqs = [self.scheduler.requests[s.req_id] for s in out.seqs if s.need_logits]

@@ -53,6 +53,7 @@ class RequestOutput:
     num_prompt_tokens: int = 0
     num_cached_tokens: int = 0  # prompt tokens served from the prefix cache at first admission
     num_output_tokens: int = 0  # generated so far, this delta included
+    index: int = 0  # which sample of an n > 1 request (0 for the others)
 
 
 @dataclass(eq=False)
@@ -78,6 +79,7 @@ class Request:
     num_preemptions: int = 0
     # Prefill role: keep the pages after the request finishes, until release_held() (the KV is being sent).
     hold_pages: bool = False
+    index: int = 0  # sample number of an n > 1 request (its forks are 1..n-1, see scheduler/forks.py)
     finish_reason: FinishReason | None = None
     stop_reason: int | str | None = None
     # sampler and detokenizer state, created lazily by their owners

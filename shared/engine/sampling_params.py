@@ -8,6 +8,7 @@ from shared.engine.errors import InvalidRequest
 from shared.grammar.spec import StructuredSpec
 
 MAX_LOGPROBS = 20  # the OpenAI API's limit on top alternatives per token
+MAX_N = 64  # samples per prompt (n)
 MAX_LOGIT_BIAS = 100.0  # OpenAI's range for logit_bias values
 _GREEDY_EPS = 1e-5  # temperatures below this are treated as greedy (dividing by them overflows)
 
@@ -67,8 +68,8 @@ class SamplingParams:
         def bad(field: str, msg: str) -> InvalidRequest:
             return InvalidRequest(f"{field}: {msg}", field=field)
 
-        if self.n != 1:
-            raise bad("n", f"only n=1 is supported (got {self.n}); send n separate requests")
+        if not 1 <= self.n <= MAX_N:
+            raise bad("n", f"must be in [1, {MAX_N}] (got {self.n})")
         if self.max_tokens is not None and self.max_tokens <= 0:
             raise bad("max_tokens", f"must be >= 1 (got {self.max_tokens}); omit it to generate until the context is full")
         if self.min_tokens < 0:

@@ -69,6 +69,7 @@ class HandoffPages:
         s.counters.num_prompt_tokens += req.num_prompt_tokens
         s.counters.num_cached_prompt_tokens += cached
         self.remote[req_id] = req
+        s.forks.register(req)
         return Reservation(req_id, tuple(req.page_ids), cached)
 
     def activate_remote(self, req_id: str, first_token: int,
@@ -83,6 +84,7 @@ class HandoffPages:
         req.status = RequestStatus.RUNNING
         s.requests[req_id] = req
         s.running.append(req)
+        s.forks.on_prompt_done(req)  # n > 1: the other samples fork from the received prompt KV
         # The first token was sampled by prefill under the same grammar: the local matcher consumes it here.
         res = s.advance(req, int(first_token))
         return [s.emit_delta(req, (int(first_token),), res.new_text, None if logprob is None else (logprob,),
@@ -95,6 +97,7 @@ class HandoffPages:
         if req is None:
             return False
         s = self.s
+        s.forks.pending.pop(req_id, None)  # its n > 1 samples never started
         own = req.page_ids[req.num_locked:]
         if req.num_locked:
             s.kv.cache.unlock(req.block_hashes[: req.num_locked])

@@ -25,6 +25,7 @@ from shared.engine.request import FinishReason, Request, RequestOutput, RequestS
 from shared.engine.sampler.detokenizer import DecodeFn
 from shared.engine.sampler.stop import StopChecker, StopResult
 from shared.engine.sampling_params import SamplingParams
+from shared.engine.scheduler.forks import Forks, fork_id
 from shared.engine.scheduler.handoff import HandoffPages
 from shared.engine.scheduler.kv import KVManager
 from shared.engine.scheduler.policy import WaitingQueue, sort_key
@@ -83,6 +84,7 @@ class Scheduler:
                                         decode_fn=decode_fn)
         self.waiting = WaitingQueue(policy)
         self.handoff = HandoffPages(self)
+        self.forks = Forks(self)
         self.running: list[Request] = []
         self.requests: dict[str, Request] = {}
         self.counters = SchedulerCounters()
@@ -103,6 +105,7 @@ class Scheduler:
         req.hold_pages = hold_pages
         self.requests[req_id] = req
         self.waiting.push(req)
+        self.forks.register(req)
         return req
 
     def new_request(self, req_id: str, prompt_token_ids: Sequence[int], params: SamplingParams | None = None,
@@ -154,7 +157,9 @@ class Scheduler:
         comes out of the next update_from_output / take_pending_outputs. False if the id is unknown."""
         # A reserved (arriving) request: a prefill may still be writing into its pages, so they are quarantined.
         if self.handoff.cancel_remote(req_id, self.handoff.abort_quarantine_s):
+            self._abort_forks(req_id)
             return True
+        self._abort_forks(req_id)
         req = self.requests.pop(req_id, None)
         if req is None:
             return False
@@ -167,6 +172,18 @@ class Scheduler:
         self._finished_ids.append(req_id)
         self._pending.append(self._delta(req, (), "", None, finished=True))
         return True
+
+    def _abort_forks(self, req_id: str) -> None:
+        """n > 1: aborting sample 0 aborts the others (started or not); each ends with an abort delta."""
+        if "#" in req_id:
+            return
+        for kid in self.forks.pending.pop(req_id, []):
+            kid.status, kid.finish_reason = RequestStatus.FINISHED, "abort"
+            self._pending.append(self._delta(kid, (), "", None, finished=True))
+        i = 1
+        while fork_id(req_id, i) in self.requests:
+            self.abort(fork_id(req_id, i))
+            i += 1
 
     def cancel_step(self) -> None:
         """The step schedule() planned did not run (device error): abort its requests, whose KV is now
@@ -338,6 +355,8 @@ class Scheduler:
             self.kv.commit(req)
             if tok is None:
                 continue
+            if req.num_output_tokens == 0 and req.req_id in self.forks.pending:
+                self.forks.on_prompt_done(req)
             res = self.advance(req, tok)
             outputs.append(self._delta(req, (tok,), res.new_text, None if lp is None else (lp,),
                                        finished=res.finish_reason is not None))
@@ -358,4 +377,4 @@ class Scheduler:
                finished: bool) -> RequestOutput:
         return RequestOutput(req.req_id, toks, text, lps, finished, req.finish_reason if finished else None,
                              req.stop_reason if finished else None, req.num_prompt_tokens,
-                             max(req.num_cached_tokens, 0), req.num_output_tokens)
+                             max(req.num_cached_tokens, 0), req.num_output_tokens, req.index)
