@@ -32,6 +32,7 @@ from services.gateway.asgi import (
     header,
     read_body,
 )
+from services.gateway.batch import BatchGeneration
 from services.gateway.backend import BackendError, BackendRequest, BackendSamplingParams, GenerateBackend
 from services.gateway.errors import ApiError, bad_request, from_backend, internal_error
 from services.gateway.formatters import DONE, ChatFormatter, CompletionFormatter, Formatter, sse, usage
@@ -73,7 +74,7 @@ def _decode_error(e: msgspec.DecodeError) -> ApiError:
     return bad_request(f"request body is not valid JSON ({msg})", code="invalid_json")
 
 
-def _annotate(span: Span, gen: Generation, arrival: float) -> None:
+def _annotate(span: Span, gen: Generation | BatchGeneration, arrival: float) -> None:
     """What the gateway.request span says about the request once it is over."""
     span.set_attributes({spans.PROMPT_TOKENS: gen.num_prompt_tokens, spans.OUTPUT_TOKENS: gen.num_generated,
                          spans.CACHED_TOKENS: gen.num_cached_tokens})
@@ -278,12 +279,16 @@ class GatewayApp:
         except msgspec.DecodeError as e:
             raise _decode_error(e) from None
         model = self._resolve_model(plan.model)
-        prompt = self._tokenize(plan)
-        sampling = self._fit_context(plan, len(prompt))
         trace = tuple((k.decode(), v.decode("latin-1")) for k, v in scope["headers"] if k in _TRACE_HEADERS)
-        prefix = "chatcmpl-" if kind == "chat" else "cmpl-"
-        req = BackendRequest(request_id=prefix + uuid.uuid4().hex, model=model, prompt_token_ids=prompt,
-                             sampling=sampling, trace_headers=trace, priority=plan.priority)
+        rid = ("chatcmpl-" if kind == "chat" else "cmpl-") + uuid.uuid4().hex
+        reqs: list[BackendRequest] = []
+        for p, one in enumerate(plan.batch or (plan,)):  # a list of prompts: one backend request each
+            ids = self._tokenize(one)
+            reqs.append(BackendRequest(request_id=rid if not plan.batch else f"{rid}-{p}", model=model,
+                                       prompt_token_ids=ids, sampling=self._fit_context(one, len(ids)),
+                                       trace_headers=trace, priority=plan.priority))
+        req, sampling = reqs[0], reqs[0].sampling
+        prompt = [t for q in reqs for t in q.prompt_token_ids]
         bind_request_id(req.request_id)  # log lines of this request (its task's own context) carry the id
         span = current_span()
         if span.is_recording():
@@ -296,10 +301,14 @@ class GatewayApp:
                                     sampling.logprobs is not None, plan.tools)
         else:
             fmt_cls = ChatFormatter if kind == "chat" else CompletionFormatter
-            fmt = fmt_cls(self.tokenizer, req.request_id, int(time.time()), model, plan.include_usage,
-                          sampling.logprobs is not None)
-        gen = Generation(self.backend, self.tokenizer, req, skip_special_tokens=plan.skip_special_tokens,
-                         metrics=self.metrics, arrival=arrival)
+            fmt = fmt_cls(self.tokenizer, rid, int(time.time()), model, plan.include_usage,
+                          sampling.logprobs is not None, n=sampling.n)
+        if plan.echo and isinstance(fmt, CompletionFormatter):
+            fmt.echo = {p * sampling.n + s: self.tokenizer.decode(q.prompt_token_ids, skip_special_tokens=False)
+                        for p, q in enumerate(reqs) for s in range(sampling.n)}
+        gens = [Generation(self.backend, self.tokenizer, q, skip_special_tokens=plan.skip_special_tokens,
+                           metrics=self.metrics, arrival=arrival) for q in reqs]
+        gen: Generation | BatchGeneration = gens[0] if len(gens) == 1 else BatchGeneration(gens, sampling.n)
         self.metrics.in_flight.inc()
         try:
             await cancel_on_disconnect(self._run(gen, plan, fmt, r), receive)
@@ -358,7 +367,7 @@ class GatewayApp:
                               f"max_tokens to at most {ctx - prompt_len}", "max_tokens", "context_length_exceeded")
         return sampling
 
-    async def _run(self, gen: Generation, plan: Plan, fmt: Formatter, r: Responder) -> None:
+    async def _run(self, gen: Generation | BatchGeneration, plan: Plan, fmt: Formatter, r: Responder) -> None:
         try:
             try:
                 delta = await gen.next()  # before any header: admission errors keep their status code
@@ -368,7 +377,7 @@ class GatewayApp:
                 await self._stream(gen, plan, fmt, r, delta)
             else:
                 deltas = [delta]
-                while deltas[-1].finish_reason is None:
+                while not gen.finished:
                     deltas.append(await gen.next())
                 await gen.aclose()
                 u = usage(gen.num_prompt_tokens, gen.num_generated, gen.num_cached_tokens)
@@ -378,11 +387,11 @@ class GatewayApp:
         finally:
             await gen.aclose()  # stop string, error or disconnect: abort the request on the worker
 
-    async def _stream(self, gen: Generation, plan: Plan, fmt: Formatter, r: Responder, delta: Delta) -> None:
+    async def _stream(self, gen: Generation | BatchGeneration, plan: Plan, fmt: Formatter, r: Responder, delta: Delta) -> None:
         await r.start_stream()
         pending = fmt.first_chunk() or b""  # coalesced with the first content chunk: one write, not two
-        while delta.finish_reason is None:
-            if delta.text or delta.logprobs:
+        while not gen.finished:
+            if delta.text or delta.logprobs or delta.finish_reason is not None:  # n > 1: one sample ended
                 await r.stream(pending + fmt.chunk(delta))
                 pending = b""
             try:

@@ -97,6 +97,7 @@ class BackendChunk:
     stop_reason: int | str | None = None
     num_prompt_tokens: int | None = None
     num_cached_tokens: int | None = None
+    index: int = 0  # which sample (n > 1); finish_reason ends that sample only
 
 
 # ---------------------------------------------------------------- typed errors (mapped to HTTP in errors.py)

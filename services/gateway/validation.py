@@ -7,6 +7,7 @@ so a request the gateway accepts is never refused by a worker for its sampling v
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -27,6 +28,8 @@ MAX_LOGPROBS = 20
 MAX_STOP_STRINGS = 32
 MAX_STOP_STRING_CHARS = 1024
 MAX_LOGIT_BIAS_ENTRIES = 1024
+MAX_N = 64  # as the engine's SamplingParams
+MAX_BATCH_PROMPTS = 64
 
 
 @dataclass(frozen=True, slots=True)
@@ -45,6 +48,8 @@ class Plan:
     prompt_ids: tuple[int, ...] | None = None
     priority: int = 0
     tools: ToolPlan | None = None
+    batch: tuple[Plan, ...] = ()  # completions with several prompts: one plan per prompt (this one: the first)
+    echo: bool = False
 
 
 def _unsupported(param: str, what: str, fix: str) -> ApiError:
@@ -85,8 +90,8 @@ def _priority(req: _CommonRequest) -> int:
 
 def _sampling(req: _CommonRequest, max_tokens: int | None, logprobs: int | None, vocab_size: int,
               structured: StructuredSpec | None = None) -> BackendSamplingParams:
-    if req.n != 1:
-        raise bad_request(f"n: only n=1 is supported (got {req.n}); send separate requests instead", "n")
+    if not 1 <= req.n <= MAX_N:
+        raise bad_request(f"n must be in [1, {MAX_N}] (got {req.n})", "n")
     if max_tokens is not None and max_tokens < 1:
         raise bad_request(f"max_tokens must be >= 1 (got {max_tokens}); omit it to generate up to the context length",
                           "max_tokens")
@@ -122,7 +127,7 @@ def _sampling(req: _CommonRequest, max_tokens: int | None, logprobs: int | None,
         max_tokens=max_tokens, min_tokens=req.min_tokens, temperature=temperature, top_p=top_p, top_k=top_k,
         min_p=min_p, repetition_penalty=repetition, frequency_penalty=frequency, presence_penalty=presence,
         seed=req.seed, stop=stop, stop_token_ids=stop_ids, include_stop_str_in_output=req.include_stop_str_in_output,
-        ignore_eos=req.ignore_eos, logprobs=logprobs, logit_bias=logit_bias, structured=structured,
+        ignore_eos=req.ignore_eos, logprobs=logprobs, logit_bias=logit_bias, structured=structured, n=req.n,
     )
 
 
@@ -149,6 +154,8 @@ def plan_chat(req: ChatCompletionRequest, *, vocab_size: int) -> Plan:
     if not req.messages:
         raise bad_request("messages must contain at least one message", "messages")
     tools = plan_tools(req.tools, req.tool_choice, req.parallel_tool_calls)
+    if tools is not None and req.n != 1:
+        raise bad_request(f"n={req.n} with tools is not supported; send n separate requests", "n")
     structured = structured_spec(req.response_format, req.structured_outputs)
     if tools is not None and tools.constrained:
         if structured is not None:
@@ -196,15 +203,30 @@ def plan_chat(req: ChatCompletionRequest, *, vocab_size: int) -> Plan:
 def plan_completion(req: CompletionRequest, *, vocab_size: int) -> Plan:
     if req.best_of not in (None, 1):
         raise _unsupported("best_of", f"best_of={req.best_of}", "leave it out or use 1")
-    if req.echo:
-        raise _unsupported("echo", "echo=true", "prepend the prompt yourself")
+    if req.echo and req.logprobs is not None:
+        raise _unsupported("echo", "echo with logprobs (prompt logprobs)", "leave out logprobs or echo")
     if req.suffix:
         raise _unsupported("suffix", "suffix", "leave it out")
     structured = structured_spec(None, req.structured_outputs)
     sampling = _sampling(req, req.max_tokens, req.logprobs, vocab_size, structured)
-    text, ids = _prompt(req.prompt, vocab_size)
-    return Plan("completion", req.model, req.stream, _stream_flags(req), sampling, req.skip_special_tokens,
-                prompt_text=text, prompt_ids=ids, priority=_priority(req))
+    prompts = _prompts(req.prompt, vocab_size)
+    plans = tuple(Plan("completion", req.model, req.stream, _stream_flags(req), sampling, req.skip_special_tokens,
+                       prompt_text=text, prompt_ids=ids, priority=_priority(req), echo=req.echo)
+                  for text, ids in prompts)
+    if len(plans) == 1:
+        return plans[0]
+    return dataclasses.replace(plans[0], batch=plans)
+
+
+def _prompts(prompt: str | list[Any], vocab_size: int) -> list[tuple[str | None, tuple[int, ...] | None]]:
+    """One prompt, or a batch: a list of strings or a list of token-id lists (each checked as a prompt)."""
+    if isinstance(prompt, list) and prompt and all(isinstance(p, str) or _is_token_list(p) for p in prompt) \
+            and not _is_token_list(prompt):
+        if len(prompt) > MAX_BATCH_PROMPTS:
+            raise bad_request(f"prompt: at most {MAX_BATCH_PROMPTS} prompts per request (got {len(prompt)})",
+                              "prompt")
+        return [_prompt(p, vocab_size) for p in prompt]
+    return [_prompt(prompt, vocab_size)]
 
 
 def _is_token_list(value: Any) -> bool:

@@ -77,6 +77,7 @@ def sampling_from_pb(pb: common_pb2.SamplingParams) -> SamplingParams:
         ignore_eos=pb.ignore_eos,
         logprobs=(pb.top_logprobs if pb.logprobs else None),
         logit_bias=tuple(sorted(pb.logit_bias.items())),
+        n=max(1, pb.n),
         structured=structured_from_pb(pb),
     )
 
@@ -95,6 +96,8 @@ def sampling_to_pb(p: SamplingParams) -> common_pb2.SamplingParams:
         pb.seed = p.seed
     if p.logit_bias:
         pb.logit_bias.update(dict(p.logit_bias))
+    if p.n > 1:
+        pb.n = p.n
     if p.structured is not None:
         pb.structured.CopyFrom(structured_to_pb(p.structured))
     return pb

@@ -101,4 +101,4 @@ def chunk_from_pb(resp: worker_pb2.DecodeResponse, *, want_logprobs: bool, num_p
         finish_reason=finish,
         stop_reason=stop_reason_of(resp) if finish == "stop" else None,
         num_prompt_tokens=num_prompt_tokens if first or finish is not None else None,
-        num_cached_tokens=cached)
+        num_cached_tokens=cached, index=resp.index)
