@@ -16,6 +16,7 @@ import re
 import time
 import uuid
 from collections.abc import Awaitable, Callable, Sequence
+from typing import TypeVar
 
 import msgspec
 from opentelemetry.context import Context
@@ -40,6 +41,7 @@ from services.gateway.generation import Delta, Generation
 from services.gateway.metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
 from services.gateway.metrics import GatewayMetrics
 from services.gateway.openapi import build_openapi
+from services.gateway.tokenize_api import DetokenizeRequest, TokenizeRequest, detokenize, tokenize
 from services.gateway.tokenizer import ChatTemplateError, GatewayTokenizer
 from services.gateway.tools.formatter import ToolChatFormatter
 from services.gateway.tools.render import render_messages
@@ -56,6 +58,7 @@ _PARAM_AT = re.compile(r"at `\$\.?([^`]*)`")
 _MISSING = re.compile(r"missing required field `([^`]+)`")
 _TRACE_HEADERS = (b"traceparent", b"tracestate")
 
+T = TypeVar("T")
 Handler = Callable[[Scope, Receive, Responder], Awaitable[None]]
 
 
@@ -110,6 +113,8 @@ class GatewayApp:
             "/v1/chat/completions": ("POST", self._chat, True),
             "/v1/completions": ("POST", self._completions, True),
             "/v1/models": ("GET", self._models, True),
+            "/tokenize": ("POST", self._tokenize_route, True),
+            "/detokenize": ("POST", self._detokenize_route, True),
             "/health": ("GET", self._health, False),
             "/ready": ("GET", self._ready, False),
             "/metrics": ("GET", self._metrics, False),
@@ -201,7 +206,29 @@ class GatewayApp:
     async def _models(self, scope: Scope, receive: Receive, r: Responder) -> None:
         cards = [ModelCard(id=name, created=self._created, root=self.model_root,
                            max_model_len=self.tokenizer.context_length) for name in self.served_model_names]
+        try:  # other models the cluster serves (e.g. embedding models), as the backend sees them now
+            others = [m for m in self.backend.models() if m not in self.served_model_names]
+        except Exception:  # noqa: BLE001 - a listing must not fail because discovery is briefly unhappy
+            others = []
+        cards += [ModelCard(id=m, created=self._created) for m in sorted(set(others))]
         await r.full(200, _ENC.encode(ModelList(data=cards)))
+
+    async def _tokenize_route(self, scope: Scope, receive: Receive, r: Responder) -> None:
+        req = self._decode_small(await read_body(scope, receive, self.max_request_bytes), TokenizeRequest)
+        self._resolve_model(req.model)
+        await r.full(200, _ENC.encode(tokenize(self.tokenizer, req)))
+
+    async def _detokenize_route(self, scope: Scope, receive: Receive, r: Responder) -> None:
+        req = self._decode_small(await read_body(scope, receive, self.max_request_bytes), DetokenizeRequest)
+        self._resolve_model(req.model)
+        await r.full(200, _ENC.encode(detokenize(self.tokenizer, req)))
+
+    @staticmethod
+    def _decode_small(body: bytes, kind: type[T]) -> T:
+        try:
+            return msgspec.json.decode(body, type=kind)
+        except msgspec.DecodeError as e:
+            raise _decode_error(e) from None
 
     async def _health(self, scope: Scope, receive: Receive, r: Responder) -> None:
         await r.full(200, _ENC.encode(HealthStatus("ok")))

@@ -94,3 +94,16 @@ def test_wire_carries_priority_structured_and_replayed_tokens():
         structured=common_pb2.StructuredOutput(kind=common_pb2.GRAMMAR_KIND_CHOICE, spec='["x", "y"]')))
     p = plan_of(g, 512)  # the gateway's gRPC API
     assert p.priority == 3 and p.sampling.structured.kind is GrammarKind.CHOICE
+
+
+async def test_tokenize_and_detokenize(client: httpx.AsyncClient, tiny_tokenizer):
+    r = (await client.post("/tokenize", json={"prompt": "The capital of France", "return_token_strs": True})).json()
+    assert r["tokens"] == tiny_tokenizer.encode_text("The capital of France") and r["count"] == len(r["tokens"])
+    assert "".join(r["token_strs"]).replace("\u0120", " ").endswith("France")
+    chat = (await client.post("/tokenize", json={"messages": MSG})).json()
+    assert chat["tokens"] == tiny_tokenizer.encode_chat(MSG)
+    back = (await client.post("/detokenize", json={"tokens": r["tokens"]})).json()
+    assert back["prompt"].endswith("The capital of France")
+    bad = await client.post("/detokenize", json={"tokens": [10**7]})
+    assert bad.status_code == 400 and bad.json()["error"]["param"] == "tokens"
+    assert (await client.post("/tokenize", json={"prompt": "x", "model": "nope"})).status_code == 404
