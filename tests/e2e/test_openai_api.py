@@ -160,3 +160,36 @@ def test_tool_history_and_auto(client: openai.OpenAI) -> None:
     r = client.chat.completions.create(model=openai.NOT_GIVEN, messages=history, tools=[WEATHER], tool_choice="none",
                                        max_tokens=8, temperature=0)
     assert r.choices[0].message.tool_calls is None
+
+
+def test_n_samples_one_prompt(client: openai.OpenAI) -> None:
+    kw = dict(model=openai.NOT_GIVEN, messages=MESSAGES, n=3, seed=7, temperature=1.0, max_tokens=8)
+    a = client.chat.completions.create(**kw)  # type: ignore[call-overload]
+    b = client.chat.completions.create(**kw)  # type: ignore[call-overload]
+    texts = [c.message.content for c in a.choices]
+    assert [c.index for c in a.choices] == [0, 1, 2] and texts == [c.message.content for c in b.choices]
+    assert len(set(texts)) == 3
+    one = client.chat.completions.create(model=openai.NOT_GIVEN, messages=MESSAGES, seed=8, temperature=1.0,
+                                         max_tokens=8)
+    assert one.choices[0].message.content == texts[1]  # sample i is seeded with seed + i
+    assert a.usage.prompt_tokens == one.usage.prompt_tokens  # the prompt counted once
+    assert a.usage.completion_tokens == sum(len(c) > 0 for c in texts) * 8
+
+
+def test_a_list_of_prompts_echo_and_extensions(client: openai.OpenAI, cluster: ApiCluster) -> None:
+    prompts = ["The capital", "Numbers: 1 2"]
+    # (the two prompts share decode steps, so a random model's near-tied logits may break differently than when
+    # each runs alone: the batch is checked for its shape and prompt -> choice mapping, not for token equality)
+    batch = client.completions.create(model=openai.NOT_GIVEN, prompt=prompts, max_tokens=6, temperature=0,
+                                      echo=True, extra_body={"priority": 2, "top_k": 5, "min_p": 0.05})
+    assert [c.index for c in batch.choices] == [0, 1]
+    assert all(c.text.startswith(p) and len(c.text) > len(p) for c, p in zip(batch.choices, prompts, strict=True))
+    assert batch.usage.completion_tokens == 12
+    single = client.completions.create(model=openai.NOT_GIVEN, prompt=prompts[0], max_tokens=6, temperature=0)
+    echoed = client.completions.create(model=openai.NOT_GIVEN, prompt=prompts[0], max_tokens=6, temperature=0,
+                                       echo=True)
+    assert echoed.choices[0].text == prompts[0] + single.choices[0].text
+    tok = httpx.post(f"{cluster.http}/tokenize", json={"prompt": prompts[0]}).json()
+    assert httpx.post(f"{cluster.http}/detokenize", json={"tokens": tok["tokens"]}).json()["prompt"].endswith(
+        prompts[0])
+    assert [m.id for m in client.models.list().data] == [cluster.model_dir.name]
