@@ -84,6 +84,9 @@ class Request:
     stop_reason: int | str | None = None
     # sampler and detokenizer state, created lazily by their owners
     generator: torch.Generator | None = None
+    # draws of the seeded generator already made elsewhere (decode role: prefill sampled the first token with the
+    # same seed), skipped when the generator is created so the samples continue where prefill's left off
+    generator_skip: int = 0
     detokenizer: IncrementalDetokenizer | None = None
     grammar: RequestGrammar | None = None  # structured output: where the output stands in its grammar
     output_text: str = ""

@@ -98,6 +98,8 @@ class Sampler:
             if r.generator is None:
                 r.generator = torch.Generator(device=dev)
                 r.generator.manual_seed(r.params.seed)  # type: ignore[arg-type]
+                for _ in range(r.generator_skip):
+                    torch.empty_like(q[j]).exponential_(generator=r.generator)
             q[j].exponential_(generator=r.generator)
         # q == 0 would turn a removed token (p = 0) into 0/0 = NaN, which argmax prefers
         return (probs / q.clamp_min_(1e-30)).argmax(dim=-1)

@@ -85,6 +85,8 @@ class HandoffPages:
         s.requests[req_id] = req
         s.running.append(req)
         s.forks.on_prompt_done(req)  # n > 1: the other samples fork from the received prompt KV
+        if req.params.seed is not None and not req.params.greedy:
+            req.generator_skip = 1  # prefill drew the first token from this seed: continue after it
         # The first token was sampled by prefill under the same grammar: the local matcher consumes it here.
         res = s.advance(req, int(first_token))
         return [s.emit_delta(req, (int(first_token),), res.new_text, None if logprob is None else (logprob,),

@@ -105,3 +105,26 @@ def test_aborting_sample_zero_aborts_all(runner: ModelRunner):
                 reasons[o.index] = o.finish_reason
     assert reasons == {0: "abort", 1: "abort", 2: "abort"}
     assert engine.allocator.num_free + engine.cache.num_evictable == engine.allocator.capacity
+
+
+def test_seeded_sampling_after_a_hand_off_continues_the_seed(runner: ModelRunner):
+    """Decode skips the draw prefill made for the first token, so a seeded request gives the same tokens
+    disaggregated as colocated."""
+    prompt = [(11 * i + 4) % 500 for i in range(23)]
+    params = SamplingParams(max_tokens=10, temperature=1.0, seed=5, ignore_eos=True)
+    ref = _run(_engine(runner), "ref", prompt, params)[0]
+    src = _engine(runner)
+    src.add_request("p", prompt, SamplingParams(max_tokens=1, temperature=1.0, seed=5), hold_pages=True)
+    first = None
+    while first is None:
+        for o in src.step():
+            first = o.new_token_ids[0]
+    saved = runner.kv.buffer[list(src.held_pages("p"))].clone()
+    dst = Engine(runner, page_size=PAGE, max_running_requests=16)
+    res = dst.reserve_remote("d", prompt, params)
+    runner.kv.buffer[list(res.page_ids)] = saved
+    got = [t for o in dst.activate_remote("d", first) for t in o.new_token_ids]
+    while dst.has_work():
+        for o in dst.step():
+            got.extend(o.new_token_ids)
+    assert got == ref
