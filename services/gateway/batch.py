@@ -6,6 +6,7 @@ Choice indices follow OpenAI / vLLM: prompt p, sample s of n -> index p * n + s.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from collections.abc import Sequence
 
 from services.gateway.generation import Delta, Generation
@@ -52,10 +53,8 @@ class BatchGeneration:
         for t in self._tasks.values():
             t.cancel()
         for t in self._tasks.values():
-            try:
+            with contextlib.suppress(BaseException):  # cancelled or failed: the stream is being closed anyway
                 await t
-            except BaseException:  # noqa: BLE001 - cancelled or failed: the stream is being closed anyway
-                pass
         self._tasks.clear()
         for g in self.gens:
             await g.aclose()

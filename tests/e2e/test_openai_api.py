@@ -138,8 +138,8 @@ def test_tool_calls_required_and_named(client: openai.OpenAI) -> None:
 
 
 def test_streamed_tool_calls_reassembled_by_the_client(client: openai.OpenAI) -> None:
-    kw = dict(model=openai.NOT_GIVEN, messages=[{"role": "user", "content": "Weather in Oslo?"}], tools=[WEATHER],
-              tool_choice="required", max_tokens=200, temperature=0)
+    kw = {"model": openai.NOT_GIVEN, "messages": [{"role": "user", "content": "Weather in Oslo?"}],
+          "tools": [WEATHER], "tool_choice": "required", "max_tokens": 200, "temperature": 0}
     whole = client.chat.completions.create(**kw)  # type: ignore[call-overload]
     with client.chat.completions.stream(**kw) as stream:  # type: ignore[arg-type]
         final = stream.get_final_completion()
@@ -163,7 +163,7 @@ def test_tool_history_and_auto(client: openai.OpenAI) -> None:
 
 
 def test_n_samples_one_prompt(client: openai.OpenAI) -> None:
-    kw = dict(model=openai.NOT_GIVEN, messages=MESSAGES, n=3, seed=7, temperature=1.0, max_tokens=8)
+    kw = {"model": openai.NOT_GIVEN, "messages": MESSAGES, "n": 3, "seed": 7, "temperature": 1.0, "max_tokens": 8}
     a = client.chat.completions.create(**kw)  # type: ignore[call-overload]
     b = client.chat.completions.create(**kw)  # type: ignore[call-overload]
     texts = [c.message.content for c in a.choices]

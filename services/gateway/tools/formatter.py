@@ -64,7 +64,7 @@ class ToolChatFormatter(ChatFormatter):
                 self._sent = upto
         if d.finish_reason is None:
             return out
-        content, calls = parse_output(self._text, self.plan) if d.finish_reason == "stop" else (self._text, [])
+        _, calls = parse_output(self._text, self.plan) if d.finish_reason == "stop" else (self._text, [])
         if not calls:  # nothing parsed: the held text is content after all
             if len(self._text) > self._sent:
                 out += self._content(self._text[self._sent:], None)

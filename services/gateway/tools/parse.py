@@ -12,7 +12,7 @@ from typing import Any
 from services.gateway.tools.spec import ToolChoiceMode, ToolPlan
 
 START, END = "<tool_call>", "</tool_call>"
-_BLOCK = re.compile(r"<tool_call>\s*(.*?)\s*(?:</tool_call>|$)", re.S)
+_BLOCK = re.compile(r"<tool_call>\s*(.*?)\s*(?:</tool_call>|$)", re.DOTALL)
 
 
 @dataclass(frozen=True)

@@ -108,4 +108,4 @@ def tiny_engine_factory(tiny_llama_dir):  # noqa: F811
     return make
 
 
-from tests.helpers.tiny_models import tiny_llama_dir  # noqa: E402,F401  (session fixture)
+from tests.helpers.tiny_models import tiny_llama_dir  # noqa: F401  (session fixture)
