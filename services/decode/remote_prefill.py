@@ -158,7 +158,8 @@ class RemotePrefillClient:
                 first_token = resp.first_token_id
                 n = 0
                 t_activate = time.monotonic()
-                async for out in aengine.stream(rid, lambda: engine.activate_remote(rid, first_token, lp)):
+                async for out in aengine.stream(rid, lambda: engine.activate_remote(rid, first_token, lp),
+                                                n=params.n):
                     if not n:
                         tr.record(spans.DECODE_FIRST_TOKEN, t_activate, time.monotonic())
                     yield out

@@ -16,6 +16,8 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from typing import Literal, Protocol, runtime_checkable
 
+from shared.grammar.spec import StructuredSpec
+
 FinishReason = Literal["stop", "length", "abort"]
 
 
@@ -45,6 +47,9 @@ class BackendSamplingParams:
     include_stop_str_in_output: bool = False
     ignore_eos: bool = False
     logprobs: int | None = None
+    logit_bias: tuple[tuple[int, float], ...] = ()
+    structured: StructuredSpec | None = None  # grammar the output must match
+    n: int = 1  # samples of the prompt (chunks carry their index)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -58,6 +63,7 @@ class BackendRequest:
     sampling: BackendSamplingParams
     # W3C trace context headers received from the client ("traceparent", "tracestate"), lower-case names.
     trace_headers: tuple[tuple[str, str], ...] = ()
+    priority: int = 0  # lower is served first under the workers' "priority" policy
 
 
 @dataclass(frozen=True, slots=True)
@@ -91,6 +97,7 @@ class BackendChunk:
     stop_reason: int | str | None = None
     num_prompt_tokens: int | None = None
     num_cached_tokens: int | None = None
+    index: int = 0  # which sample (n > 1); finish_reason ends that sample only
 
 
 # ---------------------------------------------------------------- typed errors (mapped to HTTP in errors.py)

@@ -139,6 +139,9 @@ class GrpcBackend:
         want_logprobs = req.sampling.logprobs is not None
         hashes = PromptHashes(req.prompt_token_ids)
         sent: list[int] = []  # output tokens already handed to the client, over all attempts
+        n = req.sampling.n
+        done_samples: set[int] = set()  # n > 1: samples finished so far (the stream ends with the last one)
+        streamed = False  # n > 1: some tokens went to the client (such a stream cannot be replayed)
         exclude: set[str] = set()
         verdicts: list[Verdict] = []
         failures = 0
@@ -189,10 +192,13 @@ class GrpcBackend:
                             add_event(call_span, spans.EVENT_FIRST_TOKEN)
                             self.router.succeeded(plan.instance_ids)
                         chunk = chunk_from_pb(resp, want_logprobs=want_logprobs, num_prompt_tokens=prompt_len,
-                                              first=not sent)
-                        sent.extend(chunk.token_ids)
+                                              first=not sent and not streamed)
+                        if n == 1:
+                            sent.extend(chunk.token_ids)
+                        streamed = streamed or bool(chunk.token_ids)
                         if chunk.finish_reason is not None:
-                            completed = True
+                            done_samples.add(chunk.index)
+                            completed = len(done_samples) >= n
                         if chunk.token_ids or chunk.finish_reason is not None:
                             yield chunk
                         if completed:
@@ -217,6 +223,10 @@ class GrpcBackend:
                             verdict.kind, verdict.message)
                 if not verdict.retryable:
                     raise self._final_error(verdict)
+                if streamed and n > 1:
+                    raise BackendUnavailable(f"the stream of {n} samples broke after tokens were sent ({verdict.message});"
+                                             " n > 1 streams are not replayed, retry the request",
+                                             retry_after_s=self._retry_after_s)
                 exclude |= verdict.exclude
                 if verdict.uses_retry_budget:
                     failures += 1

@@ -17,6 +17,7 @@ from services.gateway.api_responses import (
     ModelList,
 )
 from services.gateway.openapi_limits import apply_limits
+from services.gateway.tokenize_api import DetokenizeRequest, DetokenizeResponse, TokenizeRequest, TokenizeResponse
 
 _REF = "#/components/schemas/{name}"
 _ERROR_CODES = {"400": "Invalid request (the body names the parameter and the fix)",
@@ -71,13 +72,25 @@ def _get(summary: str, schema: str | None, content_type: str = "application/json
     return {"get": op}
 
 
+def _post(summary: str, request: str, response: str, auth: bool) -> dict[str, Any]:
+    op: dict[str, Any] = {
+        "summary": summary,
+        "requestBody": {"required": True, "content": {"application/json": {"schema": _ref(request)}}},
+        "responses": {"200": {"description": "OK", "content": {"application/json": {"schema": _ref(response)}}},
+                      **_errors(("400", "404") + (("401",) if auth else ()))}}
+    if auth:
+        op["security"] = [{"bearer": []}]
+    return {"post": op}
+
+
 def build_openapi(*, auth: bool, title: str = "pdrelay gateway", version: str = "0.1.0",
                   vocab_size: int | None = None, context_length: int | None = None) -> dict[str, Any]:
     """The OpenAPI 3.1 document. `auth`: whether /v1 routes require `Authorization: Bearer <key>`; `vocab_size`
     and `context_length` (of the served model) bound token ids and max_tokens."""
     _, schemas = msgspec.json.schema_components(
         [ChatCompletionRequest, CompletionRequest, ChatCompletionResponse, ChatCompletionChunk, CompletionResponse,
-         CompletionChunk, ModelList, ErrorResponse, HealthStatus],
+         CompletionChunk, ModelList, ErrorResponse, HealthStatus, TokenizeRequest, TokenizeResponse,
+         DetokenizeRequest, DetokenizeResponse],
         ref_template=_REF,
     )
     apply_limits(schemas, vocab_size=vocab_size, context_length=context_length)
@@ -91,6 +104,10 @@ def build_openapi(*, auth: bool, title: str = "pdrelay gateway", version: str = 
             "/v1/completions": _generation("Text completion", "CompletionRequest", "CompletionResponse",
                                            "CompletionChunk", auth),
             "/v1/models": _get("Served models", "ModelList", auth=auth),
+            "/tokenize": _post("Token ids of a prompt or a templated conversation (vLLM's /tokenize)",
+                               "TokenizeRequest", "TokenizeResponse", auth),
+            "/detokenize": _post("Text of token ids (vLLM's /detokenize)", "DetokenizeRequest", "DetokenizeResponse",
+                                 auth),
             "/health": _get("Liveness of the gateway process", "HealthStatus"),
             "/ready": _get("Readiness: a request sent now could be served (503 when not)", "HealthStatus",
                            extra=("503",)),

@@ -167,7 +167,8 @@ class PrefillServicer(worker_pb2_grpc.PrefillServicer):
         engine = aengine.engine
         deadline = t_start + (ticket.deadline_s or svc.cfg.disagg.handoff_timeout_s)
         # One token only, sampled with the request's own parameters; stop strings are decode's business.
-        first_params = dataclasses.replace(params, max_tokens=1, min_tokens=min(params.min_tokens, 1), stop=())
+        # n > 1 samples fork at decode, after this one prefill.
+        first_params = dataclasses.replace(params, max_tokens=1, min_tokens=min(params.min_tokens, 1), stop=(), n=1)
         rid = svc.ids.open(ticket.request_id, int(ticket.epoch))
         accepted: list[float] = []  # when the engine thread took the request: the end of its queue wait
 

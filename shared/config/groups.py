@@ -78,6 +78,9 @@ class KernelConfig:
     linear_backend: A[str, Arg("Dense projections ('auto': oneDNN over prepacked weights for fp32 on CPU, "
                                "torch's F.linear elsewhere)", choices=("auto", "torch", "onednn"))] = "auto"
     sampling_backend: A[str, Arg("Sampling implementation", choices=("torch",))] = "torch"
+    grammar_backend: A[str, Arg("Structured outputs (response_format json_object / json_schema, guided_*): "
+                                "'xgrammar' constrains sampling with a token bitmask; 'none' refuses them",
+                                choices=("xgrammar", "none"))] = "xgrammar"
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -17,6 +17,13 @@ from shared.engine.engine import Engine, EngineStats, EngineStepError
 from shared.engine.errors import EngineError
 from shared.engine.request import RequestOutput
 from shared.engine.sampling_params import SamplingParams
+from shared.engine.scheduler.forks import fork_id
+
+
+def _sample_ids(req_id: str, params: SamplingParams | None) -> list[str]:
+    """Engine ids of all samples of a request (n > 1 forks are fork_id(req_id, i))."""
+    n = params.n if params is not None else 1
+    return [req_id, *(fork_id(req_id, i) for i in range(1, n))]
 
 T = TypeVar("T")
 
@@ -39,13 +46,15 @@ class AsyncEngine:
 
     async def generate(self, req_id: str, prompt_token_ids: Sequence[int], params: SamplingParams | None = None,
                        priority: int = 0, *, hold_pages: bool = False) -> AsyncIterator[RequestOutput]:
-        """Deltas of one request until it finishes. Raises InvalidRequest / QueueFull before the first delta;
-        cancelling the consumer (or leaving the loop early) aborts the request."""
+        """Deltas of one request until it finishes (n > 1: of all its samples, told apart by `index`, until all
+        finish). Raises InvalidRequest / QueueFull before the first delta; cancelling the consumer (or leaving the
+        loop early) aborts the request."""
         if self._stopping:
             raise EngineError("the engine is shut down")
         loop = asyncio.get_running_loop()
         q: asyncio.Queue[RequestOutput | BaseException] = asyncio.Queue()
         added: concurrent.futures.Future[None] = concurrent.futures.Future()
+        ids = _sample_ids(req_id, params)
 
         def add() -> None:
             if not added.set_running_or_notify_cancel():
@@ -55,7 +64,8 @@ class AsyncEngine:
             except BaseException as e:  # handed to the caller, the engine keeps serving
                 added.set_exception(e)
                 return
-            self._streams[req_id] = (loop, q)
+            for rid in ids:
+                self._streams[rid] = (loop, q)
             added.set_result(None)
 
         self._submit(add)
@@ -64,17 +74,17 @@ class AsyncEngine:
         except asyncio.CancelledError:
             self.abort(req_id)  # queued after add(): drops the request if add() already admitted it
             raise
-        finished = False
+        left = len(ids)
         try:
-            while not finished:
+            while left:
                 item = await q.get()
                 if isinstance(item, BaseException):
-                    finished = True
+                    left = 0
                     raise item
-                finished = item.finished
+                left -= item.finished
                 yield item
         finally:
-            if not finished:
+            if left:
                 self.abort(req_id)
 
     async def call(self, fn: Callable[[], T]) -> T:
@@ -100,32 +110,37 @@ class AsyncEngine:
         self._submit(run)
         return await asyncio.wrap_future(fut)
 
-    async def stream(self, req_id: str, start: Callable[[], list[RequestOutput]]) -> AsyncIterator[RequestOutput]:
+    async def stream(self, req_id: str, start: Callable[[], list[RequestOutput]], n: int = 1,
+                     ) -> AsyncIterator[RequestOutput]:
         """Deltas of a request that `start` puts into the engine (e.g. activate_remote), run on the engine thread
-        together with the stream's registration, so no delta of a step in between is lost. Leaving early aborts."""
+        together with the stream's registration, so no delta of a step in between is lost. Leaving early aborts.
+        n: samples of the request (n > 1: its forks' deltas come through here too)."""
         loop = asyncio.get_running_loop()
         q: asyncio.Queue[RequestOutput | BaseException] = asyncio.Queue()
+        ids = [req_id, *(fork_id(req_id, i) for i in range(1, n))]
 
         def begin() -> list[RequestOutput]:
             first = start()
-            if not any(o.finished for o in first):
-                self._streams[req_id] = (loop, q)
+            done = {o.req_id for o in first if o.finished}
+            for rid in ids:
+                if rid not in done:
+                    self._streams[rid] = (loop, q)
             return first
 
-        finished = False
+        left = len(ids)
         try:
             for item in await self.call(begin):
-                finished = item.finished
+                left -= item.finished
                 yield item
-            while not finished:
+            while left:
                 got = await q.get()
                 if isinstance(got, BaseException):
-                    finished = True
+                    left = 0
                     raise got
-                finished = got.finished
+                left -= got.finished
                 yield got
         finally:
-            if not finished:
+            if left:
                 self.abort(req_id)
 
     def abort(self, req_id: str) -> None:

@@ -12,6 +12,7 @@ from shared.engine.sampling_params import SamplingParams
 if TYPE_CHECKING:
     import torch
 
+    from shared.engine.grammar.backend import RequestGrammar
     from shared.engine.sampler.detokenizer import IncrementalDetokenizer
 
 FinishReason = Literal["stop", "length", "abort"]
@@ -52,6 +53,7 @@ class RequestOutput:
     num_prompt_tokens: int = 0
     num_cached_tokens: int = 0  # prompt tokens served from the prefix cache at first admission
     num_output_tokens: int = 0  # generated so far, this delta included
+    index: int = 0  # which sample of an n > 1 request (0 for the others)
 
 
 @dataclass(eq=False)
@@ -77,11 +79,16 @@ class Request:
     num_preemptions: int = 0
     # Prefill role: keep the pages after the request finishes, until release_held() (the KV is being sent).
     hold_pages: bool = False
+    index: int = 0  # sample number of an n > 1 request (its forks are 1..n-1, see scheduler/forks.py)
     finish_reason: FinishReason | None = None
     stop_reason: int | str | None = None
     # sampler and detokenizer state, created lazily by their owners
     generator: torch.Generator | None = None
+    # draws of the seeded generator already made elsewhere (decode role: prefill sampled the first token with the
+    # same seed), skipped when the generator is created so the samples continue where prefill's left off
+    generator_skip: int = 0
     detokenizer: IncrementalDetokenizer | None = None
+    grammar: RequestGrammar | None = None  # structured output: where the output stands in its grammar
     output_text: str = ""
     num_text_emitted: int = 0
 

@@ -121,12 +121,12 @@ class DecodeServicer(worker_pb2_grpc.DecodeServicer):
             else:
                 stream = aengine.generate(rid, list(request.prompt_token_ids), params, priority=request.priority)
             first = True
-            num_out = 0
+            num_out: dict[int, int] = {}  # per sample (n > 1)
             async for out in stream:
-                num_out += len(out.new_token_ids)
+                num_out[out.index] = num_out.get(out.index, 0) + len(out.new_token_ids)
                 msg = worker_pb2.DecodeResponse(
                     request_id=request.request_id, token_ids=list(out.new_token_ids),
-                    finish_reason=finish_to_pb(out))
+                    finish_reason=finish_to_pb(out), index=out.index)
                 if out.new_logprobs:
                     msg.logprobs.extend(logprob_to_pb(lp) for lp in out.new_logprobs)
                 if first:
@@ -140,7 +140,7 @@ class DecodeServicer(worker_pb2_grpc.DecodeServicer):
                     if stop is not None:
                         msg.matched_stop.CopyFrom(stop)
                     msg.usage.CopyFrom(common_pb2.Usage(prompt_tokens=out.num_prompt_tokens,
-                                                        completion_tokens=num_out,
+                                                        completion_tokens=num_out[out.index],
                                                         cached_tokens=out.num_cached_tokens))
                 yield msg
         except InvalidRequest as e:

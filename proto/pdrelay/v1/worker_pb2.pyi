@@ -69,7 +69,7 @@ class DecodeTimings(_message.Message):
     def __init__(self, queue_s: _Optional[float] = ..., prefill_s: _Optional[float] = ..., transfer_s: _Optional[float] = ...) -> None: ...
 
 class DecodeResponse(_message.Message):
-    __slots__ = ("request_id", "token_ids", "logprobs", "finish_reason", "matched_stop", "usage", "error", "timings", "prefill_instance_id")
+    __slots__ = ("request_id", "token_ids", "logprobs", "finish_reason", "matched_stop", "usage", "error", "timings", "prefill_instance_id", "index")
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
     TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
     LOGPROBS_FIELD_NUMBER: _ClassVar[int]
@@ -79,6 +79,7 @@ class DecodeResponse(_message.Message):
     ERROR_FIELD_NUMBER: _ClassVar[int]
     TIMINGS_FIELD_NUMBER: _ClassVar[int]
     PREFILL_INSTANCE_ID_FIELD_NUMBER: _ClassVar[int]
+    INDEX_FIELD_NUMBER: _ClassVar[int]
     request_id: str
     token_ids: _containers.RepeatedScalarFieldContainer[int]
     logprobs: _containers.RepeatedCompositeFieldContainer[_common_pb2.TokenLogprob]
@@ -88,7 +89,8 @@ class DecodeResponse(_message.Message):
     error: _common_pb2.Error
     timings: DecodeTimings
     prefill_instance_id: str
-    def __init__(self, request_id: _Optional[str] = ..., token_ids: _Optional[_Iterable[int]] = ..., logprobs: _Optional[_Iterable[_Union[_common_pb2.TokenLogprob, _Mapping]]] = ..., finish_reason: _Optional[_Union[_common_pb2.FinishReason, str]] = ..., matched_stop: _Optional[_Union[_common_pb2.MatchedStop, _Mapping]] = ..., usage: _Optional[_Union[_common_pb2.Usage, _Mapping]] = ..., error: _Optional[_Union[_common_pb2.Error, _Mapping]] = ..., timings: _Optional[_Union[DecodeTimings, _Mapping]] = ..., prefill_instance_id: _Optional[str] = ...) -> None: ...
+    index: int
+    def __init__(self, request_id: _Optional[str] = ..., token_ids: _Optional[_Iterable[int]] = ..., logprobs: _Optional[_Iterable[_Union[_common_pb2.TokenLogprob, _Mapping]]] = ..., finish_reason: _Optional[_Union[_common_pb2.FinishReason, str]] = ..., matched_stop: _Optional[_Union[_common_pb2.MatchedStop, _Mapping]] = ..., usage: _Optional[_Union[_common_pb2.Usage, _Mapping]] = ..., error: _Optional[_Union[_common_pb2.Error, _Mapping]] = ..., timings: _Optional[_Union[DecodeTimings, _Mapping]] = ..., prefill_instance_id: _Optional[str] = ..., index: _Optional[int] = ...) -> None: ...
 
 class HandoffTicket(_message.Message):
     __slots__ = ("request_id", "epoch", "decode_instance_id", "decode_instance_epoch", "decode_peer", "pages", "layout", "prompt_token_ids", "skip_tokens", "sampling", "trace", "media", "deadline_s", "attempt")

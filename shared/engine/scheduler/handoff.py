@@ -69,6 +69,7 @@ class HandoffPages:
         s.counters.num_prompt_tokens += req.num_prompt_tokens
         s.counters.num_cached_prompt_tokens += cached
         self.remote[req_id] = req
+        s.forks.register(req)
         return Reservation(req_id, tuple(req.page_ids), cached)
 
     def activate_remote(self, req_id: str, first_token: int,
@@ -83,11 +84,11 @@ class HandoffPages:
         req.status = RequestStatus.RUNNING
         s.requests[req_id] = req
         s.running.append(req)
-        req.append_output(int(first_token))
-        s.counters.num_generated_tokens += 1
-        res = s.stop_checker.check(req)
-        if res.finish_reason is not None:
-            s._finish(req, res.finish_reason, res.stop_reason)
+        s.forks.on_prompt_done(req)  # n > 1: the other samples fork from the received prompt KV
+        if req.params.seed is not None and not req.params.greedy:
+            req.generator_skip = 1  # prefill drew the first token from this seed: continue after it
+        # The first token was sampled by prefill under the same grammar: the local matcher consumes it here.
+        res = s.advance(req, int(first_token))
         return [s.emit_delta(req, (int(first_token),), res.new_text, None if logprob is None else (logprob,),
                              finished=res.finish_reason is not None)]
 
@@ -98,6 +99,7 @@ class HandoffPages:
         if req is None:
             return False
         s = self.s
+        s.forks.pending.pop(req_id, None)  # its n > 1 samples never started
         own = req.page_ids[req.num_locked:]
         if req.num_locked:
             s.kv.cache.unlock(req.block_hashes[: req.num_locked])
