@@ -65,6 +65,17 @@ class SchedulerConfig:
 
 
 @dataclass(frozen=True, kw_only=True)
+class EngineSimConfig:
+    engine: A[str, Arg("What runs the steps: 'real' (the model) or 'mock' (the real scheduler, cache and hand-off "
+                       "with the forward pass replaced by a timing model of the real one; no weights)",
+                       choices=("real", "mock"))] = "real"
+    mock_timing_table: A[str | None, Arg("Step-time table of --engine mock (default: the bundled model's, measured "
+                                         "with shared/engine/mock/fit.py)")] = None
+    mock_speedup: A[float, Arg("--engine mock steps run this many times faster than the table says "
+                               "(time-compressed simulations)", min=0.01, max=1000)] = 1.0
+
+
+@dataclass(frozen=True, kw_only=True)
 class ParallelConfig:
     tp_size: A[int, Arg("Tensor-parallel degree (1 on CPU)", min=1, max=64)] = 1
     dp_size: A[int, Arg("Data-parallel engine replicas in this service", min=1, max=64)] = 1
@@ -171,6 +182,7 @@ GROUPS: dict[str, type] = {
     "device": DeviceConfig,
     "cache": CacheConfig,
     "scheduler": SchedulerConfig,
+    "engine": EngineSimConfig,
     "parallel": ParallelConfig,
     "kernels": KernelConfig,
     "cuda_graph": CudaGraphConfig,

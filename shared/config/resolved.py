@@ -21,6 +21,7 @@ from shared.config.groups import (GROUPS, BusConfig, CacheConfig, CudaGraphConfi
                                   DiscoveryConfig, EncoderConfig, GrpcConfig, HttpConfig, KernelConfig,
                                   KVStoreConfig, ModelConfig, ParallelConfig, SchedulerConfig, TelemetryConfig,
                                   TokenizerConfig, TransferConfig)
+from shared.config.groups import EngineSimConfig
 from shared.config.roles import ROLE_GROUPS
 from shared.config.values import Origin, coerce, format_value, validate
 
@@ -89,6 +90,7 @@ class ResolvedConfig:
     device = _GroupAttr(DeviceConfig)
     cache = _GroupAttr(CacheConfig)
     scheduler = _GroupAttr(SchedulerConfig)
+    engine = _GroupAttr(EngineSimConfig)
     parallel = _GroupAttr(ParallelConfig)
     kernels = _GroupAttr(KernelConfig)
     cuda_graph = _GroupAttr(CudaGraphConfig)

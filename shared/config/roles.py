@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 _COMMON = ("device", "discovery", "bus", "grpc", "telemetry")
-_ENGINE = ("model", "tokenizer", "cache", "scheduler", "parallel", "kernels", "cuda_graph")
+_ENGINE = ("model", "tokenizer", "cache", "scheduler", "engine", "parallel", "kernels", "cuda_graph")
 
 ROLE_GROUPS: dict[str, tuple[str, ...]] = {
     "gateway": ("model", "tokenizer", "http") + _COMMON,

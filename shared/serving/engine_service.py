@@ -86,6 +86,10 @@ class EngineService(Service):
     # ---- warm-up -----------------------------------------------------------------------------------------------
     def build_engine(self) -> Engine:
         """Runs in a worker thread: loading weights takes seconds and must not block the event loop."""
+        if self.cfg.engine.engine == "mock":
+            from shared.engine.mock import build_mock_engine
+
+            return build_mock_engine(self.cfg, on_kv_event=self._on_kv_event)
         return Engine.from_config(self.cfg, on_kv_event=self._on_kv_event)
 
     async def warm_up(self) -> None:
