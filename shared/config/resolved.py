@@ -21,7 +21,7 @@ from shared.config.groups import (GROUPS, BusConfig, CacheConfig, CudaGraphConfi
                                   DiscoveryConfig, EncoderConfig, GrpcConfig, HttpConfig, KernelConfig,
                                   KVStoreConfig, ModelConfig, ParallelConfig, SchedulerConfig, TelemetryConfig,
                                   TokenizerConfig, TransferConfig)
-from shared.config.groups import EngineSimConfig
+from shared.config.groups import EngineSimConfig, PlannerConfig
 from shared.config.roles import ROLE_GROUPS
 from shared.config.values import Origin, coerce, format_value, validate
 
@@ -103,6 +103,7 @@ class ResolvedConfig:
     telemetry = _GroupAttr(TelemetryConfig)
     encoder = _GroupAttr(EncoderConfig)
     kvstore = _GroupAttr(KVStoreConfig)
+    planner = _GroupAttr(PlannerConfig)
 
     def __post_init__(self) -> None:
         # Read-only views (in display order), so a frozen config cannot be changed through its mappings either.

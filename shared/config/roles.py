@@ -13,6 +13,8 @@ ROLE_GROUPS: dict[str, tuple[str, ...]] = {
     # colocated: prefill and decode in one process, the baseline every disaggregation benchmark compares against
     "worker": _ENGINE + ("disagg",) + _COMMON,
     "kvstore": ("kvstore", "transfer") + _COMMON,
+    # scales prefill and decode against TTFT / ITL targets (services/planner)
+    "planner": ("planner",) + _COMMON,
 }
 
 ROLES: tuple[str, ...] = tuple(ROLE_GROUPS)
