@@ -196,6 +196,8 @@ class PlannerConfig:
     idle_threshold: A[float, Arg("Scale down only when the instances left would be busy less than this share of "
                                  "the time", min=0, max=1)] = 0.5
     max_scale_step: A[int, Arg("Most instances added to a role in one decision", min=1, max=100)] = 2
+    scale_up_timeout_s: A[float, Arg("A scale-up whose instances have not registered by then has failed (it is "
+                                     "retried with backoff)", min=1)] = 120.0
     scale_retry_max_s: A[float, Arg("Longest wait between retries of a failed scale-up (backoff doubles up to it)",
                                     min=0.1)] = 60.0
     manual_pin_s: A[float, Arg("How long a manual `pdrelay scale` pins a role (0: until `pdrelay planner unpin`)",
