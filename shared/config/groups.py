@@ -206,7 +206,7 @@ class PlannerConfig:
                          choices=("local", "kubernetes"))] = "local"
     k8s_namespace: A[str | None, Arg("Namespace of the Deployments (default: the planner pod's own)")] = None
     k8s_deployments: A[tuple[str, ...], Arg("ROLE=DEPLOYMENT for each scaled role")] = (
-        "prefill=pdrelay-prefill", "decode=pdrelay-decode")
+        "prefill=prefill", "decode=decode")
     planner_log_size: A[int, Arg("Decisions the planner keeps for `pdrelay planner log`", min=1)] = 1000
 
 
