@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import math
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 # A pool busier than this queues: sustained load above it is a reason to grow even before TTFT breaks.
@@ -57,6 +58,7 @@ class Estimate:
     util: float  # busy share summed over the pool (instance-equivalents of work)
     pressure: str = ""
     numbers: dict[str, float] = field(default_factory=dict)
+    at: Callable[[int], float | None] = lambda m: None  # the estimate with m instances (None: unknown)
 
 
 def estimate_prefill(loads: tuple[InstanceLoad, ...], n: int, learned: Learned, target_s: float) -> Estimate:
@@ -92,7 +94,7 @@ def estimate_prefill(loads: tuple[InstanceLoad, ...], n: int, learned: Learned, 
         numbers["est_ttft_ms"] = now * 1e3
     if fewer is not None:
         numbers["est_ttft_fewer_ms"] = fewer * 1e3
-    return Estimate(now, fewer, needed, util, pressure, numbers)
+    return Estimate(now, fewer, needed, util, pressure, numbers, ttft)
 
 
 def _line(points: deque[tuple[float, float]]) -> tuple[float, float] | None:
@@ -149,4 +151,7 @@ def estimate_decode(loads: tuple[InstanceLoad, ...], n: int, learned: Learned, t
     elif tight and len(tight) == len(loads):
         pressure = f"every decode instance has < {KV_LOW:.0%} of its KV pages free"
     numbers["waiting_requests"] = float(queued)
-    return Estimate(now, fewer, max(1, needed), util, pressure, numbers)
+    def itl_or_idle(m: int) -> float | None:
+        return itl(m) if line is not None else (measured if not demand and m >= 1 else None)
+
+    return Estimate(now, fewer, max(1, needed), util, pressure, numbers, itl_or_idle)

@@ -92,6 +92,8 @@ class Plan:
     numbers: dict[str, float] = field(default_factory=dict)
     drain: tuple[str, ...] = ()
     severity: float = 0.0  # estimate / target of a scale-up (who gets the budget first)
+    estimate: Estimate | None = None
+    loads: tuple[InstanceLoad, ...] = ()
 
 
 def _estimate(view: RoleView, mem: RoleMemory, limits: Limits) -> Estimate:
@@ -112,7 +114,7 @@ def plan_role(view: RoleView, mem: RoleMemory, limits: Limits, now: float) -> Pl
     nums = {**est.numbers, "target_ms": target * 1e3, "instances": float(n), "ready": float(len(view.loads))}
 
     def plan(action: Action, to: int, reason: str, **kw: object) -> Plan:
-        return Plan(role, action, n, to, reason, nums, **kw)  # type: ignore[arg-type]
+        return Plan(role, action, n, to, reason, nums, estimate=est, loads=view.loads, **kw)  # type: ignore[arg-type]
 
     if mem.pin is not None and now < mem.pin_until:
         return plan(Action.PINNED, mem.pin, f"pinned at {mem.pin} by a manual scale; `pdrelay planner unpin "
@@ -145,9 +147,7 @@ def plan_role(view: RoleView, mem: RoleMemory, limits: Limits, now: float) -> Pl
                             f"of {limits.scale_down_cooldown_s:.0f} s)")
             if now < mem.retry_at:
                 return plan(Action.HOLD, n, "could drain one, but a failed scale-up is being retried")
-            idlest = min(view.loads, key=lambda x: (x.running + x.queued, x.pending_prefill_tokens, x.busy),
-                         default=None)
-            drain = (idlest.instance_id,) if idlest is not None else ()
+            drain = _idlest(view.loads, 1)
             busy = (f" and they would be busy {est.util / (n - 1):.0%} (<= {limits.idle_threshold:.0%})"
                     if role == Role.PREFILL else "")
             return plan(Action.SCALE_DOWN, n - 1,
@@ -160,21 +160,65 @@ def plan_role(view: RoleView, mem: RoleMemory, limits: Limits, now: float) -> Pl
                 f"{target * 1e3:.0f} ms")
 
 
+def _idlest(loads: tuple[InstanceLoad, ...], k: int) -> tuple[str, ...]:
+    order = sorted(loads, key=lambda x: (x.running + x.queued, x.pending_prefill_tokens, x.busy, x.instance_id))
+    return tuple(x.instance_id for x in order[:k])
+
+
+def _rebalance(up: Plan, donor: Plan, limits: Limits, want: int) -> Plan | None:
+    """The budget blocks `up` by `want` instances: take up to that many from `donor` if it stays calm without them
+    (estimate <= (1 - hysteresis) x target). No cooldown: the budget moves to where the load is."""
+    est, target = donor.estimate, limits.target_s(donor.role)
+    if est is None or donor.action not in (Action.HOLD, Action.SCALE_DOWN):
+        return None
+    lo, n = max(limits.min_count[donor.role], 1), donor.current
+    already = n - donor.target  # a donor scaling down on its own gives that much anyway
+    want += already
+    give = 0
+    while give < want and n - give - 1 >= lo:
+        after = est.at(n - give - 1)
+        if after is None or after > target * (1 - limits.hysteresis):
+            break
+        if donor.role == Role.PREFILL and est.util / (n - give - 1) > limits.idle_threshold:
+            break
+        give += 1
+    if give <= already:
+        return None
+    drain = _idlest(donor.loads, give)
+    after_s = est.at(n - give)
+    return Plan(donor.role, Action.SCALE_DOWN, n, n - give,
+                f"{up.role} needs the budget ({up.reason.split(':')[0]}); with {n - give} instances {donor.role}'s "
+                f"estimated {_what(donor.role)} is {after_s * 1e3:.0f} ms <= {1 - limits.hysteresis:.0%} of its "
+                f"target: draining {', '.join(drain)}", donor.numbers, drain, estimate=est, loads=donor.loads)
+
+
 def decide(views: dict[Role, RoleView], memory: dict[Role, RoleMemory], limits: Limits, now: float) -> list[Plan]:
-    """One evaluation: a plan per role, scale-ups trimmed to the budget (the worse breach first)."""
+    """One evaluation: a plan per role, scale-ups trimmed to the budget (the worse breach first); a scale-up the
+    budget blocks takes instances from the other role when that one can spare them."""
     plans = {role: plan_role(view, memory[role], limits, now) for role, view in views.items()}
+    # a role scaling down frees its instances for the other one in the same evaluation
     total = sum(p.target for p in plans.values())
     for p in sorted((p for p in plans.values() if p.action == Action.SCALE_UP), key=lambda p: p.severity):
         if total <= limits.budget:
             break
-        room = max(p.current, p.target - (total - limits.budget))
+        short = total - limits.budget
+        donor_role = next((r for r in plans if r != p.role), None)
+        if donor_role is not None:
+            given = _rebalance(p, plans[donor_role], limits, short)
+            if given is not None:
+                total -= plans[donor_role].target - given.target
+                plans[donor_role] = given
+                short = total - limits.budget
+                if short <= 0:
+                    continue
+        room = max(p.current, p.target - short)
         total -= p.target - room
         if room <= p.current:
             plans[p.role] = Plan(p.role, Action.HOLD, p.current, p.current,
                                  f"{p.reason}; held: the budget of {limits.budget} instances is used up",
-                                 p.numbers)
+                                 p.numbers, estimate=p.estimate, loads=p.loads)
         else:
             plans[p.role] = Plan(p.role, p.action, p.current, room,
                                  f"{p.reason}; capped at {room} by the budget of {limits.budget}", p.numbers,
-                                 severity=p.severity)
+                                 severity=p.severity, estimate=p.estimate, loads=p.loads)
     return [plans[r] for r in views]

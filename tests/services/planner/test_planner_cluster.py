@@ -11,7 +11,7 @@ import signal
 
 import pytest
 
-from tests.services.planner.mock_cluster import MockCluster, poisson_load
+from bench.scale_cluster import MockCluster, poisson_load
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow, pytest.mark.timeout(400)]
 

@@ -101,3 +101,15 @@ def test_budget_goes_to_the_worse_breach_first() -> None:
     assert plans[P].action == Action.SCALE_UP and plans[P].target == 4
     assert plans[D].action == Action.HOLD and "budget" in plans[D].reason
     assert sum(p.target for p in plans.values()) <= 7
+
+
+def test_a_blocked_scale_up_takes_the_budget_from_a_calm_role() -> None:
+    # decode: 5 instances, idle-ish (ITL 20 ms, target 100 ms); prefill breaks TTFT but the budget (6) is used up
+    mem = {P: RoleMemory(), D: RoleMemory()}
+    mem[D].learned.itl_points.extend([(1.0, 0.015), (8.0, 0.050)])  # 10 ms + 5 ms per request
+    views = {P: prefill(1, 6000), D: decode(5, 5, 20.0)}
+    plans = {p.role: p for p in decide(views, mem, limits(budget=6), 100)}
+    assert plans[P].action == Action.SCALE_UP and plans[P].target == 3
+    assert plans[D].action == Action.SCALE_DOWN and plans[D].target == 3 and len(plans[D].drain) == 2
+    assert "prefill needs the budget" in plans[D].reason
+    assert sum(p.target for p in plans.values()) <= 6

@@ -1,5 +1,5 @@
-"""A local cluster of mock engines (`pdrelay up --engine mock --detach`) for the planner's end-to-end tests, and a
-small streaming load generator against its gateway (the serving benchmark's client)."""
+"""A local cluster of mock engines (`pdrelay up --engine mock --detach`) for the planner's tests and the scale ramp
+benchmark, and a streaming load generator with rate ramps against its gateway (the serving benchmark's client)."""
 
 from __future__ import annotations
 
@@ -78,22 +78,36 @@ def completion_body(isl: int, osl: int, rng: random.Random) -> bytes:
                                 "stream_options": {"include_usage": True}})
 
 
-async def poisson_load(url: str, phases: Sequence[tuple[float, float, int, int]], *, seed: int = 0,
+class Phase(msgspec.Struct, frozen=True):
+    """`seconds` of Poisson arrivals whose rate goes linearly from `rate` to `rate_end` (req/s)."""
+
+    seconds: float
+    rate: float
+    isl: int  # prompt tokens
+    osl: int  # output tokens
+    rate_end: float | None = None
+
+
+async def poisson_load(url: str, phases: Sequence[tuple[float, float, int, int] | Phase], *, seed: int = 0,
                        ) -> list[tuple[float, RequestResult]]:
-    """phases: (seconds, requests/s, prompt tokens, output tokens). Returns (start offset, result) per request."""
-    http = make_http("httpx", url, max_connections=512)
+    """phases: Phase, or (seconds, requests/s, prompt tokens, output tokens). Returns (start offset, result) per
+    request, in arrival order."""
+    http = make_http("httpx", url, max_connections=1024)
     rng = random.Random(seed)
     t0 = time.monotonic()
     tasks: list[tuple[float, asyncio.Task[RequestResult]]] = []
-    end = 0.0
-    for seconds, rate, isl, osl in phases:
-        end += seconds
-        while time.monotonic() - t0 < end:
-            body = completion_body(isl, osl, rng)
-            at = time.monotonic() - t0
-            tasks.append((at, asyncio.create_task(send_request(http, "/v1/completions", body, prompt_len=isl,
-                                                               count_tokens=len))))
-            await asyncio.sleep(rng.expovariate(rate))
+    begin = 0.0
+    for ph in phases:
+        p = ph if isinstance(ph, Phase) else Phase(*ph)
+        end = begin + p.seconds
+        while (now := time.monotonic() - t0) < end:
+            frac = (now - begin) / p.seconds
+            rate = p.rate + ((p.rate_end if p.rate_end is not None else p.rate) - p.rate) * frac
+            body = completion_body(p.isl, p.osl, rng)
+            tasks.append((now, asyncio.create_task(send_request(http, "/v1/completions", body, prompt_len=p.isl,
+                                                                count_tokens=len))))
+            await asyncio.sleep(rng.expovariate(max(rate, 0.01)))
+        begin = end
     results = [(at, await t) for at, t in tasks]
     await http.aclose()
     return results
