@@ -33,6 +33,63 @@ DEFAULT_RAMP = (
     Phase(20, 10.0, 32, 96, rate_end=1.0),
 )
 
+# The same shape, scaled down for real engines on the bundled model (two CPU cores): the smoke check that the
+# planner decides the same way on real engines as on mock ones.
+SMOKE_RAMP = (
+    Phase(20, 0.5, 32, 24),
+    Phase(40, 1.5, 384, 4),
+    Phase(30, 0.5, 32, 24),
+)
+
+
+def run_planner(cluster: MockCluster, ramp: Sequence[Phase], seed: int, flags: Sequence[str], interval_s: float,
+                ttft_ms: float, itl_ms: float) -> dict:  # type: ignore[type-arg]
+    """The ramp with a planner on the cluster (from its current size); the planner runs for this ramp only."""
+    planner = start_planner(cluster, flags, cluster.run_dir / "planner-bench.log")
+    try:
+        time.sleep(interval_s * 2)
+        t0 = time.time()
+        with InstanceSeconds(cluster) as inst:
+            res = run_ramp(cluster, ramp, seed)
+        time.sleep(interval_s)
+        decisions = planner_decisions(cluster)
+    finally:
+        planner.terminate()
+        planner.wait(30)
+    acts = [d for d in decisions if d["action"] in ("scale_up", "scale_down", "failed")]
+    return {**goodput(res, ttft_ms, itl_ms), "instance_s": inst.total,
+            "decisions": [{k: d[k] for k in ("role", "action", "current", "target", "reason")}
+                          | {"t": round(d["ts"] - t0, 1)} for d in acts],
+            "reaction_intervals": reaction_intervals(res, decisions, t0, interval_s, ttft_ms, itl_ms),
+            "sizes": inst.samples}
+
+
+def smoke(ns: argparse.Namespace) -> int:
+    """The scaled-down ramp with the planner on real engines, then on mock engines (no speedup): both decision
+    sequences side by side."""
+    flags = ("--ttft-target-ms", str(ns.ttft_ms), "--itl-target-ms", str(ns.itl_ms), "--budget", "4",
+             "--max-prefill", "3", "--max-decode", "2", "--evaluation-interval-s", str(ns.interval_s),
+             "--scale-up-cooldown-s", str(2 * ns.interval_s), "--scale-down-cooldown-s", str(4 * ns.interval_s))
+    report: dict = {}
+    for engine in ("real", "mock"):
+        run_dir = Path(ns.run_dir + "-" + engine)
+        pdrelay("down", "--run-dir", str(run_dir))
+        cluster = MockCluster(run_dir, "--prefill", "1", "--decode", "1", engine=engine)
+        try:
+            report[engine] = run_planner(cluster, SMOKE_RAMP, ns.seed, flags, ns.interval_s, ns.ttft_ms, ns.itl_ms)
+        finally:
+            cluster.down()
+        r = report[engine]
+        print(f"{engine}: {r['requests']} requests, {r['failed']} failed, good {r['good']}, "
+              f"mean TTFT {r['mean_ttft_ms']:.0f} ms, TPOT {r['mean_tpot_ms']:.0f} ms", flush=True)
+        for d in r["decisions"]:
+            print(f"  t={d['t']:6.1f}s {d['role']:8} {d['action']:10} {d['current']}->{d['target']}  "
+                  f"{d['reason'][:140]}", flush=True)
+    if ns.out:
+        Path(ns.out).write_text(json.dumps(report, indent=1))
+    return 0
+
+
 def goodput(results, ttft_ms: float, itl_ms: float) -> dict[str, float]:  # type: ignore[no-untyped-def]
     ok = [r for _, r in results if r.success]
     good = [r for r in ok if r.ttft_s * 1e3 <= ttft_ms and r.tpot_s * 1e3 <= itl_ms]
@@ -141,7 +198,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--quick", action="store_true", help="a 20 s ramp and one split (checks the harness)")
     p.add_argument("--run-dir", default="/tmp/pdrelay-planner-ramp")
     p.add_argument("--out", default=None, help="write the JSON report here")
+    p.add_argument("--smoke-real", action="store_true",
+                   help="the scaled-down ramp with the planner on real engines (bundled model), then on mock ones")
     ns = p.parse_args(argv)
+    if ns.smoke_real:
+        return smoke(ns)
     ramp = DEFAULT_RAMP if not ns.quick else tuple(Phase(5, ph.rate, ph.isl, ph.osl, ph.rate_end) for ph in DEFAULT_RAMP)
     splits = [int(x) for x in ns.splits.split(",")] if not ns.quick else [ns.budget // 2]
     run_dir = Path(ns.run_dir)

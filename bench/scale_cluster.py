@@ -28,12 +28,12 @@ def pdrelay(*args: str, timeout: float = 120) -> subprocess.CompletedProcess[str
 
 
 class MockCluster:
-    def __init__(self, run_dir: Path, *args: str) -> None:
+    def __init__(self, run_dir: Path, *args: str, engine: str = "mock") -> None:
         self.run_dir = run_dir
         self.http_port = free_port()
         up = pdrelay("up", "--detach", "--quiet", "--run-dir", str(run_dir), "--lease-ttl-s", "2",
                      "--port", str(self.http_port), "--etcd-port", str(free_port()), "--nats-port", str(free_port()),
-                     "--engine", "mock", "--load-report-interval-s", "0.1", *args, timeout=240)
+                     "--engine", engine, "--load-report-interval-s", "0.1", *args, timeout=300)
         if up.returncode != 0:
             self.down()
             raise RuntimeError(f"pdrelay up failed ({up.returncode}):\n{up.stdout}\n{up.stderr}")
