@@ -155,7 +155,13 @@ class PlannerService(Service):
 
     def _views(self, now: float) -> tuple[dict[Role, RoleView], list[Plan]]:
         assert self.members is not None
-        fresh = self.loads.fresh(max(2.0, 5 * self.cfg.bus.load_report_interval_s))
+        max_age = max(2.0, 5 * self.cfg.bus.load_report_interval_s)
+        fresh = self.loads.fresh(max_age)
+        # instances that left stop reporting: forget them, so a long run with many scale-ups stays bounded
+        known = {i.instance_id for i in self.members.instances()}
+        for iid in [k for k in self.loads.latest if k not in known and k not in fresh]:
+            self.loads.latest.pop(iid, None)
+            self.loads.received_at.pop(iid, None)
         views: dict[Role, RoleView] = {}
         failed: list[Plan] = []
         for role in ROLES:
