@@ -59,6 +59,16 @@ class Estimate:
     pressure: str = ""
     numbers: dict[str, float] = field(default_factory=dict)
     at: Callable[[int], float | None] = lambda m: None  # the estimate with m instances (None: unknown)
+    floor_s: float = 0.0  # what no number of instances goes below (one step; decode's step at batch 0)
+
+    def calm(self, m: int, target_s: float, hysteresis: float) -> bool:
+        """With m instances the estimate stays `hysteresis` of the headroom (target - floor) under the target:
+        a floor close to the target (a slow step) still leaves room to scale down."""
+        got = self.at(m)
+        if got is None:
+            return False
+        floor = min(self.floor_s, target_s)
+        return got <= floor + (target_s - floor) * (1 - hysteresis)
 
 
 def estimate_prefill(loads: tuple[InstanceLoad, ...], n: int, learned: Learned, target_s: float) -> Estimate:
@@ -94,7 +104,7 @@ def estimate_prefill(loads: tuple[InstanceLoad, ...], n: int, learned: Learned, 
         numbers["est_ttft_ms"] = now * 1e3
     if fewer is not None:
         numbers["est_ttft_fewer_ms"] = fewer * 1e3
-    return Estimate(now, fewer, needed, util, pressure, numbers, ttft)
+    return Estimate(now, fewer, needed, util, pressure, numbers, ttft, base)
 
 
 def _line(points: deque[tuple[float, float]]) -> tuple[float, float] | None:
@@ -154,4 +164,5 @@ def estimate_decode(loads: tuple[InstanceLoad, ...], n: int, learned: Learned, t
     def itl_or_idle(m: int) -> float | None:
         return itl(m) if line is not None else (measured if not demand and m >= 1 else None)
 
-    return Estimate(now, fewer, max(1, needed), util, pressure, numbers, itl_or_idle)
+    floor = line[0] if line is not None else (measured or 0.0)
+    return Estimate(now, fewer, max(1, needed), util, pressure, numbers, itl_or_idle, floor)

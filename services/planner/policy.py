@@ -134,9 +134,11 @@ def plan_role(view: RoleView, mem: RoleMemory, limits: Limits, now: float) -> Pl
                         f"{limits.scale_up_cooldown_s:.0f} s)")
         to = min(hi, n + limits.max_scale_step, max(n + 1, est.needed))
         severity = (est.now_s / target) if est.now_s is not None else 1.0
+        if est.pressure:  # queueing or out of KV pages: as urgent as a breach
+            severity = max(severity, 1.5)
         return plan(Action.SCALE_UP, to, f"{why}: {n} -> {to} (the load needs {est.needed})", severity=severity)
     if n > max(lo, 1) and est.fewer_s is not None and n > est.needed:
-        calm = est.fewer_s <= target * (1 - limits.hysteresis)
+        calm = est.calm(n - 1, target, limits.hysteresis)
         # A decode instance is "busy" whenever it holds one request: its ITL says more than its busy share.
         idle = role == Role.DECODE or est.util / (n - 1) <= limits.idle_threshold
         if calm and idle:
@@ -151,8 +153,9 @@ def plan_role(view: RoleView, mem: RoleMemory, limits: Limits, now: float) -> Pl
             busy = (f" and they would be busy {est.util / (n - 1):.0%} (<= {limits.idle_threshold:.0%})"
                     if role == Role.PREFILL else "")
             return plan(Action.SCALE_DOWN, n - 1,
-                        f"with {n - 1} instances the estimated {_what(role)} is {est.fewer_s * 1e3:.0f} ms "
-                        f"<= {1 - limits.hysteresis:.0%} of the target{busy}: draining {', '.join(drain) or 'one'}",
+                        f"with {n - 1} instances the estimated {_what(role)} is {est.fewer_s * 1e3:.0f} ms, "
+                        f"{limits.hysteresis:.0%} of the headroom under the target{busy}: draining "
+                        f"{', '.join(drain) or 'one'}",
                         drain=drain)
     if est.now_s is None:
         return plan(Action.HOLD, n, f"no {_what(role)} measurement yet")
@@ -175,9 +178,11 @@ def _rebalance(up: Plan, donor: Plan, limits: Limits, want: int) -> Plan | None:
     already = n - donor.target  # a donor scaling down on its own gives that much anyway
     want += already
     give = 0
+    # for a role that breaks its target the donor may go up to its own target; otherwise it must stay calm
+    urgent = up.severity > 1.0
     while give < want and n - give - 1 >= lo:
         after = est.at(n - give - 1)
-        if after is None or after > target * (1 - limits.hysteresis):
+        if after is None or not (after <= target if urgent else est.calm(n - give - 1, target, limits.hysteresis)):
             break
         if donor.role == Role.PREFILL and est.util / (n - give - 1) > limits.idle_threshold:
             break
@@ -188,8 +193,8 @@ def _rebalance(up: Plan, donor: Plan, limits: Limits, want: int) -> Plan | None:
     after_s = est.at(n - give)
     return Plan(donor.role, Action.SCALE_DOWN, n, n - give,
                 f"{up.role} needs the budget ({up.reason.split(':')[0]}); with {n - give} instances {donor.role}'s "
-                f"estimated {_what(donor.role)} is {after_s * 1e3:.0f} ms <= {1 - limits.hysteresis:.0%} of its "
-                f"target: draining {', '.join(drain)}", donor.numbers, drain, estimate=est, loads=donor.loads)
+                f"estimated {_what(donor.role)} is {after_s * 1e3:.0f} ms, within its target of {target * 1e3:.0f} "
+                f"ms: draining {', '.join(drain)}", donor.numbers, drain, estimate=est, loads=donor.loads)
 
 
 def decide(views: dict[Role, RoleView], memory: dict[Role, RoleMemory], limits: Limits, now: float) -> list[Plan]:
