@@ -203,7 +203,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     ns = p.parse_args(argv)
     if ns.smoke_real:
         return smoke(ns)
-    ramp = DEFAULT_RAMP if not ns.quick else tuple(Phase(5, ph.rate, ph.isl, ph.osl, ph.rate_end) for ph in DEFAULT_RAMP)
+    ramp = DEFAULT_RAMP if not ns.quick else tuple(Phase(5, p.rate, p.isl, p.osl, p.rate_end) for p in DEFAULT_RAMP)
     splits = [int(x) for x in ns.splits.split(",")] if not ns.quick else [ns.budget // 2]
     run_dir = Path(ns.run_dir)
     pdrelay("down", "--run-dir", str(run_dir))
@@ -225,35 +225,21 @@ def main(argv: Sequence[str] | None = None) -> int:
                  str(ns.budget), "--max-prefill", str(ns.budget - 1), "--max-decode", str(ns.budget - 1),
                  "--evaluation-interval-s", str(ns.interval_s), "--scale-up-cooldown-s", str(2 * ns.interval_s),
                  "--scale-down-cooldown-s", str(4 * ns.interval_s), "--max-scale-step", "3")
-        planner = start_planner(cluster, flags, run_dir / "planner-bench.log")
-        try:
-            time.sleep(ns.interval_s * 2)
-            t0 = time.time()
-            with InstanceSeconds(cluster) as inst:
-                res = run_ramp(cluster, ramp, ns.seed)
-            time.sleep(ns.interval_s)
-            decisions = planner_decisions(cluster)
-        finally:
-            planner.terminate()
-            planner.wait(30)
-        acts = [d for d in decisions if d["action"] in ("scale_up", "scale_down", "failed")]
-        report["runs"]["planner"] = {**goodput(res, ns.ttft_ms, ns.itl_ms), "instance_s": inst.total,
-                                     "decisions": [{k: d[k] for k in ("ts", "role", "action", "current", "target",
-                                                                      "reason")} | {"t": round(d["ts"] - t0, 1)}
-                                                   for d in acts],
-                                     "reaction_intervals": reaction_intervals(res, decisions, t0, ns.interval_s,
-                                                                              ns.ttft_ms, ns.itl_ms),
-                                     "sizes": inst.samples}
         runs = report["runs"]
+        runs["planner"] = run_planner(cluster, ramp, ns.seed, flags, ns.interval_s, ns.ttft_ms, ns.itl_ms)
         best = max((n for n in runs if n.startswith("fixed ") and n != "fixed 1P1D"), key=lambda n: runs[n]["good"])
         g = runs["planner"]["good"]
-        report["summary"] = {"best_fixed": best, "planner_vs_1p1d": g / max(1, runs["fixed 1P1D"]["good"]),
-                             "planner_vs_best_fixed": g / max(1, runs[best]["good"]),
-                             "planner_failed_requests": runs["planner"]["failed"],
-                             "instance_s_planner_vs_best": runs["planner"]["instance_s"] / max(1.0, runs[best]["instance_s"])}
+        share = {n: r["good"] / max(1, r["requests"]) for n, r in runs.items()}
+        report["summary"] = {
+            "best_fixed": best, "planner_vs_1p1d": g / max(1, runs["fixed 1P1D"]["good"]),
+            "planner_vs_best_fixed": g / max(1, runs[best]["good"]),
+            "good_share": share,  # good / offered: the same ratio, insensitive to how many arrivals a run got
+            "planner_failed_requests": runs["planner"]["failed"],
+            "instance_s_planner_vs_best": runs["planner"]["instance_s"] / max(1.0, runs[best]["instance_s"])}
         print(json.dumps(report["summary"], indent=1))
         for d in runs["planner"]["decisions"]:
-            print(f"  t={d['t']:6.1f}s {d['role']:8} {d['action']:10} {d['current']}->{d['target']}  {d['reason'][:150]}")
+            print(f"  t={d['t']:6.1f}s {d['role']:8} {d['action']:10} {d['current']}->{d['target']}  "
+                  f"{d['reason'][:150]}")
         print("reaction (evaluation intervals):", runs["planner"]["reaction_intervals"])
     finally:
         cluster.down()

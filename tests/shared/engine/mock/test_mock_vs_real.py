@@ -30,8 +30,8 @@ def run_workload(engine: Engine, run: int) -> tuple[float, float]:
     params = SamplingParams(max_tokens=NEW_TOKENS, temperature=0.0, ignore_eos=True)
     t0 = time.perf_counter()
     for i in range(BATCH):
-        engine.add_request(f"w{run}-{i}", [1000 + (run * 7919 + i * 131 + j * 17) % 20000 for j in range(PROMPT_TOKENS)],
-                           params)
+        prompt = [1000 + (run * 7919 + i * 131 + j * 17) % 20000 for j in range(PROMPT_TOKENS)]
+        engine.add_request(f"w{run}-{i}", prompt, params)
     first: dict[str, float] = {}
     last: dict[str, float] = {}
     count: dict[str, int] = {}
