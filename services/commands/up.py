@@ -11,7 +11,8 @@ import sys
 from pathlib import Path
 
 # role -> default number of instances; the order is the order of --help
-DEFAULT_COUNTS = {"gateway": 1, "prefill": 1, "decode": 1, "encoder": 0, "kvstore": 0, "worker": 0, "echo": 0}
+DEFAULT_COUNTS = {"gateway": 1, "prefill": 1, "decode": 1, "encoder": 0, "kvstore": 0, "worker": 0, "echo": 0,
+                  "planner": 0}
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
@@ -28,6 +29,11 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--nats-port", type=int, default=0, help="port of the nats-server we start (0: 4222 if free)")
     for role, n in DEFAULT_COUNTS.items():
         what = "the control-plane test service" if role == "echo" else f"{role} instances"
+        if role == "planner":  # `--planner` alone: one planner scaling prefill and decode (services/planner)
+            p.add_argument("--planner", type=int, nargs="?", const=1, default=n, metavar="N",
+                           help="planners that scale prefill and decode against TTFT / ITL targets (--planner "
+                                "alone: 1; planner flags such as --ttft-target-ms go to them)")
+            continue
         p.add_argument(f"--{role}", type=int, default=n, metavar="N", help=f"{what} (default {n})")
     p.add_argument("--role-flags", action="append", default=[], metavar="ROLE=FLAGS",
                    help="service flags for one role only, after the shared ones (repeatable), e.g. "

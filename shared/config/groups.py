@@ -65,6 +65,17 @@ class SchedulerConfig:
 
 
 @dataclass(frozen=True, kw_only=True)
+class EngineSimConfig:
+    engine: A[str, Arg("What runs the steps: 'real' (the model) or 'mock' (the real scheduler, cache and hand-off "
+                       "with the forward pass replaced by a timing model of the real one; no weights)",
+                       choices=("real", "mock"))] = "real"
+    mock_timing_table: A[str | None, Arg("Step-time table of --engine mock (default: the bundled model's, measured "
+                                         "with shared/engine/mock/fit.py)")] = None
+    mock_speedup: A[float, Arg("--engine mock steps run this many times faster than the table says "
+                               "(time-compressed simulations)", min=0.01, max=1000)] = 1.0
+
+
+@dataclass(frozen=True, kw_only=True)
 class ParallelConfig:
     tp_size: A[int, Arg("Tensor-parallel degree (1 on CPU)", min=1, max=64)] = 1
     dp_size: A[int, Arg("Data-parallel engine replicas in this service", min=1, max=64)] = 1
@@ -184,6 +195,41 @@ class KVStoreConfig:
                                      choices=("write_through", "write_back", "selective"))] = "write_through"
 
 
+@dataclass(frozen=True, kw_only=True)
+class PlannerConfig:
+    ttft_target_ms: A[float, Arg("Time-to-first-token target: prefill scales up when its estimate breaks it",
+                                 min=1)] = 3000.0
+    itl_target_ms: A[float, Arg("Inter-token latency target: decode scales up when its estimate breaks it",
+                                min=1)] = 250.0
+    min_prefill: A[int, Arg("Fewest prefill instances", min=0, max=10000)] = 1
+    max_prefill: A[int, Arg("Most prefill instances", min=0, max=10000)] = 8
+    min_decode: A[int, Arg("Fewest decode instances", min=1, max=10000)] = 1
+    max_decode: A[int, Arg("Most decode instances", min=1, max=10000)] = 8
+    budget: A[int, Arg("Most prefill + decode instances together (0: max-prefill + max-decode)", min=0)] = 0
+    evaluation_interval_s: A[float, Arg("Seconds between evaluations", min=0.1, max=3600)] = 5.0
+    scale_up_cooldown_s: A[float, Arg("After scaling a role up, wait this long before scaling it up again",
+                                      min=0)] = 10.0
+    scale_down_cooldown_s: A[float, Arg("After any change of a role, wait this long before scaling it down",
+                                        min=0)] = 30.0
+    hysteresis: A[float, Arg("Scale down only when the estimate with one instance fewer stays this far under the "
+                             "target (0.3: under 0.7 x the target)", min=0, max=0.95)] = 0.3
+    idle_threshold: A[float, Arg("Scale down only when the instances left would be busy less than this share of "
+                                 "the time", min=0, max=1)] = 0.5
+    max_scale_step: A[int, Arg("Most instances added to a role in one decision", min=1, max=100)] = 2
+    scale_up_timeout_s: A[float, Arg("A scale-up whose instances have not registered by then has failed (it is "
+                                     "retried with backoff)", min=1)] = 120.0
+    scale_retry_max_s: A[float, Arg("Longest wait between retries of a failed scale-up (backoff doubles up to it)",
+                                    min=0.1)] = 60.0
+    manual_pin_s: A[float, Arg("How long a manual `pdrelay scale` pins a role (0: until `pdrelay planner unpin`)",
+                               min=0)] = 0.0
+    actuator: A[str, Arg("What carries out decisions: the local supervisor of `pdrelay up`, or Kubernetes",
+                         choices=("local", "kubernetes"))] = "local"
+    k8s_namespace: A[str | None, Arg("Namespace of the Deployments (default: the planner pod's own)")] = None
+    k8s_deployments: A[tuple[str, ...], Arg("ROLE=DEPLOYMENT for each scaled role")] = (
+        "prefill=prefill", "decode=decode")
+    planner_log_size: A[int, Arg("Decisions the planner keeps for `pdrelay planner log`", min=1)] = 1000
+
+
 # name on the resolved config -> group class. Order is the order `config show` prints.
 GROUPS: dict[str, type] = {
     "model": ModelConfig,
@@ -191,6 +237,7 @@ GROUPS: dict[str, type] = {
     "device": DeviceConfig,
     "cache": CacheConfig,
     "scheduler": SchedulerConfig,
+    "engine": EngineSimConfig,
     "parallel": ParallelConfig,
     "kernels": KernelConfig,
     "cuda_graph": CudaGraphConfig,
@@ -204,4 +251,5 @@ GROUPS: dict[str, type] = {
     "telemetry": TelemetryConfig,
     "encoder": EncoderConfig,
     "kvstore": KVStoreConfig,
+    "planner": PlannerConfig,
 }

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 _COMMON = ("device", "discovery", "bus", "grpc", "tls", "telemetry")
-_ENGINE = ("model", "tokenizer", "cache", "scheduler", "parallel", "kernels", "cuda_graph")
+_ENGINE = ("model", "tokenizer", "cache", "scheduler", "engine", "parallel", "kernels", "cuda_graph")
 
 ROLE_GROUPS: dict[str, tuple[str, ...]] = {
     "gateway": ("model", "tokenizer", "http") + _COMMON,
@@ -13,6 +13,8 @@ ROLE_GROUPS: dict[str, tuple[str, ...]] = {
     # colocated: prefill and decode in one process, the baseline every disaggregation benchmark compares against
     "worker": _ENGINE + ("disagg",) + _COMMON,
     "kvstore": ("kvstore", "transfer") + _COMMON,
+    # scales prefill and decode against TTFT / ITL targets (services/planner)
+    "planner": ("planner",) + _COMMON,
 }
 
 ROLES: tuple[str, ...] = tuple(ROLE_GROUPS)

@@ -25,6 +25,11 @@ class LoadSnapshot(msgspec.Struct, frozen=True, kw_only=True):
     free_pages: int = 0
     total_pages: int = 0
     tokens_per_s: float = 0.0  # generated (decode) or computed (prefill) tokens per second, recent average
+    # Engine step metrics over the last few seconds (the planner's inputs; 0 where unknown):
+    pending_prefill_tokens: int = 0  # prompt tokens not computed yet: waiting requests and unfinished chunks
+    step_ms: float = 0.0  # mean step time (a decode instance's inter-token latency)
+    busy: float = 0.0  # share of wall time spent in steps (0..1)
+    compute_tokens_per_s: float = 0.0  # tokens computed per second of step time: what the instance can do
 
 
 class LoadReport(msgspec.Struct, frozen=True, kw_only=True):

@@ -13,11 +13,13 @@ from nats.aio.subscription import Subscription
 
 from shared.cluster.bus import subjects
 from shared.cluster.bus.admin_auth import AdminAuth
-from shared.cluster.bus.client import Bus, Meta, Responder
+from shared.cluster.bus.client import Bus, Handler, Meta, Responder
 
 
 class ScaleRequest(msgspec.Struct, frozen=True, kw_only=True):
     targets: dict[str, int]  # role -> wanted number of instances
+    origin: str = "operator"  # "operator" (`pdrelay scale`) | "planner": the planner treats the others as pins
+    drain: tuple[str, ...] = ()  # on scale-down, drain these instances first (e.g. the idlest one)
 
 
 class ScaleReply(msgspec.Struct, frozen=True, kw_only=True):
@@ -29,11 +31,17 @@ class ScaleReply(msgspec.Struct, frozen=True, kw_only=True):
 
 
 async def request_scale(bus: Bus, cluster: str, targets: dict[str, int], *, timeout_s: float = 5.0,
+                        origin: str = "operator", drain: tuple[str, ...] = (),
                         auth: AdminAuth | None = None) -> ScaleReply:
     subject = subjects.supervisor_scale(cluster)
-    payload = bus.encode(ScaleRequest(targets=targets))
+    payload = bus.encode(ScaleRequest(targets=targets, origin=origin, drain=drain))
     return await bus.request_raw(subject, payload, ScaleReply, timeout_s=timeout_s,
                                  headers=auth.sign_headers(subject, payload) if auth else None)
+
+
+async def observe_scale(bus: Bus, cluster: str, handler: Handler[ScaleRequest]) -> Subscription:
+    """See every scale request (a plain subscriber next to the supervisor's responder; it does not answer)."""
+    return await bus.subscribe(subjects.supervisor_scale(cluster), ScaleRequest, handler)
 
 
 async def serve_scale(bus: Bus, cluster: str, responder: Responder[ScaleRequest, ScaleReply], *,

@@ -17,8 +17,9 @@ from pathlib import Path
 
 import msgspec
 
-# Start order; stop order is the reverse (the gateway stops taking requests before the workers go).
-ROLE_ORDER = ("kvstore", "encoder", "prefill", "decode", "worker", "echo", "gateway")
+# Start order; stop order is the reverse (the gateway stops taking requests before the workers go). The planner
+# starts last, once there is a cluster to plan for.
+ROLE_ORDER = ("kvstore", "encoder", "prefill", "decode", "worker", "echo", "gateway", "planner")
 ECHO_MODULE = "shared.cluster.testing"
 # Set by `pdrelay up` for every instance; a user flag for them would fight the per-instance value.
 PER_INSTANCE_FLAGS = frozenset({"--instance-id", "--grpc-port", "--etcd-endpoints", "--etcd", "--nats-url", "--nats",

@@ -384,7 +384,9 @@ class Supervisor:
                 spec = build_spec(role, index, self.opts, self._etcd_url, self._nats_url)
                 await self._spawn(spec)
                 started.append(spec.instance_id)
-            for c in sorted(live, key=lambda c: c.spec.instance_id)[want:][::-1]:
+            # the newest go first, unless the request names the instances to drain (the planner's idlest)
+            order = sorted(live, key=lambda c: (c.iid in req.drain, c.spec.instance_id))
+            for c in order[want:][::-1]:
                 c.state = "draining"
                 assert self.bus is not None
                 await send_drain(self.bus, self.opts.cluster, c.iid, reason="scale_down",
