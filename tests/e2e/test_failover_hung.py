@@ -1,13 +1,19 @@
 """Hung peers with real processes: a decode or a prefill SIGSTOPped (alive to the kernel, silent to everyone else).
 
-The cluster: etcd + NATS + the gateway + two decodes + two prefills on a tiny model, leases of 2 s. Checked:
+The cluster: etcd + NATS + the gateway + two decodes + two prefills on a tiny model, leases of 3 s. Checked:
 
 - a decode stopped mid-stream: the gateway replays its requests on the other decode as soon as the lease is lost
   (not after the 30 s channel grace), the client sees one complete, correct stream and no error; requests sent
   while it hangs are answered too, and the decode comes back once continued;
 - a prefill stopped while decodes hand prompts to it: each decode's deadline for a hand-off follows the prompt
   (seconds, not the flat 30 s --handoff-timeout-s), the failed hand-offs open that prefill's breaker on the
-  decode, so the next requests do not wait on it at all.
+  decode, so the next requests do not wait on it at all;
+- a gateway's prefill choice with an older epoch than etcd's (the prefill restarted since) is not handed off to;
+- the disaggregated decode queues what it cannot run yet (`--max-queued-requests`) and refuses only beyond the
+  queue; a ticket the prefill refuses frees its pages at once (not after the 30 s quarantine).
+
+`decode-q` and `prefill-odd` (page size 32: every ticket of decode-q is refused by it) run in a cluster of their
+own, so the gateway never routes to them.
 
 Every stopped process is continued in a `finally`, and every process is stopped by PID at the end.
 """
@@ -22,19 +28,24 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
+import grpc
 import httpx
 import pytest
 
+from proto.pdrelay.v1 import common_pb2, worker_pb2
 from shared.cluster.bus.client import Bus
+from shared.cluster.grpc_errors import error_from_rpc
 from shared.cluster.bus.load import LoadTable
 from shared.cluster.localcluster.servers import stop_process
 from tests.e2e.test_gateway_cluster import Proc, _long_context_model, _spawn, _wait_ready
 from tests.helpers.servers import start_etcd, start_nats
+from tests.services.disagg.disagg_client import generate
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 
 CLUSTER = "hungtest"
-LEASE_TTL_S = 2
+SIDE_CLUSTER = "hungside"
+LEASE_TTL_S = 3
 READY_TIMEOUT_S = 120.0
 
 
@@ -67,6 +78,12 @@ def hung(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Hung]:
             h.procs[name] = _spawn(name, f"services.{role}", [
                 *common, "--instance-id", name, "--threads", "1", "--num-pages", "2048",
                 "--load-report-interval-s", "0.05"], h.tmp)
+        side = [a if a != CLUSTER else SIDE_CLUSTER for a in common]
+        h.procs["decode-q"] = _spawn("decode-q", "services.decode", [
+            *side, "--instance-id", "decode-q", "--threads", "1", "--num-pages", "2048", "--handoff-retries", "1",
+            "--load-report-interval-s", "0.05", "--max-running-requests", "2", "--max-queued-requests", "4"], h.tmp)
+        h.procs["prefill-odd"] = _spawn("prefill-odd", "services.prefill", [
+            *side, "--instance-id", "prefill-odd", "--threads", "1", "--num-pages", "512", "--page-size", "32"], h.tmp)
         h.procs["gateway"] = _spawn("gateway", "services.gateway", [*common, "--instance-id", "gateway", "--port", "0",
                                                                      "--request-retries", "2"], h.tmp)
         _wait_ready(list(h.procs.values()), READY_TIMEOUT_S)
@@ -172,3 +189,115 @@ async def test_hung_decode_is_failed_over_within_seconds(hung: Hung, reference, 
         finally:
             await loads.close()
             await bus.close()
+
+
+def _prompt(seed: int) -> list[int]:
+    """40 token ids in the tiny model's vocabulary (512), distinct per seed."""
+    return [(seed * 41 + k * 13) % 500 + 5 for k in range(40)]
+
+
+def _target(h: Hung, name: str, *, address: str | None = None, epoch: int | None = None) -> worker_pb2.PrefillTarget:
+    ready = h.procs[name].ready
+    assert ready is not None
+    return worker_pb2.PrefillTarget(instance_id=name, grpc_address=address or ready.grpc,
+                                    epoch=ready.epoch if epoch is None else epoch)
+
+
+def _grpc(h: Hung, name: str) -> str:
+    ready = h.procs[name].ready
+    assert ready is not None
+    return ready.grpc
+
+
+async def test_stale_prefill_choice_is_not_handed_off_to(hung: Hung, reference) -> None:
+    prompt = _prompt(1)
+    # The gateway saw prefill-1 at epoch 1 on a port where nothing listens any more (its old incarnation). On a
+    # busy box decode's own view of prefill-1 can lag for a moment (a lease renewed late): then it trusts the
+    # gateway, as it should, and the request is served by the alternate; a later try finds the view current.
+    stale = _target(hung, "prefill-1", address="127.0.0.1:9", epoch=1)
+    served_by = []
+    for i in range(3):
+        res = await generate(_grpc(hung, "decode-1"), f"stale-epoch-{i}", prompt, prefill=stale, max_tokens=8)
+        assert res.tokens == reference(prompt, 8)
+        served_by.append(res.prefill_instance_id)
+        if res.prefill_instance_id == "prefill-1":
+            break
+        await asyncio.sleep(1.0)
+    assert served_by[-1] == "prefill-1", f"the current incarnation of the chosen prefill serves it: {served_by}"
+    log = hung.procs["decode-1"].log()
+    assert "chosen by the gateway is stale" in log
+    assert f"hand-off of stale-epoch-{len(served_by) - 1}" not in log, "no hand-off to the stale address was tried"
+
+
+async def test_decode_queues_beyond_max_running_and_refuses_only_a_full_queue(hung: Hung, reference) -> None:
+    d = _grpc(hung, "decode-q")
+    target = _target(hung, "prefill-1")
+    prompts = [_prompt(10 + i) for i in range(8)]
+    n = 300  # long enough that no slot frees while the burst arrives
+
+    async def one(i: int) -> list[int] | int:
+        try:
+            return (await generate(d, f"queue-{i}", prompts[i], prefill=target, max_tokens=n)).tokens
+        except grpc.aio.AioRpcError as e:
+            err = error_from_rpc(e)
+            return err.code if err is not None else -1
+
+    # 2 running + 4 waiting: all six are served (before the queue existed, four were refused)
+    got = await asyncio.gather(*(one(i) for i in range(6)))
+    assert got == [reference(p, n) for p in prompts[:6]]
+    # 2 running + 4 waiting + 2 more: only those find the queue full (OVERLOADED: 429 at the gateway)
+    got = await asyncio.gather(*(one(i) for i in range(8)))
+    refused = [g for g in got if isinstance(g, int)]
+    assert refused and all(c == common_pb2.ERROR_CODE_OVERLOADED for c in refused), got
+    assert len(refused) <= 2, f"{len(refused)} refused: the queue holds 4 behind 2 running"
+    for i, g in enumerate(got):
+        if not isinstance(g, int):
+            assert g == reference(prompts[i], n)
+
+
+async def test_a_refused_ticket_frees_its_pages_at_once(hung: Hung) -> None:
+    bus = await Bus(hung.nats.url, name="test").connect()
+    loads = await LoadTable().subscribe(bus, SIDE_CLUSTER)
+    try:
+        with pytest.raises(grpc.aio.AioRpcError) as e:
+            await generate(_grpc(hung, "decode-q"), "refused-1", _prompt(30),
+                           prefill=_target(hung, "prefill-odd"), max_tokens=4)
+        err = error_from_rpc(e.value)
+        assert err is not None and err.code == common_pb2.ERROR_CODE_LAYOUT_MISMATCH, err
+        t0 = time.monotonic()
+
+        def all_free() -> bool:
+            r = loads.fresh(0.5).get("decode-q")
+            return r is not None and r.load.running == 0 and r.load.free_pages == r.load.total_pages
+
+        await _until(all_free, 3.0, "decode-q's pages free after a refused ticket (no 30 s quarantine)")
+        assert time.monotonic() - t0 < 3.0
+    finally:
+        await loads.close()
+        await bus.close()
+
+
+async def test_hung_prefill_costs_a_short_deadline_then_leaves_rotation(hung: Hung, reference) -> None:
+    d = _grpc(hung, "decode-2")
+    warm = _prompt(40)
+    assert (await generate(d, "warm-p1", warm, prefill=_target(hung, "prefill-1"), max_tokens=4)).tokens == \
+        reference(warm, 4)  # a measured hand-off: deadlines now follow the prompt
+    hung_target = _target(hung, "prefill-2")
+    victim = hung.procs["prefill-2"].proc
+    os.kill(victim.pid, signal.SIGSTOP)
+    try:
+        took: list[float] = []
+        for i in range(3):
+            prompt = _prompt(50 + i)
+            t0 = time.monotonic()
+            res = await generate(d, f"hung-prefill-{i}", prompt, prefill=hung_target, max_tokens=4)
+            took.append(time.monotonic() - t0)
+            assert res.tokens == reference(prompt, 4)
+            assert res.prefill_instance_id == "prefill-1"
+        # two hand-offs wait the prompt's deadline (seconds, not the 30 s --handoff-timeout-s), then the breaker
+        # of prefill-2 is open on decode-2 and the third goes straight to prefill-1
+        assert all(t < 10 for t in took[:2]), took
+        assert took[2] < 2.0, took
+        assert "hand-off deadline" in hung.procs["decode-2"].log()
+    finally:
+        os.kill(victim.pid, signal.SIGCONT)
