@@ -42,6 +42,7 @@ class UpOptions(msgspec.Struct, frozen=True, kw_only=True):
     demo: bool = False  # send one chat request through the gateway once ready
     echo_log: bool = True  # stream the merged child logs to stdout
     trace: bool = False  # start a local trace sink and point every service at it (`pdrelay trace` reads it)
+    restart: bool = True  # restart crashed children, etcd and NATS with backoff (restarts.py)
 
 
 class InstanceSpec(msgspec.Struct, frozen=True, kw_only=True):
