@@ -9,6 +9,8 @@ The cluster: etcd + NATS + the gateway + two decodes + two prefills on a tiny mo
   (seconds, not the flat 30 s --handoff-timeout-s), the failed hand-offs open that prefill's breaker on the
   decode, so the next requests do not wait on it at all;
 - a gateway's prefill choice with an older epoch than etcd's (the prefill restarted since) is not handed off to;
+- SIGTERM to a prefill while it computes and writes hand-offs: it drains them (exit 0), new tickets go to the other
+  prefill, every request is answered correctly and no page stays taken on decode (the last test: one prefill left);
 - the disaggregated decode queues what it cannot run yet (`--max-queued-requests`) and refuses only beyond the
   queue; a ticket the prefill refuses frees its pages at once (not after the 30 s quarantine).
 
@@ -233,7 +235,7 @@ async def test_decode_queues_beyond_max_running_and_refuses_only_a_full_queue(hu
     d = _grpc(hung, "decode-q")
     target = _target(hung, "prefill-1")
     prompts = [_prompt(10 + i) for i in range(8)]
-    n = 300  # long enough that no slot frees while the burst arrives
+    n = 120  # long enough that no slot frees while the burst arrives
 
     async def one(i: int) -> list[int] | int:
         try:
@@ -301,3 +303,38 @@ async def test_hung_prefill_costs_a_short_deadline_then_leaves_rotation(hung: Hu
         assert "hand-off deadline" in hung.procs["decode-2"].log()
     finally:
         os.kill(victim.pid, signal.SIGCONT)
+
+
+async def test_sigterm_to_a_prefill_while_it_writes_loses_nothing(hung: Hung, reference) -> None:
+    bus = await Bus(hung.nats.url, name="test").connect()
+    loads = await LoadTable().subscribe(bus, CLUSTER)
+    try:
+        # prefill-2 was stopped by the previous test: wait until it reports again (it is the alternate here)
+        await _until(lambda: "prefill-2" in loads.fresh(0.5), 30, "prefill-2 back")
+        d, victim = _grpc(hung, "decode-1"), hung.procs["prefill-1"].proc
+        prompts = [[(s * 31 + k * 7) % 500 + 5 for k in range(600)] for s in range(12)]  # 38 pages each
+        target = _target(hung, "prefill-1")
+
+        async def one(i: int) -> list[int]:
+            return (await generate(d, f"drain-{i}", prompts[i], prefill=target, max_tokens=6)).tokens
+
+        tasks = [asyncio.create_task(one(i)) for i in range(len(prompts))]
+        # SIGTERM once prefill-1 works on them (its queue is the twelve tickets)
+        await _until(lambda: (r := loads.fresh(0.5).get("prefill-1")) is not None and r.load.running +
+                     r.load.queued > 0, 20, "hand-offs running on prefill-1")
+        os.kill(victim.pid, signal.SIGTERM)
+        got = await asyncio.gather(*tasks)
+        assert got == [reference(p, 6) for p in prompts]
+        assert await asyncio.to_thread(victim.wait, 30) == 0, hung.logs("prefill-1")
+        log = hung.procs["prefill-1"].log()
+        in_flight = [ln for ln in log.splitlines() if "draining (" in ln]
+        assert in_flight and " 0 in flight" not in in_flight[0], f"SIGTERM did not land mid-hand-off: {in_flight}"
+
+        def all_free() -> bool:
+            r = loads.fresh(0.5).get("decode-1")
+            return r is not None and r.load.running == 0 and r.load.free_pages == r.load.total_pages
+
+        await _until(all_free, 15, "decode-1's pages all free again")
+    finally:
+        await loads.close()
+        await bus.close()
