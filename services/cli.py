@@ -23,6 +23,7 @@ COMMANDS: tuple[tuple[str, str, str], ...] = (
     ("config", "services.commands.config_show", "show the resolved configuration of a role"),
     ("model", "services.commands.model_prepare", "prepare the bundled model"),
     ("trace", "services.commands.trace", "print one request's span tree (needs `pdrelay up --trace`)"),
+    ("chaos", "services.commands.chaos", "fault scenarios against a running local cluster, with a results table"),
 )
 BENCH_COMMANDS: tuple[tuple[str, str, str], ...] = (
     ("engine", "services.commands.bench_engine", "engine throughput vs HF generate"),

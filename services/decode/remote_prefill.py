@@ -69,7 +69,12 @@ class RemotePrefillClient:
         if threshold and len(request.prompt_token_ids) < threshold:
             return False  # short prompt: computing it here costs less than a hand-off
         # No prefill target: the gateway chose local prefill here (e.g. no prefill instance was ready).
-        return bool(request.prefill.grpc_address)
+        if not request.prefill.grpc_address:
+            return False
+        # Every prefill this decode could ask has an open breaker (hung, corrupting, unreachable): computing the
+        # prompt here is slower than a working hand-off but faster than waiting on a sick prefill for a deadline.
+        candidates = {request.prefill.instance_id, *(i for i, _ in self._alternates(""))}
+        return any(self.choice.breakers.allows(i) for i in candidates)
 
     def _first_target(self, target: worker_pb2.PrefillTarget) -> tuple[str, str] | None:
         """The gateway's choice, fenced by its epoch: an instance etcd knows with a newer epoch restarted since the
