@@ -17,7 +17,7 @@ from shared.cluster.bus.client import Bus
 from shared.cluster.bus.load import LoadTable
 from shared.cluster.errors import ControlPlaneUnavailable
 from shared.cluster.handshake import read_ready_file
-from shared.cluster.localcluster.rundir import ChildState, RunState, read_state
+from shared.cluster.localcluster.rundir import ChildState, RunState, running_supervisor
 from shared.cluster.status import collect_status
 
 ENGINE_ROLES = ("prefill", "decode", "worker")
@@ -44,7 +44,7 @@ class LiveCluster:
 
     # ---- the run directory ---------------------------------------------------------------------------------
     def state(self) -> RunState:
-        state = read_state(self.run_dir)
+        state = running_supervisor(self.run_dir)
         if state is None:
             raise ValueError(f"no cluster is running from {self.run_dir}; start one with `pdrelay up` "
                              "(or pass --run-dir of a running one)")
