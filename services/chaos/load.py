@@ -26,6 +26,11 @@ _WORDS = ("river", "engine", "paper", "cloud", "seven", "garden", "signal", "qui
           "winter", "silver", "window", "planet", "letter", "forest", "number", "summer", "motion")
 
 
+# A client pauses this long after a clear error before its next request (as one honouring Retry-After would),
+# so an outage is measured, not hammered with thousands of instant refusals.
+CLEAR_ERROR_PAUSE_S = 0.5
+
+
 class Verdict(enum.StrEnum):
     CORRECT = "correct"
     CLEAR = "clear"
@@ -144,7 +149,10 @@ async def run_load(client: LoadClient, prompts: Sequence[str], baseline: Sequenc
             if i is None:
                 return
             want = baseline[i] if baseline is not None else None
-            outcomes.append(await client.judge(prompts[i], want, stream=rng.random() < 0.5))
+            out = await client.judge(prompts[i], want, stream=rng.random() < 0.5)
+            outcomes.append(out)
+            if out.verdict == Verdict.CLEAR:
+                await asyncio.sleep(CLEAR_ERROR_PAUSE_S)
 
     await asyncio.gather(*(worker(w) for w in range(concurrency)))
     return outcomes

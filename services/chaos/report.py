@@ -40,6 +40,7 @@ class ChaosReport(msgspec.Struct, kw_only=True):
     concurrency: int
     max_tokens: int
     scenarios: list[ScenarioResult]
+    baseline_median_s: float = 0.0  # a request alone on the healthy cluster, for scale
 
     @property
     def ok(self) -> bool:
@@ -75,7 +76,8 @@ def format_table(report: ChaosReport) -> str:
                      str(s.wrong), str(s.leaked_pages), rec, slow, "ok" if s.ok else "FAIL"))
     widths = [max(len(r[i]) for r in rows) for i in range(len(_COLUMNS) - 1)]
     lines = [f"pdrelay chaos: cluster '{report.cluster}', seed {report.seed}, {report.duration_s:.0f} s per "
-             f"scenario, {report.concurrency} clients, {report.max_tokens} greedy tokens per request"]
+             f"scenario, {report.concurrency} clients, {report.max_tokens} greedy tokens per request (healthy: "
+             f"{report.baseline_median_s:.2f} s each, one at a time)"]
     lines += ["  ".join([*(c.ljust(w) for c, w in zip(r[:-1], widths)), r[-1]]) for r in rows]
     for s in report.scenarios:
         for msg, n in s.errors.items():

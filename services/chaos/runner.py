@@ -61,8 +61,14 @@ async def run_chaos(opts: ChaosOptions) -> ChaosReport:
         models = (await client.http.get("/v1/models")).json()["data"]
         client.model = models[0]["id"]
         prompts = seeded_prompts(opts.seed, opts.prompts)
-        baseline = [await client.text(p) for p in prompts]
-        _say(f"pdrelay chaos: baseline of {len(prompts)} prompts from the healthy cluster ({client.model})")
+        baseline, took = [], []
+        for p in prompts:
+            t0 = time.monotonic()
+            baseline.append(await client.text(p))
+            took.append(time.monotonic() - t0)
+        median_s = round(sorted(took)[len(took) // 2], 2)
+        _say(f"pdrelay chaos: baseline of {len(prompts)} prompts from the healthy cluster ({client.model}), "
+             f"median {median_s:.2f} s per request one at a time")
         results = []
         for sc in opts.scenarios:
             _say(f"pdrelay chaos: {sc} ...")
@@ -72,7 +78,8 @@ async def run_chaos(opts: ChaosOptions) -> ChaosReport:
                  else f"pdrelay chaos: {sc}: skipped ({r.skipped})")
             results.append(r)
         return ChaosReport(cluster=state.cluster, seed=opts.seed, duration_s=opts.duration_s,
-                           concurrency=opts.concurrency, max_tokens=opts.max_tokens, scenarios=results)
+                           concurrency=opts.concurrency, max_tokens=opts.max_tokens, baseline_median_s=median_s,
+                           scenarios=results)
     finally:
         await client.close()
         await cluster.close()
