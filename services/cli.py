@@ -25,6 +25,7 @@ COMMANDS: tuple[tuple[str, str, str], ...] = (
     ("trace", "services.commands.trace", "print one request's span tree (needs `pdrelay up --trace`)"),
     ("certs", "services.commands.certs", "make a local CA and per-service certificates (mutual TLS)"),
     ("planner", "services.commands.planner", "the planner's decisions (log) and manual pins (unpin)"),
+    ("chaos", "services.commands.chaos", "fault scenarios against a running local cluster, with a results table"),
 )
 BENCH_COMMANDS: tuple[tuple[str, str, str], ...] = (
     ("engine", "services.commands.bench_engine", "engine throughput vs HF generate"),

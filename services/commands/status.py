@@ -34,6 +34,7 @@ def run(ns: argparse.Namespace, extra: list[str]) -> int:
     run_dir = Path(ns.run_dir) if ns.run_dir else default_run_dir()
     etcd_url, nats_url, cluster = ns.etcd_url, ns.nats_url, ns.cluster
     tls = None
+    state = None
     if etcd_url is None:
         try:
             state = running_supervisor(run_dir)
@@ -52,5 +53,8 @@ def run(ns: argparse.Namespace, extra: list[str]) -> int:
     except ControlPlaneUnavailable as e:
         print(f"pdrelay status: {e}", file=sys.stderr)
         return 1
+    if state is not None:  # what the supervisor restarted, etcd and NATS first
+        status.restarts = {"etcd": state.etcd_restarts, "nats": state.nats_restarts,
+                           **{c.instance_id: c.restarts for c in state.children}}
     print(msgspec.json.format(msgspec.json.encode(status)).decode() if ns.json else format_table(status))
     return 0

@@ -41,6 +41,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--lease-ttl-s", type=int, default=5, help="etcd lease TTL of every instance")
     p.add_argument("--ready-timeout-s", type=float, default=300.0, help="give up when not ready by then")
     p.add_argument("--stop-timeout-s", type=float, default=30.0, help="SIGKILL what has not stopped by then")
+    p.add_argument("--no-restart", action="store_true",
+                   help="report crashed services, etcd and NATS but do not restart them (default: restart with backoff)")
     p.add_argument("--detach", action="store_true", help="run in the background; return once ready")
     p.add_argument("--demo", action="store_true", help="once ready, ask the gateway one question and print the answer")
     p.add_argument("--quiet", action="store_true", help="do not stream the services' logs (they stay in the run dir)")
@@ -81,7 +83,8 @@ def _options(ns: argparse.Namespace, extra: list[str]):  # -> UpOptions
     return UpOptions(run_dir=str(run_dir.resolve()), cluster=ns.cluster, etcd_url=ns.etcd_url, nats_url=ns.nats_url,
                      etcd_port=ns.etcd_port, nats_port=ns.nats_port, counts=counts, extra=tuple(extra),
                      role_extra=role_extra, ready_timeout_s=ns.ready_timeout_s, stop_timeout_s=ns.stop_timeout_s,
-                     lease_ttl_s=ns.lease_ttl_s, demo=ns.demo, echo_log=not ns.quiet, trace=ns.trace, tls=ns.tls)
+                     lease_ttl_s=ns.lease_ttl_s, demo=ns.demo, echo_log=not ns.quiet, trace=ns.trace, tls=ns.tls,
+                     restart=not ns.no_restart)
 
 
 def parse_role_flags(items: list[str]) -> dict[str, tuple[str, ...]]:

@@ -8,9 +8,11 @@ from collections.abc import Sequence
 from typing import Any
 
 import grpc
+import msgspec
 
 from proto.pdrelay.v1 import worker_pb2_grpc
 from services.decode.remote_prefill import RemotePrefillClient
+from shared.cluster.bus.load import LoadSnapshot
 from shared.cluster.membership import Membership
 from shared.serving.decode_servicer import DecodeServicer
 from shared.serving.engine_service import EngineService
@@ -40,6 +42,11 @@ class DecodeService(EngineService):
         self.transfer.start_progress()
         self.prefills = Membership(self.etcd, self.cluster, "prefill")
         await self.prefills.start()
+
+    def load_snapshot(self) -> LoadSnapshot | None:
+        snap = super().load_snapshot()
+        waiting = self.remote.admission.waiting  # hand-offs waiting for a slot count as queued, as in the engine
+        return msgspec.structs.replace(snap, queued=snap.queued + waiting) if snap is not None and waiting else snap
 
     def describe(self) -> dict[str, Any]:
         d = super().describe()

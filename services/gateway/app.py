@@ -9,6 +9,7 @@ Every failure is an OpenAI-style error body; client input never causes a 5xx.
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import hmac
 import logging
@@ -181,6 +182,13 @@ class GatewayApp:
             await self._fail(r, from_backend(e))
         except ClientDisconnected:
             pass
+        except asyncio.CancelledError:
+            task = asyncio.current_task()
+            if task is None or task.cancelling():
+                raise  # the connection or the server is going away: nobody to answer
+            # A cancellation the task did not receive (an RPC cut under it): answer it as the error it is.
+            log.error("request on %s %s was cut off by a cancelled call", scope.get("method"), path)
+            await self._fail(r, internal_error())
         except Exception:
             log.exception("unhandled error on %s %s", scope.get("method"), path)
             await self._fail(r, internal_error())

@@ -13,6 +13,10 @@ and turns the stream into BackendChunks. Then:
                 already sent, max_tokens shrinks by as many, so the client sees one continuous stream
     disconnect  the client went away (the generator is closed or its task cancelled): the gRPC call is cancelled
                 (the worker aborts the request) and a NATS cancel goes to every instance that may hold work for it
+    lost peer   the instance vanished from etcd without draining (lease expired: killed, hung, partitioned): its
+                channel is closed at once, which cancels its calls locally; that is a server failure of the
+                instance (replayed elsewhere), never a client disconnect, which only the caller's own
+                cancellation or close is
 """
 
 from __future__ import annotations
@@ -30,7 +34,8 @@ from services.gateway.backend import (BackendChunk, BackendError, BackendOverloa
 from services.gateway.routing.breaker import BreakerBoard, BreakerConfig
 from services.gateway.routing.channels import ChannelPool
 from services.gateway.routing.discovery import Discovery, MembershipView
-from services.gateway.routing.failures import FailureKind, Verdict, classify, classify_stream_end
+from services.gateway.routing.failures import (FailureKind, Verdict, classify, classify_lost,
+                                               classify_stream_end)
 from services.gateway.routing.kv_index import KVIndex, PromptHashes
 from services.gateway.routing.policies import make_policy
 from services.gateway.routing.router import NoRoute, Router
@@ -40,6 +45,7 @@ from shared.cluster.bus.cancel import publish_cancel
 from shared.cluster.bus.client import Bus
 from shared.cluster.grpc_errors import error_from_rpc
 from shared.cluster.tls import TlsFiles
+from shared.cluster.instance import InstanceInfo, InstanceState
 from shared.telemetry import spans
 from shared.telemetry.tracing import SpanKind, Tracing, add_event, current_span, inject, set_error
 
@@ -65,6 +71,18 @@ def _route_attributes(plan: RoutePlan, policy: str, attempt: int, excluded: Coll
     if plan.prefill is not None:
         attrs[spans.ROUTE_PREFILL] = plan.prefill.instance_id
     return attrs
+
+
+def _lost(info: InstanceInfo) -> bool:
+    """An instance whose key vanished while it was not draining lost its lease: nobody will answer its calls."""
+    return info.state != InstanceState.DRAINING
+
+
+def _cancelled_by_us() -> bool:
+    """Is the running task itself being cancelled (client gone, server shutting down)? A CancelledError raised while
+    it is not comes from grpc: the call was cancelled locally because its channel was closed under it."""
+    task = asyncio.current_task()
+    return task is not None and task.cancelling() > 0
 
 
 class GrpcBackend:
@@ -105,7 +123,7 @@ class GrpcBackend:
         router = Router(make_policy(policy), kv_index=KVIndex(), breakers=BreakerBoard(breaker))
         channels = ChannelPool(tls=tls)
         discovery = Discovery(membership, router, bus=bus, cluster=cluster, max_load_age_s=max_load_age_s,
-                              on_leave=lambda info: channels.discard(info.instance_id))
+                              on_leave=lambda info: channels.discard(info.instance_id, lost=_lost(info)))
         return cls(discovery, models=models, request_retries=request_retries, bus=bus, cluster=cluster,
                    origin=origin, channels=channels)
 
@@ -207,6 +225,10 @@ class GrpcBackend:
                         verdict = classify_stream_end(plan)
                 except grpc.aio.AioRpcError as e:
                     verdict = classify(e.code(), error_from_rpc(e), plan, details=e.details() or "", started=started)
+                except asyncio.CancelledError:
+                    if _cancelled_by_us():
+                        raise
+                    verdict = classify_lost(plan)
                 finally:
                     lease.release()
                     if not completed and verdict is None:

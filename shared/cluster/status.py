@@ -35,6 +35,8 @@ class ClusterStatus(msgspec.Struct, kw_only=True):
     rows: list[StatusRow]
     nats_error: str = ""  # load columns are empty when NATS could not be reached
     skipped_keys: int = 0  # values under the prefix that were not InstanceInfo
+    # restarts by the `pdrelay up` supervisor (from its run dir): instance id, "etcd" or "nats" -> count
+    restarts: dict[str, int] = msgspec.field(default_factory=dict)
 
 
 async def collect_status(etcd_url: str, nats_url: str, cluster: str, *, load_window_s: float = 0.6,
@@ -91,6 +93,8 @@ def format_table(status: ClusterStatus) -> str:
     lines += ["  ".join(cell.ljust(w) for cell, w in zip(row, widths)).rstrip() for row in rows]
     if not status.rows:
         lines.append("(no instances registered)")
+    if status.restarts:
+        lines.append("restarts (pdrelay up): " + ", ".join(f"{k} {v}" for k, v in status.restarts.items()))
     if status.nats_error:
         lines.append(f"note: no load reports: {status.nats_error}")
     if status.skipped_keys:

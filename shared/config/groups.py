@@ -106,7 +106,11 @@ class CudaGraphConfig:
 @dataclass(frozen=True, kw_only=True)
 class DisaggConfig:
     local_prefill_threshold: A[int, Arg("Decode prefills prompts shorter than this itself (0: never)", min=0)] = 0
-    handoff_timeout_s: A[float, Arg("Seconds a KV hand-off may take before its pages are freed", min=0.1)] = 30.0
+    handoff_timeout_s: A[float, Arg("Seconds a KV hand-off may take before its pages are freed (the longest "
+                                    "deadline; each hand-off's own follows its prompt and the measured prefill "
+                                    "rate)", min=0.1)] = 30.0
+    handoff_min_timeout_s: A[float, Arg("Shortest deadline of a KV hand-off (the deadline grows from it with the "
+                                        "prompt, up to --handoff-timeout-s)", min=0.1)] = 3.0
     handoff_retries: A[int, Arg("Retries of a failed hand-off on another prefill instance", min=0, max=10)] = 1
     # Fault injection is a product feature: operators rehearse failures on a staging cluster with the real code.
     fault_injection: A[str, Arg("Inject one failure into every hand-off (chaos testing; never in production)",

@@ -1,8 +1,11 @@
 """One gRPC channel per instance, created on first use and closed when the instance leaves.
 
 A channel is keyed by instance id and address: an instance that re-registers on another port gets a new channel
-(the old one is closed). Closing is deferred by a grace period so that a stream still running on it (an instance
-that announced it is leaving while finishing requests) is not cut off. With `tls`, channels are mutual TLS.
+(the old one is closed). Closing an instance that left after draining is deferred by a grace period so that a
+stream still running on it is not cut off. An instance that vanished without draining (its lease expired: killed,
+hung, partitioned) is presumed dead: its channel closes at once, which fails the calls still waiting on it, and the
+backend replays them elsewhere instead of letting them wait for a peer that does not answer. With `tls`, channels
+are mutual TLS.
 """
 
 from __future__ import annotations
@@ -23,10 +26,12 @@ _OPTIONS = (("grpc.max_receive_message_length", 64 << 20), ("grpc.max_send_messa
 
 
 class ChannelPool:
-    def __init__(self, *, close_grace_s: float = 30.0, tls: TlsFiles | None = None) -> None:
+    def __init__(self, *, close_grace_s: float = 30.0, lost_grace_s: float = 0.0,
+                 tls: TlsFiles | None = None) -> None:
         self._tls = tls
         self._channels: dict[str, tuple[str, grpc.aio.Channel]] = {}
         self._close_grace_s = close_grace_s
+        self._lost_grace_s = lost_grace_s
         self._closing: set[asyncio.Task[None]] = set()
 
     def get(self, instance_id: str, address: str) -> grpc.aio.Channel:
@@ -39,11 +44,12 @@ class ChannelPool:
         self._channels[instance_id] = (address, channel)
         return channel
 
-    def discard(self, instance_id: str) -> None:
-        """The instance left: close its channel once in-flight streams had `close_grace_s` to finish."""
+    def discard(self, instance_id: str, *, lost: bool = False) -> None:
+        """The instance left: close its channel once in-flight streams had `close_grace_s` to finish, or after
+        `lost_grace_s` (default: at once) when it was `lost` rather than drained."""
         entry = self._channels.pop(instance_id, None)
         if entry is not None:
-            self._close_later(entry[1])
+            self._close_later(entry[1], self._lost_grace_s if lost else self._close_grace_s)
 
     def __contains__(self, instance_id: str) -> bool:
         return instance_id in self._channels
@@ -51,8 +57,9 @@ class ChannelPool:
     def __len__(self) -> int:
         return len(self._channels)
 
-    def _close_later(self, channel: grpc.aio.Channel) -> None:
-        task = asyncio.ensure_future(channel.close(grace=self._close_grace_s))
+    def _close_later(self, channel: grpc.aio.Channel, grace_s: float | None = None) -> None:
+        grace = self._close_grace_s if grace_s is None else grace_s
+        task = asyncio.ensure_future(channel.close(grace=grace or None))
         self._closing.add(task)
         task.add_done_callback(self._closing.discard)
 

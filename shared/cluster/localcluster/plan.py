@@ -48,6 +48,7 @@ class UpOptions(msgspec.Struct, frozen=True, kw_only=True):
     tls: bool = False  # mutual TLS on every hop we own, with certificates made in <run-dir>/certs
     tls_dir: str = ""  # set by the supervisor once the certificates exist
     admin_secret_file: str = ""  # set by the supervisor: signs drain / scale commands (shared.cluster.bus.admin_auth)
+    restart: bool = True  # restart crashed children, etcd and NATS with backoff (restarts.py)
 
 
 class InstanceSpec(msgspec.Struct, frozen=True, kw_only=True):

@@ -33,6 +33,7 @@ class ChildState(msgspec.Struct, kw_only=True):
     epoch: int = 0
     log: str = ""
     config: str = ""  # resolved config file (empty for the echo test service)
+    restarts: int = 0  # times the supervisor started it again after a crash
 
 
 class RunState(msgspec.Struct, kw_only=True):
@@ -45,6 +46,8 @@ class RunState(msgspec.Struct, kw_only=True):
     ready: bool = False
     etcd_pid: int = 0  # 0: an external etcd we did not start
     nats_pid: int = 0
+    etcd_restarts: int = 0
+    nats_restarts: int = 0
     children: list[ChildState] = msgspec.field(default_factory=list)
     skipped: list[str] = msgspec.field(default_factory=list)  # notes about roles not started
     traces: str = ""  # the span file of the trace sink (`pdrelay up --trace`); "" when tracing is off

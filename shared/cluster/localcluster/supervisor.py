@@ -6,6 +6,8 @@
     logs     every child line goes to <run-dir>/logs/<id>.log and, prefixed with the instance id, to our stdout
     scale    `pdrelay scale` requests on NATS: start more instances, or drain some (drain command on the bus;
              SIGTERM if one does not exit within the stop timeout)
+    restart  a child, etcd or nats-server that exits unexpectedly once the cluster was ready is started again, with
+             backoff (restarts.py; `--no-restart` only reports it); `pdrelay status` shows the restart counts
     stop     SIGINT / SIGTERM (Ctrl-C or `pdrelay down`): gateways first, then the workers, SIGTERM then SIGKILL
              after the stop timeout, then NATS and etcd. A second signal skips the waiting.
 
@@ -34,6 +36,7 @@ from shared.cluster.bus.scale import ScaleReply, ScaleRequest, serve_scale
 from shared.cluster.errors import ControlPlaneUnavailable
 from shared.cluster.etcd import connect_etcd
 from shared.cluster.handshake import ReadyInfo, parse_ready_line
+from shared.cluster.localcluster.restarts import RestartPolicy, Restarts
 from shared.cluster.localcluster.plan import ROLE_ORDER, InstanceSpec, UpOptions, build_spec, plan, role_available
 from shared.cluster.localcluster.rundir import TRACES_FILE, ChildState, RunState, running_supervisor, write_state
 from shared.cluster.localcluster.servers import (EtcdServer, NatsServer, die_with_parent, free_port, port_is_free)
@@ -53,6 +56,7 @@ class _Child:
         self.state = "starting"
         self.ready_event = asyncio.Event()
         self.exited = asyncio.Event()
+        self.restarts = 0
         self.tasks: list[asyncio.Task[None]] = []
 
     @property
@@ -67,7 +71,7 @@ class _Child:
         r = self.ready
         return ChildState(role=self.role, instance_id=self.iid, pid=self.proc.pid, state=self.state,
                           grpc=r.grpc if r else "", http=r.http if r else "", epoch=r.epoch if r else 0,
-                          log=str(self.log_path), config=self.spec.config_path)
+                          log=str(self.log_path), config=self.spec.config_path, restarts=self.restarts)
 
     def log_tail(self, n: int = 20) -> str:
         try:
@@ -90,6 +94,8 @@ class Supervisor:
         self._stop = asyncio.Event()
         self._force = asyncio.Event()
         self._next_index: dict[str, int] = {}
+        self.restarts = Restarts(RestartPolicy(enabled=opts.restart))
+        self._background: set[asyncio.Task[None]] = set()
         self._etcd_url = opts.etcd_url or ""
         self._nats_url = opts.nats_url or ""
         self.admin: AdminAuth | None = None  # signs drain commands, verifies scale requests
@@ -104,6 +110,7 @@ class Supervisor:
     def _save(self) -> None:
         assert self.state is not None
         self.state.children = [c.as_state() for c in self.children]
+        self.state.etcd_restarts, self.state.nats_restarts = self.restarts.count("etcd"), self.restarts.count("nats")
         write_state(self.run_dir, self.state)
 
     # ------------------------------------------------------------------ run
@@ -201,6 +208,7 @@ class Supervisor:
             return 1
         self.state.ready = True
         self._save()
+        self._in_background(self._watch_servers())
         self.say(format_summary(self.state))
         if opts.demo:
             await self._demo()
@@ -279,6 +287,8 @@ class Supervisor:
             stderr=asyncio.subprocess.PIPE, env=env, start_new_session=True, preexec_fn=die_with_parent,
             limit=1 << 20)
         child = _Child(spec, proc, logs / f"{spec.instance_id}.log")
+        child.restarts = self.restarts.count(spec.instance_id)
+        self.restarts.started(spec.instance_id)
         self.children.append(child)
         logf = open(child.log_path, "ab")  # noqa: SIM115 - closed by the waiter task
         assert proc.stdout is not None and proc.stderr is not None
@@ -321,6 +331,8 @@ class Supervisor:
         else:
             self.say(f"pdrelay up: {child.iid} exited unexpectedly with code {rc}; last log lines:\n"
                      f"{child.log_tail(10)}")
+            if self.restarts.policy.enabled and self.state is not None and self.state.ready:
+                self._in_background(self._restart(child))
         if was == "draining" and child in self.children:
             self.children.remove(child)  # scaled down: forget it
         if self.state is not None:
@@ -346,7 +358,64 @@ class Supervisor:
             with contextlib.suppress(asyncio.TimeoutError):
                 await asyncio.wait_for(c.exited.wait(), 5)
 
+    # ------------------------------------------------------------------ restarts
+
+    def _in_background(self, coro) -> None:  # type: ignore[no-untyped-def]
+        task = asyncio.ensure_future(coro)
+        self._background.add(task)
+        task.add_done_callback(self._background.discard)
+
+    async def _stopped_within(self, seconds: float) -> bool:
+        with contextlib.suppress(asyncio.TimeoutError):
+            await asyncio.wait_for(self._stop.wait(), seconds)
+        return self._stop.is_set()
+
+    async def _restart(self, child: _Child) -> None:
+        """The same instance again (same id and flags; it registers with a new epoch), after the backoff."""
+        delay = self.restarts.crashed(child.iid)
+        self.say(f"pdrelay up: restarting {child.iid} in {delay:.0f} s (restart {self.restarts.count(child.iid)}; "
+                 "--no-restart turns this off)")
+        if await self._stopped_within(delay):
+            return
+        if child in self.children:
+            self.children.remove(child)
+        await self._spawn(child.spec)
+
+    async def _watch_servers(self) -> None:
+        """etcd and nats-server we started: one that died comes back on its port with its data directory."""
+        reported: set[str] = set()
+        while not await self._stopped_within(0.5):
+            for name, server in (("etcd", self.etcd), ("nats", self.nats)):
+                if server is None or server.alive() or name in reported:
+                    continue
+                rc = server.proc.returncode if server.proc is not None else None
+                if not self.restarts.policy.enabled:
+                    self.say(f"pdrelay up: {name} exited unexpectedly with code {rc}; not restarted (--no-restart)")
+                    reported.add(name)
+                    continue
+                delay = self.restarts.crashed(name)
+                self.say(f"pdrelay up: {name} exited unexpectedly with code {rc}; restarting it in {delay:.0f} s "
+                         f"on port {server.port} with its data in {server.data_dir}")
+                if await self._stopped_within(delay):
+                    return
+                try:
+                    server.start()  # blocking, in the main thread (see die_with_parent); a few hundred ms
+                except RuntimeError as e:  # e.g. the port is taken: next round tries again, later
+                    self.say(f"pdrelay up: {name} did not start again: {e}")
+                    continue
+                self.restarts.started(name)
+                assert self.state is not None
+                if name == "etcd":
+                    self.state.etcd_pid = server.pid or 0
+                else:
+                    self.state.nats_pid = server.pid or 0
+                self._save()
+
     async def _shutdown(self) -> None:
+        for task in list(self._background):
+            task.cancel()
+        if self._background:
+            await asyncio.gather(*self._background, return_exceptions=True)
         if self.children:
             self.say("pdrelay up: stopping ...")
         gateways = [c for c in self.children if c.role == "gateway"]
