@@ -1,0 +1,41 @@
+"""Real processes for the kvstore tests: a kvstore (no model) next to engine services started the way the
+disaggregation tests start them (tests/services/disagg/disagg_procs.py)."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import grpc
+
+from proto.pdrelay.v1 import worker_pb2, worker_pb2_grpc
+from shared.cluster.localcluster.servers import EtcdServer, NatsServer
+from tests.services.disagg.disagg_procs import ServiceProc, Spec
+
+
+class KVStoreProc(ServiceProc):
+    """A kvstore process: ServiceProc's readiness, logs and ending, without the engine flags."""
+
+    def __init__(self, spec: Spec, tmp: Path, etcd: EtcdServer, nats: NatsServer) -> None:
+        self.spec = spec
+        self.instance_id = spec.instance_id
+        self.out_path = tmp / f"{spec.instance_id}.out"
+        self.err_path = tmp / f"{spec.instance_id}.err"
+        cmd = [sys.executable, "-m", "services.kvstore", "--etcd-endpoints", etcd.url, "--nats-url", nats.url,
+               "--cluster", spec.cluster, "--instance-id", spec.instance_id, "--lease-ttl-s", "5",
+               "--load-report-interval-s", "0.1", *spec.args]
+        env = dict(os.environ, OMP_NUM_THREADS="1")
+        with open(self.out_path, "wb") as out, open(self.err_path, "wb") as err:
+            self.proc = subprocess.Popen(cmd, stdout=out, stderr=err, stdin=subprocess.DEVNULL, env=env)
+        self.info = None
+
+
+def store_stats(address: str) -> worker_pb2.KVStoreStatsResponse:
+    async def call() -> worker_pb2.KVStoreStatsResponse:
+        async with grpc.aio.insecure_channel(address) as ch:
+            return await worker_pb2_grpc.KVStoreStub(ch).Stats(worker_pb2.KVStoreStatsRequest(), timeout=5)
+
+    return asyncio.run(call())
