@@ -11,7 +11,7 @@ import sys
 from pathlib import Path
 
 # role -> default number of instances; the order is the order of --help
-DEFAULT_COUNTS = {"gateway": 1, "prefill": 1, "decode": 1, "encoder": 0, "kvstore": 0, "worker": 0, "echo": 0}
+DEFAULT_COUNTS = {"gateway": 1, "prefill": 1, "decode": 1, "encoder": 0, "kvstore": 1, "worker": 0, "echo": 0}
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:

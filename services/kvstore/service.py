@@ -19,7 +19,7 @@ from services.kvstore.disk import open_disk_tier
 from services.kvstore.servicer import KVStoreServicer, stats_pb
 from services.kvstore.store import Namespace, PageStore
 from shared.cluster.bus.kv_events import KVEventPublisher
-from shared.cluster.bus.load import LoadSnapshot
+from shared.cluster.bus.load import LoadSnapshot, TierFill
 from shared.cluster.instance import Capacity
 from shared.cluster.lifecycle import Service, ServiceOptions
 from shared.telemetry.metrics import CountersCollector
@@ -104,8 +104,10 @@ class KVStoreService(Service):
 
     def load_snapshot(self) -> LoadSnapshot:
         a = self.store.arena
+        names = {worker_pb2.STORAGE_TIER_DRAM: "dram", worker_pb2.STORAGE_TIER_DISK: "disk"}
+        tiers = tuple(TierFill(names[t], used, cap, n) for t, used, cap, n in self.store.tiers())
         return LoadSnapshot(running=self.gate.inflight, free_pages=(a.num_slots - a.num_pages) if a else 0,
-                            total_pages=a.num_slots if a else 0)
+                            total_pages=a.num_slots if a else 0, tiers=tiers)
 
     def stats_pb(self) -> worker_pb2.KVStoreStatsResponse:
         return stats_pb(self)
