@@ -12,6 +12,7 @@ from pathlib import Path
 
 # role -> default number of instances; the order is the order of --help
 DEFAULT_COUNTS = {"gateway": 1, "prefill": 1, "decode": 1, "encoder": 0, "kvstore": 1, "worker": 0, "echo": 0}
+_WITH_ENGINES = ("kvstore",)  # roles whose default count applies only when engine roles run
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
@@ -28,6 +29,10 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--nats-port", type=int, default=0, help="port of the nats-server we start (0: 4222 if free)")
     for role, n in DEFAULT_COUNTS.items():
         what = "the control-plane test service" if role == "echo" else f"{role} instances"
+        if role in _WITH_ENGINES:  # serves engines only: none by default in a cluster without any
+            p.add_argument(f"--{role}", type=int, default=None, metavar="N",
+                           help=f"{what} (default {n} when prefill, decode or worker instances run, else 0)")
+            continue
         p.add_argument(f"--{role}", type=int, default=n, metavar="N", help=f"{what} (default {n})")
     p.add_argument("--role-flags", action="append", default=[], metavar="ROLE=FLAGS",
                    help="service flags for one role only, after the shared ones (repeatable), e.g. "
@@ -48,6 +53,10 @@ def _options(ns: argparse.Namespace, extra: list[str]):  # -> UpOptions
     from shared.cluster.localcluster.rundir import default_run_dir
 
     counts = {role: getattr(ns, role) for role in DEFAULT_COUNTS}
+    engines = any(counts[r] for r in ("prefill", "decode", "worker"))
+    for role in _WITH_ENGINES:
+        if counts[role] is None:
+            counts[role] = DEFAULT_COUNTS[role] if engines else 0
     for role, n in counts.items():
         if n < 0:
             raise ValueError(f"--{role} {n}: the number of instances must be >= 0")
