@@ -210,6 +210,8 @@ class PageStore:
         read = arena.begin_read(hashes[:n])
         self._publish_removed()
         if not read.hashes:
+            if not hashes and peer.agent_metadata:  # a caller's warm-up: load its endpoint now, not on a deadline
+                await asyncio.to_thread(self.engine.connect, peer.agent_metadata)
             return read, 0.0
         self._active += 1
         try:

@@ -72,6 +72,8 @@ class KVStoreClient:
         self._stores: set[asyncio.Task[None]] = set()
         self._known: OrderedDict[int, None] = OrderedDict()
         self._making: asyncio.Future[KVTransfer] | None = None
+        self._warmed: set[tuple[str, int]] = set()
+        self._bg: set[asyncio.Future[Any]] = set()
         # counters (Prometheus, tests)
         self.lookups = 0
         self.loads = 0
@@ -100,9 +102,16 @@ class KVStoreClient:
 
     async def start(self) -> None:
         await self.members.start()
+        self.members.on_event(lambda _ev: self._warm_ready())
+        self._warm_ready()
+
+    def _warm_ready(self) -> None:
+        m = self._pick()
+        if m is not None and self.transfer is not None:
+            self._warm(m, self.transfer)
 
     async def close(self) -> None:
-        for t in list(self._stores):
+        for t in [*self._stores, *self._bg]:
             t.cancel()
         await self.members.close()
         for ch in self._channels.values():
@@ -120,6 +129,28 @@ class KVStoreClient:
             return m
         return None
 
+    def _warm(self, m: InstanceInfo, transfer: KVTransfer) -> None:
+        """Once per store incarnation: an empty Get, so the store loads our endpoint before a request waits on it."""
+        key = (m.instance_id, m.epoch)
+        if key in self._warmed:
+            return
+        self._warmed.add(key)
+
+        async def warm() -> None:
+            try:
+                await self._stub(m).Get(worker_pb2.GetPagesRequest(
+                    request_id="warm-up", layout=layout_to_pb(self.layout), model=self.model,
+                    destination_peer=transfer.peer_pb(), destination=transfer.descriptors([])), timeout=10.0)
+            except grpc.aio.AioRpcError as e:
+                log.debug("%s: kvstore warm-up with %s: %s", self.instance_id, m.instance_id, e.code().name)
+
+        self._background(warm())
+
+    def _background(self, aw: Any) -> None:
+        task = asyncio.ensure_future(aw)
+        self._bg.add(task)
+        task.add_done_callback(self._bg.discard)
+
     def _stub(self, m: InstanceInfo) -> worker_pb2_grpc.KVStoreStub:
         ch = self._channels.get(m.grpc_address)
         if ch is None:
@@ -136,6 +167,8 @@ class KVStoreClient:
             if self.transfer is None:
                 self.transfer = transfer
                 transfer.start_progress()
+        if self.transfer is not None:
+            self._warm(m, self.transfer)
         return self.transfer
 
     def _deadline_s(self, miss_tokens: int) -> float:
@@ -225,18 +258,29 @@ class KVStoreClient:
             await asyncio.shield(self.aengine.call(lambda: pages.quarantine(engine, page_ids, _QUARANTINE_S)))
             timed_out = isinstance(e, grpc.aio.AioRpcError) and e.code() == grpc.StatusCode.DEADLINE_EXCEEDED
             return ("timeout" if timed_out else "error"), 0
+        except asyncio.CancelledError:  # the request went away mid-load: same as a failed load, then stop
+            self._background(self.aengine.call(lambda: pages.quarantine(engine, page_ids, _QUARANTINE_S)))
+            raise
         finally:
             transfer.end_receive()
         # Verify what landed, page by page, against the CRC the store committed; keep the good leading run.
-        good = await asyncio.to_thread(_verified_prefix, transfer, page_ids[:written], list(resp.page_checksums))
+        try:
+            good = await asyncio.to_thread(_verified_prefix, transfer, page_ids[:written],
+                                           list(resp.page_checksums))
+        except asyncio.CancelledError:  # the write is over: the pages can go straight back
+            self._background(self.aengine.call(lambda: pages.free(engine, page_ids)))
+            raise
         if good < written:
             self.checksum_failures += written - good
             log.warning("%s: kvstore page %d of %s failed its checksum; dropped, computing from there",
                         self.instance_id, local + good, rid)
-        keep = page_ids[:good]
-        cached = await asyncio.shield(self.aengine.call(lambda: pages.adopt(engine, prompt, hashes, local, keep)))
-        rest = page_ids[good:]
-        await asyncio.shield(self.aengine.call(lambda: pages.free(engine, rest)))
+        keep, rest = page_ids[:good], page_ids[good:]
+
+        def settle() -> int:
+            pages.free(engine, rest)
+            return pages.adopt(engine, prompt, hashes, local, keep)
+
+        cached = await asyncio.shield(self.aengine.call(settle))
         self.loaded_pages += cached
         log.debug("%s: loaded %d/%d store pages for %s (transfer %.1f ms)", self.instance_id, cached, n, rid,
                   resp.transfer_s * 1e3)
@@ -332,13 +376,12 @@ class KVStoreClient:
     # ---- tracing -------------------------------------------------------------------------------------------------
     def _span(self, name: str, start: float, end: float, trace: common_pb2.TraceContext | None,
               attributes: dict[str, Any]) -> None:
+        """A finished phase as a child of the current span (the prefill.handoff / decode.generate server span the
+        request runs in; background stores copied that context when they were scheduled)."""
         tel = self.telemetry
         if tel is None or not tel.tracing.enabled:
             return
-        from shared.telemetry.tracing import extract
-
-        parent = extract(trace) if trace is not None and trace.traceparent else None
-        tel.tracing.record(name, start, end, attributes, parent=parent)
+        tel.tracing.record(name, start, end, attributes)
 
 
 def _verified_prefix(transfer: KVTransfer, page_ids: Sequence[int], crcs: Sequence[int]) -> int:

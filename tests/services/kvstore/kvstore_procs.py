@@ -13,7 +13,11 @@ import grpc
 
 from proto.pdrelay.v1 import worker_pb2, worker_pb2_grpc
 from shared.cluster.localcluster.servers import EtcdServer, NatsServer
-from tests.services.disagg.disagg_procs import ServiceProc, Spec
+from tests.services.disagg.disagg_procs import ServiceProc, Spec, stop_services, wait_ready
+
+# Several engine processes start and stop together on a small shared box: generous bounds (they are not timings).
+READY_TIMEOUT_S = 300.0
+STOP_TIMEOUT_S = 60.0
 
 
 class KVStoreProc(ServiceProc):
@@ -31,6 +35,21 @@ class KVStoreProc(ServiceProc):
         with open(self.out_path, "wb") as out, open(self.err_path, "wb") as err:
             self.proc = subprocess.Popen(cmd, stdout=out, stderr=err, stdin=subprocess.DEVNULL, env=env)
         self.info = None
+
+    def ready(self) -> None:
+        wait_ready([self], timeout=READY_TIMEOUT_S)
+
+
+def start_engines(tmp: Path, etcd: EtcdServer, nats: NatsServer, model: str | Path,
+                  specs: list[Spec]) -> dict[str, ServiceProc]:
+    """start_services() with the bounds above; on failure what was started is stopped and the error re-raised."""
+    procs = {s.instance_id: ServiceProc(s, tmp, etcd, nats, model) for s in specs}
+    try:
+        wait_ready(list(procs.values()), timeout=READY_TIMEOUT_S)
+    except BaseException:
+        stop_services(procs.values(), timeout=STOP_TIMEOUT_S)
+        raise
+    return procs
 
 
 def store_stats(address: str) -> worker_pb2.KVStoreStatsResponse:

@@ -29,8 +29,8 @@ from shared.cluster.grpc_errors import error_from_rpc
 from tests.helpers.servers import start_etcd, start_nats
 from tests.helpers.tiny_models import tiny_llama_dir  # noqa: F401
 from tests.services.disagg.disagg_client import generate
-from tests.services.disagg.disagg_procs import ServiceProc, Spec, start_services, stop_services, wait_ready
-from tests.services.kvstore.kvstore_procs import KVStoreProc, store_stats
+from tests.services.disagg.disagg_procs import ServiceProc, Spec, stop_services
+from tests.services.kvstore.kvstore_procs import STOP_TIMEOUT_S, KVStoreProc, start_engines, store_stats
 
 pytestmark = [pytest.mark.slow, pytest.mark.e2e]
 
@@ -56,15 +56,15 @@ def cluster(tmp_path_factory: pytest.TempPathFactory, tiny_llama_dir: Path) -> I
     kv = KVStoreProc(Spec("kvstore", "kv", CLUSTER, ("--kvstore-dram-bytes", "64MiB")), tmp, etcd, nats)
     procs: dict[str, ServiceProc] = {}
     try:
-        wait_ready([kv])
-        procs = start_services(tmp, etcd, nats, tiny_llama_dir, [
+        kv.ready()
+        procs = start_engines(tmp, etcd, nats, tiny_llama_dir, [
             Spec("worker", "wa", CLUSTER, ENGINE), Spec("worker", "wb", CLUSTER, ENGINE),
             Spec("worker", "w-off", CLUSTER, (*ENGINE, "--kvstore-use", "off")),
             Spec("decode", "d1", CLUSTER, ENGINE), Spec("prefill", "p1", CLUSTER, ENGINE)])
         yield Cluster(kv, procs)
     finally:
         alive = {iid for iid, p in [*procs.items(), (kv.instance_id, kv)] if p.alive()}
-        codes = stop_services([*procs.values(), kv])
+        codes = stop_services([*procs.values(), kv], timeout=STOP_TIMEOUT_S)
         nats.stop()
         etcd.stop()
     bad = {iid: c for iid, c in codes.items() if iid in alive and c != 0}

@@ -16,8 +16,8 @@ from proto.pdrelay.v1 import worker_pb2
 from tests.helpers.servers import start_etcd, start_nats
 from tests.helpers.tiny_models import tiny_llama_dir  # noqa: F401
 from tests.services.disagg.disagg_client import generate
-from tests.services.disagg.disagg_procs import ServiceProc, Spec, start_services, stop_services, wait_ready
-from tests.services.kvstore.kvstore_procs import KVStoreProc, store_stats
+from tests.services.disagg.disagg_procs import ServiceProc, Spec, stop_services
+from tests.services.kvstore.kvstore_procs import STOP_TIMEOUT_S, KVStoreProc, start_engines, store_stats
 
 pytestmark = [pytest.mark.slow, pytest.mark.e2e]
 
@@ -45,7 +45,7 @@ class Env:
 
     def start_store(self) -> KVStoreProc:
         kv = KVStoreProc(self.spec, self.tmp, self.etcd, self.nats)
-        wait_ready([kv])
+        kv.ready()
         return kv
 
     def run(self, rid: str, prompt: list[int]):  # type: ignore[no-untyped-def]
@@ -62,12 +62,12 @@ def env(tmp_path_factory: pytest.TempPathFactory, tiny_llama_dir: Path) -> Itera
     e = Env(tmp, etcd, nats, spec)
     procs: dict[str, ServiceProc] = {}
     try:
-        procs = start_services(tmp, etcd, nats, tiny_llama_dir, [Spec("worker", "wd", CLUSTER, (
+        procs = start_engines(tmp, etcd, nats, tiny_llama_dir, [Spec("worker", "wd", CLUSTER, (
             "--num-pages", "16", "--kvstore-load-timeout-s", "3"))])
         e.worker = procs["wd"]
         yield e
     finally:
-        stop_services([*procs.values(), e.kv])
+        stop_services([*procs.values(), e.kv], timeout=STOP_TIMEOUT_S)
         nats.stop()
         etcd.stop()
 
@@ -89,12 +89,12 @@ def test_demotion_promotion_restart_and_corruption(env: Env) -> None:
     assert s.get_pages >= 1  # some of a may still be in the pool; the rest came from the store (disk)
     # a restart rebuilds the index from the chunk files: the store serves its namespace at once
     disk_before = _disk_pages(env.kv.grpc)
-    assert stop_services([env.kv])[env.kv.instance_id] == 0
+    assert stop_services([env.kv], timeout=STOP_TIMEOUT_S)[env.kv.instance_id] == 0
     env.kv = env.start_store()
     s = store_stats(env.kv.grpc)
     assert s.model and _disk_pages(env.kv.grpc) >= min(disk_before, 4)
     # corrupt the page data of every chunk while the store is down; the next load finds it and computes instead
-    assert stop_services([env.kv])[env.kv.instance_id] == 0
+    assert stop_services([env.kv], timeout=STOP_TIMEOUT_S)[env.kv.instance_id] == 0
     for chunk in (env.tmp / "disk").glob("chunk-*.kv"):
         data = bytearray(chunk.read_bytes())
         for off in range(len(data) - 8192 + 100, 0, -8192)[:4]:
