@@ -38,9 +38,9 @@ class KVStoreService(Service):
                          telemetry=cfg.telemetry)
         self.cfg = cfg
         k = cfg.kvstore
-        if k.kvstore_dram_bytes < 1 << 20:
+        if k.kvstore_dram_bytes < 64 << 10:
             raise ValueError(f"--kvstore-dram-bytes {k.kvstore_dram_bytes} is too small for a DRAM tier; give it at "
-                             "least 1MiB (e.g. 1GiB): the transfer engine reads and writes pages only there")
+                             "least 64KiB (e.g. 1GiB): the transfer engine reads and writes pages only there")
         disk = open_disk_tier(k.kvstore_disk_dir, k.kvstore_disk_bytes, k.kvstore_chunk_pages)  # ValueError: exit 2
         self.store = PageStore(name=self.instance_id, backend=cfg.transfer.transfer_backend,
                                host=cfg.transfer.transfer_host, dram_bytes=k.kvstore_dram_bytes,
