@@ -43,6 +43,7 @@ from bench.serve_datasets import (
 from bench.serve_http import HTTP_CLIENTS, HttpError, make_http
 from bench.serve_metrics import Slo, compute_metrics, parse_percentiles, parse_slo
 from bench.serve_peer import PeerProcess
+from bench.serve_kvstore import add_kvstore_arguments, run_kvstore_comparison
 from bench.serve_policies import add_policy_arguments, run_policies
 from bench.serve_procs import CpuSample, MockGateway, process_cpu
 from bench.serve_report import detailed, format_table, headline, ratios
@@ -127,6 +128,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     c.add_argument("--throughput-concurrency", type=int, default=None, metavar="N",
                    help="after the main run, run the same workload at concurrency N against every endpoint")
     add_policy_arguments(p)
+    add_kvstore_arguments(p)
 
 
 @dataclass(frozen=True)
@@ -352,6 +354,9 @@ def run(ns: argparse.Namespace) -> int:
         requests = build_requests(ns, tok)
         if ns.compare_policies:
             return run_policies(ns, requests, tok, tokenizer_dir, _settings(ns, tokenizer_dir, slo), slo, percentiles)
+        if ns.compare_kvstore:
+            return run_kvstore_comparison(ns, requests, tok, tokenizer_dir, _settings(ns, tokenizer_dir, slo), slo,
+                                          percentiles)
         if ns.mock_workers:
             gateway = MockGateway(tokenizer_dir, token_delay_ms=ns.mock_token_delay_ms,
                                   first_token_delay_ms=ns.mock_first_token_delay_ms)

@@ -11,8 +11,9 @@ import sys
 from pathlib import Path
 
 # role -> default number of instances; the order is the order of --help
-DEFAULT_COUNTS = {"gateway": 1, "prefill": 1, "decode": 1, "encoder": 0, "kvstore": 0, "worker": 0, "echo": 0,
+DEFAULT_COUNTS = {"gateway": 1, "prefill": 1, "decode": 1, "encoder": 0, "kvstore": 1, "worker": 0, "echo": 0,
                   "planner": 0}
+_WITH_ENGINES = ("kvstore",)  # roles whose default count applies only when engine roles run
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
@@ -33,6 +34,10 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
             p.add_argument("--planner", type=int, nargs="?", const=1, default=n, metavar="N",
                            help="planners that scale prefill and decode against TTFT / ITL targets (--planner "
                                 "alone: 1; planner flags such as --ttft-target-ms go to them)")
+            continue
+        if role in _WITH_ENGINES:  # serves engines only: none by default in a cluster without any
+            p.add_argument(f"--{role}", type=int, default=None, metavar="N",
+                           help=f"{what} (default {n} when prefill, decode or worker instances run, else 0)")
             continue
         p.add_argument(f"--{role}", type=int, default=n, metavar="N", help=f"{what} (default {n})")
     p.add_argument("--role-flags", action="append", default=[], metavar="ROLE=FLAGS",
@@ -59,6 +64,10 @@ def _options(ns: argparse.Namespace, extra: list[str]):  # -> UpOptions
     from shared.cluster.localcluster.rundir import default_run_dir
 
     counts = {role: getattr(ns, role) for role in DEFAULT_COUNTS}
+    engines = any(counts[r] for r in ("prefill", "decode", "worker"))
+    for role in _WITH_ENGINES:
+        if counts[role] is None:
+            counts[role] = DEFAULT_COUNTS[role] if engines else 0
     for role, n in counts.items():
         if n < 0:
             raise ValueError(f"--{role} {n}: the number of instances must be >= 0")

@@ -25,6 +25,7 @@ from shared.serving.engine_service import EngineService
 from shared.serving.faults import Faults
 from shared.serving.handoff import FencingLedger, descs_from_pb, pages_needed
 from shared.serving.kv_transfer import KVTransfer
+from shared.serving.kvstore_client import KVStoreClient, attach_kvstore
 from shared.telemetry import spans
 from shared.transfer.errors import TransferError
 
@@ -37,6 +38,7 @@ class PrefillService(EngineService):
     def __init__(self, *args, **kw) -> None:  # type: ignore[no-untyped-def]
         super().__init__(*args, **kw)
         self.transfer: KVTransfer | None = None
+        self.kvstore: KVStoreClient | None = None
         self.ledger = FencingLedger()
         self.faults = Faults(self.cfg.disagg.fault_injection, self.instance_id)
         self.pages_written = 0
@@ -52,6 +54,7 @@ class PrefillService(EngineService):
         t = self.cfg.transfer
         self.transfer = await asyncio.to_thread(KVTransfer, t.transfer_backend, self.instance_id, t.transfer_host,
                                                 self.engine.runner.kv)
+        self.kvstore = await attach_kvstore(self, self.transfer)
 
     def describe(self) -> dict:  # type: ignore[type-arg]
         d = super().describe()
@@ -59,6 +62,9 @@ class PrefillService(EngineService):
         return d
 
     async def on_stop(self) -> None:
+        if self.kvstore is not None:
+            await self.kvstore.drain()
+            await self.kvstore.close()
         await super().on_stop()
         if self.transfer is not None:
             await self.transfer.close()
@@ -177,6 +183,8 @@ class PrefillServicer(worker_pb2_grpc.PrefillServicer):
             engine.add_request(rid, prompt, first_params, hold_pages=True)
             return []
 
+        if svc.kvstore is not None:  # the store's part of the prompt, within half the hand-off's time; 0 on any miss
+            await svc.kvstore.load(rid, prompt, budget_s=(deadline - time.monotonic()) / 2, trace=ticket.trace)
         try:
             try:
                 first = None
@@ -227,6 +235,9 @@ class PrefillServicer(worker_pb2_grpc.PrefillServicer):
                 pass
             svc.telemetry.tracing.record(spans.PREFILL_RELEASE, t_release, time.monotonic())
             svc.ids.close(ticket.request_id, rid)
+        kv = svc.kvstore
+        if kv is not None and kv.wants_store(finished=False, reused=first.num_cached_tokens > 0):
+            kv.store_later(prompt, trace=ticket.trace)  # after the release: the pages sit in the prefix cache
         svc.pages_written += len(src_pages)
         svc.bytes_written += handle.nbytes
         resp = worker_pb2.PrefillResponse(

@@ -91,6 +91,10 @@ def format_table(status: ClusterStatus) -> str:
     widths = [max(len(row[i]) for row in rows) for i in range(len(head))]
     lines = [f"cluster '{status.cluster}'  etcd {status.etcd_url}  nats {status.nats_url}"]
     lines += ["  ".join(cell.ljust(w) for cell, w in zip(row, widths)).rstrip() for row in rows]
+    for r in status.rows:
+        for t in r.load.load.tiers if r.load else ():
+            share = 100.0 * t.used_bytes / t.capacity_bytes if t.capacity_bytes else 0.0
+            lines.append(f"  {r.instance_id} {t.tier}: {share:.1f}% of {_gib(t.capacity_bytes)} ({t.pages} pages)")
     if not status.rows:
         lines.append("(no instances registered)")
     if status.restarts:
@@ -100,3 +104,7 @@ def format_table(status: ClusterStatus) -> str:
     if status.skipped_keys:
         lines.append(f"note: {status.skipped_keys} unreadable value(s) under {instances_prefix(status.cluster)}")
     return "\n".join(lines)
+
+
+def _gib(n: int) -> str:
+    return f"{n / (1 << 30):.2f} GiB" if n >= 1 << 30 else f"{n / (1 << 20):.1f} MiB"

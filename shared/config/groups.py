@@ -195,7 +195,26 @@ class KVStoreConfig:
     kvstore_dram_bytes: A[int, Arg("Host DRAM tier size in bytes", min=0)] = 1 << 30
     kvstore_disk_dir: A[str | None, Arg("Local disk tier directory (off when unset)")] = None
     kvstore_disk_bytes: A[int, Arg("Local disk tier size in bytes", min=0)] = 8 << 30
-    kvstore_write_policy: A[str, Arg("When pages go down a tier",
+    kvstore_lease_s: A[float, Arg("Longest read lease: a looked-up or loading page is not evicted for up to this "
+                                  "long", min=0.1, max=600)] = 10.0
+    kvstore_high_watermark: A[float, Arg("DRAM fill (share of --kvstore-dram-bytes) above which pages are demoted "
+                                         "to disk (or evicted without a disk tier)", min=0.1, max=1.0)] = 0.9
+    kvstore_chunk_pages: A[int, Arg("Pages per disk chunk file", min=1, max=1024)] = 16
+
+
+@dataclass(frozen=True, kw_only=True)
+class KVStoreClientConfig:
+    """How an engine (prefill, decode, worker) uses the cluster's kvstore."""
+
+    kvstore_use: A[str, Arg("Use a kvstore of the cluster ('auto': when one is registered)",
+                            choices=("auto", "off"))] = "auto"
+    kvstore_min_pages: A[int, Arg("Smallest prefix-cache miss (pages beyond the local prefix) worth a store lookup",
+                                  min=1)] = 2
+    kvstore_load_timeout_s: A[float, Arg("Deadline of a store load (0: derived from the prompt: a share of the time "
+                                         "computing the missed tokens would take)", min=0.0)] = 0.0
+    kvstore_write_policy: A[str, Arg("Which pages engines store: write_through (every new full page: prefill's "
+                                     "prompts, finished requests), write_back (finished requests only), selective "
+                                     "(only requests that reused a cached prefix)",
                                      choices=("write_through", "write_back", "selective"))] = "write_through"
 
 
@@ -255,5 +274,6 @@ GROUPS: dict[str, type] = {
     "telemetry": TelemetryConfig,
     "encoder": EncoderConfig,
     "kvstore": KVStoreConfig,
+    "kvstore_client": KVStoreClientConfig,
     "planner": PlannerConfig,
 }

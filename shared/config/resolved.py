@@ -19,8 +19,8 @@ from shared.config import catalog
 from shared.config.errors import ConfigError
 from shared.config.groups import (GROUPS, BusConfig, CacheConfig, CudaGraphConfig, DeviceConfig, DisaggConfig,
                                   DiscoveryConfig, EncoderConfig, GrpcConfig, HttpConfig, KernelConfig,
-                                  KVStoreConfig, ModelConfig, ParallelConfig, SchedulerConfig, TelemetryConfig,
-                                  TlsConfig, TokenizerConfig, TransferConfig)
+                                  KVStoreClientConfig, KVStoreConfig, ModelConfig, ParallelConfig, SchedulerConfig,
+                                  TelemetryConfig, TlsConfig, TokenizerConfig, TransferConfig)
 from shared.config.groups import EngineSimConfig, PlannerConfig
 from shared.config.roles import ROLE_GROUPS
 from shared.config.values import Origin, coerce, format_value, validate
@@ -104,6 +104,7 @@ class ResolvedConfig:
     telemetry = _GroupAttr(TelemetryConfig)
     encoder = _GroupAttr(EncoderConfig)
     kvstore = _GroupAttr(KVStoreConfig)
+    kvstore_client = _GroupAttr(KVStoreClientConfig)
     planner = _GroupAttr(PlannerConfig)
 
     def __post_init__(self) -> None:

@@ -116,14 +116,19 @@ class DecodeServicer(worker_pb2_grpc.DecodeServicer):
         t0 = time.monotonic()
         head = worker_pb2.DecodeResponse()  # what only the first message carries
         try:
+            kv = getattr(svc, "kvstore", None)  # shared.serving.kvstore_client: loads before, stores after
             if self.remote is not None and self.remote.wants(request):
                 stream = self.remote.run(request, rid, params, head)
             else:
+                if kv is not None:
+                    await kv.load(rid, list(request.prompt_token_ids), trace=request.trace)
                 stream = aengine.generate(rid, list(request.prompt_token_ids), params, priority=request.priority)
             first = True
             num_out: dict[int, int] = {}  # per sample (n > 1)
+            out_ids: dict[int, list[int]] = {}  # per sample: what the kvstore keeps of a finished conversation
             async for out in stream:
                 num_out[out.index] = num_out.get(out.index, 0) + len(out.new_token_ids)
+                out_ids.setdefault(out.index, []).extend(out.new_token_ids)
                 msg = worker_pb2.DecodeResponse(
                     request_id=request.request_id, token_ids=list(out.new_token_ids),
                     finish_reason=finish_to_pb(out), index=out.index)
@@ -142,6 +147,9 @@ class DecodeServicer(worker_pb2_grpc.DecodeServicer):
                     msg.usage.CopyFrom(common_pb2.Usage(prompt_tokens=out.num_prompt_tokens,
                                                         completion_tokens=num_out[out.index],
                                                         cached_tokens=out.num_cached_tokens))
+                    if kv is not None and kv.wants_store(finished=True, reused=out.num_cached_tokens > 0):
+                        # the whole conversation so far, so its next turn finds its history
+                        kv.store_later([*request.prompt_token_ids, *out_ids[out.index]], trace=request.trace)
                 yield msg
         except InvalidRequest as e:
             await abort(context, common_pb2.ERROR_CODE_INVALID_ARGUMENT, str(e), instance_id=svc.instance_id)

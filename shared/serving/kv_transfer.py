@@ -51,7 +51,8 @@ class KVTransfer:
         self._active = max(0, self._active - 1)
 
     def start_progress(self) -> None:
-        self._task = asyncio.ensure_future(self._progress_loop())
+        if self._task is None:  # idempotent: a kvstore client also needs the receive side progressing
+            self._task = asyncio.ensure_future(self._progress_loop())
 
     async def _progress_loop(self) -> None:
         # The receiver must keep its backend progressing (NIXL/UCX) or a peer's first write never connects.

@@ -58,7 +58,7 @@ def test_services_declare_the_documented_methods() -> None:
     assert methods(worker_pb2, "Decode") == {"Generate"}
     assert methods(worker_pb2, "Prefill") == {"Prefill"}
     assert methods(worker_pb2, "Encoder") == {"Encode", "Embed"}
-    assert methods(worker_pb2, "KVStore") == {"Lookup", "Put", "Get"}
+    assert methods(worker_pb2, "KVStore") == {"Lookup", "Put", "CommitPut", "Get", "Stats"}
     gen = worker_pb2.DESCRIPTOR.services_by_name["Decode"].methods_by_name["Generate"]
     assert gen.server_streaming and not gen.client_streaming
     assert gen.input_type.full_name == "pdrelay.v1.DecodeRequest"

@@ -221,12 +221,18 @@ class EmbedResponse(_message.Message):
     def __init__(self, embeddings: _Optional[_Union[Tensor, _Mapping]] = ..., prompt_tokens: _Optional[int] = ...) -> None: ...
 
 class LookupRequest(_message.Message):
-    __slots__ = ("block_hashes", "layout")
+    __slots__ = ("block_hashes", "layout", "model", "lease_s", "trace")
     BLOCK_HASHES_FIELD_NUMBER: _ClassVar[int]
     LAYOUT_FIELD_NUMBER: _ClassVar[int]
+    MODEL_FIELD_NUMBER: _ClassVar[int]
+    LEASE_S_FIELD_NUMBER: _ClassVar[int]
+    TRACE_FIELD_NUMBER: _ClassVar[int]
     block_hashes: _containers.RepeatedScalarFieldContainer[int]
     layout: _common_pb2.KVLayout
-    def __init__(self, block_hashes: _Optional[_Iterable[int]] = ..., layout: _Optional[_Union[_common_pb2.KVLayout, _Mapping]] = ...) -> None: ...
+    model: str
+    lease_s: float
+    trace: _common_pb2.TraceContext
+    def __init__(self, block_hashes: _Optional[_Iterable[int]] = ..., layout: _Optional[_Union[_common_pb2.KVLayout, _Mapping]] = ..., model: _Optional[str] = ..., lease_s: _Optional[float] = ..., trace: _Optional[_Union[_common_pb2.TraceContext, _Mapping]] = ...) -> None: ...
 
 class LookupResponse(_message.Message):
     __slots__ = ("num_hit_pages", "tiers")
@@ -237,31 +243,63 @@ class LookupResponse(_message.Message):
     def __init__(self, num_hit_pages: _Optional[int] = ..., tiers: _Optional[_Iterable[_Union[StorageTier, str]]] = ...) -> None: ...
 
 class PutPagesRequest(_message.Message):
-    __slots__ = ("request_id", "block_hashes", "layout", "source_peer", "source", "trace")
+    __slots__ = ("request_id", "block_hashes", "layout", "source_peer", "source", "trace", "model", "backend")
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
     BLOCK_HASHES_FIELD_NUMBER: _ClassVar[int]
     LAYOUT_FIELD_NUMBER: _ClassVar[int]
     SOURCE_PEER_FIELD_NUMBER: _ClassVar[int]
     SOURCE_FIELD_NUMBER: _ClassVar[int]
     TRACE_FIELD_NUMBER: _ClassVar[int]
+    MODEL_FIELD_NUMBER: _ClassVar[int]
+    BACKEND_FIELD_NUMBER: _ClassVar[int]
     request_id: str
     block_hashes: _containers.RepeatedScalarFieldContainer[int]
     layout: _common_pb2.KVLayout
     source_peer: _common_pb2.TransferPeer
     source: _common_pb2.PageDescriptors
     trace: _common_pb2.TraceContext
-    def __init__(self, request_id: _Optional[str] = ..., block_hashes: _Optional[_Iterable[int]] = ..., layout: _Optional[_Union[_common_pb2.KVLayout, _Mapping]] = ..., source_peer: _Optional[_Union[_common_pb2.TransferPeer, _Mapping]] = ..., source: _Optional[_Union[_common_pb2.PageDescriptors, _Mapping]] = ..., trace: _Optional[_Union[_common_pb2.TraceContext, _Mapping]] = ...) -> None: ...
+    model: str
+    backend: _common_pb2.TransferBackend
+    def __init__(self, request_id: _Optional[str] = ..., block_hashes: _Optional[_Iterable[int]] = ..., layout: _Optional[_Union[_common_pb2.KVLayout, _Mapping]] = ..., source_peer: _Optional[_Union[_common_pb2.TransferPeer, _Mapping]] = ..., source: _Optional[_Union[_common_pb2.PageDescriptors, _Mapping]] = ..., trace: _Optional[_Union[_common_pb2.TraceContext, _Mapping]] = ..., model: _Optional[str] = ..., backend: _Optional[_Union[_common_pb2.TransferBackend, str]] = ...) -> None: ...
 
 class PutPagesResponse(_message.Message):
-    __slots__ = ("pages_stored", "pages_present")
+    __slots__ = ("pages_stored", "pages_present", "put_id", "indexes", "store_peer", "slots", "expires_s")
     PAGES_STORED_FIELD_NUMBER: _ClassVar[int]
     PAGES_PRESENT_FIELD_NUMBER: _ClassVar[int]
+    PUT_ID_FIELD_NUMBER: _ClassVar[int]
+    INDEXES_FIELD_NUMBER: _ClassVar[int]
+    STORE_PEER_FIELD_NUMBER: _ClassVar[int]
+    SLOTS_FIELD_NUMBER: _ClassVar[int]
+    EXPIRES_S_FIELD_NUMBER: _ClassVar[int]
     pages_stored: int
     pages_present: int
-    def __init__(self, pages_stored: _Optional[int] = ..., pages_present: _Optional[int] = ...) -> None: ...
+    put_id: int
+    indexes: _containers.RepeatedScalarFieldContainer[int]
+    store_peer: _common_pb2.TransferPeer
+    slots: _common_pb2.PageDescriptors
+    expires_s: float
+    def __init__(self, pages_stored: _Optional[int] = ..., pages_present: _Optional[int] = ..., put_id: _Optional[int] = ..., indexes: _Optional[_Iterable[int]] = ..., store_peer: _Optional[_Union[_common_pb2.TransferPeer, _Mapping]] = ..., slots: _Optional[_Union[_common_pb2.PageDescriptors, _Mapping]] = ..., expires_s: _Optional[float] = ...) -> None: ...
+
+class CommitPutRequest(_message.Message):
+    __slots__ = ("put_id", "page_checksums", "abort")
+    PUT_ID_FIELD_NUMBER: _ClassVar[int]
+    PAGE_CHECKSUMS_FIELD_NUMBER: _ClassVar[int]
+    ABORT_FIELD_NUMBER: _ClassVar[int]
+    put_id: int
+    page_checksums: _containers.RepeatedScalarFieldContainer[int]
+    abort: bool
+    def __init__(self, put_id: _Optional[int] = ..., page_checksums: _Optional[_Iterable[int]] = ..., abort: _Optional[bool] = ...) -> None: ...
+
+class CommitPutResponse(_message.Message):
+    __slots__ = ("pages_stored", "pages_rejected")
+    PAGES_STORED_FIELD_NUMBER: _ClassVar[int]
+    PAGES_REJECTED_FIELD_NUMBER: _ClassVar[int]
+    pages_stored: int
+    pages_rejected: int
+    def __init__(self, pages_stored: _Optional[int] = ..., pages_rejected: _Optional[int] = ...) -> None: ...
 
 class GetPagesRequest(_message.Message):
-    __slots__ = ("request_id", "epoch", "block_hashes", "layout", "destination_peer", "destination", "trace")
+    __slots__ = ("request_id", "epoch", "block_hashes", "layout", "destination_peer", "destination", "trace", "model", "deadline_s")
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
     EPOCH_FIELD_NUMBER: _ClassVar[int]
     BLOCK_HASHES_FIELD_NUMBER: _ClassVar[int]
@@ -269,6 +307,8 @@ class GetPagesRequest(_message.Message):
     DESTINATION_PEER_FIELD_NUMBER: _ClassVar[int]
     DESTINATION_FIELD_NUMBER: _ClassVar[int]
     TRACE_FIELD_NUMBER: _ClassVar[int]
+    MODEL_FIELD_NUMBER: _ClassVar[int]
+    DEADLINE_S_FIELD_NUMBER: _ClassVar[int]
     request_id: str
     epoch: int
     block_hashes: _containers.RepeatedScalarFieldContainer[int]
@@ -276,16 +316,60 @@ class GetPagesRequest(_message.Message):
     destination_peer: _common_pb2.TransferPeer
     destination: _common_pb2.PageDescriptors
     trace: _common_pb2.TraceContext
-    def __init__(self, request_id: _Optional[str] = ..., epoch: _Optional[int] = ..., block_hashes: _Optional[_Iterable[int]] = ..., layout: _Optional[_Union[_common_pb2.KVLayout, _Mapping]] = ..., destination_peer: _Optional[_Union[_common_pb2.TransferPeer, _Mapping]] = ..., destination: _Optional[_Union[_common_pb2.PageDescriptors, _Mapping]] = ..., trace: _Optional[_Union[_common_pb2.TraceContext, _Mapping]] = ...) -> None: ...
+    model: str
+    deadline_s: float
+    def __init__(self, request_id: _Optional[str] = ..., epoch: _Optional[int] = ..., block_hashes: _Optional[_Iterable[int]] = ..., layout: _Optional[_Union[_common_pb2.KVLayout, _Mapping]] = ..., destination_peer: _Optional[_Union[_common_pb2.TransferPeer, _Mapping]] = ..., destination: _Optional[_Union[_common_pb2.PageDescriptors, _Mapping]] = ..., trace: _Optional[_Union[_common_pb2.TraceContext, _Mapping]] = ..., model: _Optional[str] = ..., deadline_s: _Optional[float] = ...) -> None: ...
 
 class GetPagesResponse(_message.Message):
-    __slots__ = ("pages_written", "checksum_algorithm", "checksum", "transfer_s")
+    __slots__ = ("pages_written", "checksum_algorithm", "checksum", "transfer_s", "page_checksums", "pages_corrupt")
     PAGES_WRITTEN_FIELD_NUMBER: _ClassVar[int]
     CHECKSUM_ALGORITHM_FIELD_NUMBER: _ClassVar[int]
     CHECKSUM_FIELD_NUMBER: _ClassVar[int]
     TRANSFER_S_FIELD_NUMBER: _ClassVar[int]
+    PAGE_CHECKSUMS_FIELD_NUMBER: _ClassVar[int]
+    PAGES_CORRUPT_FIELD_NUMBER: _ClassVar[int]
     pages_written: int
     checksum_algorithm: ChecksumAlgorithm
     checksum: int
     transfer_s: float
-    def __init__(self, pages_written: _Optional[int] = ..., checksum_algorithm: _Optional[_Union[ChecksumAlgorithm, str]] = ..., checksum: _Optional[int] = ..., transfer_s: _Optional[float] = ...) -> None: ...
+    page_checksums: _containers.RepeatedScalarFieldContainer[int]
+    pages_corrupt: int
+    def __init__(self, pages_written: _Optional[int] = ..., checksum_algorithm: _Optional[_Union[ChecksumAlgorithm, str]] = ..., checksum: _Optional[int] = ..., transfer_s: _Optional[float] = ..., page_checksums: _Optional[_Iterable[int]] = ..., pages_corrupt: _Optional[int] = ...) -> None: ...
+
+class KVStoreStatsRequest(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class TierStats(_message.Message):
+    __slots__ = ("tier", "used_bytes", "capacity_bytes", "pages")
+    TIER_FIELD_NUMBER: _ClassVar[int]
+    USED_BYTES_FIELD_NUMBER: _ClassVar[int]
+    CAPACITY_BYTES_FIELD_NUMBER: _ClassVar[int]
+    PAGES_FIELD_NUMBER: _ClassVar[int]
+    tier: StorageTier
+    used_bytes: int
+    capacity_bytes: int
+    pages: int
+    def __init__(self, tier: _Optional[_Union[StorageTier, str]] = ..., used_bytes: _Optional[int] = ..., capacity_bytes: _Optional[int] = ..., pages: _Optional[int] = ...) -> None: ...
+
+class KVStoreStatsResponse(_message.Message):
+    __slots__ = ("tiers", "lookups", "hit_pages", "stored_pages", "evicted_pages", "corrupt_pages", "get_pages", "model", "layout")
+    TIERS_FIELD_NUMBER: _ClassVar[int]
+    LOOKUPS_FIELD_NUMBER: _ClassVar[int]
+    HIT_PAGES_FIELD_NUMBER: _ClassVar[int]
+    STORED_PAGES_FIELD_NUMBER: _ClassVar[int]
+    EVICTED_PAGES_FIELD_NUMBER: _ClassVar[int]
+    CORRUPT_PAGES_FIELD_NUMBER: _ClassVar[int]
+    GET_PAGES_FIELD_NUMBER: _ClassVar[int]
+    MODEL_FIELD_NUMBER: _ClassVar[int]
+    LAYOUT_FIELD_NUMBER: _ClassVar[int]
+    tiers: _containers.RepeatedCompositeFieldContainer[TierStats]
+    lookups: int
+    hit_pages: int
+    stored_pages: int
+    evicted_pages: int
+    corrupt_pages: int
+    get_pages: int
+    model: str
+    layout: _common_pb2.KVLayout
+    def __init__(self, tiers: _Optional[_Iterable[_Union[TierStats, _Mapping]]] = ..., lookups: _Optional[int] = ..., hit_pages: _Optional[int] = ..., stored_pages: _Optional[int] = ..., evicted_pages: _Optional[int] = ..., corrupt_pages: _Optional[int] = ..., get_pages: _Optional[int] = ..., model: _Optional[str] = ..., layout: _Optional[_Union[_common_pb2.KVLayout, _Mapping]] = ...) -> None: ...

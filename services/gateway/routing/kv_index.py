@@ -30,6 +30,7 @@ class _InstanceIndex:
     seq: int = 0  # last sequence number applied (0: none yet)
     page_size: int = 0
     hashes: set[int] = field(default_factory=set)
+    tier: str = "device"  # "host" / "disk": a kvstore (its pages cost a transfer, not a forward pass)
 
 
 @dataclass
@@ -73,6 +74,7 @@ class KVIndex:
             idx.hashes.clear()
         idx.seq = event.seq
         idx.page_size = event.page_size
+        idx.tier = event.tier
         for op in event.ops:
             if op.kind == KVOpKind.STORED:
                 idx.hashes.update(op.block_hashes)
@@ -104,6 +106,14 @@ class KVIndex:
         if idx is None or not idx.hashes:
             return 0
         return leading_pages(prompt_hashes, idx.hashes)
+
+    def store_overlap_pages(self, prompt_hashes: Sequence[int]) -> int:
+        """Leading pages of a prompt the best-stocked kvstore holds (any instance publishing a non-device tier)."""
+        best = 0
+        for idx in self._by_instance.values():
+            if idx.tier != "device" and idx.hashes:
+                best = max(best, leading_pages(prompt_hashes, idx.hashes))
+        return best
 
     def num_pages(self, instance_id: str) -> int:
         idx = self._by_instance.get(instance_id)

@@ -114,6 +114,11 @@ class HandoffPages:
         req.status, req.finish_reason = RequestStatus.FINISHED, "abort"
         return True
 
+    def quarantine(self, page_ids: list[int], quarantine_s: float) -> None:
+        """Take over the caller's reference to pages a peer may still be writing into (an abandoned kvstore load);
+        they are freed after quarantine_s, like a failed hand-off's."""
+        bisect.insort(self._quarantine, (time.monotonic() + quarantine_s, list(page_ids)), key=lambda q: q[0])
+
     def release_expired(self, now: float | None = None) -> int:
         """Free quarantined pages whose time is up; returns how many pages were freed."""
         now = time.monotonic() if now is None else now
