@@ -61,7 +61,7 @@ def embedder(minilm_dir: Path) -> SentenceEmbedder:
 def test_batched_through_the_batcher_equals_sentence_transformers(embedder: SentenceEmbedder,
                                                                   reference: np.ndarray) -> None:
     texts = sentences()
-    ids = embedder.tokenize(texts, truncate=True)
+    ids = embedder.tokenize(texts, truncate_to=256)
     assert max(len(x) for x in ids) == 256 and min(len(x) for x in ids) == 2  # cut ones, and "" -> [CLS] [SEP]
 
     async def run() -> list[torch.Tensor]:
@@ -85,7 +85,7 @@ def test_one_at_a_time_equals_sentence_transformers(embedder: SentenceEmbedder, 
     texts = sentences()
     picks = [0, 3, 12, 14, 19, 33, 34, 35, 60, 99]
     for i in picks:
-        got = embedder.embed(embedder.tokenize([texts[i]], truncate=True)).numpy()[0]
+        got = embedder.embed(embedder.tokenize([texts[i]], truncate_to=256)).numpy()[0]
         assert np.abs(got - reference[i]).max() <= 1e-5, texts[i]
 
 
@@ -93,5 +93,5 @@ def test_over_long_input_is_refused_unless_truncating(embedder: SentenceEmbedder
     from services.encoder.errors import EncoderError
 
     with pytest.raises(EncoderError, match=r"input\[1\] is \d+ tokens, but all-minilm-l6-v2 takes at most 256"):
-        embedder.tokenize(["short", "long " * 300], truncate=False)
-    assert len(embedder.tokenize(["long " * 300], truncate=True)[0]) == 256
+        embedder.tokenize(["short", "long " * 300], truncate_to=0)
+    assert len(embedder.tokenize(["long " * 300], truncate_to=256)[0]) == 256
