@@ -20,7 +20,7 @@ from tokenizers import Tokenizer
 
 from services.encoder.errors import EncoderError
 from services.encoder.pooling import Pooling, pool
-from shared.engine.models.bert import BertModel, load_bert
+from shared.engine.models.bert import BertModel, PackedBatch, load_bert
 from proto.pdrelay.v1 import common_pb2
 
 _ST_NORMALIZE = "sentence_transformers.models.Normalize"
@@ -68,7 +68,6 @@ class SentenceEmbedder:
         self.tokenizer.no_padding()
         self.tokenizer.no_truncation()
         self._specials = self.tokenizer.num_special_tokens_to_add(False)  # [CLS] + [SEP] for BERT
-        self.pad_id = cfg.pad_token_id
         self.dtype = dtype
 
     # ---- input ------------------------------------------------------------------------------------------------
@@ -137,16 +136,11 @@ class SentenceEmbedder:
     # ---- compute ------------------------------------------------------------------------------------------------
     def embed(self, batch: Sequence[Sequence[int]]) -> torch.Tensor:
         """token id lists -> [len(batch), dim] float32, pooled and (as the model's pipeline says) normalized.
-        One forward over the batch padded to its longest input."""
-        T = max(len(s) for s in batch)
-        ids = torch.full((len(batch), T), self.pad_id, dtype=torch.long)
-        mask = torch.zeros((len(batch), T), dtype=torch.long)
-        for i, seq in enumerate(batch):
-            ids[i, :len(seq)] = torch.tensor(seq, dtype=torch.long)
-            mask[i, :len(seq)] = 1
+        One forward over the batch, packed (no padding in the dense layers)."""
+        packed = PackedBatch.of(batch, self.dtype)
         with torch.inference_mode():
-            hidden = self.model(ids, mask)
-            out = pool(hidden, mask, self.pooling)
+            hidden = self.model(packed)
+            out = pool(hidden, packed, self.pooling)
             if self.spec.normalized:
                 out = F.normalize(out, p=2, dim=1)
         return out.float()
