@@ -179,6 +179,7 @@ def run(ns: argparse.Namespace) -> int:
 
 async def _run(ns: argparse.Namespace, levels: list[int]) -> int:
     from bench.serve_http import RawHttp
+    from bench.serve_procs import process_cpu
     from shared.cluster.localcluster.servers import EtcdServer, NatsServer, free_port
     from shared.engine.bundled import resolve_model_path
 
@@ -215,9 +216,14 @@ async def _run(ns: argparse.Namespace, levels: list[int]) -> int:
         for c in levels:
             st_lat, st_wall = await _closed_loop(texts, c, st.one)
             before = _batch_counts(metrics)
+            cpu0 = [process_cpu(p.proc.pid).best_s for p in procs] + [time.process_time()]
             our_lat, our_wall = await _closed_loop(texts, c, ours.one)
+            cpu1 = [process_cpu(p.proc.pid).best_s for p in procs] + [time.process_time()]
             after = _batch_counts(metrics)
             a, b = _summary(our_lat, our_wall), _summary(st_lat, st_wall)
+            n = len(our_lat)
+            a["cpu_ms_per_request"] = {name: (y - x) / n * 1e3 for name, x, y in
+                                       zip(("encoder", "gateway", "client"), cpu0, cpu1)}
             forwards = after[1] - before[1]
             a["encoder_forwards"] = forwards
             a["mean_batch_size"] = (after[0] - before[0]) / forwards if forwards else 0.0
@@ -273,6 +279,10 @@ def _report(r: dict[str, Any]) -> str:
         lines.append(f"{c:>4}  {a['request_throughput']:>14.1f} {a['median_latency_ms']:>8.1f} "
                      f"{a['p99_latency_ms']:>8.1f}   {b['request_throughput']:>10.1f} {b['median_latency_ms']:>8.1f} "
                      f"{b['p99_latency_ms']:>8.1f}   {lv['throughput_ratio']:>5.2f}x   {a['mean_batch_size']:>5.1f}")
+    lines.append("pdrelay CPU ms per request (encoder / gateway / client): " + ", ".join(
+        f"c={c} {lv['pdrelay']['cpu_ms_per_request']['encoder']:.1f} / "
+        f"{lv['pdrelay']['cpu_ms_per_request']['gateway']:.1f} / {lv['pdrelay']['cpu_ms_per_request']['client']:.1f}"
+        for c, lv in r["levels"].items()))
     t = r["levels"].get(str(TARGET_CONCURRENCY))
     if t is not None:
         ok = "met" if t["throughput_ratio"] >= TARGET_RATIO else "NOT met"
