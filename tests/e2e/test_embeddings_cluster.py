@@ -226,3 +226,69 @@ def test_encoder_hang_times_out_and_is_retried(cluster: Cluster, reference: Sent
         assert TIMEOUT_S <= max(took) < TIMEOUT_S + 10  # the gateway's deadline ended the hung call
     finally:
         stop_services([bad], timeout=5)
+
+
+def test_registration_health_load_and_metrics(cluster: Cluster) -> None:
+    from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+    from shared.cluster.status import collect_status
+
+    info = cluster.procs["enc-1"].info
+    assert info is not None
+
+    async def check() -> None:
+        async with grpc.aio.insecure_channel(info.grpc) as ch:
+            h = await health_pb2_grpc.HealthStub(ch).Check(health_pb2.HealthCheckRequest(service="pdrelay.v1.Encoder"))
+            assert h.status == health_pb2.HealthCheckResponse.SERVING
+        st = await collect_status(cluster.etcd.url, cluster.nats.url, CLUSTER)  # type: ignore[attr-defined]
+        rows = {r.instance_id: r for r in st.rows if r.role == "encoder"}
+        assert {"enc-1", "enc-2"} <= set(rows)
+        assert rows["enc-1"].model == MODEL and rows["enc-1"].load is not None  # load reports over NATS
+
+    asyncio.run(check())
+    from shared.cluster.instance import Modality
+
+    async def registered():  # -> InstanceInfo
+        from shared.cluster.etcd import connect_etcd
+        from shared.cluster.membership import Membership
+
+        client = await connect_etcd([cluster.etcd.url])  # type: ignore[attr-defined]
+        try:
+            async with Membership(client, CLUSTER) as m:
+                return next(i for i in m.instances("encoder") if i.instance_id == "enc-1")
+        finally:
+            await client.close()
+
+    reg = asyncio.run(registered())
+    assert reg.encoder is not None and reg.encoder.modalities == (Modality.EMBEDDING,)
+    assert (reg.encoder.embedding_model, reg.encoder.embedding_dim, reg.encoder.max_seq_len) == (MODEL, 384, 256)
+    assert reg.capacity.max_running_requests > 0
+    text = httpx.get(f"http://{info.metrics}/metrics").text
+    for name in ('pdrelay:encoder_request_latency_seconds_count{kind="embed"}', "pdrelay:encoder_batch_size_count",
+                 "pdrelay:encoder_forward_seconds_count", "pdrelay:encoder_cache_hits_total"):
+        assert name in text, name
+    count = next(ln for ln in text.splitlines() if ln.startswith('pdrelay:encoder_request_latency_seconds_count'))
+    assert float(count.split()[-1]) > 0
+
+
+def test_sigterm_drains_an_encoder_after_its_request(cluster: Cluster, reference: SentenceEmbedder) -> None:
+    import signal
+
+    from proto.pdrelay.v1 import worker_pb2, worker_pb2_grpc
+
+    enc = cluster.procs["enc-2"]
+    texts = [f"a long sentence number {i} " * 20 for i in range(48)]
+
+    async def run() -> worker_pb2.EmbedResponse:
+        async with grpc.aio.insecure_channel(enc.grpc) as ch:
+            call = worker_pb2_grpc.EncoderStub(ch).Embed(worker_pb2.EmbedRequest(texts=texts), timeout=120)
+            await asyncio.sleep(0.3)  # the request is in flight
+            enc.proc.send_signal(signal.SIGTERM)
+            return await call
+
+    resp = asyncio.run(run())
+    assert resp.instance_id == "enc-2" and list(resp.embeddings.shape) == [48, 384]
+    got = np.frombuffer(resp.embeddings.data, dtype="<f4").reshape(48, 384)
+    np.testing.assert_allclose(got[:4], _ref(reference, texts[:4]), atol=1e-6)
+    assert enc.proc.wait(30) == 0
+    assert "draining (SIGTERM), 1 in flight" in enc.log()
