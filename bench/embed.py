@@ -62,7 +62,7 @@ def sentences(n: int, lo: int, hi: int, seed: int) -> list[str]:
     return [" ".join(rng.choice(_WORDS) for _ in range(rng.randint(lo, hi))) + "." for _ in range(n)]
 
 
-def _summary(latencies: Sequence[float], wall_s: float) -> dict[str, float]:
+def _summary(latencies: Sequence[float], wall_s: float) -> dict[str, Any]:
     lat = sorted(latencies)
     return {"requests": len(lat), "request_throughput": len(lat) / wall_s,
             "median_latency_ms": statistics.median(lat) * 1e3,

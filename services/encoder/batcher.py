@@ -168,7 +168,7 @@ class EmbedBatcher:
             self.queued_inputs -= len(batch)
             if self._on_batch is not None:
                 self._on_batch(len(batch), len(batch) * max(len(b) for b in batch), time.monotonic() - t0)
-            for (r, j), row in zip(items, out):
+            for (r, j), row in zip(items, out, strict=True):
                 r.rows[j] = row
                 r.left -= 1
                 if r.left == 0 and not r.future.done():

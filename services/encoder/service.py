@@ -14,6 +14,7 @@ import logging
 import os
 import time
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any
 
 import grpc
@@ -26,9 +27,11 @@ from services.encoder.metrics import EncoderMetrics
 from services.encoder.servicer import EncoderServicer
 from services.encoder.vision import VisionEncoder, load_vision_encoder
 from shared.cluster.bus.load import LoadSnapshot
+from shared.cluster.errors import StartupError
 from shared.cluster.instance import Capacity, EncoderInfo, Modality
 from shared.cluster.lifecycle import Service, ServiceOptions
 from shared.engine.bundled import BUNDLED_PREFIX, resolve_model_path
+from shared.engine.models.bert import BertConfig
 from shared.serving.faults import Faults
 
 log = logging.getLogger(__name__)
@@ -56,6 +59,17 @@ class EncoderService(Service):
             raise ValueError(f"--encoder-model {NO_EMBEDDING_MODEL} and a text-only --model {cfg.model.model}: "
                              "this encoder would serve nothing; give it an embedding model or a vision-language "
                              "--model")
+        # Checked before anything starts, so a wrong --encoder-model is one line and exit 2, not a failed warm-up.
+        self.embedding_dir: Path | None = None
+        if enc.encoder_model != NO_EMBEDDING_MODEL:
+            try:
+                self.embedding_dir = resolve_model_path(enc.encoder_model, cfg.model.model_cache_dir)
+                BertConfig.load(self.embedding_dir)
+            except ValueError as e:
+                raise ValueError(f"--encoder-model {enc.encoder_model}: {e}") from None
+            except OSError as e:
+                raise ValueError(f"--encoder-model {enc.encoder_model}: cannot read {e.filename}: {e.strerror}; "
+                                 "point it at a sentence-transformers model directory (or 'none')") from None
         self.faults = Faults(enc.encoder_fault_injection, self.instance_id)
         self.metrics = EncoderMetrics(self.telemetry.metrics.registry)
         self.embedder: SentenceEmbedder | None = None
@@ -90,9 +104,12 @@ class EncoderService(Service):
 
     def _load_embedder(self) -> SentenceEmbedder:
         cfg = self.cfg
-        spec = cfg.encoder.encoder_model
-        path = resolve_model_path(spec, cfg.model.model_cache_dir)
-        return SentenceEmbedder(path, embedding_model_name(spec), _DTYPES.get(cfg.model.dtype, torch.float32))
+        assert self.embedding_dir is not None
+        try:
+            return SentenceEmbedder(self.embedding_dir, embedding_model_name(cfg.encoder.encoder_model),
+                                    _DTYPES.get(cfg.model.dtype, torch.float32))
+        except ValueError as e:  # weights that do not fit the config, an unsupported pooling, no tokenizer
+            raise StartupError(f"--encoder-model {cfg.encoder.encoder_model}: {e}") from None
 
     def describe(self) -> dict[str, Any]:
         modalities: list[Modality] = []

@@ -132,8 +132,8 @@ class Embeddings:
         if not models:
             raise ApiError(503, "no encoder is ready to compute embeddings; retry later", code="unavailable",
                            retry_after_s=1)
-        raise bad_request(f"model is required: this gateway serves several embedding models ({', '.join(sorted(models))})",
-                          "model")
+        raise bad_request("model is required: this gateway serves several embedding models "
+                          f"({', '.join(sorted(models))})", "model")
 
     # ---- one request -------------------------------------------------------------------------------------------
     def plan(self, req: EmbeddingRequest, request_id: str,

@@ -124,13 +124,13 @@ class BertLayer(nn.Module):
 
     def __init__(self, cfg: BertConfig) -> None:
         super().__init__()
-        H, I = cfg.hidden_size, cfg.intermediate_size
+        H, inner = cfg.hidden_size, cfg.intermediate_size
         self.num_heads, self.head_dim = cfg.num_heads, cfg.head_dim
         self.query, self.key, self.value = nn.Linear(H, H), nn.Linear(H, H), nn.Linear(H, H)
         self.attn_out = nn.Linear(H, H)
         self.attn_norm = nn.LayerNorm(H, eps=cfg.layer_norm_eps)
-        self.intermediate = nn.Linear(H, I)
-        self.out = nn.Linear(I, H)
+        self.intermediate = nn.Linear(H, inner)
+        self.out = nn.Linear(inner, H)
         self.out_norm = nn.LayerNorm(H, eps=cfg.layer_norm_eps)
         self.act = _ACTIVATIONS[cfg.hidden_act]
         self.linear: LinearBackend = TorchLinear()
