@@ -95,3 +95,21 @@ def test_over_long_input_is_refused_unless_truncating(embedder: SentenceEmbedder
     with pytest.raises(EncoderError, match=r"input\[1\] is \d+ tokens, but all-minilm-l6-v2 takes at most 256"):
         embedder.tokenize(["short", "long " * 300], truncate_to=0)
     assert len(embedder.tokenize(["long " * 300], truncate_to=256)[0]) == 256
+
+
+def test_truncation_keeps_the_start_and_the_special_tokens_as_hugging_face_does(embedder: SentenceEmbedder,
+                                                                               minilm_dir: Path) -> None:
+    from transformers import AutoTokenizer
+
+    from services.encoder.errors import EncoderError
+
+    hf = AutoTokenizer.from_pretrained(str(minilm_dir))
+    texts = ["Ünïcödé words " * 40, "short"]
+    for n in (3, 10, 256):
+        assert embedder.tokenize(texts, truncate_to=n) == hf(texts, truncation=True, max_length=n)["input_ids"]
+    assert embedder.check_token_inputs([[5, 6, 7, 8]], truncate_to=2) == [[5, 6]]
+    for bad in (257, 2):
+        with pytest.raises(EncoderError, match="truncate_prompt_tokens"):
+            embedder.truncation_limit(bad)
+    with pytest.raises(EncoderError, match="outside the vocabulary"):
+        embedder.check_token_inputs([[1, 30522]])
