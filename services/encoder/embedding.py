@@ -45,9 +45,11 @@ def _read_json(path: Path) -> dict:  # type: ignore[type-arg]
 class SentenceEmbedder:
     """One embedding model, loaded from a sentence-transformers (or plain BERT) Hugging Face directory."""
 
-    def __init__(self, model_dir: str | Path, name: str, dtype: torch.dtype = torch.float32) -> None:
+    def __init__(self, model_dir: str | Path, name: str, dtype: torch.dtype = torch.float32,
+                 device: torch.device | str = "cpu") -> None:
         d = Path(model_dir)
-        self.model: BertModel = load_bert(d, dtype)
+        self.device = torch.device(device)
+        self.model: BertModel = load_bert(d, dtype, device=self.device)
         cfg = self.model.cfg
         self.pooling = Pooling.of_dir(d)
         modules = json.loads((d / "modules.json").read_text()) if (d / "modules.json").is_file() else []
@@ -137,13 +139,13 @@ class SentenceEmbedder:
     def embed(self, batch: Sequence[Sequence[int]]) -> torch.Tensor:
         """token id lists -> [len(batch), dim] float32, pooled and (as the model's pipeline says) normalized.
         One forward over the batch, packed (no padding in the dense layers)."""
-        packed = PackedBatch.of(batch, self.dtype)
+        packed = PackedBatch.of(batch, self.dtype, self.device)
         with torch.inference_mode():
             hidden = self.model(packed)
             out = pool(hidden, packed, self.pooling)
             if self.spec.normalized:
                 out = F.normalize(out, p=2, dim=1)
-        return out.float()
+        return out.float().cpu()
 
 
 def finish(vectors: torch.Tensor, dimensions: int, normalize: bool, model_normalized: bool) -> torch.Tensor:

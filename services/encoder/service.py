@@ -107,7 +107,7 @@ class EncoderService(Service):
         assert self.embedding_dir is not None
         try:
             return SentenceEmbedder(self.embedding_dir, embedding_model_name(cfg.encoder.encoder_model),
-                                    _DTYPES.get(cfg.model.dtype, torch.float32))
+                                    _DTYPES.get(cfg.model.dtype, torch.float32), device=cfg.device.device)
         except ValueError as e:  # weights that do not fit the config, an unsupported pooling, no tokenizer
             raise StartupError(f"--encoder-model {cfg.encoder.encoder_model}: {e}") from None
 

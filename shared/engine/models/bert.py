@@ -87,7 +87,8 @@ class PackedBatch:
     mask: torch.Tensor | None  # [B, 1, 1, T] additive (0 keep, dtype min drop); None when no sequence is padded
 
     @classmethod
-    def of(cls, seqs: Sequence[Sequence[int]], dtype: torch.dtype = torch.float32) -> PackedBatch:
+    def of(cls, seqs: Sequence[Sequence[int]], dtype: torch.dtype = torch.float32,
+           device: torch.device | str = "cpu") -> PackedBatch:
         B = len(seqs)
         lens = [len(s) for s in seqs]
         T = max(lens)
@@ -101,8 +102,9 @@ class PackedBatch:
             keep = positions.new_zeros((B, T), dtype=torch.bool)
             keep.view(-1)[seq_ids * T + positions] = True
             mask = torch.zeros((B, 1, 1, T), dtype=dtype).masked_fill(~keep[:, None, None, :],
-                                                                     torch.finfo(dtype).min)
-        return cls(ids, positions, seq_ids, lengths, seq_ids * T + positions, B, T, mask)
+                                                                     torch.finfo(dtype).min).to(device)
+        return cls(ids.to(device), positions.to(device), seq_ids.to(device), lengths.to(device),
+                   (seq_ids * T + positions).to(device), B, T, mask)
 
 
 class BertEmbeddings(nn.Module):
@@ -209,7 +211,7 @@ def _checkpoint_name(name: str, stored: set[str]) -> str | None:
 
 
 def load_bert(model_dir: str | Path, dtype: torch.dtype = torch.float32,
-              linear: LinearBackend | None = None) -> BertModel:
+              linear: LinearBackend | None = None, device: torch.device | str = "cpu") -> BertModel:
     """The BertModel of a Hugging Face directory (config.json + model.safetensors), loaded strictly, its dense
     projections on `linear` (default: oneDNN over prepacked weights for fp32 on CPU, else F.linear)."""
     d = Path(model_dir)
@@ -247,5 +249,5 @@ def load_bert(model_dir: str | Path, dtype: torch.dtype = torch.float32,
                  f"wrong shape: {', '.join(bad[:6])}" if bad else "",
                  f"unexpected: {', '.join(unexpected[:6])}" if unexpected else ""]
         raise ValueError(f"{path} does not match a BERT model of its config.json ({'; '.join(p for p in parts if p)})")
-    model = model.to(dtype).eval()
-    return model.prepare(linear or select_linear_backend("auto", "cpu", dtype))
+    model = model.to(device=device, dtype=dtype).eval()
+    return model.prepare(linear or select_linear_backend("auto", device, dtype))
