@@ -124,6 +124,15 @@ class GatewayApp:
             "/metrics": ("GET", self._metrics, False),
             "/openapi.json": ("GET", self._openapi_json, False),
         }
+        self._extra_models: list[Callable[[], list[ModelCard]]] = []
+
+    def add_route(self, path: str, method: str, handler: Handler, *, needs_api_key: bool = True,
+                  models: Callable[[], list[ModelCard]] | None = None) -> None:
+        """Mount another API beside the built-in routes (e.g. /v1/embeddings, services.gateway.embeddings);
+        `models` adds its model cards to /v1/models."""
+        self._routes[path] = (method, handler, needs_api_key)
+        if models is not None:
+            self._extra_models.append(models)
 
     @property
     def routes(self) -> dict[str, str]:
@@ -219,8 +228,10 @@ class GatewayApp:
     async def _models(self, scope: Scope, receive: Receive, r: Responder) -> None:
         cards = [ModelCard(id=name, created=self._created, root=self.model_root,
                            max_model_len=self.tokenizer.context_length) for name in self.served_model_names]
+        for more in self._extra_models:
+            cards += more()
         try:  # other models the cluster serves (e.g. embedding models), as the backend sees them now
-            others = [m for m in self.backend.models() if m not in self.served_model_names]
+            others = [m for m in self.backend.models() if m not in {c.id for c in cards}]
         except Exception:  # noqa: BLE001 - a listing must not fail because discovery is briefly unhappy
             others = []
         cards += [ModelCard(id=m, created=self._created) for m in sorted(set(others))]
