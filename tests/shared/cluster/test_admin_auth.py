@@ -87,9 +87,9 @@ async def test_scale_requests_need_the_cluster_secret(nats_server) -> None:
     async with Bus(nats_server.url) as sup, Bus(nats_server.url) as cli:
         await serve_scale(sup, "t", responder, auth=auth)
         await sup.flush()
-        unsigned = await request_scale(cli, "t", {"prefill": 9})
-        forged = await request_scale(cli, "t", {"prefill": 9}, auth=AdminAuth(b"x" * 32))
-        signed = await request_scale(cli, "t", {"prefill": 2}, auth=auth)
+        unsigned = await request_scale(cli, "t", {"prefill": 9}, timeout_s=20)  # a busy box may be slow to answer
+        forged = await request_scale(cli, "t", {"prefill": 9}, auth=AdminAuth(b"x" * 32), timeout_s=20)
+        signed = await request_scale(cli, "t", {"prefill": 2}, auth=auth, timeout_s=20)
     assert not unsigned.ok and "not signed" in unsigned.message
     assert not forged.ok and "does not match" in forged.message
     assert signed.ok and acted == [{"prefill": 2}]
