@@ -138,6 +138,12 @@ class Bus:
         self._nc = nc
         return self
 
+    async def flush(self, timeout_s: float = 2.0) -> None:
+        """One round trip to the server: subscriptions made before it are in place there (other connections'
+        messages reach them)."""
+        assert self._nc is not None, "connect() first"
+        await self._nc.flush(timeout=max(1, int(timeout_s)))
+
     async def close(self) -> None:
         self._closing = True
         if self._nc is not None:

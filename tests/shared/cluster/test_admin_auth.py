@@ -59,12 +59,16 @@ async def test_drain_needs_the_cluster_secret(etcd_server, nats_server, tmp_path
     echo = EchoProcess(etcd_server, nats_server, tmp_path, "--admin-secret-file", str(tmp_path / "admin.secret"))
     try:
         await asyncio.to_thread(echo.wait_ready)
+        await asyncio.sleep(0.5)  # the service's SUB reaches the server (it registers before it is ready)
         async with Bus(nats_server.url) as bus:
             await send_drain(bus, "t", "echo-1", reason="unsigned")
             await send_drain(bus, "t", "echo-1", reason="forged", auth=AdminAuth(b"f" * 32))
-            await asyncio.sleep(1.0)
-            assert echo.proc.poll() is None, "an unauthenticated drain command stopped the instance"
+            for _ in range(100):
+                if echo.log().count("refused an admin command") == 2:
+                    break
+                await asyncio.sleep(0.05)
             assert echo.log().count("refused an admin command") == 2, echo.log()
+            assert echo.proc.poll() is None, "an unauthenticated drain command stopped the instance"
             await send_drain(bus, "t", "echo-1", reason="scale_down", auth=auth)
             rc = await asyncio.to_thread(echo.proc.wait, 10)
         assert rc == 0 and "scale_down" in echo.log()
@@ -82,9 +86,10 @@ async def test_scale_requests_need_the_cluster_secret(nats_server) -> None:
 
     async with Bus(nats_server.url) as sup, Bus(nats_server.url) as cli:
         await serve_scale(sup, "t", responder, auth=auth)
-        unsigned = await request_scale(cli, "t", {"prefill": 9})
-        forged = await request_scale(cli, "t", {"prefill": 9}, auth=AdminAuth(b"x" * 32))
-        signed = await request_scale(cli, "t", {"prefill": 2}, auth=auth)
+        await sup.flush()
+        unsigned = await request_scale(cli, "t", {"prefill": 9}, timeout_s=20)  # a busy box may be slow to answer
+        forged = await request_scale(cli, "t", {"prefill": 9}, auth=AdminAuth(b"x" * 32), timeout_s=20)
+        signed = await request_scale(cli, "t", {"prefill": 2}, auth=auth, timeout_s=20)
     assert not unsigned.ok and "not signed" in unsigned.message
     assert not forged.ok and "does not match" in forged.message
     assert signed.ok and acted == [{"prefill": 2}]

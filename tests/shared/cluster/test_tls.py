@@ -111,7 +111,7 @@ async def test_etcd_and_nats_over_tls(tls_servers: tuple[EtcdServer, NatsServer]
         from shared.cluster.bus.drain import DrainCommand
 
         await b.subscribe("t.x", DrainCommand, lambda m, meta: got.append(m.instance_id))
-        await b._nc.flush()  # type: ignore[union-attr]
+        await b.flush()
         await a.publish("t.x", DrainCommand(instance_id="i-1"))
         for _ in range(200):  # a shared box can be slow
             if got:
