@@ -15,7 +15,12 @@ import torch
 
 from shared.engine.kv_pool import torch_dtype
 from shared.engine.models import load_model_config
-from shared.engine.models.llava import LlavaVisionEncoder, LlavaWeights, canonical_name, load_llava_config
+from shared.engine.models.llava import (
+    LlavaVisionEncoder,
+    LlavaWeights,
+    canonical_name,
+    load_llava_config,
+)
 from shared.engine.multimodal.image_processor import ImageSpec
 from shared.engine.weights import load_weights
 

@@ -15,7 +15,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from tests.helpers.tiny_models import CHATML_TEMPLATE, SPECIAL_TOKENS, _CORPUS
+from tests.helpers.tiny_models import _CORPUS, CHATML_TEMPLATE, SPECIAL_TOKENS
 
 IMAGE_TOKEN = "<image>"
 VARIANTS = ("clip-llama", "siglip-qwen2")

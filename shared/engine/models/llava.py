@@ -24,7 +24,13 @@ from torch import nn
 
 from shared.engine.models.config import ModelArchConfig
 from shared.engine.models.llama import LlamaForCausalLM, WeightSlot
-from shared.engine.models.vit import VisionConfig, VisionTower, activation, param, parse_vision_config
+from shared.engine.models.vit import (
+    VisionConfig,
+    VisionTower,
+    activation,
+    param,
+    parse_vision_config,
+)
 
 LLAVA_ARCHITECTURES = ("LlavaForConditionalGeneration",)
 SUPPORTED_PROJECTOR_ACTS = ("gelu", "quick_gelu", "gelu_pytorch_tanh")

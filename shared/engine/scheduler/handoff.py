@@ -21,7 +21,13 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from shared.engine.errors import InvalidRequest, QueueFull, UnknownRequest
-from shared.engine.request import MediaInput, Request, RequestOutput, RequestStatus, TokenLogprobs
+from shared.engine.request import (
+    MediaInput,
+    Request,
+    RequestOutput,
+    RequestStatus,
+    TokenLogprobs,
+)
 from shared.engine.sampling_params import SamplingParams
 
 if TYPE_CHECKING:
