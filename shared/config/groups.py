@@ -136,6 +136,8 @@ class HttpConfig:
     routing_policy: A[str, Arg("How the gateway picks a prefill/decode pair",
                                choices=("kv_aware", "least_load", "round_robin"))] = "kv_aware"
     request_retries: A[int, Arg("Retries of a failed request on another pair", min=0, max=10)] = 2
+    encoder_timeout_s: A[float, Arg("Seconds an encoder call may take before it is retried on another encoder",
+                                    min=0.1)] = 30.0
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -149,10 +151,21 @@ class TelemetryConfig:
     metrics_port: A[int, Arg("Port of /metrics on workers (0: pick a free one)", min=0, max=65535)] = 0
 
 
+BUNDLED_EMBEDDING_MODEL = "bundled:all-minilm-l6-v2"
+
+
 @dataclass(frozen=True, kw_only=True)
 class EncoderConfig:
-    encoder_model: A[str | None, Arg("Vision tower or embedding model directory")] = None
+    # The vision tower comes from --model (a vision-language model directory); embeddings from this one.
+    encoder_model: A[str, Arg("Embedding model the encoder serves: 'bundled:all-minilm-l6-v2' or a "
+                              "sentence-transformers directory ('none': no embeddings)")] = BUNDLED_EMBEDDING_MODEL
     encoder_cache_items: A[int, Arg("Encoder outputs kept, keyed by media hash", min=0)] = 1024
+    encoder_max_batch_size: A[int, Arg("Most embedding inputs in one forward", min=1, max=4096)] = 64
+    encoder_max_batch_tokens: A[int, Arg("Most padded tokens in one embedding forward", min=16)] = 8192
+    encoder_batch_wait_ms: A[float, Arg("How long an idle encoder waits for more requests to batch with the first",
+                                        min=0.0, max=1000.0)] = 2.0
+    encoder_fault_injection: A[str, Arg("Inject one failure into every encoder request (chaos testing; never in "
+                                        "production)", choices=("none", "encoder_crash", "encoder_hang"))] = "none"
 
 
 @dataclass(frozen=True, kw_only=True)

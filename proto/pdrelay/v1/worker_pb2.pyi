@@ -200,23 +200,41 @@ class EncodeResponse(_message.Message):
     embeddings: _containers.RepeatedCompositeFieldContainer[MediaEmbedding]
     def __init__(self, embeddings: _Optional[_Iterable[_Union[MediaEmbedding, _Mapping]]] = ...) -> None: ...
 
+class EmbedTokens(_message.Message):
+    __slots__ = ("ids",)
+    IDS_FIELD_NUMBER: _ClassVar[int]
+    ids: _containers.RepeatedScalarFieldContainer[int]
+    def __init__(self, ids: _Optional[_Iterable[int]] = ...) -> None: ...
+
 class EmbedRequest(_message.Message):
-    __slots__ = ("model", "texts", "normalize")
+    __slots__ = ("model", "texts", "normalize", "token_inputs", "truncate", "dimensions", "request_id", "trace")
     MODEL_FIELD_NUMBER: _ClassVar[int]
     TEXTS_FIELD_NUMBER: _ClassVar[int]
     NORMALIZE_FIELD_NUMBER: _ClassVar[int]
+    TOKEN_INPUTS_FIELD_NUMBER: _ClassVar[int]
+    TRUNCATE_FIELD_NUMBER: _ClassVar[int]
+    DIMENSIONS_FIELD_NUMBER: _ClassVar[int]
+    REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
+    TRACE_FIELD_NUMBER: _ClassVar[int]
     model: str
     texts: _containers.RepeatedScalarFieldContainer[str]
     normalize: bool
-    def __init__(self, model: _Optional[str] = ..., texts: _Optional[_Iterable[str]] = ..., normalize: _Optional[bool] = ...) -> None: ...
+    token_inputs: _containers.RepeatedCompositeFieldContainer[EmbedTokens]
+    truncate: bool
+    dimensions: int
+    request_id: str
+    trace: _common_pb2.TraceContext
+    def __init__(self, model: _Optional[str] = ..., texts: _Optional[_Iterable[str]] = ..., normalize: _Optional[bool] = ..., token_inputs: _Optional[_Iterable[_Union[EmbedTokens, _Mapping]]] = ..., truncate: _Optional[bool] = ..., dimensions: _Optional[int] = ..., request_id: _Optional[str] = ..., trace: _Optional[_Union[_common_pb2.TraceContext, _Mapping]] = ...) -> None: ...
 
 class EmbedResponse(_message.Message):
-    __slots__ = ("embeddings", "prompt_tokens")
+    __slots__ = ("embeddings", "prompt_tokens", "instance_id")
     EMBEDDINGS_FIELD_NUMBER: _ClassVar[int]
     PROMPT_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    INSTANCE_ID_FIELD_NUMBER: _ClassVar[int]
     embeddings: Tensor
     prompt_tokens: int
-    def __init__(self, embeddings: _Optional[_Union[Tensor, _Mapping]] = ..., prompt_tokens: _Optional[int] = ...) -> None: ...
+    instance_id: str
+    def __init__(self, embeddings: _Optional[_Union[Tensor, _Mapping]] = ..., prompt_tokens: _Optional[int] = ..., instance_id: _Optional[str] = ...) -> None: ...
 
 class LookupRequest(_message.Message):
     __slots__ = ("block_hashes", "layout")
