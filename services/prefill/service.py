@@ -21,6 +21,7 @@ from shared.cluster.grpc_errors import abort
 from shared.engine.errors import EngineError, InvalidRequest, QueueFull
 from shared.engine.request import RequestOutput
 from shared.serving.convert import BACKEND_FROM_PB, layout_from_pb, logprob_to_pb, sampling_from_pb
+from shared.serving.decode_servicer import local_media
 from shared.serving.engine_service import EngineService
 from shared.serving.faults import Faults
 from shared.serving.handoff import FencingLedger, descs_from_pb, pages_needed
@@ -173,11 +174,12 @@ class PrefillServicer(worker_pb2_grpc.PrefillServicer):
 
         def admit() -> list[RequestOutput]:
             accepted.append(time.monotonic())
-            engine.add_request(rid, prompt, first_params, hold_pages=True)
+            engine.add_request(rid, prompt, first_params, hold_pages=True, media=media)
             return []
 
         try:
             try:
+                media = await local_media(svc, ticket.media) if ticket.media else ()
                 first = None
                 async for out in aengine.stream(rid, admit):  # generate(), but timed where the engine admits it
                     first = out

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 from typing import TYPE_CHECKING, Protocol
 
 import grpc
@@ -16,7 +16,7 @@ import grpc
 from proto.pdrelay.v1 import common_pb2, worker_pb2, worker_pb2_grpc
 from shared.cluster.grpc_errors import abort, make_error
 from shared.engine.errors import EngineError, InvalidRequest, QueueFull
-from shared.engine.request import RequestOutput
+from shared.engine.request import MediaInput, RequestOutput
 from shared.engine.sampling_params import SamplingParams
 from shared.serving.convert import finish_to_pb, logprob_to_pb, matched_stop_to_pb, sampling_from_pb
 from shared.telemetry import spans
@@ -119,7 +119,9 @@ class DecodeServicer(worker_pb2_grpc.DecodeServicer):
             if self.remote is not None and self.remote.wants(request):
                 stream = self.remote.run(request, rid, params, head)
             else:
-                stream = aengine.generate(rid, list(request.prompt_token_ids), params, priority=request.priority)
+                media = await local_media(svc, request.media) if request.media else ()
+                stream = aengine.generate(rid, list(request.prompt_token_ids), params, priority=request.priority,
+                                          media=media)
             first = True
             num_out = 0
             async for out in stream:
@@ -158,3 +160,10 @@ class DecodeServicer(worker_pb2_grpc.DecodeServicer):
                                  retryable=True))
         finally:
             svc.ids.close(request.request_id, rid)
+
+
+async def local_media(svc: EngineService, media: Sequence[common_pb2.MediaInput]) -> list[MediaInput]:
+    """The request's images embedded by this process's own tower (InvalidRequest for a text-only model)."""
+    if svc.vision is None:
+        raise InvalidRequest(f"{svc.instance_id} serves a text-only model; it cannot take images", field="media")
+    return await svc.vision.embed(media)

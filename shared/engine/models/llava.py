@@ -13,77 +13,17 @@ them all to one spelling before the strict loader runs.
 
 from __future__ import annotations
 
-import json
-from dataclasses import dataclass
-from pathlib import Path
-from typing import Any
-
 import torch
 import torch.nn.functional as F
 from torch import nn
 
 from shared.engine.models.config import ModelArchConfig
 from shared.engine.models.llama import LlamaForCausalLM, WeightSlot
-from shared.engine.models.vit import (
-    VisionConfig,
-    VisionTower,
-    activation,
-    param,
-    parse_vision_config,
-)
+from shared.engine.models.vit import VisionTower, activation, param
+from shared.engine.multimodal.vlm_config import LlavaConfig, load_llava_config
 
-LLAVA_ARCHITECTURES = ("LlavaForConditionalGeneration",)
-SUPPORTED_PROJECTOR_ACTS = ("gelu", "quick_gelu", "gelu_pytorch_tanh")
-
-
-@dataclass(frozen=True)
-class LlavaConfig:
-    """The vision side of a LLaVA checkpoint (the text side is a ModelArchConfig)."""
-
-    vision: VisionConfig
-    text_hidden_size: int
-    image_token_id: int
-    feature_layer: int  # index into the tower's hidden states (negative: from the end, as transformers)
-    select_strategy: str  # "default": drop the class token; "full": keep every position
-    projector_act: str
-    projector_bias: bool
-
-    @property
-    def feature_index(self) -> int:
-        """feature_layer as a non-negative index into hidden states 0..num_layers."""
-        n = self.vision.num_layers + 1
-        return self.feature_layer % n
-
-    @property
-    def num_image_tokens(self) -> int:
-        """Placeholder tokens per image: one per patch (plus the class token for CLIP with 'full')."""
-        return self.vision.num_patches + int(self.vision.kind == "clip" and self.select_strategy == "full")
-
-
-def is_llava(cfg: dict[str, Any]) -> bool:
-    return cfg.get("model_type") == "llava" or any(a in LLAVA_ARCHITECTURES for a in cfg.get("architectures") or ())
-
-
-def parse_llava_config(cfg: dict[str, Any], source: str) -> LlavaConfig:
-    """config.json of a LLaVA checkpoint -> LlavaConfig. Raises ValueError naming what is unsupported."""
-    vision = parse_vision_config(dict(cfg.get("vision_config") or {}), source)
-    layer = cfg.get("vision_feature_layer", -2)
-    if not isinstance(layer, int):
-        raise ValueError(f"{source}: vision_feature_layer {layer!r} (several layers) is not supported; use one layer")
-    if not -(vision.num_layers + 1) <= layer <= vision.num_layers:
-        raise ValueError(f"{source}: vision_feature_layer {layer} is outside the tower's {vision.num_layers} layers")
-    strategy = cfg.get("vision_feature_select_strategy", "default")
-    if strategy not in ("default", "full"):
-        raise ValueError(f"{source}: vision_feature_select_strategy {strategy!r} is not 'default' or 'full'")
-    act = cfg.get("projector_hidden_act", "gelu")
-    if act not in SUPPORTED_PROJECTOR_ACTS:
-        raise ValueError(f"{source}: projector_hidden_act {act!r} is not supported; supported: "
-                         f"{', '.join(SUPPORTED_PROJECTOR_ACTS)}")
-    text = cfg.get("text_config") or {}
-    token = cfg.get("image_token_index", cfg.get("image_token_id", 32000))
-    return LlavaConfig(vision=vision, text_hidden_size=int(text.get("hidden_size", 4096)), image_token_id=int(token),
-                       feature_layer=layer, select_strategy=strategy, projector_act=act,
-                       projector_bias=bool(cfg.get("multimodal_projector_bias", True)))
+__all__ = ["LlavaConfig", "LlavaVisionEncoder", "LlavaWeights", "canonical_name", "expand_image_tokens",
+           "load_llava_config"]
 
 
 def canonical_name(name: str) -> str:
@@ -180,9 +120,3 @@ def expand_image_tokens(token_ids: list[int], image_token_id: int, num_image_tok
             out.append(t)
     return out
 
-
-def load_llava_config(model_dir: str | Path) -> LlavaConfig | None:
-    """The vision side of <model_dir>/config.json, or None for a text-only model."""
-    path = Path(model_dir) / "config.json"
-    cfg = json.loads(path.read_text()) if path.is_file() else {}
-    return parse_llava_config(cfg, str(path)) if is_llava(cfg) else None

@@ -5,61 +5,12 @@ same length, so attention is plain SDPA over [B, heads, N, head_dim] without mas
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Any
-
 import torch
 import torch.nn.functional as F
 from torch import nn
 
 from shared.engine.models.llama import WeightSlot
-
-SUPPORTED_VISION_ACTS = ("quick_gelu", "gelu", "gelu_pytorch_tanh")
-
-
-@dataclass(frozen=True)
-class VisionConfig:
-    """What a ViT tower needs from config.json's vision_config."""
-
-    kind: str  # "clip" | "siglip"
-    hidden_size: int
-    intermediate_size: int
-    num_layers: int
-    num_heads: int
-    image_size: int
-    patch_size: int
-    num_channels: int
-    layer_norm_eps: float
-    hidden_act: str
-
-    @property
-    def head_dim(self) -> int:
-        return self.hidden_size // self.num_heads
-
-    @property
-    def num_patches(self) -> int:
-        return (self.image_size // self.patch_size) ** 2
-
-
-def parse_vision_config(cfg: dict[str, Any], source: str) -> VisionConfig:
-    kinds = {"clip_vision_model": "clip", "siglip_vision_model": "siglip"}
-    kind = kinds.get(cfg.get("model_type", "clip_vision_model"))
-    if kind is None:
-        raise ValueError(f"{source}: vision tower {cfg.get('model_type')!r} is not supported; supported: "
-                         f"{', '.join(kinds)}")
-    act = cfg.get("hidden_act", "quick_gelu" if kind == "clip" else "gelu_pytorch_tanh")
-    if act not in SUPPORTED_VISION_ACTS:
-        raise ValueError(f"{source}: vision hidden_act {act!r} is not supported; supported: "
-                         f"{', '.join(SUPPORTED_VISION_ACTS)}")
-    hidden, heads = int(cfg.get("hidden_size", 768)), int(cfg.get("num_attention_heads", 12))
-    if hidden % heads:
-        raise ValueError(f"{source}: vision hidden_size {hidden} is not a multiple of num_attention_heads {heads}")
-    return VisionConfig(
-        kind=kind, hidden_size=hidden, intermediate_size=int(cfg.get("intermediate_size", 3072)),
-        num_layers=int(cfg.get("num_hidden_layers", 12)), num_heads=heads,
-        image_size=int(cfg.get("image_size", 224)), patch_size=int(cfg.get("patch_size", 16)),
-        num_channels=int(cfg.get("num_channels", 3)),
-        layer_norm_eps=float(cfg.get("layer_norm_eps", 1e-5 if kind == "clip" else 1e-6)), hidden_act=act)
+from shared.engine.multimodal.vlm_config import VisionConfig
 
 
 def activation(name: str, x: torch.Tensor) -> torch.Tensor:

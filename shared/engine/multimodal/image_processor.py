@@ -22,6 +22,8 @@ OPENAI_CLIP_MEAN = (0.48145466, 0.4578275, 0.40821073)
 OPENAI_CLIP_STD = (0.26862954, 0.26130258, 0.27577711)
 SIGLIP_MEAN = (0.5, 0.5, 0.5)
 SIGLIP_STD = (0.5, 0.5, 0.5)
+# mime type of MediaInput.data between services: the fitted uint8 pixels [H, W, 3] (ImageSpec.output_hw), row-major
+RAW_RGB_MIME = "image/x-raw-rgb8"
 _BICUBIC, _BILINEAR = 3, 2  # PIL.Image.Resampling values (as preprocessor_config.json stores them)
 
 
@@ -92,6 +94,13 @@ class ImageSpec:
         if self.crop_hw is not None:
             pixels = _center_crop(pixels, self.crop_hw)
         return np.ascontiguousarray(pixels)
+
+    def pixels_from_bytes(self, data: bytes) -> np.ndarray:
+        """MediaInput.data (RAW_RGB_MIME) -> uint8 [H, W, 3]; ValueError when the size is not this model's."""
+        h, w = self.output_hw
+        if len(data) != h * w * 3:
+            raise ValueError(f"raw image of {len(data)} bytes; this model takes {h}x{w} RGB ({h * w * 3} bytes)")
+        return np.frombuffer(data, dtype=np.uint8).reshape(h, w, 3)
 
     def normalize(self, pixels: np.ndarray) -> np.ndarray:
         """uint8 [H, W, 3] -> float32 [3, H, W]."""
