@@ -36,11 +36,14 @@ from services.gateway.backend import BackendError, BackendRequest, BackendSampli
 from services.gateway.errors import ApiError, bad_request, from_backend, internal_error
 from services.gateway.formatters import DONE, ChatFormatter, CompletionFormatter, Formatter, sse, usage
 from services.gateway.generation import Delta, Generation
+from services.gateway.media.attach import MediaInputs
+from services.gateway.media.processor import MediaProcessor
 from services.gateway.metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
 from services.gateway.metrics import GatewayMetrics
 from services.gateway.openapi import build_openapi
 from services.gateway.tokenizer import ChatTemplateError, GatewayTokenizer
 from services.gateway.validation import Plan, plan_chat, plan_completion
+from shared.config.groups import MediaConfig
 from shared.telemetry import spans
 from shared.telemetry.logs import bind_request_id
 from shared.telemetry.tracing import Span, SpanKind, Tracing, add_event, current_span, extract, perf_to_mono, set_error
@@ -84,7 +87,8 @@ class GatewayApp:
 
     def __init__(self, *, backend: GenerateBackend, tokenizer: GatewayTokenizer, served_model_names: Sequence[str],
                  model_aliases: Sequence[str] = (), api_key: str | None = None, max_request_bytes: int = 4 << 20,
-                 model_root: str | None = None) -> None:
+                 model_root: str | None = None, media: MediaProcessor | None = None,
+                 media_cfg: MediaConfig | None = None) -> None:
         if not served_model_names:
             raise ValueError("served_model_names is empty; pass at least one name clients may use")
         self.backend = backend
@@ -94,6 +98,7 @@ class GatewayApp:
         self._model_names = {a: self.served_model_names[0] for a in model_aliases}
         self._model_names.update({n: n for n in self.served_model_names})
         self.model_root = model_root
+        self.media = MediaInputs(media, media_cfg or MediaConfig())
         self.max_request_bytes = max_request_bytes
         self.metrics = GatewayMetrics()
         self.tracing = Tracing.off()  # the service sets its process tracer (shared.telemetry) once it has one
@@ -269,18 +274,20 @@ class GatewayApp:
         vocab = self.tokenizer.vocab_size
         try:
             if kind == "chat":
-                plan = plan_chat(self._chat_decoder.decode(body), vocab_size=vocab)
+                plan = plan_chat(self._chat_decoder.decode(body), vocab_size=vocab,
+                                 image_placeholder=self.media.placeholder)
             else:
                 plan = plan_completion(self._completion_decoder.decode(body), vocab_size=vocab)
         except msgspec.DecodeError as e:
             raise _decode_error(e) from None
         model = self._resolve_model(plan.model)
         prompt = self._tokenize(plan)
+        prompt, media = await self.media.attach(plan.image_urls, prompt)  # images: decoded, hashed, expanded
         sampling = self._fit_context(plan, len(prompt))
         trace = tuple((k.decode(), v.decode("latin-1")) for k, v in scope["headers"] if k in _TRACE_HEADERS)
         prefix = "chatcmpl-" if kind == "chat" else "cmpl-"
         req = BackendRequest(request_id=prefix + uuid.uuid4().hex, model=model, prompt_token_ids=prompt,
-                             sampling=sampling, trace_headers=trace)
+                             sampling=sampling, trace_headers=trace, media=media)
         bind_request_id(req.request_id)  # log lines of this request (its task's own context) carry the id
         span = current_span()
         if span.is_recording():

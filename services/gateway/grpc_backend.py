@@ -134,7 +134,7 @@ class GrpcBackend:
     async def _generate(self, req: BackendRequest) -> AsyncIterator[BackendChunk]:
         prompt_len = len(req.prompt_token_ids)
         want_logprobs = req.sampling.logprobs is not None
-        hashes = PromptHashes(req.prompt_token_ids)
+        hashes = PromptHashes(req.prompt_token_ids, [(m.offset, m.num_tokens, m.media_hash) for m in req.media])
         sent: list[int] = []  # output tokens already handed to the client, over all attempts
         exclude: set[str] = set()
         verdicts: list[Verdict] = []
