@@ -43,7 +43,7 @@ from services.gateway.metrics import GatewayMetrics
 from services.gateway.openapi import build_openapi
 from services.gateway.tokenizer import ChatTemplateError, GatewayTokenizer
 from services.gateway.validation import Plan, plan_chat, plan_completion
-from shared.config.groups import MediaConfig
+from shared.config.groups import HttpConfig
 from shared.telemetry import spans
 from shared.telemetry.logs import bind_request_id
 from shared.telemetry.tracing import Span, SpanKind, Tracing, add_event, current_span, extract, perf_to_mono, set_error
@@ -88,7 +88,7 @@ class GatewayApp:
     def __init__(self, *, backend: GenerateBackend, tokenizer: GatewayTokenizer, served_model_names: Sequence[str],
                  model_aliases: Sequence[str] = (), api_key: str | None = None, max_request_bytes: int = 4 << 20,
                  model_root: str | None = None, media: MediaProcessor | None = None,
-                 media_cfg: MediaConfig | None = None) -> None:
+                 media_cfg: HttpConfig | None = None) -> None:
         if not served_model_names:
             raise ValueError("served_model_names is empty; pass at least one name clients may use")
         self.backend = backend
@@ -98,7 +98,7 @@ class GatewayApp:
         self._model_names = {a: self.served_model_names[0] for a in model_aliases}
         self._model_names.update({n: n for n in self.served_model_names})
         self.model_root = model_root
-        self.media = MediaInputs(media, media_cfg or MediaConfig())
+        self.media = MediaInputs(media, media_cfg or HttpConfig())
         self.max_request_bytes = max_request_bytes
         self.metrics = GatewayMetrics()
         self.tracing = Tracing.off()  # the service sets its process tracer (shared.telemetry) once it has one

@@ -52,7 +52,7 @@ def build_app(cfg: Any, backend: GenerateBackend, *, tokenizer: GatewayTokenizer
     media = MediaProcessor.for_model(model_dir or model_dir_of(cfg), tok.hf)  # None: a text-only model
     return GatewayApp(backend=backend, tokenizer=tok, served_model_names=[primary], model_aliases=aliases,
                       api_key=cfg.http.api_key, max_request_bytes=cfg.http.max_request_bytes,
-                      model_root=cfg.model.model, media=media, media_cfg=getattr(cfg, "media", None))
+                      model_root=cfg.model.model, media=media, media_cfg=cfg.http)
 
 
 def uvicorn_config(cfg: Any, app: GatewayApp, *, access_log: bool = False) -> Any:

@@ -138,6 +138,15 @@ class HttpConfig:
     request_retries: A[int, Arg("Retries of a failed request on another pair", min=0, max=10)] = 2
     encoder_timeout_s: A[float, Arg("Seconds an encoder call may take before it is retried on another encoder",
                                     min=0.1)] = 30.0
+    # images in chat requests: where they may come from and how large they may be (services/gateway/media/)
+    limit_mm_per_prompt: A[int, Arg("Most images in one request", min=0, max=64)] = 4
+    allowed_local_media_path: A[str | None, Arg("Directory file:// image URLs may read from (default: file:// "
+                                                "refused)")] = None
+    allowed_media_domains: A[tuple[str, ...], Arg("Hosts http(s):// image URLs may be fetched from (default: "
+                                                  "none, remote URLs refused)")] = ()
+    max_image_bytes: A[int, Arg("Largest encoded image accepted (bytes)", min=1024)] = 20 * 1024 * 1024
+    max_image_pixels: A[int, Arg("Largest decoded image accepted (width x height)", min=1)] = 4096 * 4096
+    media_fetch_timeout_s: A[float, Arg("Seconds an http(s) image fetch may take", min=0.1)] = 5.0
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -149,20 +158,6 @@ class TelemetryConfig:
                                      "follows its caller's decision)", min=0.0, max=1.0)] = 1.0
     enable_metrics: A[bool, Arg("Serve Prometheus /metrics")] = True
     metrics_port: A[int, Arg("Port of /metrics on workers (0: pick a free one)", min=0, max=65535)] = 0
-
-
-@dataclass(frozen=True, kw_only=True)
-class MediaConfig:
-    """Images in chat requests (gateway): where they may come from and how large they may be."""
-
-    limit_mm_per_prompt: A[int, Arg("Most images in one request", min=0, max=64)] = 4
-    allowed_local_media_path: A[str | None, Arg("Directory file:// image URLs may read from (default: file:// "
-                                                "refused)")] = None
-    allowed_media_domains: A[tuple[str, ...], Arg("Hosts http(s):// image URLs may be fetched from (default: "
-                                                  "none, remote URLs refused)")] = ()
-    max_image_bytes: A[int, Arg("Largest encoded image accepted (bytes)", min=1024)] = 20 * 1024 * 1024
-    max_image_pixels: A[int, Arg("Largest decoded image accepted (width x height)", min=1)] = 4096 * 4096
-    media_fetch_timeout_s: A[float, Arg("Seconds an http(s) image fetch may take", min=0.1)] = 5.0
 
 
 BUNDLED_EMBEDDING_MODEL = "bundled:all-minilm-l6-v2"
@@ -212,5 +207,4 @@ GROUPS: dict[str, type] = {
     "telemetry": TelemetryConfig,
     "encoder": EncoderConfig,
     "kvstore": KVStoreConfig,
-    "media": MediaConfig,
 }

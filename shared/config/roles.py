@@ -6,7 +6,7 @@ _COMMON = ("device", "discovery", "bus", "grpc", "telemetry")
 _ENGINE = ("model", "tokenizer", "cache", "scheduler", "parallel", "kernels", "cuda_graph")
 
 ROLE_GROUPS: dict[str, tuple[str, ...]] = {
-    "gateway": ("model", "tokenizer", "http", "media") + _COMMON,
+    "gateway": ("model", "tokenizer", "http") + _COMMON,
     "encoder": ("model", "encoder") + _COMMON,
     "prefill": _ENGINE + ("disagg", "transfer") + _COMMON,
     "decode": _ENGINE + ("disagg", "transfer") + _COMMON,

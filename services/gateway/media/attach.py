@@ -12,11 +12,11 @@ from services.gateway.media.images import DecodedImage, decode_image
 from services.gateway.media.parts import too_many
 from services.gateway.media.processor import MediaProcessor, PromptImage
 from services.gateway.media.sources import MediaError, load_bytes
-from shared.config.groups import MediaConfig
+from shared.config.groups import HttpConfig
 
 
 class MediaInputs:
-    def __init__(self, processor: MediaProcessor | None, cfg: MediaConfig) -> None:
+    def __init__(self, processor: MediaProcessor | None, cfg: HttpConfig) -> None:
         self.processor = processor
         self.cfg = cfg
         self._client: httpx.AsyncClient | None = None

@@ -11,7 +11,7 @@ from urllib.parse import unquote, urlsplit
 
 import httpx
 
-from shared.config.groups import MediaConfig
+from shared.config.groups import HttpConfig
 
 ACCEPTED_MIME = ("image/png", "image/jpeg", "image/jpg", "image/webp")
 
@@ -20,7 +20,7 @@ class MediaError(ValueError):
     """An image the request cannot use; the message names what is wrong and the fix."""
 
 
-async def load_bytes(url: str, cfg: MediaConfig, client: httpx.AsyncClient | None = None) -> bytes:
+async def load_bytes(url: str, cfg: HttpConfig, client: httpx.AsyncClient | None = None) -> bytes:
     if not isinstance(url, str) or not url:
         raise MediaError("image_url.url must be a non-empty string (a data: URI, or an allowed file:// or "
                          "https:// URL)")
@@ -35,7 +35,7 @@ async def load_bytes(url: str, cfg: MediaConfig, client: httpx.AsyncClient | Non
                      "(data:image/png;base64,...)")
 
 
-def _data_uri(url: str, cfg: MediaConfig) -> bytes:
+def _data_uri(url: str, cfg: HttpConfig) -> bytes:
     head, sep, payload = url.partition(",")
     if not sep:
         raise MediaError("malformed data: URI; expected data:image/png;base64,<data>")
@@ -56,7 +56,7 @@ def _data_uri(url: str, cfg: MediaConfig) -> bytes:
     return data
 
 
-def _local_file(url: str, cfg: MediaConfig) -> bytes:
+def _local_file(url: str, cfg: HttpConfig) -> bytes:
     if not cfg.allowed_local_media_path:
         raise MediaError("file:// image URLs are refused; start the gateway with --allowed-local-media-path DIR "
                          "to allow reading images from DIR, or send a data: URI")
@@ -76,7 +76,7 @@ def _local_file(url: str, cfg: MediaConfig) -> bytes:
         raise MediaError(f"cannot read image file {path}: {e.strerror or e}") from None
 
 
-async def _fetch(url: str, cfg: MediaConfig, client: httpx.AsyncClient | None) -> bytes:
+async def _fetch(url: str, cfg: HttpConfig, client: httpx.AsyncClient | None) -> bytes:
     host = (urlsplit(url).hostname or "").lower()
     allowed = {d.lower() for d in cfg.allowed_media_domains if d}
     if not allowed:

@@ -19,7 +19,7 @@ from services.gateway.media.processor import MediaProcessor
 from services.gateway.media.sources import MediaError, load_bytes
 from services.gateway.mock_backend import MockBackend
 from services.gateway.tokenizer import GatewayTokenizer
-from shared.config.groups import MediaConfig
+from shared.config.groups import HttpConfig
 from tests.helpers.tiny_vlm import make_image, make_tiny_llava
 from tests.services.gateway.conftest import client_for
 
@@ -38,7 +38,7 @@ def vlm_tokenizer(vlm_dir: Path) -> GatewayTokenizer:
 
 def make_vlm_app(vlm_dir: Path, tok: GatewayTokenizer, backend: MockBackend, **media: object) -> GatewayApp:
     return GatewayApp(backend=backend, tokenizer=tok, served_model_names=[MODEL],
-                      media=MediaProcessor.for_model(vlm_dir, tok.hf), media_cfg=MediaConfig(**media))
+                      media=MediaProcessor.for_model(vlm_dir, tok.hf), media_cfg=HttpConfig(**media))
 
 
 def data_uri(data: bytes, mime: str = "image/png") -> str:
@@ -153,7 +153,7 @@ async def test_remote_images_only_from_allowed_hosts_with_limits() -> None:
             return httpx.Response(404)
         return httpx.Response(200, content=make_image(2))
 
-    cfg = MediaConfig(allowed_media_domains=("images.example",), max_image_bytes=64 * 1024)
+    cfg = HttpConfig(allowed_media_domains=("images.example",), max_image_bytes=64 * 1024)
     async with httpx.AsyncClient(transport=httpx.MockTransport(handler)) as client:
         data = await load_bytes("https://images.example/cat.png", cfg, client)
         assert Image.open(io.BytesIO(data)).size == (45, 37)
