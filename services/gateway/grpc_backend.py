@@ -31,6 +31,7 @@ from services.gateway.routing.breaker import BreakerBoard, BreakerConfig
 from services.gateway.routing.channels import ChannelPool
 from services.gateway.routing.discovery import Discovery, MembershipView
 from services.gateway.routing.failures import FailureKind, Verdict, classify, classify_stream_end
+from services.gateway.routing.encoders import assign_encoders, image_encoders
 from services.gateway.routing.kv_index import KVIndex, PromptHashes
 from services.gateway.routing.policies import make_policy
 from services.gateway.routing.router import NoRoute, Router
@@ -166,6 +167,8 @@ class GrpcBackend:
                         plan, policy, attempt, exclude, len(route_req.prompt_token_ids)))
                 plans.append(plan)
                 msg = decode_request(req, plan, sent, attempt)
+                if msg.media and plan.prefill is not None:  # disaggregated: images go to encoders (EPD)
+                    assign_encoders(msg.media, image_encoders(self.discovery.membership.ready("encoder"), req.model))
                 call_span = tr.start_span(spans.GATEWAY_DECODE_CALL, kind=SpanKind.CLIENT, attributes={
                     spans.INSTANCE: plan.decode.instance_id, spans.ATTEMPT: attempt, spans.RPC_SYSTEM: "grpc",
                     spans.RPC_METHOD: "pdrelay.v1.Decode/Generate", spans.SERVER_ADDRESS: plan.decode.grpc_address})

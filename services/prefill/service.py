@@ -19,13 +19,14 @@ import grpc
 from proto.pdrelay.v1 import common_pb2, worker_pb2, worker_pb2_grpc
 from shared.cluster.grpc_errors import abort
 from shared.engine.errors import EngineError, InvalidRequest, QueueFull
-from shared.engine.request import RequestOutput
+from shared.engine.request import MediaInput, RequestOutput
 from shared.serving.convert import BACKEND_FROM_PB, layout_from_pb, logprob_to_pb, sampling_from_pb
 from shared.serving.decode_servicer import local_media
 from shared.serving.engine_service import EngineService
 from shared.serving.faults import Faults
 from shared.serving.handoff import FencingLedger, descs_from_pb, pages_needed
 from shared.serving.kv_transfer import KVTransfer
+from shared.serving.remote_media import RemoteVision
 from shared.telemetry import spans
 from shared.transfer.errors import TransferError
 
@@ -38,6 +39,7 @@ class PrefillService(EngineService):
     def __init__(self, *args, **kw) -> None:  # type: ignore[no-untyped-def]
         super().__init__(*args, **kw)
         self.transfer: KVTransfer | None = None
+        self.remote_vision: RemoteVision | None = None
         self.ledger = FencingLedger()
         self.faults = Faults(self.cfg.disagg.fault_injection, self.instance_id)
         self.pages_written = 0
@@ -53,6 +55,10 @@ class PrefillService(EngineService):
         t = self.cfg.transfer
         self.transfer = await asyncio.to_thread(KVTransfer, t.transfer_backend, self.instance_id, t.transfer_host,
                                                 self.engine.runner.kv)
+        if self.vision is not None:  # a vision-language model: encoders write image embeddings into an arena here
+            self.remote_vision = RemoteVision(self.transfer, self.vision, timeout_s=self.cfg.disagg.handoff_timeout_s,
+                                              tracing=self.telemetry.tracing)
+            self.transfer.start_progress()
 
     def describe(self) -> dict:  # type: ignore[type-arg]
         d = super().describe()
@@ -61,6 +67,8 @@ class PrefillService(EngineService):
 
     async def on_stop(self) -> None:
         await super().on_stop()
+        if self.remote_vision is not None:
+            await self.remote_vision.close()
         if self.transfer is not None:
             await self.transfer.close()
 
@@ -179,7 +187,7 @@ class PrefillServicer(worker_pb2_grpc.PrefillServicer):
 
         try:
             try:
-                media = await local_media(svc, ticket.media) if ticket.media else ()
+                media = await prefill_media(svc, rid, ticket.media) if ticket.media else ()
                 first = None
                 async for out in aengine.stream(rid, admit):  # generate(), but timed where the engine admits it
                     first = out
@@ -266,3 +274,10 @@ class PrefillServicer(worker_pb2_grpc.PrefillServicer):
             nbytes, spans.TRANSFER_PAGES: pages, spans.TRANSFER_DESCS: descs, spans.TRANSFER_GBPS: nbytes / took / 1e9,
             spans.DECODE_INSTANCE: decode_id})
         tr.record(spans.PREFILL_CHECKSUM, t_sent, time.monotonic(), {spans.PAGES: pages})
+
+
+async def prefill_media(svc: PrefillService, rid: str, media: Sequence[common_pb2.MediaInput]) -> list[MediaInput]:
+    """Embeddings from the encoders the gateway picked (written into our arena), else from our own tower."""
+    if svc.remote_vision is not None:
+        return await svc.remote_vision.embed(rid, media)
+    return await local_media(svc, media)

@@ -1,9 +1,11 @@
 """A vision-language model through the whole cluster: etcd + NATS + gateway + a colocated worker, then gateway +
-decode + prefill (KV over NIXL), all real processes on a tiny random LLaVA (CLIP + Llama).
+two encoders + prefill + decode (EPD: embeddings and KV over NIXL), all real processes on a tiny random LLaVA
+(CLIP + Llama).
 
 Checked: a chat request with PNG / JPEG images gives exactly the greedy tokens of transformers'
-LlavaForConditionalGeneration on the same images; the same image again reuses the prompt KV (cached tokens) and
-answers the same; another image with the same text answers as transformers does for it (no page shared).
+LlavaForConditionalGeneration on the same images; the same images again reuse the prompt KV (cached tokens) and
+the encoder cache, and answer the same; another image with the same text answers as transformers does for it (no
+page shared); with every encoder dead, prefill's own tower answers, as correctly.
 """
 
 from __future__ import annotations
@@ -11,6 +13,7 @@ from __future__ import annotations
 import base64
 import io
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 
 import httpx
@@ -26,7 +29,15 @@ from tests.helpers.tiny_vlm import make_image, make_tiny_llava
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 
 CLUSTER = "vlmtest"
-TOPOLOGIES = {"colocated": (("worker", 1),), "disaggregated": (("prefill", 1), ("decode", 1))}
+# (prefill + decode without encoders is the EPD topology after its encoders died: the last test there)
+TOPOLOGIES = {"colocated": (("worker", 1),), "epd": (("encoder", 2), ("prefill", 1), ("decode", 1))}
+
+
+@dataclass
+class Gateway:
+    url: str
+    topology: str
+    encoders: list[Proc]
 MAX_TOKENS = 8
 
 
@@ -37,7 +48,7 @@ def model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.fixture(scope="module", params=list(TOPOLOGIES))
 def gateway_url(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory,
-                model_dir: Path) -> Iterator[str]:
+                model_dir: Path) -> Iterator[Gateway]:
     tmp = tmp_path_factory.mktemp(f"vlm-{request.param}")
     etcd, nats = start_etcd(tmp), start_nats(tmp)
     common = ["--etcd-endpoints", etcd.url, "--nats-url", nats.url, "--cluster", CLUSTER, "--lease-ttl-s", "2",
@@ -46,8 +57,11 @@ def gateway_url(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPat
     try:
         for role, count in TOPOLOGIES[request.param]:
             for i in range(1, count + 1):
-                args = [*common, "--instance-id", f"{role}-{i}", "--threads", "1", "--num-pages", "512",
-                        "--load-report-interval-s", "0.05"]
+                args = [*common, "--instance-id", f"{role}-{i}", "--threads", "1"]
+                if role == "encoder":
+                    args += ["--encoder-model", "none", "--metrics-port", "0"]
+                else:
+                    args += ["--num-pages", "512", "--load-report-interval-s", "0.05"]
                 if role in ("prefill", "decode"):
                     args += ["--transfer-backend", "nixl", "--local-prefill-threshold", "0"]
                 procs.append(_spawn(f"{role}-{i}", f"services.{role}", args, tmp))
@@ -55,7 +69,7 @@ def gateway_url(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPat
         procs.append(gateway)
         _wait_ready(procs, 120.0)
         assert gateway.ready is not None
-        yield f"http://{gateway.ready.http}"
+        yield Gateway(f"http://{gateway.ready.http}", request.param, [p for p in procs if p.name.startswith("encoder")])
     finally:
         for p in procs:
             stop_process(p.proc)
@@ -98,26 +112,58 @@ async def ask(url: str, images: list[tuple[bytes, str]], text: str) -> dict:
     return r.json()
 
 
-async def test_greedy_matches_transformers_and_images_key_the_cache(gateway_url: str, hf) -> None:  # type: ignore[no-untyped-def]
+def _metric(text: str, name: str) -> float:
+    return sum(float(line.split()[-1]) for line in text.splitlines()
+               if line.split(" ")[0].split("{")[0] in (name, name + "_total"))
+
+
+async def encoder_cache(gw: Gateway) -> list[tuple[float, float]]:
+    """(queries, hits) of each encoder's cache, from its /metrics."""
+    out = []
+    async with httpx.AsyncClient(timeout=10.0) as c:
+        for p in gw.encoders:
+            assert p.ready is not None and p.ready.metrics
+            text = (await c.get(f"http://{p.ready.metrics}/metrics")).text
+            out.append((_metric(text, "pdrelay:encoder_cache_queries"), _metric(text, "pdrelay:encoder_cache_hits")))
+    return out
+
+
+async def test_greedy_matches_transformers_and_images_key_the_cache(gateway_url: Gateway, hf) -> None:  # type: ignore[no-untyped-def]
+    gw = gateway_url
     png, jpg, other = make_image(11), make_image(12, (40, 64), "JPEG"), make_image(13)
     text = "Describe the picture."
-    first = await ask(gateway_url, [(png, "image/png"), (jpg, "image/jpeg")], text)
+    first = await ask(gw.url, [(png, "image/png"), (jpg, "image/jpeg")], text)
     assert first["choices"][0]["message"]["content"] == hf_greedy(hf, [png, jpg], text)
 
-    again = await ask(gateway_url, [(png, "image/png"), (jpg, "image/jpeg")], text)
+    again = await ask(gw.url, [(png, "image/png"), (jpg, "image/jpeg")], text)
     assert again["choices"][0]["message"]["content"] == first["choices"][0]["message"]["content"]
     prompt_tokens = first["usage"]["prompt_tokens"]
     assert prompt_tokens > 32
     assert again["usage"]["prompt_tokens_details"]["cached_tokens"] >= prompt_tokens - 32  # all but a page or two
 
-    swapped = await ask(gateway_url, [(other, "image/png"), (jpg, "image/jpeg")], text)
+    swapped = await ask(gw.url, [(other, "image/png"), (jpg, "image/jpeg")], text)
     assert swapped["choices"][0]["message"]["content"] == hf_greedy(hf, [other, jpg], text)
     # the text before the first image may come from the cache, nothing after it
     assert swapped["usage"]["prompt_tokens_details"]["cached_tokens"] < 16
+    if gw.topology == "epd":  # the encoders embedded every image: 2 + 2 + 2 lookups, the repeated ones hits
+        counts = await encoder_cache(gw)
+        assert sum(q for q, _ in counts) == 6, counts
+        assert sum(h for _, h in counts) == 3, counts  # png and jpg again, then jpg
 
 
-async def test_text_only_requests_still_work(gateway_url: str) -> None:
+async def test_epd_survives_dead_encoders(gateway_url: Gateway, hf) -> None:  # type: ignore[no-untyped-def]
+    if gateway_url.topology != "epd":
+        pytest.skip("EPD topology only")
+    for p in gateway_url.encoders:  # every encoder gone: prefill's own tower answers, just as correctly
+        p.proc.kill()
+        p.proc.wait()
+    png = make_image(21)
+    r = await ask(gateway_url.url, [(png, "image/png")], "And this one?")
+    assert r["choices"][0]["message"]["content"] == hf_greedy(hf, [png], "And this one?")
+
+
+async def test_text_only_requests_still_work(gateway_url: Gateway) -> None:
     async with httpx.AsyncClient(timeout=60.0) as c:
-        r = await c.post(f"{gateway_url}/v1/chat/completions", json={
+        r = await c.post(f"{gateway_url.url}/v1/chat/completions", json={
             "max_tokens": 4, "messages": [{"role": "user", "content": "Hello there"}]})
     assert r.status_code == 200, r.text

@@ -25,17 +25,17 @@ _sym_db = _symbol_database.Default()
 from proto.pdrelay.v1 import common_pb2 as pdrelay_dot_v1_dot_common__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x17pdrelay/v1/worker.proto\x12\npdrelay.v1\x1a\x17pdrelay/v1/common.proto\"I\n\rPrefillTarget\x12\x13\n\x0binstance_id\x18\x01 \x01(\t\x12\x14\n\x0cgrpc_address\x18\x02 \x01(\t\x12\r\n\x05\x65poch\x18\x03 \x01(\x04\"\x99\x02\n\rDecodeRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x18\n\x10prompt_token_ids\x18\x02 \x03(\r\x12,\n\x08sampling\x18\x03 \x01(\x0b\x32\x1a.pdrelay.v1.SamplingParams\x12\r\n\x05model\x18\x04 \x01(\t\x12*\n\x07prefill\x18\x05 \x01(\x0b\x32\x19.pdrelay.v1.PrefillTarget\x12%\n\x05media\x18\x06 \x03(\x0b\x32\x16.pdrelay.v1.MediaInput\x12\'\n\x05trace\x18\x07 \x01(\x0b\x32\x18.pdrelay.v1.TraceContext\x12\x10\n\x08priority\x18\x08 \x01(\r\x12\x0f\n\x07\x61ttempt\x18\t \x01(\r\"G\n\rDecodeTimings\x12\x0f\n\x07queue_s\x18\x01 \x01(\x01\x12\x11\n\tprefill_s\x18\x02 \x01(\x01\x12\x12\n\ntransfer_s\x18\x03 \x01(\x01\"\xd0\x02\n\x0e\x44\x65\x63odeResponse\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x11\n\ttoken_ids\x18\x02 \x03(\r\x12*\n\x08logprobs\x18\x03 \x03(\x0b\x32\x18.pdrelay.v1.TokenLogprob\x12/\n\rfinish_reason\x18\x04 \x01(\x0e\x32\x18.pdrelay.v1.FinishReason\x12-\n\x0cmatched_stop\x18\x05 \x01(\x0b\x32\x17.pdrelay.v1.MatchedStop\x12 \n\x05usage\x18\x06 \x01(\x0b\x32\x11.pdrelay.v1.Usage\x12 \n\x05\x65rror\x18\x07 \x01(\x0b\x32\x11.pdrelay.v1.Error\x12*\n\x07timings\x18\x08 \x01(\x0b\x32\x19.pdrelay.v1.DecodeTimings\x12\x1b\n\x13prefill_instance_id\x18\t \x01(\t\"\xc0\x03\n\rHandoffTicket\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\r\n\x05\x65poch\x18\x02 \x01(\x04\x12\x1a\n\x12\x64\x65\x63ode_instance_id\x18\x03 \x01(\t\x12\x1d\n\x15\x64\x65\x63ode_instance_epoch\x18\x04 \x01(\x04\x12-\n\x0b\x64\x65\x63ode_peer\x18\x05 \x01(\x0b\x32\x18.pdrelay.v1.TransferPeer\x12*\n\x05pages\x18\x06 \x01(\x0b\x32\x1b.pdrelay.v1.PageDescriptors\x12$\n\x06layout\x18\x07 \x01(\x0b\x32\x14.pdrelay.v1.KVLayout\x12\x18\n\x10prompt_token_ids\x18\x08 \x03(\r\x12\x13\n\x0bskip_tokens\x18\t \x01(\r\x12,\n\x08sampling\x18\n \x01(\x0b\x32\x1a.pdrelay.v1.SamplingParams\x12\'\n\x05trace\x18\x0b \x01(\x0b\x32\x18.pdrelay.v1.TraceContext\x12%\n\x05media\x18\x0c \x03(\x0b\x32\x16.pdrelay.v1.MediaInput\x12\x12\n\ndeadline_s\x18\r \x01(\x01\x12\x0f\n\x07\x61ttempt\x18\x0e \x01(\r\"Y\n\x0ePrefillTimings\x12\x0f\n\x07queue_s\x18\x01 \x01(\x01\x12\x11\n\tcompute_s\x18\x02 \x01(\x01\x12\x12\n\ntransfer_s\x18\x03 \x01(\x01\x12\x0f\n\x07total_s\x18\x04 \x01(\x01\"\xa3\x03\n\x0fPrefillResponse\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\r\n\x05\x65poch\x18\x02 \x01(\x04\x12\x16\n\x0e\x66irst_token_id\x18\x03 \x01(\r\x12/\n\rfirst_logprob\x18\x04 \x01(\x0b\x32\x18.pdrelay.v1.TokenLogprob\x12\x39\n\x12\x63hecksum_algorithm\x18\x05 \x01(\x0e\x32\x1d.pdrelay.v1.ChecksumAlgorithm\x12\x10\n\x08\x63hecksum\x18\x06 \x01(\x06\x12\x15\n\rpages_written\x18\x07 \x01(\r\x12\x15\n\rbytes_written\x18\x08 \x01(\x04\x12\x15\n\rcached_tokens\x18\t \x01(\r\x12\x17\n\x0f\x63omputed_tokens\x18\n \x01(\r\x12+\n\x07timings\x18\x0b \x01(\x0b\x32\x1a.pdrelay.v1.PrefillTimings\x12\x1b\n\x13prefill_instance_id\x18\x0c \x01(\t\x12/\n\rfinish_reason\x18\r \x01(\x0e\x32\x18.pdrelay.v1.FinishReason\"s\n\rEncodeRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12%\n\x05media\x18\x02 \x03(\x0b\x32\x16.pdrelay.v1.MediaInput\x12\'\n\x05trace\x18\x03 \x01(\x0b\x32\x18.pdrelay.v1.TraceContext\"G\n\x06Tensor\x12 \n\x05\x64type\x18\x01 \x01(\x0e\x32\x11.pdrelay.v1.DType\x12\r\n\x05shape\x18\x02 \x03(\r\x12\x0c\n\x04\x64\x61ta\x18\x03 \x01(\x0c\"^\n\x0eMediaEmbedding\x12\x12\n\nmedia_hash\x18\x01 \x01(\t\x12%\n\tembedding\x18\x02 \x01(\x0b\x32\x12.pdrelay.v1.Tensor\x12\x11\n\tcache_hit\x18\x03 \x01(\x08\"@\n\x0e\x45ncodeResponse\x12.\n\nembeddings\x18\x01 \x03(\x0b\x32\x1a.pdrelay.v1.MediaEmbedding\"\x1a\n\x0b\x45mbedTokens\x12\x0b\n\x03ids\x18\x01 \x03(\r\"\xd1\x01\n\x0c\x45mbedRequest\x12\r\n\x05model\x18\x01 \x01(\t\x12\r\n\x05texts\x18\x02 \x03(\t\x12\x11\n\tnormalize\x18\x03 \x01(\x08\x12-\n\x0ctoken_inputs\x18\x04 \x03(\x0b\x32\x17.pdrelay.v1.EmbedTokens\x12\x10\n\x08truncate\x18\x05 \x01(\x08\x12\x12\n\ndimensions\x18\x06 \x01(\r\x12\x12\n\nrequest_id\x18\x07 \x01(\t\x12\'\n\x05trace\x18\x08 \x01(\x0b\x32\x18.pdrelay.v1.TraceContext\"c\n\rEmbedResponse\x12&\n\nembeddings\x18\x01 \x01(\x0b\x32\x12.pdrelay.v1.Tensor\x12\x15\n\rprompt_tokens\x18\x02 \x01(\r\x12\x13\n\x0binstance_id\x18\x03 \x01(\t\"K\n\rLookupRequest\x12\x14\n\x0c\x62lock_hashes\x18\x01 \x03(\x06\x12$\n\x06layout\x18\x02 \x01(\x0b\x32\x14.pdrelay.v1.KVLayout\"O\n\x0eLookupResponse\x12\x15\n\rnum_hit_pages\x18\x01 \x01(\r\x12&\n\x05tiers\x18\x02 \x03(\x0e\x32\x17.pdrelay.v1.StorageTier\"\xe6\x01\n\x0fPutPagesRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x14\n\x0c\x62lock_hashes\x18\x02 \x03(\x06\x12$\n\x06layout\x18\x03 \x01(\x0b\x32\x14.pdrelay.v1.KVLayout\x12-\n\x0bsource_peer\x18\x04 \x01(\x0b\x32\x18.pdrelay.v1.TransferPeer\x12+\n\x06source\x18\x05 \x01(\x0b\x32\x1b.pdrelay.v1.PageDescriptors\x12\'\n\x05trace\x18\x06 \x01(\x0b\x32\x18.pdrelay.v1.TraceContext\"?\n\x10PutPagesResponse\x12\x14\n\x0cpages_stored\x18\x01 \x01(\r\x12\x15\n\rpages_present\x18\x02 \x01(\r\"\xff\x01\n\x0fGetPagesRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\r\n\x05\x65poch\x18\x02 \x01(\x04\x12\x14\n\x0c\x62lock_hashes\x18\x03 \x03(\x06\x12$\n\x06layout\x18\x04 \x01(\x0b\x32\x14.pdrelay.v1.KVLayout\x12\x32\n\x10\x64\x65stination_peer\x18\x05 \x01(\x0b\x32\x18.pdrelay.v1.TransferPeer\x12\x30\n\x0b\x64\x65stination\x18\x06 \x01(\x0b\x32\x1b.pdrelay.v1.PageDescriptors\x12\'\n\x05trace\x18\x07 \x01(\x0b\x32\x18.pdrelay.v1.TraceContext\"\x8a\x01\n\x10GetPagesResponse\x12\x15\n\rpages_written\x18\x01 \x01(\r\x12\x39\n\x12\x63hecksum_algorithm\x18\x02 \x01(\x0e\x32\x1d.pdrelay.v1.ChecksumAlgorithm\x12\x10\n\x08\x63hecksum\x18\x03 \x01(\x06\x12\x12\n\ntransfer_s\x18\x04 \x01(\x01*U\n\x11\x43hecksumAlgorithm\x12\"\n\x1e\x43HECKSUM_ALGORITHM_UNSPECIFIED\x10\x00\x12\x1c\n\x18\x43HECKSUM_ALGORITHM_CRC32\x10\x01*p\n\x0bStorageTier\x12\x1c\n\x18STORAGE_TIER_UNSPECIFIED\x10\x00\x12\x15\n\x11STORAGE_TIER_DRAM\x10\x01\x12\x15\n\x11STORAGE_TIER_DISK\x10\x02\x12\x15\n\x11STORAGE_TIER_PEER\x10\x03\x32M\n\x06\x44\x65\x63ode\x12\x43\n\x08Generate\x12\x19.pdrelay.v1.DecodeRequest\x1a\x1a.pdrelay.v1.DecodeResponse0\x01\x32L\n\x07Prefill\x12\x41\n\x07Prefill\x12\x19.pdrelay.v1.HandoffTicket\x1a\x1b.pdrelay.v1.PrefillResponse2\x88\x01\n\x07\x45ncoder\x12?\n\x06\x45ncode\x12\x19.pdrelay.v1.EncodeRequest\x1a\x1a.pdrelay.v1.EncodeResponse\x12<\n\x05\x45mbed\x12\x18.pdrelay.v1.EmbedRequest\x1a\x19.pdrelay.v1.EmbedResponse2\xce\x01\n\x07KVStore\x12?\n\x06Lookup\x12\x19.pdrelay.v1.LookupRequest\x1a\x1a.pdrelay.v1.LookupResponse\x12@\n\x03Put\x12\x1b.pdrelay.v1.PutPagesRequest\x1a\x1c.pdrelay.v1.PutPagesResponse\x12@\n\x03Get\x12\x1b.pdrelay.v1.GetPagesRequest\x1a\x1c.pdrelay.v1.GetPagesResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x17pdrelay/v1/worker.proto\x12\npdrelay.v1\x1a\x17pdrelay/v1/common.proto\"I\n\rPrefillTarget\x12\x13\n\x0binstance_id\x18\x01 \x01(\t\x12\x14\n\x0cgrpc_address\x18\x02 \x01(\t\x12\r\n\x05\x65poch\x18\x03 \x01(\x04\"\x99\x02\n\rDecodeRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x18\n\x10prompt_token_ids\x18\x02 \x03(\r\x12,\n\x08sampling\x18\x03 \x01(\x0b\x32\x1a.pdrelay.v1.SamplingParams\x12\r\n\x05model\x18\x04 \x01(\t\x12*\n\x07prefill\x18\x05 \x01(\x0b\x32\x19.pdrelay.v1.PrefillTarget\x12%\n\x05media\x18\x06 \x03(\x0b\x32\x16.pdrelay.v1.MediaInput\x12\'\n\x05trace\x18\x07 \x01(\x0b\x32\x18.pdrelay.v1.TraceContext\x12\x10\n\x08priority\x18\x08 \x01(\r\x12\x0f\n\x07\x61ttempt\x18\t \x01(\r\"G\n\rDecodeTimings\x12\x0f\n\x07queue_s\x18\x01 \x01(\x01\x12\x11\n\tprefill_s\x18\x02 \x01(\x01\x12\x12\n\ntransfer_s\x18\x03 \x01(\x01\"\xd0\x02\n\x0e\x44\x65\x63odeResponse\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x11\n\ttoken_ids\x18\x02 \x03(\r\x12*\n\x08logprobs\x18\x03 \x03(\x0b\x32\x18.pdrelay.v1.TokenLogprob\x12/\n\rfinish_reason\x18\x04 \x01(\x0e\x32\x18.pdrelay.v1.FinishReason\x12-\n\x0cmatched_stop\x18\x05 \x01(\x0b\x32\x17.pdrelay.v1.MatchedStop\x12 \n\x05usage\x18\x06 \x01(\x0b\x32\x11.pdrelay.v1.Usage\x12 \n\x05\x65rror\x18\x07 \x01(\x0b\x32\x11.pdrelay.v1.Error\x12*\n\x07timings\x18\x08 \x01(\x0b\x32\x19.pdrelay.v1.DecodeTimings\x12\x1b\n\x13prefill_instance_id\x18\t \x01(\t\"\xc0\x03\n\rHandoffTicket\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\r\n\x05\x65poch\x18\x02 \x01(\x04\x12\x1a\n\x12\x64\x65\x63ode_instance_id\x18\x03 \x01(\t\x12\x1d\n\x15\x64\x65\x63ode_instance_epoch\x18\x04 \x01(\x04\x12-\n\x0b\x64\x65\x63ode_peer\x18\x05 \x01(\x0b\x32\x18.pdrelay.v1.TransferPeer\x12*\n\x05pages\x18\x06 \x01(\x0b\x32\x1b.pdrelay.v1.PageDescriptors\x12$\n\x06layout\x18\x07 \x01(\x0b\x32\x14.pdrelay.v1.KVLayout\x12\x18\n\x10prompt_token_ids\x18\x08 \x03(\r\x12\x13\n\x0bskip_tokens\x18\t \x01(\r\x12,\n\x08sampling\x18\n \x01(\x0b\x32\x1a.pdrelay.v1.SamplingParams\x12\'\n\x05trace\x18\x0b \x01(\x0b\x32\x18.pdrelay.v1.TraceContext\x12%\n\x05media\x18\x0c \x03(\x0b\x32\x16.pdrelay.v1.MediaInput\x12\x12\n\ndeadline_s\x18\r \x01(\x01\x12\x0f\n\x07\x61ttempt\x18\x0e \x01(\r\"Y\n\x0ePrefillTimings\x12\x0f\n\x07queue_s\x18\x01 \x01(\x01\x12\x11\n\tcompute_s\x18\x02 \x01(\x01\x12\x12\n\ntransfer_s\x18\x03 \x01(\x01\x12\x0f\n\x07total_s\x18\x04 \x01(\x01\"\xa3\x03\n\x0fPrefillResponse\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\r\n\x05\x65poch\x18\x02 \x01(\x04\x12\x16\n\x0e\x66irst_token_id\x18\x03 \x01(\r\x12/\n\rfirst_logprob\x18\x04 \x01(\x0b\x32\x18.pdrelay.v1.TokenLogprob\x12\x39\n\x12\x63hecksum_algorithm\x18\x05 \x01(\x0e\x32\x1d.pdrelay.v1.ChecksumAlgorithm\x12\x10\n\x08\x63hecksum\x18\x06 \x01(\x06\x12\x15\n\rpages_written\x18\x07 \x01(\r\x12\x15\n\rbytes_written\x18\x08 \x01(\x04\x12\x15\n\rcached_tokens\x18\t \x01(\r\x12\x17\n\x0f\x63omputed_tokens\x18\n \x01(\r\x12+\n\x07timings\x18\x0b \x01(\x0b\x32\x1a.pdrelay.v1.PrefillTimings\x12\x1b\n\x13prefill_instance_id\x18\x0c \x01(\t\x12/\n\rfinish_reason\x18\r \x01(\x0e\x32\x18.pdrelay.v1.FinishReason\"\xd9\x01\n\rEncodeRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12%\n\x05media\x18\x02 \x03(\x0b\x32\x16.pdrelay.v1.MediaInput\x12\'\n\x05trace\x18\x03 \x01(\x0b\x32\x18.pdrelay.v1.TraceContext\x12\x32\n\x10\x64\x65stination_peer\x18\x04 \x01(\x0b\x32\x18.pdrelay.v1.TransferPeer\x12\x30\n\x0b\x64\x65stination\x18\x05 \x01(\x0b\x32\x1b.pdrelay.v1.PageDescriptors\"G\n\x06Tensor\x12 \n\x05\x64type\x18\x01 \x01(\x0e\x32\x11.pdrelay.v1.DType\x12\r\n\x05shape\x18\x02 \x03(\r\x12\x0c\n\x04\x64\x61ta\x18\x03 \x01(\x0c\"p\n\x0eMediaEmbedding\x12\x12\n\nmedia_hash\x18\x01 \x01(\t\x12%\n\tembedding\x18\x02 \x01(\x0b\x32\x12.pdrelay.v1.Tensor\x12\x11\n\tcache_hit\x18\x03 \x01(\x08\x12\x10\n\x08\x63hecksum\x18\x04 \x01(\x06\"@\n\x0e\x45ncodeResponse\x12.\n\nembeddings\x18\x01 \x03(\x0b\x32\x1a.pdrelay.v1.MediaEmbedding\"\x1a\n\x0b\x45mbedTokens\x12\x0b\n\x03ids\x18\x01 \x03(\r\"\xd1\x01\n\x0c\x45mbedRequest\x12\r\n\x05model\x18\x01 \x01(\t\x12\r\n\x05texts\x18\x02 \x03(\t\x12\x11\n\tnormalize\x18\x03 \x01(\x08\x12-\n\x0ctoken_inputs\x18\x04 \x03(\x0b\x32\x17.pdrelay.v1.EmbedTokens\x12\x10\n\x08truncate\x18\x05 \x01(\x08\x12\x12\n\ndimensions\x18\x06 \x01(\r\x12\x12\n\nrequest_id\x18\x07 \x01(\t\x12\'\n\x05trace\x18\x08 \x01(\x0b\x32\x18.pdrelay.v1.TraceContext\"c\n\rEmbedResponse\x12&\n\nembeddings\x18\x01 \x01(\x0b\x32\x12.pdrelay.v1.Tensor\x12\x15\n\rprompt_tokens\x18\x02 \x01(\r\x12\x13\n\x0binstance_id\x18\x03 \x01(\t\"K\n\rLookupRequest\x12\x14\n\x0c\x62lock_hashes\x18\x01 \x03(\x06\x12$\n\x06layout\x18\x02 \x01(\x0b\x32\x14.pdrelay.v1.KVLayout\"O\n\x0eLookupResponse\x12\x15\n\rnum_hit_pages\x18\x01 \x01(\r\x12&\n\x05tiers\x18\x02 \x03(\x0e\x32\x17.pdrelay.v1.StorageTier\"\xe6\x01\n\x0fPutPagesRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x14\n\x0c\x62lock_hashes\x18\x02 \x03(\x06\x12$\n\x06layout\x18\x03 \x01(\x0b\x32\x14.pdrelay.v1.KVLayout\x12-\n\x0bsource_peer\x18\x04 \x01(\x0b\x32\x18.pdrelay.v1.TransferPeer\x12+\n\x06source\x18\x05 \x01(\x0b\x32\x1b.pdrelay.v1.PageDescriptors\x12\'\n\x05trace\x18\x06 \x01(\x0b\x32\x18.pdrelay.v1.TraceContext\"?\n\x10PutPagesResponse\x12\x14\n\x0cpages_stored\x18\x01 \x01(\r\x12\x15\n\rpages_present\x18\x02 \x01(\r\"\xff\x01\n\x0fGetPagesRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\r\n\x05\x65poch\x18\x02 \x01(\x04\x12\x14\n\x0c\x62lock_hashes\x18\x03 \x03(\x06\x12$\n\x06layout\x18\x04 \x01(\x0b\x32\x14.pdrelay.v1.KVLayout\x12\x32\n\x10\x64\x65stination_peer\x18\x05 \x01(\x0b\x32\x18.pdrelay.v1.TransferPeer\x12\x30\n\x0b\x64\x65stination\x18\x06 \x01(\x0b\x32\x1b.pdrelay.v1.PageDescriptors\x12\'\n\x05trace\x18\x07 \x01(\x0b\x32\x18.pdrelay.v1.TraceContext\"\x8a\x01\n\x10GetPagesResponse\x12\x15\n\rpages_written\x18\x01 \x01(\r\x12\x39\n\x12\x63hecksum_algorithm\x18\x02 \x01(\x0e\x32\x1d.pdrelay.v1.ChecksumAlgorithm\x12\x10\n\x08\x63hecksum\x18\x03 \x01(\x06\x12\x12\n\ntransfer_s\x18\x04 \x01(\x01*U\n\x11\x43hecksumAlgorithm\x12\"\n\x1e\x43HECKSUM_ALGORITHM_UNSPECIFIED\x10\x00\x12\x1c\n\x18\x43HECKSUM_ALGORITHM_CRC32\x10\x01*p\n\x0bStorageTier\x12\x1c\n\x18STORAGE_TIER_UNSPECIFIED\x10\x00\x12\x15\n\x11STORAGE_TIER_DRAM\x10\x01\x12\x15\n\x11STORAGE_TIER_DISK\x10\x02\x12\x15\n\x11STORAGE_TIER_PEER\x10\x03\x32M\n\x06\x44\x65\x63ode\x12\x43\n\x08Generate\x12\x19.pdrelay.v1.DecodeRequest\x1a\x1a.pdrelay.v1.DecodeResponse0\x01\x32L\n\x07Prefill\x12\x41\n\x07Prefill\x12\x19.pdrelay.v1.HandoffTicket\x1a\x1b.pdrelay.v1.PrefillResponse2\x88\x01\n\x07\x45ncoder\x12?\n\x06\x45ncode\x12\x19.pdrelay.v1.EncodeRequest\x1a\x1a.pdrelay.v1.EncodeResponse\x12<\n\x05\x45mbed\x12\x18.pdrelay.v1.EmbedRequest\x1a\x19.pdrelay.v1.EmbedResponse2\xce\x01\n\x07KVStore\x12?\n\x06Lookup\x12\x19.pdrelay.v1.LookupRequest\x1a\x1a.pdrelay.v1.LookupResponse\x12@\n\x03Put\x12\x1b.pdrelay.v1.PutPagesRequest\x1a\x1c.pdrelay.v1.PutPagesResponse\x12@\n\x03Get\x12\x1b.pdrelay.v1.GetPagesRequest\x1a\x1c.pdrelay.v1.GetPagesResponseb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'pdrelay.v1.worker_pb2', _globals)
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
-  _globals['_CHECKSUMALGORITHM']._serialized_start=3347
-  _globals['_CHECKSUMALGORITHM']._serialized_end=3432
-  _globals['_STORAGETIER']._serialized_start=3434
-  _globals['_STORAGETIER']._serialized_end=3546
+  _globals['_CHECKSUMALGORITHM']._serialized_start=3468
+  _globals['_CHECKSUMALGORITHM']._serialized_end=3553
+  _globals['_STORAGETIER']._serialized_start=3555
+  _globals['_STORAGETIER']._serialized_end=3667
   _globals['_PREFILLTARGET']._serialized_start=64
   _globals['_PREFILLTARGET']._serialized_end=137
   _globals['_DECODEREQUEST']._serialized_start=140
@@ -50,38 +50,38 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_PREFILLTIMINGS']._serialized_end=1375
   _globals['_PREFILLRESPONSE']._serialized_start=1378
   _globals['_PREFILLRESPONSE']._serialized_end=1797
-  _globals['_ENCODEREQUEST']._serialized_start=1799
-  _globals['_ENCODEREQUEST']._serialized_end=1914
-  _globals['_TENSOR']._serialized_start=1916
-  _globals['_TENSOR']._serialized_end=1987
-  _globals['_MEDIAEMBEDDING']._serialized_start=1989
-  _globals['_MEDIAEMBEDDING']._serialized_end=2083
-  _globals['_ENCODERESPONSE']._serialized_start=2085
-  _globals['_ENCODERESPONSE']._serialized_end=2149
-  _globals['_EMBEDTOKENS']._serialized_start=2151
-  _globals['_EMBEDTOKENS']._serialized_end=2177
-  _globals['_EMBEDREQUEST']._serialized_start=2180
-  _globals['_EMBEDREQUEST']._serialized_end=2389
-  _globals['_EMBEDRESPONSE']._serialized_start=2391
-  _globals['_EMBEDRESPONSE']._serialized_end=2490
-  _globals['_LOOKUPREQUEST']._serialized_start=2492
-  _globals['_LOOKUPREQUEST']._serialized_end=2567
-  _globals['_LOOKUPRESPONSE']._serialized_start=2569
-  _globals['_LOOKUPRESPONSE']._serialized_end=2648
-  _globals['_PUTPAGESREQUEST']._serialized_start=2651
-  _globals['_PUTPAGESREQUEST']._serialized_end=2881
-  _globals['_PUTPAGESRESPONSE']._serialized_start=2883
-  _globals['_PUTPAGESRESPONSE']._serialized_end=2946
-  _globals['_GETPAGESREQUEST']._serialized_start=2949
-  _globals['_GETPAGESREQUEST']._serialized_end=3204
-  _globals['_GETPAGESRESPONSE']._serialized_start=3207
-  _globals['_GETPAGESRESPONSE']._serialized_end=3345
-  _globals['_DECODE']._serialized_start=3548
-  _globals['_DECODE']._serialized_end=3625
-  _globals['_PREFILL']._serialized_start=3627
-  _globals['_PREFILL']._serialized_end=3703
-  _globals['_ENCODER']._serialized_start=3706
-  _globals['_ENCODER']._serialized_end=3842
-  _globals['_KVSTORE']._serialized_start=3845
-  _globals['_KVSTORE']._serialized_end=4051
+  _globals['_ENCODEREQUEST']._serialized_start=1800
+  _globals['_ENCODEREQUEST']._serialized_end=2017
+  _globals['_TENSOR']._serialized_start=2019
+  _globals['_TENSOR']._serialized_end=2090
+  _globals['_MEDIAEMBEDDING']._serialized_start=2092
+  _globals['_MEDIAEMBEDDING']._serialized_end=2204
+  _globals['_ENCODERESPONSE']._serialized_start=2206
+  _globals['_ENCODERESPONSE']._serialized_end=2270
+  _globals['_EMBEDTOKENS']._serialized_start=2272
+  _globals['_EMBEDTOKENS']._serialized_end=2298
+  _globals['_EMBEDREQUEST']._serialized_start=2301
+  _globals['_EMBEDREQUEST']._serialized_end=2510
+  _globals['_EMBEDRESPONSE']._serialized_start=2512
+  _globals['_EMBEDRESPONSE']._serialized_end=2611
+  _globals['_LOOKUPREQUEST']._serialized_start=2613
+  _globals['_LOOKUPREQUEST']._serialized_end=2688
+  _globals['_LOOKUPRESPONSE']._serialized_start=2690
+  _globals['_LOOKUPRESPONSE']._serialized_end=2769
+  _globals['_PUTPAGESREQUEST']._serialized_start=2772
+  _globals['_PUTPAGESREQUEST']._serialized_end=3002
+  _globals['_PUTPAGESRESPONSE']._serialized_start=3004
+  _globals['_PUTPAGESRESPONSE']._serialized_end=3067
+  _globals['_GETPAGESREQUEST']._serialized_start=3070
+  _globals['_GETPAGESREQUEST']._serialized_end=3325
+  _globals['_GETPAGESRESPONSE']._serialized_start=3328
+  _globals['_GETPAGESRESPONSE']._serialized_end=3466
+  _globals['_DECODE']._serialized_start=3669
+  _globals['_DECODE']._serialized_end=3746
+  _globals['_PREFILL']._serialized_start=3748
+  _globals['_PREFILL']._serialized_end=3824
+  _globals['_ENCODER']._serialized_start=3827
+  _globals['_ENCODER']._serialized_end=3963
+  _globals['_KVSTORE']._serialized_start=3966
+  _globals['_KVSTORE']._serialized_end=4172
 # @@protoc_insertion_point(module_scope)
