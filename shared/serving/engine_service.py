@@ -93,10 +93,10 @@ class EngineService(Service):
         return Engine.from_config(self.cfg, on_kv_event=self._on_kv_event)
 
     def build_vision(self, engine: Engine) -> LocalVision | None:
-        """The vision tower of a vision-language model, for the roles that prefill (worker, prefill); decode
-        never needs one (it only hashes media). Runs in a worker thread."""
+        """The vision tower of a vision-language model: the worker and prefill encode with it (prefill when no
+        encoder answers), decode when it prefills a prompt itself (no prefill target). Runs in a worker thread."""
         runner = engine.runner
-        if self.role == "decode" or getattr(runner, "llava", None) is None:
+        if getattr(runner, "llava", None) is None:
             return None
         enc = getattr(self.cfg, "encoder", None)
         cache = EncoderCache(max_items=enc.encoder_cache_items if enc is not None else 1024,

@@ -249,6 +249,12 @@ class Scheduler:
                     continue
                 return
             cached = self.kv.match_prefix(req)
+            if req.media and _lacks_embeds(req):
+                # A request whose prompt KV came from another instance (decode), preempted, with image positions
+                # left to recompute but no embeddings here: computing them without the image would be wrong.
+                self.kv.release(req)
+                self.abort(req.req_id)
+                continue
             need = self._reserve(req)
             if need + reserved > self.kv.available_pages:
                 self.kv.release(req)  # undo the match
@@ -367,3 +373,8 @@ def _embed_slices(media: tuple[MediaInput, ...], start: int, end: int) -> tuple[
         if lo < hi and m.embeds is not None:
             out.append(EmbedSlice(lo - start, m.embeds[lo - m.offset : hi - m.offset]))
     return tuple(out)
+
+
+def _lacks_embeds(req: Request) -> bool:
+    """Some image position past the cached prefix has no embeddings to compute it with."""
+    return any(m.embeds is None and m.offset + m.length > req.num_computed_tokens for m in req.media)
