@@ -56,7 +56,9 @@ class PrefillService(EngineService):
         self.transfer = await asyncio.to_thread(KVTransfer, t.transfer_backend, self.instance_id, t.transfer_host,
                                                 self.engine.runner.kv)
         if self.vision is not None:  # a vision-language model: encoders write image embeddings into an arena here
-            self.remote_vision = RemoteVision(self.transfer, self.vision, timeout_s=self.cfg.disagg.handoff_timeout_s,
+            # a third of the hand-off deadline: an encoder that hangs leaves time to encode here instead
+            self.remote_vision = RemoteVision(self.transfer, self.vision,
+                                              timeout_s=self.cfg.disagg.handoff_timeout_s / 3,
                                               tracing=self.telemetry.tracing)
             self.transfer.start_progress()
 

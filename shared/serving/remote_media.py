@@ -9,7 +9,6 @@ tower: an encoder can make a request faster, never fail it.
 from __future__ import annotations
 
 import logging
-import time
 import zlib
 from collections.abc import Sequence
 
@@ -20,12 +19,10 @@ from proto.pdrelay.v1 import common_pb2, worker_pb2, worker_pb2_grpc
 from shared.engine.request import MediaInput
 from shared.serving.kv_transfer import KVTransfer
 from shared.serving.media import LocalVision
-from shared.telemetry.tracing import Tracing
+from shared.telemetry import spans
+from shared.telemetry.tracing import SpanKind, Tracing, inject, set_error
 
 log = logging.getLogger(__name__)
-
-ENCODE_SPAN = "prefill.encode"
-
 
 class EmbeddingArena:
     """Fixed-size slots (one image's embeddings each) in one registered buffer."""
@@ -91,10 +88,15 @@ class RemoteVision:
         slots = self.arena.take(len(items))
         if slots is None:
             return None
-        t0 = time.monotonic()
+        tr = self.tracing
+        span = tr.start_span(spans.PREFILL_ENCODE, kind=SpanKind.CLIENT, attributes={
+            spans.SERVER_ADDRESS: address, spans.RPC_SYSTEM: "grpc", spans.RPC_METHOD: "pdrelay.v1.Encoder/Encode",
+            "pdrelay.encoder.items": len(items)}) if tr is not None else None
         try:
             req = worker_pb2.EncodeRequest(request_id=request_id, media=items,
                                            destination_peer=self.transfer.peer_pb())
+            if span is not None:
+                inject(span, req.trace)  # the encoder's span is a child of this call
             req.destination.memory_kind = common_pb2.MEMORY_KIND_DRAM
             req.destination.regions.addresses.extend(self.arena.address(s) for s in slots)
             req.destination.regions.lengths.extend([self.arena.slot_bytes] * len(slots))
@@ -114,17 +116,19 @@ class RemoteVision:
                 emb = raw.clone().view(self.dtype).view(self.num_tokens, self.hidden)
                 out.append(MediaInput(m.token_offset, m.num_tokens, m.media_hash, emb))
             self.remote_items += len(items)
-            if self.tracing is not None and self.tracing.enabled:
-                self.tracing.record(ENCODE_SPAN, t0, time.monotonic(), {
-                    "pdrelay.encoder.address": address, "pdrelay.encoder.items": len(items),
-                    "pdrelay.encoder.cache_hits": sum(1 for e in resp.embeddings if e.cache_hit)})
+            if span is not None:
+                span.set_attribute("pdrelay.encoder.cache_hits", sum(1 for e in resp.embeddings if e.cache_hit))
             return out
         except (grpc.aio.AioRpcError, ValueError) as e:
             detail = e.details() if isinstance(e, grpc.aio.AioRpcError) else str(e)
             log.warning("encoder %s failed for %s (%s); encoding here instead", address, request_id, detail)
+            if span is not None:
+                set_error(span, detail or type(e).__name__)
             return None
         finally:
             self.arena.give_back(slots)
+            if span is not None:
+                Tracing.end(span)
 
     def _stub(self, address: str) -> worker_pb2_grpc.EncoderStub:
         ch = self._channels.get(address)

@@ -79,7 +79,11 @@ def gateway_url(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPat
 
 @pytest.fixture(scope="module")
 def hf(model_dir: Path):  # -> (model, image processor, tokenizer)
-    from transformers import AutoImageProcessor, AutoTokenizer, LlavaForConditionalGeneration
+    from transformers import (
+        AutoImageProcessor,
+        AutoTokenizer,
+        LlavaForConditionalGeneration,
+    )
 
     return (LlavaForConditionalGeneration.from_pretrained(model_dir, dtype=torch.float32).eval(),
             AutoImageProcessor.from_pretrained(model_dir), AutoTokenizer.from_pretrained(model_dir))

@@ -34,6 +34,7 @@ def _tokenizer(vocab: int):
 
 
 def make_tiny_llava(tmp_dir: str | Path, variant: str = "clip-llama", *, seed: int = 0, vocab: int = 512) -> Path:
+    """A random LLaVA checkpoint in tmp_dir/llava-<variant>-<seed> (variant "bench": a larger one for timing)."""
     import torch
     import transformers as tf
 
@@ -57,8 +58,15 @@ def make_tiny_llava(tmp_dir: str | Path, variant: str = "clip-llama", *, seed: i
                               rope_theta=1000000.0, **text_common)
         extra = dict(vision_feature_layer=-1, vision_feature_select_strategy="full", image_seq_length=25)
         proc = tf.SiglipImageProcessorPil(size={"height": 30, "width": 30})
+    elif variant == "bench":  # ViT-S/16-sized tower at 224 px (196 image tokens) over a small Llama: benchmarks
+        vision = tf.CLIPVisionConfig(hidden_size=384, intermediate_size=1536, num_hidden_layers=12,
+                                     num_attention_heads=6, image_size=224, patch_size=16, projection_dim=256)
+        text = tf.LlamaConfig(hidden_size=512, intermediate_size=1408, num_attention_heads=8, num_key_value_heads=4,
+                              **{**text_common, "num_hidden_layers": 8, "max_position_embeddings": 4096})
+        extra = {"vision_feature_layer": -2, "vision_feature_select_strategy": "default", "image_seq_length": 196}
+        proc = tf.CLIPImageProcessorPil(size={"shortest_edge": 224}, crop_size={"height": 224, "width": 224})
     else:
-        raise ValueError(f"variant {variant!r} is not one of {VARIANTS}")
+        raise ValueError(f"variant {variant!r} is not one of {VARIANTS} or 'bench'")
     cfg = tf.LlavaConfig(vision_config=vision, text_config=text, image_token_index=image_id, **extra)
     torch.manual_seed(seed)
     model = tf.LlavaForConditionalGeneration(cfg).eval()
