@@ -15,7 +15,7 @@ from collections.abc import Sequence
 
 # Top-level commands, in the order `pdrelay --help` lists them.
 COMMANDS: tuple[tuple[str, str, str], ...] = (
-    ("up", "services.commands.up", "start a local cluster (etcd, NATS, gateway, prefill, decode)"),
+    ("up", "services.commands.up", "start a local cluster (etcd, NATS, gateway, prefill, decode, encoder)"),
     ("down", "services.commands.down", "stop the local cluster started by `pdrelay up`"),
     ("status", "services.commands.status", "list the instances of a running cluster"),
     ("scale", "services.commands.scale", "add or drain instances: pdrelay scale prefill=2 decode=3"),
@@ -31,6 +31,7 @@ BENCH_COMMANDS: tuple[tuple[str, str, str], ...] = (
     ("control-plane", "services.commands.bench_control_plane", "etcd/NATS/gRPC control-plane latencies"),
     ("handoff", "services.commands.bench_handoff", "disaggregated vs colocated TTFT (KV hand-off overhead)"),
     ("trace", "services.commands.bench_trace", "tracing overhead: throughput with tracing off vs on"),
+    ("embed", "services.commands.bench_embed", "embeddings throughput vs sentence-transformers encode per request"),
 )
 
 

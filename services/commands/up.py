@@ -1,4 +1,5 @@
-"""`pdrelay up`: a whole cluster on this machine (etcd, NATS, gateway, prefill, decode) until Ctrl-C or `pdrelay down`.
+"""`pdrelay up`: a whole cluster on this machine (etcd, NATS, gateway, prefill, decode, encoder) until Ctrl-C or
+`pdrelay down`. The encoder serves the bundled embedding model (/v1/embeddings); `--encoder 0` leaves it out.
 
 Flags it does not know (e.g. `--page-size 32`, `--model DIR`, `--port 8080`) go to every role that accepts them.
 """
@@ -11,11 +12,11 @@ import sys
 from pathlib import Path
 
 # role -> default number of instances; the order is the order of --help
-DEFAULT_COUNTS = {"gateway": 1, "prefill": 1, "decode": 1, "encoder": 0, "kvstore": 0, "worker": 0, "echo": 0}
+DEFAULT_COUNTS = {"gateway": 1, "prefill": 1, "decode": 1, "encoder": 1, "kvstore": 0, "worker": 0, "echo": 0}
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("up", help="start a local cluster (etcd, NATS, gateway, prefill, decode)",
+    p = sub.add_parser("up", help="start a local cluster (etcd, NATS, gateway, prefill, decode, encoder)",
                        description=__doc__, allow_abbrev=False,
                        formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--run-dir", default=None, help="state, logs and configs (default: .run, or $PDRELAY_RUN_DIR)")

@@ -1,10 +1,12 @@
 """Dynamic batching: embedding inputs of concurrent requests share one forward, grouped by length.
 
     submit(inputs)   queue a request's token id lists; resolves to its [n, dim] vectors
-    the loop         when it was idle, waits `wait_s` (a few ms) for companions; inputs that arrived meanwhile, or
-                     while the previous forward ran, are sorted by length and cut into batches of at most
-                     `max_batch_size` inputs and `max_batch_tokens` padded tokens (so a long input does not pad a
-                     batch of short ones to its length); each batch is one forward on the compute thread
+    the loop         waits up to `wait_s` (a few ms) for companions: after an idle spell until a batch is full, after
+                     a forward until as many inputs are back as it computed; then the inputs that arrived (also
+                     while the previous forward ran) are sorted by length and cut into batches of at most
+                     `max_batch_size` inputs and `max_batch_tokens` tokens of attention grid (batch x longest: the
+                     dense layers run packed, without padding, but attention pads each batch to its longest
+                     input, so long inputs go together); each batch is one forward on the compute thread
 
 One compute thread runs every forward, with this process's torch thread count set on it (OpenMP settings are
 per thread). A request whose caller went away (its future cancelled) is dropped before its batch is formed.
@@ -113,20 +115,37 @@ class EmbedBatcher:
 
     async def _loop(self) -> None:
         idle = True
+        last = 0  # inputs of the previous round
         while True:
             if not self._pending:
                 idle = True
                 self._wakeup.clear()
                 await self._wakeup.wait()
-            if idle and self.wait_s > 0:
-                await asyncio.sleep(self.wait_s)  # companions arriving within the window share the forward
+            if self.wait_s > 0:
+                # Companions arriving within the window share the forward: after an idle spell, until the batch
+                # is full; after a round, until as many inputs are back as it served (closed-loop clients send
+                # their next request as soon as they have their answer).
+                await self._gather(self.max_batch_size if idle else last)
             taken, self._pending = self._pending, []
             live = [r for r in taken if not r.future.done()]
             self.queued_inputs -= sum(len(r.inputs) for r in taken if r.future.done())
             if not live:
                 continue
             idle = False
+            last = sum(len(r.inputs) for r in live)
             await self._run(live)
+
+    async def _gather(self, target: int) -> None:
+        deadline = time.monotonic() + self.wait_s
+        while sum(len(r.inputs) for r in self._pending) < target:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                return
+            self._wakeup.clear()
+            try:
+                await asyncio.wait_for(self._wakeup.wait(), left)
+            except asyncio.TimeoutError:
+                return
 
     async def _run(self, reqs: list[_Request]) -> None:
         flat = [(r, j) for r in reqs for j in range(len(r.inputs))]

@@ -20,7 +20,7 @@ from tokenizers import Tokenizer
 
 from services.encoder.errors import EncoderError
 from services.encoder.pooling import Pooling, pool
-from shared.engine.models.bert import BertModel, load_bert
+from shared.engine.models.bert import BertModel, PackedBatch, load_bert
 from proto.pdrelay.v1 import common_pb2
 
 _ST_NORMALIZE = "sentence_transformers.models.Normalize"
@@ -67,21 +67,38 @@ class SentenceEmbedder:
         # per batch, and truncation only when a request asks for it.
         self.tokenizer.no_padding()
         self.tokenizer.no_truncation()
-        self._truncating = Tokenizer.from_file(str(tok_path))
-        self._truncating.no_padding()
-        self._truncating.enable_truncation(max_len)
-        self.pad_id = cfg.pad_token_id
+        self._specials = self.tokenizer.num_special_tokens_to_add(False)  # [CLS] + [SEP] for BERT
         self.dtype = dtype
 
     # ---- input ------------------------------------------------------------------------------------------------
-    def tokenize(self, texts: Sequence[str], truncate: bool) -> list[list[int]]:
-        tok = self._truncating if truncate else self.tokenizer
-        ids = [e.ids for e in tok.encode_batch(list(texts), add_special_tokens=True)]
+    def truncation_limit(self, truncate_prompt_tokens: int) -> int:
+        """Tokens kept per input: 0 -> no cutting (over-long inputs are refused); N -> N, at most the model's."""
+        limit = self.spec.max_seq_len
+        if truncate_prompt_tokens > limit:
+            raise EncoderError(common_pb2.ERROR_CODE_INVALID_ARGUMENT,
+                               f"truncate_prompt_tokens {truncate_prompt_tokens} is more than {self.spec.name}'s max "
+                               f"sequence length of {limit} tokens; use at most {limit} (or -1 for the max)")
+        if 0 < truncate_prompt_tokens <= self._specials:
+            raise EncoderError(common_pb2.ERROR_CODE_INVALID_ARGUMENT,
+                               f"truncate_prompt_tokens {truncate_prompt_tokens} leaves no room for text next to the "
+                               f"model's {self._specials} special tokens; use at least {self._specials + 1}")
+        return truncate_prompt_tokens
+
+    def tokenize(self, texts: Sequence[str], truncate_to: int = 0) -> list[list[int]]:
+        """Token ids of each text with the model's special tokens; cut to `truncate_to` tokens (specials kept, as
+        Hugging Face tokenizers cut: the end of the text goes) when > 0, else over-long texts are refused."""
+        if not truncate_to:
+            ids = [e.ids for e in self.tokenizer.encode_batch(list(texts), add_special_tokens=True)]
+        else:
+            ids = []
+            for enc in self.tokenizer.encode_batch(list(texts), add_special_tokens=False):
+                enc.truncate(truncate_to - self._specials)
+                ids.append(self.tokenizer.post_process(enc).ids)
         self._check_lengths(ids, "input")
         return ids
 
-    def check_token_inputs(self, inputs: Sequence[Sequence[int]], truncate: bool) -> list[list[int]]:
-        """Pre-tokenized inputs, used as they are (cut to the limit when truncating)."""
+    def check_token_inputs(self, inputs: Sequence[Sequence[int]], truncate_to: int = 0) -> list[list[int]]:
+        """Pre-tokenized inputs, used as they are (their first `truncate_to` tokens when > 0)."""
         V = self.spec.vocab_size
         out: list[list[int]] = []
         for i, ids in enumerate(inputs):
@@ -92,7 +109,7 @@ class SentenceEmbedder:
                 raise EncoderError(common_pb2.ERROR_CODE_INVALID_ARGUMENT,
                                    f"input[{i}] has token id {bad}, outside the vocabulary of {self.spec.name} "
                                    f"(0..{V - 1})")
-            out.append(list(ids[:self.spec.max_seq_len]) if truncate else list(ids))
+            out.append(list(ids[:truncate_to]) if truncate_to else list(ids))
         self._check_lengths(out, "input")
         return out
 
@@ -102,7 +119,7 @@ class SentenceEmbedder:
             if len(seq) > limit:
                 raise EncoderError(common_pb2.ERROR_CODE_INVALID_ARGUMENT,
                                    f"{what}[{i}] is {len(seq)} tokens, but {self.spec.name} takes at most {limit} "
-                                   f"tokens per input; shorten it, or ask for truncation")
+                                   f"tokens per input; shorten it, or set truncate_prompt_tokens (-1: cut to the max)")
 
     def check_dimensions(self, dimensions: int) -> int:
         """The output size a request asks for (0: the model's); others are refused unless trained for them."""
@@ -119,16 +136,11 @@ class SentenceEmbedder:
     # ---- compute ------------------------------------------------------------------------------------------------
     def embed(self, batch: Sequence[Sequence[int]]) -> torch.Tensor:
         """token id lists -> [len(batch), dim] float32, pooled and (as the model's pipeline says) normalized.
-        One forward over the batch padded to its longest input."""
-        T = max(len(s) for s in batch)
-        ids = torch.full((len(batch), T), self.pad_id, dtype=torch.long)
-        mask = torch.zeros((len(batch), T), dtype=torch.long)
-        for i, seq in enumerate(batch):
-            ids[i, :len(seq)] = torch.tensor(seq, dtype=torch.long)
-            mask[i, :len(seq)] = 1
+        One forward over the batch, packed (no padding in the dense layers)."""
+        packed = PackedBatch.of(batch, self.dtype)
         with torch.inference_mode():
-            hidden = self.model(ids, mask)
-            out = pool(hidden, mask, self.pooling)
+            hidden = self.model(packed)
+            out = pool(hidden, packed, self.pooling)
             if self.spec.normalized:
                 out = F.normalize(out, p=2, dim=1)
         return out.float()

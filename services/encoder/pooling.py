@@ -13,6 +13,8 @@ from pathlib import Path
 
 import torch
 
+from shared.engine.models.bert import PackedBatch
+
 
 class Pooling(enum.StrEnum):
     MEAN = "mean"
@@ -36,12 +38,16 @@ class Pooling(enum.StrEnum):
         return modes[0]
 
 
-def pool(hidden: torch.Tensor, mask: torch.Tensor, how: Pooling) -> torch.Tensor:
-    """hidden [B, T, H], mask [B, T] (1 real, 0 padding) -> [B, H]."""
+def pool(hidden: torch.Tensor, batch: PackedBatch, how: Pooling) -> torch.Tensor:
+    """hidden [N, H] of a packed batch -> [B, H], one vector per sequence."""
+    B, H = batch.batch_size, hidden.shape[1]
     if how is Pooling.CLS:
-        return hidden[:, 0]
-    m = mask.unsqueeze(-1).to(hidden.dtype)  # [B, T, 1]
+        starts = torch.cumsum(batch.lengths, 0) - batch.lengths
+        return hidden[starts]
+    index = batch.seq_ids.unsqueeze(1).expand(-1, H)
     if how is Pooling.MAX:
-        return hidden.masked_fill(m == 0, torch.finfo(hidden.dtype).min).amax(dim=1)
-    # sentence-transformers: sum of masked states / number of real tokens (clamped like theirs)
-    return (hidden * m).sum(dim=1) / m.sum(dim=1).clamp(min=1e-9)
+        out = hidden.new_full((B, H), torch.finfo(hidden.dtype).min)
+        return out.scatter_reduce(0, index, hidden, reduce="amax", include_self=True)
+    # sentence-transformers: sum of the real tokens' states / their number (clamped like theirs)
+    sums = hidden.new_zeros((B, H)).scatter_add_(0, index, hidden)
+    return sums / batch.lengths.to(hidden.dtype).clamp(min=1e-9).unsqueeze(1)

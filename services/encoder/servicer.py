@@ -65,13 +65,14 @@ class EncoderServicer(worker_pb2_grpc.EncoderServicer):
         if not request.texts and not request.token_inputs:
             raise EncoderError(common_pb2.ERROR_CODE_INVALID_ARGUMENT, "no input: send texts or token_inputs")
         dims = embedder.check_dimensions(request.dimensions)
+        cut = embedder.truncation_limit(request.truncate_prompt_tokens)
         if request.texts:
             # Tokenizing is quick (Rust) next to a forward; off the loop anyway for large requests.
             texts = list(request.texts)
-            ids = (embedder.tokenize(texts, request.truncate) if len(texts) <= 8 else
-                   await asyncio.to_thread(embedder.tokenize, texts, request.truncate))
+            ids = (embedder.tokenize(texts, cut) if len(texts) <= 8 else
+                   await asyncio.to_thread(embedder.tokenize, texts, cut))
         else:
-            ids = embedder.check_token_inputs([list(t.ids) for t in request.token_inputs], request.truncate)
+            ids = embedder.check_token_inputs([list(t.ids) for t in request.token_inputs], cut)
         svc.faults.crash_if("encoder_crash")
         await svc.faults.hang_if("encoder_hang", HANG_S)
         num_tokens = sum(len(x) for x in ids)

@@ -116,6 +116,15 @@ class GatewayApp:
             "/metrics": ("GET", self._metrics, False),
             "/openapi.json": ("GET", self._openapi_json, False),
         }
+        self._extra_models: list[Callable[[], list[ModelCard]]] = []
+
+    def add_route(self, path: str, method: str, handler: Handler, *, needs_api_key: bool = True,
+                  models: Callable[[], list[ModelCard]] | None = None) -> None:
+        """Mount another API beside the built-in routes (e.g. /v1/embeddings, services.gateway.embeddings);
+        `models` adds its model cards to /v1/models."""
+        self._routes[path] = (method, handler, needs_api_key)
+        if models is not None:
+            self._extra_models.append(models)
 
     @property
     def routes(self) -> dict[str, str]:
@@ -202,6 +211,8 @@ class GatewayApp:
     async def _models(self, scope: Scope, receive: Receive, r: Responder) -> None:
         cards = [ModelCard(id=name, created=self._created, root=self.model_root,
                            max_model_len=self.tokenizer.context_length) for name in self.served_model_names]
+        for more in self._extra_models:
+            cards += more()
         await r.full(200, _ENC.encode(ModelList(data=cards)))
 
     async def _health(self, scope: Scope, receive: Receive, r: Responder) -> None:

@@ -24,6 +24,7 @@ import msgspec
 
 from proto.pdrelay.v1 import common_pb2, gateway_pb2, gateway_pb2_grpc
 from services.gateway.api_requests import ChatCompletionRequest, CompletionRequest
+from services.gateway.embeddings import Embeddings
 from services.gateway.backend import (BackendChunk, BackendError, BackendRequest, BackendSamplingParams,
                                       GenerateBackend, TokenLogprob)
 from services.gateway.errors import ApiError, bad_request, from_backend
@@ -55,6 +56,7 @@ class ApiContext:
     metrics: GatewayMetrics = dataclasses.field(default_factory=GatewayMetrics)
     membership: MembershipView | None = None
     instance_id: str = ""
+    embeddings: Embeddings | None = None  # the embeddings API (services.gateway.embeddings), when mounted
     created: int = dataclasses.field(default_factory=lambda: int(time.time()))
 
 
@@ -296,6 +298,15 @@ class GatewayApi(gateway_pb2_grpc.GatewayServicer):
             gateway_pb2.ModelCard(id=name, owned_by="pdrelay", created=ctx.created,
                                   max_model_len=ctx.tokenizer.context_length or 0, root=ctx.model_root or "")
             for name in ctx.served_model_names])
+
+    async def Embed(self, request: gateway_pb2.EmbeddingsRequest,
+                    context: grpc.aio.ServicerContext) -> gateway_pb2.EmbeddingsResponse:
+        ctx = await self._ctx(context)
+        if ctx.embeddings is None:
+            await abort(context, common_pb2.ERROR_CODE_NOT_FOUND, "this gateway serves no embedding models",
+                        instance_id=ctx.instance_id)
+        assert ctx.embeddings is not None
+        return await ctx.embeddings.grpc(request, context, ctx.instance_id)
 
     async def Health(self, request: gateway_pb2.HealthRequest,
                      context: grpc.aio.ServicerContext) -> gateway_pb2.HealthResponse:

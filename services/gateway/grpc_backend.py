@@ -31,7 +31,7 @@ from services.gateway.routing.breaker import BreakerBoard, BreakerConfig
 from services.gateway.routing.channels import ChannelPool
 from services.gateway.routing.discovery import Discovery, MembershipView
 from services.gateway.routing.failures import FailureKind, Verdict, classify, classify_stream_end
-from services.gateway.routing.encoders import assign_encoders, image_encoders
+from services.gateway.routing.media_affinity import assign_encoders, image_encoders
 from services.gateway.routing.kv_index import KVIndex, PromptHashes
 from services.gateway.routing.policies import make_policy
 from services.gateway.routing.router import NoRoute, Router

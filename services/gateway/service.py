@@ -22,6 +22,7 @@ import grpc
 
 from proto.pdrelay.v1 import gateway_pb2_grpc
 from services.gateway.app import GatewayApp
+from services.gateway.embeddings import Embeddings, mount_embeddings
 from services.gateway.asgi import Receive, Scope, Send
 from services.gateway.errors import ApiError
 from services.gateway.grpc_api import ApiContext, GatewayApi
@@ -88,6 +89,7 @@ class GatewayService(Service):
         self.backend: GrpcBackend | None = None
         self.app: GatewayApp | None = None
         self.http_address = ""
+        self.embeddings: Embeddings | None = None
         self._http: Any = None  # the uvicorn server
         self._http_task: asyncio.Task[None] | None = None
 
@@ -123,9 +125,11 @@ class GatewayService(Service):
         self.app = build_app(cfg, self.backend, tokenizer=tokenizer)
         self.app.tracing = self.telemetry.tracing
         self.app.metrics.registry.register(BackendCollector(self.backend))
+        self.embeddings = mount_embeddings(self.app, self.membership, self.backend.discovery.loads, cfg.http)
         self.api.attach(ApiContext(backend=self.backend, tokenizer=tokenizer, served_model_names=(primary,),
                                    aliases=tuple(aliases), model_root=cfg.model.model, metrics=self.app.metrics,
-                                   membership=self.membership, instance_id=self.instance_id))
+                                   membership=self.membership, instance_id=self.instance_id,
+                                   embeddings=self.embeddings))
         await self._start_http(self.app)
         assert self.registrar is not None
         await self.registrar.update(**self.describe())
@@ -168,6 +172,8 @@ class GatewayService(Service):
     async def on_stop(self) -> None:
         await self._stop_http()
         backend, membership, self.backend, self.membership = self.backend, self.membership, None, None
+        if self.embeddings is not None:
+            await self.embeddings.backend.close()
         if backend is not None:
             await backend.close()
         if membership is not None:

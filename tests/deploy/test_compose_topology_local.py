@@ -80,6 +80,8 @@ class _Cluster:
         venv_bin = str(Path(sys.executable).parent)
         full = {"PATH": f"{venv_bin}{os.pathsep}{os.environ.get('PATH', '/usr/bin:/bin')}",
                 "HOME": os.environ.get("HOME", str(self.tmp)), **env}
+        if "PYTHONPATH" in os.environ:  # a checkout run against another checkout's venv: import this one's code
+            full["PYTHONPATH"] = os.environ["PYTHONPATH"]
         command = MODEL["services"][launch.where.split(":", 1)[1]]["command"]
         log = self.tmp / f"{name}.log"
         with open(log, "wb") as out:

@@ -140,22 +140,22 @@ class HealthResponse(_message.Message):
     def __init__(self, serving: _Optional[bool] = ..., roles: _Optional[_Iterable[_Union[RoleHealth, _Mapping]]] = ..., discovery_stale: _Optional[bool] = ...) -> None: ...
 
 class EmbeddingsRequest(_message.Message):
-    __slots__ = ("request_id", "model", "texts", "token_ids", "dimensions", "truncate", "trace")
+    __slots__ = ("request_id", "model", "texts", "token_ids", "dimensions", "truncate_prompt_tokens", "trace")
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
     MODEL_FIELD_NUMBER: _ClassVar[int]
     TEXTS_FIELD_NUMBER: _ClassVar[int]
     TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
     DIMENSIONS_FIELD_NUMBER: _ClassVar[int]
-    TRUNCATE_FIELD_NUMBER: _ClassVar[int]
+    TRUNCATE_PROMPT_TOKENS_FIELD_NUMBER: _ClassVar[int]
     TRACE_FIELD_NUMBER: _ClassVar[int]
     request_id: str
     model: str
     texts: _containers.RepeatedScalarFieldContainer[str]
     token_ids: _containers.RepeatedCompositeFieldContainer[TokenIds]
     dimensions: int
-    truncate: bool
+    truncate_prompt_tokens: int
     trace: _common_pb2.TraceContext
-    def __init__(self, request_id: _Optional[str] = ..., model: _Optional[str] = ..., texts: _Optional[_Iterable[str]] = ..., token_ids: _Optional[_Iterable[_Union[TokenIds, _Mapping]]] = ..., dimensions: _Optional[int] = ..., truncate: _Optional[bool] = ..., trace: _Optional[_Union[_common_pb2.TraceContext, _Mapping]] = ...) -> None: ...
+    def __init__(self, request_id: _Optional[str] = ..., model: _Optional[str] = ..., texts: _Optional[_Iterable[str]] = ..., token_ids: _Optional[_Iterable[_Union[TokenIds, _Mapping]]] = ..., dimensions: _Optional[int] = ..., truncate_prompt_tokens: _Optional[int] = ..., trace: _Optional[_Union[_common_pb2.TraceContext, _Mapping]] = ...) -> None: ...
 
 class Embedding(_message.Message):
     __slots__ = ("values",)

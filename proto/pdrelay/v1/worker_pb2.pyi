@@ -213,12 +213,12 @@ class EmbedTokens(_message.Message):
     def __init__(self, ids: _Optional[_Iterable[int]] = ...) -> None: ...
 
 class EmbedRequest(_message.Message):
-    __slots__ = ("model", "texts", "normalize", "token_inputs", "truncate", "dimensions", "request_id", "trace")
+    __slots__ = ("model", "texts", "normalize", "token_inputs", "truncate_prompt_tokens", "dimensions", "request_id", "trace")
     MODEL_FIELD_NUMBER: _ClassVar[int]
     TEXTS_FIELD_NUMBER: _ClassVar[int]
     NORMALIZE_FIELD_NUMBER: _ClassVar[int]
     TOKEN_INPUTS_FIELD_NUMBER: _ClassVar[int]
-    TRUNCATE_FIELD_NUMBER: _ClassVar[int]
+    TRUNCATE_PROMPT_TOKENS_FIELD_NUMBER: _ClassVar[int]
     DIMENSIONS_FIELD_NUMBER: _ClassVar[int]
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
     TRACE_FIELD_NUMBER: _ClassVar[int]
@@ -226,11 +226,11 @@ class EmbedRequest(_message.Message):
     texts: _containers.RepeatedScalarFieldContainer[str]
     normalize: bool
     token_inputs: _containers.RepeatedCompositeFieldContainer[EmbedTokens]
-    truncate: bool
+    truncate_prompt_tokens: int
     dimensions: int
     request_id: str
     trace: _common_pb2.TraceContext
-    def __init__(self, model: _Optional[str] = ..., texts: _Optional[_Iterable[str]] = ..., normalize: _Optional[bool] = ..., token_inputs: _Optional[_Iterable[_Union[EmbedTokens, _Mapping]]] = ..., truncate: _Optional[bool] = ..., dimensions: _Optional[int] = ..., request_id: _Optional[str] = ..., trace: _Optional[_Union[_common_pb2.TraceContext, _Mapping]] = ...) -> None: ...
+    def __init__(self, model: _Optional[str] = ..., texts: _Optional[_Iterable[str]] = ..., normalize: _Optional[bool] = ..., token_inputs: _Optional[_Iterable[_Union[EmbedTokens, _Mapping]]] = ..., truncate_prompt_tokens: _Optional[int] = ..., dimensions: _Optional[int] = ..., request_id: _Optional[str] = ..., trace: _Optional[_Union[_common_pb2.TraceContext, _Mapping]] = ...) -> None: ...
 
 class EmbedResponse(_message.Message):
     __slots__ = ("embeddings", "prompt_tokens", "instance_id")

@@ -38,6 +38,10 @@ def format_summary(state: RunState) -> str:
     gw = next((c for c in state.children if c.role == "gateway" and c.http), None)
     if gw is not None:
         lines += ["", "Try it:", "  " + curl_example(gw.http, served_model_name(gw))]
+        if any(c.role == "encoder" for c in state.children):
+            body = json.dumps({"input": ["What is the capital of France?"]})
+            lines.append(f"  curl -s http://{gw.http}/v1/embeddings -H 'Content-Type: application/json' "
+                         f"-d {shlex.quote(body)}")
     rd = shlex.quote(state.run_dir)
     if state.traces:
         lines += ["", f"Traces: every request's spans go to {state.traces}",

@@ -2,14 +2,18 @@
 
 The layout and names follow Hugging Face's `BertModel` so a checkpoint loads tensor for tensor (strictly: a
 missing, unexpected or wrongly shaped tensor is an error). Only what embedding models use is here: absolute
-position embeddings, token type 0 unless given, bidirectional attention with a padding mask, no pooler head
-(sentence pooling is the caller's: mean over the tokens, as sentence-transformers does).
+position embeddings, token type 0, bidirectional attention, no pooler head (sentence pooling is the caller's:
+mean over the tokens, as sentence-transformers does).
+
+A batch is packed (PackedBatch): the sequences end to end, so the dense layers (nearly all the FLOPs) compute no
+padding at all, whatever the mix of lengths; only attention scatters the tokens into a padded [B, T] grid.
 """
 
 from __future__ import annotations
 
 import json
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -17,6 +21,8 @@ import torch
 import torch.nn.functional as F
 from safetensors import safe_open
 from torch import nn
+
+from shared.kernels.linear import LinearBackend, TorchLinear, select_linear_backend
 
 _ACTIVATIONS = {"gelu": lambda x: F.gelu(x), "gelu_new": lambda x: F.gelu(x, approximate="tanh"),
                 "relu": F.relu}
@@ -66,6 +72,39 @@ class BertConfig:
         return cls.from_dict(json.loads(path.read_text()), str(path))
 
 
+@dataclass(frozen=True)
+class PackedBatch:
+    """Sequences laid end to end, no padding: every dense layer runs over exactly the real tokens. Attention alone
+    needs the [B, T] grid: `grid_index` places each token in it (row-major), `mask` hides the padded keys."""
+
+    input_ids: torch.Tensor  # [N] int64
+    positions: torch.Tensor  # [N] position of each token in its sequence
+    seq_ids: torch.Tensor  # [N] which sequence each token belongs to
+    lengths: torch.Tensor  # [B]
+    grid_index: torch.Tensor  # [N] index into the flattened [B, T] grid
+    batch_size: int
+    max_len: int
+    mask: torch.Tensor | None  # [B, 1, 1, T] additive (0 keep, dtype min drop); None when no sequence is padded
+
+    @classmethod
+    def of(cls, seqs: Sequence[Sequence[int]], dtype: torch.dtype = torch.float32) -> PackedBatch:
+        B = len(seqs)
+        lens = [len(s) for s in seqs]
+        T = max(lens)
+        ids = torch.tensor([t for s in seqs for t in s], dtype=torch.long)
+        lengths = torch.tensor(lens, dtype=torch.long)
+        seq_ids = torch.repeat_interleave(torch.arange(B), lengths)
+        starts = torch.cumsum(lengths, 0) - lengths
+        positions = torch.arange(ids.numel()) - torch.repeat_interleave(starts, lengths)
+        mask = None
+        if min(lens) != T:
+            keep = positions.new_zeros((B, T), dtype=torch.bool)
+            keep.view(-1)[seq_ids * T + positions] = True
+            mask = torch.zeros((B, 1, 1, T), dtype=dtype).masked_fill(~keep[:, None, None, :],
+                                                                     torch.finfo(dtype).min)
+        return cls(ids, positions, seq_ids, lengths, seq_ids * T + positions, B, T, mask)
+
+
 class BertEmbeddings(nn.Module):
     def __init__(self, cfg: BertConfig) -> None:
         super().__init__()
@@ -74,15 +113,10 @@ class BertEmbeddings(nn.Module):
         self.token_type_embeddings = nn.Embedding(cfg.type_vocab_size, cfg.hidden_size)
         self.LayerNorm = nn.LayerNorm(cfg.hidden_size, eps=cfg.layer_norm_eps)
 
-    def forward(self, input_ids: torch.Tensor, token_type_ids: torch.Tensor | None) -> torch.Tensor:
-        # input_ids: [B, T] -> [B, T, H]
-        T = input_ids.shape[1]
-        x = self.word_embeddings(input_ids) + self.position_embeddings.weight[:T]
-        if token_type_ids is None:
-            x = x + self.token_type_embeddings.weight[0]
-        else:
-            x = x + self.token_type_embeddings(token_type_ids)
-        return self.LayerNorm(x)
+    def forward(self, batch: PackedBatch) -> torch.Tensor:
+        # -> [N, H]; every token has token type 0 (single-sentence inputs)
+        x = self.word_embeddings(batch.input_ids) + self.position_embeddings(batch.positions)
+        return self.LayerNorm(x + self.token_type_embeddings.weight[0])
 
 
 class BertLayer(nn.Module):
@@ -99,23 +133,43 @@ class BertLayer(nn.Module):
         self.out = nn.Linear(I, H)
         self.out_norm = nn.LayerNorm(H, eps=cfg.layer_norm_eps)
         self.act = _ACTIVATIONS[cfg.hidden_act]
+        self.linear: LinearBackend = TorchLinear()
+        self._packed: dict[str, tuple[torch.Tensor, torch.Tensor]] = {}
 
-    def forward(self, x: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
-        # x: [B, T, H]; mask: [B, 1, 1, T] additive (0 keep, -inf-ish drop) or None when nothing is padded
-        B, T, H = x.shape
+    def prepare(self, linear: LinearBackend) -> None:
+        """After loading: Q, K and V as one projection (one GEMM, not three), weights packed for `linear`."""
+        self.linear = linear
+        qkv_w = torch.cat([self.query.weight, self.key.weight, self.value.weight])
+        qkv_b = torch.cat([self.query.bias, self.key.bias, self.value.bias])
+        self._packed = {"qkv": (linear.pack(qkv_w), qkv_b)}
+        for name in ("attn_out", "intermediate", "out"):
+            m = getattr(self, name)
+            self._packed[name] = (linear.pack(m.weight), m.bias)
 
-        def heads(t: torch.Tensor) -> torch.Tensor:  # [B, T, H] -> [B, heads, T, head_dim]
-            return t.view(B, T, self.num_heads, self.head_dim).transpose(1, 2)
+    def _proj(self, name: str, x: torch.Tensor) -> torch.Tensor:
+        w, b = self._packed[name]
+        return self.linear.apply(x, w, b)
 
-        q, k, v = heads(self.query(x)), heads(self.key(x)), heads(self.value(x))
-        a = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=1.0 / math.sqrt(self.head_dim))
-        a = a.transpose(1, 2).reshape(B, T, H)
-        x = self.attn_norm(self.attn_out(a) + x)
-        return self.out_norm(self.out(self.act(self.intermediate(x))) + x)
+    def forward(self, x: torch.Tensor, batch: PackedBatch) -> torch.Tensor:
+        # x: [N, H] packed tokens
+        N, H = x.shape
+        B, T, nh, hd = batch.batch_size, batch.max_len, self.num_heads, self.head_dim
+        qkv = self._proj("qkv", x)  # [N, 3H]
+        if batch.mask is not None or B > 1:
+            grid = qkv.new_zeros((B * T, 3 * H))
+            grid[batch.grid_index] = qkv
+            qkv = grid
+        q, k, v = qkv.view(B, T, 3, nh, hd).permute(2, 0, 3, 1, 4)  # each [B, heads, T, head_dim]
+        a = F.scaled_dot_product_attention(q, k, v, attn_mask=batch.mask, scale=1.0 / math.sqrt(hd))
+        a = a.transpose(1, 2).reshape(B * T, H)
+        if B > 1:
+            a = a[batch.grid_index]
+        x = self.attn_norm(self._proj("attn_out", a) + x)
+        return self.out_norm(self._proj("out", self.act(self._proj("intermediate", x))) + x)
 
 
 class BertModel(nn.Module):
-    """[B, T] token ids + [B, T] attention mask (1 real, 0 padding) -> [B, T, hidden] last hidden states."""
+    """A packed batch of token id sequences -> [N, hidden] last hidden states of every token."""
 
     def __init__(self, cfg: BertConfig) -> None:
         super().__init__()
@@ -123,17 +177,16 @@ class BertModel(nn.Module):
         self.embeddings = BertEmbeddings(cfg)
         self.layers = nn.ModuleList(BertLayer(cfg) for _ in range(cfg.num_layers))
 
-    @torch.inference_mode()
-    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor,
-                token_type_ids: torch.Tensor | None = None) -> torch.Tensor:
-        x = self.embeddings(input_ids, token_type_ids)
-        mask = None
-        if not bool(attention_mask.all()):
-            # Additive mask broadcast over heads and query positions: padded keys get the dtype's minimum.
-            keep = attention_mask[:, None, None, :].to(torch.bool)
-            mask = torch.zeros(keep.shape, dtype=x.dtype).masked_fill(~keep, torch.finfo(x.dtype).min)
+    def prepare(self, linear: LinearBackend) -> BertModel:
         for layer in self.layers:
-            x = layer(x, mask)
+            layer.prepare(linear)  # type: ignore[operator]
+        return self
+
+    @torch.inference_mode()
+    def forward(self, batch: PackedBatch) -> torch.Tensor:
+        x = self.embeddings(batch)
+        for layer in self.layers:
+            x = layer(x, batch)
         return x
 
 
@@ -155,8 +208,10 @@ def _checkpoint_name(name: str, stored: set[str]) -> str | None:
     return None
 
 
-def load_bert(model_dir: str | Path, dtype: torch.dtype = torch.float32) -> BertModel:
-    """The BertModel of a Hugging Face directory (config.json + model.safetensors), loaded strictly."""
+def load_bert(model_dir: str | Path, dtype: torch.dtype = torch.float32,
+              linear: LinearBackend | None = None) -> BertModel:
+    """The BertModel of a Hugging Face directory (config.json + model.safetensors), loaded strictly, its dense
+    projections on `linear` (default: oneDNN over prepacked weights for fp32 on CPU, else F.linear)."""
     d = Path(model_dir)
     cfg = BertConfig.load(d)
     path = d / "model.safetensors"
@@ -192,4 +247,5 @@ def load_bert(model_dir: str | Path, dtype: torch.dtype = torch.float32) -> Bert
                  f"wrong shape: {', '.join(bad[:6])}" if bad else "",
                  f"unexpected: {', '.join(unexpected[:6])}" if unexpected else ""]
         raise ValueError(f"{path} does not match a BERT model of its config.json ({'; '.join(p for p in parts if p)})")
-    return model.to(dtype).eval()
+    model = model.to(dtype).eval()
+    return model.prepare(linear or select_linear_backend("auto", "cpu", dtype))

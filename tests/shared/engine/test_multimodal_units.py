@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from proto.pdrelay.v1 import common_pb2
-from services.gateway.routing.encoders import assign_encoders, pick_encoder
+from services.gateway.routing.media_affinity import assign_encoders, pick_encoder
 from shared.cluster.instance import EncoderInfo, InstanceInfo, Modality
 from shared.engine.encoder_cache import EncoderCache
 from shared.engine.errors import InvalidRequest
