@@ -11,6 +11,7 @@ caller's TransferPeer says which), so the encoder needs no transfer configuratio
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
 import zlib
 from typing import Any
@@ -28,6 +29,8 @@ from shared.transfer import create_engine
 from shared.transfer.base import TransferEngine
 from shared.transfer.descs import PageDesc, RegionHandle
 from shared.transfer.errors import TransferError
+
+log = logging.getLogger(__name__)
 
 WRITE_TIMEOUT_S = 10.0
 
@@ -128,6 +131,16 @@ class TowerEncoder:
                     raise TransferError("embedding write failed")
             except TransferError as e:
                 raise EncoderError(common_pb2.ERROR_CODE_TRANSFER_FAILED, f"writing embeddings: {e}") from None
+
+    def prewarm(self, backend: str = "nixl") -> None:
+        """Create the transfer engine of `backend` now (seconds for NIXL), not on the first request; a backend that
+        cannot load here is left for the first request to report."""
+        if backend not in self._writers:
+            try:
+                self._writers[backend] = _Writer(create_engine(backend, name=f"{self.name}-enc", host=self.host),
+                                                 self.staging_bytes)
+            except Exception as e:  # BackendUnavailable, a UCX error: not fatal for an encoder
+                log.warning("transfer backend %s not ready at start-up (%s); trying again on first use", backend, e)
 
     async def _writer(self, backend: str) -> _Writer:
         w = self._writers.get(backend)
