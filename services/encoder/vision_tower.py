@@ -84,12 +84,12 @@ class TowerEncoder:
         blobs = [e.contiguous().view(torch.uint8).reshape(-1) for e in embeds]  # type: ignore[union-attr]
         if remote:
             await self._write(request, blobs)
-        for m, e, b, hit in zip(request.media, embeds, blobs, cached, strict=True):
-            assert e is not None
-            t = worker_pb2.Tensor(dtype=_DTYPES[e.dtype], shape=list(e.shape), data=b"" if remote else
+        for m, emb, b, hit in zip(request.media, embeds, blobs, cached, strict=True):
+            assert emb is not None
+            t = worker_pb2.Tensor(dtype=_DTYPES[emb.dtype], shape=list(emb.shape), data=b"" if remote else
                                   b.numpy().tobytes())
             resp.embeddings.append(worker_pb2.MediaEmbedding(media_hash=m.media_hash, embedding=t, cache_hit=hit,
-                                                             checksum=zlib.crc32(b.numpy())))
+                                                             checksum=zlib.crc32(memoryview(b.numpy()))))
         return resp
 
     async def _write(self, request: worker_pb2.EncodeRequest, blobs: list[torch.Tensor]) -> None:

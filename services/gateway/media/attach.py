@@ -11,12 +11,11 @@ from services.gateway.errors import bad_request
 from services.gateway.media.images import DecodedImage, decode_image
 from services.gateway.media.parts import too_many
 from services.gateway.media.processor import MediaProcessor, PromptImage
-from services.gateway.media.sources import MediaError, load_bytes
-from shared.config.groups import HttpConfig
+from services.gateway.media.sources import MediaError, MediaLimits, load_bytes
 
 
 class MediaInputs:
-    def __init__(self, processor: MediaProcessor | None, cfg: HttpConfig) -> None:
+    def __init__(self, processor: MediaProcessor | None, cfg: MediaLimits) -> None:
         self.processor = processor
         self.cfg = cfg
         self._client: httpx.AsyncClient | None = None

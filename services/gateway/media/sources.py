@@ -7,20 +7,30 @@ import base64
 import binascii
 import os
 from pathlib import Path
+from typing import Protocol
 from urllib.parse import unquote, urlsplit
 
 import httpx
 
-from shared.config.groups import HttpConfig
-
 ACCEPTED_MIME = ("image/png", "image/jpeg", "image/jpg", "image/webp")
+
+
+class MediaLimits(Protocol):
+    """The media fields of the gateway's http config group (shared/config/groups.py HttpConfig)."""
+
+    limit_mm_per_prompt: int
+    allowed_local_media_path: str | None
+    allowed_media_domains: tuple[str, ...]
+    max_image_bytes: int
+    max_image_pixels: int
+    media_fetch_timeout_s: float
 
 
 class MediaError(ValueError):
     """An image the request cannot use; the message names what is wrong and the fix."""
 
 
-async def load_bytes(url: str, cfg: HttpConfig, client: httpx.AsyncClient | None = None) -> bytes:
+async def load_bytes(url: str, cfg: MediaLimits, client: httpx.AsyncClient | None = None) -> bytes:
     if not isinstance(url, str) or not url:
         raise MediaError("image_url.url must be a non-empty string (a data: URI, or an allowed file:// or "
                          "https:// URL)")
@@ -35,7 +45,7 @@ async def load_bytes(url: str, cfg: HttpConfig, client: httpx.AsyncClient | None
                      "(data:image/png;base64,...)")
 
 
-def _data_uri(url: str, cfg: HttpConfig) -> bytes:
+def _data_uri(url: str, cfg: MediaLimits) -> bytes:
     head, sep, payload = url.partition(",")
     if not sep:
         raise MediaError("malformed data: URI; expected data:image/png;base64,<data>")
@@ -56,7 +66,7 @@ def _data_uri(url: str, cfg: HttpConfig) -> bytes:
     return data
 
 
-def _local_file(url: str, cfg: HttpConfig) -> bytes:
+def _local_file(url: str, cfg: MediaLimits) -> bytes:
     if not cfg.allowed_local_media_path:
         raise MediaError("file:// image URLs are refused; start the gateway with --allowed-local-media-path DIR "
                          "to allow reading images from DIR, or send a data: URI")
@@ -76,7 +86,7 @@ def _local_file(url: str, cfg: HttpConfig) -> bytes:
         raise MediaError(f"cannot read image file {path}: {e.strerror or e}") from None
 
 
-async def _fetch(url: str, cfg: HttpConfig, client: httpx.AsyncClient | None) -> bytes:
+async def _fetch(url: str, cfg: MediaLimits, client: httpx.AsyncClient | None) -> bytes:
     host = (urlsplit(url).hostname or "").lower()
     allowed = {d.lower() for d in cfg.allowed_media_domains if d}
     if not allowed:
