@@ -41,6 +41,7 @@ from bench.serve_datasets import (
     shared_prefix_dataset,
 )
 from bench.serve_http import HTTP_CLIENTS, HttpError, make_http
+from bench.serve_mm import random_mm_dataset
 from bench.serve_metrics import Slo, compute_metrics, parse_percentiles, parse_slo
 from bench.serve_peer import PeerProcess
 from bench.serve_kvstore import add_kvstore_arguments, run_kvstore_comparison
@@ -89,6 +90,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="shared-prefix: questions per system prompt (default: num-prompts / groups)")
     d.add_argument("--shared-prefix-system-len", type=int, default=512, help="shared-prefix: system prompt tokens")
     d.add_argument("--multi-turn-turns", type=int, default=4, help="multi-turn: user turns per conversation")
+    d.add_argument("--mm-images-per-request", type=int, default=1, help="random-mm: images per request")
+    d.add_argument("--mm-repeat-ratio", type=float, default=0.0,
+                   help="random-mm: share of images drawn from a small reused pool (the rest are unique)")
+    d.add_argument("--mm-pool-size", type=int, default=4, help="random-mm: distinct images in the reused pool")
+    d.add_argument("--mm-image-size", type=int, default=64, help="random-mm: image width and height (pixels)")
     d.add_argument("--seed", type=int, default=0, help="seeds prompts, lengths and arrival times")
     r = p.add_argument_group("load")
     r.add_argument("--request-rate", type=_rate, default=math.inf,
@@ -155,6 +161,13 @@ def build_requests(ns: argparse.Namespace, tok: BenchTokenizer) -> list[BenchReq
         return shared_prefix_dataset(tok, groups=ns.shared_prefix_groups, prompts_per_group=per_group,
                                      system_len=ns.shared_prefix_system_len, question_len=ns.random_input_len,
                                      output_len=ns.random_output_len, seed=ns.seed)
+    if ns.dataset == "random-mm":
+        if ns.endpoint != "/v1/chat/completions":
+            raise ValueError("--dataset random-mm needs --endpoint /v1/chat/completions (images are chat parts)")
+        return random_mm_dataset(tok, num_prompts=ns.num_prompts, input_len=ns.random_input_len,
+                                 output_len=ns.random_output_len, seed=ns.seed,
+                                 images_per_request=ns.mm_images_per_request, repeat_ratio=ns.mm_repeat_ratio,
+                                 pool_size=ns.mm_pool_size, image_size=ns.mm_image_size)
     return multi_turn_dataset(tok, num_prompts=ns.num_prompts, turns=ns.multi_turn_turns,
                               user_len=ns.random_input_len, output_len=ns.random_output_len, seed=ns.seed)
 

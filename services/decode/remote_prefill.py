@@ -13,7 +13,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 from typing import TYPE_CHECKING
 
 import grpc
@@ -22,7 +22,7 @@ from proto.pdrelay.v1 import common_pb2, worker_pb2, worker_pb2_grpc
 from shared.cluster.grpc_errors import error_from_rpc
 from shared.cluster.tls import open_channel
 from shared.engine.errors import InvalidRequest
-from shared.engine.request import RequestOutput
+from shared.engine.request import MediaInput, RequestOutput
 from shared.engine.sampling_params import SamplingParams
 from shared.serving.convert import layout_to_pb, logprob_from_pb, sampling_to_pb
 from shared.serving.decode_servicer import HandoffFailed
@@ -139,7 +139,8 @@ class RemotePrefillClient:
             t_admit = time.monotonic()
             try:
                 res = await self.admission.admit(
-                    lambda: aengine.call(lambda: engine.reserve_remote(rid, prompt, params, request.priority)))
+                    lambda: aengine.call(lambda: engine.reserve_remote(rid, prompt, params, request.priority,
+                                                                       media_spans(request.media))))
             except asyncio.CancelledError:
                 aengine.abort(rid)  # queued after the reservation: undoes it if it was made before we left
                 raise
@@ -157,7 +158,7 @@ class RemotePrefillClient:
                 pages=transfer.descriptors(res.page_ids[res.skip_tokens // engine.page_size:]),
                 layout=layout_to_pb(engine.runner.layout), prompt_token_ids=prompt,
                 skip_tokens=res.skip_tokens, sampling=sampling_to_pb(params), trace=request.trace,
-                deadline_s=timeout_s, attempt=request.attempt)
+                deadline_s=timeout_s, attempt=request.attempt, media=request.media)
             handoff = tr.start_span(spans.DECODE_HANDOFF, kind=SpanKind.CLIENT, attributes={
                 spans.PREFILL_INSTANCE: target_id, spans.HANDOFF_EPOCH: epoch, spans.ATTEMPT: attempt,
                 spans.SERVER_ADDRESS: address, spans.RPC_SYSTEM: "grpc",
@@ -234,3 +235,8 @@ class RemotePrefillClient:
             log.warning("%s: hand-off of %s failed (attempt %d): %s", svc.instance_id, rid, attempt + 1, last_error)
         raise HandoffFailed(f"prompt KV of {request.request_id} not obtained after {len(targets)} attempt(s): "
                             f"{last_error}", last_code)
+
+
+def media_spans(media: Sequence[common_pb2.MediaInput]) -> list[MediaInput]:
+    """Placeholder spans and hashes only: decode hashes image pages like prefill, it never embeds them."""
+    return [MediaInput(m.token_offset, m.num_tokens, m.media_hash) for m in media]

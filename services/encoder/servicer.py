@@ -96,13 +96,17 @@ class EncoderServicer(worker_pb2_grpc.EncoderServicer):
             await context.abort(grpc.StatusCode.UNIMPLEMENTED, msg, trailing_metadata=error_metadata(err))
         assert vision is not None
         t0 = time.monotonic()
-        try:
-            svc.faults.crash_if("encoder_crash")
-            await svc.faults.hang_if("encoder_hang", HANG_S)
-            resp = await vision.encode(request)
-        except EncoderError as e:
-            await abort(context, e.code, e.message, instance_id=svc.instance_id)
-        svc.metrics.encode_latency.observe(time.monotonic() - t0)
-        hits = sum(1 for m in resp.embeddings if m.cache_hit)
-        svc.metrics.observe_cache(len(resp.embeddings), hits)
-        return resp
+        with svc.telemetry.server_rpc(spans.ENCODER_ENCODE, request.trace, context, request.request_id,
+                                      {"pdrelay.encoder.items": len(request.media)}) as rpc:
+            try:
+                svc.faults.crash_if("encoder_crash")
+                await svc.faults.hang_if("encoder_hang", HANG_S)
+                resp = await vision.encode(request)
+            except EncoderError as e:
+                await abort(context, e.code, e.message, instance_id=svc.instance_id)
+            svc.metrics.encode_latency.observe(time.monotonic() - t0)
+            hits = sum(1 for m in resp.embeddings if m.cache_hit)
+            svc.metrics.observe_cache(len(resp.embeddings), hits)
+            if rpc.span is not None and rpc.span.is_recording():
+                rpc.span.set_attribute("pdrelay.encoder.cache_hits", hits)
+            return resp

@@ -50,6 +50,14 @@ def load_vision_encoder(cfg: Any) -> VisionEncoder | None:
     model. Runs in a worker thread (loading weights takes seconds)."""
     if not is_vision_language_model(cfg.model.model):
         return None
-    log.warning("%s is a vision-language model, but this build has no vision tower yet: Encode answers "
-                "UNIMPLEMENTED", cfg.model.model)
-    return None
+    from services.encoder.vision_tower import TowerEncoder
+    from shared.engine.encoder_cache import EncoderCache
+    from shared.engine.vision_runner import VisionEncoderRunner
+
+    enc = cfg.encoder
+    runner = VisionEncoderRunner(cfg.model.model, dtype="float32" if cfg.model.dtype == "auto" else cfg.model.dtype)
+    name = cfg.model.served_model_name or Path(cfg.model.model).name
+    tower = TowerEncoder(name, runner, EncoderCache(enc.encoder_cache_items, enc.encoder_cache_bytes),
+                         name=cfg.discovery.instance_id or f"encoder-{id(runner):x}", host=cfg.grpc.host)
+    tower.prewarm("nixl")  # the default --transfer-backend of prefill
+    return tower

@@ -41,6 +41,8 @@ from services.gateway.errors import ApiError, bad_request, from_backend, interna
 from services.gateway.formatters import DONE, ChatFormatter, CompletionFormatter, Formatter, sse, usage
 from services.gateway.generation import Delta, Generation
 from services.gateway.json_body import decode_body
+from services.gateway.media.attach import MediaInputs
+from services.gateway.media.processor import MediaProcessor
 from services.gateway.metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
 from services.gateway.metrics import GatewayMetrics
 from services.gateway.openapi import build_openapi
@@ -50,6 +52,7 @@ from services.gateway.tools.formatter import ToolChatFormatter
 from services.gateway.tools.render import render_messages
 from services.gateway.tools.spec import ToolChoiceMode
 from services.gateway.validation import Plan, plan_chat, plan_completion
+from shared.config.groups import HttpConfig
 from shared.telemetry import spans
 from shared.telemetry.logs import bind_request_id
 from shared.telemetry.tracing import Span, SpanKind, Tracing, add_event, current_span, extract, perf_to_mono, set_error
@@ -94,7 +97,8 @@ class GatewayApp:
 
     def __init__(self, *, backend: GenerateBackend, tokenizer: GatewayTokenizer, served_model_names: Sequence[str],
                  model_aliases: Sequence[str] = (), api_key: str | None = None, max_request_bytes: int = 4 << 20,
-                 model_root: str | None = None) -> None:
+                 model_root: str | None = None, media: MediaProcessor | None = None,
+                 media_cfg: HttpConfig | None = None) -> None:
         if not served_model_names:
             raise ValueError("served_model_names is empty; pass at least one name clients may use")
         self.backend = backend
@@ -104,6 +108,7 @@ class GatewayApp:
         self._model_names = {a: self.served_model_names[0] for a in model_aliases}
         self._model_names.update({n: n for n in self.served_model_names})
         self.model_root = model_root
+        self.media = MediaInputs(media, media_cfg or HttpConfig())
         self.max_request_bytes = max_request_bytes
         self.metrics = GatewayMetrics()
         self.tracing = Tracing.off()  # the service sets its process tracer (shared.telemetry) once it has one
@@ -324,7 +329,8 @@ class GatewayApp:
         vocab = self.tokenizer.vocab_size
         try:
             if kind == "chat":
-                plan = plan_chat(decode_body(self._chat_decoder, body), vocab_size=vocab)
+                plan = plan_chat(decode_body(self._chat_decoder, body), vocab_size=vocab,
+                                 image_placeholder=self.media.placeholder)
             else:
                 plan = plan_completion(decode_body(self._completion_decoder, body), vocab_size=vocab)
         except msgspec.DecodeError as e:
@@ -335,9 +341,10 @@ class GatewayApp:
         reqs: list[BackendRequest] = []
         for p, one in enumerate(plan.batch or (plan,)):  # a list of prompts: one backend request each
             ids = self._tokenize(one)
+            ids, media = await self.media.attach(one.image_urls, ids)  # images: decoded, hashed, expanded
             reqs.append(BackendRequest(request_id=rid if not plan.batch else f"{rid}-{p}", model=model,
                                        prompt_token_ids=ids, sampling=self._fit_context(one, len(ids)),
-                                       trace_headers=trace, priority=plan.priority))
+                                       trace_headers=trace, priority=plan.priority, media=media))
         req, sampling = reqs[0], reqs[0].sampling
         prompt = [t for q in reqs for t in q.prompt_token_ids]
         bind_request_id(req.request_id)  # log lines of this request (its task's own context) carry the id

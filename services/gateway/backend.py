@@ -14,7 +14,10 @@ from __future__ import annotations
 
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
-from typing import Literal, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Literal, Protocol, runtime_checkable
+
+if TYPE_CHECKING:
+    from services.gateway.media.processor import PromptImage
 
 from shared.grammar.spec import StructuredSpec
 
@@ -64,6 +67,7 @@ class BackendRequest:
     # W3C trace context headers received from the client ("traceparent", "tracestate"), lower-case names.
     trace_headers: tuple[tuple[str, str], ...] = ()
     priority: int = 0  # lower is served first under the workers' "priority" policy
+    media: tuple[PromptImage, ...] = ()  # images at their (expanded) placeholder positions, in prompt order
 
 
 @dataclass(frozen=True, slots=True)

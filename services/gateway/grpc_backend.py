@@ -36,6 +36,7 @@ from services.gateway.routing.channels import ChannelPool
 from services.gateway.routing.discovery import Discovery, MembershipView
 from services.gateway.routing.failures import (FailureKind, Verdict, classify, classify_lost,
                                                classify_stream_end)
+from services.gateway.routing.media_affinity import assign_encoders, image_encoders
 from services.gateway.routing.kv_index import KVIndex, PromptHashes
 from services.gateway.routing.policies import make_policy
 from services.gateway.routing.router import NoRoute, Router
@@ -155,7 +156,7 @@ class GrpcBackend:
     async def _generate(self, req: BackendRequest) -> AsyncIterator[BackendChunk]:
         prompt_len = len(req.prompt_token_ids)
         want_logprobs = req.sampling.logprobs is not None
-        hashes = PromptHashes(req.prompt_token_ids)
+        hashes = PromptHashes(req.prompt_token_ids, [(m.offset, m.num_tokens, m.media_hash) for m in req.media])
         sent: list[int] = []  # output tokens already handed to the client, over all attempts
         n = req.sampling.n
         done_samples: set[int] = set()  # n > 1: samples finished so far (the stream ends with the last one)
@@ -190,6 +191,8 @@ class GrpcBackend:
                         plan, policy, attempt, exclude, len(route_req.prompt_token_ids)))
                 plans.append(plan)
                 msg = decode_request(req, plan, sent, attempt)
+                if msg.media and plan.prefill is not None:  # disaggregated: images go to encoders (EPD)
+                    assign_encoders(msg.media, image_encoders(self.discovery.membership.ready("encoder"), req.model))
                 call_span = tr.start_span(spans.GATEWAY_DECODE_CALL, kind=SpanKind.CLIENT, attributes={
                     spans.INSTANCE: plan.decode.instance_id, spans.ATTEMPT: attempt, spans.RPC_SYSTEM: "grpc",
                     spans.RPC_METHOD: "pdrelay.v1.Decode/Generate", spans.SERVER_ADDRESS: plan.decode.grpc_address})

@@ -23,6 +23,7 @@ from services.gateway.errors import ApiError, bad_request
 from services.gateway.structured import check, structured_spec
 from services.gateway.tools.spec import ToolPlan, plan_tools
 from shared.grammar.spec import StructuredSpec
+from services.gateway.media.parts import image_part
 
 MAX_LOGPROBS = 20
 MAX_STOP_STRINGS = 32
@@ -50,6 +51,7 @@ class Plan:
     tools: ToolPlan | None = None
     batch: tuple[Plan, ...] = ()  # completions with several prompts: one plan per prompt (this one: the first)
     echo: bool = False
+    image_urls: tuple[tuple[str, str], ...] = ()  # (param path, url) of each image part, in prompt order
 
 
 def _unsupported(param: str, what: str, fix: str) -> ApiError:
@@ -150,7 +152,9 @@ def _stream_flags(req: _CommonRequest) -> bool:
     return bool(req.stream and req.stream_options is not None and req.stream_options.include_usage)
 
 
-def plan_chat(req: ChatCompletionRequest, *, vocab_size: int) -> Plan:
+def plan_chat(req: ChatCompletionRequest, *, vocab_size: int, image_placeholder: str | None = None) -> Plan:
+    """image_placeholder: the text an image part becomes in the templated prompt (the served model's image token);
+    None for a text-only model, which refuses image parts."""
     if not req.messages:
         raise bad_request("messages must contain at least one message", "messages")
     tools = plan_tools(req.tools, req.tool_choice, req.parallel_tool_calls)
@@ -173,6 +177,7 @@ def plan_chat(req: ChatCompletionRequest, *, vocab_size: int) -> Plan:
     max_tokens = req.max_completion_tokens if req.max_completion_tokens is not None else req.max_tokens
     sampling = _sampling(req, max_tokens, logprobs, vocab_size, structured)
     messages: list[dict[str, Any]] = []
+    image_urls: list[tuple[str, str]] = []
     for i, m in enumerate(req.messages):
         content: str
         if m.content is None:
@@ -182,6 +187,9 @@ def plan_chat(req: ChatCompletionRequest, *, vocab_size: int) -> Plan:
         else:
             texts = []
             for j, part in enumerate(m.content):
+                if isinstance(part, ImageUrlPart):
+                    texts.append(image_part(part, f"messages[{i}].content[{j}]", image_placeholder, image_urls))
+                    continue
                 if not isinstance(part, TextPart):
                     kind = "image" if isinstance(part, ImageUrlPart) else "audio"
                     raise _unsupported(f"messages[{i}].content[{j}]", f"{kind} input", "send text parts only")
@@ -197,7 +205,7 @@ def plan_chat(req: ChatCompletionRequest, *, vocab_size: int) -> Plan:
         messages.append(msg)
     return Plan("chat", req.model, req.stream, _stream_flags(req), sampling, req.skip_special_tokens,
                 messages=messages, chat_template_kwargs=req.chat_template_kwargs, priority=_priority(req),
-                tools=tools)
+                tools=tools, image_urls=tuple(image_urls))
 
 
 def plan_completion(req: CompletionRequest, *, vocab_size: int) -> Plan:

@@ -173,6 +173,15 @@ class HttpConfig:
     request_retries: A[int, Arg("Retries of a failed request on another pair", min=0, max=10)] = 2
     encoder_timeout_s: A[float, Arg("Seconds an encoder call may take before it is retried on another encoder",
                                     min=0.1)] = 30.0
+    # images in chat requests: where they may come from and how large they may be (services/gateway/media/)
+    limit_mm_per_prompt: A[int, Arg("Most images in one request", min=0, max=64)] = 4
+    allowed_local_media_path: A[str | None, Arg("Directory file:// image URLs may read from (default: file:// "
+                                                "refused)")] = None
+    allowed_media_domains: A[tuple[str, ...], Arg("Hosts http(s):// image URLs may be fetched from (default: "
+                                                  "none, remote URLs refused)")] = ()
+    max_image_bytes: A[int, Arg("Largest encoded image accepted (bytes)", min=1024)] = 20 * 1024 * 1024
+    max_image_pixels: A[int, Arg("Largest decoded image accepted (width x height)", min=1)] = 4096 * 4096
+    media_fetch_timeout_s: A[float, Arg("Seconds an http(s) image fetch may take", min=0.1)] = 5.0
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -195,6 +204,8 @@ class EncoderConfig:
     encoder_model: A[str, Arg("Embedding model the encoder serves: 'bundled:all-minilm-l6-v2' or a "
                               "sentence-transformers directory ('none': no embeddings)")] = BUNDLED_EMBEDDING_MODEL
     encoder_cache_items: A[int, Arg("Encoder outputs kept, keyed by media hash", min=0)] = 1024
+    encoder_cache_bytes: A[int, Arg("Bytes of encoder outputs kept (least recently used dropped first)",
+                                    min=0)] = 512 * 1024 * 1024
     encoder_max_batch_size: A[int, Arg("Most embedding inputs in one forward", min=1, max=4096)] = 64
     encoder_max_batch_tokens: A[int, Arg("Most padded tokens in one embedding forward", min=16)] = 8192
     encoder_batch_wait_ms: A[float, Arg("How long an idle encoder waits for more requests to batch with the first",

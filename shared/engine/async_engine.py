@@ -15,7 +15,7 @@ import torch
 
 from shared.engine.engine import Engine, EngineStats, EngineStepError
 from shared.engine.errors import EngineError
-from shared.engine.request import RequestOutput
+from shared.engine.request import MediaInput, RequestOutput
 from shared.engine.sampling_params import SamplingParams
 from shared.engine.scheduler.forks import fork_id
 
@@ -45,7 +45,8 @@ class AsyncEngine:
         self._thread.start()
 
     async def generate(self, req_id: str, prompt_token_ids: Sequence[int], params: SamplingParams | None = None,
-                       priority: int = 0, *, hold_pages: bool = False) -> AsyncIterator[RequestOutput]:
+                       priority: int = 0, *, hold_pages: bool = False,
+                       media: Sequence[MediaInput] = ()) -> AsyncIterator[RequestOutput]:
         """Deltas of one request until it finishes (n > 1: of all its samples, told apart by `index`, until all
         finish). Raises InvalidRequest / QueueFull before the first delta; cancelling the consumer (or leaving the
         loop early) aborts the request."""
@@ -60,7 +61,8 @@ class AsyncEngine:
             if not added.set_running_or_notify_cancel():
                 return  # the caller went away before the engine got here: never admit it
             try:
-                self.engine.add_request(req_id, prompt_token_ids, params, priority, hold_pages=hold_pages)
+                self.engine.add_request(req_id, prompt_token_ids, params, priority, hold_pages=hold_pages,
+                                        media=media)
             except BaseException as e:  # handed to the caller, the engine keeps serving
                 added.set_exception(e)
                 return

@@ -24,7 +24,7 @@ from shared.engine.errors import EngineError
 from shared.engine.grammar import GrammarBackend, MaskFiller
 from shared.engine.page_allocator import PageAllocator
 from shared.engine.radix_cache import KVEvent, RadixCache
-from shared.engine.request import FinishReason, RequestOutput, TokenLogprobs
+from shared.engine.request import FinishReason, MediaInput, RequestOutput, TokenLogprobs
 from shared.engine.sampler import Sampler
 from shared.engine.sampler.detokenizer import DecodeFn
 from shared.engine.sampling_params import SamplingParams
@@ -231,16 +231,17 @@ class Engine:
 
     # ---- requests ----------------------------------------------------------------------------------------------
     def add_request(self, req_id: str, prompt_token_ids: Sequence[int], params: SamplingParams | None = None,
-                    priority: int = 0, *, hold_pages: bool = False) -> None:
+                    priority: int = 0, *, hold_pages: bool = False, media: Sequence[MediaInput] = ()) -> None:
         """Queue a request. InvalidRequest / QueueFull leave the engine serving the others. hold_pages: keep its
-        pages when it finishes until release_held() (prefill role: the KV is sent after the first token)."""
-        self.scheduler.add_request(req_id, prompt_token_ids, params, priority, hold_pages=hold_pages)
+        pages when it finishes until release_held() (prefill role: the KV is sent after the first token).
+        media: the prompt's images with their embeddings (a VisionEncoderRunner's or the encoder service's)."""
+        self.scheduler.add_request(req_id, prompt_token_ids, params, priority, hold_pages=hold_pages, media=media)
 
     # ---- KV hand-off (shared/engine/scheduler/handoff.py) ------------------------------------------------------
     def reserve_remote(self, req_id: str, prompt_token_ids: Sequence[int], params: SamplingParams | None = None,
-                       priority: int = 0) -> Reservation:
+                       priority: int = 0, media: Sequence[MediaInput] = ()) -> Reservation:
         """Decode role: pages for a prompt whose KV another instance computes."""
-        return self.scheduler.handoff.reserve_remote(req_id, list(prompt_token_ids), params, priority)
+        return self.scheduler.handoff.reserve_remote(req_id, list(prompt_token_ids), params, priority, media)
 
     def activate_remote(self, req_id: str, first_token: int,
                         logprob: TokenLogprobs | None = None) -> list[RequestOutput]:
@@ -326,12 +327,14 @@ class Engine:
 
     # ---- convenience -------------------------------------------------------------------------------------------
     def generate(self, prompts: Sequence[Sequence[int]], params: SamplingParams | Sequence[SamplingParams] | None = None,
-                 *, prefix: str = "gen") -> list[Completion]:
-        """Run prompts to completion in one continuous batch (tests, benchmarks, offline use)."""
+                 *, prefix: str = "gen", media: Sequence[Sequence[MediaInput]] | None = None) -> list[Completion]:
+        """Run prompts to completion in one continuous batch (tests, benchmarks, offline use); media: each prompt's
+        images (with embeddings)."""
         plist = list(params) if isinstance(params, Sequence) else [params or SamplingParams()] * len(prompts)
         ids = [f"{prefix}-{i}" for i in range(len(prompts))]
-        for rid, p, sp in zip(ids, prompts, plist, strict=True):
-            self.add_request(rid, p, sp)
+        mlist = list(media) if media is not None else [()] * len(prompts)
+        for rid, p, sp, mm in zip(ids, prompts, plist, mlist, strict=True):
+            self.add_request(rid, p, sp, media=mm)
         toks: dict[str, list[int]] = {r: [] for r in ids}
         text: dict[str, list[str]] = {r: [] for r in ids}
         lps: dict[str, list[TokenLogprobs]] = {r: [] for r in ids}

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 from typing import TYPE_CHECKING, Protocol
 
 import grpc
@@ -16,7 +16,7 @@ import grpc
 from proto.pdrelay.v1 import common_pb2, worker_pb2, worker_pb2_grpc
 from shared.cluster.grpc_errors import abort, make_error
 from shared.engine.errors import EngineError, InvalidRequest, QueueFull
-from shared.engine.request import RequestOutput
+from shared.engine.request import MediaInput, RequestOutput
 from shared.engine.sampling_params import SamplingParams
 from shared.serving.convert import finish_to_pb, logprob_to_pb, matched_stop_to_pb, sampling_from_pb
 from shared.telemetry import spans
@@ -120,9 +120,11 @@ class DecodeServicer(worker_pb2_grpc.DecodeServicer):
             if self.remote is not None and self.remote.wants(request):
                 stream = self.remote.run(request, rid, params, head)
             else:
-                if kv is not None:
+                media = await local_media(svc, request.media) if request.media else ()
+                if kv is not None and not media:  # the store's keys are text-only page hashes: no images
                     await kv.load(rid, list(request.prompt_token_ids), trace=request.trace)
-                stream = aengine.generate(rid, list(request.prompt_token_ids), params, priority=request.priority)
+                stream = aengine.generate(rid, list(request.prompt_token_ids), params, priority=request.priority,
+                                          media=media)
             first = True
             num_out: dict[int, int] = {}  # per sample (n > 1)
             out_ids: dict[int, list[int]] = {}  # per sample: what the kvstore keeps of a finished conversation
@@ -147,7 +149,8 @@ class DecodeServicer(worker_pb2_grpc.DecodeServicer):
                     msg.usage.CopyFrom(common_pb2.Usage(prompt_tokens=out.num_prompt_tokens,
                                                         completion_tokens=num_out[out.index],
                                                         cached_tokens=out.num_cached_tokens))
-                    if kv is not None and kv.wants_store(finished=True, reused=out.num_cached_tokens > 0):
+                    if kv is not None and not request.media and kv.wants_store(finished=True,
+                                                                               reused=out.num_cached_tokens > 0):
                         # the whole conversation so far, so its next turn finds its history
                         kv.store_later([*request.prompt_token_ids, *out_ids[out.index]], trace=request.trace)
                 yield msg
@@ -166,3 +169,10 @@ class DecodeServicer(worker_pb2_grpc.DecodeServicer):
                                  retryable=True))
         finally:
             svc.ids.close(request.request_id, rid)
+
+
+async def local_media(svc: EngineService, media: Sequence[common_pb2.MediaInput]) -> list[MediaInput]:
+    """The request's images embedded by this process's own tower (InvalidRequest for a text-only model)."""
+    if svc.vision is None:
+        raise InvalidRequest(f"{svc.instance_id} serves a text-only model; it cannot take images", field="media")
+    return await svc.vision.embed(media)

@@ -20,7 +20,10 @@ from shared.cluster.lifecycle import Service, ServiceOptions
 from shared.engine.async_engine import AsyncEngine
 from shared.engine.engine import Engine, EngineStats
 from shared.engine.radix_cache import AllPagesCleared, KVEvent, PagesEvicted, PagesStored
+from shared.engine.encoder_cache import EncoderCache
 from shared.engine.sampling_params import SamplingParams
+from shared.engine.vision_runner import VisionEncoderRunner
+from shared.serving.media import LocalVision
 from shared.telemetry import spans
 from shared.telemetry.metrics import EngineCollector
 from shared.telemetry.tracing import SpanKind, extract
@@ -106,6 +109,7 @@ class EngineService(Service):
         self.cfg = cfg
         self.engine: Engine | None = None
         self.aengine: AsyncEngine | None = None
+        self.vision: LocalVision | None = None  # this process's own vision tower (vision-language models)
         self.ids = RequestIds()
         self._kv_pub: KVEventPublisher | None = None
         self._rate = _Rate()
@@ -122,9 +126,22 @@ class EngineService(Service):
             return build_mock_engine(self.cfg, on_kv_event=self._on_kv_event)
         return Engine.from_config(self.cfg, on_kv_event=self._on_kv_event)
 
+    def build_vision(self, engine: Engine) -> LocalVision | None:
+        """The vision tower of a vision-language model: the worker and prefill encode with it (prefill when no
+        encoder answers), decode when it prefills a prompt itself (no prefill target). Runs in a worker thread."""
+        runner = engine.runner
+        if getattr(runner, "llava", None) is None:
+            return None
+        enc = getattr(self.cfg, "encoder", None)
+        cache = EncoderCache(max_items=enc.encoder_cache_items if enc is not None else 1024,
+                             max_bytes=getattr(enc, "encoder_cache_bytes", 512 << 20))
+        return LocalVision(VisionEncoderRunner(runner.model_dir, dtype=runner.layout.dtype,
+                                               device=str(runner.device)), cache)
+
     async def warm_up(self) -> None:
         t0 = time.monotonic()
         self.engine = await asyncio.to_thread(self.build_engine)
+        self.vision = await asyncio.to_thread(self.build_vision, self.engine)
         self.aengine = AsyncEngine(self.engine)
         self._kv_pub = KVEventPublisher(self.bus, self.cluster, self.instance_id, epoch=self.epoch,
                                         page_size=self.engine.page_size)

@@ -9,6 +9,8 @@ import logging
 import time
 from collections.abc import Sequence
 
+import torch
+
 from proto.pdrelay.v1 import common_pb2
 from shared.engine.kv_pool import KVPool
 from shared.serving.convert import BACKEND_TO_PB
@@ -32,6 +34,13 @@ class KVTransfer:
         self._endpoint = self.engine.endpoint()
         self._active = 0  # hand-offs in flight: progress fast while any is, slowly otherwise
         self._task: asyncio.Task[None] | None = None
+
+    def register_extra(self, buffer: torch.Tensor) -> RegionHandle:
+        """Register another buffer peers may write into (prefill's image-embedding arena); peers that connect
+        afterwards see it in our endpoint."""
+        region = self.engine.register(buffer)
+        self._endpoint = self.engine.endpoint()
+        return region
 
     # ---- receiving side (decode) -------------------------------------------------------------------------------
     def peer_pb(self) -> common_pb2.TransferPeer:

@@ -267,15 +267,25 @@ class PageDescriptors(_message.Message):
     def __init__(self, memory_kind: _Optional[_Union[MemoryKind, str]] = ..., device_id: _Optional[int] = ..., regions: _Optional[_Union[RegionList, _Mapping]] = ..., paged: _Optional[_Union[PagedRegion, _Mapping]] = ..., backend_descs: _Optional[bytes] = ...) -> None: ...
 
 class MediaInput(_message.Message):
-    __slots__ = ("media_hash", "mime_type", "data", "token_offset", "num_tokens")
+    __slots__ = ("media_hash", "mime_type", "data", "token_offset", "num_tokens", "encoder")
     MEDIA_HASH_FIELD_NUMBER: _ClassVar[int]
     MIME_TYPE_FIELD_NUMBER: _ClassVar[int]
     DATA_FIELD_NUMBER: _ClassVar[int]
     TOKEN_OFFSET_FIELD_NUMBER: _ClassVar[int]
     NUM_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    ENCODER_FIELD_NUMBER: _ClassVar[int]
     media_hash: str
     mime_type: str
     data: bytes
     token_offset: int
     num_tokens: int
-    def __init__(self, media_hash: _Optional[str] = ..., mime_type: _Optional[str] = ..., data: _Optional[bytes] = ..., token_offset: _Optional[int] = ..., num_tokens: _Optional[int] = ...) -> None: ...
+    encoder: EncoderTarget
+    def __init__(self, media_hash: _Optional[str] = ..., mime_type: _Optional[str] = ..., data: _Optional[bytes] = ..., token_offset: _Optional[int] = ..., num_tokens: _Optional[int] = ..., encoder: _Optional[_Union[EncoderTarget, _Mapping]] = ...) -> None: ...
+
+class EncoderTarget(_message.Message):
+    __slots__ = ("instance_id", "grpc_address")
+    INSTANCE_ID_FIELD_NUMBER: _ClassVar[int]
+    GRPC_ADDRESS_FIELD_NUMBER: _ClassVar[int]
+    instance_id: str
+    grpc_address: str
+    def __init__(self, instance_id: _Optional[str] = ..., grpc_address: _Optional[str] = ...) -> None: ...

@@ -167,14 +167,18 @@ class PrefillResponse(_message.Message):
     def __init__(self, request_id: _Optional[str] = ..., epoch: _Optional[int] = ..., first_token_id: _Optional[int] = ..., first_logprob: _Optional[_Union[_common_pb2.TokenLogprob, _Mapping]] = ..., checksum_algorithm: _Optional[_Union[ChecksumAlgorithm, str]] = ..., checksum: _Optional[int] = ..., pages_written: _Optional[int] = ..., bytes_written: _Optional[int] = ..., cached_tokens: _Optional[int] = ..., computed_tokens: _Optional[int] = ..., timings: _Optional[_Union[PrefillTimings, _Mapping]] = ..., prefill_instance_id: _Optional[str] = ..., finish_reason: _Optional[_Union[_common_pb2.FinishReason, str]] = ...) -> None: ...
 
 class EncodeRequest(_message.Message):
-    __slots__ = ("request_id", "media", "trace")
+    __slots__ = ("request_id", "media", "trace", "destination_peer", "destination")
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
     MEDIA_FIELD_NUMBER: _ClassVar[int]
     TRACE_FIELD_NUMBER: _ClassVar[int]
+    DESTINATION_PEER_FIELD_NUMBER: _ClassVar[int]
+    DESTINATION_FIELD_NUMBER: _ClassVar[int]
     request_id: str
     media: _containers.RepeatedCompositeFieldContainer[_common_pb2.MediaInput]
     trace: _common_pb2.TraceContext
-    def __init__(self, request_id: _Optional[str] = ..., media: _Optional[_Iterable[_Union[_common_pb2.MediaInput, _Mapping]]] = ..., trace: _Optional[_Union[_common_pb2.TraceContext, _Mapping]] = ...) -> None: ...
+    destination_peer: _common_pb2.TransferPeer
+    destination: _common_pb2.PageDescriptors
+    def __init__(self, request_id: _Optional[str] = ..., media: _Optional[_Iterable[_Union[_common_pb2.MediaInput, _Mapping]]] = ..., trace: _Optional[_Union[_common_pb2.TraceContext, _Mapping]] = ..., destination_peer: _Optional[_Union[_common_pb2.TransferPeer, _Mapping]] = ..., destination: _Optional[_Union[_common_pb2.PageDescriptors, _Mapping]] = ...) -> None: ...
 
 class Tensor(_message.Message):
     __slots__ = ("dtype", "shape", "data")
@@ -187,14 +191,16 @@ class Tensor(_message.Message):
     def __init__(self, dtype: _Optional[_Union[_common_pb2.DType, str]] = ..., shape: _Optional[_Iterable[int]] = ..., data: _Optional[bytes] = ...) -> None: ...
 
 class MediaEmbedding(_message.Message):
-    __slots__ = ("media_hash", "embedding", "cache_hit")
+    __slots__ = ("media_hash", "embedding", "cache_hit", "checksum")
     MEDIA_HASH_FIELD_NUMBER: _ClassVar[int]
     EMBEDDING_FIELD_NUMBER: _ClassVar[int]
     CACHE_HIT_FIELD_NUMBER: _ClassVar[int]
+    CHECKSUM_FIELD_NUMBER: _ClassVar[int]
     media_hash: str
     embedding: Tensor
     cache_hit: bool
-    def __init__(self, media_hash: _Optional[str] = ..., embedding: _Optional[_Union[Tensor, _Mapping]] = ..., cache_hit: _Optional[bool] = ...) -> None: ...
+    checksum: int
+    def __init__(self, media_hash: _Optional[str] = ..., embedding: _Optional[_Union[Tensor, _Mapping]] = ..., cache_hit: _Optional[bool] = ..., checksum: _Optional[int] = ...) -> None: ...
 
 class EncodeResponse(_message.Message):
     __slots__ = ("embeddings",)

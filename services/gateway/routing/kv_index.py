@@ -19,7 +19,7 @@ from collections.abc import Container, Iterable, Sequence
 from dataclasses import dataclass, field
 
 from shared.cluster.bus.kv_events import KVEvent, KVOpKind
-from shared.engine.block_hash import page_hashes
+from shared.engine.block_hash import MediaSpan, page_hashes
 
 log = logging.getLogger(__name__)
 
@@ -136,16 +136,18 @@ def leading_pages(prompt_hashes: Sequence[int], held: Container[int]) -> int:
 class PromptHashes:
     """The chained page hashes of one prompt, computed once per page size (instances may differ)."""
 
-    __slots__ = ("_tokens", "_by_page_size")
+    __slots__ = ("_tokens", "_media", "_by_page_size")
 
-    def __init__(self, prompt_token_ids: Sequence[int]) -> None:
+    def __init__(self, prompt_token_ids: Sequence[int], media: Sequence[MediaSpan] = ()) -> None:
         self._tokens = prompt_token_ids
+        self._media = media  # images keep their pages apart, as in the engines' own hashes
         self._by_page_size: dict[int, list[int]] = {}
 
     def for_page_size(self, page_size: int) -> list[int]:
         hashes = self._by_page_size.get(page_size)
         if hashes is None:
-            hashes = self._by_page_size[page_size] = page_hashes(self._tokens, page_size) if page_size > 0 else []
+            hashes = self._by_page_size[page_size] = (
+                page_hashes(self._tokens, page_size, media=self._media) if page_size > 0 else [])
         return hashes
 
     def page_sizes(self) -> Iterable[int]:

@@ -64,6 +64,8 @@ def decode_request(req: BackendRequest, plan: RoutePlan, sent: Sequence[int], at
         p = plan.prefill
         msg.prefill.CopyFrom(worker_pb2.PrefillTarget(instance_id=p.instance_id, grpc_address=p.grpc_address,
                                                       epoch=p.epoch))
+    msg.media.extend(common_pb2.MediaInput(media_hash=m.media_hash, mime_type=m.mime_type, data=m.data,
+                                           token_offset=m.offset, num_tokens=m.num_tokens) for m in req.media)
     trace = dict(req.trace_headers)
     if "traceparent" in trace:
         msg.trace.CopyFrom(common_pb2.TraceContext(traceparent=trace["traceparent"],

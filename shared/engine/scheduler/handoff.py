@@ -16,11 +16,18 @@ from __future__ import annotations
 
 import bisect
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from shared.engine.errors import InvalidRequest, QueueFull, UnknownRequest
-from shared.engine.request import Request, RequestOutput, RequestStatus, TokenLogprobs
+from shared.engine.request import (
+    MediaInput,
+    Request,
+    RequestOutput,
+    RequestStatus,
+    TokenLogprobs,
+)
 from shared.engine.sampling_params import SamplingParams
 
 if TYPE_CHECKING:
@@ -51,11 +58,13 @@ class HandoffPages:
 
     # ---- decode side ---------------------------------------------------------------------------------------------
     def reserve_remote(self, req_id: str, prompt_token_ids: tuple[int, ...] | list[int],
-                       params: SamplingParams | None = None, priority: int = 0) -> Reservation:
+                       params: SamplingParams | None = None, priority: int = 0,
+                       media: Sequence[MediaInput] = ()) -> Reservation:
+        """media: the prompt's images (spans and hashes; embeddings not needed), so its pages hash as prefill's."""
         s = self.s
         if req_id in s.requests or req_id in self.remote:
             raise InvalidRequest(f"request id {req_id!r} is already in use; ids must be unique", field="req_id")
-        req = s.new_request(req_id, prompt_token_ids, params, priority)
+        req = s.new_request(req_id, prompt_token_ids, params, priority, media=media)
         if len(s.running) + len(self.remote) >= s.max_running_requests:
             raise QueueFull(f"{len(s.running)} running and {len(self.remote)} arriving requests reach "
                             f"max_running_requests={s.max_running_requests}; retry on another instance")

@@ -21,7 +21,7 @@ from shared.engine.errors import InvalidRequest, QueueFull
 from shared.engine.grammar.backend import GrammarBackend
 from shared.engine.page_allocator import PageAllocator
 from shared.engine.radix_cache import RadixCache
-from shared.engine.request import FinishReason, Request, RequestOutput, RequestStatus, TokenLogprobs
+from shared.engine.request import FinishReason, MediaInput, Request, RequestOutput, RequestStatus, TokenLogprobs
 from shared.engine.sampler.detokenizer import DecodeFn
 from shared.engine.sampler.stop import StopChecker, StopResult
 from shared.engine.sampling_params import SamplingParams
@@ -29,7 +29,7 @@ from shared.engine.scheduler.forks import Forks, fork_id
 from shared.engine.scheduler.handoff import HandoffPages
 from shared.engine.scheduler.kv import KVManager
 from shared.engine.scheduler.policy import WaitingQueue, sort_key
-from shared.engine.types import ScheduledSeq, SchedulerOutput
+from shared.engine.types import EmbedSlice, ScheduledSeq, SchedulerOutput
 
 CLIP_MAX_NEW_TOKENS = 4096  # output headroom reserved per request is capped at this many tokens (as in SGLang)
 
@@ -95,10 +95,11 @@ class Scheduler:
 
     # ---- requests in and out -----------------------------------------------------------------------------------
     def add_request(self, req_id: str, prompt_token_ids: Sequence[int], params: SamplingParams | None = None,
-                    priority: int = 0, *, hold_pages: bool = False) -> Request:
+                    priority: int = 0, *, hold_pages: bool = False, media: Sequence[MediaInput] = ()) -> Request:
         """Queue a request. Raises InvalidRequest (never servable as sent) or QueueFull (retry later).
-        hold_pages: when it finishes, keep its pages (see HandoffPages.held_pages / release_held)."""
-        req = self.new_request(req_id, prompt_token_ids, params, priority)
+        hold_pages: when it finishes, keep its pages (see HandoffPages.held_pages / release_held).
+        media: the prompt's images, with their embeddings (spliced in at their placeholder positions)."""
+        req = self.new_request(req_id, prompt_token_ids, params, priority, media=media, need_embeds=True)
         if len(self.waiting) >= self.max_queued_requests:
             raise QueueFull(f"{len(self.waiting)} requests are already waiting (max_queued_requests="
                             f"{self.max_queued_requests}); retry later or on another instance")
@@ -109,7 +110,7 @@ class Scheduler:
         return req
 
     def new_request(self, req_id: str, prompt_token_ids: Sequence[int], params: SamplingParams | None = None,
-                    priority: int = 0) -> Request:
+                    priority: int = 0, *, media: Sequence[MediaInput] = (), need_embeds: bool = False) -> Request:
         """A validated Request that is not queued anywhere yet. Raises InvalidRequest."""
         params = (params or SamplingParams()).validate(vocab_size=self.vocab_size)
         if req_id in self.requests:
@@ -128,8 +129,9 @@ class Scheduler:
         if params.stop and self.decode_fn is None:
             raise InvalidRequest("stop strings need a tokenizer, and this engine has none; use stop_token_ids",
                                  field="stop")
+        _check_media(media, n, need_embeds)
         req = Request(req_id, tuple(int(t) for t in prompt_token_ids), params, priority=priority,
-                      arrival=next(self._arrival), page_size=self.page_size)
+                      arrival=next(self._arrival), page_size=self.page_size, media=tuple(media))
         if params.structured is not None:
             if self.grammar is None:
                 raise InvalidRequest("structured outputs need a grammar backend and a tokenizer; start the engine "
@@ -287,6 +289,12 @@ class Scheduler:
                     continue
                 return
             cached = self.kv.match_prefix(req)
+            if req.media and _lacks_embeds(req):
+                # A request whose prompt KV came from another instance (decode), preempted, with image positions
+                # left to recompute but no embeddings here: computing them without the image would be wrong.
+                self.kv.release(req)
+                self.abort(req.req_id)
+                continue
             need = self._reserve(req)
             if need + reserved > self.kv.available_pages:
                 self.kv.release(req)  # undo the match
@@ -326,7 +334,8 @@ class Scheduler:
             start = req.num_computed_tokens
             end = start + n
             seqs.append(ScheduledSeq(req.req_id, tuple(req.all_token_ids[start:end]), start,
-                                     tuple(req.page_ids[: -(-end // P)]), end == req.num_tokens))
+                                     tuple(req.page_ids[: -(-end // P)]), end == req.num_tokens,
+                                     _embed_slices(req.media, start, end) if req.media else ()))
             self._inflight[req.req_id] = req
         finished, self._finished_ids = tuple(self._finished_ids), []
         return SchedulerOutput(tuple(seqs), tuple(plan.preempted), finished)
@@ -378,3 +387,32 @@ class Scheduler:
         return RequestOutput(req.req_id, toks, text, lps, finished, req.finish_reason if finished else None,
                              req.stop_reason if finished else None, req.num_prompt_tokens,
                              max(req.num_cached_tokens, 0), req.num_output_tokens, req.index)
+
+
+def _check_media(media: Sequence[MediaInput], num_prompt_tokens: int, need_embeds: bool) -> None:
+    """Media spans lie inside the prompt, in order, without overlapping; embeddings (where needed) fit them."""
+    end = 0
+    for i, m in enumerate(media):
+        if m.length < 1 or m.offset < end or m.offset + m.length > num_prompt_tokens:
+            raise InvalidRequest(f"media[{i}] covers prompt positions [{m.offset}, {m.offset + m.length}), which "
+                                 f"is empty, overlaps the previous item or passes the {num_prompt_tokens}-token "
+                                 "prompt", field="media")
+        if need_embeds and (m.embeds is None or int(m.embeds.shape[0]) != m.length):
+            got = None if m.embeds is None else tuple(m.embeds.shape)
+            raise InvalidRequest(f"media[{i}] needs embeddings of {m.length} rows (got {got})", field="media")
+        end = m.offset + m.length
+
+
+def _embed_slices(media: tuple[MediaInput, ...], start: int, end: int) -> tuple[EmbedSlice, ...]:
+    """The parts of a request's image embeddings that fall into the chunk [start, end) of its tokens."""
+    out = []
+    for m in media:
+        lo, hi = max(m.offset, start), min(m.offset + m.length, end)
+        if lo < hi and m.embeds is not None:
+            out.append(EmbedSlice(lo - start, m.embeds[lo - m.offset : hi - m.offset]))
+    return tuple(out)
+
+
+def _lacks_embeds(req: Request) -> bool:
+    """Some image position past the cached prefix has no embeddings to compute it with."""
+    return any(m.embeds is None and m.offset + m.length > req.num_computed_tokens for m in req.media)
