@@ -5,7 +5,7 @@
 grammar: `batch` requests decode `tokens` tokens each on the bundled model, once free and once each under a JSON
   schema (a long bounded string, so both runs emit the same number of tokens); per decode step time (forward +
   sampling + update, from the engine's own step stats) with and without, best of `repeat` alternating runs.
-n=4: one request with n = 4 vs four requests with the same prompt sent together (256-token prompt, 32 sampled
+n=4: one request with n = 4 vs four requests with the same prompt sent together (256-token prompt, 16 sampled
   tokens each): prompt tokens computed, steps, output tok/s.
 """
 
@@ -78,7 +78,7 @@ def bench_grammar(engine, tok, batch: int, tokens: int, repeat: int) -> dict[str
             "runs_grammar": [round(x, 2) for x in gram]}
 
 
-def bench_n(engine, n: int = 4, prompt_len: int = 256, tokens: int = 32) -> dict[str, Any]:
+def bench_n(engine, n: int = 4, prompt_len: int = 256, tokens: int = 16) -> dict[str, Any]:
     prompt = [100 + (37 * i) % 40000 for i in range(prompt_len)]
 
     def run(reqs: list[tuple[str, SamplingParams]]) -> dict[str, Any]:
