@@ -2,10 +2,10 @@
 
     python -m bench.planner_soak [--prefill 16 --decode 16] [--minutes 8] [--speedup 4]
 
-A mock cluster of --prefill + --decode instances, one planner (bounds at the cluster's size, so it evaluates
-and decides all along but its scaling stays within the fleet), and a steady Poisson load with prompts of varying
-length; every --sample-s the RSS of the gateway and of the planner is read from /proc. With --speedup S the
-engines run S times faster than the table: a run of M minutes simulates M x S minutes of engine time.
+A mock cluster of --prefill + --decode instances, one planner (scaling each role within the top quarter of its
+size, so it evaluates and decides all along while the cluster stays near full size), and a steady Poisson
+load with prompts of varying length; every --sample-s the RSS of the gateway and of the planner is read from
+/proc. With --speedup S the engines run S times faster than the table: M minutes simulate M x S minutes.
 """
 
 from __future__ import annotations
@@ -51,7 +51,9 @@ def main(argv: Sequence[str] | None = None) -> int:
                           str(ns.speedup), "--load-report-interval-s", "0.2")
     startup_s = time.monotonic() - t_start
     n = ns.prefill + ns.decode
-    planner = start_planner(cluster, ("--evaluation-interval-s", "2", "--min-prefill", "1", "--min-decode", "1",
+    lo_p, lo_d = max(1, ns.prefill * 3 // 4), max(1, ns.decode * 3 // 4)  # scale within the top quarter
+    planner = start_planner(cluster, ("--evaluation-interval-s", "2", "--min-prefill", str(lo_p),
+                                      "--min-decode", str(lo_d),
                                       "--max-prefill", str(ns.prefill), "--max-decode", str(ns.decode),
                                       "--budget", str(n), "--ttft-target-ms", "2000", "--itl-target-ms", "100",
                                       "--planner-log-size", "1000"), run_dir / "planner-soak.log")

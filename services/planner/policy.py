@@ -67,6 +67,7 @@ class RoleView:
     current: int  # instances it has or is getting (ready + starting, or what the actuator was told)
     loads: tuple[InstanceLoad, ...]  # ready instances with a fresh load report
     starting: int = 0
+    ready: int | None = None  # ready instances, reporting or not (None: as many as loads)
 
 
 @dataclass
@@ -142,6 +143,10 @@ def plan_role(view: RoleView, mem: RoleMemory, limits: Limits, now: float) -> Pl
         # A decode instance is "busy" whenever it holds one request: its ITL says more than its busy share.
         idle = role == Role.DECODE or est.util / (n - 1) <= limits.idle_threshold
         if calm and idle:
+            silent = (view.ready if view.ready is not None else len(view.loads)) - len(view.loads)
+            if silent > 0:  # a busy engine can delay its reports: missing numbers are not an idle instance
+                return plan(Action.HOLD, n, f"could drain one, but {silent} ready instances sent no recent load "
+                            "report")
             if view.starting:
                 return plan(Action.HOLD, n, f"could drain one, but {view.starting} instances are still starting")
             if now - mem.last_change < limits.scale_down_cooldown_s:

@@ -182,7 +182,7 @@ class PlannerService(Service):
                                                f"register within {self.pcfg.scale_up_timeout_s:.0f} s"))
                 else:
                     current = want
-            views[role] = RoleView(role, current, loads, starting=len(infos) - len(ready))
+            views[role] = RoleView(role, current, loads, starting=len(infos) - len(ready), ready=len(ready))
         return views, failed
 
     def _failed(self, role: Role, want: int, have: int, now: float, why: str) -> Plan:

@@ -81,7 +81,8 @@ class _StepWindow:
         self.busy = 0.0
         self.tokens_per_s = 0.0  # per second of step time; kept from the last window that ran steps
 
-    def update(self, stats: EngineStats) -> None:
+    def update(self, stats: EngineStats, busy: bool = False) -> None:
+        """`busy`: the engine has work right now (a window without a finished step is then one long step)."""
         t = stats.totals
         now = time.monotonic()
         cur = (now, t.schedule_s + t.prepare_s + t.forward_s + t.sample_s + t.update_s, stats.num_steps,
@@ -93,6 +94,8 @@ class _StepWindow:
         if dt < self.window_s:
             return
         busy_s, steps, tokens = cur[1] - self._mark[1], cur[2] - self._mark[2], cur[3] - self._mark[3]
+        if not steps and busy:
+            return  # one step longer than the window is still running: keep the last numbers, not "idle"
         self.busy = min(1.0, busy_s / dt)
         self.step_ms = busy_s / steps * 1e3 if steps else 0.0
         if busy_s > 0 and tokens:
@@ -178,7 +181,7 @@ class EngineService(Service):
             return LoadSnapshot(running=self.gate.inflight)
         s = self.aengine.stats()
         queued_tokens = self._queued_prefill_tokens()
-        self._steps.update(s)
+        self._steps.update(s, busy=bool(s.num_running or s.num_waiting))
         # Free = what a new request could get: free pages plus cached pages nobody holds. Cached pages that running,
         # arriving (hand-off) or held requests use are not free, nor are quarantined ones.
         return LoadSnapshot(running=s.num_running, queued=s.num_waiting, queued_prefill_tokens=queued_tokens,

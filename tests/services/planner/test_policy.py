@@ -113,3 +113,10 @@ def test_a_blocked_scale_up_takes_the_budget_from_a_calm_role() -> None:
     assert plans[D].action == Action.SCALE_DOWN and plans[D].target == 3 and len(plans[D].drain) == 2
     assert "prefill needs the budget" in plans[D].reason
     assert sum(p.target for p in plans.values()) <= 6
+
+
+def test_missing_load_reports_are_not_read_as_idle() -> None:
+    view = prefill(3, 0, busy=0.1)
+    silent = RoleView(P, 3, view.loads[:1], ready=3)  # two ready instances did not report lately
+    p = plan_role(silent, RoleMemory(), limits(), now=100)
+    assert p.action == Action.HOLD and "no recent load report" in p.reason

@@ -55,7 +55,9 @@ def test_runner_sleeps_the_modelled_time_and_writes_real_kv() -> None:
     logits = runner.forward(out)
     assert logits.shape[0] == 2
     assert logits.argmax(-1).tolist() == [next_token(39, 20), next_token(7, 64)]
-    assert sum(slept) == pytest.approx(_table().step_s(20, 1, 64), rel=0.2)
+    # the modelled step time, less what the step itself already took (writing KV, building logits)
+    assert runner.modelled_s == pytest.approx(_table().step_s(20, 1, 64))
+    assert len(slept) <= 1 and sum(slept) <= runner.modelled_s
     # position 17 of "a" lives in its second page (5) at offset 1: K holds the token id, V the position
     assert runner.kv.buffer[5, 0, 0, 1, 0].tolist() == [37.0, 17.0]
     assert runner.kv.buffer[4, 0, 1, 15, 0].tolist() == [7.0, 63.0]
