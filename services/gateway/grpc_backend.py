@@ -124,7 +124,8 @@ class GrpcBackend:
         router = Router(make_policy(policy), kv_index=KVIndex(), breakers=BreakerBoard(breaker))
         channels = ChannelPool(tls=tls)
         discovery = Discovery(membership, router, bus=bus, cluster=cluster, max_load_age_s=max_load_age_s,
-                              on_leave=lambda info: channels.discard(info.instance_id, lost=_lost(info)))
+                              on_leave=lambda info: channels.discard(info.instance_id, lost=_lost(info)),
+                              on_join=lambda info: channels.revive(info.instance_id, info.grpc_address))
         return cls(discovery, models=models, request_retries=request_retries, bus=bus, cluster=cluster,
                    origin=origin, channels=channels)
 
