@@ -3,16 +3,10 @@
 A channel is keyed by instance id and address: an instance that re-registers on another port gets a new channel
 (the old one is closed). Closing an instance that left after draining is deferred by a grace period so that a
 stream still running on it is not cut off. An instance that vanished without draining (its lease expired: killed,
-<<<<<<< HEAD
-hung, partitioned) is presumed dead: its channel closes at once, which fails the calls still waiting on it, and the
-backend replays them elsewhere instead of letting them wait for a peer that does not answer. With `tls`, channels
-are mutual TLS.
-=======
 hung, partitioned) is presumed dead: its channel closes after `lost_grace_s`, which fails the calls still waiting on
 it, and the backend replays them elsewhere instead of letting them wait for a peer that does not answer. An instance
 that registers again at the same address within that grace (a lease that lapsed on a busy machine while the process
-kept serving) keeps its channel and its streams (`revive`).
->>>>>>> reliability
+kept serving) keeps its channel and its streams (`revive`). With `tls`, channels are mutual TLS.
 """
 
 from __future__ import annotations
@@ -33,13 +27,9 @@ _OPTIONS = (("grpc.max_receive_message_length", 64 << 20), ("grpc.max_send_messa
 
 
 class ChannelPool:
-<<<<<<< HEAD
-    def __init__(self, *, close_grace_s: float = 30.0, lost_grace_s: float = 0.0,
+    def __init__(self, *, close_grace_s: float = 30.0, lost_grace_s: float = 1.0,
                  tls: TlsFiles | None = None) -> None:
         self._tls = tls
-=======
-    def __init__(self, *, close_grace_s: float = 30.0, lost_grace_s: float = 1.0) -> None:
->>>>>>> reliability
         self._channels: dict[str, tuple[str, grpc.aio.Channel]] = {}
         self._close_grace_s = close_grace_s
         self._lost_grace_s = lost_grace_s
