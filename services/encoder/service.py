@@ -52,7 +52,7 @@ class EncoderService(Service):
 
     def __init__(self, cfg: Any, options: ServiceOptions = ServiceOptions()) -> None:
         super().__init__(discovery=cfg.discovery, bus=cfg.bus, grpc_cfg=cfg.grpc, options=options,
-                         telemetry=cfg.telemetry)
+                         telemetry=cfg.telemetry, tls=cfg.tls)
         self.cfg = cfg
         enc = cfg.encoder
         if enc.encoder_model == NO_EMBEDDING_MODEL and not _vision_requested(cfg):

@@ -236,7 +236,8 @@ class GatewayApp:
         for more in self._extra_models:
             cards += more()
         try:  # other models the cluster serves (e.g. embedding models), as the backend sees them now
-            others = [m for m in self.backend.models() if m not in {c.id for c in cards}]
+            known = {c.id for c in cards} | {self.model_root}  # the served model also answers to its path
+            others = [m for m in self.backend.models() if m not in known]
         except Exception:  # noqa: BLE001 - a listing must not fail because discovery is briefly unhappy
             others = []
         cards += [ModelCard(id=m, created=self._created) for m in sorted(set(others))]

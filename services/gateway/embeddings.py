@@ -29,6 +29,7 @@ from services.gateway.asgi import Receive, Responder, Scope, read_body
 from services.gateway.backend import BackendError
 from services.gateway.encoder_backend import EmbedCall, EmbedResult, EncoderBackend
 from services.gateway.errors import ApiError, bad_request, from_backend
+from services.gateway.routing.channels import ChannelPool
 from shared.cluster.grpc_errors import abort
 from shared.cluster.instance import EncoderInfo
 
@@ -214,10 +215,11 @@ class Embeddings:
             usage=common_pb2.Usage(prompt_tokens=res.prompt_tokens))
 
 
-def mount_embeddings(app: Any, membership: Any, loads: Any, http_cfg: Any) -> Embeddings:
+def mount_embeddings(app: Any, membership: Any, loads: Any, http_cfg: Any, tls: Any = None) -> Embeddings:
     """/v1/embeddings on `app` (a GatewayApp) over the encoders in `membership`, loads from `loads` (the
     gateway's NATS load table); timeouts and retries from the http config group."""
     backend = EncoderBackend(membership, loads, timeout_s=http_cfg.encoder_timeout_s,
+                             channels=ChannelPool(tls=tls),
                              retries=http_cfg.request_retries)
     api = Embeddings(backend, max_request_bytes=http_cfg.max_request_bytes)
     app.add_route("/v1/embeddings", "POST", api.http, models=api.model_cards)

@@ -140,7 +140,8 @@ class GatewayService(Service):
         self.app = build_app(cfg, self.backend, tokenizer=tokenizer)
         self.app.tracing = self.telemetry.tracing
         self.app.metrics.registry.register(BackendCollector(self.backend))
-        self.embeddings = mount_embeddings(self.app, self.membership, self.backend.discovery.loads, cfg.http)
+        self.embeddings = mount_embeddings(self.app, self.membership, self.backend.discovery.loads, cfg.http,
+                                           self.tls)
         self.api.attach(ApiContext(backend=self.backend, tokenizer=tokenizer, served_model_names=(primary,),
                                    aliases=tuple(aliases), model_root=cfg.model.model, metrics=self.app.metrics,
                                    membership=self.membership, instance_id=self.instance_id,

@@ -35,7 +35,7 @@ class KVStoreService(Service):
 
     def __init__(self, cfg: Any, options: ServiceOptions = ServiceOptions()) -> None:
         super().__init__(discovery=cfg.discovery, bus=cfg.bus, grpc_cfg=cfg.grpc, options=options,
-                         telemetry=cfg.telemetry)
+                         telemetry=cfg.telemetry, tls=cfg.tls)
         self.cfg = cfg
         k = cfg.kvstore
         if k.kvstore_dram_bytes < 64 << 10:

@@ -50,7 +50,7 @@ class PlannerService(Service):
 
     def __init__(self, cfg: Any, options: ServiceOptions = ServiceOptions(), actuator: Actuator | None = None) -> None:
         super().__init__(discovery=cfg.discovery, bus=cfg.bus, grpc_cfg=cfg.grpc, options=options,
-                         telemetry=cfg.telemetry)
+                         telemetry=cfg.telemetry, tls=cfg.tls)
         self.cfg = cfg
         self.pcfg = cfg.planner
         self.limits = Limits.from_config(self.pcfg)

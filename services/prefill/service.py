@@ -62,7 +62,7 @@ class PrefillService(EngineService):
             # a third of the hand-off deadline: an encoder that hangs leaves time to encode here instead
             self.remote_vision = RemoteVision(self.transfer, self.vision,
                                               timeout_s=self.cfg.disagg.handoff_timeout_s / 3,
-                                              tracing=self.telemetry.tracing)
+                                              tracing=self.telemetry.tracing, tls=self.tls)
             self.transfer.start_progress()
 
     def describe(self) -> dict:  # type: ignore[type-arg]

@@ -29,6 +29,7 @@ from proto.pdrelay.v1 import common_pb2, worker_pb2, worker_pb2_grpc
 from shared.cluster.instance import InstanceInfo
 from shared.cluster.membership import Membership
 from shared.engine.async_engine import AsyncEngine
+from shared.cluster.tls import TlsFiles, open_channel
 from shared.engine.block_hash import page_hashes
 from shared.serving import kvstore_pages as pages
 from shared.serving.convert import BACKEND_TO_PB, layout_to_pb
@@ -54,7 +55,8 @@ _KNOWN_STORED = 65536  # hashes this client stored recently (skips re-sending th
 class KVStoreClient:
     def __init__(self, cfg: Any, *, instance_id: str, model: str, etcd: Etcd3Client, cluster: str,
                  aengine: AsyncEngine, transfer: KVTransfer | None,
-                 make_transfer: Callable[[str], KVTransfer] | None = None, telemetry: Any = None) -> None:
+                 make_transfer: Callable[[str], KVTransfer] | None = None, telemetry: Any = None,
+                 tls: TlsFiles | None = None) -> None:
         """transfer: the service's own engine over its KV pool (prefill, decode); make_transfer(backend) builds
         one on first use where the service has none (the colocated worker)."""
         self.cfg = cfg
@@ -65,6 +67,7 @@ class KVStoreClient:
         self.page_size = self.engine.page_size
         self.layout = self.engine.runner.layout
         self.transfer = transfer
+        self.tls = tls  # the cluster's mutual TLS on the channels to stores
         self.make_transfer = make_transfer
         self.telemetry = telemetry
         self.members = Membership(etcd, cluster, "kvstore")
@@ -154,7 +157,7 @@ class KVStoreClient:
     def _stub(self, m: InstanceInfo) -> worker_pb2_grpc.KVStoreStub:
         ch = self._channels.get(m.grpc_address)
         if ch is None:
-            ch = self._channels[m.grpc_address] = grpc.aio.insecure_channel(m.grpc_address)
+            ch = self._channels[m.grpc_address] = open_channel(m.grpc_address, self.tls)
         return worker_pb2_grpc.KVStoreStub(ch)
 
     async def _transfer_for(self, m: InstanceInfo) -> KVTransfer | None:
@@ -411,7 +414,7 @@ async def attach_kvstore(svc: Any, transfer: KVTransfer | None) -> KVStoreClient
     client = KVStoreClient(kc, instance_id=svc.instance_id, model=cfg.model.served_model_name or cfg.model.model,
                            etcd=svc.etcd, cluster=svc.cluster, aengine=svc.aengine, transfer=transfer,
                            make_transfer=None if transfer is not None else make_transfer,
-                           telemetry=svc.telemetry)
+                           telemetry=svc.telemetry, tls=svc.tls)
     await client.start()
     if transfer is not None:
         transfer.start_progress()  # the store writes into our pool: the receive side must progress

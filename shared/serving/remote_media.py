@@ -16,6 +16,7 @@ import grpc
 import torch
 
 from proto.pdrelay.v1 import common_pb2, worker_pb2, worker_pb2_grpc
+from shared.cluster.tls import TlsFiles, open_channel
 from shared.engine.request import MediaInput
 from shared.serving.kv_transfer import KVTransfer
 from shared.serving.media import LocalVision
@@ -48,8 +49,9 @@ class EmbeddingArena:
 
 class RemoteVision:
     def __init__(self, transfer: KVTransfer, local: LocalVision, *, num_slots: int = 16, timeout_s: float = 30.0,
-                 tracing: Tracing | None = None) -> None:
+                 tracing: Tracing | None = None, tls: TlsFiles | None = None) -> None:
         r = local.runner
+        self.tls = tls  # the cluster's mutual TLS on the channels to encoders
         self.transfer = transfer
         self.local = local
         self.hidden = r.hidden_size
@@ -133,7 +135,7 @@ class RemoteVision:
     def _stub(self, address: str) -> worker_pb2_grpc.EncoderStub:
         ch = self._channels.get(address)
         if ch is None:
-            ch = self._channels[address] = grpc.aio.insecure_channel(address)
+            ch = self._channels[address] = open_channel(address, self.tls)
         return worker_pb2_grpc.EncoderStub(ch)
 
     async def close(self) -> None:
