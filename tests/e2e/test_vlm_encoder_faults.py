@@ -94,8 +94,8 @@ async def test_encoder_hang_times_out_and_falls_back(cluster: Faulty, hf) -> Non
                 break
         else:
             raise AssertionError(f"the hanging encoder got none of the requests:\n{bad.log()[-2000:]}")
-        # prefill gave it at most a third of the hand-off deadline, then encoded itself
-        assert took < HANDOFF_S, took
+        # prefill waited out the encoder's deadline (about a third of the hand-off's), then encoded itself
+        assert HANDOFF_S / 3 - 1.5 < took < HANDOFF_S, took
         assert bad.proc.poll() is None  # it is still hung, not dead: the deadline ended the call
     finally:
         stop_process(bad.proc)
