@@ -1,9 +1,14 @@
 """The encoder choice for images (EPD), without a cluster: the encoder known to hold the media hash, else the
-least-loaded one (its NATS report plus the images sent since), rendezvous hashing as the tie-break."""
+least-loaded one (its NATS report plus the images sent since), rendezvous hashing as the tie-break. And the gRPC
+Generate API's refusal of media (images come over HTTP)."""
 
 from __future__ import annotations
 
-from proto.pdrelay.v1 import common_pb2
+import pytest
+
+from proto.pdrelay.v1 import common_pb2, gateway_pb2
+from services.gateway.errors import ApiError
+from services.gateway.grpc_api import plan_of
 from services.gateway.routing.encoders import EncoderRouter
 from services.gateway.routing.media_affinity import MediaAffinity
 from shared.cluster.bus.load import LoadReport, LoadSnapshot, LoadTable
@@ -108,3 +113,10 @@ def test_the_remembered_holders_are_bounded() -> None:
     a = MediaAffinity(EncoderRouter(StaticMembership([_enc(0)]), LoadTable()), remembered=10, clock=Clock())
     a.assign([common_pb2.MediaInput(media_hash=h) for h in HASHES[:25]], "vlm")
     assert list(a.holders) == HASHES[15:25]
+
+
+def test_grpc_generate_refuses_media_naming_the_field() -> None:
+    req = gateway_pb2.GenerateRequest(text="hi", media=[common_pb2.MediaInput(media_hash="ab")])
+    with pytest.raises(ApiError) as e:
+        plan_of(req, 512)
+    assert e.value.status == 400 and e.value.param == "media" and "HTTP" in e.value.message
