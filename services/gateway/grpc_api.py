@@ -96,7 +96,8 @@ _STRUCTURED_FIELD = {  # proto GrammarKind -> the structured_outputs extension o
 def plan_of(request: gateway_pb2.GenerateRequest, vocab_size: int) -> Plan:
     """Validate a GenerateRequest exactly as the HTTP API validates the equivalent OpenAI body (raises ApiError)."""
     if request.media:
-        raise bad_request("media: multimodal input is not supported by this gateway yet; send text only", "media")
+        raise bad_request("media: images are accepted over HTTP only (/v1/chat/completions image_url parts); "
+                          "send text here", "media")
     body = _sampling_fields(request.sampling)
     body["stream"] = True
     body["priority"] = request.priority

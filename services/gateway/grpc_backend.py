@@ -34,10 +34,11 @@ from services.gateway.backend import (BackendChunk, BackendError, BackendOverloa
 from services.gateway.routing.breaker import BreakerBoard, BreakerConfig
 from services.gateway.routing.channels import ChannelPool
 from services.gateway.routing.discovery import Discovery, MembershipView
+from services.gateway.routing.encoders import EncoderRouter
 from services.gateway.routing.failures import (FailureKind, Verdict, classify, classify_lost,
                                                classify_stream_end)
-from services.gateway.routing.media_affinity import assign_encoders, image_encoders
 from services.gateway.routing.kv_index import KVIndex, PromptHashes
+from services.gateway.routing.media_affinity import MediaAffinity
 from services.gateway.routing.policies import make_policy
 from services.gateway.routing.router import NoRoute, Router
 from services.gateway.routing.views import RoutePlan, RouteRequest
@@ -108,6 +109,7 @@ class GrpcBackend:
         self.channels = channels if channels is not None else ChannelPool()
         self._retry_after_s = retry_after_s
         self.finish_grace_s = 5.0
+        self.media_affinity = MediaAffinity(EncoderRouter(discovery.membership, discovery.loads))
         self._background: set[asyncio.Task[object]] = set()
         self.tracing = Tracing.off()
         self.retries = 0  # attempts after a failure (replays included), for metrics and tests
@@ -193,7 +195,7 @@ class GrpcBackend:
                 plans.append(plan)
                 msg = decode_request(req, plan, sent, attempt)
                 if msg.media and plan.prefill is not None:  # disaggregated: images go to encoders (EPD)
-                    assign_encoders(msg.media, image_encoders(self.discovery.membership.ready("encoder"), req.model))
+                    self.media_affinity.assign(msg.media, req.model)
                 call_span = tr.start_span(spans.GATEWAY_DECODE_CALL, kind=SpanKind.CLIENT, attributes={
                     spans.INSTANCE: plan.decode.instance_id, spans.ATTEMPT: attempt, spans.RPC_SYSTEM: "grpc",
                     spans.RPC_METHOD: "pdrelay.v1.Decode/Generate", spans.SERVER_ADDRESS: plan.decode.grpc_address})

@@ -201,7 +201,9 @@ class PrefillServicer(worker_pb2_grpc.PrefillServicer):
             await svc.kvstore.load(rid, prompt, budget_s=(deadline - time.monotonic()) / 2, trace=ticket.trace)
         try:
             try:
-                media = await prefill_media(svc, rid, ticket.media) if ticket.media else ()
+                # a third of what is left of the hand-off for the encoders: a hung one leaves time to encode here
+                media = (await prefill_media(svc, rid, ticket.media, budget_s=(deadline - time.monotonic()) / 3)
+                         if ticket.media else ())
                 first = None
                 async for out in aengine.stream(rid, admit):  # generate(), but timed where the engine admits it
                     first = out
@@ -294,8 +296,10 @@ class PrefillServicer(worker_pb2_grpc.PrefillServicer):
         tr.record(spans.PREFILL_CHECKSUM, t_sent, time.monotonic(), {spans.PAGES: pages})
 
 
-async def prefill_media(svc: PrefillService, rid: str, media: Sequence[common_pb2.MediaInput]) -> list[MediaInput]:
-    """Embeddings from the encoders the gateway picked (written into our arena), else from our own tower."""
+async def prefill_media(svc: PrefillService, rid: str, media: Sequence[common_pb2.MediaInput], *,
+                        budget_s: float | None = None) -> list[MediaInput]:
+    """Embeddings from the encoders the gateway picked (written into our arena, each call within `budget_s`), else
+    from our own tower."""
     if svc.remote_vision is not None:
-        return await svc.remote_vision.embed(rid, media)
+        return await svc.remote_vision.embed(rid, media, budget_s=budget_s)
     return await local_media(svc, media)

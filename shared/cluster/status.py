@@ -11,7 +11,7 @@ from shared.cluster.bus.client import Bus
 from shared.cluster.bus.load import LoadReport, LoadTable
 from shared.cluster.errors import ControlPlaneUnavailable
 from shared.cluster.etcd import connect_etcd
-from shared.cluster.instance import InstanceInfo, decode_instance, instances_prefix
+from shared.cluster.instance import InstanceInfo, Modality, decode_instance, instances_prefix
 from shared.cluster.tls import TlsFiles
 
 
@@ -26,6 +26,7 @@ class StatusRow(msgspec.Struct, kw_only=True):
     pid: int = 0
     load: LoadReport | None = None
     load_age_s: float | None = None
+    serves: str = ""  # an encoder's modalities and models, e.g. "image vlm, embedding all-MiniLM-L6-v2"
 
 
 class ClusterStatus(msgspec.Struct, kw_only=True):
@@ -73,7 +74,7 @@ async def collect_status(etcd_url: str, nats_url: str, cluster: str, *, load_win
             report = None  # from an older incarnation
         rows.append(StatusRow(role=i.role, instance_id=i.instance_id, state=str(i.state), epoch=i.epoch,
                               grpc=i.grpc_address, http=i.http_address, model=i.model, pid=i.pid, load=report,
-                              load_age_s=table.age_s(i.instance_id) if report else None))
+                              load_age_s=table.age_s(i.instance_id) if report else None, serves=_serves(i)))
     return ClusterStatus(cluster=cluster, etcd_url=etcd_url, nats_url=nats_url, rows=rows, nats_error=nats_error,
                          skipped_keys=skipped)
 
@@ -95,6 +96,7 @@ def format_table(status: ClusterStatus) -> str:
         for t in r.load.load.tiers if r.load else ():
             share = 100.0 * t.used_bytes / t.capacity_bytes if t.capacity_bytes else 0.0
             lines.append(f"  {r.instance_id} {t.tier}: {share:.1f}% of {_gib(t.capacity_bytes)} ({t.pages} pages)")
+    lines += [f"  {r.instance_id} serves {r.serves}" for r in status.rows if r.serves]
     if not status.rows:
         lines.append("(no instances registered)")
     if status.restarts:
@@ -104,6 +106,14 @@ def format_table(status: ClusterStatus) -> str:
     if status.skipped_keys:
         lines.append(f"note: {status.skipped_keys} unreadable value(s) under {instances_prefix(status.cluster)}")
     return "\n".join(lines)
+
+
+def _serves(info: InstanceInfo) -> str:
+    enc = info.encoder
+    if enc is None:
+        return ""
+    name = {Modality.IMAGE: enc.vision_model, Modality.EMBEDDING: enc.embedding_model}
+    return ", ".join(f"{m} {name.get(m, '')}".rstrip() for m in enc.modalities)
 
 
 def _gib(n: int) -> str:

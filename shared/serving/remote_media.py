@@ -65,15 +65,18 @@ class RemoteVision:
         self.remote_items = 0
         self.fallbacks = 0
 
-    async def embed(self, request_id: str, media: Sequence[common_pb2.MediaInput]) -> list[MediaInput]:
-        """Engine MediaInputs for every item: from the encoders named in `media`, else (or on failure) local."""
+    async def embed(self, request_id: str, media: Sequence[common_pb2.MediaInput], *,
+                    budget_s: float | None = None) -> list[MediaInput]:
+        """Engine MediaInputs for every item: from the encoders named in `media`, else (or on failure) local. An
+        encoder call may take `budget_s` (at most the configured timeout; at least 50 ms)."""
+        timeout_s = self.timeout_s if budget_s is None else max(0.05, min(self.timeout_s, budget_s))
         out: dict[int, MediaInput] = {}
         by_encoder: dict[str, list[int]] = {}
         for i, m in enumerate(media):
             if m.HasField("encoder") and m.encoder.grpc_address:
                 by_encoder.setdefault(m.encoder.grpc_address, []).append(i)
         for address, idx in by_encoder.items():
-            got = await self._remote(request_id, address, [media[i] for i in idx])
+            got = await self._remote(request_id, address, [media[i] for i in idx], timeout_s)
             if got is not None:
                 out.update(zip(idx, got))
         rest = [i for i in range(len(media)) if i not in out]
@@ -83,7 +86,7 @@ class RemoteVision:
             out.update(zip(rest, local))
         return [out[i] for i in range(len(media))]
 
-    async def _remote(self, request_id: str, address: str, items: list[common_pb2.MediaInput]
+    async def _remote(self, request_id: str, address: str, items: list[common_pb2.MediaInput], timeout_s: float
                       ) -> list[MediaInput] | None:
         if any(m.num_tokens != self.num_tokens for m in items):
             return None  # the local path raises the precise error
@@ -104,7 +107,7 @@ class RemoteVision:
             req.destination.regions.lengths.extend([self.arena.slot_bytes] * len(slots))
             self.transfer.begin_receive()
             try:
-                resp = await self._stub(address).Encode(req, timeout=self.timeout_s)
+                resp = await self._stub(address).Encode(req, timeout=timeout_s)
             finally:
                 self.transfer.end_receive()
             if len(resp.embeddings) != len(items):

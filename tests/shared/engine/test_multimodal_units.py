@@ -1,14 +1,11 @@
 """Multimodal pieces without a model: the encoder cache's LRU budgets, media checks and embedding slices in the
-scheduler, the guard against recomputing images without embeddings, and encoder choice by media hash."""
+scheduler, and the guard against recomputing images without embeddings."""
 
 from __future__ import annotations
 
 import pytest
 import torch
 
-from proto.pdrelay.v1 import common_pb2
-from services.gateway.routing.media_affinity import assign_encoders, pick_encoder
-from shared.cluster.instance import EncoderInfo, InstanceInfo, Modality
 from shared.engine.encoder_cache import EncoderCache
 from shared.engine.errors import InvalidRequest
 from shared.engine.page_allocator import PageAllocator
@@ -78,24 +75,3 @@ def test_an_image_without_embeddings_is_never_recomputed() -> None:
     assert not out.seqs and "r" not in s.requests
     (delta,) = s.update_from_output(out, [])
     assert delta.finished and delta.finish_reason == "abort"
-
-
-def _encoder(i: int) -> InstanceInfo:
-    return InstanceInfo(cluster="c", role="encoder", instance_id=f"enc-{i}", grpc_address=f"127.0.0.1:{5000 + i}",
-                        encoder=EncoderInfo(modalities=(Modality.IMAGE,), vision_model="vlm"))
-
-
-def test_encoder_affinity_by_media_hash() -> None:
-    encs = [_encoder(i) for i in range(4)]
-    hashes = [f"{i:032x}" for i in range(400)]
-    picks = {h: pick_encoder(h, encs).instance_id for h in hashes}  # type: ignore[union-attr]
-    assert picks == {h: pick_encoder(h, list(reversed(encs))).instance_id for h in hashes}  # type: ignore[union-attr]
-    counts = {e.instance_id: list(picks.values()).count(e.instance_id) for e in encs}
-    assert min(counts.values()) > 60  # spread over all four
-    fewer = [e for e in encs if e.instance_id != "enc-2"]
-    moved = [h for h in hashes if pick_encoder(h, fewer).instance_id != picks[h]]  # type: ignore[union-attr]
-    assert moved and all(picks[h] == "enc-2" for h in moved)  # only the lost encoder's images move
-    media = [common_pb2.MediaInput(media_hash=hashes[0]), common_pb2.MediaInput(media_hash=hashes[1])]
-    assign_encoders(media, encs)
-    assert [m.encoder.instance_id for m in media] == [picks[hashes[0]], picks[hashes[1]]]
-    assert pick_encoder("x", []) is None
