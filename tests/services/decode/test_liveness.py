@@ -1,0 +1,42 @@
+"""A decode's liveness probe of the prefills it waits on (services/decode/liveness.py), over real gRPC."""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+
+import grpc
+from grpc_health.v1 import health, health_pb2_grpc
+
+from services.decode.liveness import PeerWatch
+
+
+async def test_an_answering_peer_stays_alive_and_a_silent_one_is_found_dead_in_seconds() -> None:
+    server = grpc.aio.server()
+    health_pb2_grpc.add_HealthServicer_to_server(health.aio.HealthServicer(), server)
+    port = server.add_insecure_port("127.0.0.1:0")
+    await server.start()
+    # A peer that accepts connections and never speaks (a stopped process: the kernel still accepts).
+    silent = socket.socket()
+    silent.bind(("127.0.0.1", 0))
+    silent.listen(8)
+    channels: dict[str, grpc.aio.Channel] = {}
+
+    def channel(address: str) -> grpc.aio.Channel:
+        return channels.setdefault(address, grpc.aio.insecure_channel(address))
+
+    watch = PeerWatch(channel, interval_s=0.1, timeout_s=0.3, misses=2)
+    alive_at, silent_at = f"127.0.0.1:{port}", f"127.0.0.1:{silent.getsockname()[1]}"
+    try:
+        async with watch.watching(alive_at) as alive_dead, watch.watching(silent_at) as silent_dead:
+            async with watch.watching(silent_at) as same:  # a second hand-off to it shares the probe
+                assert same is silent_dead
+                await asyncio.wait_for(silent_dead.wait(), 5.0)
+            await asyncio.sleep(0.5)
+            assert not alive_dead.is_set()
+        assert watch.found_dead == 1 and not watch._watches  # probes stop with the last hand-off
+    finally:
+        silent.close()
+        for ch in channels.values():
+            await ch.close()
+        await server.stop(None)
