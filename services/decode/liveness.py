@@ -5,7 +5,7 @@ deadline is long, and a prefill that stops answering (SIGSTOP, a partition, a we
 request in flight on it that long. Two short signals detect it in seconds whatever the rate:
 
     health     while any hand-off to a prefill is in flight, one probe loop per address asks its grpc.health.v1
-               service every `interval_s`; `misses` probes in a row without an answer (each `timeout_s`) mark it
+               service every `interval_s`; `misses` probes in a row (back to back after the first) without an answer (each `timeout_s`) mark it
                dead, and every hand-off waiting on it fails over at once
     computed   the prefill sends initial metadata `shared.serving.handoff.COMPUTED_KEY` once the prompt is computed; from then on only the
                page write and the checksum remain, which get their own short deadline (remote_prefill.py), so a
@@ -63,7 +63,8 @@ class PeerWatch:
         stub = health_pb2_grpc.HealthStub(self._channel_for(address))
         missed = 0
         while True:
-            await asyncio.sleep(self.interval_s)
+            if not missed:  # after a miss, ask again at once: silence is confirmed within `misses` timeouts
+                await asyncio.sleep(self.interval_s)
             try:
                 await stub.Check(health_pb2.HealthCheckRequest(), timeout=self.timeout_s)
                 missed = 0
