@@ -8,6 +8,8 @@
                this decode measured (with its other hand-offs in flight counted as queue ahead of it), never under
                `--handoff-min-timeout-s` nor over `--handoff-timeout-s`; until a first hand-off was measured, the
                whole `--handoff-timeout-s` (start-up: connections and caches are cold)
+               (a silent or wedged prefill is caught sooner than that by liveness.py: health probes, and a short
+               write deadline once the prompt is computed)
     refusals   which failed attempts certainly wrote nothing (the prefill refused the ticket): their pages are freed
                at once instead of quarantined
 
