@@ -23,7 +23,17 @@ from dataclasses import dataclass, field
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
+from proto.pdrelay.v1 import common_pb2
+from shared.serving.decode_servicer import HandoffFailed
+
 log = logging.getLogger(__name__)
+
+
+class PrefillSilent(HandoffFailed):
+    """A hand-off given up on because its prefill stopped answering health probes."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message, common_pb2.ERROR_CODE_TIMEOUT)
 
 
 @dataclass

@@ -27,7 +27,7 @@ from shared.engine.sampling_params import SamplingParams
 from shared.serving.convert import layout_to_pb, logprob_from_pb, sampling_to_pb
 from shared.serving.decode_servicer import HandoffFailed
 from services.decode.admission import AdmissionQueue
-from services.decode.liveness import PeerWatch
+from services.decode.liveness import PeerWatch, PrefillSilent
 from services.decode.prefill_choice import PrefillChoice, is_refusal, is_sick
 from shared.serving.handoff import COMPUTED_KEY, EpochClock, accept_response, pages_needed
 from shared.telemetry import spans
@@ -135,8 +135,7 @@ class RemotePrefillClient:
                     if resp_task in done:
                         return resp_task.result()
                     if dead_task in done:
-                        raise HandoffFailed(f"prefill {target_id} at {address} stopped answering health probes",
-                                            common_pb2.ERROR_CODE_TIMEOUT)
+                        raise PrefillSilent(f"prefill {target_id} at {address} stopped answering health probes")
                     if md_task in done:
                         md = md_task.result() if not md_task.exception() else None
                         if md and any(k == COMPUTED_KEY for k, _ in md):
@@ -217,6 +216,7 @@ class RemotePrefillClient:
             activated = False
             refused = False  # the prefill answered that it wrote nothing: no quarantine
             sick = False  # the attempt failed in a way that counts against the prefill's breaker
+            silent = False  # the prefill stopped answering health probes: its breaker opens at once
             t_call = time.monotonic()
             try:
                 resp = await self._await_handoff(address, target_id, ticket, timeout_s)
@@ -250,10 +250,11 @@ class RemotePrefillClient:
                     raise InvalidRequest(last_error) from None
             except HandoffFailed as e:
                 last_code, last_error, sick = e.code, f"prefill {target_id}: {e}", True
+                silent = isinstance(e, PrefillSilent)
             finally:
                 tr.end(handoff)  # when the call failed (no-op when it already ended)
                 transfer.end_receive()
-                self.choice.done(handoff_try, time.monotonic() - t_call, ok=activated, sick=sick)
+                self.choice.done(handoff_try, time.monotonic() - t_call, ok=activated, sick=sick, silent=silent)
                 if not activated:
                     # The prefill may still be writing (timeout, cancellation): quarantine, do not reuse yet. One
                     # that refused the ticket wrote nothing: its pages are free at once.

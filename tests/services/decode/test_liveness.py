@@ -9,6 +9,8 @@ import grpc
 from grpc_health.v1 import health, health_pb2_grpc
 
 from services.decode.liveness import PeerWatch
+from services.decode.prefill_choice import PrefillChoice
+from shared.cluster.breaker import BreakerState
 
 
 async def test_an_answering_peer_stays_alive_and_a_silent_one_is_found_dead_in_seconds() -> None:
@@ -40,3 +42,11 @@ async def test_an_answering_peer_stays_alive_and_a_silent_one_is_found_dead_in_s
         for ch in channels.values():
             await ch.close()
         await server.stop(None)
+
+
+def test_a_silent_prefill_leaves_rotation_at_once_an_outlier_after_repeated_failures() -> None:
+    c = PrefillChoice(max_timeout_s=30.0, min_timeout_s=3.0)
+    c.done(c.attempt("p1", 100), 4.0, ok=False, sick=True)
+    assert c.breakers.allows("p1")  # one failed hand-off: still in rotation (the threshold is 2)
+    c.done(c.attempt("p2", 100), 4.0, ok=False, sick=True, silent=True)
+    assert c.breakers.get("p2").state == BreakerState.OPEN  # silence is not an outlier: out now
