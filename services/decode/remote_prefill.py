@@ -39,6 +39,8 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
+PREFILL_METHOD = "/pdrelay.v1.Prefill/Prefill"
+
 
 class RemotePrefillClient:
     def __init__(self, svc: DecodeService) -> None:
@@ -117,11 +119,15 @@ class RemotePrefillClient:
         """The Prefill call, given up on before its deadline when the prefill stops answering health probes or,
         once it said the prompt is computed, does not finish the write within `--handoff-min-timeout-s`
         (liveness.py). Raises what the call raises, or HandoffFailed(TIMEOUT) when given up on."""
-        call = self._stub(address).Prefill(ticket, timeout=timeout_s)
+        # Called as unary-stream (the same bytes on the wire as the unary Prefill): a unary call's initial metadata
+        # only arrives with its response, a streaming call's as soon as the prefill sends it.
+        call = self._channel(address).unary_stream(
+            PREFILL_METHOD, request_serializer=worker_pb2.HandoffTicket.SerializeToString,
+            response_deserializer=worker_pb2.PrefillResponse.FromString)(ticket, timeout=timeout_s)
         loop = asyncio.get_running_loop()
         write_s = self.svc.cfg.disagg.handoff_min_timeout_s
         async with self.watch.watching(address) as dead:
-            resp_task: asyncio.Future[worker_pb2.PrefillResponse] = asyncio.ensure_future(call)
+            resp_task = asyncio.ensure_future(call.read())
             dead_task = asyncio.ensure_future(dead.wait())
             md_task = asyncio.ensure_future(call.initial_metadata())
             write_by: float | None = None
@@ -133,7 +139,11 @@ class RemotePrefillClient:
                     left = None if write_by is None else max(0.0, write_by - loop.time())
                     done, _ = await asyncio.wait(waiting, timeout=left, return_when=asyncio.FIRST_COMPLETED)
                     if resp_task in done:
-                        return resp_task.result()
+                        resp = resp_task.result()
+                        if not isinstance(resp, worker_pb2.PrefillResponse):  # EOF without a response
+                            raise HandoffFailed(f"prefill {target_id} at {address} ended the call without an answer",
+                                                common_pb2.ERROR_CODE_UNAVAILABLE)
+                        return resp
                     if dead_task in done:
                         raise PrefillSilent(f"prefill {target_id} at {address} stopped answering health probes")
                     if md_task in done:

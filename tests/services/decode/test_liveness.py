@@ -50,3 +50,32 @@ def test_a_silent_prefill_leaves_rotation_at_once_an_outlier_after_repeated_fail
     assert c.breakers.allows("p1")  # one failed hand-off: still in rotation (the threshold is 2)
     c.done(c.attempt("p2", 100), 4.0, ok=False, sick=True, silent=True)
     assert c.breakers.get("p2").state == BreakerState.OPEN  # silence is not an outlier: out now
+
+
+async def test_the_computed_signal_reaches_decode_before_the_answer() -> None:
+    """Prefill's initial metadata arrives while it still works: the hand-off call can see it (unary-stream)."""
+    from proto.pdrelay.v1 import worker_pb2, worker_pb2_grpc
+    from services.decode.remote_prefill import PREFILL_METHOD
+    from shared.serving.handoff import COMPUTED_KEY
+
+    class Slow(worker_pb2_grpc.PrefillServicer):
+        async def Prefill(self, request, context):  # type: ignore[no-untyped-def]
+            await context.send_initial_metadata(((COMPUTED_KEY, "1"),))
+            await asyncio.sleep(2.0)
+            return worker_pb2.PrefillResponse(request_id=request.request_id)
+
+    server = grpc.aio.server()
+    worker_pb2_grpc.add_PrefillServicer_to_server(Slow(), server)
+    port = server.add_insecure_port("127.0.0.1:0")
+    await server.start()
+    ch = grpc.aio.insecure_channel(f"127.0.0.1:{port}")
+    try:
+        call = ch.unary_stream(PREFILL_METHOD, request_serializer=worker_pb2.HandoffTicket.SerializeToString,
+                               response_deserializer=worker_pb2.PrefillResponse.FromString)(
+            worker_pb2.HandoffTicket(request_id="r1"), timeout=5.0)
+        md = await asyncio.wait_for(call.initial_metadata(), 1.0)  # well before the 2 s answer
+        assert (COMPUTED_KEY, "1") in tuple(md)
+        assert (await call.read()).request_id == "r1"
+    finally:
+        await ch.close()
+        await server.stop(None)
