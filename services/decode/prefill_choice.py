@@ -8,6 +8,8 @@
                this decode measured (with its other hand-offs in flight counted as queue ahead of it), never under
                `--handoff-min-timeout-s` nor over `--handoff-timeout-s`; until a first hand-off was measured, the
                whole `--handoff-timeout-s` (start-up: connections and caches are cold)
+               (a silent or wedged prefill is caught sooner than that by liveness.py: health probes, and a short
+               write deadline once the prompt is computed)
     refusals   which failed attempts certainly wrote nothing (the prefill refused the ticket): their pages are freed
                at once instead of quarantined
 
@@ -81,7 +83,8 @@ class PrefillChoice:
         self._in_flight_tokens += prompt_tokens
         return a
 
-    def done(self, a: Attempt, seconds: float, *, ok: bool, sick: bool) -> None:
+    def done(self, a: Attempt, seconds: float, *, ok: bool, sick: bool, silent: bool = False) -> None:
+        """`silent`: the prefill stopped answering health probes (liveness.py): its breaker opens at once."""
         self._in_flight_tokens = max(0, self._in_flight_tokens - a.prompt_tokens)
         b = self.breakers.get(a.instance_id)
         if ok:
@@ -90,6 +93,8 @@ class PrefillChoice:
             # does not read as a slow prefill.
             rate = (a.prompt_tokens + a.ahead_tokens) / max(seconds, 1e-3)
             self.tokens_per_s = rate if self.tokens_per_s is None else (1 - _EWMA) * self.tokens_per_s + _EWMA * rate
+        elif silent:
+            b.trip("it stopped answering health probes")
         elif sick:
             b.on_failure()
         else:

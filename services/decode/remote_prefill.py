@@ -27,8 +27,9 @@ from shared.engine.sampling_params import SamplingParams
 from shared.serving.convert import layout_to_pb, logprob_from_pb, sampling_to_pb
 from shared.serving.decode_servicer import HandoffFailed
 from services.decode.admission import AdmissionQueue
+from services.decode.liveness import PeerWatch, PrefillSilent
 from services.decode.prefill_choice import PrefillChoice, is_refusal, is_sick
-from shared.serving.handoff import EpochClock, accept_response, pages_needed
+from shared.serving.handoff import COMPUTED_KEY, EpochClock, accept_response, pages_needed
 from shared.telemetry import spans
 from shared.telemetry.metrics import CountersCollector, error_label
 from shared.telemetry.tracing import SpanKind, add_event, current_span, inject, set_error
@@ -38,6 +39,8 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
+PREFILL_METHOD = "/pdrelay.v1.Prefill/Prefill"
+
 
 class RemotePrefillClient:
     def __init__(self, svc: DecodeService) -> None:
@@ -46,7 +49,9 @@ class RemotePrefillClient:
         self._channels: dict[str, grpc.aio.Channel] = {}
         d = svc.cfg.disagg
         self.choice = PrefillChoice(max_timeout_s=d.handoff_timeout_s, min_timeout_s=d.handoff_min_timeout_s)
-        self.admission = AdmissionQueue(svc.cfg.scheduler.max_queued_requests)
+        self.admission = AdmissionQueue(svc.cfg.scheduler.max_queued_requests,
+                                        max_wait_s=svc.cfg.scheduler.max_queue_wait_s)
+        self.watch = PeerWatch(self._channel)
         self.stale_targets = 0  # gateway choices refused for an older epoch than etcd's
         self.handoffs_ok = 0
         self.handoffs_failed = 0
@@ -100,11 +105,63 @@ class RemotePrefillClient:
             return []
         return [(m.instance_id, m.grpc_address) for m in members.ready("prefill") if m.instance_id != exclude]
 
-    def _stub(self, address: str) -> worker_pb2_grpc.PrefillStub:
+    def _channel(self, address: str) -> grpc.aio.Channel:
         ch = self._channels.get(address)
         if ch is None:
             ch = self._channels[address] = open_channel(address, self.svc.tls)
-        return worker_pb2_grpc.PrefillStub(ch)
+        return ch
+
+    def _stub(self, address: str) -> worker_pb2_grpc.PrefillStub:
+        return worker_pb2_grpc.PrefillStub(self._channel(address))
+
+    async def _await_handoff(self, address: str, target_id: str, ticket: worker_pb2.HandoffTicket,
+                             timeout_s: float) -> worker_pb2.PrefillResponse:
+        """The Prefill call, given up on before its deadline when the prefill stops answering health probes or,
+        once it said the prompt is computed, does not finish the write within `--handoff-min-timeout-s`
+        (liveness.py). Raises what the call raises, or HandoffFailed(TIMEOUT) when given up on."""
+        # Called as unary-stream (the same bytes on the wire as the unary Prefill): a unary call's initial metadata
+        # only arrives with its response, a streaming call's as soon as the prefill sends it.
+        call = self._channel(address).unary_stream(
+            PREFILL_METHOD, request_serializer=worker_pb2.HandoffTicket.SerializeToString,
+            response_deserializer=worker_pb2.PrefillResponse.FromString)(ticket, timeout=timeout_s)
+        loop = asyncio.get_running_loop()
+        write_s = self.svc.cfg.disagg.handoff_min_timeout_s
+        async with self.watch.watching(address) as dead:
+            resp_task = asyncio.ensure_future(call.read())
+            dead_task = asyncio.ensure_future(dead.wait())
+            md_task = asyncio.ensure_future(call.initial_metadata())
+            write_by: float | None = None
+            try:
+                while True:
+                    waiting: set[asyncio.Future] = {resp_task, dead_task}  # type: ignore[type-arg]
+                    if write_by is None and not md_task.done():
+                        waiting.add(md_task)
+                    left = None if write_by is None else max(0.0, write_by - loop.time())
+                    done, _ = await asyncio.wait(waiting, timeout=left, return_when=asyncio.FIRST_COMPLETED)
+                    if resp_task in done:
+                        resp = resp_task.result()
+                        if not isinstance(resp, worker_pb2.PrefillResponse):  # EOF without a response
+                            raise HandoffFailed(f"prefill {target_id} at {address} ended the call without an answer",
+                                                common_pb2.ERROR_CODE_UNAVAILABLE)
+                        return resp
+                    if dead_task in done:
+                        raise PrefillSilent(f"prefill {target_id} at {address} stopped answering health probes")
+                    if md_task in done:
+                        md = md_task.result() if not md_task.exception() else None
+                        if md and any(k == COMPUTED_KEY for k, _ in md):
+                            write_by = loop.time() + write_s
+                        continue
+                    if not done:
+                        raise HandoffFailed(f"prefill {target_id} at {address} computed the prompt but did not "
+                                            f"write its pages within {write_s:.1f} s", common_pb2.ERROR_CODE_TIMEOUT)
+            finally:
+                if not call.done():
+                    call.cancel()
+                for t in (resp_task, dead_task, md_task):
+                    if not t.done():
+                        t.cancel()
+                    elif not t.cancelled():
+                        t.exception()  # retrieved: a failed call is reported through resp_task or not at all
 
     async def close(self) -> None:
         for ch in self._channels.values():
@@ -146,6 +203,7 @@ class RemotePrefillClient:
                 raise
             if not attempt:
                 head.timings.queue_s = time.monotonic() - t_admit
+            t_slot = time.monotonic()
             tr.record(spans.DECODE_ADMIT, t_admit, time.monotonic(),
                       {spans.PAGES: len(res.page_ids), spans.SKIP_TOKENS: res.skip_tokens})
             epoch = self.epochs.next(svc.epoch)
@@ -168,9 +226,10 @@ class RemotePrefillClient:
             activated = False
             refused = False  # the prefill answered that it wrote nothing: no quarantine
             sick = False  # the attempt failed in a way that counts against the prefill's breaker
+            silent = False  # the prefill stopped answering health probes: its breaker opens at once
             t_call = time.monotonic()
             try:
-                resp = await self._stub(address).Prefill(ticket, timeout=timeout_s)
+                resp = await self._await_handoff(address, target_id, ticket, timeout_s)
                 tr.end(handoff)
                 why = accept_response(resp, request.request_id, epoch)
                 if why is not None:
@@ -201,10 +260,11 @@ class RemotePrefillClient:
                     raise InvalidRequest(last_error) from None
             except HandoffFailed as e:
                 last_code, last_error, sick = e.code, f"prefill {target_id}: {e}", True
+                silent = isinstance(e, PrefillSilent)
             finally:
                 tr.end(handoff)  # when the call failed (no-op when it already ended)
                 transfer.end_receive()
-                self.choice.done(handoff_try, time.monotonic() - t_call, ok=activated, sick=sick)
+                self.choice.done(handoff_try, time.monotonic() - t_call, ok=activated, sick=sick, silent=silent)
                 if not activated:
                     # The prefill may still be writing (timeout, cancellation): quarantine, do not reuse yet. One
                     # that refused the ticket wrote nothing: its pages are free at once.
@@ -229,7 +289,8 @@ class RemotePrefillClient:
                         if n == 2:
                             svc.faults.crash_if("decode_crash_mid_stream")
                 finally:
-                    self.admission.freed()  # its slot and pages: the next waiting request may fit now
+                    # its slot and pages: the next waiting request may fit now (and how long it held them)
+                    self.admission.freed(time.monotonic() - t_slot)
                 return
             self.handoffs_failed += 1
             log.warning("%s: hand-off of %s failed (attempt %d): %s", svc.instance_id, rid, attempt + 1, last_error)

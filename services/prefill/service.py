@@ -24,7 +24,7 @@ from shared.serving.convert import BACKEND_FROM_PB, layout_from_pb, logprob_to_p
 from shared.serving.decode_servicer import local_media
 from shared.serving.engine_service import EngineService
 from shared.serving.faults import Faults
-from shared.serving.handoff import FencingLedger, descs_from_pb, pages_needed
+from shared.serving.handoff import COMPUTED_KEY, FencingLedger, descs_from_pb, pages_needed
 from shared.serving.kv_transfer import KVTransfer
 from shared.serving.kvstore_client import KVStoreClient, attach_kvstore
 from shared.serving.remote_media import RemoteVision
@@ -217,6 +217,9 @@ class PrefillServicer(worker_pb2_grpc.PrefillServicer):
             if first.finish_reason == "abort":
                 await abort(context, common_pb2.ERROR_CODE_CANCELLED, f"prefill of {rid} was aborted", instance_id=me)
             t_computed = time.monotonic()
+            # Tells decode the compute is done: from here only the write remains, which it waits for only briefly
+            # (a prefill that hangs now is given up on in seconds, whatever the compute deadline was).
+            await context.send_initial_metadata(((COMPUTED_KEY, "1"),))
             pages = await aengine.call(lambda: engine.held_pages(rid))
             src_pages = list(pages[skip_pages:n_pages])
             t_pinned = time.monotonic()

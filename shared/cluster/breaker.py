@@ -98,6 +98,11 @@ class CircuitBreaker:
         if self._failures >= self.config.failure_threshold:
             self._open(f"{self._failures} consecutive failures")
 
+    def trip(self, why: str) -> None:
+        """Open now, whatever the count: the instance is known to be gone or silent (not merely an outlier)."""
+        if self.state != BreakerState.OPEN:
+            self._open(why)
+
     def on_abandoned(self) -> None:
         """The request ended without saying anything about the instance (client gone, refused as overloaded)."""
         self._probe_in_flight = False

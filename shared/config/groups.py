@@ -56,6 +56,9 @@ class CacheConfig:
 class SchedulerConfig:
     max_running_requests: A[int, Arg("Most requests decoding at once", min=1, max=4096)] = 64
     max_queued_requests: A[int, Arg("Most requests waiting; more are refused with a retryable error", min=1)] = 1024
+    max_queue_wait_s: A[float, Arg("Longest a request waits for a slot in the disaggregated decode's queue: one "
+                                   "whose estimated wait is longer is refused at once, with 429 + Retry-After "
+                                   "(0: bounded by --max-queued-requests only)", min=0)] = 30.0
     chunked_prefill_size: A[int, Arg("Most prompt tokens per prefill chunk (0: derived from device memory)",
                                      min=0)] = 0
     max_prefill_tokens: A[int, Arg("Most prompt tokens in one step, all requests together", min=16)] = 4096

@@ -20,6 +20,9 @@ from shared.transfer.descs import PageDesc
 
 # Remember this many request ids per prefill instance for fencing and idempotent replies.
 _LEDGER_SIZE = 8192
+# Initial metadata a prefill sends once the prompt is computed (only the page write remains): decode gives the rest
+# of the hand-off a short deadline of its own (services/decode/liveness.py).
+COMPUTED_KEY = "pdrelay-prefill-computed"
 
 
 class EpochClock:
