@@ -26,6 +26,7 @@ from shared.engine.page_allocator import PageAllocator
 from shared.engine.radix_cache import KVEvent, RadixCache
 from shared.engine.request import FinishReason, MediaInput, RequestOutput, TokenLogprobs
 from shared.engine.sampler import Sampler
+from shared.engine.sampler import prompt_logprobs
 from shared.engine.sampler.detokenizer import DecodeFn
 from shared.engine.sampling_params import SamplingParams
 from shared.engine.scheduler import Scheduler
@@ -293,6 +294,9 @@ class Engine:
                     t2 = t1
                     logits = self.runner.forward(out)
                 t3 = time.perf_counter()
+                logits, prompt_rows = prompt_logprobs.split_logits(logits, out.seqs)
+                if prompt_rows is not None:
+                    prompt_logprobs.record(prompt_rows, out.seqs, self.scheduler.requests)
                 sampled = self.sampler.sample(
                     logits, reqs, None if pending is None else (lambda x: self.masks.apply(pending, x)))
                 tokens, logprobs = sampled.token_ids, sampled.logprobs
