@@ -245,8 +245,9 @@ class Engine:
         return self.scheduler.handoff.reserve_remote(req_id, list(prompt_token_ids), params, priority, media)
 
     def activate_remote(self, req_id: str, first_token: int,
-                        logprob: TokenLogprobs | None = None) -> list[RequestOutput]:
-        return self.scheduler.handoff.activate_remote(req_id, first_token, logprob)
+                        logprob: TokenLogprobs | None = None,
+                        prompt_logprobs: Sequence[TokenLogprobs] = ()) -> list[RequestOutput]:
+        return self.scheduler.handoff.activate_remote(req_id, first_token, logprob, prompt_logprobs)
 
     def cancel_remote(self, req_id: str, quarantine_s: float = 0.0) -> bool:
         return self.scheduler.handoff.cancel_remote(req_id, quarantine_s)
