@@ -72,7 +72,7 @@ def namespace_digest(model: str, layout: KVLayout) -> str:
 
 def encode_chunk(page_bytes: int, pages: Sequence[tuple[int, torch.Tensor, int]]) -> bytes:
     head = _HEAD.pack(MAGIC, page_bytes, len(pages)) + b"".join(_ENTRY.pack(h, c) for h, _, c in pages)
-    return b"".join([head, _CRC.pack(zlib.crc32(head))] + [memoryview(d.numpy()).cast("B") for _, d, _ in pages])
+    return b"".join([head, _CRC.pack(zlib.crc32(head))] + [d.numpy().tobytes() for _, d, _ in pages])
 
 
 def decode_chunk(blob: bytes, page_bytes: int) -> list[tuple[int, int, memoryview]] | None:
