@@ -128,3 +128,24 @@ def test_tier_put_fetch_share_budget_and_master_restart(tmp_path: Path) -> None:
         asyncio.run(scenario())
     finally:
         master.stop()
+
+
+def test_remote_tier_config_is_checked_and_off_when_unset() -> None:
+    from types import SimpleNamespace
+
+    from services.kvstore.service import open_remote_tier
+
+    def k(**kw: object) -> SimpleNamespace:
+        base = dict(kvstore_mooncake_master=None, kvstore_mooncake_metadata_url=None,
+                    kvstore_mooncake_segment_bytes=16 << 20, kvstore_mooncake_bytes=1 << 20,
+                    kvstore_chunk_pages=4, kvstore_mooncake_timeout_s=1.0)
+        return SimpleNamespace(**{**base, **kw})
+
+    assert open_remote_tier(k(), "127.0.0.1") is None
+    with pytest.raises(ValueError, match="--kvstore-mooncake-master 'nohost' is not HOST:PORT"):
+        open_remote_tier(k(kvstore_mooncake_master="nohost"), "127.0.0.1")
+    with pytest.raises(ValueError, match="needs --kvstore-mooncake-metadata-url"):
+        open_remote_tier(k(kvstore_mooncake_master="127.0.0.1:1"), "127.0.0.1")
+    t = open_remote_tier(k(kvstore_mooncake_master="127.0.0.1:1", kvstore_mooncake_metadata_url="http://x/m"),
+                         "127.0.0.1")
+    assert t is not None and not t.up and t.capacity_bytes == 1 << 20
