@@ -134,8 +134,9 @@ def main() -> None:
         n = max(a.chunk_pages, (mib << 20) // LAYOUT.page_bytes)
         pages = _pages(n)
         r = bench_disk(pages, a.chunk_pages, a.rounds)
-        row = (f"| {mib} MiB | {n} | {r['tier_cold']:.2f} | {r['raw_cold']:.2f} | {r['tier_cold'] / r['raw_cold']:.2f}x "
-               f"| {r['tier_warm']:.2f} | {r['raw_warm']:.2f} | {r['tier_warm'] / r['raw_warm']:.2f}x |")
+        row = (f"| {mib} MiB | {n} | {r['tier_cold']:.2f} | {r['raw_cold']:.2f} "
+               f"| {r['tier_cold'] / r['raw_cold']:.2f}x | {r['tier_warm']:.2f} | {r['raw_warm']:.2f} "
+               f"| {r['tier_warm'] / r['raw_warm']:.2f}x |")
         if a.mooncake:
             row += f" {asyncio.run(bench_mooncake(pages, a.chunk_pages, a.rounds)):.2f} |"
         print(row, flush=True)

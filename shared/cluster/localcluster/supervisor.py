@@ -343,8 +343,9 @@ class Supervisor:
     def _plan_mooncake(self, opts: UpOptions) -> UpOptions:
         """One mooncake_master (with its HTTP metadata server) beside the kvstore, on 127.0.0.1 and free ports, unless
         no kvstore runs, the user named a master (--kvstore-mooncake-master), or this install lacks the binary."""
+        user_flags = (*opts.extra, *opts.role_extra.get("kvstore", ()))
         if opts.counts.get("kvstore", 0) <= 0 or any(
-                f.split("=", 1)[0] == "--kvstore-mooncake-master" for f in (*opts.extra, *opts.role_extra.get("kvstore", ()))):
+                f.split("=", 1)[0] == "--kvstore-mooncake-master" for f in user_flags):
             return opts
         try:
             find_binary("mooncake_master")
