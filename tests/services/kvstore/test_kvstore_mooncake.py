@@ -136,9 +136,9 @@ def test_remote_tier_config_is_checked_and_off_when_unset() -> None:
     from services.kvstore.service import open_remote_tier
 
     def k(**kw: object) -> SimpleNamespace:
-        base = dict(kvstore_mooncake_master=None, kvstore_mooncake_metadata_url=None,
-                    kvstore_mooncake_segment_bytes=16 << 20, kvstore_mooncake_bytes=1 << 20,
-                    kvstore_chunk_pages=4, kvstore_mooncake_timeout_s=1.0)
+        base: dict[str, object] = {"kvstore_mooncake_master": None, "kvstore_mooncake_metadata_url": None,
+                                   "kvstore_mooncake_segment_bytes": 16 << 20, "kvstore_mooncake_bytes": 1 << 20,
+                                   "kvstore_chunk_pages": 4, "kvstore_mooncake_timeout_s": 1.0}
         return SimpleNamespace(**{**base, **kw})
 
     assert open_remote_tier(k(), "127.0.0.1") is None
