@@ -16,6 +16,7 @@ import grpc
 
 from proto.pdrelay.v1 import common_pb2, worker_pb2, worker_pb2_grpc
 from services.kvstore.disk import open_disk_tier
+from services.kvstore.remote import MooncakeTier
 from services.kvstore.servicer import KVStoreServicer, stats_pb
 from services.kvstore.store import Namespace, PageStore
 from shared.cluster.bus.kv_events import KVEventPublisher
@@ -30,6 +31,22 @@ log = logging.getLogger(__name__)
 STORE_TIER = "host"  # the KV-event tier of every page the store holds (DRAM or its disk: one transfer away)
 
 
+def open_remote_tier(k: Any, host: str) -> MooncakeTier | None:
+    """T3 from the config, or None when --kvstore-mooncake-master is unset. ValueError names a bad flag."""
+    if not k.kvstore_mooncake_master:
+        return None
+    master = k.kvstore_mooncake_master
+    _, sep, port = master.rpartition(":")
+    if not sep or not port.isdigit():
+        raise ValueError(f"--kvstore-mooncake-master {master!r} is not HOST:PORT")
+    if not k.kvstore_mooncake_metadata_url:
+        raise ValueError("--kvstore-mooncake-master needs --kvstore-mooncake-metadata-url (the master's HTTP "
+                         "metadata server, e.g. http://HOST:8080/metadata)")
+    return MooncakeTier(master=master, metadata_url=k.kvstore_mooncake_metadata_url, host=host,
+                        segment_bytes=k.kvstore_mooncake_segment_bytes, budget_bytes=k.kvstore_mooncake_bytes,
+                        chunk_pages=k.kvstore_chunk_pages, timeout_s=k.kvstore_mooncake_timeout_s)
+
+
 class KVStoreService(Service):
     role = "kvstore"
 
@@ -42,9 +59,11 @@ class KVStoreService(Service):
             raise ValueError(f"--kvstore-dram-bytes {k.kvstore_dram_bytes} is too small for a DRAM tier; give it at "
                              "least 64KiB (e.g. 1GiB): the transfer engine reads and writes pages only there")
         disk = open_disk_tier(k.kvstore_disk_dir, k.kvstore_disk_bytes, k.kvstore_chunk_pages)  # ValueError: exit 2
+        remote = open_remote_tier(k, cfg.transfer.transfer_host)
         self.store = PageStore(name=self.instance_id, backend=cfg.transfer.transfer_backend,
                                host=cfg.transfer.transfer_host, dram_bytes=k.kvstore_dram_bytes,
                                lease_s=k.kvstore_lease_s, high_watermark=k.kvstore_high_watermark, disk=disk,
+                               remote=remote,
                                on_stored=self._stored, on_removed=self._removed)
         self.store.on_bound(self._on_bound)
         self._kv_pub: KVEventPublisher | None = None
@@ -62,7 +81,17 @@ class KVStoreService(Service):
              "m_rejected"),
             ("pdrelay:kvstore_corrupt_pages", "Stored pages found corrupt at read (DRAM or disk) and dropped",
              "m_corrupt"),
-            ("pdrelay:kvstore_promoted_pages", "Pages read back from disk into DRAM on a hit", "m_promoted")]))
+            ("pdrelay:kvstore_promoted_pages", "Pages read back from disk into DRAM on a hit", "m_promoted"),
+            ("pdrelay:kvstore_t3_put_chunks", "Chunks put into the Mooncake Store", "m_t3_put_chunks"),
+            ("pdrelay:kvstore_t3_put_bytes", "Bytes put into the Mooncake Store", "m_t3_put_bytes"),
+            ("pdrelay:kvstore_t3_put_failures", "Mooncake Store puts refused, failed or timed out",
+             "m_t3_put_failures"),
+            ("pdrelay:kvstore_t3_promoted_pages", "Pages promoted from the Mooncake Store into DRAM on a lookup",
+             "m_t3_promoted"),
+            ("pdrelay:kvstore_t3_fetch_failures", "Mooncake Store gets failed or timed out", "m_t3_fetch_failures"),
+            ("pdrelay:kvstore_t3_dropped_pages", "Evicted pages the Mooncake Store did not get (down, lagging)",
+             "m_t3_dropped"),
+            ("pdrelay:kvstore_t3_up", "1 while the Mooncake Store tier is connected and answering", "m_t3_up")]))
 
     # ---- metrics (read at scrape time) ---------------------------------------------------------------------------
     def __getattr__(self, name: str) -> int:
@@ -74,7 +103,17 @@ class KVStoreService(Service):
                  "m_get_pages": c.get_pages, "m_get_failures": c.get_failures, "m_promoted": c.promoted_pages,
                  "m_stored": a.stored if a else 0, "m_evicted": a.evicted if a else 0,
                  "m_rejected": a.rejected if a else 0,
-                 "m_corrupt": (a.corrupt if a else 0) + (d.counters.corrupt if d is not None else 0)}
+                 "m_corrupt": (a.corrupt if a else 0) + (d.counters.corrupt if d is not None else 0)
+                 + (store.remote.counters.corrupt if store.remote is not None else 0)}
+        if name.startswith("m_t3_"):
+            r = store.remote
+            if r is None:
+                return 0
+            rc = r.counters
+            table = {"m_t3_put_chunks": rc.put_chunks, "m_t3_put_bytes": rc.put_bytes,
+                     "m_t3_put_failures": rc.put_failures, "m_t3_promoted": c.remote_promoted_pages,
+                     "m_t3_fetch_failures": rc.fetch_failures, "m_t3_dropped": rc.dropped_pages,
+                     "m_t3_up": int(r.up)}
         return table[name]
 
     # ---- lifecycle -----------------------------------------------------------------------------------------------
@@ -103,11 +142,13 @@ class KVStoreService(Service):
         return d
 
     def _tier_names(self) -> list[str]:
-        return ["dram"] + (["disk"] if self.store.disk is not None else [])
+        return (["dram"] + (["disk"] if self.store.disk is not None else [])
+                + (["mooncake"] if self.store.remote is not None else []))
 
     def load_snapshot(self) -> LoadSnapshot:
         a = self.store.arena
-        names = {worker_pb2.STORAGE_TIER_DRAM: "dram", worker_pb2.STORAGE_TIER_DISK: "disk"}
+        names = {worker_pb2.STORAGE_TIER_DRAM: "dram", worker_pb2.STORAGE_TIER_DISK: "disk",
+                 worker_pb2.STORAGE_TIER_PEER: "mooncake"}
         tiers = tuple(TierFill(names[t], used, cap, n) for t, used, cap, n in self.store.tiers())
         return LoadSnapshot(running=self.gate.inflight, free_pages=(a.num_slots - a.num_pages) if a else 0,
                             total_pages=a.num_slots if a else 0, tiers=tiers)

@@ -46,7 +46,7 @@ class KVStoreServicer(worker_pb2_grpc.KVStoreServicer):
         svc = self.svc
         layout = await self._layout(request.layout, len(request.block_hashes), context)
         try:
-            tiers = svc.store.lookup(request.model, layout, list(request.block_hashes), request.lease_s)
+            tiers = await svc.store.lookup(request.model, layout, list(request.block_hashes), request.lease_s)
         except LayoutMismatch as e:
             await self._mismatch(e, context)
         return worker_pb2.LookupResponse(num_hit_pages=len(tiers), tiers=tiers)

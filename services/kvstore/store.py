@@ -31,6 +31,7 @@ from shared.transfer.hostmem import alloc_host_buffer
 
 if TYPE_CHECKING:
     from services.kvstore.disk import DiskTier
+    from services.kvstore.remote import MooncakeTier
 
 log = logging.getLogger(__name__)
 
@@ -58,13 +59,14 @@ class StoreCounters:
     get_pages: int = 0  # pages written out by Get
     get_failures: int = 0  # Gets whose transfer failed or timed out
     promoted_pages: int = 0  # disk -> DRAM on a hit
+    remote_promoted_pages: int = 0  # Mooncake Store -> DRAM on a lookup
 
 
 class PageStore:
     """Tiers + transfer engine. Call from one event loop; the engine's own lock covers its threads."""
 
     def __init__(self, *, name: str, backend: str, host: str, dram_bytes: int, lease_s: float,
-                 high_watermark: float, disk: DiskTier | None = None,
+                 high_watermark: float, disk: DiskTier | None = None, remote: MooncakeTier | None = None,
                  on_stored: Callable[[Sequence[int]], None] | None = None,
                  on_removed: Callable[[Sequence[int]], None] | None = None) -> None:
         self.backend = backend
@@ -72,6 +74,7 @@ class PageStore:
         self.lease_s = lease_s
         self.high_watermark = high_watermark
         self.disk = disk
+        self.remote = remote
         self.on_stored = on_stored
         self.on_removed = on_removed
         self.engine: TransferEngine = create_engine(backend, name=name, host=host)
@@ -111,7 +114,7 @@ class PageStore:
 
     def _bind(self, ns: Namespace) -> None:
         page_bytes = ns.layout.page_bytes
-        evict_hook = self.disk.demote if self.disk is not None else None
+        evict_hook = self._demote if (self.disk is not None or self.remote is not None) else None
         if self._buffer is None:
             self.allocate()
         self.arena = DramArena(self.dram_bytes, page_bytes, lease_s=self.lease_s, evict_hook=evict_hook,
@@ -119,6 +122,8 @@ class PageStore:
         self.namespace = ns
         if self.disk is not None:
             self.disk.bind(ns.model, ns.layout)
+        if self.remote is not None:
+            self.remote.bind(ns.model, ns.layout)
         log.info("kvstore: serving %s: %d DRAM slots of %d bytes", ns.describe(), self.arena.num_slots, page_bytes)
         for hook in self._bound_hooks:
             hook(ns)
@@ -134,6 +139,14 @@ class PageStore:
 
     def start(self) -> None:
         self._progress = asyncio.ensure_future(self._progress_loop())
+        if self.remote is not None:
+            self.remote.start()
+
+    def _demote(self, h: int, page: torch.Tensor, crc: int) -> None:
+        if self.disk is not None:
+            self.disk.demote(h, page, crc)
+        if self.remote is not None:
+            self.remote.demote(h, page, crc)
 
     async def _progress_loop(self) -> None:
         # The receiving side of a Put must progress its backend (NIXL/UCX), or a caller's write never completes.
@@ -161,12 +174,17 @@ class PageStore:
         if self.disk is not None:
             gone = [h for h in gone if h not in self.disk]  # demoted pages are still in the store
             gone.extend(self.disk.take_removed())
+        if self.remote is not None:
+            gone = [h for h in gone if h not in self.remote]
+            gone.extend(h for h in self.remote.take_removed()
+                        if h not in self.arena and (self.disk is None or h not in self.disk))
         if gone and self.on_removed is not None:
             self.on_removed(gone)
 
     # ---- operations ----------------------------------------------------------------------------------------------
-    def lookup(self, model: str, layout: KVLayout, hashes: Sequence[int], lease_s: float) -> list[int]:
-        """Tier of each leading held page (1 DRAM, 2 disk)."""
+    async def lookup(self, model: str, layout: KVLayout, hashes: Sequence[int], lease_s: float) -> list[int]:
+        """Tier of each leading held page (DRAM, DISK, PEER for the Mooncake Store). Pages only the Mooncake Store
+        holds are promoted into DRAM here (under the lookup's lease), so the Get that follows serves them as usual."""
         arena = self.check(model, layout)
         self.counters.lookups += 1
         self.counters.lookup_pages += len(hashes)
@@ -174,8 +192,32 @@ class PageStore:
         tiers = [worker_pb2.STORAGE_TIER_DRAM] * n
         if self.disk is not None and n < len(hashes):
             tiers += [worker_pb2.STORAGE_TIER_DISK] * self.disk.lookup(hashes[n:])
+        if self.remote is not None and len(tiers) < len(hashes):
+            got = await self._promote_remote(hashes[len(tiers):], lease_s)
+            tiers += [worker_pb2.STORAGE_TIER_PEER] * got
         self.counters.hit_pages += len(tiers)
         return tiers
+
+    async def _promote_remote(self, hashes: Sequence[int], lease_s: float) -> int:
+        arena, remote = self.arena, self.remote
+        assert arena is not None and remote is not None
+        # at most what DRAM can take without evicting the pages this lookup already counts
+        got = await remote.fetch(hashes, limit=max(0, arena.num_slots // 2))
+        if not got:
+            return 0
+        res = arena.reserve([h for h, _, _ in got])
+        crcs = []
+        for idx, slot in zip(res.indexes, res.slots, strict=True):
+            arena.slot_view(slot).copy_(got[idx][1])
+            crcs.append(got[idx][2])
+        stored: list[int] = []
+        if res.put_id:
+            stored, _ = arena.commit(res.put_id, crcs)
+        self.counters.remote_promoted_pages += len(stored)
+        if stored and self.on_stored is not None:
+            self.on_stored(stored)
+        self._publish_removed()
+        return arena.lookup([h for h, _, _ in got], lease_s)
 
     def reserve(self, model: str, layout: KVLayout, hashes: Sequence[int]) -> Reservation:
         arena = self.check(model, layout)
@@ -277,6 +319,9 @@ class PageStore:
         out.append((worker_pb2.STORAGE_TIER_DRAM, a.used_bytes if a else 0, a.capacity_bytes if a else self.dram_bytes, a.num_pages if a else 0))
         if self.disk is not None:
             out.append((worker_pb2.STORAGE_TIER_DISK, self.disk.used_bytes, self.disk.capacity_bytes, self.disk.num_pages))
+        if self.remote is not None:
+            r = self.remote
+            out.append((worker_pb2.STORAGE_TIER_PEER, r.used_bytes, r.capacity_bytes, r.num_pages))
         return out
 
     def snapshot(self) -> dict[str, Any]:
@@ -291,3 +336,5 @@ class PageStore:
             log.warning("closing the kvstore transfer engine: %s", e)
         if self.disk is not None:
             self.disk.close()
+        if self.remote is not None:
+            await self.remote.close()

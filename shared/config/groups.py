@@ -226,7 +226,19 @@ class KVStoreConfig:
                                   "long", min=0.1, max=600)] = 10.0
     kvstore_high_watermark: A[float, Arg("DRAM fill (share of --kvstore-dram-bytes) above which pages are demoted "
                                          "to disk (or evicted without a disk tier)", min=0.1, max=1.0)] = 0.9
-    kvstore_chunk_pages: A[int, Arg("Pages per disk chunk file", min=1, max=1024)] = 16
+    kvstore_chunk_pages: A[int, Arg("Pages per disk chunk file and per Mooncake Store object", min=1,
+                                    max=1024)] = 16
+    kvstore_mooncake_master: A[str | None, Arg("Mooncake Store master HOST:PORT for the shared tier T3 (off when "
+                                               "unset)")] = None
+    kvstore_mooncake_metadata_url: A[str | None, Arg("Mooncake transfer metadata URL (e.g. "
+                                                     "http://HOST:PORT/metadata, the master's HTTP metadata "
+                                                     "server); required with --kvstore-mooncake-master")] = None
+    kvstore_mooncake_segment_bytes: A[int, Arg("Memory this kvstore contributes to the Mooncake Store pool",
+                                               min=1 << 20)] = 256 << 20
+    kvstore_mooncake_bytes: A[int, Arg("Byte budget of the chunks this kvstore puts into the Mooncake Store "
+                                       "(oldest removed past it)", min=0)] = 256 << 20
+    kvstore_mooncake_timeout_s: A[float, Arg("Timeout of every Mooncake Store call; the tier is skipped for a "
+                                             "few seconds after a failure", min=0.05, max=60)] = 2.0
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -2,8 +2,8 @@
 process exactly as docker-compose.yml declares it (through the image's entrypoint, with the image's ENV and the
 service's environment), against a local etcd and NATS, and a chat request goes through the gateway.
 
-Only what a container network provides differently is rewritten: service hostnames (etcd, nats) become the local
-servers, PDRELAY_HOST becomes 127.0.0.1, each fixed container port becomes a free port (replicas share one
+Only what a container network provides differently is rewritten: service hostnames (etcd, nats, mooncake-master)
+become the local servers, PDRELAY_HOST becomes 127.0.0.1, each fixed container port becomes a free port (replicas share one
 host here), the model cache is the prepared bundled model's, and tracing is off (no Jaeger).
 """
 
@@ -20,7 +20,7 @@ from urllib.parse import urlsplit, urlunsplit
 import httpx
 import pytest
 
-from shared.cluster.localcluster.servers import free_port, stop_process
+from shared.cluster.localcluster.servers import MooncakeMaster, free_port, stop_process
 from shared.config import resolve
 from tests.deploy.topology import (COMPOSE_DIR, COMPOSE_FILE, REPO, Launch, compose_launches, dockerfile_env,
                                    load_compose)
@@ -57,6 +57,10 @@ def _local_env(launch: Launch, endpoints: dict[str, str], model_cache: Path, tmp
             value = str(model_cache)
         elif key == "PDRELAY_KVSTORE_DISK_DIR":
             value = str(tmp / "kvstore-disk")  # the container's volume: a folder of this test
+        elif key == "PDRELAY_KVSTORE_MOONCAKE_MASTER":
+            value = endpoints["mooncake-master"]
+        elif key == "PDRELAY_KVSTORE_MOONCAKE_METADATA_URL":
+            value = endpoints["mooncake-metadata"]
         elif "://" in value:
             value = ",".join(_rehost(url, endpoints) for url in value.split(","))
         env[key] = value
@@ -128,7 +132,10 @@ async def _registered(etcd_url: str, cluster: str) -> dict[str, list[str]]:
 
 def test_compose_topology_serves_a_chat_request_as_local_processes(etcd_server, nats_server, tmp_path,  # noqa: F811
                                                                    bundled_model_dir):
-    endpoints = {"etcd": etcd_server.url, "nats": nats_server.url}
+    master = MooncakeMaster(tmp_path / "mooncake", free_port(), start_timeout_s=60.0)
+    master.start()  # the compose file's mooncake-master service (not a pdrelay role)
+    endpoints = {"etcd": etcd_server.url, "nats": nats_server.url, "mooncake-master": master.address,
+                 "mooncake-metadata": master.metadata_url}
     cluster = _Cluster(tmp_path)
     gateway_port = None
     cluster_name = "default"
@@ -182,3 +189,4 @@ def test_compose_topology_serves_a_chat_request_as_local_processes(etcd_server, 
             assert len(ids) == len(set(ids)) == SCALE.get(name, 1), f"{launch.role}: {ids}"
     finally:
         cluster.stop()
+        master.stop()

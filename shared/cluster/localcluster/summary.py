@@ -43,6 +43,8 @@ def format_summary(state: RunState) -> str:
     lines = ["", f"pdrelay cluster '{state.cluster}' is ready (run dir {state.run_dir})",
              f"  etcd   {state.etcd_url}" + ("" if state.etcd_pid else "  (external)"),
              f"  nats   {state.nats_url}" + ("" if state.nats_pid else "  (external)")]
+    if state.mooncake_master:
+        lines.append(f"  mooncake_master {state.mooncake_master}  (the kvstore's T3)  pid {state.mooncake_pid}")
     for c in state.children:
         extra = f"  http {c.http}" if c.http else ""
         lines.append(f"  {c.instance_id:<14} {c.state:<9} grpc {c.grpc}{extra}  epoch {c.epoch}  pid {c.pid}")

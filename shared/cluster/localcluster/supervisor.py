@@ -39,7 +39,8 @@ from shared.cluster.handshake import ReadyInfo, parse_ready_line
 from shared.cluster.localcluster.restarts import RestartPolicy, Restarts
 from shared.cluster.localcluster.plan import ROLE_ORDER, InstanceSpec, UpOptions, build_spec, plan, role_available
 from shared.cluster.localcluster.rundir import TRACES_FILE, ChildState, RunState, running_supervisor, write_state
-from shared.cluster.localcluster.servers import (EtcdServer, NatsServer, die_with_parent, free_port, port_is_free)
+from shared.cluster.localcluster.servers import (EtcdServer, MooncakeMaster, NatsServer, die_with_parent, find_binary,
+                                                 free_port, port_is_free)
 from shared.cluster.localcluster.summary import format_summary
 from shared.cluster.localcluster.tracesink import TraceSink
 from shared.cluster.tls import TlsFiles
@@ -88,6 +89,7 @@ class Supervisor:
         self.children: list[_Child] = []
         self.etcd: EtcdServer | None = None
         self.nats: NatsServer | None = None
+        self.mooncake: MooncakeMaster | None = None
         self.trace_sink: TraceSink | None = None
         self.bus: Bus | None = None
         self.state: RunState | None = None
@@ -175,6 +177,7 @@ class Supervisor:
         if opts.trace:
             self._start_trace_sink()
             opts = self.opts  # now with --otlp-traces-endpoint for every service
+        opts = self._plan_mooncake(opts)
         specs, notes = plan(opts, self._etcd_url, self._nats_url)
         self.state.skipped = notes
         for note in notes:
@@ -198,6 +201,9 @@ class Supervisor:
             self.state.nats_pid = self.nats.pid or 0
             self.bus = await Bus(self._nats_url, name=f"supervisor-{self.opts.cluster}",
                                  tls=self.tls).connect(timeout_s=5)
+        if self.mooncake is not None:
+            self.mooncake.start()
+            self.state.mooncake_master, self.state.mooncake_pid = self.mooncake.address, self.mooncake.pid or 0
         self._save()
         assert self.bus is not None
         await serve_scale(self.bus, opts.cluster, self._on_scale, auth=self.admin)
@@ -423,13 +429,34 @@ class Supervisor:
         await self._terminate([c for c in self.children if c.role != "gateway"], self.opts.stop_timeout_s)
         if self.bus is not None:
             await self.bus.close()
-        for server in (self.trace_sink, self.nats, self.etcd):
+        for server in (self.trace_sink, self.mooncake, self.nats, self.etcd):
             if server is not None:
                 await asyncio.to_thread(server.stop)
         if self.state is not None and not self.state.error:
             (self.run_dir / "state.json").unlink(missing_ok=True)
         if self.children:
             self.say("pdrelay up: stopped")
+
+    def _plan_mooncake(self, opts: UpOptions) -> UpOptions:
+        """One mooncake_master (with its HTTP metadata server) beside the kvstore, on 127.0.0.1 and free ports, unless
+        no kvstore runs, the user named a master (--kvstore-mooncake-master), or this install lacks the binary."""
+        user_flags = (*opts.extra, *opts.role_extra.get("kvstore", ()))
+        if opts.counts.get("kvstore", 0) <= 0 or any(
+                f.split("=", 1)[0] == "--kvstore-mooncake-master" for f in user_flags):
+            return opts
+        try:
+            find_binary("mooncake_master")
+        except ValueError as e:
+            self.say(f"pdrelay up: note: the kvstore runs without its Mooncake Store tier: {e}")
+            return opts
+        self.mooncake = MooncakeMaster(data_dir=self.run_dir / "mooncake", port=free_port(), tie_to_parent=True,
+                                       start_timeout_s=60.0)
+        flags = ("--kvstore-mooncake-master", self.mooncake.address,
+                 "--kvstore-mooncake-metadata-url", self.mooncake.metadata_url)
+        role_extra = dict(opts.role_extra)
+        role_extra["kvstore"] = (*flags, *role_extra.get("kvstore", ()))
+        self.opts = msgspec.structs.replace(opts, role_extra=role_extra)
+        return self.opts
 
     # ------------------------------------------------------------------ scale
 
