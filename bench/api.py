@@ -97,7 +97,7 @@ def bench_n(engine, n: int = 4, prompt_len: int = 256, tokens: int = 16) -> dict
         # every sampled token but each sample's last is fed back as a decode input; the rest is prompt work
         computed = s.totals.num_tokens - (out - n)
         return {"wall_s": round(wall, 3), "output_tokens": out, "tok_s": round(out / wall, 1),
-                "prompt_tokens_computed": computed, "steps": s.totals.steps}
+                "prompt_tokens_computed": computed, "steps": s.num_steps}
 
     tag = time.monotonic_ns()
     together = run([(f"sep{tag}-{i}", SamplingParams(max_tokens=tokens, temperature=1.0, seed=i, ignore_eos=True))

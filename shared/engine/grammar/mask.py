@@ -22,6 +22,7 @@ class PendingMask:
     rows: list[int]  # logits rows that are constrained
     bitmask: torch.Tensor  # [len(reqs), ceil(V / 32)] int32
     done: Future[None]
+    grammars: list  # the rows' RequestGrammar, in rows order
 
 
 class MaskFiller:
@@ -48,13 +49,19 @@ class MaskFiller:
             for i, g in zip(rows, grammars, strict=True):
                 g.fill(bitmask, i)  # type: ignore[union-attr]
 
-        return PendingMask(rows, bitmask, self._pool.submit(fill))
+        return PendingMask(rows, bitmask, self._pool.submit(fill), grammars)
 
     def apply(self, pending: PendingMask, logits: torch.Tensor) -> None:
         """logits: [B, V] float32, modified in place (rows not in pending.rows are left alone)."""
         import xgrammar as xgr
 
-        pending.done.result()
+        if pending.done.cancel():
+            # The helper thread never got to it (a busy machine schedules it late): fill here rather than wait for
+            # a thread wake-up; the fill itself costs tens of microseconds per row.
+            for i in pending.rows:
+                pending.grammars[pending.rows.index(i)].fill(pending.bitmask, i)
+        else:
+            pending.done.result()
         xgr.apply_token_bitmask_inplace(logits, pending.bitmask.to(logits.device), vocab_size=self.vocab_size,
                                         indices=pending.rows)
 
