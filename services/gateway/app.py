@@ -254,8 +254,8 @@ class GatewayApp:
 
     @staticmethod
     def _decode_small(body: bytes, kind: type[T]) -> T:
-        try:
-            return msgspec.json.decode(body, type=kind)
+        try:  # decode_body: `2.0` is a JSON integer, and too deep nesting is a 400, as on the generation routes
+            return decode_body(msgspec.json.Decoder(kind), body)
         except msgspec.DecodeError as e:
             raise _decode_error(e) from None
 

@@ -1,8 +1,8 @@
 """schemathesis against the gateway (mock backend, in process): every body /openapi.json allows is answered 2xx,
 and every answer matches the schema (status codes, content types, JSON bodies and each SSE event).
 
-Positive cases only, a bounded number per operation (a few seconds). A made-up model name may get 404. Two rules JSON Schema cannot state are the
-only 400s allowed for schema-valid bodies: min_tokens <= max_tokens, and prompt + max_tokens within the context.
+Positive cases only, a bounded number per operation (a few seconds). A made-up model name may get 404. The only
+400s allowed for schema-valid bodies are the rules JSON Schema cannot state (see `_cross_field_refusal`).
 """
 
 from __future__ import annotations
@@ -27,16 +27,21 @@ CHECKS = [not_a_server_error, status_code_conformance, content_type_conformance,
 
 
 def _cross_field_refusal(response: Any) -> bool:
-    """A 400 for one of the two rules the schema can only describe in words."""
+    """A 400 for one of the rules the schema can only describe in words: prompt + max_tokens within the context,
+    min_tokens <= max_tokens, a JSON schema / regex / grammar that does not compile (whether one does is the
+    grammar compiler's call), unique tool names, and a named tool_choice naming one of the tools."""
     if response.status_code != 400:
         return False
     error = response.json()["error"]
-    return error.get("code") == "context_length_exceeded" or (
-        error.get("param") == "min_tokens" and "max_tokens" in error["message"])
+    message = error["message"]
+    return error.get("code") in ("context_length_exceeded", "invalid_schema", "invalid_grammar") or (
+        error.get("param") == "min_tokens" and "max_tokens" in message) or (
+        error.get("param") == "tools" and "names must be unique" in message) or (
+        error.get("param") == "tool_choice" and "which is not in tools" in message)
 
 
 @pytest.mark.parametrize("path,method", [("/v1/chat/completions", "POST"), ("/v1/completions", "POST"),
-                                         ("/v1/models", "GET")])
+                                         ("/v1/models", "GET"), ("/tokenize", "POST"), ("/detokenize", "POST")])
 def test_positive_cases_are_accepted_and_conform(app: GatewayApp, path: str, method: str) -> None:
     schema = schemathesis.openapi.from_asgi("/openapi.json", app)
     operation = schema[path][method]
