@@ -22,6 +22,7 @@ from services.gateway.validation import (
     MAX_STOP_STRING_CHARS,
     MAX_STOP_STRINGS,
 )
+from services.gateway.embeddings import MAX_INPUTS
 
 _REF = "#/components/schemas/{name}"
 _STOP_STRING = {"type": "string", "minLength": 1, "maxLength": MAX_STOP_STRING_CHARS}
@@ -177,6 +178,7 @@ def apply_limits(schemas: dict[str, Any], *, vocab_size: int | None = None,
             [_TOP_LOGPROBS_NEED_LOGPROBS, _ONE_CONSTRAINT, _TOOL_CHOICE_NEEDS_TOOLS, _CONSTRAINED_TOOLS_ALONE,
              _TOOLS_ONE_CHOICE] if name == "ChatCompletionRequest" else [_ECHO_NOT_WITH_LOGPROBS])
     _tokenize_limits(schemas, vocab_size)
+    _embedding_limits(schemas)
     # Text parts only: image and audio parts exist in the Structs so the error can name them.
     content = schemas["ChatMessage"]["properties"]["content"]
     content["anyOf"] = [{"type": "string"}, {"type": "array", "items": {"$ref": _REF.format(name="TextPart")}},
@@ -202,3 +204,19 @@ def _tokenize_limits(schemas: dict[str, Any], vocab_size: int | None) -> None:
                          for field, other in (("prompt", "messages"), ("messages", "prompt"))]
     tokenize["description"] = "Send exactly one of prompt or messages"
     schemas["DetokenizeRequest"]["properties"]["tokens"] = {"type": "array", "items": token}
+
+
+def _embedding_limits(schemas: dict[str, Any]) -> None:
+    text = {"type": "string", "minLength": 1}
+    ids = {"type": "array", "minItems": 1, "items": {"type": "integer", "minimum": 0, "maximum": 2**32 - 1}}
+    props = schemas["EmbeddingRequest"]["properties"]
+    props["input"] = {"anyOf": [text, {**ids, "maxItems": MAX_INPUTS}, {"type": "array", "minItems": 1, "maxItems": MAX_INPUTS, "items": text},
+                                {"type": "array", "minItems": 1, "maxItems": MAX_INPUTS, "items": ids}],
+                      "description": f"A string, a list of strings, token ids or a list of token-id lists (at most "
+                                     f"{MAX_INPUTS}); not a mix of texts and ids"}
+    props["dimensions"] = {**props["dimensions"], "minimum": 1,
+                           "description": "Only sizes the model was trained for (Matryoshka models)"}
+    props["truncate_prompt_tokens"] = {**props["truncate_prompt_tokens"], "minimum": -1,
+                                       "description": "Extension (vLLM): -1 cuts inputs to the model's max sequence "
+                                                      "length, N to N tokens (at most that length); 0 or absent: "
+                                                      "an input over the limit is a 400"}
