@@ -14,6 +14,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from services.gateway.embeddings import MAX_INPUTS
 from services.gateway.validation import (
     MAX_BATCH_PROMPTS,
     MAX_LOGIT_BIAS_ENTRIES,
@@ -22,7 +23,6 @@ from services.gateway.validation import (
     MAX_STOP_STRING_CHARS,
     MAX_STOP_STRINGS,
 )
-from services.gateway.embeddings import MAX_INPUTS
 
 _REF = "#/components/schemas/{name}"
 _STOP_STRING = {"type": "string", "minLength": 1, "maxLength": MAX_STOP_STRING_CHARS}

@@ -48,7 +48,7 @@ class _Encoders:
     """Stands in for the encoder fleet only (the gateway's validation and answer encoding are the real ones): one
     embedding model, vectors of the requested dimensions."""
 
-    class router:  # noqa: N801 - the attribute EncoderBackend has
+    class router:  # the attribute EncoderBackend has
         @staticmethod
         def embedding_models() -> dict[str, EncoderInfo]:
             return {"mini": EncoderInfo(embedding_model="mini", embedding_dim=8)}
