@@ -185,6 +185,7 @@ class RemotePrefillClient:
                                         f"{mine:#x}, prefill wrote {resp.checksum:#x}",
                                         common_pb2.ERROR_CODE_CHECKSUM_MISMATCH)
                 lp = logprob_from_pb(resp.first_logprob) if resp.HasField("first_logprob") else None
+                plps = tuple(logprob_from_pb(x) for x in resp.prompt_logprobs)
                 activated = True
             except grpc.aio.AioRpcError as e:
                 err = error_from_rpc(e)
@@ -220,7 +221,7 @@ class RemotePrefillClient:
                 n = 0
                 t_activate = time.monotonic()
                 try:
-                    async for out in aengine.stream(rid, lambda: engine.activate_remote(rid, first_token, lp),
+                    async for out in aengine.stream(rid, lambda: engine.activate_remote(rid, first_token, lp, plps),
                                                     n=params.n):
                         if not n:
                             tr.record(spans.DECODE_FIRST_TOKEN, t_activate, time.monotonic())

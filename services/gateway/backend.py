@@ -53,6 +53,7 @@ class BackendSamplingParams:
     logit_bias: tuple[tuple[int, float], ...] = ()
     structured: StructuredSpec | None = None  # grammar the output must match
     n: int = 1  # samples of the prompt (chunks carry their index)
+    prompt_logprobs: int | None = None  # echo + logprobs: logprobs of prompt tokens 1.. with k alternatives
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -102,6 +103,7 @@ class BackendChunk:
     num_prompt_tokens: int | None = None
     num_cached_tokens: int | None = None
     index: int = 0  # which sample (n > 1); finish_reason ends that sample only
+    prompt_logprobs: tuple[TokenLogprob, ...] | None = None  # prompt tokens 1.. (first chunk, when asked for)
 
 
 # ---------------------------------------------------------------- typed errors (mapped to HTTP in errors.py)

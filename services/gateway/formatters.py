@@ -110,10 +110,14 @@ class CompletionFormatter:
         self.want_logprobs = want_logprobs
         self._usage_field: Usage | None | msgspec.UnsetType = None if include_usage else msgspec.UNSET
         self.echo: dict[int, str] = {}  # echo=true: choice index -> prompt text, sent before its first text
+        self._echo_len: dict[int, int] = {}  # choice index -> characters echoed (completion text_offset starts after)
 
     def _echoed(self, index: int, text: str) -> str:
         head = self.echo.pop(index, None)
-        return text if head is None else head + text
+        if head is None:
+            return text
+        self._echo_len[index] = len(head)
+        return head + text
 
     def logprobs(self, deltas: Sequence[Delta]) -> CompletionLogprobs | None:
         if not self.want_logprobs or all(d.logprobs is None for d in deltas):
@@ -124,7 +128,16 @@ class CompletionFormatter:
         tops: list[dict[str, float] | None] = []
         offsets: list[int] = []
         for d in deltas:
-            offset = d.text_offset
+            if d.prompt is not None:  # echo: the prompt's tokens first, the first one without a logprob
+                offset = 0
+                for tid, p in d.prompt:
+                    text = tok.token_text(tid)
+                    tokens.append(text)
+                    token_logprobs.append(None if p is None else p.logprob)
+                    tops.append(None if p is None else {tok.token_text(t.token_id): t.logprob for t in p.top_logprobs})
+                    offsets.append(offset)
+                    offset += len(text)
+            offset = d.text_offset + self._echo_len.get(d.index, 0)
             for e in d.logprobs or ():
                 text = tok.token_text(e.token_id)
                 tokens.append(text)

@@ -20,7 +20,7 @@ from services.gateway.tokenizer import GatewayTokenizer
 class Delta:
     """Text (and logprobs) to send now. finish_reason is set on the last one."""
 
-    __slots__ = ("text", "logprobs", "text_offset", "finish_reason", "stop_reason", "index")
+    __slots__ = ("text", "logprobs", "text_offset", "finish_reason", "stop_reason", "index", "prompt")
 
     def __init__(self, text: str, logprobs: tuple[TokenLogprob, ...] | None, text_offset: int,
                  finish_reason: str | None = None, stop_reason: int | str | None = None, index: int = 0) -> None:
@@ -30,6 +30,8 @@ class Delta:
         self.text_offset = text_offset  # characters of output before this delta (completions text_offset)
         self.finish_reason = finish_reason
         self.stop_reason = stop_reason
+        # echo + logprobs, first delta of each sample: (token id, logprob entry) per prompt token, None for the first
+        self.prompt: tuple[tuple[int, TokenLogprob | None], ...] | None = None
 
 
 class Generation:
@@ -56,6 +58,8 @@ class Generation:
         self.num_generated = 0
         self.finished = False
         self.first_token_at: float | None = None
+        self._prompt_lps: tuple[tuple[int, TokenLogprob | None], ...] | None = None
+        self._prompt_sent: set[int] = set()  # samples whose first delta carried the prompt logprobs
 
     async def next(self) -> Delta:
         """The next delta with something to say (text, logprobs or the end). Raises BackendError."""
@@ -65,8 +69,14 @@ class Generation:
                 chunk = await self._stream.__anext__()
             except StopAsyncIteration:
                 raise BackendError("the backend stream ended without a finish reason") from None
+            if chunk.prompt_logprobs is not None and self._prompt_lps is None:
+                ids = self.request.prompt_token_ids
+                self._prompt_lps = tuple(zip(ids, (None, *chunk.prompt_logprobs), strict=True))
             delta = self._on_chunk(chunk)
             if delta is not None:
+                if self._prompt_lps is not None and delta.index not in self._prompt_sent:
+                    self._prompt_sent.add(delta.index)  # n > 1: every sample's choice echoes the same prompt
+                    delta.prompt = self._prompt_lps
                 return delta
 
     def _on_chunk(self, chunk: BackendChunk) -> Delta | None:

@@ -211,12 +211,12 @@ def plan_chat(req: ChatCompletionRequest, *, vocab_size: int, image_placeholder:
 def plan_completion(req: CompletionRequest, *, vocab_size: int) -> Plan:
     if req.best_of not in (None, 1):
         raise _unsupported("best_of", f"best_of={req.best_of}", "leave it out or use 1")
-    if req.echo and req.logprobs is not None:
-        raise _unsupported("echo", "echo with logprobs (prompt logprobs)", "leave out logprobs or echo")
     if req.suffix:
         raise _unsupported("suffix", "suffix", "leave it out")
     structured = structured_spec(None, req.structured_outputs)
     sampling = _sampling(req, req.max_tokens, req.logprobs, vocab_size, structured)
+    if req.echo and req.logprobs is not None:  # the echoed prompt's tokens come with their logprobs too
+        sampling = dataclasses.replace(sampling, prompt_logprobs=req.logprobs)
     prompts = _prompts(req.prompt, vocab_size)
     plans = tuple(Plan("completion", req.model, req.stream, _stream_flags(req), sampling, req.skip_special_tokens,
                        prompt_text=text, prompt_ids=ids, priority=_priority(req), echo=req.echo)

@@ -265,6 +265,8 @@ class PrefillServicer(worker_pb2_grpc.PrefillServicer):
                                               total_s=time.monotonic() - t_start))
         if first.new_logprobs:
             resp.first_logprob.CopyFrom(logprob_to_pb(first.new_logprobs[0]))
+        if first.prompt_logprobs:
+            resp.prompt_logprobs.extend(logprob_to_pb(lp) for lp in first.prompt_logprobs)
         return resp
 
     def _observe(self, first: RequestOutput, t_start: float, t_accepted: float, t_pinned: float, t_write: float,

@@ -26,6 +26,7 @@ from shared.engine.page_allocator import PageAllocator
 from shared.engine.radix_cache import KVEvent, RadixCache
 from shared.engine.request import FinishReason, MediaInput, RequestOutput, TokenLogprobs
 from shared.engine.sampler import Sampler
+from shared.engine.sampler import prompt_logprobs
 from shared.engine.sampler.detokenizer import DecodeFn
 from shared.engine.sampling_params import SamplingParams
 from shared.engine.scheduler import Scheduler
@@ -244,8 +245,9 @@ class Engine:
         return self.scheduler.handoff.reserve_remote(req_id, list(prompt_token_ids), params, priority, media)
 
     def activate_remote(self, req_id: str, first_token: int,
-                        logprob: TokenLogprobs | None = None) -> list[RequestOutput]:
-        return self.scheduler.handoff.activate_remote(req_id, first_token, logprob)
+                        logprob: TokenLogprobs | None = None,
+                        prompt_logprobs: Sequence[TokenLogprobs] = ()) -> list[RequestOutput]:
+        return self.scheduler.handoff.activate_remote(req_id, first_token, logprob, prompt_logprobs)
 
     def cancel_remote(self, req_id: str, quarantine_s: float = 0.0) -> bool:
         return self.scheduler.handoff.cancel_remote(req_id, quarantine_s)
@@ -293,6 +295,9 @@ class Engine:
                     t2 = t1
                     logits = self.runner.forward(out)
                 t3 = time.perf_counter()
+                logits, prompt_rows = prompt_logprobs.split_logits(logits, out.seqs)
+                if prompt_rows is not None:
+                    prompt_logprobs.record(prompt_rows, out.seqs, self.scheduler.requests)
                 sampled = self.sampler.sample(
                     logits, reqs, None if pending is None else (lambda x: self.masks.apply(pending, x)))
                 tokens, logprobs = sampled.token_ids, sampled.logprobs

@@ -35,6 +35,8 @@ class ForwardBatch:
     # embeddings themselves; None when no sequence of the step carries any (every decode step).
     embed_rows: torch.Tensor | None = None  # [M] int64
     embed_values: torch.Tensor | None = None  # [M, hidden]
+    # prompt logprobs: logits_indices ends with this many chunk rows (so it is no identity even when it has T rows)
+    num_prompt_rows: int = 0
 
     @property
     def num_tokens(self) -> int:
@@ -116,6 +118,11 @@ def build_forward_batch(
         )
     need = np.fromiter((s.need_logits for s in seqs), bool, bs)
     logits_idx = (cu - 1)[need]
+    num_prompt_rows = 0
+    if any(s.prompt_logits for s in seqs):  # prompt logprobs: the chunk's other rows follow the sampling rows
+        extra = [np.arange(token_starts[i], cu[i] - int(s.need_logits)) for i, s in enumerate(seqs) if s.prompt_logits]
+        num_prompt_rows = sum(len(e) for e in extra)
+        logits_idx = np.concatenate([logits_idx, *extra]).astype(np.int64)
 
     dev = torch.device(device)
 
@@ -150,4 +157,5 @@ def build_forward_batch(
         page_size=page_size,
         embed_rows=embed_rows,
         embed_values=embed_values,
+        num_prompt_rows=num_prompt_rows,
     )

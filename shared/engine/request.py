@@ -54,6 +54,7 @@ class RequestOutput:
     num_cached_tokens: int = 0  # prompt tokens served from the prefix cache at first admission
     num_output_tokens: int = 0  # generated so far, this delta included
     index: int = 0  # which sample of an n > 1 request (0 for the others)
+    prompt_logprobs: tuple[TokenLogprobs, ...] | None = None  # prompt tokens 1.. (first delta, when asked for)
 
 
 @dataclass(frozen=True)
@@ -108,6 +109,9 @@ class Request:
     output_text: str = ""
     num_text_emitted: int = 0
     media: tuple[MediaInput, ...] = ()  # images of the prompt, in prompt order, not overlapping
+    # params.prompt_logprobs: those of prompt tokens 1.. computed so far; sent once, on the first delta
+    prompt_logprobs: list[TokenLogprobs] = field(default_factory=list)
+    prompt_logprobs_sent: bool = False
 
     def __post_init__(self) -> None:
         if not self.all_token_ids:

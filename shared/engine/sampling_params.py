@@ -41,6 +41,9 @@ class SamplingParams:
     # (token id, bias) added to the logits before sampling (OpenAI logit_bias); logprobs stay those of the model
     logit_bias: tuple[tuple[int, float], ...] = ()
     structured: StructuredSpec | None = None  # the output must match this grammar (structured outputs)
+    # logprobs of prompt tokens 1.. with this many alternatives (echo + logprobs); such a request skips the prefix
+    # cache for its prompt, since cached positions have no logits
+    prompt_logprobs: int | None = None
 
     def __post_init__(self) -> None:
         # Accept lists (JSON arrays) and a bare string for `stop`, store tuples so the object stays hashable.
@@ -108,4 +111,6 @@ class SamplingParams:
                 raise bad("logit_bias", f"bias of token {t} must be in [-100, 100] (got {b})")
         if self.logprobs is not None and not 0 <= self.logprobs <= MAX_LOGPROBS:
             raise bad("logprobs", f"must be in [0, {MAX_LOGPROBS}] (got {self.logprobs})")
+        if self.prompt_logprobs is not None and not 0 <= self.prompt_logprobs <= MAX_LOGPROBS:
+            raise bad("prompt_logprobs", f"must be in [0, {MAX_LOGPROBS}] (got {self.prompt_logprobs})")
         return self

@@ -65,6 +65,8 @@ class ScheduledSeq:
     page_ids: tuple[int, ...]
     need_logits: bool
     embeds: tuple[EmbedSlice, ...] = ()  # multimodal embeddings spliced in at their placeholder positions
+    # prompt logprobs: logits of every row of the chunk too (after the need_logits rows, see ForwardBatch)
+    prompt_logits: bool = False
 
 
 @dataclass(frozen=True)

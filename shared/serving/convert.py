@@ -79,6 +79,7 @@ def sampling_from_pb(pb: common_pb2.SamplingParams) -> SamplingParams:
         logit_bias=tuple(sorted(pb.logit_bias.items())),
         n=max(1, pb.n),
         structured=structured_from_pb(pb),
+        prompt_logprobs=pb.prompt_logprobs if pb.HasField("prompt_logprobs") else None,
     )
 
 
@@ -98,6 +99,8 @@ def sampling_to_pb(p: SamplingParams) -> common_pb2.SamplingParams:
         pb.logit_bias.update(dict(p.logit_bias))
     if p.n > 1:
         pb.n = p.n
+    if p.prompt_logprobs is not None:
+        pb.prompt_logprobs = p.prompt_logprobs
     if p.structured is not None:
         pb.structured.CopyFrom(structured_to_pb(p.structured))
     return pb

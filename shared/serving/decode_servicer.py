@@ -136,6 +136,8 @@ class DecodeServicer(worker_pb2_grpc.DecodeServicer):
                     finish_reason=finish_to_pb(out), index=out.index)
                 if out.new_logprobs:
                     msg.logprobs.extend(logprob_to_pb(lp) for lp in out.new_logprobs)
+                if out.prompt_logprobs:
+                    msg.prompt_logprobs.extend(logprob_to_pb(lp) for lp in out.prompt_logprobs)
                 if first:
                     if not head.timings.prefill_s:
                         head.timings.prefill_s = time.monotonic() - t0

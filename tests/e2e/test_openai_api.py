@@ -193,3 +193,31 @@ def test_a_list_of_prompts_echo_and_extensions(client: openai.OpenAI, cluster: A
     assert httpx.post(f"{cluster.http}/detokenize", json={"tokens": tok["tokens"]}).json()["prompt"].endswith(
         prompts[0])
     assert [m.id for m in client.models.list().data] == [cluster.model_dir.name]
+
+
+def test_echo_with_logprobs_gives_the_prompt_logprobs_of_hf(client: openai.OpenAI, cluster: ApiCluster) -> None:
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    prompt = "Numbers: 1 2 3 4"
+    ids = httpx.post(f"{cluster.http}/tokenize", json={"prompt": prompt}).json()["tokens"]
+    hf = AutoModelForCausalLM.from_pretrained(cluster.model_dir, dtype=torch.float32).eval()
+    with torch.no_grad():
+        ref = torch.log_softmax(hf(torch.tensor([ids])).logits[0].float(), dim=-1)  # row p predicts token p + 1
+    plain = client.completions.create(model=openai.NOT_GIVEN, prompt=prompt, max_tokens=5, temperature=0)
+    for _ in range(2):  # the second time the prompt sits in the prefix cache (skipped for prompt logprobs)
+        r = client.completions.create(model=openai.NOT_GIVEN, prompt=prompt, max_tokens=5, temperature=0, echo=True,
+                                      logprobs=2)
+        c = r.choices[0]
+        assert c.text == prompt + plain.choices[0].text  # greedy output unchanged
+        lp = c.logprobs
+        assert lp is not None and len(lp.tokens) == len(ids) + 5
+        assert lp.token_logprobs[0] is None and lp.top_logprobs[0] is None  # nothing precedes the first token
+        got = torch.tensor(lp.token_logprobs[1:len(ids)])
+        want = ref[torch.arange(len(ids) - 1), torch.tensor(ids[1:])]
+        torch.testing.assert_close(got, want, atol=1e-4, rtol=0)
+        for top, row in zip(lp.top_logprobs[1:len(ids)], ref, strict=False):
+            assert top is not None and len(top) <= 2
+            assert max(top.values()) == pytest.approx(row.max().item(), abs=1e-4)
+        assert all(x is not None for x in lp.token_logprobs[len(ids):])  # then the completion's own
+        assert lp.text_offset[len(ids)] == len(prompt)

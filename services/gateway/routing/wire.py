@@ -44,6 +44,8 @@ def sampling_to_pb(sp: BackendSamplingParams, num_sent: int = 0,
         pb.seed = sp.seed
     if sp.logit_bias:
         pb.logit_bias.update(dict(sp.logit_bias))
+    if sp.prompt_logprobs is not None and not num_sent:  # a replay's prompt logprobs were already sent
+        pb.prompt_logprobs = sp.prompt_logprobs
     if sp.structured is not None:
         st = sp.structured
         # a replay continues inside the structure: the new attempt's matcher first consumes what was sent
@@ -103,4 +105,5 @@ def chunk_from_pb(resp: worker_pb2.DecodeResponse, *, want_logprobs: bool, num_p
         finish_reason=finish,
         stop_reason=stop_reason_of(resp) if finish == "stop" else None,
         num_prompt_tokens=num_prompt_tokens if first or finish is not None else None,
-        num_cached_tokens=cached, index=resp.index)
+        num_cached_tokens=cached, index=resp.index,
+        prompt_logprobs=logprobs_from_pb(resp.prompt_logprobs) if resp.prompt_logprobs else None)

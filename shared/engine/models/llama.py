@@ -223,7 +223,7 @@ class LlamaForCausalLM(nn.Module):
             hidden, residual = layer(hidden, residual, cos, sin, batch, kv, attn, meta)
         assert residual is not None
         idx = batch.logits_indices
-        if idx.numel() != hidden.shape[0]:
+        if idx.numel() != hidden.shape[0] or batch.num_prompt_rows:
             hidden, residual = hidden.index_select(0, idx), residual.index_select(0, idx)
         out, _ = self.ops.fused_add_rms_norm(hidden, residual, self.norm, self.cfg.rms_norm_eps)
         return out

@@ -82,13 +82,16 @@ class HandoffPages:
         return Reservation(req_id, tuple(req.page_ids), cached)
 
     def activate_remote(self, req_id: str, first_token: int,
-                        logprob: TokenLogprobs | None = None) -> list[RequestOutput]:
-        """The prompt KV arrived: the request joins the running batch with its first token (its delta returned)."""
+                        logprob: TokenLogprobs | None = None,
+                        prompt_logprobs: Sequence[TokenLogprobs] = ()) -> list[RequestOutput]:
+        """The prompt KV arrived: the request joins the running batch with its first token (its delta returned,
+        with the prompt logprobs prefill computed, if asked for)."""
         s = self.s
         req = self.remote.pop(req_id, None)
         if req is None:
             raise UnknownRequest(f"no reserved hand-off for request {req_id!r} (cancelled or never reserved)")
         req.num_computed_tokens = req.num_tokens
+        req.prompt_logprobs = list(prompt_logprobs)
         s.kv.commit(req)  # the received full pages now serve later prefix hits here too
         req.status = RequestStatus.RUNNING
         s.requests[req_id] = req

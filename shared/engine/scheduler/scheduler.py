@@ -214,6 +214,10 @@ class Scheduler:
         """Prompt tokens of waiting requests (the prefill routing cost of this instance)."""
         return sum(r.num_prompt_tokens for r in self.waiting)
 
+    @staticmethod
+    def wants_prompt_logits(req: Request) -> bool:
+        return req.params.prompt_logprobs is not None and len(req.prompt_logprobs) < req.num_prompt_tokens - 1
+
     def emit_delta(self, req: Request, toks: tuple[int, ...], text: str, lps: tuple[TokenLogprobs, ...] | None,
                    *, finished: bool) -> RequestOutput:
         return self._delta(req, toks, text, lps, finished=finished)
@@ -288,7 +292,8 @@ class Scheduler:
                 if self._preempt_for(req, plan):
                     continue
                 return
-            cached = self.kv.match_prefix(req)
+            # Prompt logprobs need the logits of every prompt position: cached positions have none.
+            cached = 0 if self.wants_prompt_logits(req) else self.kv.match_prefix(req)
             if req.media and _lacks_embeds(req):
                 # A request whose prompt KV came from another instance (decode), preempted, with image positions
                 # left to recompute but no embeddings here: computing them without the image would be wrong.
@@ -335,7 +340,8 @@ class Scheduler:
             end = start + n
             seqs.append(ScheduledSeq(req.req_id, tuple(req.all_token_ids[start:end]), start,
                                      tuple(req.page_ids[: -(-end // P)]), end == req.num_tokens,
-                                     _embed_slices(req.media, start, end) if req.media else ()))
+                                     _embed_slices(req.media, start, end) if req.media else (),
+                                     self.wants_prompt_logits(req) and start < req.num_prompt_tokens - 1))
             self._inflight[req.req_id] = req
         finished, self._finished_ids = tuple(self._finished_ids), []
         return SchedulerOutput(tuple(seqs), tuple(plan.preempted), finished)
@@ -384,9 +390,12 @@ class Scheduler:
 
     def _delta(self, req: Request, toks: tuple[int, ...], text: str, lps: tuple[TokenLogprobs, ...] | None, *,
                finished: bool) -> RequestOutput:
+        plps = None
+        if req.params.prompt_logprobs is not None and not req.prompt_logprobs_sent:
+            plps, req.prompt_logprobs_sent = tuple(req.prompt_logprobs), True
         return RequestOutput(req.req_id, toks, text, lps, finished, req.finish_reason if finished else None,
                              req.stop_reason if finished else None, req.num_prompt_tokens,
-                             max(req.num_cached_tokens, 0), req.num_output_tokens, req.index)
+                             max(req.num_cached_tokens, 0), req.num_output_tokens, req.index, plps)
 
 
 def _check_media(media: Sequence[MediaInput], num_prompt_tokens: int, need_embeds: bool) -> None:

@@ -117,7 +117,6 @@ COMPLETION_CASES: list[tuple[str, dict[str, Any], str | None]] = [
     ("nested junk", {"prompt": [{"a": 1}]}, "prompt"),
     ("prompt wrong type", {"prompt": 5}, "prompt"),
     ("logprobs too many", {"prompt": "x", "logprobs": 50}, "logprobs"),
-    ("echo with logprobs", {"prompt": "x", "echo": True, "logprobs": 1}, "echo"),
     ("best_of", {"prompt": "x", "best_of": 3}, "best_of"),
     ("suffix", {"prompt": "x", "suffix": "y"}, "suffix"),
     ("prompt longer than context", {"prompt": [5] * 600}, "prompt"),
