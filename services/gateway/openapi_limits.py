@@ -121,7 +121,7 @@ def _completion(vocab_size: int | None, context_length: int | None) -> dict[str,
         **_common(vocab_size, context_length),
         "logprobs": {"minimum": 0, "maximum": MAX_LOGPROBS},
         "best_of": {"minimum": 1, "maximum": 1},
-        "echo": {"description": "Prepend the prompt to the text; not with logprobs"},
+        "echo": {"description": "Prepend the prompt to the text (with logprobs: the prompt tokens' logprobs too)"},
         "suffix": {"maxLength": 0, "description": "Not supported: leave it out"},
         # One prompt (text or token ids), or a batch of them.
         "prompt": {"anyOf": [text, ids, {"type": "array", "items": {"anyOf": [text, ids]}, "minItems": 1,
@@ -144,8 +144,6 @@ _STREAM_OPTIONS_NEED_STREAM = {"if": {"not": {"properties": {"stream": {"const":
                                "then": {"properties": {"stream_options": {"type": "null"}}}}
 _TOP_LOGPROBS_NEED_LOGPROBS = {"if": {"not": {"properties": {"logprobs": {"const": True}}, "required": ["logprobs"]}},
                                "then": {"properties": {"top_logprobs": {"enum": [None, 0]}}}}
-_ECHO_NOT_WITH_LOGPROBS = {"if": {"properties": {"echo": {"const": True}}, "required": ["echo"]},
-                           "then": {"properties": {"logprobs": _NULL}}}
 _SET = {"type": "object"}
 _ONE_CONSTRAINT = {"not": {"required": ["response_format", "structured_outputs"],
                            "properties": {"response_format": _SET, "structured_outputs": _SET}}}
@@ -176,7 +174,7 @@ def apply_limits(schemas: dict[str, Any], *, vocab_size: int | None = None,
                 props[field] = {**props[field], **keywords}
         schemas[name]["allOf"] = [_STREAM_OPTIONS_NEED_STREAM] + (
             [_TOP_LOGPROBS_NEED_LOGPROBS, _ONE_CONSTRAINT, _TOOL_CHOICE_NEEDS_TOOLS, _CONSTRAINED_TOOLS_ALONE,
-             _TOOLS_ONE_CHOICE] if name == "ChatCompletionRequest" else [_ECHO_NOT_WITH_LOGPROBS])
+             _TOOLS_ONE_CHOICE] if name == "ChatCompletionRequest" else [])
     _tokenize_limits(schemas, vocab_size)
     _embedding_limits(schemas)
     # Text parts only: image and audio parts exist in the Structs so the error can name them.
