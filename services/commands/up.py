@@ -1,5 +1,6 @@
 """`pdrelay up`: a whole cluster on this machine (etcd, NATS, gateway, prefill, decode, encoder) until Ctrl-C or
-`pdrelay down`. The encoder serves the bundled embedding model (/v1/embeddings); `--encoder 0` leaves it out.
+`pdrelay down`. The encoder (started with the engine roles) serves the bundled embedding model (/v1/embeddings);
+`--encoder 0` leaves it out.
 
 Flags it does not know (e.g. `--page-size 32`, `--model DIR`, `--port 8080`) go to every role that accepts them.
 """
@@ -14,7 +15,9 @@ from pathlib import Path
 # role -> default number of instances; the order is the order of --help
 DEFAULT_COUNTS = {"gateway": 1, "prefill": 1, "decode": 1, "encoder": 1, "kvstore": 1, "worker": 0, "echo": 0,
                   "planner": 0}
-_WITH_ENGINES = ("kvstore",)  # roles whose default count applies only when engine roles run
+# Roles whose default count applies only when engine roles run: a control-plane-only cluster (echo, a gateway on
+# its own) starts no kvstore and no embedding encoder unless asked (--encoder 1 serves embeddings on its own).
+_WITH_ENGINES = ("encoder", "kvstore")
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:

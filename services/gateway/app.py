@@ -116,8 +116,8 @@ class GatewayApp:
         self._created = int(time.time())
         self._chat_decoder = msgspec.json.Decoder(ChatCompletionRequest)
         self._completion_decoder = msgspec.json.Decoder(CompletionRequest)
-        self._openapi = _ENC.encode(build_openapi(auth=self._api_key is not None, vocab_size=tokenizer.vocab_size,
-                                                  context_length=tokenizer.context_length))
+        self._openapi_doc = build_openapi(auth=self._api_key is not None, vocab_size=tokenizer.vocab_size,
+                                          context_length=tokenizer.context_length)
         self._routes: dict[str, tuple[str, Handler, bool]] = {  # path -> (method, handler, needs api key)
             "/v1/chat/completions": ("POST", self._chat, True),
             "/v1/completions": ("POST", self._completions, True),
@@ -130,12 +130,14 @@ class GatewayApp:
             "/openapi.json": ("GET", self._openapi_json, False),
         }
         self._extra_models: list[Callable[[], list[ModelCard]]] = []
+        self._openapi = b""  # encoded on first request, from _openapi_doc and the routes then mounted
 
     def add_route(self, path: str, method: str, handler: Handler, *, needs_api_key: bool = True,
                   models: Callable[[], list[ModelCard]] | None = None) -> None:
         """Mount another API beside the built-in routes (e.g. /v1/embeddings, services.gateway.embeddings);
         `models` adds its model cards to /v1/models."""
         self._routes[path] = (method, handler, needs_api_key)
+        self._openapi = b""  # the document lists the served routes only: encode it again
         if models is not None:
             self._extra_models.append(models)
 
@@ -255,8 +257,8 @@ class GatewayApp:
 
     @staticmethod
     def _decode_small(body: bytes, kind: type[T]) -> T:
-        try:
-            return msgspec.json.decode(body, type=kind)
+        try:  # decode_body: `2.0` is a JSON integer, and too deep nesting is a 400, as on the generation routes
+            return decode_body(msgspec.json.Decoder(kind), body)
         except msgspec.DecodeError as e:
             raise _decode_error(e) from None
 
@@ -279,6 +281,9 @@ class GatewayApp:
         await r.full(200, self.metrics.render(), METRICS_CONTENT_TYPE.encode())
 
     async def _openapi_json(self, scope: Scope, receive: Receive, r: Responder) -> None:
+        if not self._openapi:  # the document describes mountable routes too (/v1/embeddings): list the served ones
+            paths = {p: op for p, op in self._openapi_doc["paths"].items() if p in self._routes}
+            self._openapi = _ENC.encode({**self._openapi_doc, "paths": paths})
         await r.full(200, self._openapi)
 
     # ------------------------------------------------------------ generation

@@ -30,6 +30,7 @@ from services.gateway.backend import BackendError
 from services.gateway.encoder_backend import EmbedCall, EmbedResult, EncoderBackend
 from services.gateway.errors import ApiError, bad_request, from_backend
 from services.gateway.routing.channels import ChannelPool
+from services.gateway.json_body import decode_body
 from shared.cluster.grpc_errors import abort
 from shared.cluster.instance import EncoderInfo
 
@@ -170,7 +171,7 @@ class Embeddings:
     async def http(self, scope: Scope, receive: Receive, r: Responder) -> None:
         body = await read_body(scope, receive, self.max_request_bytes)
         try:
-            req = _DECODER.decode(body)
+            req = decode_body(_DECODER, body)  # `2.0` is a JSON integer; too deep nesting is a 400
         except msgspec.ValidationError as e:
             raise bad_request(f"invalid request: {e}") from None
         except msgspec.DecodeError as e:

@@ -4,8 +4,8 @@
   bad input, answered 400, never a 500.
 - JSON has one number type: `2.0` is an integer to JSON Schema (and to pydantic-based OpenAI servers), but msgspec
   refuses it for an int field. Only when that happens is the body decoded again, whole floats turned into ints;
-  strings stay strings ("10" for max_tokens is still refused). A completion prompt of token ids is a list of Any
-  in its Struct, so its whole floats are turned into ints after decoding.
+  strings stay strings ("10" for max_tokens is still refused). A completion prompt or embeddings input of token ids
+  is a list of Any in its Struct, so its whole floats are turned into ints after decoding.
 """
 
 from __future__ import annotations
@@ -17,6 +17,7 @@ import msgspec
 from services.gateway.errors import bad_request
 
 T = TypeVar("T")
+_ANY_LISTS = ("prompt", "input")  # token-id fields typed list[Any] (completion prompt, embeddings input)
 
 
 def _whole_floats_to_int(value: Any) -> Any:
@@ -40,9 +41,10 @@ def decode_body(decoder: msgspec.json.Decoder[T], body: bytes) -> T:
                 raise
             loose = _whole_floats_to_int(msgspec.json.decode(body))
             return msgspec.convert(loose, decoder.type)  # type: ignore[no-any-return]
-        prompt = getattr(req, "prompt", None)
-        if isinstance(prompt, list) and any(isinstance(t, (float, list)) for t in prompt):
-            req.prompt = _whole_floats_to_int(prompt)  # type: ignore[attr-defined]
+        for field in _ANY_LISTS:
+            value = getattr(req, field, None)
+            if isinstance(value, list) and any(isinstance(t, (float, list)) for t in value):
+                setattr(req, field, _whole_floats_to_int(value))
         return req
     except RecursionError:  # msgspec raises it for deeply nested JSON, even inside ignored fields
         raise bad_request("request body is nested too deeply; send flatter JSON", code="invalid_json") from None

@@ -16,6 +16,7 @@ from services.gateway.api_responses import (
     HealthStatus,
     ModelList,
 )
+from services.gateway.embeddings import EmbeddingRequest, EmbeddingResponse
 from services.gateway.openapi_limits import apply_limits
 from services.gateway.tokenize_api import DetokenizeRequest, DetokenizeResponse, TokenizeRequest, TokenizeResponse
 
@@ -72,12 +73,13 @@ def _get(summary: str, schema: str | None, content_type: str = "application/json
     return {"get": op}
 
 
-def _post(summary: str, request: str, response: str, auth: bool) -> dict[str, Any]:
+def _post(summary: str, request: str, response: str, auth: bool,
+          extra: tuple[str, ...] = ()) -> dict[str, Any]:
     op: dict[str, Any] = {
         "summary": summary,
         "requestBody": {"required": True, "content": {"application/json": {"schema": _ref(request)}}},
         "responses": {"200": {"description": "OK", "content": {"application/json": {"schema": _ref(response)}}},
-                      **_errors(("400", "404") + (("401",) if auth else ()))}}
+                      **_errors(("400", "404") + extra + (("401",) if auth else ()))}}
     if auth:
         op["security"] = [{"bearer": []}]
     return {"post": op}
@@ -90,7 +92,7 @@ def build_openapi(*, auth: bool, title: str = "pdrelay gateway", version: str = 
     _, schemas = msgspec.json.schema_components(
         [ChatCompletionRequest, CompletionRequest, ChatCompletionResponse, ChatCompletionChunk, CompletionResponse,
          CompletionChunk, ModelList, ErrorResponse, HealthStatus, TokenizeRequest, TokenizeResponse,
-         DetokenizeRequest, DetokenizeResponse],
+         DetokenizeRequest, DetokenizeResponse, EmbeddingRequest, EmbeddingResponse],
         ref_template=_REF,
     )
     apply_limits(schemas, vocab_size=vocab_size, context_length=context_length)
@@ -104,6 +106,9 @@ def build_openapi(*, auth: bool, title: str = "pdrelay gateway", version: str = 
             "/v1/completions": _generation("Text completion", "CompletionRequest", "CompletionResponse",
                                            "CompletionChunk", auth),
             "/v1/models": _get("Served models", "ModelList", auth=auth),
+            "/v1/embeddings": _post("Embeddings of texts or token ids (served where the cluster runs encoders)",
+                                    "EmbeddingRequest", "EmbeddingResponse", auth,
+                                    extra=("413", "415", "429", "500", "503", "504")),
             "/tokenize": _post("Token ids of a prompt or a templated conversation (vLLM's /tokenize)",
                                "TokenizeRequest", "TokenizeResponse", auth),
             "/detokenize": _post("Text of token ids (vLLM's /detokenize)", "DetokenizeRequest", "DetokenizeResponse",

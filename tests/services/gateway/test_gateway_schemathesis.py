@@ -1,14 +1,15 @@
 """schemathesis against the gateway (mock backend, in process): every body /openapi.json allows is answered 2xx,
 and every answer matches the schema (status codes, content types, JSON bodies and each SSE event).
 
-Positive cases only, a bounded number per operation (a few seconds). A made-up model name may get 404. Two rules JSON Schema cannot state are the
-only 400s allowed for schema-valid bodies: min_tokens <= max_tokens, and prompt + max_tokens within the context.
+Positive cases only, a bounded number per operation (a few seconds). A made-up model name may get 404. The only
+400s allowed for schema-valid bodies are the rules JSON Schema cannot state (see `_cross_field_refusal`).
 """
 
 from __future__ import annotations
 
 from typing import Any
 
+import numpy as np
 import pytest
 import schemathesis
 from hypothesis import HealthCheck, Phase, given, settings
@@ -21,23 +22,49 @@ from schemathesis.checks import (
 )
 
 from services.gateway.app import GatewayApp
+from services.gateway.embeddings import Embeddings
+from services.gateway.encoder_backend import EmbedCall, EmbedResult
+from shared.cluster.instance import EncoderInfo
 
 EXAMPLES = 40
 CHECKS = [not_a_server_error, status_code_conformance, content_type_conformance, response_schema_conformance]
 
 
 def _cross_field_refusal(response: Any) -> bool:
-    """A 400 for one of the two rules the schema can only describe in words."""
+    """A 400 for one of the rules the schema can only describe in words: prompt + max_tokens within the context,
+    min_tokens <= max_tokens, a JSON schema / regex / grammar that does not compile (whether one does is the
+    grammar compiler's call), unique tool names, and a named tool_choice naming one of the tools."""
     if response.status_code != 400:
         return False
     error = response.json()["error"]
-    return error.get("code") == "context_length_exceeded" or (
-        error.get("param") == "min_tokens" and "max_tokens" in error["message"])
+    message = error["message"]
+    return error.get("code") in ("context_length_exceeded", "invalid_schema", "invalid_grammar") or (
+        error.get("param") == "min_tokens" and "max_tokens" in message) or (
+        error.get("param") == "tools" and "names must be unique" in message) or (
+        error.get("param") == "tool_choice" and "which is not in tools" in message)
+
+
+class _Encoders:
+    """Stands in for the encoder fleet only (the gateway's validation and answer encoding are the real ones): one
+    embedding model, vectors of the requested dimensions."""
+
+    class router:  # the attribute EncoderBackend has
+        @staticmethod
+        def embedding_models() -> dict[str, EncoderInfo]:
+            return {"mini": EncoderInfo(embedding_model="mini", embedding_dim=8)}
+
+    async def embed(self, call: EmbedCall) -> EmbedResult:
+        rows = max(len(call.texts), len(call.token_inputs))
+        tokens = sum(len(t.split()) + 2 for t in call.texts) + sum(len(t) for t in call.token_inputs)
+        return EmbedResult(np.ones((rows, call.dimensions or 8), np.float32), tokens, "enc-0", 1)
 
 
 @pytest.mark.parametrize("path,method", [("/v1/chat/completions", "POST"), ("/v1/completions", "POST"),
-                                         ("/v1/models", "GET")])
+                                         ("/v1/models", "GET"), ("/v1/embeddings", "POST"), ("/tokenize", "POST"),
+                                         ("/detokenize", "POST")])
 def test_positive_cases_are_accepted_and_conform(app: GatewayApp, path: str, method: str) -> None:
+    embeddings = Embeddings(_Encoders())  # type: ignore[arg-type]
+    app.add_route("/v1/embeddings", "POST", embeddings.http, models=embeddings.model_cards)
     schema = schemathesis.openapi.from_asgi("/openapi.json", app)
     operation = schema[path][method]
 
@@ -71,6 +98,26 @@ def test_schema_refuses_what_the_server_refuses(app: GatewayApp) -> None:
     assert valid("ChatCompletionRequest", {"messages": [{"role": "user", "content": "hi"}]})
     assert not valid("CompletionRequest", {"prompt": "hi", "best_of": 0})
     assert valid("CompletionRequest", {"prompt": "hi", "best_of": 1})
+    # The grown API: its rules are in the schema too.
+    chat = {"messages": [{"role": "user", "content": "hi"}]}
+    assert not valid("ChatCompletionRequest", {**chat, "structured_outputs": {}})
+    assert not valid("ChatCompletionRequest", {**chat, "structured_outputs": {"regex": "a+", "choice": ["a"]}})
+    assert valid("ChatCompletionRequest", {**chat, "structured_outputs": {"regex": "a+", "json_object": False}})
+    assert valid("ChatCompletionRequest", {**chat, "n": 64}) and not valid("ChatCompletionRequest", {**chat, "n": 65})
+    assert valid("ChatCompletionRequest", {**chat, "logit_bias": {"0": -100, "480": 100}})
+    assert not valid("ChatCompletionRequest", {**chat, "logit_bias": {"481": 1}})  # vocab_size is 481
+    assert not valid("ChatCompletionRequest", {**chat, "logit_bias": {"01": 1}})
+    tool = {"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}
+    assert valid("ChatCompletionRequest", {**chat, "tools": [tool], "tool_choice": "required"})
+    assert not valid("ChatCompletionRequest", {**chat, "tool_choice": "required"})
+    assert not valid("ChatCompletionRequest", {**chat, "tools": [tool], "n": 2})
+    assert not valid("ChatCompletionRequest", {**chat, "tools": [tool], "tool_choice": "required",
+                                               "response_format": {"type": "json_object"}})
+    assert not valid("ChatCompletionRequest", {**chat, "response_format": {"type": "json_schema"}})
+    assert valid("CompletionRequest", {"prompt": ["a", [1, 2]], "echo": True})
+    assert not valid("CompletionRequest", {"prompt": ["a"] * 65})
+    assert not valid("TokenizeRequest", {})
+    assert not valid("EmbeddingRequest", {"input": []})
 
 
 def _rebase(schema: Any) -> Any:
