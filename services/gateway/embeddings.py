@@ -29,8 +29,8 @@ from services.gateway.asgi import Receive, Responder, Scope, read_body
 from services.gateway.backend import BackendError
 from services.gateway.encoder_backend import EmbedCall, EmbedResult, EncoderBackend
 from services.gateway.errors import ApiError, bad_request, from_backend
-from services.gateway.routing.channels import ChannelPool
 from services.gateway.json_body import decode_body
+from services.gateway.routing.channels import ChannelPool
 from shared.cluster.grpc_errors import abort
 from shared.cluster.instance import EncoderInfo
 
