@@ -7,6 +7,8 @@ throughput and goodput, in vLLM's vocabulary and JSON keys.
     pdrelay bench serve --mock-workers --peer-cmd 'bench/dynamo_peer.sh {port} {pid_file}' \
         --random-output-len 8 --max-concurrency 1 --throughput-concurrency 32       # vs Dynamo, one run
     pdrelay bench serve --compare-policies kv_aware,round_robin --dataset shared-prefix   # a cluster per policy
+    pdrelay bench serve --compare-peer vllm --peer-python VENV/bin/python --random-input-len 128 \
+        --num-prompts 64 --max-concurrency 16 --compare-range-ratios 0,0.5   # pdrelay, then vLLM, same box
 
 It points at pdrelay's gateway, `vllm serve`, sglang-router or a Dynamo frontend alike. `--mock-workers` starts
 pdrelay's gateway over mock workers itself and reports its CPU per request; `--compare-url` runs the same
@@ -32,6 +34,7 @@ from pathlib import Path
 from typing import Any
 
 from bench.serve_client import ENDPOINTS, RequestOptions, served_model
+from bench.serve_compare import add_compare_arguments, run_compare
 from bench.serve_datasets import (
     DATASETS,
     BenchRequest,
@@ -47,6 +50,7 @@ from bench.serve_policies import add_policy_arguments, run_policies
 from bench.serve_procs import CpuSample, MockGateway, process_cpu
 from bench.serve_report import detailed, format_table, headline, ratios
 from bench.serve_runner import RunOutcome, Workload, run_workload, warm_up
+from bench.urls import openai_base_url
 
 DEFAULT_MODEL = "bundled:smollm2-135m-instruct"
 
@@ -127,6 +131,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     c.add_argument("--throughput-concurrency", type=int, default=None, metavar="N",
                    help="after the main run, run the same workload at concurrency N against every endpoint")
     add_policy_arguments(p)
+    add_compare_arguments(p)
 
 
 @dataclass(frozen=True)
@@ -254,6 +259,9 @@ def _settings(ns: argparse.Namespace, tokenizer_dir: Path, slo: Slo | None) -> d
 
 
 def _validate(ns: argparse.Namespace) -> tuple[Slo | None, tuple[float, ...]]:
+    for flag, name in (("--base-url", "base_url"), ("--compare-url", "compare_url")):
+        if getattr(ns, name):  # http://host:port, with or without /v1: the client appends /v1/...
+            setattr(ns, name, openai_base_url(flag, getattr(ns, name)))
     if ns.mock_workers and ns.base_url:
         raise ValueError("--mock-workers starts its own gateway; drop --base-url (or drop --mock-workers)")
     if ns.peer_cmd is not None and ns.compare_url is not None:
@@ -349,6 +357,8 @@ def run(ns: argparse.Namespace) -> int:
     peer: PeerProcess | None = None
     try:
         tok = BenchTokenizer.from_dir(tokenizer_dir)
+        if ns.compare_peer:
+            return run_compare(ns, tok, tokenizer_dir, _settings(ns, tokenizer_dir, slo), slo, percentiles)
         requests = build_requests(ns, tok)
         if ns.compare_policies:
             return run_policies(ns, requests, tok, tokenizer_dir, _settings(ns, tokenizer_dir, slo), slo, percentiles)

