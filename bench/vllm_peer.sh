@@ -19,7 +19,8 @@
 #
 # Environment: VLLM_PYTHON (default: python3); VLLM_PEER_CORES=default (vLLM's own choice: on a 2-core box its
 # engine binds core 0 and reserves core 1 for the API server) or all (engine threads on every core, none
-# reserved: VLLM_CPU_OMP_THREADS_BIND=0-(N-1), VLLM_CPU_NUM_OF_RESERVED_CPU=0); VLLM_PEER_ARGS: more server flags.
+# reserved: VLLM_CPU_OMP_THREADS_BIND=0-(N-1), VLLM_CPU_NUM_OF_RESERVED_CPU=0); VLLM_CPU_KVCACHE_SPACE (GiB of
+# KV cache, default 1); VLLM_PEER_ARGS: more server flags.
 set -euo pipefail
 
 if [[ $# -lt 2 ]]; then
@@ -58,6 +59,9 @@ case ${VLLM_PEER_CORES:-default} in
         exit 2
         ;;
 esac
+# A 1 GiB KV cache, like pdrelay's CPU default; without it vLLM reserves 92% of the host's RAM and refuses to
+# start when other processes hold some of it.
+export VLLM_CPU_KVCACHE_SPACE=${VLLM_CPU_KVCACHE_SPACE:-1}
 export HF_HUB_OFFLINE=1 TOKENIZERS_PARALLELISM=false VLLM_NO_USAGE_STATS=1 DO_NOT_TRACK=1
 
 # shellcheck disable=SC2086  # VLLM_PEER_ARGS is a list of flags

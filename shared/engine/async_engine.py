@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import dataclasses
 import queue
 import threading
 from collections.abc import AsyncIterator, Callable, Sequence
@@ -67,7 +68,7 @@ class AsyncEngine:
         finished = False
         try:
             while not finished:
-                item = await q.get()
+                item = _coalesce(await q.get(), q)
                 if isinstance(item, BaseException):
                     finished = True
                     raise item
@@ -118,7 +119,7 @@ class AsyncEngine:
                 finished = item.finished
                 yield item
             while not finished:
-                got = await q.get()
+                got = _coalesce(await q.get(), q)
                 if isinstance(got, BaseException):
                     finished = True
                     raise got
@@ -164,22 +165,54 @@ class AsyncEngine:
                 outputs = self.engine.step()
             except EngineStepError as e:
                 self.last_error = e
-                for rid in e.req_ids:
-                    self._deliver(rid, e)
+                self._deliver([(rid, e) for rid in e.req_ids])
                 continue
-            for o in outputs:
-                self._deliver(o.req_id, o)
-        for rid in list(self._streams):
-            self._deliver(rid, EngineError("the engine shut down before this request finished"))
+            self._deliver([(o.req_id, o) for o in outputs])
+        stopped = EngineError("the engine shut down before this request finished")
+        self._deliver([(rid, stopped) for rid in list(self._streams)])
 
-    def _deliver(self, req_id: str, item: RequestOutput | BaseException) -> None:
-        target = self._streams.get(req_id)
-        if target is None:
-            return
-        if isinstance(item, BaseException) or item.finished:
-            del self._streams[req_id]
-        loop, q = target
-        try:
-            loop.call_soon_threadsafe(q.put_nowait, item)
-        except RuntimeError:  # the caller's loop is closed: nobody is listening any more
-            pass
+    def _deliver(self, items: Sequence[tuple[str, RequestOutput | BaseException]]) -> None:
+        """Hand a step's deltas to their streams: one wake-up per event loop per step, not one per request
+        (each call_soon_threadsafe writes the loop's self-pipe and takes the GIL from the engine thread)."""
+        by_loop: dict[asyncio.AbstractEventLoop, list[tuple[asyncio.Queue[RequestOutput | BaseException],
+                                                           RequestOutput | BaseException]]] = {}
+        for req_id, item in items:
+            target = self._streams.get(req_id)
+            if target is None:
+                continue
+            if isinstance(item, BaseException) or item.finished:
+                del self._streams[req_id]
+            loop, q = target
+            by_loop.setdefault(loop, []).append((q, item))
+        for loop, batch in by_loop.items():
+            try:
+                loop.call_soon_threadsafe(_put_all, batch)
+            except RuntimeError:  # the caller's loop is closed: nobody is listening any more
+                pass
+
+
+def _put_all(batch: list[tuple[asyncio.Queue[RequestOutput | BaseException], RequestOutput | BaseException]]) -> None:
+    for q, item in batch:
+        q.put_nowait(item)
+
+
+def _coalesce(item: RequestOutput | BaseException,
+              q: asyncio.Queue[RequestOutput | BaseException]) -> RequestOutput | BaseException:
+    """`item` merged with the deltas already queued behind it: a consumer slower than the engine (a busy event
+    loop, a slow client) then sends one message with several tokens instead of falling further behind with one
+    message per token. An exception is never merged (it is delivered after the deltas before it)."""
+    while isinstance(item, RequestOutput) and not item.finished and not q.empty():
+        nxt = q.get_nowait()
+        if isinstance(nxt, BaseException):
+            q.put_nowait(nxt)  # the queue held only nxt: it comes out on the next get
+            break
+        item = merge_deltas(item, nxt)
+    return item
+
+
+def merge_deltas(a: RequestOutput, b: RequestOutput) -> RequestOutput:
+    """Two consecutive deltas of one request as one (b is the later: its status and counters win)."""
+    lps = None if a.new_logprobs is None and b.new_logprobs is None else (*(a.new_logprobs or ()),
+                                                                         *(b.new_logprobs or ()))
+    return dataclasses.replace(b, new_token_ids=a.new_token_ids + b.new_token_ids, new_text=a.new_text + b.new_text,
+                               new_logprobs=lps)
