@@ -141,6 +141,7 @@ class Target:
     model: str | None
     pid: int | None  # front process: its CPU is the gateway's
     worker_pids: tuple[int, ...] = ()  # reported apart (a peer's separate engine processes)
+    flag: str = ""  # the flag that named base_url, for errors
 
 
 def build_requests(ns: argparse.Namespace, tok: BenchTokenizer) -> list[BenchRequest]:
@@ -193,7 +194,7 @@ async def measure(target: Target, requests: list[BenchRequest], ns: argparse.Nam
             async with asyncio.timeout(max(1.0, min(30.0, deadline - time.monotonic()))):
                 model = target.model or await served_model(http)
         except (OSError, TimeoutError, HttpError) as e:
-            raise ValueError(f"cannot reach {target.base_url} (GET /v1/models: {type(e).__name__}: {e}); start "
+            raise ValueError(f"{target.flag + ' ' if target.flag else ''}cannot reach {target.base_url} (GET /v1/models: {type(e).__name__}: {e}); start "
                              f"the server, fix the URL, or pass --model if it has no /v1/models") from None
         extra = json.loads(ns.extra_body) if ns.extra_body else {}
         opts = RequestOptions(ns.endpoint, model, ignore_eos=ns.ignore_eos, temperature=ns.temperature,
@@ -369,9 +370,10 @@ def run(ns: argparse.Namespace) -> int:
             gateway.wait_ready()
             targets = [Target("pdrelay-mock", gateway.base_url, ns.model, gateway.pid)]
         else:
-            targets = [Target("target", ns.base_url or "http://127.0.0.1:8000", ns.model, ns.target_pid)]
+            targets = [Target("target", ns.base_url or "http://127.0.0.1:8000", ns.model, ns.target_pid,
+                              flag="--base-url")]
         if ns.compare_url:
-            targets.append(Target("compare", ns.compare_url, ns.compare_model, ns.compare_pid))
+            targets.append(Target("compare", ns.compare_url, ns.compare_model, ns.compare_pid, flag="--compare-url"))
         if ns.peer_cmd:
             peer = PeerProcess(ns.peer_cmd)
             _log(f"peer: {peer.command}")

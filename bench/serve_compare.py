@@ -118,9 +118,8 @@ def workload_flops(model_dir: Path, requests: list[BenchRequest]) -> float:
     from shared.engine.models import load_model_config
 
     c = load_model_config(model_dir)
-    h, layers = c.hidden_size, c.num_hidden_layers
-    head_dim = getattr(c, "head_dim", None) or h // c.num_attention_heads
-    q, kv = c.num_attention_heads * head_dim, c.num_key_value_heads * head_dim
+    h, layers = c.hidden_size, c.num_layers
+    q, kv = c.num_heads * c.head_dim, c.num_kv_heads * c.head_dim
     per_layer = h * q + 2 * h * kv + q * h + 3 * h * c.intermediate_size
     body, head = 2 * layers * per_layer, 2 * h * c.vocab_size
     total = 0.0
@@ -216,6 +215,11 @@ def _run_peer(setting: str, spec: CompareSpec, model_dir: Path, **kw: Any) -> di
         t0 = time.monotonic()
         model = peer.wait_ready(READY_TIMEOUT_S)
         pids = peer.pids()
+        for _ in range(50):  # the script names the engine processes right after the server first answers
+            if pids["worker"]:
+                break
+            time.sleep(0.1)
+            pids = peer.pids()
         _log(f"{label}: ready in {time.monotonic() - t0:.0f} s on {peer.base_url} ({model})")
         return _measure_all(label, peer.base_url, pids["front"][0], pids["worker"], **kw)
     finally:

