@@ -50,5 +50,8 @@ def run(ns: argparse.Namespace, extra: list[str]) -> int:
     except ControlPlaneUnavailable as e:
         print(f"pdrelay status: {e}", file=sys.stderr)
         return 1
+    except ValueError as e:  # a malformed --etcd / --nats URL
+        print(f"pdrelay status: {e}", file=sys.stderr)
+        return 2
     print(msgspec.json.format(msgspec.json.encode(status)).decode() if ns.json else format_table(status))
     return 0

@@ -97,3 +97,19 @@ def test_an_unreachable_or_bad_url_is_one_line_naming_the_flag(cmd: tuple[str, .
         assert proc.returncode == 2, proc.stderr
         assert "Traceback" not in proc.stderr and len(proc.stderr.strip().splitlines()) == 1, proc.stderr
         assert cmd[-1] in proc.stderr
+
+
+@pytest.mark.parametrize("argv", [("status", "--etcd", "notaurl"), ("bench", "control-plane", "--etcd", "nope"),
+                                  ("bench", "control-plane", "--nats", "nats://127.0.0.1:{port}")])
+def test_control_plane_commands_fail_in_one_line_on_bad_urls(argv: tuple[str, ...]) -> None:
+    import os
+    import subprocess
+    import sys
+
+    from shared.cluster.localcluster.servers import free_port
+
+    argv = tuple(a.replace("{port}", str(free_port())) for a in argv)
+    proc = subprocess.run([sys.executable, "-m", "services.cli", *argv], text=True, capture_output=True, timeout=120,
+                          env={**os.environ, "HF_HUB_OFFLINE": "1"}, stdin=subprocess.DEVNULL)
+    assert proc.returncode in (1, 2), proc.stderr
+    assert "Traceback" not in proc.stderr and len(proc.stderr.strip().splitlines()) == 1, proc.stderr
