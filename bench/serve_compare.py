@@ -5,8 +5,9 @@ the other, under the same seeded workloads; one table with the throughput ratios
         --random-input-len 128 --random-output-len 64 --num-prompts 64 --max-concurrency 16 \\
         --compare-range-ratios 0,0.5
 
-Servers, in this order, each started, warmed up, measured on every workload and stopped before the next starts:
-pdrelay's `--pdrelay-setups` (default `colocated`: gateway + one worker; `cluster`: the default `pdrelay up`, gateway
+First pdrelay's engine in this process (the worker's resolved config, every core; `--no-in-process` skips it),
+then the servers, in this order, each started, warmed up, measured on every workload and stopped before the next
+starts: pdrelay's `--pdrelay-setups` (default `colocated`: gateway + one worker; `cluster`: the default `pdrelay up`, gateway
 + prefill + decode), each with its defaults (`--pdrelay-role-flags` adds flags), then the peer at each of
 `--peer-settings` (vLLM: `default`, its own core split, and `all`: its engine on every core, none reserved).
 pdrelay is never given `--threads`: what is measured is what a user gets.
@@ -51,6 +52,9 @@ def add_compare_arguments(p: argparse.ArgumentParser) -> None:
                         "decode, the `pdrelay up` default)")
     g.add_argument("--pdrelay-role-flags", action="append", default=[], metavar="ROLE=FLAGS",
                    help="service flags for one pdrelay role (repeatable), e.g. 'worker=--threads 2'")
+    g.add_argument("--no-in-process", dest="in_process", action="store_false",
+                   help="skip the in-process run (pdrelay's engine in this process, same config and workloads as "
+                        "the colocated worker, all cores: the serving overhead's yardstick)")
     g.add_argument("--compare-range-ratios", default=None, metavar="R1,R2",
                    help="workloads: --random-range-ratio values, each run on every server while it is up "
                         "(default: --random-range-ratio alone)")
@@ -226,7 +230,53 @@ def _run_peer(setting: str, spec: CompareSpec, model_dir: Path, **kw: Any) -> di
         peer.stop()
 
 
+def _run_in_process(workloads: list[tuple[str, list[BenchRequest]]], ns: argparse.Namespace, tok: BenchTokenizer,
+                    model_dir: Path) -> dict[str, dict[str, Any]]:
+    """The workloads through the worker's engine in this process (its resolved config, every core), closed loop at
+    --max-concurrency like the client: output tok/s and duration only (no HTTP, so no TTFT / TPOT)."""
+    import gc
+
+    from bench.engine import Workload as EngineWorkload
+    from bench.engine import run_engine
+    from shared.config import PassContext, resolve
+    from shared.engine.engine import Engine
+
+    cfg = resolve("worker", ["--model", str(model_dir)], env={}, ctx=PassContext(exclusive_host=True))
+    engine = Engine.from_config(cfg)
+    out: dict[str, dict[str, Any]] = {}
+    try:
+        conc = ns.max_concurrency or ns.num_prompts
+        for i, (name, reqs) in enumerate(workloads):
+            ids = tuple((tuple(tok.encode(r.prompt)) if isinstance(r.prompt, str) else tuple(r.prompt), r.output_len)
+                        for r in reqs)
+            warm = EngineWorkload("warm", conc, ids[: max(1, ns.num_warmups)])
+            run_engine(engine, _NullMeter(), warm, f"warm{i}")
+            res = run_engine(engine, _NullMeter(), EngineWorkload(name, conc, ids), f"w{i}")
+            out[name] = {"output_throughput": res["output_tok_s"], "duration": res["elapsed_s"],
+                         "steps": res["steps"], "step_ms_mean": res["step_ms_mean"],
+                         "forward_share": res["forward_share"], "threads": cfg.device.threads}
+            _log(f"pdrelay in-process / {name}: {res['output_tok_s']:.1f} output tok/s ({cfg.device.threads} "
+                 f"threads, {res['steps']} steps of {res['step_ms_mean']:.0f} ms)")
+    finally:
+        del engine
+        gc.collect()
+    return out
+
+
+class _NullMeter:
+    """run_engine's meter for an engine without a MeteredRunner (the roofline here comes from the workload)."""
+
+    def __init__(self) -> None:
+        self.flops: list[float] = []
+        self.bytes: list[float] = []
+
+
 # ---- report -------------------------------------------------------------------------------------------------------
+def _ms(s: dict[str, Any], key: str, width: int, digits: int) -> str:
+    v = s.get(key)
+    return f"{'-':>{width}}" if v is None else f"{v:>{width - 2}.{digits}f}ms"
+
+
 def comparison_lines(results: dict[str, dict[str, dict[str, Any]]], peers: list[str], floors: dict[str, float],
                      workloads: list[str]) -> list[str]:
     """Per workload: one row per server (output tok/s, TTFT, TPOT, roofline fraction, ratio vs each peer run)."""
@@ -241,8 +291,8 @@ def comparison_lines(results: dict[str, dict[str, dict[str, Any]]], peers: list[
             if s is None:
                 continue
             frac = floors[w] / s["duration"] if s.get("duration") else 0.0
-            row = (f"  {label:<22}{s['output_throughput']:>10.1f}{s['mean_ttft_ms']:>9.0f}ms"
-                   f"{s['mean_tpot_ms']:>9.1f}ms{s['median_tpot_ms']:>8.1f}ms{s.get('p99_itl_ms', 0.0):>7.0f}ms"
+            row = (f"  {label:<22}{s['output_throughput']:>10.1f}{_ms(s, 'mean_ttft_ms', 11, 0)}"
+                   f"{_ms(s, 'mean_tpot_ms', 11, 1)}{_ms(s, 'median_tpot_ms', 10, 1)}{_ms(s, 'p99_itl_ms', 9, 0)}"
                    f"{frac:>10.1%}")
             for p in peers:
                 ps = results.get(p, {}).get(w)
@@ -272,6 +322,8 @@ def run_compare(ns: argparse.Namespace, tok: BenchTokenizer, tokenizer_dir: Path
                           "deadline": deadline}
     results: dict[str, dict[str, dict[str, Any]]] = {}
     failed: list[str] = []
+    if ns.in_process:
+        results["pdrelay-in-process"] = _run_in_process(workloads, ns, tok, tokenizer_dir)
     with tempfile.TemporaryDirectory(prefix="pdrelay-bench-compare-") as tmp:
         for setup in spec.setups:
             try:
