@@ -181,8 +181,10 @@ def _cpu_sum(pids: tuple[int, ...]) -> CpuSample | None:
 
 async def measure(target: Target, requests: list[BenchRequest], ns: argparse.Namespace, *, tok: BenchTokenizer,
                   stop: asyncio.Event, deadline: float, slo: Slo | None, percentiles: tuple[float, ...],
-                  max_concurrency: int | None) -> tuple[dict[str, Any], RunOutcome]:
-    """Warm up, then run the workload against one target; the summary dict has vLLM's keys plus CPU figures."""
+                  max_concurrency: int | None,
+                  on_start: Callable[[], None] | None = None) -> tuple[dict[str, Any], RunOutcome]:
+    """Warm up, then run the workload against one target; the summary dict has vLLM's keys plus CPU figures.
+    on_start runs after the warm-up, right before the measured run (e.g. to snapshot server counters)."""
     workload = Workload(tuple(requests), request_rate=ns.request_rate, burstiness=ns.burstiness,
                         max_concurrency=max_concurrency, seed=ns.seed, timeout_s=ns.timeout_s)
     conns = min(len(requests), max_concurrency or len(requests))
@@ -210,6 +212,8 @@ async def measure(target: Target, requests: list[BenchRequest], ns: argparse.Nam
                 raise RuntimeError(f"{target.label}: warm-up requests to {target.base_url} failed: {bad[0]}")
         _log(f"{target.label}: {len(requests)} requests, rate {ns.request_rate:g}/s, "
              f"concurrency {max_concurrency or 'unlimited'}")
+        if on_start is not None:
+            on_start()
         cpu0, work0, client0 = _cpu(target.pid), _cpu_sum(target.worker_pids), time.process_time()
         outcome = await run_workload(http, opts, workload, count_tokens=count, stop=stop,
                                      deadline_s=max(0.0, deadline - time.monotonic()))

@@ -163,9 +163,44 @@ def _log(msg: str) -> None:
     print(f"[bench serve] {msg}", file=sys.stderr, flush=True)
 
 
+ENGINE_COUNTERS = ("pdrelay:engine_steps", "pdrelay:engine_step_seconds", "pdrelay:engine_step_tokens")
+
+
+def engine_profile(before: dict[str, float], after: dict[str, float], duration_s: float) -> dict[str, float]:
+    """One engine over a measured run, from its counters: busy share of the wall time (the rest it waited for
+    work: the serving path's doing), steps, mean step, and the forward pass's share of busy time."""
+    d = {k: after.get(k, 0.0) - before.get(k, 0.0) for k in after}
+    steps = d.get("pdrelay:engine_steps", 0.0)
+    busy = d.get("pdrelay:engine_step_seconds", 0.0)
+    return {"engine_busy_share": busy / duration_s if duration_s else 0.0, "engine_steps": steps,
+            "engine_step_ms": 1e3 * busy / steps if steps else 0.0,
+            "engine_tokens_per_step": d.get("pdrelay:engine_step_tokens", 0.0) / steps if steps else 0.0,
+            "engine_forward_share": d.get("pdrelay:engine_step_seconds{forward}", 0.0) / busy if busy else 0.0}
+
+
+def _scrape(address: str) -> dict[str, float]:
+    import urllib.request
+
+    from prometheus_client.parser import text_string_to_metric_families
+
+    with urllib.request.urlopen(f"http://{address}/metrics", timeout=10.0) as resp:
+        text = resp.read().decode()
+    out: dict[str, float] = {}
+    for fam in text_string_to_metric_families(text):
+        if fam.name in ENGINE_COUNTERS:
+            for smp in fam.samples:
+                if smp.name.endswith("_total"):
+                    out[fam.name] = out.get(fam.name, 0.0) + smp.value
+                    if "phase" in smp.labels:
+                        out[f"{fam.name}{{{smp.labels['phase']}}}"] = smp.value
+    return out
+
+
 def _measure_all(label: str, base_url: str, pid: int | None, worker_pids: tuple[int, ...],
                  workloads: list[tuple[str, list[BenchRequest]]], ns: argparse.Namespace, tok: BenchTokenizer,
-                 slo: Any, percentiles: tuple[float, ...], deadline: float) -> dict[str, dict[str, Any]]:
+                 slo: Any, percentiles: tuple[float, ...], deadline: float,
+                 engines: dict[str, str] | None = None) -> dict[str, dict[str, Any]]:
+    """Every workload against one server; `engines` (instance id -> metrics address) adds each engine's profile."""
     from bench.serve import Target, _new_loop, measure
 
     async def go() -> dict[str, dict[str, Any]]:
@@ -173,8 +208,20 @@ def _measure_all(label: str, base_url: str, pid: int | None, worker_pids: tuple[
         stop = asyncio.Event()
         for name, requests in workloads:
             target = Target(label, base_url, ns.model, pid, worker_pids)
+            before: dict[str, dict[str, float]] = {}
+
+            def snap(before: dict[str, dict[str, float]] = before) -> None:
+                before.update({iid: _scrape(addr) for iid, addr in (engines or {}).items()})
+
             summary, _ = await measure(target, requests, ns, tok=tok, stop=stop, deadline=deadline, slo=slo,
-                                       percentiles=percentiles, max_concurrency=ns.max_concurrency)
+                                       percentiles=percentiles, max_concurrency=ns.max_concurrency, on_start=snap)
+            if engines:
+                summary["engines"] = {iid: engine_profile(before.get(iid, {}), _scrape(addr), summary["duration"])
+                                      for iid, addr in engines.items()}
+                for iid, prof in summary["engines"].items():
+                    _log(f"{label} / {name}: {iid} busy {prof['engine_busy_share']:.0%} of the run, "
+                         f"{prof['engine_steps']:.0f} steps of {prof['engine_step_ms']:.0f} ms "
+                         f"({prof['engine_tokens_per_step']:.0f} tokens), forward {prof['engine_forward_share']:.0%}")
             out[name] = summary
             _log(f"{label} / {name}: {summary['output_throughput']:.1f} output tok/s, mean TTFT "
                  f"{summary['mean_ttft_ms']:.0f} ms, mean TPOT {summary['mean_tpot_ms']:.1f} ms")
@@ -185,6 +232,7 @@ def _measure_all(label: str, base_url: str, pid: int | None, worker_pids: tuple[
 
 
 def _run_pdrelay(setup: str, spec: CompareSpec, model_dir: Path, tmp: Path, **kw: Any) -> dict[str, dict[str, Any]]:
+    from shared.cluster.handshake import read_ready_file
     from shared.cluster.localcluster import detached
     from shared.cluster.localcluster.plan import UpOptions
     from shared.cluster.localcluster.servers import free_port
@@ -199,8 +247,13 @@ def _run_pdrelay(setup: str, spec: CompareSpec, model_dir: Path, tmp: Path, **kw
         state = detached.start(opts)
         gateway = next(c for c in state.children if c.role == "gateway")
         workers = tuple(c.pid for c in state.children if c.role != "gateway")
+        engines = {}
+        for c in state.children:
+            info = read_ready_file(run_dir / "ready" / f"{c.instance_id}.json") if c.role != "gateway" else None
+            if info is not None and info.metrics:
+                engines[c.instance_id] = info.metrics
         _log(f"pdrelay {setup}: ready in {time.monotonic() - t0:.0f} s on http://{gateway.http}")
-        return _measure_all(f"pdrelay-{setup}", f"http://{gateway.http}", gateway.pid, workers, **kw)
+        return _measure_all(f"pdrelay-{setup}", f"http://{gateway.http}", gateway.pid, workers, engines=engines, **kw)
     finally:
         detached.stop(run_dir, timeout_s=30.0, say=lambda m: _log(f"pdrelay {setup}: {m}"))
 
@@ -299,6 +352,12 @@ def comparison_lines(results: dict[str, dict[str, dict[str, Any]]], peers: list[
                 r = s["output_throughput"] / ps["output_throughput"] if ps and ps["output_throughput"] else None
                 row += f"{'-' if r is None else f'{r:.2f}x':>18}"
             lines.append(row)
+        for label, by_w in results.items():
+            for iid, prof in (by_w.get(w) or {}).get("engines", {}).items():
+                lines.append(f"  {label} {iid}: engine busy {prof['engine_busy_share']:.0%} of the run, "
+                             f"{prof['engine_steps']:.0f} steps of {prof['engine_step_ms']:.0f} ms "
+                             f"({prof['engine_tokens_per_step']:.0f} tokens each), forward pass "
+                             f"{prof['engine_forward_share']:.0%} of it")
     return lines
 
 

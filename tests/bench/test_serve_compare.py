@@ -72,6 +72,19 @@ def test_comparison_lines_give_ratios_and_the_roofline_fraction() -> None:
     assert "41.7%" in theirs and "1.00x" in theirs
 
 
+def test_engine_profile_from_counters() -> None:
+    from bench.serve_compare import engine_profile
+
+    before = {"pdrelay:engine_steps": 10, "pdrelay:engine_step_seconds": 1.0,
+              "pdrelay:engine_step_seconds{forward}": 0.9, "pdrelay:engine_step_tokens": 100}
+    after = {"pdrelay:engine_steps": 110, "pdrelay:engine_step_seconds": 9.0,
+             "pdrelay:engine_step_seconds{forward}": 8.1, "pdrelay:engine_step_tokens": 1700}
+    p = engine_profile(before, after, duration_s=10.0)
+    assert p["engine_busy_share"] == pytest.approx(0.8) and p["engine_steps"] == 100
+    assert p["engine_step_ms"] == pytest.approx(80.0) and p["engine_tokens_per_step"] == pytest.approx(16.0)
+    assert p["engine_forward_share"] == pytest.approx(7.2 / 8.0)
+
+
 def test_base_urls_with_or_without_v1() -> None:
     for text in ("http://127.0.0.1:8100", "http://127.0.0.1:8100/", "http://127.0.0.1:8100/v1",
                  "http://127.0.0.1:8100/v1/"):
