@@ -44,8 +44,10 @@ from bench.serve_datasets import (
     shared_prefix_dataset,
 )
 from bench.serve_http import HTTP_CLIENTS, HttpError, make_http
+from bench.serve_mm import random_mm_dataset
 from bench.serve_metrics import Slo, compute_metrics, parse_percentiles, parse_slo
 from bench.serve_peer import PeerProcess
+from bench.serve_kvstore import add_kvstore_arguments, run_kvstore_comparison
 from bench.serve_policies import add_policy_arguments, run_policies
 from bench.serve_procs import CpuSample, MockGateway, process_cpu
 from bench.serve_report import detailed, format_table, headline, ratios
@@ -92,6 +94,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="shared-prefix: questions per system prompt (default: num-prompts / groups)")
     d.add_argument("--shared-prefix-system-len", type=int, default=512, help="shared-prefix: system prompt tokens")
     d.add_argument("--multi-turn-turns", type=int, default=4, help="multi-turn: user turns per conversation")
+    d.add_argument("--mm-images-per-request", type=int, default=1, help="random-mm: images per request")
+    d.add_argument("--mm-repeat-ratio", type=float, default=0.0,
+                   help="random-mm: share of images drawn from a small reused pool (the rest are unique)")
+    d.add_argument("--mm-pool-size", type=int, default=4, help="random-mm: distinct images in the reused pool")
+    d.add_argument("--mm-image-size", type=int, default=64, help="random-mm: image width and height (pixels)")
     d.add_argument("--seed", type=int, default=0, help="seeds prompts, lengths and arrival times")
     r = p.add_argument_group("load")
     r.add_argument("--request-rate", type=_rate, default=math.inf,
@@ -132,6 +139,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="after the main run, run the same workload at concurrency N against every endpoint")
     add_policy_arguments(p)
     add_compare_arguments(p)
+    add_kvstore_arguments(p)
 
 
 @dataclass(frozen=True)
@@ -159,6 +167,13 @@ def build_requests(ns: argparse.Namespace, tok: BenchTokenizer) -> list[BenchReq
         return shared_prefix_dataset(tok, groups=ns.shared_prefix_groups, prompts_per_group=per_group,
                                      system_len=ns.shared_prefix_system_len, question_len=ns.random_input_len,
                                      output_len=ns.random_output_len, seed=ns.seed)
+    if ns.dataset == "random-mm":
+        if ns.endpoint != "/v1/chat/completions":
+            raise ValueError("--dataset random-mm needs --endpoint /v1/chat/completions (images are chat parts)")
+        return random_mm_dataset(tok, num_prompts=ns.num_prompts, input_len=ns.random_input_len,
+                                 output_len=ns.random_output_len, seed=ns.seed,
+                                 images_per_request=ns.mm_images_per_request, repeat_ratio=ns.mm_repeat_ratio,
+                                 pool_size=ns.mm_pool_size, image_size=ns.mm_image_size)
     return multi_turn_dataset(tok, num_prompts=ns.num_prompts, turns=ns.multi_turn_turns,
                               user_len=ns.random_input_len, output_len=ns.random_output_len, seed=ns.seed)
 
@@ -367,6 +382,9 @@ def run(ns: argparse.Namespace) -> int:
         requests = build_requests(ns, tok)
         if ns.compare_policies:
             return run_policies(ns, requests, tok, tokenizer_dir, _settings(ns, tokenizer_dir, slo), slo, percentiles)
+        if ns.compare_kvstore:
+            return run_kvstore_comparison(ns, requests, tok, tokenizer_dir, _settings(ns, tokenizer_dir, slo), slo,
+                                          percentiles)
         if ns.mock_workers:
             gateway = MockGateway(tokenizer_dir, token_delay_ms=ns.mock_token_delay_ms,
                                   first_token_delay_ms=ns.mock_first_token_delay_ms)

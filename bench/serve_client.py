@@ -75,13 +75,19 @@ def build_body(req: BenchRequest, opts: RequestOptions,
         if not isinstance(req.prompt, str):
             raise ValueError("token-id prompts need --endpoint /v1/completions (chat messages are text); "
                              "use --random-prompt-format text for chat")
-        messages: list[dict[str, str]] = []
+        messages: list[dict[str, Any]] = []
         if req.system is not None:
             messages.append({"role": "system", "content": req.system})
         for user, assistant in history:
             messages += [{"role": "user", "content": user}, {"role": "assistant", "content": assistant}]
-        messages.append({"role": "user", "content": req.prompt})
+        if req.images:
+            parts = [{"type": "image_url", "image_url": {"url": u}} for u in req.images]
+            messages.append({"role": "user", "content": [*parts, {"type": "text", "text": req.prompt}]})
+        else:
+            messages.append({"role": "user", "content": req.prompt})
         body["messages"] = messages
+    elif req.images:
+        raise ValueError("images need --endpoint /v1/chat/completions")
     elif isinstance(req.prompt, str):
         body["prompt"] = (req.system or "") + "".join(u + a for u, a in history) + req.prompt
     else:

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-DATASETS = ("random", "shared-prefix", "multi-turn")
+DATASETS = ("random", "shared-prefix", "multi-turn", "random-mm")
 _MIN_WORDS = 64  # fewer single-token words than this: the tokenizer is not one we can build text for
 
 
@@ -37,6 +37,7 @@ class BenchRequest:
     system: str | None = None
     conversation: int | None = None
     turn: int = 0
+    images: tuple[str, ...] = ()  # image URLs (data: URIs) sent before the text (random-mm, chat only)
 
 
 class BenchTokenizer:

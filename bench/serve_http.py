@@ -216,6 +216,19 @@ class RawHttp:
             raise HttpError(status, data)
         return json.loads(data)
 
+    async def post_json(self, path: str, body: bytes) -> bytes:
+        """POST a JSON body and return the whole response body (HttpError on a non-2xx status)."""
+        conn, status, headers = await self._send("POST", path, body)
+        complete = False
+        try:
+            data = await self._read_all(conn, headers)
+            complete = True
+        finally:
+            self._release(conn, headers, complete)
+        if status // 100 != 2:
+            raise HttpError(status, data)
+        return data
+
     async def aclose(self) -> None:
         while self._idle:
             self._idle.pop().close()

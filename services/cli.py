@@ -15,7 +15,7 @@ from collections.abc import Sequence
 
 # Top-level commands, in the order `pdrelay --help` lists them.
 COMMANDS: tuple[tuple[str, str, str], ...] = (
-    ("up", "services.commands.up", "start a local cluster (etcd, NATS, gateway, prefill, decode)"),
+    ("up", "services.commands.up", "start a local cluster (etcd, NATS, gateway, prefill, decode, encoder)"),
     ("down", "services.commands.down", "stop the local cluster started by `pdrelay up`"),
     ("status", "services.commands.status", "list the instances of a running cluster"),
     ("scale", "services.commands.scale", "add or drain instances: pdrelay scale prefill=2 decode=3"),
@@ -23,6 +23,9 @@ COMMANDS: tuple[tuple[str, str, str], ...] = (
     ("config", "services.commands.config_show", "show the resolved configuration of a role"),
     ("model", "services.commands.model_prepare", "prepare the bundled model"),
     ("trace", "services.commands.trace", "print one request's span tree (needs `pdrelay up --trace`)"),
+    ("certs", "services.commands.certs", "make a local CA and per-service certificates (mutual TLS)"),
+    ("planner", "services.commands.planner", "the planner's decisions (log) and manual pins (unpin)"),
+    ("chaos", "services.commands.chaos", "fault scenarios against a running local cluster, with a results table"),
 )
 BENCH_COMMANDS: tuple[tuple[str, str, str], ...] = (
     ("engine", "services.commands.bench_engine", "engine throughput vs HF generate"),
@@ -31,6 +34,7 @@ BENCH_COMMANDS: tuple[tuple[str, str, str], ...] = (
     ("control-plane", "services.commands.bench_control_plane", "etcd/NATS/gRPC control-plane latencies"),
     ("handoff", "services.commands.bench_handoff", "disaggregated vs colocated TTFT (KV hand-off overhead)"),
     ("trace", "services.commands.bench_trace", "tracing overhead: throughput with tracing off vs on"),
+    ("embed", "services.commands.bench_embed", "embeddings throughput vs sentence-transformers encode per request"),
 )
 
 

@@ -46,7 +46,8 @@ def run(ns: argparse.Namespace, extra: list[str]) -> int:
     from shared.cluster.bus.client import Bus
     from shared.cluster.bus.scale import request_scale
     from shared.cluster.errors import ControlPlaneUnavailable
-    from shared.cluster.localcluster.rundir import default_run_dir, read_state, running_supervisor
+    from shared.cluster.bus.admin_auth import AdminAuth
+    from shared.cluster.localcluster.rundir import client_tls, default_run_dir, read_state, running_supervisor
 
     if extra:
         print(f"pdrelay scale: unknown arguments: {' '.join(extra)}", file=sys.stderr)
@@ -63,8 +64,9 @@ def run(ns: argparse.Namespace, extra: list[str]) -> int:
         return 1
 
     async def ask():  # -> ScaleReply
-        async with Bus(state.nats_url, name="pdrelay-scale") as bus:
-            return await request_scale(bus, state.cluster, targets, timeout_s=30)
+        auth = AdminAuth.from_file(state.admin_secret_file) if state.admin_secret_file else None
+        async with Bus(state.nats_url, name="pdrelay-scale", tls=client_tls(state)) as bus:
+            return await request_scale(bus, state.cluster, targets, timeout_s=30, auth=auth)
 
     try:
         reply = asyncio.run(ask())

@@ -25,7 +25,7 @@ def run(ns: argparse.Namespace, extra: list[str]) -> int:
     import msgspec
 
     from shared.cluster.errors import ControlPlaneUnavailable
-    from shared.cluster.localcluster.rundir import default_run_dir, running_supervisor
+    from shared.cluster.localcluster.rundir import client_tls, default_run_dir, running_supervisor
     from shared.cluster.status import collect_status, format_table
 
     if extra:
@@ -33,6 +33,8 @@ def run(ns: argparse.Namespace, extra: list[str]) -> int:
         return 2
     run_dir = Path(ns.run_dir) if ns.run_dir else default_run_dir()
     etcd_url, nats_url, cluster = ns.etcd_url, ns.nats_url, ns.cluster
+    tls = None
+    state = None
     if etcd_url is None:
         try:
             state = running_supervisor(run_dir)
@@ -44,14 +46,18 @@ def run(ns: argparse.Namespace, extra: list[str]) -> int:
                   "--etcd URL (and --nats URL) of a running cluster", file=sys.stderr)
             return 1
         etcd_url, nats_url, cluster = state.etcd_url, nats_url or state.nats_url, cluster or state.cluster
+        tls = client_tls(state)
     try:
         status = asyncio.run(collect_status(etcd_url, nats_url or "nats://127.0.0.1:4222", cluster or "default",
-                                            load_window_s=ns.load_window_s))
+                                            load_window_s=ns.load_window_s, tls=tls))
     except ControlPlaneUnavailable as e:
         print(f"pdrelay status: {e}", file=sys.stderr)
         return 1
     except ValueError as e:  # a malformed --etcd / --nats URL
         print(f"pdrelay status: {e}", file=sys.stderr)
         return 2
+    if state is not None:  # what the supervisor restarted, etcd and NATS first
+        status.restarts = {"etcd": state.etcd_restarts, "nats": state.nats_restarts,
+                           **{c.instance_id: c.restarts for c in state.children}}
     print(msgspec.json.format(msgspec.json.encode(status)).decode() if ns.json else format_table(status))
     return 0

@@ -8,14 +8,17 @@ from collections.abc import Sequence
 from typing import Any
 
 import grpc
+import msgspec
 
 from proto.pdrelay.v1 import worker_pb2_grpc
 from services.decode.remote_prefill import RemotePrefillClient
+from shared.cluster.bus.load import LoadSnapshot
 from shared.cluster.membership import Membership
 from shared.serving.decode_servicer import DecodeServicer
 from shared.serving.engine_service import EngineService
 from shared.serving.faults import Faults
 from shared.serving.kv_transfer import KVTransfer
+from shared.serving.kvstore_client import KVStoreClient, attach_kvstore
 
 
 class DecodeService(EngineService):
@@ -24,6 +27,7 @@ class DecodeService(EngineService):
     def __init__(self, *args: Any, **kw: Any) -> None:
         super().__init__(*args, **kw)
         self.transfer: KVTransfer | None = None
+        self.kvstore: KVStoreClient | None = None
         self.prefills: Membership | None = None
         self.remote = RemotePrefillClient(self)
         self.faults = Faults(self.cfg.disagg.fault_injection, self.instance_id)
@@ -38,8 +42,14 @@ class DecodeService(EngineService):
         self.transfer = await asyncio.to_thread(KVTransfer, t.transfer_backend, self.instance_id, t.transfer_host,
                                                 self.engine.runner.kv)
         self.transfer.start_progress()
+        self.kvstore = await attach_kvstore(self, self.transfer)
         self.prefills = Membership(self.etcd, self.cluster, "prefill")
         await self.prefills.start()
+
+    def load_snapshot(self) -> LoadSnapshot | None:
+        snap = super().load_snapshot()
+        waiting = self.remote.admission.waiting  # hand-offs waiting for a slot count as queued, as in the engine
+        return msgspec.structs.replace(snap, queued=snap.queued + waiting) if snap is not None and waiting else snap
 
     def describe(self) -> dict[str, Any]:
         d = super().describe()
@@ -47,6 +57,9 @@ class DecodeService(EngineService):
         return d
 
     async def on_stop(self) -> None:
+        if self.kvstore is not None:
+            await self.kvstore.drain()
+            await self.kvstore.close()
         await super().on_stop()
         await self.remote.close()
         if self.prefills is not None:

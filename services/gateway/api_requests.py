@@ -4,7 +4,8 @@ These types are also the source of /openapi.json (msgspec.json.schema_components
 the one the server decodes with. Unknown fields are ignored, as OpenAI clients send many optional ones.
 Type checks happen at decode time; value checks (ranges, combinations) in validation.py.
 Extensions beyond OpenAI follow vLLM's names: top_k, min_p, repetition_penalty, ignore_eos, min_tokens,
-stop_token_ids, skip_special_tokens, include_stop_str_in_output, chat_template_kwargs.
+stop_token_ids, skip_special_tokens, include_stop_str_in_output, chat_template_kwargs, priority, and vLLM's
+`structured_outputs` object (json / regex / choice / grammar / json_object) for constrained decoding.
 """
 
 from __future__ import annotations
@@ -46,9 +47,26 @@ class StreamOptions(msgspec.Struct, kw_only=True):
     include_usage: bool = False
 
 
+class JsonSchemaFormat(msgspec.Struct, kw_only=True):
+    name: str | None = None
+    description: str | None = None
+    schema: Any = None
+    strict: bool | None = None
+
+
 class ResponseFormat(msgspec.Struct, kw_only=True):
     type: Literal["text", "json_object", "json_schema"] = "text"
-    json_schema: Any = None
+    json_schema: JsonSchemaFormat | None = None
+
+
+class StructuredOutputs(msgspec.Struct, kw_only=True):
+    """vLLM's structured_outputs object: set exactly one constraint."""
+
+    json: Annotated[Any, Meta(description="A JSON schema (object or string) the output must validate against")] = None
+    regex: Annotated[str | None, Meta(description="A regular expression the whole output must match")] = None
+    choice: Annotated[list[str] | None, Meta(description="The output is exactly one of these strings")] = None
+    grammar: Annotated[str | None, Meta(description="An EBNF grammar (root rule 'root')")] = None
+    json_object: Annotated[bool | None, Meta(description="Any JSON object")] = None
 
 
 class _CommonRequest(msgspec.Struct, kw_only=True):
@@ -73,8 +91,11 @@ class _CommonRequest(msgspec.Struct, kw_only=True):
     stop_token_ids: Annotated[list[int] | None, Meta(description="Extension: extra stop tokens")] = None
     skip_special_tokens: Annotated[bool, Meta(description="Extension: drop special tokens from the text")] = True
     include_stop_str_in_output: Annotated[bool, Meta(description="Extension: keep the matched stop string")] = False
-    logit_bias: dict[str, float] | None = None
+    logit_bias: Annotated[dict[str, float] | None, Meta(description="Token id -> bias in [-100, 100]")] = None
     user: str | None = None
+    structured_outputs: Annotated[StructuredOutputs | None, Meta(
+        description="Extension (vLLM): constrain the output to a JSON schema, regex, choice or grammar")] = None
+    priority: Annotated[int, Meta(description="Extension: lower is served first under --schedule-policy priority")] = 0
 
 
 class ChatCompletionRequest(_CommonRequest, kw_only=True):
@@ -84,6 +105,7 @@ class ChatCompletionRequest(_CommonRequest, kw_only=True):
     top_logprobs: Annotated[int | None, Meta(description="0..20; needs logprobs=true")] = None
     tools: list[Any] | None = None
     tool_choice: Any = None
+    parallel_tool_calls: bool | None = None
     response_format: ResponseFormat | None = None
     chat_template_kwargs: Annotated[dict[str, Any] | None,
                                     Meta(description="Extension: extra variables for the chat template")] = None

@@ -12,7 +12,7 @@ from typing import Literal
 import msgspec
 from msgspec import UNSET, UnsetType
 
-FinishReasonOut = Literal["stop", "length", "abort"]
+FinishReasonOut = Literal["stop", "length", "abort", "tool_calls"]
 
 
 class ErrorInfo(msgspec.Struct, kw_only=True):
@@ -69,9 +69,35 @@ class CompletionLogprobs(msgspec.Struct):
 # ---------------------------------------------------------------- chat
 
 
-class AssistantMessage(msgspec.Struct):
+class FunctionCall(msgspec.Struct):
+    name: str
+    arguments: str  # a JSON object as text
+
+
+class ToolCall(msgspec.Struct, kw_only=True):
+    id: str
+    type: Literal["function"] = "function"
+    function: FunctionCall
+
+
+class DeltaFunctionCall(msgspec.Struct, kw_only=True, omit_defaults=True):
+    name: str | UnsetType = UNSET
+    arguments: str | UnsetType = UNSET
+
+
+class DeltaToolCall(msgspec.Struct, kw_only=True, omit_defaults=True):
+    """A streamed piece of a tool call: the first carries id, type and name, later ones argument text."""
+
+    index: int
+    id: str | UnsetType = UNSET
+    type: Literal["function"] | UnsetType = UNSET
+    function: DeltaFunctionCall | UnsetType = UNSET
+
+
+class AssistantMessage(msgspec.Struct, omit_defaults=True):
     role: Literal["assistant"]
     content: str | None
+    tool_calls: list[ToolCall] | UnsetType = UNSET
 
 
 class ChatChoice(msgspec.Struct, kw_only=True):
@@ -94,6 +120,7 @@ class ChatCompletionResponse(msgspec.Struct, kw_only=True):
 class ChatDelta(msgspec.Struct, kw_only=True, omit_defaults=True):
     role: Literal["assistant"] | UnsetType = UNSET
     content: str | UnsetType = UNSET
+    tool_calls: list[DeltaToolCall] | UnsetType = UNSET
 
 
 class ChatChunkChoice(msgspec.Struct, kw_only=True):

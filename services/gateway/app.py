@@ -9,6 +9,7 @@ Every failure is an OpenAI-style error body; client input never causes a 5xx.
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import hmac
 import logging
@@ -16,6 +17,7 @@ import re
 import time
 import uuid
 from collections.abc import Awaitable, Callable, Sequence
+from typing import TypeVar
 
 import msgspec
 from opentelemetry.context import Context
@@ -29,18 +31,28 @@ from services.gateway.asgi import (
     Scope,
     Send,
     cancel_on_disconnect,
+    check_json_content_type,
     header,
     read_body,
 )
+from services.gateway.batch import BatchGeneration
 from services.gateway.backend import BackendError, BackendRequest, BackendSamplingParams, GenerateBackend
 from services.gateway.errors import ApiError, bad_request, from_backend, internal_error
 from services.gateway.formatters import DONE, ChatFormatter, CompletionFormatter, Formatter, sse, usage
 from services.gateway.generation import Delta, Generation
+from services.gateway.json_body import decode_body
+from services.gateway.media.attach import MediaInputs
+from services.gateway.media.processor import MediaProcessor
 from services.gateway.metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
 from services.gateway.metrics import GatewayMetrics
 from services.gateway.openapi import build_openapi
+from services.gateway.tokenize_api import DetokenizeRequest, TokenizeRequest, detokenize, tokenize
 from services.gateway.tokenizer import ChatTemplateError, GatewayTokenizer
+from services.gateway.tools.formatter import ToolChatFormatter
+from services.gateway.tools.render import render_messages
+from services.gateway.tools.spec import ToolChoiceMode
 from services.gateway.validation import Plan, plan_chat, plan_completion
+from shared.config.groups import HttpConfig
 from shared.telemetry import spans
 from shared.telemetry.logs import bind_request_id
 from shared.telemetry.tracing import Span, SpanKind, Tracing, add_event, current_span, extract, perf_to_mono, set_error
@@ -52,6 +64,7 @@ _PARAM_AT = re.compile(r"at `\$\.?([^`]*)`")
 _MISSING = re.compile(r"missing required field `([^`]+)`")
 _TRACE_HEADERS = (b"traceparent", b"tracestate")
 
+T = TypeVar("T")
 Handler = Callable[[Scope, Receive, Responder], Awaitable[None]]
 
 
@@ -70,7 +83,7 @@ def _decode_error(e: msgspec.DecodeError) -> ApiError:
     return bad_request(f"request body is not valid JSON ({msg})", code="invalid_json")
 
 
-def _annotate(span: Span, gen: Generation, arrival: float) -> None:
+def _annotate(span: Span, gen: Generation | BatchGeneration, arrival: float) -> None:
     """What the gateway.request span says about the request once it is over."""
     span.set_attributes({spans.PROMPT_TOKENS: gen.num_prompt_tokens, spans.OUTPUT_TOKENS: gen.num_generated,
                          spans.CACHED_TOKENS: gen.num_cached_tokens})
@@ -84,7 +97,8 @@ class GatewayApp:
 
     def __init__(self, *, backend: GenerateBackend, tokenizer: GatewayTokenizer, served_model_names: Sequence[str],
                  model_aliases: Sequence[str] = (), api_key: str | None = None, max_request_bytes: int = 4 << 20,
-                 model_root: str | None = None) -> None:
+                 model_root: str | None = None, media: MediaProcessor | None = None,
+                 media_cfg: HttpConfig | None = None) -> None:
         if not served_model_names:
             raise ValueError("served_model_names is empty; pass at least one name clients may use")
         self.backend = backend
@@ -94,6 +108,7 @@ class GatewayApp:
         self._model_names = {a: self.served_model_names[0] for a in model_aliases}
         self._model_names.update({n: n for n in self.served_model_names})
         self.model_root = model_root
+        self.media = MediaInputs(media, media_cfg or HttpConfig())
         self.max_request_bytes = max_request_bytes
         self.metrics = GatewayMetrics()
         self.tracing = Tracing.off()  # the service sets its process tracer (shared.telemetry) once it has one
@@ -101,16 +116,28 @@ class GatewayApp:
         self._created = int(time.time())
         self._chat_decoder = msgspec.json.Decoder(ChatCompletionRequest)
         self._completion_decoder = msgspec.json.Decoder(CompletionRequest)
-        self._openapi = _ENC.encode(build_openapi(auth=self._api_key is not None))
+        self._openapi = _ENC.encode(build_openapi(auth=self._api_key is not None, vocab_size=tokenizer.vocab_size,
+                                                  context_length=tokenizer.context_length))
         self._routes: dict[str, tuple[str, Handler, bool]] = {  # path -> (method, handler, needs api key)
             "/v1/chat/completions": ("POST", self._chat, True),
             "/v1/completions": ("POST", self._completions, True),
             "/v1/models": ("GET", self._models, True),
+            "/tokenize": ("POST", self._tokenize_route, True),
+            "/detokenize": ("POST", self._detokenize_route, True),
             "/health": ("GET", self._health, False),
             "/ready": ("GET", self._ready, False),
             "/metrics": ("GET", self._metrics, False),
             "/openapi.json": ("GET", self._openapi_json, False),
         }
+        self._extra_models: list[Callable[[], list[ModelCard]]] = []
+
+    def add_route(self, path: str, method: str, handler: Handler, *, needs_api_key: bool = True,
+                  models: Callable[[], list[ModelCard]] | None = None) -> None:
+        """Mount another API beside the built-in routes (e.g. /v1/embeddings, services.gateway.embeddings);
+        `models` adds its model cards to /v1/models."""
+        self._routes[path] = (method, handler, needs_api_key)
+        if models is not None:
+            self._extra_models.append(models)
 
     @property
     def routes(self) -> dict[str, str]:
@@ -160,6 +187,8 @@ class GatewayApp:
                                headers=((b"allow", method.encode()),))
             if needs_key and self._api_key is not None:
                 self._check_api_key(scope)
+            if method == "POST":
+                check_json_content_type(scope)
             await handler(scope, receive, r)
         except ApiError as e:
             await self._fail(r, e)
@@ -167,6 +196,13 @@ class GatewayApp:
             await self._fail(r, from_backend(e))
         except ClientDisconnected:
             pass
+        except asyncio.CancelledError:
+            task = asyncio.current_task()
+            if task is None or task.cancelling():
+                raise  # the connection or the server is going away: nobody to answer
+            # A cancellation the task did not receive (an RPC cut under it): answer it as the error it is.
+            log.error("request on %s %s was cut off by a cancelled call", scope.get("method"), path)
+            await self._fail(r, internal_error())
         except Exception:
             log.exception("unhandled error on %s %s", scope.get("method"), path)
             await self._fail(r, internal_error())
@@ -197,7 +233,31 @@ class GatewayApp:
     async def _models(self, scope: Scope, receive: Receive, r: Responder) -> None:
         cards = [ModelCard(id=name, created=self._created, root=self.model_root,
                            max_model_len=self.tokenizer.context_length) for name in self.served_model_names]
+        for more in self._extra_models:
+            cards += more()
+        try:  # other models the cluster serves (e.g. embedding models), as the backend sees them now
+            others = [m for m in self.backend.models() if m not in {c.id for c in cards}]
+        except Exception:  # noqa: BLE001 - a listing must not fail because discovery is briefly unhappy
+            others = []
+        cards += [ModelCard(id=m, created=self._created) for m in sorted(set(others))]
         await r.full(200, _ENC.encode(ModelList(data=cards)))
+
+    async def _tokenize_route(self, scope: Scope, receive: Receive, r: Responder) -> None:
+        req = self._decode_small(await read_body(scope, receive, self.max_request_bytes), TokenizeRequest)
+        self._resolve_model(req.model)
+        await r.full(200, _ENC.encode(tokenize(self.tokenizer, req)))
+
+    async def _detokenize_route(self, scope: Scope, receive: Receive, r: Responder) -> None:
+        req = self._decode_small(await read_body(scope, receive, self.max_request_bytes), DetokenizeRequest)
+        self._resolve_model(req.model)
+        await r.full(200, _ENC.encode(detokenize(self.tokenizer, req)))
+
+    @staticmethod
+    def _decode_small(body: bytes, kind: type[T]) -> T:
+        try:
+            return msgspec.json.decode(body, type=kind)
+        except msgspec.DecodeError as e:
+            raise _decode_error(e) from None
 
     async def _health(self, scope: Scope, receive: Receive, r: Responder) -> None:
         await r.full(200, _ENC.encode(HealthStatus("ok")))
@@ -269,29 +329,44 @@ class GatewayApp:
         vocab = self.tokenizer.vocab_size
         try:
             if kind == "chat":
-                plan = plan_chat(self._chat_decoder.decode(body), vocab_size=vocab)
+                plan = plan_chat(decode_body(self._chat_decoder, body), vocab_size=vocab,
+                                 image_placeholder=self.media.placeholder)
             else:
-                plan = plan_completion(self._completion_decoder.decode(body), vocab_size=vocab)
+                plan = plan_completion(decode_body(self._completion_decoder, body), vocab_size=vocab)
         except msgspec.DecodeError as e:
             raise _decode_error(e) from None
         model = self._resolve_model(plan.model)
-        prompt = self._tokenize(plan)
-        sampling = self._fit_context(plan, len(prompt))
         trace = tuple((k.decode(), v.decode("latin-1")) for k, v in scope["headers"] if k in _TRACE_HEADERS)
-        prefix = "chatcmpl-" if kind == "chat" else "cmpl-"
-        req = BackendRequest(request_id=prefix + uuid.uuid4().hex, model=model, prompt_token_ids=prompt,
-                             sampling=sampling, trace_headers=trace)
+        rid = ("chatcmpl-" if kind == "chat" else "cmpl-") + uuid.uuid4().hex
+        reqs: list[BackendRequest] = []
+        for p, one in enumerate(plan.batch or (plan,)):  # a list of prompts: one backend request each
+            ids = self._tokenize(one)
+            ids, media = await self.media.attach(one.image_urls, ids)  # images: decoded, hashed, expanded
+            reqs.append(BackendRequest(request_id=rid if not plan.batch else f"{rid}-{p}", model=model,
+                                       prompt_token_ids=ids, sampling=self._fit_context(one, len(ids)),
+                                       trace_headers=trace, priority=plan.priority, media=media))
+        req, sampling = reqs[0], reqs[0].sampling
+        prompt = [t for q in reqs for t in q.prompt_token_ids]
         bind_request_id(req.request_id)  # log lines of this request (its task's own context) carry the id
         span = current_span()
         if span.is_recording():
             span.set_attributes({spans.REQUEST_ID: req.request_id, spans.MODEL: model})
             self.tracing.record(spans.GATEWAY_TOKENIZE, perf_to_mono(arrival), time.monotonic(),
                                 {spans.PROMPT_TOKENS: len(prompt)}, parent=span)
-        fmt_cls = ChatFormatter if kind == "chat" else CompletionFormatter
-        fmt = fmt_cls(self.tokenizer, req.request_id, int(time.time()), model, plan.include_usage,
-                      sampling.logprobs is not None)
-        gen = Generation(self.backend, self.tokenizer, req, skip_special_tokens=plan.skip_special_tokens,
-                         metrics=self.metrics, arrival=arrival)
+        fmt: Formatter
+        if plan.tools is not None and plan.tools.mode is not ToolChoiceMode.NONE:
+            fmt = ToolChatFormatter(self.tokenizer, req.request_id, int(time.time()), model, plan.include_usage,
+                                    sampling.logprobs is not None, plan.tools)
+        else:
+            fmt_cls = ChatFormatter if kind == "chat" else CompletionFormatter
+            fmt = fmt_cls(self.tokenizer, rid, int(time.time()), model, plan.include_usage,
+                          sampling.logprobs is not None, n=sampling.n)
+        if plan.echo and isinstance(fmt, CompletionFormatter):
+            fmt.echo = {p * sampling.n + s: self.tokenizer.decode(q.prompt_token_ids, skip_special_tokens=False)
+                        for p, q in enumerate(reqs) for s in range(sampling.n)}
+        gens = [Generation(self.backend, self.tokenizer, q, skip_special_tokens=plan.skip_special_tokens,
+                           metrics=self.metrics, arrival=arrival) for q in reqs]
+        gen: Generation | BatchGeneration = gens[0] if len(gens) == 1 else BatchGeneration(gens, sampling.n)
         self.metrics.in_flight.inc()
         try:
             await cancel_on_disconnect(self._run(gen, plan, fmt, r), receive)
@@ -317,7 +392,9 @@ class GatewayApp:
         tok = self.tokenizer
         if plan.messages is not None:
             try:
-                ids = tok.encode_chat(plan.messages, **(plan.chat_template_kwargs or {}))
+                template = tok.chat_template or getattr(tok.hf, "chat_template", None)
+                messages, extra = render_messages(plan.messages, plan.tools, template)
+                ids = tok.encode_chat(messages, **{**(plan.chat_template_kwargs or {}), **extra})
             except ChatTemplateError as e:
                 raise bad_request(str(e), "messages", "chat_template_error") from None
         elif plan.prompt_text is not None:
@@ -348,7 +425,7 @@ class GatewayApp:
                               f"max_tokens to at most {ctx - prompt_len}", "max_tokens", "context_length_exceeded")
         return sampling
 
-    async def _run(self, gen: Generation, plan: Plan, fmt: Formatter, r: Responder) -> None:
+    async def _run(self, gen: Generation | BatchGeneration, plan: Plan, fmt: Formatter, r: Responder) -> None:
         try:
             try:
                 delta = await gen.next()  # before any header: admission errors keep their status code
@@ -358,7 +435,7 @@ class GatewayApp:
                 await self._stream(gen, plan, fmt, r, delta)
             else:
                 deltas = [delta]
-                while deltas[-1].finish_reason is None:
+                while not gen.finished:
                     deltas.append(await gen.next())
                 await gen.aclose()
                 u = usage(gen.num_prompt_tokens, gen.num_generated, gen.num_cached_tokens)
@@ -368,11 +445,11 @@ class GatewayApp:
         finally:
             await gen.aclose()  # stop string, error or disconnect: abort the request on the worker
 
-    async def _stream(self, gen: Generation, plan: Plan, fmt: Formatter, r: Responder, delta: Delta) -> None:
+    async def _stream(self, gen: Generation | BatchGeneration, plan: Plan, fmt: Formatter, r: Responder, delta: Delta) -> None:
         await r.start_stream()
         pending = fmt.first_chunk() or b""  # coalesced with the first content chunk: one write, not two
-        while delta.finish_reason is None:
-            if delta.text or delta.logprobs:
+        while not gen.finished:
+            if delta.text or delta.logprobs or delta.finish_reason is not None:  # n > 1: one sample ended
                 await r.stream(pending + fmt.chunk(delta))
                 pending = b""
             try:

@@ -36,6 +36,21 @@ def header(scope: Scope, name: bytes) -> bytes | None:
     return None
 
 
+def check_json_content_type(scope: Scope) -> None:
+    """Bodies are JSON: a declared Content-Type must be application/json (or a +json type); 415 otherwise.
+
+    No Content-Type at all is read as JSON, as FastAPI-based OpenAI servers do (many scripts send none)."""
+    declared = header(scope, b"content-type")
+    if declared is None:
+        return
+    media = declared.split(b";", 1)[0].strip().lower()
+    if media == JSON or media.endswith(b"+json"):
+        return
+    shown = media.decode("latin-1")[:60] or "(empty)"
+    raise ApiError(415, f"Content-Type {shown} is not supported; send the body as JSON with "
+                        "'Content-Type: application/json'", code="unsupported_media_type")
+
+
 async def read_body(scope: Scope, receive: Receive, limit: int) -> bytes:
     """The whole request body, refusing (413) anything over `limit` bytes before and while reading it."""
     declared = header(scope, b"content-length")

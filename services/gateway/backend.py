@@ -14,7 +14,12 @@ from __future__ import annotations
 
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
-from typing import Literal, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Literal, Protocol, runtime_checkable
+
+if TYPE_CHECKING:
+    from services.gateway.media.processor import PromptImage
+
+from shared.grammar.spec import StructuredSpec
 
 FinishReason = Literal["stop", "length", "abort"]
 
@@ -45,6 +50,9 @@ class BackendSamplingParams:
     include_stop_str_in_output: bool = False
     ignore_eos: bool = False
     logprobs: int | None = None
+    logit_bias: tuple[tuple[int, float], ...] = ()
+    structured: StructuredSpec | None = None  # grammar the output must match
+    n: int = 1  # samples of the prompt (chunks carry their index)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -58,6 +66,8 @@ class BackendRequest:
     sampling: BackendSamplingParams
     # W3C trace context headers received from the client ("traceparent", "tracestate"), lower-case names.
     trace_headers: tuple[tuple[str, str], ...] = ()
+    priority: int = 0  # lower is served first under the workers' "priority" policy
+    media: tuple[PromptImage, ...] = ()  # images at their (expanded) placeholder positions, in prompt order
 
 
 @dataclass(frozen=True, slots=True)
@@ -91,6 +101,7 @@ class BackendChunk:
     stop_reason: int | str | None = None
     num_prompt_tokens: int | None = None
     num_cached_tokens: int | None = None
+    index: int = 0  # which sample (n > 1); finish_reason ends that sample only
 
 
 # ---------------------------------------------------------------- typed errors (mapped to HTTP in errors.py)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
+from itertools import groupby
 from typing import Any
 
 import msgspec
@@ -42,9 +43,16 @@ def usage(prompt_tokens: int, completion_tokens: int, cached_tokens: int) -> Usa
                  prompt_tokens_details=PromptTokensDetails(cached_tokens))
 
 
+def by_choice(deltas: Sequence[Delta]) -> list[tuple[int, list[Delta]]]:
+    """Deltas grouped by choice index, in index order (each group keeps its stream order)."""
+    ordered = sorted(deltas, key=lambda d: d.index)  # stable: stream order within a choice
+    return [(i, list(g)) for i, g in groupby(ordered, key=lambda d: d.index)]
+
+
 class ChatFormatter:
     def __init__(self, tokenizer: GatewayTokenizer, response_id: str, created: int, model: str,
-                 include_usage: bool, want_logprobs: bool) -> None:
+                 include_usage: bool, want_logprobs: bool, n: int = 1) -> None:
+        self.n = n
         self.tok = tokenizer
         self.id, self.created, self.model = response_id, created, model
         self.want_logprobs = want_logprobs
@@ -68,11 +76,12 @@ class ChatFormatter:
                                        usage=self._usage_field))
 
     def first_chunk(self) -> bytes:
-        return self._chunk(ChatChunkChoice(index=0, delta=ChatDelta(role="assistant", content="")))
+        return b"".join(self._chunk(ChatChunkChoice(index=i, delta=ChatDelta(role="assistant", content="")))
+                        for i in range(self.n))
 
     def chunk(self, d: Delta) -> bytes:
         delta = ChatDelta(content=d.text) if d.text else ChatDelta()
-        return self._chunk(ChatChunkChoice(index=0, delta=delta, logprobs=self.logprobs(d.logprobs),
+        return self._chunk(ChatChunkChoice(index=d.index, delta=delta, logprobs=self.logprobs(d.logprobs),
                                            finish_reason=d.finish_reason,  # type: ignore[arg-type]
                                            stop_reason=d.stop_reason))
 
@@ -80,23 +89,31 @@ class ChatFormatter:
         return sse(ChatCompletionChunk(id=self.id, created=self.created, model=self.model, choices=[], usage=u))
 
     def response(self, deltas: Sequence[Delta], u: Usage) -> bytes:
-        last = deltas[-1]
-        entries = [e for d in deltas if d.logprobs is not None for e in d.logprobs]
-        logprobs = self.logprobs(entries) if self.want_logprobs else None
-        choice = ChatChoice(index=0, message=AssistantMessage("assistant", "".join(d.text for d in deltas)),
-                            logprobs=logprobs, finish_reason=last.finish_reason,  # type: ignore[arg-type]
-                            stop_reason=last.stop_reason)
+        choices = []
+        for i, ds in by_choice(deltas):
+            last = ds[-1]
+            entries = [e for d in ds if d.logprobs is not None for e in d.logprobs]
+            logprobs = self.logprobs(entries) if self.want_logprobs else None
+            choices.append(ChatChoice(index=i, message=AssistantMessage("assistant", "".join(d.text for d in ds)),
+                                      logprobs=logprobs, finish_reason=last.finish_reason,  # type: ignore[arg-type]
+                                      stop_reason=last.stop_reason))
         return _ENC.encode(ChatCompletionResponse(id=self.id, created=self.created, model=self.model,
-                                                  choices=[choice], usage=u))
+                                                  choices=choices, usage=u))
 
 
 class CompletionFormatter:
     def __init__(self, tokenizer: GatewayTokenizer, response_id: str, created: int, model: str,
-                 include_usage: bool, want_logprobs: bool) -> None:
+                 include_usage: bool, want_logprobs: bool, n: int = 1) -> None:
+        self.n = n
         self.tok = tokenizer
         self.id, self.created, self.model = response_id, created, model
         self.want_logprobs = want_logprobs
         self._usage_field: Usage | None | msgspec.UnsetType = None if include_usage else msgspec.UNSET
+        self.echo: dict[int, str] = {}  # echo=true: choice index -> prompt text, sent before its first text
+
+    def _echoed(self, index: int, text: str) -> str:
+        head = self.echo.pop(index, None)
+        return text if head is None else head + text
 
     def logprobs(self, deltas: Sequence[Delta]) -> CompletionLogprobs | None:
         if not self.want_logprobs or all(d.logprobs is None for d in deltas):
@@ -121,7 +138,7 @@ class CompletionFormatter:
         return None  # completions have no role delta
 
     def chunk(self, d: Delta) -> bytes:
-        choice = CompletionChoice(index=0, text=d.text, logprobs=self.logprobs((d,)),
+        choice = CompletionChoice(index=d.index, text=self._echoed(d.index, d.text), logprobs=self.logprobs((d,)),
                                   finish_reason=d.finish_reason,  # type: ignore[arg-type]
                                   stop_reason=d.stop_reason)
         return sse(CompletionChunk(id=self.id, created=self.created, model=self.model, choices=[choice],
@@ -131,12 +148,12 @@ class CompletionFormatter:
         return sse(CompletionChunk(id=self.id, created=self.created, model=self.model, choices=[], usage=u))
 
     def response(self, deltas: Sequence[Delta], u: Usage) -> bytes:
-        last = deltas[-1]
-        choice = CompletionChoice(index=0, text="".join(d.text for d in deltas), logprobs=self.logprobs(deltas),
-                                  finish_reason=last.finish_reason,  # type: ignore[arg-type]
-                                  stop_reason=last.stop_reason)
+        choices = [CompletionChoice(index=i, text=self._echoed(i, "".join(d.text for d in ds)), logprobs=self.logprobs(ds),
+                                    finish_reason=ds[-1].finish_reason,  # type: ignore[arg-type]
+                                    stop_reason=ds[-1].stop_reason)
+                   for i, ds in by_choice(deltas)]
         return _ENC.encode(CompletionResponse(id=self.id, created=self.created, model=self.model,
-                                              choices=[choice], usage=u))
+                                              choices=choices, usage=u))
 
 
 Formatter = ChatFormatter | CompletionFormatter

@@ -20,10 +20,11 @@ from services.gateway.tokenizer import GatewayTokenizer
 class Delta:
     """Text (and logprobs) to send now. finish_reason is set on the last one."""
 
-    __slots__ = ("text", "logprobs", "text_offset", "finish_reason", "stop_reason")
+    __slots__ = ("text", "logprobs", "text_offset", "finish_reason", "stop_reason", "index")
 
     def __init__(self, text: str, logprobs: tuple[TokenLogprob, ...] | None, text_offset: int,
-                 finish_reason: str | None = None, stop_reason: int | str | None = None) -> None:
+                 finish_reason: str | None = None, stop_reason: int | str | None = None, index: int = 0) -> None:
+        self.index = index  # the choice this delta belongs to (n > 1, batched prompts)
         self.text = text
         self.logprobs = logprobs
         self.text_offset = text_offset  # characters of output before this delta (completions text_offset)
@@ -32,16 +33,21 @@ class Delta:
 
 
 class Generation:
-    """Per-request state. Call `next()` until it returns a Delta with finish_reason; always `aclose()`."""
+    """Per-request state. Call `next()` until `finished` (n = 1: the Delta with finish_reason; n > 1: one such
+    Delta per sample, `index` saying which); always `aclose()`."""
 
     def __init__(self, backend: GenerateBackend, tokenizer: GatewayTokenizer, req: BackendRequest, *,
                  skip_special_tokens: bool, metrics: GatewayMetrics, arrival: float) -> None:
         self.request = req
         self._stream: AsyncIterator[BackendChunk] = backend.generate(req)
-        self._detok = IncrementalDetokenizer(
-            tokenizer.fast, prompt_token_ids=req.prompt_token_ids, skip_special_tokens=skip_special_tokens,
-            stop=req.sampling.stop, include_stop_str_in_output=req.sampling.include_stop_str_in_output,
-        )
+
+        def detok() -> IncrementalDetokenizer:
+            return IncrementalDetokenizer(
+                tokenizer.fast, prompt_token_ids=req.prompt_token_ids, skip_special_tokens=skip_special_tokens,
+                stop=req.sampling.stop, include_stop_str_in_output=req.sampling.include_stop_str_in_output)
+
+        self._detoks = [detok() for _ in range(max(1, req.sampling.n))]
+        self._done: set[int] = set()
         self._metrics = metrics
         self._arrival = arrival
         self._last_token_at: float | None = None
@@ -77,18 +83,28 @@ class Generation:
                 self._metrics.itl.observe(now - self._last_token_at)
             self._last_token_at = now
             self.num_generated += len(chunk.token_ids)
-        offset = self._detok.text_len
-        scan = self._detok.step(chunk.token_ids)
+        i = chunk.index
+        if not 0 <= i < len(self._detoks):
+            raise BackendError(f"the backend sent sample {i} of a request with n={len(self._detoks)}")
+        if i in self._done:
+            return None  # the gateway ended this sample at a stop string; the worker is still winding it down
+        detok = self._detoks[i]
+        offset = detok.text_len
+        scan = detok.step(chunk.token_ids)
         if scan.matched is not None:
-            self.finished = True
-            return Delta(scan.text, chunk.logprobs, offset, "stop", scan.matched)
+            self._end(i)
+            return Delta(scan.text, chunk.logprobs, offset, "stop", scan.matched, i)
         if chunk.finish_reason is not None:
-            self.finished = True
-            return Delta(scan.text + self._detok.finish(), chunk.logprobs, offset, chunk.finish_reason,
-                         chunk.stop_reason)
+            self._end(i)
+            return Delta(scan.text + detok.finish(), chunk.logprobs, offset, chunk.finish_reason,
+                         chunk.stop_reason, i)
         if scan.text or chunk.logprobs:
-            return Delta(scan.text, chunk.logprobs, offset)
+            return Delta(scan.text, chunk.logprobs, offset, index=i)
         return None
+
+    def _end(self, index: int) -> None:
+        self._done.add(index)
+        self.finished = len(self._done) == len(self._detoks)
 
     async def aclose(self) -> None:
         """Close the backend stream (aborts the request on the worker when it is still running)."""

@@ -13,6 +13,7 @@ the end-of-turn marker) in the text unless they set it; the HTTP API defaults to
 from __future__ import annotations
 
 import dataclasses
+import json
 import time
 import uuid
 from collections.abc import AsyncIterator, Sequence
@@ -24,6 +25,7 @@ import msgspec
 
 from proto.pdrelay.v1 import common_pb2, gateway_pb2, gateway_pb2_grpc
 from services.gateway.api_requests import ChatCompletionRequest, CompletionRequest
+from services.gateway.embeddings import Embeddings
 from services.gateway.backend import (BackendChunk, BackendError, BackendRequest, BackendSamplingParams,
                                       GenerateBackend, TokenLogprob)
 from services.gateway.errors import ApiError, bad_request, from_backend
@@ -55,6 +57,7 @@ class ApiContext:
     metrics: GatewayMetrics = dataclasses.field(default_factory=GatewayMetrics)
     membership: MembershipView | None = None
     instance_id: str = ""
+    embeddings: Embeddings | None = None  # the embeddings API (services.gateway.embeddings), when mounted
     created: int = dataclasses.field(default_factory=lambda: int(time.time()))
 
 
@@ -74,7 +77,20 @@ def _sampling_fields(sp: common_pb2.SamplingParams) -> dict[str, Any]:
         body["stop_token_ids"] = list(sp.stop_token_ids)
     body.update(ignore_eos=sp.ignore_eos, presence_penalty=sp.presence_penalty,
                 frequency_penalty=sp.frequency_penalty, skip_special_tokens=sp.skip_special_tokens)
+    if sp.logit_bias:
+        body["logit_bias"] = {str(k): v for k, v in sp.logit_bias.items()}
+    if sp.HasField("structured"):
+        body["structured_outputs"] = _STRUCTURED_FIELD.get(sp.structured.kind, lambda s: {})(sp.structured.spec)
     return body
+
+
+_STRUCTURED_FIELD = {  # proto GrammarKind -> the structured_outputs extension object the HTTP API validates
+    common_pb2.GRAMMAR_KIND_JSON_OBJECT: lambda spec: {"json_object": True},
+    common_pb2.GRAMMAR_KIND_JSON_SCHEMA: lambda spec: {"json": spec},
+    common_pb2.GRAMMAR_KIND_REGEX: lambda spec: {"regex": spec},
+    common_pb2.GRAMMAR_KIND_CHOICE: lambda spec: {"choice": json.loads(spec) if spec else []},
+    common_pb2.GRAMMAR_KIND_GRAMMAR: lambda spec: {"grammar": spec},
+}
 
 
 def plan_of(request: gateway_pb2.GenerateRequest, vocab_size: int) -> Plan:
@@ -83,6 +99,7 @@ def plan_of(request: gateway_pb2.GenerateRequest, vocab_size: int) -> Plan:
         raise bad_request("media: multimodal input is not supported by this gateway yet; send text only", "media")
     body = _sampling_fields(request.sampling)
     body["stream"] = True
+    body["priority"] = request.priority
     if request.model:
         body["model"] = request.model
     which = request.WhichOneof("input")
@@ -192,7 +209,7 @@ class GatewayApi(gateway_pb2_grpc.GatewayServicer):
                 (("tracestate", request.trace.tracestate),) if request.trace.tracestate else ())
         rid = request.request_id or f"gen-{uuid.uuid4().hex}"
         return plan, BackendRequest(request_id=rid, model=model, prompt_token_ids=ids, sampling=sampling,
-                                    trace_headers=trace)
+                                    trace_headers=trace, priority=plan.priority)
 
     @staticmethod
     def _fit_context(ctx_len: int | None, sampling: BackendSamplingParams, prompt_len: int) -> BackendSamplingParams:
@@ -296,6 +313,15 @@ class GatewayApi(gateway_pb2_grpc.GatewayServicer):
             gateway_pb2.ModelCard(id=name, owned_by="pdrelay", created=ctx.created,
                                   max_model_len=ctx.tokenizer.context_length or 0, root=ctx.model_root or "")
             for name in ctx.served_model_names])
+
+    async def Embed(self, request: gateway_pb2.EmbeddingsRequest,
+                    context: grpc.aio.ServicerContext) -> gateway_pb2.EmbeddingsResponse:
+        ctx = await self._ctx(context)
+        if ctx.embeddings is None:
+            await abort(context, common_pb2.ERROR_CODE_NOT_FOUND, "this gateway serves no embedding models",
+                        instance_id=ctx.instance_id)
+        assert ctx.embeddings is not None
+        return await ctx.embeddings.grpc(request, context, ctx.instance_id)
 
     async def Health(self, request: gateway_pb2.HealthRequest,
                      context: grpc.aio.ServicerContext) -> gateway_pb2.HealthResponse:

@@ -13,6 +13,10 @@ and turns the stream into BackendChunks. Then:
                 already sent, max_tokens shrinks by as many, so the client sees one continuous stream
     disconnect  the client went away (the generator is closed or its task cancelled): the gRPC call is cancelled
                 (the worker aborts the request) and a NATS cancel goes to every instance that may hold work for it
+    lost peer   the instance vanished from etcd without draining (lease expired: killed, hung, partitioned): its
+                channel is closed at once, which cancels its calls locally; that is a server failure of the
+                instance (replayed elsewhere), never a client disconnect, which only the caller's own
+                cancellation or close is
 """
 
 from __future__ import annotations
@@ -30,7 +34,9 @@ from services.gateway.backend import (BackendChunk, BackendError, BackendOverloa
 from services.gateway.routing.breaker import BreakerBoard, BreakerConfig
 from services.gateway.routing.channels import ChannelPool
 from services.gateway.routing.discovery import Discovery, MembershipView
-from services.gateway.routing.failures import FailureKind, Verdict, classify, classify_stream_end
+from services.gateway.routing.failures import (FailureKind, Verdict, classify, classify_lost,
+                                               classify_stream_end)
+from services.gateway.routing.media_affinity import assign_encoders, image_encoders
 from services.gateway.routing.kv_index import KVIndex, PromptHashes
 from services.gateway.routing.policies import make_policy
 from services.gateway.routing.router import NoRoute, Router
@@ -39,6 +45,8 @@ from services.gateway.routing.wire import chunk_from_pb, decode_request, remaini
 from shared.cluster.bus.cancel import publish_cancel
 from shared.cluster.bus.client import Bus
 from shared.cluster.grpc_errors import error_from_rpc
+from shared.cluster.tls import TlsFiles
+from shared.cluster.instance import InstanceInfo, InstanceState
 from shared.telemetry import spans
 from shared.telemetry.tracing import SpanKind, Tracing, add_event, current_span, inject, set_error
 
@@ -64,6 +72,18 @@ def _route_attributes(plan: RoutePlan, policy: str, attempt: int, excluded: Coll
     if plan.prefill is not None:
         attrs[spans.ROUTE_PREFILL] = plan.prefill.instance_id
     return attrs
+
+
+def _lost(info: InstanceInfo) -> bool:
+    """An instance whose key vanished while it was not draining lost its lease: nobody will answer its calls."""
+    return info.state != InstanceState.DRAINING
+
+
+def _cancelled_by_us() -> bool:
+    """Is the running task itself being cancelled (client gone, server shutting down)? A CancelledError raised while
+    it is not comes from grpc: the call was cancelled locally because its channel was closed under it."""
+    task = asyncio.current_task()
+    return task is not None and task.cancelling() > 0
 
 
 class GrpcBackend:
@@ -97,12 +117,15 @@ class GrpcBackend:
     @classmethod
     def create(cls, membership: MembershipView, *, models: Sequence[str], policy: str = "kv_aware",
                request_retries: int = 2, bus: Bus | None = None, cluster: str = "", origin: str = "gateway",
-               breaker: BreakerConfig = BreakerConfig(), max_load_age_s: float = 2.0) -> GrpcBackend:
-        """The backend over a started membership (and a connected bus for loads, KV events and cancels)."""
+               breaker: BreakerConfig = BreakerConfig(), max_load_age_s: float = 2.0,
+               tls: TlsFiles | None = None) -> GrpcBackend:
+        """The backend over a started membership (and a connected bus for loads, KV events and cancels); `tls`:
+        the cluster's mutual TLS on every channel to a worker."""
         router = Router(make_policy(policy), kv_index=KVIndex(), breakers=BreakerBoard(breaker))
-        channels = ChannelPool()
+        channels = ChannelPool(tls=tls)
         discovery = Discovery(membership, router, bus=bus, cluster=cluster, max_load_age_s=max_load_age_s,
-                              on_leave=lambda info: channels.discard(info.instance_id))
+                              on_leave=lambda info: channels.discard(info.instance_id, lost=_lost(info)),
+                              on_join=lambda info: channels.revive(info.instance_id, info.grpc_address))
         return cls(discovery, models=models, request_retries=request_retries, bus=bus, cluster=cluster,
                    origin=origin, channels=channels)
 
@@ -134,8 +157,11 @@ class GrpcBackend:
     async def _generate(self, req: BackendRequest) -> AsyncIterator[BackendChunk]:
         prompt_len = len(req.prompt_token_ids)
         want_logprobs = req.sampling.logprobs is not None
-        hashes = PromptHashes(req.prompt_token_ids)
+        hashes = PromptHashes(req.prompt_token_ids, [(m.offset, m.num_tokens, m.media_hash) for m in req.media])
         sent: list[int] = []  # output tokens already handed to the client, over all attempts
+        n = req.sampling.n
+        done_samples: set[int] = set()  # n > 1: samples finished so far (the stream ends with the last one)
+        streamed = False  # n > 1: some tokens went to the client (such a stream cannot be replayed)
         exclude: set[str] = set()
         verdicts: list[Verdict] = []
         failures = 0
@@ -166,6 +192,8 @@ class GrpcBackend:
                         plan, policy, attempt, exclude, len(route_req.prompt_token_ids)))
                 plans.append(plan)
                 msg = decode_request(req, plan, sent, attempt)
+                if msg.media and plan.prefill is not None:  # disaggregated: images go to encoders (EPD)
+                    assign_encoders(msg.media, image_encoders(self.discovery.membership.ready("encoder"), req.model))
                 call_span = tr.start_span(spans.GATEWAY_DECODE_CALL, kind=SpanKind.CLIENT, attributes={
                     spans.INSTANCE: plan.decode.instance_id, spans.ATTEMPT: attempt, spans.RPC_SYSTEM: "grpc",
                     spans.RPC_METHOD: "pdrelay.v1.Decode/Generate", spans.SERVER_ADDRESS: plan.decode.grpc_address})
@@ -186,10 +214,13 @@ class GrpcBackend:
                             add_event(call_span, spans.EVENT_FIRST_TOKEN)
                             self.router.succeeded(plan.instance_ids)
                         chunk = chunk_from_pb(resp, want_logprobs=want_logprobs, num_prompt_tokens=prompt_len,
-                                              first=not sent)
-                        sent.extend(chunk.token_ids)
+                                              first=not sent and not streamed)
+                        if n == 1:
+                            sent.extend(chunk.token_ids)
+                        streamed = streamed or bool(chunk.token_ids)
                         if chunk.finish_reason is not None:
-                            completed = True
+                            done_samples.add(chunk.index)
+                            completed = len(done_samples) >= n
                         if chunk.token_ids or chunk.finish_reason is not None:
                             yield chunk
                         if completed:
@@ -198,6 +229,10 @@ class GrpcBackend:
                         verdict = classify_stream_end(plan)
                 except grpc.aio.AioRpcError as e:
                     verdict = classify(e.code(), error_from_rpc(e), plan, details=e.details() or "", started=started)
+                except asyncio.CancelledError:
+                    if _cancelled_by_us():
+                        raise
+                    verdict = classify_lost(plan)
                 finally:
                     lease.release()
                     if not completed and verdict is None:
@@ -214,6 +249,10 @@ class GrpcBackend:
                             verdict.kind, verdict.message)
                 if not verdict.retryable:
                     raise self._final_error(verdict)
+                if streamed and n > 1:
+                    raise BackendUnavailable(f"the stream of {n} samples broke after tokens were sent ({verdict.message});"
+                                             " n > 1 streams are not replayed, retry the request",
+                                             retry_after_s=self._retry_after_s)
                 exclude |= verdict.exclude
                 if verdict.uses_retry_budget:
                     failures += 1

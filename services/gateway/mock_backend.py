@@ -136,8 +136,9 @@ class MockBackend:
                     logprobs = tuple(self._logprob(t, sp.logprobs, pos - len(step) + i) for i, t in enumerate(step))
                 if finish is not None:
                     completed = True
-                yield BackendChunk(tuple(step), logprobs, finish, stop_reason,  # type: ignore[arg-type]
-                                   n_prompt, n_cached)
+                for index in range(max(1, sp.n)):  # n > 1: every sample is the same stream here
+                    yield BackendChunk(tuple(step), logprobs, finish, stop_reason,  # type: ignore[arg-type]
+                                       n_prompt, n_cached, index)
                 if finish is not None:
                     return
         finally:

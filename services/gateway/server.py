@@ -12,6 +12,8 @@ from typing import Any
 
 from services.gateway.app import GatewayApp
 from services.gateway.backend import GenerateBackend
+from services.gateway.public_tls import uvicorn_ssl_args
+from services.gateway.media.processor import MediaProcessor
 from services.gateway.tokenizer import GatewayTokenizer
 
 BUNDLED_PREFIX = "bundled:"
@@ -48,9 +50,10 @@ def build_app(cfg: Any, backend: GenerateBackend, *, tokenizer: GatewayTokenizer
     model_dir = None if tokenizer is not None else model_dir_of(cfg)
     tok = tokenizer or load_tokenizer(cfg, model_dir)
     primary, aliases = served_names_of(cfg)
+    media = MediaProcessor.for_model(model_dir or model_dir_of(cfg), tok.hf)  # None: a text-only model
     return GatewayApp(backend=backend, tokenizer=tok, served_model_names=[primary], model_aliases=aliases,
                       api_key=cfg.http.api_key, max_request_bytes=cfg.http.max_request_bytes,
-                      model_root=cfg.model.model)
+                      model_root=cfg.model.model, media=media, media_cfg=cfg.http)
 
 
 def uvicorn_config(cfg: Any, app: GatewayApp, *, access_log: bool = False) -> Any:
@@ -58,7 +61,7 @@ def uvicorn_config(cfg: Any, app: GatewayApp, *, access_log: bool = False) -> An
 
     level = getattr(getattr(cfg, "telemetry", None), "log_level", "info")
     return uvicorn.Config(app, host=cfg.grpc.host, port=cfg.http.port, access_log=access_log, log_level=level,
-                          lifespan="on", timeout_graceful_shutdown=5, server_header=False)
+                          lifespan="on", timeout_graceful_shutdown=5, server_header=False, **uvicorn_ssl_args(cfg.http))
 
 
 def serve(cfg: Any, backend: GenerateBackend, *, access_log: bool = False) -> None:

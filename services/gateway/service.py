@@ -22,9 +22,12 @@ import grpc
 
 from proto.pdrelay.v1 import gateway_pb2_grpc
 from services.gateway.app import GatewayApp
+from services.gateway.embeddings import Embeddings, mount_embeddings
 from services.gateway.asgi import Receive, Scope, Send
 from services.gateway.errors import ApiError
 from services.gateway.grpc_api import ApiContext, GatewayApi
+from services.gateway.grpc_auth import ApiKeyInterceptor
+from services.gateway.public_tls import public_tls, uvicorn_ssl_args
 from services.gateway.grpc_backend import GrpcBackend
 from services.gateway.routing.metrics import BackendCollector
 from services.gateway.server import build_app, load_tokenizer, served_names_of
@@ -32,6 +35,7 @@ from shared.cluster.bus.load import LoadSnapshot
 from shared.cluster.errors import StartupError
 from shared.cluster.lifecycle import Service, ServiceOptions, advertised_host
 from shared.cluster.membership import Membership
+from shared.cluster.tls import TlsFiles
 
 log = logging.getLogger(__name__)
 
@@ -81,13 +85,14 @@ class GatewayService(Service):
 
     def __init__(self, cfg: Any, options: ServiceOptions = ServiceOptions()) -> None:
         super().__init__(discovery=cfg.discovery, bus=cfg.bus, grpc_cfg=cfg.grpc, options=options,
-                         telemetry=cfg.telemetry)
+                         telemetry=cfg.telemetry, tls=getattr(cfg, "tls", None))
         self.cfg = cfg
         self.api = GatewayApi()
         self.membership: Membership | None = None
         self.backend: GrpcBackend | None = None
         self.app: GatewayApp | None = None
         self.http_address = ""
+        self.embeddings: Embeddings | None = None
         self._http: Any = None  # the uvicorn server
         self._http_task: asyncio.Task[None] | None = None
 
@@ -95,6 +100,18 @@ class GatewayService(Service):
     def add_servicers(self, server: grpc.aio.Server) -> Sequence[str]:
         gateway_pb2_grpc.add_GatewayServicer_to_server(self.api, server)
         return ("pdrelay.v1.Gateway",)
+
+    def server_interceptors(self) -> Sequence[grpc.aio.ServerInterceptor]:
+        key = self.cfg.http.api_key
+        return (ApiKeyInterceptor(key),) if key else ()
+
+    def server_credentials(self) -> tuple[TlsFiles | None, bool]:
+        # The gRPC API is the public front door, like HTTP: the --ssl-* certificate, client certificates only when
+        # --ssl-ca-certs asks for them. Without --ssl-*, the cluster's mutual TLS (if any) applies.
+        public = public_tls(self.cfg.http)
+        if public is not None:
+            return public, self.cfg.http.ssl_ca_certs is not None
+        return self.tls, True
 
     def describe(self) -> dict[str, Any]:
         primary, _ = served_names_of(self.cfg)
@@ -117,15 +134,17 @@ class GatewayService(Service):
         primary, aliases = served_names_of(cfg)
         self.backend = GrpcBackend.create(self.membership, models=[primary], policy=cfg.http.routing_policy,
                                           request_retries=cfg.http.request_retries, bus=self.bus,
-                                          cluster=self.cluster, origin=self.instance_id)
+                                          cluster=self.cluster, origin=self.instance_id, tls=self.tls)
         self.backend.tracing = self.telemetry.tracing
         await self.backend.start()
         self.app = build_app(cfg, self.backend, tokenizer=tokenizer)
         self.app.tracing = self.telemetry.tracing
         self.app.metrics.registry.register(BackendCollector(self.backend))
+        self.embeddings = mount_embeddings(self.app, self.membership, self.backend.discovery.loads, cfg.http)
         self.api.attach(ApiContext(backend=self.backend, tokenizer=tokenizer, served_model_names=(primary,),
                                    aliases=tuple(aliases), model_root=cfg.model.model, metrics=self.app.metrics,
-                                   membership=self.membership, instance_id=self.instance_id))
+                                   membership=self.membership, instance_id=self.instance_id,
+                                   embeddings=self.embeddings))
         await self._start_http(self.app)
         assert self.registrar is not None
         await self.registrar.update(**self.describe())
@@ -140,7 +159,8 @@ class GatewayService(Service):
         # lifespan off: the service starts and closes the backend itself (the gRPC API shares it).
         config = uvicorn.Config(_DrainGateMiddleware(app, self), host=cfg.grpc.host, port=cfg.http.port,
                                 access_log=False, log_level=level, log_config=None, lifespan="off", server_header=False,
-                                timeout_graceful_shutdown=max(1, int(self.options.drain_timeout_s)))
+                                timeout_graceful_shutdown=max(1, int(self.options.drain_timeout_s)),
+                                **uvicorn_ssl_args(cfg.http))
         server = _embedded_server_class()(config)
         self._http = server
 
@@ -168,6 +188,8 @@ class GatewayService(Service):
     async def on_stop(self) -> None:
         await self._stop_http()
         backend, membership, self.backend, self.membership = self.backend, self.membership, None, None
+        if self.embeddings is not None:
+            await self.embeddings.backend.close()
         if backend is not None:
             await backend.close()
         if membership is not None:

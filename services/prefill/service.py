@@ -19,12 +19,15 @@ import grpc
 from proto.pdrelay.v1 import common_pb2, worker_pb2, worker_pb2_grpc
 from shared.cluster.grpc_errors import abort
 from shared.engine.errors import EngineError, InvalidRequest, QueueFull
-from shared.engine.request import RequestOutput
+from shared.engine.request import MediaInput, RequestOutput
 from shared.serving.convert import BACKEND_FROM_PB, layout_from_pb, logprob_to_pb, sampling_from_pb
+from shared.serving.decode_servicer import local_media
 from shared.serving.engine_service import EngineService
 from shared.serving.faults import Faults
 from shared.serving.handoff import FencingLedger, descs_from_pb, pages_needed
 from shared.serving.kv_transfer import KVTransfer
+from shared.serving.kvstore_client import KVStoreClient, attach_kvstore
+from shared.serving.remote_media import RemoteVision
 from shared.telemetry import spans
 from shared.transfer.errors import TransferError
 
@@ -37,6 +40,8 @@ class PrefillService(EngineService):
     def __init__(self, *args, **kw) -> None:  # type: ignore[no-untyped-def]
         super().__init__(*args, **kw)
         self.transfer: KVTransfer | None = None
+        self.kvstore: KVStoreClient | None = None
+        self.remote_vision: RemoteVision | None = None
         self.ledger = FencingLedger()
         self.faults = Faults(self.cfg.disagg.fault_injection, self.instance_id)
         self.pages_written = 0
@@ -52,6 +57,13 @@ class PrefillService(EngineService):
         t = self.cfg.transfer
         self.transfer = await asyncio.to_thread(KVTransfer, t.transfer_backend, self.instance_id, t.transfer_host,
                                                 self.engine.runner.kv)
+        self.kvstore = await attach_kvstore(self, self.transfer)
+        if self.vision is not None:  # a vision-language model: encoders write image embeddings into an arena here
+            # a third of the hand-off deadline: an encoder that hangs leaves time to encode here instead
+            self.remote_vision = RemoteVision(self.transfer, self.vision,
+                                              timeout_s=self.cfg.disagg.handoff_timeout_s / 3,
+                                              tracing=self.telemetry.tracing)
+            self.transfer.start_progress()
 
     def describe(self) -> dict:  # type: ignore[type-arg]
         d = super().describe()
@@ -59,7 +71,12 @@ class PrefillService(EngineService):
         return d
 
     async def on_stop(self) -> None:
+        if self.kvstore is not None:
+            await self.kvstore.drain()
+            await self.kvstore.close()
         await super().on_stop()
+        if self.remote_vision is not None:
+            await self.remote_vision.close()
         if self.transfer is not None:
             await self.transfer.close()
 
@@ -167,17 +184,24 @@ class PrefillServicer(worker_pb2_grpc.PrefillServicer):
         engine = aengine.engine
         deadline = t_start + (ticket.deadline_s or svc.cfg.disagg.handoff_timeout_s)
         # One token only, sampled with the request's own parameters; stop strings are decode's business.
-        first_params = dataclasses.replace(params, max_tokens=1, min_tokens=min(params.min_tokens, 1), stop=())
+        # n > 1 samples fork at decode, after this one prefill.
+        first_params = dataclasses.replace(params, max_tokens=1, min_tokens=min(params.min_tokens, 1), stop=(), n=1)
         rid = svc.ids.open(ticket.request_id, int(ticket.epoch))
         accepted: list[float] = []  # when the engine thread took the request: the end of its queue wait
 
         def admit() -> list[RequestOutput]:
             accepted.append(time.monotonic())
-            engine.add_request(rid, prompt, first_params, hold_pages=True)
+            engine.add_request(rid, prompt, first_params, hold_pages=True, media=media)
             return []
 
+        # The store keys pages by text-only page hashes: prompts with images neither load nor store (their pages
+        # depend on the image, which those keys do not see).
+        # The store's part of the prompt, within half the hand-off's time (0 on any miss).
+        if svc.kvstore is not None and not ticket.media:
+            await svc.kvstore.load(rid, prompt, budget_s=(deadline - time.monotonic()) / 2, trace=ticket.trace)
         try:
             try:
+                media = await prefill_media(svc, rid, ticket.media) if ticket.media else ()
                 first = None
                 async for out in aengine.stream(rid, admit):  # generate(), but timed where the engine admits it
                     first = out
@@ -226,6 +250,10 @@ class PrefillServicer(worker_pb2_grpc.PrefillServicer):
                 pass
             svc.telemetry.tracing.record(spans.PREFILL_RELEASE, t_release, time.monotonic())
             svc.ids.close(ticket.request_id, rid)
+        kv = svc.kvstore
+        if kv is not None and not ticket.media and kv.wants_store(finished=False,
+                                                                  reused=first.num_cached_tokens > 0):
+            kv.store_later(prompt, trace=ticket.trace)  # after the release: the pages sit in the prefix cache
         svc.pages_written += len(src_pages)
         svc.bytes_written += handle.nbytes
         resp = worker_pb2.PrefillResponse(
@@ -264,3 +292,10 @@ class PrefillServicer(worker_pb2_grpc.PrefillServicer):
             nbytes, spans.TRANSFER_PAGES: pages, spans.TRANSFER_DESCS: descs, spans.TRANSFER_GBPS: nbytes / took / 1e9,
             spans.DECODE_INSTANCE: decode_id})
         tr.record(spans.PREFILL_CHECKSUM, t_sent, time.monotonic(), {spans.PAGES: pages})
+
+
+async def prefill_media(svc: PrefillService, rid: str, media: Sequence[common_pb2.MediaInput]) -> list[MediaInput]:
+    """Embeddings from the encoders the gateway picked (written into our arena), else from our own tower."""
+    if svc.remote_vision is not None:
+        return await svc.remote_vision.embed(rid, media)
+    return await local_media(svc, media)

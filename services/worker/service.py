@@ -10,11 +10,25 @@ import grpc
 from proto.pdrelay.v1 import worker_pb2_grpc
 from shared.serving.decode_servicer import DecodeServicer
 from shared.serving.engine_service import EngineService
+from shared.serving.kvstore_client import KVStoreClient, attach_kvstore
 
 
 class WorkerService(EngineService):
     role = "worker"
+    kvstore: KVStoreClient | None = None
 
     def add_servicers(self, server: grpc.aio.Server) -> Sequence[str]:
         worker_pb2_grpc.add_DecodeServicer_to_server(DecodeServicer(self), server)
         return ("pdrelay.v1.Decode",)
+
+    async def after_engine(self) -> None:
+        self.kvstore = await attach_kvstore(self, None)  # its transfer engine is made on first use of a store
+
+    async def on_stop(self) -> None:
+        kv = self.kvstore
+        if kv is not None:
+            await kv.drain()
+            await kv.close()
+        await super().on_stop()
+        if kv is not None and kv.transfer is not None:
+            await kv.transfer.close()

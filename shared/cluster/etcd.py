@@ -1,4 +1,8 @@
-"""Connecting to etcd: URL parsing and a startup check that fails with a message naming the URL."""
+"""Connecting to etcd: URL parsing and a startup check that fails with a message naming the URL.
+
+https:// endpoints are reached over mutual TLS with the service's certificate (shared.cluster.tls); http:// ones
+in plaintext. A mix of both is refused (one client, one channel).
+"""
 
 from __future__ import annotations
 
@@ -10,6 +14,7 @@ from urllib.parse import urlsplit
 from etcd3aio import Etcd3Client, EtcdError
 
 from shared.cluster.errors import etcd_unavailable
+from shared.cluster.tls import TlsFiles
 
 log = logging.getLogger(__name__)
 
@@ -18,12 +23,12 @@ _PING_KEY = "/pdrelay/.ping"
 
 
 def etcd_target(url: str) -> str:
-    """'http://127.0.0.1:2379' or '127.0.0.1:2379' -> '127.0.0.1:2379' (what the gRPC client dials)."""
+    """'http://127.0.0.1:2379', 'https://...' or '127.0.0.1:2379' -> '127.0.0.1:2379' (what the gRPC client dials)."""
     raw = url.strip()
     parts = urlsplit(raw if "://" in raw else f"http://{raw}")
-    if parts.scheme not in ("http", ""):
-        raise ValueError(f"etcd endpoint {url!r}: only http:// is supported (got scheme {parts.scheme!r}); "
-                         "use e.g. http://127.0.0.1:2379")
+    if parts.scheme not in ("http", "https", ""):
+        raise ValueError(f"etcd endpoint {url!r}: only http:// and https:// are supported (got scheme "
+                         f"{parts.scheme!r}); use e.g. http://127.0.0.1:2379")
     try:
         port = parts.port
     except ValueError:
@@ -33,14 +38,30 @@ def etcd_target(url: str) -> str:
     return f"{parts.hostname}:{port}"
 
 
-async def connect_etcd(endpoints: Sequence[str], *, timeout_s: float = 5.0) -> Etcd3Client:
-    """A connected client, after one successful read; ControlPlaneUnavailable naming the URLs otherwise."""
+def uses_tls(endpoints: Sequence[str]) -> bool:
+    """True for https:// endpoints; ValueError for a mix of https:// and plaintext ones."""
+    secure = {u.strip().lower().startswith("https://") for u in endpoints}
+    if len(secure) > 1:
+        raise ValueError(f"etcd endpoints {', '.join(endpoints)} mix https:// and http://; use one scheme for all")
+    return secure == {True}
+
+
+async def connect_etcd(endpoints: Sequence[str], *, timeout_s: float = 5.0,
+                       tls: TlsFiles | None = None) -> Etcd3Client:
+    """A connected client, after one successful read; ControlPlaneUnavailable naming the URLs otherwise.
+
+    https:// endpoints need `tls` (the CA that signed etcd's certificate, and our client certificate)."""
     if not endpoints:
         raise ValueError("no etcd endpoints given; pass --etcd-endpoints http://127.0.0.1:2379")
     targets = [etcd_target(u) for u in endpoints]
+    secure = uses_tls(endpoints)
+    if secure and tls is None:
+        raise ValueError(f"etcd endpoint {endpoints[0]} is https://: give --tls-ca-file, --tls-certfile and "
+                         "--tls-keyfile (or use an http:// endpoint)")
+    tls_args = tls.etcd_args() if secure and tls is not None else {}
     # Few fast retries: a service at start should fail in seconds with a clear message, not hang.
     client = Etcd3Client(targets, rpc_max_attempts=2, watch_reconnect_backoff_seconds=0.1,
-                         watch_max_reconnect_backoff_seconds=1.0)
+                         watch_max_reconnect_backoff_seconds=1.0, **tls_args)
     await client.connect()
     deadline = asyncio.get_running_loop().time() + timeout_s
     last: BaseException | None = None

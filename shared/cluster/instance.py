@@ -30,6 +30,23 @@ class Capacity(msgspec.Struct, frozen=True, kw_only=True):
     page_size: int = 0
 
 
+class Modality(enum.StrEnum):
+    """What an encoder instance turns into vectors."""
+
+    EMBEDDING = "embedding"  # texts / token ids -> one sentence embedding each (/v1/embeddings)
+    IMAGE = "image"  # images -> embeddings a vision-language model's prefill splices into its prompt
+
+
+class EncoderInfo(msgspec.Struct, frozen=True, kw_only=True):
+    """What an encoder serves (role "encoder" only)."""
+
+    modalities: tuple[Modality, ...] = ()
+    embedding_model: str = ""  # served name of its embedding model ("" when none)
+    embedding_dim: int = 0
+    max_seq_len: int = 0  # tokens per embedding input, special tokens included
+    vision_model: str = ""  # served name of the vision-language model whose tower it runs ("" when none)
+
+
 class InstanceInfo(msgspec.Struct, frozen=True, kw_only=True):
     cluster: str
     role: str
@@ -48,6 +65,7 @@ class InstanceInfo(msgspec.Struct, frozen=True, kw_only=True):
     pid: int = 0
     started_at: float = 0.0  # unix seconds
     labels: dict[str, str] = msgspec.field(default_factory=dict)
+    encoder: EncoderInfo | None = None  # role "encoder": its models and modalities
 
     def __post_init__(self) -> None:
         check_name("cluster", self.cluster)

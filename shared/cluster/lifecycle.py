@@ -39,6 +39,7 @@ from etcd3aio import Etcd3Client
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_health.v1._async import HealthServicer
 
+from shared.cluster.bus.admin_auth import AdminAuth, AdminAuthError
 from shared.cluster.bus.client import Bus
 from shared.cluster.bus.drain import DrainCommand, subscribe_drain
 from shared.cluster.bus.load import LoadReporter, LoadSnapshot
@@ -48,6 +49,7 @@ from shared.cluster.etcd import connect_etcd
 from shared.cluster.handshake import ReadyInfo, announce_ready
 from shared.cluster.instance import InstanceInfo, InstanceState, check_name
 from shared.cluster.registration import Registrar
+from shared.cluster.tls import TlsError, TlsFiles, listen
 from shared.telemetry.service import ServiceTelemetry
 
 log = logging.getLogger(__name__)
@@ -170,15 +172,20 @@ class Service:
     """Base of every pdrelay service process. Subclasses set `role` and override hooks.
 
     `telemetry` (a TelemetryConfig) turns on /metrics on --metrics-port (advertised as metrics_address) and, with
-    --otlp-traces-endpoint, tracing; `self.telemetry` (shared.telemetry.service) is what the request path uses."""
+    --otlp-traces-endpoint, tracing; `self.telemetry` (shared.telemetry.service) is what the request path uses.
+    `tls` (a TlsConfig) with files: the gRPC server requires client certificates signed by the cluster CA, and
+    etcd / NATS are reached with this service's certificate; `self.tls` is what the role's own channels use."""
 
     role: ClassVar[str] = ""
     # False: the service serves /metrics itself (the gateway, on its HTTP port) and describes its metrics_address.
     own_metrics_server: ClassVar[bool] = True
 
     def __init__(self, *, discovery: _Discovery, bus: _BusCfg, grpc_cfg: _GrpcCfg,
-                 options: ServiceOptions = ServiceOptions(), telemetry: Any = None) -> None:
+                 options: ServiceOptions = ServiceOptions(), telemetry: Any = None, tls: Any = None) -> None:
         assert self.role, f"{type(self).__name__} must set the class attribute `role`"
+        self._tls_cfg = tls
+        self.tls: TlsFiles | None = None  # read at start (a bad file is a StartupError, exit 2)
+        self.admin_auth: AdminAuth | None = None  # the cluster secret that signs admin commands (read at start)
         self.discovery_cfg, self.bus_cfg, self.grpc_cfg, self.options = discovery, bus, grpc_cfg, options
         self.cluster = discovery.cluster
         self.instance_id = discovery.instance_id or default_instance_id(self.role)
@@ -206,13 +213,22 @@ class Service:
     def from_config(cls, cfg: Any, options: ServiceOptions = ServiceOptions(), **kw: Any) -> Service:
         """From a resolved config with `.discovery`, `.bus` and `.grpc` groups (and `.telemetry`, if it has one)."""
         return cls(discovery=cfg.discovery, bus=cfg.bus, grpc_cfg=cfg.grpc, options=options,
-                   telemetry=getattr(cfg, "telemetry", None), **kw)
+                   telemetry=getattr(cfg, "telemetry", None), tls=getattr(cfg, "tls", None), **kw)
 
     # ------------------------------------------------------------------ hooks
 
     def add_servicers(self, server: grpc.aio.Server) -> Sequence[str]:
         """Register the role's servicers; return their full names (e.g. "pdrelay.v1.Decode") for health."""
         return ()
+
+    def server_interceptors(self) -> Sequence[grpc.aio.ServerInterceptor]:
+        """Interceptors that run before the drain gate (e.g. the gateway's API key check)."""
+        return ()
+
+    def server_credentials(self) -> tuple[TlsFiles | None, bool]:
+        """(TLS identity of the gRPC server, whether clients must present a certificate): the cluster's mutual
+        TLS by default; the gateway's public API overrides it."""
+        return self.tls, True
 
     async def warm_up(self) -> None:
         """Work between registration ("starting") and "ready": load weights, compile, capture graphs."""
@@ -268,17 +284,27 @@ class Service:
 
     async def _start(self) -> None:
         opts = self.options
-        self.etcd = await connect_etcd(self.discovery_cfg.etcd_endpoints, timeout_s=opts.connect_timeout_s)
+        try:
+            self.tls = TlsFiles.from_config(self._tls_cfg)
+        except TlsError as e:
+            raise StartupError(str(e)) from None
+        self.admin_auth = self._admin_auth()
+        self.etcd = await connect_etcd(self.discovery_cfg.etcd_endpoints, timeout_s=opts.connect_timeout_s,
+                                       tls=self.tls)
         self.bus = Bus.from_config(self.bus_cfg, name=self.instance_id,
-                                   headers_hook=self.telemetry.bus_headers_hook())
+                                   headers_hook=self.telemetry.bus_headers_hook(), tls=self.tls)
         await self.bus.connect(timeout_s=opts.connect_timeout_s)
 
-        self.server = grpc.aio.server(interceptors=[self.gate])
+        self.server = grpc.aio.server(interceptors=[*self.server_interceptors(), self.gate])
         self._health_names = ["", *self.add_servicers(self.server)]
         health_pb2_grpc.add_HealthServicer_to_server(self.health, self.server)
         host, want = self.grpc_cfg.host, self.grpc_cfg.grpc_port
         try:
-            port = self.server.add_insecure_port(f"{host}:{want}")
+            creds, require_client_cert = self.server_credentials()
+        except TlsError as e:
+            raise StartupError(str(e)) from None
+        try:
+            port = listen(self.server, f"{host}:{want}", creds, require_client_cert=require_client_cert)
         except RuntimeError as e:
             raise StartupError(f"cannot listen on {host}:{want} (--host/--grpc-port): {e}; "
                              "pick another port, or --grpc-port 0 for a free one") from None
@@ -299,7 +325,8 @@ class Service:
             self.telemetry.start_tracing(self.epoch)
         except ValueError as e:  # a malformed --otlp-traces-endpoint
             raise StartupError(str(e)) from None
-        await subscribe_drain(self.bus, self.cluster, self.instance_id, self._on_drain_command)
+        await subscribe_drain(self.bus, self.cluster, self.instance_id, self._on_drain_command,
+                              auth=self.admin_auth)
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, self.request_drain, sig.name)
@@ -320,6 +347,17 @@ class Service:
                 interval_s=self.bus_cfg.load_report_interval_s, epoch=lambda: self.epoch).start()
         announce_ready(self.ready_info(), opts.ready_file)
         log.info("%s %s ready", self.role, self.instance_id)
+
+    def _admin_auth(self) -> AdminAuth | None:
+        """Drain commands must be signed with the cluster secret when --admin-secret-file is set."""
+        path = getattr(self.bus_cfg, "admin_secret_file", None)
+        if not path:
+            log.info("%s: no --admin-secret-file: drain commands on the bus are not authenticated", self.instance_id)
+            return None
+        try:
+            return AdminAuth.from_file(path)
+        except AdminAuthError as e:
+            raise StartupError(str(e)) from None
 
     async def _start_metrics(self, host: str) -> None:
         try:

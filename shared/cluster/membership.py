@@ -26,6 +26,7 @@ import msgspec
 from etcd3aio import Etcd3Client, EtcdError, prefix_range_end
 
 from shared.cluster.etcd import etcd_reachable
+from shared.cluster.etcd_watch import watch_range
 from shared.cluster.instance import (InstanceInfo, InstanceState, decode_instance, epoch_counter_key,
                                      instances_prefix)
 
@@ -242,8 +243,8 @@ class Membership:
                     continue
             created_seen = False
             restart = False
-            stream = self._client.watch.watch(self._prefix, range_end=prefix_range_end(self._prefix),
-                                              start_revision=self._revision + 1)
+            stream = watch_range(self._client, self._prefix, prefix_range_end(self._prefix),
+                                 start_revision=self._revision + 1)
             try:
                 async for resp in stream:
                     if resp.canceled or resp.compact_revision > 0:

@@ -12,6 +12,7 @@ from shared.cluster.bus.load import LoadReport, LoadTable
 from shared.cluster.errors import ControlPlaneUnavailable
 from shared.cluster.etcd import connect_etcd
 from shared.cluster.instance import InstanceInfo, decode_instance, instances_prefix
+from shared.cluster.tls import TlsFiles
 
 
 class StatusRow(msgspec.Struct, kw_only=True):
@@ -34,12 +35,15 @@ class ClusterStatus(msgspec.Struct, kw_only=True):
     rows: list[StatusRow]
     nats_error: str = ""  # load columns are empty when NATS could not be reached
     skipped_keys: int = 0  # values under the prefix that were not InstanceInfo
+    # restarts by the `pdrelay up` supervisor (from its run dir): instance id, "etcd" or "nats" -> count
+    restarts: dict[str, int] = msgspec.field(default_factory=dict)
 
 
 async def collect_status(etcd_url: str, nats_url: str, cluster: str, *, load_window_s: float = 0.6,
-                         timeout_s: float = 3.0) -> ClusterStatus:
-    """Raises ControlPlaneUnavailable when etcd does not answer (NATS being down only empties the load columns)."""
-    client = await connect_etcd([etcd_url], timeout_s=timeout_s)
+                         timeout_s: float = 3.0, tls: TlsFiles | None = None) -> ClusterStatus:
+    """Raises ControlPlaneUnavailable when etcd does not answer (NATS being down only empties the load columns).
+    `tls`: the client identity for https:// etcd and TLS NATS."""
+    client = await connect_etcd([etcd_url], timeout_s=timeout_s, tls=tls)
     try:
         prefix = instances_prefix(cluster)
         assert client.kv is not None
@@ -56,7 +60,7 @@ async def collect_status(etcd_url: str, nats_url: str, cluster: str, *, load_win
     table = LoadTable()
     nats_error = ""
     try:
-        async with Bus(nats_url, name="pdrelay-status") as bus:
+        async with Bus(nats_url, name="pdrelay-status", tls=tls) as bus:
             await table.subscribe(bus, cluster)
             await asyncio.sleep(load_window_s)  # a few report intervals
             await table.close()
@@ -87,10 +91,20 @@ def format_table(status: ClusterStatus) -> str:
     widths = [max(len(row[i]) for row in rows) for i in range(len(head))]
     lines = [f"cluster '{status.cluster}'  etcd {status.etcd_url}  nats {status.nats_url}"]
     lines += ["  ".join(cell.ljust(w) for cell, w in zip(row, widths)).rstrip() for row in rows]
+    for r in status.rows:
+        for t in r.load.load.tiers if r.load else ():
+            share = 100.0 * t.used_bytes / t.capacity_bytes if t.capacity_bytes else 0.0
+            lines.append(f"  {r.instance_id} {t.tier}: {share:.1f}% of {_gib(t.capacity_bytes)} ({t.pages} pages)")
     if not status.rows:
         lines.append("(no instances registered)")
+    if status.restarts:
+        lines.append("restarts (pdrelay up): " + ", ".join(f"{k} {v}" for k, v in status.restarts.items()))
     if status.nats_error:
         lines.append(f"note: no load reports: {status.nats_error}")
     if status.skipped_keys:
         lines.append(f"note: {status.skipped_keys} unreadable value(s) under {instances_prefix(status.cluster)}")
     return "\n".join(lines)
+
+
+def _gib(n: int) -> str:
+    return f"{n / (1 << 30):.2f} GiB" if n >= 1 << 30 else f"{n / (1 << 20):.1f} MiB"

@@ -93,6 +93,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--nats-url", "--nats", default=b.nats_url)
     p.add_argument("--load-report-interval-s", type=float, default=b.load_report_interval_s)
     p.add_argument("--bus-outage-policy", choices=("buffer", "drop"), default=b.bus_outage_policy)
+    p.add_argument("--admin-secret-file", default=None, help="refuse drain commands not signed with this secret")
     p.add_argument("--host", default=g.host)
     p.add_argument("--grpc-port", type=int, default=g.grpc_port)
     p.add_argument("--token-delay-s", type=float, default=0.0, help="sleep before each streamed token")
@@ -112,7 +113,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             discovery=DiscoveryConfig(etcd_endpoints=tuple(ns.etcd_endpoints), cluster=ns.cluster,
                                       instance_id=ns.instance_id, lease_ttl_s=ns.lease_ttl_s),
             bus=BusConfig(nats_url=ns.nats_url, load_report_interval_s=ns.load_report_interval_s,
-                          bus_outage_policy=ns.bus_outage_policy),
+                          bus_outage_policy=ns.bus_outage_policy, admin_secret_file=ns.admin_secret_file),
             grpc_cfg=GrpcConfig(host=ns.host, grpc_port=ns.grpc_port),
             options=opts, token_delay_s=ns.token_delay_s, warmup_s=ns.warmup_s)
     except ValueError as e:

@@ -16,6 +16,7 @@ from shared.config.errors import ConfigError
 from shared.config.groups import BUNDLED_MODEL
 from shared.config.probe import HostProbe
 from shared.config.resolved import ResolvedConfig
+from shared.config.tls_passes import check_ssl_files, check_tls_files
 from shared.config.values import format_value
 
 BUNDLED_PREFIX = BUNDLED_MODEL.split(":", 1)[0] + ":"
@@ -330,6 +331,20 @@ def check_kvstore_tiers(cfg: ResolvedConfig, ctx: PassContext) -> ResolvedConfig
         "give it a size such as --kvstore-disk-bytes 8GiB, or drop --kvstore-disk-dir")
 
 
+def check_planner_bounds(cfg: ResolvedConfig, ctx: PassContext) -> ResolvedConfig:
+    """min_prefill <= max_prefill, min_decode <= max_decode, and a budget (when set) holds both minimums."""
+    if not cfg.has("planner"):
+        return cfg
+    p = cfg.planner
+    for role, lo, hi in (("prefill", p.min_prefill, p.max_prefill), ("decode", p.min_decode, p.max_decode)):
+        if lo > hi:
+            raise ConfigError(f"--min-{role} {lo} is above --max-{role} {hi}; lower the one or raise the other")
+    if p.budget and p.budget < p.min_prefill + p.min_decode:
+        raise cfg.origin("planner.budget").fail(str(p.budget), f"cannot hold --min-prefill {p.min_prefill} + "
+                                                f"--min-decode {p.min_decode}", "raise it or lower the minimums")
+    return cfg
+
+
 # name -> (module that must be importable, shared library it loads or None, how to install both)
 TRANSFER_BACKENDS: dict[str, tuple[str, str | None, str]] = {
     "nixl": ("nixl_cu12._api", None,
@@ -371,6 +386,9 @@ PASSES: tuple[Pass, ...] = (
     check_kv_pool_sizing,
     check_local_prefill_role,
     check_kvstore_tiers,
+    check_tls_files,
+    check_ssl_files,
+    check_planner_bounds,
     resolve_cuda_graph_switches,
     cap_cuda_graph_max_bs,
     resolve_cuda_graph_bs,

@@ -19,8 +19,9 @@ from shared.config import catalog
 from shared.config.errors import ConfigError
 from shared.config.groups import (GROUPS, BusConfig, CacheConfig, CudaGraphConfig, DeviceConfig, DisaggConfig,
                                   DiscoveryConfig, EncoderConfig, GrpcConfig, HttpConfig, KernelConfig,
-                                  KVStoreConfig, ModelConfig, ParallelConfig, SchedulerConfig, TelemetryConfig,
-                                  TokenizerConfig, TransferConfig)
+                                  KVStoreClientConfig, KVStoreConfig, ModelConfig, ParallelConfig, SchedulerConfig,
+                                  TelemetryConfig, TlsConfig, TokenizerConfig, TransferConfig)
+from shared.config.groups import EngineSimConfig, PlannerConfig
 from shared.config.roles import ROLE_GROUPS
 from shared.config.values import Origin, coerce, format_value, validate
 
@@ -89,6 +90,7 @@ class ResolvedConfig:
     device = _GroupAttr(DeviceConfig)
     cache = _GroupAttr(CacheConfig)
     scheduler = _GroupAttr(SchedulerConfig)
+    engine = _GroupAttr(EngineSimConfig)
     parallel = _GroupAttr(ParallelConfig)
     kernels = _GroupAttr(KernelConfig)
     cuda_graph = _GroupAttr(CudaGraphConfig)
@@ -97,10 +99,13 @@ class ResolvedConfig:
     discovery = _GroupAttr(DiscoveryConfig)
     bus = _GroupAttr(BusConfig)
     grpc = _GroupAttr(GrpcConfig)
+    tls = _GroupAttr(TlsConfig)
     http = _GroupAttr(HttpConfig)
     telemetry = _GroupAttr(TelemetryConfig)
     encoder = _GroupAttr(EncoderConfig)
     kvstore = _GroupAttr(KVStoreConfig)
+    kvstore_client = _GroupAttr(KVStoreClientConfig)
+    planner = _GroupAttr(PlannerConfig)
 
     def __post_init__(self) -> None:
         # Read-only views (in display order), so a frozen config cannot be changed through its mappings either.

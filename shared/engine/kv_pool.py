@@ -114,6 +114,12 @@ class KVPool:
         """[num_layers, 2, page_size, kv_heads, head_dim]: one page, contiguous (a view, writes go to the pool)."""
         return self.buffer[page_id]
 
+    def copy_pages(self, pairs: list[tuple[int, int]]) -> None:
+        """Copy whole pages (all layers, K and V): pairs of (src page, dst page)."""
+        src = torch.tensor([a for a, _ in pairs], device=self.device)
+        dst = torch.tensor([b for _, b in pairs], device=self.device)
+        self.buffer.index_copy_(0, dst, self.buffer.index_select(0, src))
+
     def page_ptr(self, page_id: int) -> int:
         """Address of page `page_id` (for transfer descriptors)."""
         return self.data_ptr() + page_id * self.bytes_per_page

@@ -19,6 +19,7 @@ from shared.engine.cuda_graph import CudaGraphDecodeRunner, build_decode_graphs
 from shared.engine.forward_batch import ForwardBatch, build_forward_batch
 from shared.engine.kv_pool import KVPool, num_pages_for_budget, torch_dtype
 from shared.engine.models import LlamaForCausalLM, build_model, load_model_config
+from shared.engine.models.llava import LlavaWeights, canonical_name, load_llava_config
 from shared.engine.types import KVLayout, SchedulerOutput
 from shared.engine.weights import load_weights
 from shared.kernels.dispatch import select_attention_backend
@@ -75,7 +76,14 @@ class ModelRunner:
         self.attn = select_attention_backend(attention_backend, self.device, self.dtype)
         self.model: LlamaForCausalLM = build_model(self.arch, self.dtype, max_positions=self.context_length,
                                                    ops=elementwise_ops(self.attn.name))
-        load_weights(self.model, self.model.hf_weight_map(), model_dir, tied_lm_head=self.arch.tie_word_embeddings)
+        self.llava = load_llava_config(model_dir)  # None: a text-only model
+        if self.llava is None:
+            load_weights(self.model, self.model.hf_weight_map(), model_dir,
+                         tied_lm_head=self.arch.tie_word_embeddings)
+        else:  # the decoder half of a vision-language checkpoint (the tower runs in a VisionEncoderRunner)
+            text = LlavaWeights(self.model, None)
+            load_weights(text, text.hf_weight_map(), model_dir, rename=canonical_name,
+                         skip_prefixes=text.skipped_prefixes(self.arch))
         self.model.eval()
         self.model.to_device(self.device)
         self.linear = select_linear_backend(linear_backend, self.device, self.dtype)

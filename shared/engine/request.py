@@ -6,12 +6,13 @@ import enum
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Literal
 
-from shared.engine.block_hash import ROOT_HASH, page_hash
+from shared.engine.block_hash import ROOT_HASH, media_key, page_hash
 from shared.engine.sampling_params import SamplingParams
 
 if TYPE_CHECKING:
     import torch
 
+    from shared.engine.grammar.backend import RequestGrammar
     from shared.engine.sampler.detokenizer import IncrementalDetokenizer
 
 FinishReason = Literal["stop", "length", "abort"]
@@ -52,6 +53,23 @@ class RequestOutput:
     num_prompt_tokens: int = 0
     num_cached_tokens: int = 0  # prompt tokens served from the prefix cache at first admission
     num_output_tokens: int = 0  # generated so far, this delta included
+    index: int = 0  # which sample of an n > 1 request (0 for the others)
+
+
+@dataclass(frozen=True)
+class MediaInput:
+    """One image of a prompt: placeholder positions [offset, offset + length), the media hash that keys its KV pages
+    (block hashes) and caches, and its embeddings [length, hidden] (None where only the hashes matter: a decode
+    instance whose prompt KV another instance computes)."""
+
+    offset: int
+    length: int
+    media_hash: str
+    embeds: torch.Tensor | None = None
+
+    @property
+    def span(self) -> tuple[int, int, str]:
+        return (self.offset, self.length, self.media_hash)
 
 
 @dataclass(eq=False)
@@ -77,13 +95,19 @@ class Request:
     num_preemptions: int = 0
     # Prefill role: keep the pages after the request finishes, until release_held() (the KV is being sent).
     hold_pages: bool = False
+    index: int = 0  # sample number of an n > 1 request (its forks are 1..n-1, see scheduler/forks.py)
     finish_reason: FinishReason | None = None
     stop_reason: int | str | None = None
     # sampler and detokenizer state, created lazily by their owners
     generator: torch.Generator | None = None
+    # draws of the seeded generator already made elsewhere (decode role: prefill sampled the first token with the
+    # same seed), skipped when the generator is created so the samples continue where prefill's left off
+    generator_skip: int = 0
     detokenizer: IncrementalDetokenizer | None = None
+    grammar: RequestGrammar | None = None  # structured output: where the output stands in its grammar
     output_text: str = ""
     num_text_emitted: int = 0
+    media: tuple[MediaInput, ...] = ()  # images of the prompt, in prompt order, not overlapping
 
     def __post_init__(self) -> None:
         if not self.all_token_ids:
@@ -115,6 +139,8 @@ class Request:
     def _extend_hashes(self) -> None:
         P = self.page_size
         h = self.block_hashes[-1] if self.block_hashes else ROOT_HASH
+        spans = [m.span for m in self.media]
         for i in range(len(self.block_hashes), len(self.all_token_ids) // P):
-            h = page_hash(h, self.all_token_ids[i * P : (i + 1) * P])
+            extra = media_key(spans, i * P, P) if spans and i * P < self.num_prompt_tokens else b""
+            h = page_hash(h, self.all_token_ids[i * P : (i + 1) * P], extra)
             self.block_hashes.append(h)

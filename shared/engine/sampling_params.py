@@ -5,8 +5,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from shared.engine.errors import InvalidRequest
+from shared.grammar.spec import StructuredSpec
 
 MAX_LOGPROBS = 20  # the OpenAI API's limit on top alternatives per token
+MAX_N = 64  # samples per prompt (n)
+MAX_LOGIT_BIAS = 100.0  # OpenAI's range for logit_bias values
 _GREEDY_EPS = 1e-5  # temperatures below this are treated as greedy (dividing by them overflows)
 
 
@@ -35,6 +38,9 @@ class SamplingParams:
     ignore_eos: bool = False
     logprobs: int | None = None
     n: int = 1
+    # (token id, bias) added to the logits before sampling (OpenAI logit_bias); logprobs stay those of the model
+    logit_bias: tuple[tuple[int, float], ...] = ()
+    structured: StructuredSpec | None = None  # the output must match this grammar (structured outputs)
 
     def __post_init__(self) -> None:
         # Accept lists (JSON arrays) and a bare string for `stop`, store tuples so the object stays hashable.
@@ -44,6 +50,9 @@ class SamplingParams:
             object.__setattr__(self, "stop", tuple(self.stop))
         if not isinstance(self.stop_token_ids, tuple):
             object.__setattr__(self, "stop_token_ids", tuple(self.stop_token_ids))
+        if not isinstance(self.logit_bias, tuple):
+            items = self.logit_bias.items() if isinstance(self.logit_bias, dict) else self.logit_bias
+            object.__setattr__(self, "logit_bias", tuple((int(t), float(b)) for t, b in items))
 
     @property
     def greedy(self) -> bool:
@@ -59,8 +68,8 @@ class SamplingParams:
         def bad(field: str, msg: str) -> InvalidRequest:
             return InvalidRequest(f"{field}: {msg}", field=field)
 
-        if self.n != 1:
-            raise bad("n", f"only n=1 is supported (got {self.n}); send n separate requests")
+        if not 1 <= self.n <= MAX_N:
+            raise bad("n", f"must be in [1, {MAX_N}] (got {self.n})")
         if self.max_tokens is not None and self.max_tokens <= 0:
             raise bad("max_tokens", f"must be >= 1 (got {self.max_tokens}); omit it to generate until the context is full")
         if self.min_tokens < 0:
@@ -92,6 +101,11 @@ class SamplingParams:
         for t in self.stop_token_ids:
             if not isinstance(t, int) or t < 0 or (vocab_size is not None and t >= vocab_size):
                 raise bad("stop_token_ids", f"token id {t!r} is not in [0, {vocab_size or '2**31'})")
+        for t, b in self.logit_bias:
+            if t < 0 or (vocab_size is not None and t >= vocab_size):
+                raise bad("logit_bias", f"token id {t} is not in [0, {vocab_size or '2**31'})")
+            if not -MAX_LOGIT_BIAS <= b <= MAX_LOGIT_BIAS:
+                raise bad("logit_bias", f"bias of token {t} must be in [-100, 100] (got {b})")
         if self.logprobs is not None and not 0 <= self.logprobs <= MAX_LOGPROBS:
             raise bad("logprobs", f"must be in [0, {MAX_LOGPROBS}] (got {self.logprobs})")
         return self

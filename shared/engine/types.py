@@ -7,6 +7,10 @@ into flat tensors and runs one forward; nothing here touches a device.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    import torch
 
 
 @dataclass(frozen=True)
@@ -37,6 +41,15 @@ class KVLayout:
 
 
 @dataclass(frozen=True)
+class EmbedSlice:
+    """Input embeddings that replace the token embeddings of part of a chunk (an image's placeholder positions):
+    rows [offset, offset + len(values)) of the chunk's token_ids. The scheduler only slices a request's tensors."""
+
+    offset: int
+    values: torch.Tensor  # [n, hidden]
+
+
+@dataclass(frozen=True)
 class ScheduledSeq:
     """One sequence's share of a forward step.
 
@@ -51,6 +64,7 @@ class ScheduledSeq:
     start_pos: int
     page_ids: tuple[int, ...]
     need_logits: bool
+    embeds: tuple[EmbedSlice, ...] = ()  # multimodal embeddings spliced in at their placeholder positions
 
 
 @dataclass(frozen=True)

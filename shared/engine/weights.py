@@ -8,7 +8,7 @@ harmless extras listed in _IGNORED (RoPE caches some old exports store, a tied l
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import torch
@@ -60,8 +60,13 @@ def load_weights(
     model_dir: str | Path,
     *,
     tied_lm_head: bool = False,
+    rename: Callable[[str], str] | None = None,
+    skip_prefixes: tuple[str, ...] = (),
 ) -> None:
     """Copy the checkpoint into `model`'s parameters following `weight_map` (HF name -> slot).
+
+    rename: maps each checkpoint name to the spelling weight_map uses (LLaVA's several layouts); skip_prefixes:
+    (renamed) checkpoint tensors that are expected but not loaded (e.g. the vision half in a text-only process).
 
     Raises ValueError listing missing, unexpected or wrongly shaped tensors.
     """
@@ -71,6 +76,10 @@ def load_weights(
     bad_shape: list[str] = []
     with torch.no_grad():
         for name, tensor in iter_checkpoint(model_dir):
+            if rename is not None:
+                name = rename(name)
+            if skip_prefixes and name.startswith(skip_prefixes):
+                continue
             slot = weight_map.get(name)
             if slot is None:
                 if name.endswith(_IGNORED_SUFFIXES) or (tied_lm_head and name == "lm_head.weight"):

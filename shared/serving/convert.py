@@ -6,6 +6,7 @@ from proto.pdrelay.v1 import common_pb2
 from shared.engine.request import RequestOutput, TokenLogprobs
 from shared.engine.sampling_params import SamplingParams
 from shared.engine.types import KVLayout
+from shared.grammar.spec import GrammarKind, StructuredSpec
 
 _DTYPE_TO_PB = {"float32": common_pb2.DTYPE_FLOAT32, "bfloat16": common_pb2.DTYPE_BFLOAT16,
                 "float16": common_pb2.DTYPE_FLOAT16}
@@ -15,6 +16,28 @@ _FINISH_TO_PB = {"stop": common_pb2.FINISH_REASON_STOP, "length": common_pb2.FIN
 FINISH_FROM_PB = {v: k for k, v in _FINISH_TO_PB.items()}
 BACKEND_TO_PB = {"nixl": common_pb2.TRANSFER_BACKEND_NIXL, "mooncake": common_pb2.TRANSFER_BACKEND_MOONCAKE}
 BACKEND_FROM_PB = {v: k for k, v in BACKEND_TO_PB.items()}
+_GRAMMAR_TO_PB = {GrammarKind.JSON_OBJECT: common_pb2.GRAMMAR_KIND_JSON_OBJECT,
+                  GrammarKind.JSON_SCHEMA: common_pb2.GRAMMAR_KIND_JSON_SCHEMA,
+                  GrammarKind.REGEX: common_pb2.GRAMMAR_KIND_REGEX, GrammarKind.CHOICE: common_pb2.GRAMMAR_KIND_CHOICE,
+                  GrammarKind.GRAMMAR: common_pb2.GRAMMAR_KIND_GRAMMAR}
+_GRAMMAR_FROM_PB = {v: k for k, v in _GRAMMAR_TO_PB.items()}
+
+
+def structured_to_pb(spec: StructuredSpec) -> common_pb2.StructuredOutput:
+    return common_pb2.StructuredOutput(kind=_GRAMMAR_TO_PB[spec.kind], spec=spec.spec,
+                                       accepted_token_ids=list(spec.accepted))
+
+
+def structured_from_pb(pb: common_pb2.SamplingParams) -> StructuredSpec | None:
+    if not pb.HasField("structured"):
+        return None
+    kind = _GRAMMAR_FROM_PB.get(pb.structured.kind)
+    if kind is None:
+        from shared.engine.errors import InvalidRequest
+
+        raise InvalidRequest(f"structured output has no known grammar kind (got enum {pb.structured.kind})",
+                             field="response_format")
+    return StructuredSpec(kind, pb.structured.spec, tuple(pb.structured.accepted_token_ids))
 
 
 def layout_to_pb(layout: KVLayout) -> common_pb2.KVLayout:
@@ -53,6 +76,9 @@ def sampling_from_pb(pb: common_pb2.SamplingParams) -> SamplingParams:
         stop_token_ids=tuple(pb.stop_token_ids),
         ignore_eos=pb.ignore_eos,
         logprobs=(pb.top_logprobs if pb.logprobs else None),
+        logit_bias=tuple(sorted(pb.logit_bias.items())),
+        n=max(1, pb.n),
+        structured=structured_from_pb(pb),
     )
 
 
@@ -68,6 +94,12 @@ def sampling_to_pb(p: SamplingParams) -> common_pb2.SamplingParams:
         pb.max_tokens = p.max_tokens
     if p.seed is not None:
         pb.seed = p.seed
+    if p.logit_bias:
+        pb.logit_bias.update(dict(p.logit_bias))
+    if p.n > 1:
+        pb.n = p.n
+    if p.structured is not None:
+        pb.structured.CopyFrom(structured_to_pb(p.structured))
     return pb
 
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 from typing import TYPE_CHECKING, Protocol
 
 import grpc
@@ -16,7 +16,7 @@ import grpc
 from proto.pdrelay.v1 import common_pb2, worker_pb2, worker_pb2_grpc
 from shared.cluster.grpc_errors import abort, make_error
 from shared.engine.errors import EngineError, InvalidRequest, QueueFull
-from shared.engine.request import RequestOutput
+from shared.engine.request import MediaInput, RequestOutput
 from shared.engine.sampling_params import SamplingParams
 from shared.serving.convert import finish_to_pb, logprob_to_pb, matched_stop_to_pb, sampling_from_pb
 from shared.telemetry import spans
@@ -116,17 +116,24 @@ class DecodeServicer(worker_pb2_grpc.DecodeServicer):
         t0 = time.monotonic()
         head = worker_pb2.DecodeResponse()  # what only the first message carries
         try:
+            kv = getattr(svc, "kvstore", None)  # shared.serving.kvstore_client: loads before, stores after
             if self.remote is not None and self.remote.wants(request):
                 stream = self.remote.run(request, rid, params, head)
             else:
-                stream = aengine.generate(rid, list(request.prompt_token_ids), params, priority=request.priority)
+                media = await local_media(svc, request.media) if request.media else ()
+                if kv is not None and not media:  # the store's keys are text-only page hashes: no images
+                    await kv.load(rid, list(request.prompt_token_ids), trace=request.trace)
+                stream = aengine.generate(rid, list(request.prompt_token_ids), params, priority=request.priority,
+                                          media=media)
             first = True
-            num_out = 0
+            num_out: dict[int, int] = {}  # per sample (n > 1)
+            out_ids: dict[int, list[int]] = {}  # per sample: what the kvstore keeps of a finished conversation
             async for out in stream:
-                num_out += len(out.new_token_ids)
+                num_out[out.index] = num_out.get(out.index, 0) + len(out.new_token_ids)
+                out_ids.setdefault(out.index, []).extend(out.new_token_ids)
                 msg = worker_pb2.DecodeResponse(
                     request_id=request.request_id, token_ids=list(out.new_token_ids),
-                    finish_reason=finish_to_pb(out))
+                    finish_reason=finish_to_pb(out), index=out.index)
                 if out.new_logprobs:
                     msg.logprobs.extend(logprob_to_pb(lp) for lp in out.new_logprobs)
                 if first:
@@ -140,8 +147,12 @@ class DecodeServicer(worker_pb2_grpc.DecodeServicer):
                     if stop is not None:
                         msg.matched_stop.CopyFrom(stop)
                     msg.usage.CopyFrom(common_pb2.Usage(prompt_tokens=out.num_prompt_tokens,
-                                                        completion_tokens=num_out,
+                                                        completion_tokens=num_out[out.index],
                                                         cached_tokens=out.num_cached_tokens))
+                    if kv is not None and not request.media and kv.wants_store(finished=True,
+                                                                               reused=out.num_cached_tokens > 0):
+                        # the whole conversation so far, so its next turn finds its history
+                        kv.store_later([*request.prompt_token_ids, *out_ids[out.index]], trace=request.trace)
                 yield msg
         except InvalidRequest as e:
             await abort(context, common_pb2.ERROR_CODE_INVALID_ARGUMENT, str(e), instance_id=svc.instance_id)
@@ -158,3 +169,10 @@ class DecodeServicer(worker_pb2_grpc.DecodeServicer):
                                  retryable=True))
         finally:
             svc.ids.close(request.request_id, rid)
+
+
+async def local_media(svc: EngineService, media: Sequence[common_pb2.MediaInput]) -> list[MediaInput]:
+    """The request's images embedded by this process's own tower (InvalidRequest for a text-only model)."""
+    if svc.vision is None:
+        raise InvalidRequest(f"{svc.instance_id} serves a text-only model; it cannot take images", field="media")
+    return await svc.vision.embed(media)

@@ -18,9 +18,12 @@ from shared.cluster.bus.load import LoadSnapshot
 from shared.cluster.instance import Capacity
 from shared.cluster.lifecycle import Service, ServiceOptions
 from shared.engine.async_engine import AsyncEngine
-from shared.engine.engine import Engine
+from shared.engine.engine import Engine, EngineStats
 from shared.engine.radix_cache import AllPagesCleared, KVEvent, PagesEvicted, PagesStored
+from shared.engine.encoder_cache import EncoderCache
 from shared.engine.sampling_params import SamplingParams
+from shared.engine.vision_runner import VisionEncoderRunner
+from shared.serving.media import LocalVision
 from shared.telemetry import spans
 from shared.telemetry.metrics import EngineCollector
 from shared.telemetry.tracing import SpanKind, extract
@@ -68,29 +71,80 @@ class _Rate:
         return self.value
 
 
+class _StepWindow:
+    """Engine step metrics over a sliding window (load reports): mean step time, busy share, compute rate."""
+
+    def __init__(self, window_s: float = 2.0) -> None:
+        self.window_s = window_s
+        self._mark: tuple[float, float, int, int] | None = None  # (monotonic, busy s, steps, tokens)
+        self.step_ms = 0.0
+        self.busy = 0.0
+        self.tokens_per_s = 0.0  # per second of step time; kept from the last window that ran steps
+
+    def update(self, stats: EngineStats, busy: bool = False) -> None:
+        """`busy`: the engine has work right now (a window without a finished step is then one long step)."""
+        t = stats.totals
+        now = time.monotonic()
+        cur = (now, t.schedule_s + t.prepare_s + t.forward_s + t.sample_s + t.update_s, stats.num_steps,
+               t.num_tokens)
+        if self._mark is None or cur[2] < self._mark[2]:  # first call, or the stats were reset
+            self._mark = cur
+            return
+        dt = now - self._mark[0]
+        if dt < self.window_s:
+            return
+        busy_s, steps, tokens = cur[1] - self._mark[1], cur[2] - self._mark[2], cur[3] - self._mark[3]
+        if not steps and busy:
+            return  # one step longer than the window is still running: keep the last numbers, not "idle"
+        self.busy = min(1.0, busy_s / dt)
+        self.step_ms = busy_s / steps * 1e3 if steps else 0.0
+        if busy_s > 0 and tokens:
+            self.tokens_per_s = tokens / busy_s
+        self._mark = cur
+
+
 class EngineService(Service):
     """Base of the worker, decode and prefill services. Subclasses add their gRPC servicers."""
 
     def __init__(self, cfg: Any, options: ServiceOptions = ServiceOptions()) -> None:
         super().__init__(discovery=cfg.discovery, bus=cfg.bus, grpc_cfg=cfg.grpc, options=options,
-                         telemetry=cfg.telemetry)
+                         telemetry=cfg.telemetry, tls=getattr(cfg, "tls", None))
         self.cfg = cfg
         self.engine: Engine | None = None
         self.aengine: AsyncEngine | None = None
+        self.vision: LocalVision | None = None  # this process's own vision tower (vision-language models)
         self.ids = RequestIds()
         self._kv_pub: KVEventPublisher | None = None
         self._rate = _Rate()
+        self._steps = _StepWindow()
         self.telemetry.metrics.registry.register(
             EngineCollector(lambda: self.aengine.stats() if self.aengine is not None else None))
 
     # ---- warm-up -----------------------------------------------------------------------------------------------
     def build_engine(self) -> Engine:
         """Runs in a worker thread: loading weights takes seconds and must not block the event loop."""
+        if self.cfg.engine.engine == "mock":
+            from shared.engine.mock import build_mock_engine
+
+            return build_mock_engine(self.cfg, on_kv_event=self._on_kv_event)
         return Engine.from_config(self.cfg, on_kv_event=self._on_kv_event)
+
+    def build_vision(self, engine: Engine) -> LocalVision | None:
+        """The vision tower of a vision-language model: the worker and prefill encode with it (prefill when no
+        encoder answers), decode when it prefills a prompt itself (no prefill target). Runs in a worker thread."""
+        runner = engine.runner
+        if getattr(runner, "llava", None) is None:
+            return None
+        enc = getattr(self.cfg, "encoder", None)
+        cache = EncoderCache(max_items=enc.encoder_cache_items if enc is not None else 1024,
+                             max_bytes=getattr(enc, "encoder_cache_bytes", 512 << 20))
+        return LocalVision(VisionEncoderRunner(runner.model_dir, dtype=runner.layout.dtype,
+                                               device=str(runner.device)), cache)
 
     async def warm_up(self) -> None:
         t0 = time.monotonic()
         self.engine = await asyncio.to_thread(self.build_engine)
+        self.vision = await asyncio.to_thread(self.build_vision, self.engine)
         self.aengine = AsyncEngine(self.engine)
         self._kv_pub = KVEventPublisher(self.bus, self.cluster, self.instance_id, epoch=self.epoch,
                                         page_size=self.engine.page_size)
@@ -127,11 +181,15 @@ class EngineService(Service):
             return LoadSnapshot(running=self.gate.inflight)
         s = self.aengine.stats()
         queued_tokens = self._queued_prefill_tokens()
+        self._steps.update(s, busy=bool(s.num_running or s.num_waiting))
         # Free = what a new request could get: free pages plus cached pages nobody holds. Cached pages that running,
         # arriving (hand-off) or held requests use are not free, nor are quarantined ones.
         return LoadSnapshot(running=s.num_running, queued=s.num_waiting, queued_prefill_tokens=queued_tokens,
                             free_pages=s.num_free_pages + s.num_evictable_pages, total_pages=s.num_total_pages,
-                            tokens_per_s=self._rate.update(s.num_generated_tokens + s.num_prompt_tokens))
+                            tokens_per_s=self._rate.update(s.num_generated_tokens + s.num_prompt_tokens),
+                            pending_prefill_tokens=queued_tokens + self._unfinished_prompt_tokens(),
+                            step_ms=self._steps.step_ms, busy=self._steps.busy,
+                            compute_tokens_per_s=self._steps.tokens_per_s)
 
     def _queued_prefill_tokens(self) -> int:
         assert self.aengine is not None
@@ -139,6 +197,14 @@ class EngineService(Service):
         try:
             return self.aengine.engine.scheduler.queued_prompt_tokens
         except RuntimeError:  # the queue changed under us; report 0 this time
+            return 0
+
+    def _unfinished_prompt_tokens(self) -> int:
+        assert self.aengine is not None
+        try:  # racy read of the engine thread's list, as above
+            return sum(max(0, r.num_prompt_tokens - r.num_computed_tokens)
+                       for r in list(self.aengine.engine.scheduler.running))
+        except RuntimeError:
             return 0
 
     async def on_epoch(self, epoch: int) -> None:

@@ -9,6 +9,8 @@ import logging
 import time
 from collections.abc import Sequence
 
+import torch
+
 from proto.pdrelay.v1 import common_pb2
 from shared.engine.kv_pool import KVPool
 from shared.serving.convert import BACKEND_TO_PB
@@ -33,6 +35,13 @@ class KVTransfer:
         self._active = 0  # hand-offs in flight: progress fast while any is, slowly otherwise
         self._task: asyncio.Task[None] | None = None
 
+    def register_extra(self, buffer: torch.Tensor) -> RegionHandle:
+        """Register another buffer peers may write into (prefill's image-embedding arena); peers that connect
+        afterwards see it in our endpoint."""
+        region = self.engine.register(buffer)
+        self._endpoint = self.engine.endpoint()
+        return region
+
     # ---- receiving side (decode) -------------------------------------------------------------------------------
     def peer_pb(self) -> common_pb2.TransferPeer:
         """How a writer reaches us: the backend's opaque endpoint (agent metadata + registered regions)."""
@@ -51,7 +60,8 @@ class KVTransfer:
         self._active = max(0, self._active - 1)
 
     def start_progress(self) -> None:
-        self._task = asyncio.ensure_future(self._progress_loop())
+        if self._task is None:  # idempotent: a kvstore client also needs the receive side progressing
+            self._task = asyncio.ensure_future(self._progress_loop())
 
     async def _progress_loop(self) -> None:
         # The receiver must keep its backend progressing (NIXL/UCX) or a peer's first write never connects.

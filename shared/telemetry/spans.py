@@ -49,11 +49,18 @@ PREFILL_COMPUTE = "prefill.compute"
 KV_TRANSFER = "kv.transfer"
 PREFILL_CHECKSUM = "prefill.checksum"
 PREFILL_RELEASE = "prefill.release"
+PREFILL_ENCODE = "prefill.encode"  # prefill -> encoder Encode call (images embedded elsewhere, EPD)
+ENCODER_ENCODE = "encoder.encode"  # the encoder's side: tower (or cache) + the embeddings' transfer
 REQUEST_CANCEL = "request.cancel"
+KVSTORE_LOOKUP = "kvstore.lookup"  # engine side: how much of the prompt's miss the store holds
+KVSTORE_LOAD = "kvstore.load"  # engine side: store -> own KV pool, verified, inside the request's TTFT
+KVSTORE_STORE = "kvstore.store"  # engine side: pages -> store, off the TTFT path
+KVSTORE_GET = "kvstore.get"  # store side of a load
 
 ALL_SPANS = (GATEWAY_REQUEST, GATEWAY_TOKENIZE, GATEWAY_ROUTE, GATEWAY_DECODE_CALL, DECODE_GENERATE, DECODE_ADMIT,
              DECODE_PREFILL, DECODE_HANDOFF, DECODE_VERIFY, DECODE_FIRST_TOKEN, DECODE_STREAM, PREFILL_HANDOFF,
-             PREFILL_QUEUE_WAIT, PREFILL_COMPUTE, KV_TRANSFER, PREFILL_CHECKSUM, PREFILL_RELEASE, REQUEST_CANCEL)
+             PREFILL_QUEUE_WAIT, PREFILL_COMPUTE, KV_TRANSFER, PREFILL_CHECKSUM, PREFILL_RELEASE, PREFILL_ENCODE,
+             ENCODER_ENCODE, REQUEST_CANCEL, KVSTORE_LOOKUP, KVSTORE_LOAD, KVSTORE_STORE, KVSTORE_GET)
 
 # ---- events --------------------------------------------------------------------------------------------------------
 EVENT_FIRST_TOKEN = "first_token"
@@ -89,6 +96,10 @@ TRANSFER_BYTES = "pdrelay.transfer.bytes"
 TRANSFER_PAGES = "pdrelay.transfer.pages"
 TRANSFER_DESCS = "pdrelay.transfer.descriptors"  # after coalescing adjacent pages: what the backend moved
 TRANSFER_GBPS = "pdrelay.transfer.gb_per_s"
+KVSTORE_HIT_PAGES = "pdrelay.kvstore.hit_pages"
+KVSTORE_LOADED_PAGES = "pdrelay.kvstore.loaded_pages"
+KVSTORE_CORRUPT_PAGES = "pdrelay.kvstore.corrupt_pages"
+KVSTORE_OUTCOME = "pdrelay.kvstore.outcome"  # loaded | miss | timeout | error | checksum
 HTTP_ROUTE = "http.route"
 HTTP_STATUS = "http.response.status_code"
 RPC_SYSTEM = "rpc.system"

@@ -42,7 +42,7 @@ pytestmark = [
 ]
 
 
-def _local_env(launch: Launch, endpoints: dict[str, str], model_cache: Path) -> dict[str, str]:
+def _local_env(launch: Launch, endpoints: dict[str, str], model_cache: Path, tmp: Path) -> dict[str, str]:
     """The container's environment (image ENV < service environment), rewritten for processes on one host."""
     image_env = {k: v for k, v in dockerfile_env().items() if k.startswith("PDRELAY_") or k == "HF_HUB_OFFLINE"}
     env: dict[str, str] = {}
@@ -55,6 +55,8 @@ def _local_env(launch: Launch, endpoints: dict[str, str], model_cache: Path) -> 
             value = str(free_port())  # a fixed port per container; processes on one host need their own
         elif key == "PDRELAY_MODEL_CACHE_DIR":
             value = str(model_cache)
+        elif key == "PDRELAY_KVSTORE_DISK_DIR":
+            value = str(tmp / "kvstore-disk")  # the container's volume: a folder of this test
         elif "://" in value:
             value = ",".join(_rehost(url, endpoints) for url in value.split(","))
         env[key] = value
@@ -80,6 +82,8 @@ class _Cluster:
         venv_bin = str(Path(sys.executable).parent)
         full = {"PATH": f"{venv_bin}{os.pathsep}{os.environ.get('PATH', '/usr/bin:/bin')}",
                 "HOME": os.environ.get("HOME", str(self.tmp)), **env}
+        if "PYTHONPATH" in os.environ:  # a checkout run against another checkout's venv: import this one's code
+            full["PYTHONPATH"] = os.environ["PYTHONPATH"]
         command = MODEL["services"][launch.where.split(":", 1)[1]]["command"]
         log = self.tmp / f"{name}.log"
         with open(log, "wb") as out:
@@ -134,7 +138,7 @@ def test_compose_topology_serves_a_chat_request_as_local_processes(etcd_server, 
         for launch in sorted(DEFAULT_PROFILE, key=lambda x: x.role == "gateway"):
             name = launch.where.split(":", 1)[1]
             for replica in range(SCALE.get(name, 1)):
-                env = _local_env(launch, endpoints, Path(bundled_model_dir).parent)
+                env = _local_env(launch, endpoints, Path(bundled_model_dir).parent, tmp_path)
                 cfg = resolve(launch.role, list(launch.argv), env)  # fails fast, with the config's own message
                 cluster_name = cfg.discovery.cluster
                 if launch.role == "gateway":

@@ -73,7 +73,7 @@ def test_up_trace_then_pdrelay_trace_then_down(tmp_path: Path) -> None:
     run_dir = str(tmp_path / "run")
     ports = ["--etcd-port", str(free_port()), "--nats-port", str(free_port())]
     up = pdrelay("up", "--detach", "--trace", "--run-dir", run_dir, "--cluster", "tr", "--gateway", "0",
-                 "--prefill", "0", "--decode", "0", "--echo", "1", *ports)
+                 "--prefill", "0", "--decode", "0", "--encoder", "0", "--echo", "1", *ports)
     state = read_state(Path(run_dir))
     try:
         assert up.returncode == 0, up.stdout + up.stderr

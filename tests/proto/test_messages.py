@@ -54,11 +54,11 @@ def test_services_declare_the_documented_methods() -> None:
     def methods(pb2, service: str) -> set[str]:
         return {m.name for m in pb2.DESCRIPTOR.services_by_name[service].methods}
 
-    assert methods(gateway_pb2, "Gateway") == {"Generate", "Tokenize", "ListModels", "Health"}
+    assert methods(gateway_pb2, "Gateway") == {"Generate", "Tokenize", "ListModels", "Health", "Embed"}
     assert methods(worker_pb2, "Decode") == {"Generate"}
     assert methods(worker_pb2, "Prefill") == {"Prefill"}
     assert methods(worker_pb2, "Encoder") == {"Encode", "Embed"}
-    assert methods(worker_pb2, "KVStore") == {"Lookup", "Put", "Get"}
+    assert methods(worker_pb2, "KVStore") == {"Lookup", "Put", "CommitPut", "Get", "Stats"}
     gen = worker_pb2.DESCRIPTOR.services_by_name["Decode"].methods_by_name["Generate"]
     assert gen.server_streaming and not gen.client_streaming
     assert gen.input_type.full_name == "pdrelay.v1.DecodeRequest"

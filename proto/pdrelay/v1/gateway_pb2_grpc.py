@@ -49,6 +49,11 @@ class GatewayStub:
                 request_serializer=pdrelay_dot_v1_dot_gateway__pb2.ListModelsRequest.SerializeToString,
                 response_deserializer=pdrelay_dot_v1_dot_gateway__pb2.ListModelsResponse.FromString,
                 _registered_method=True)
+        self.Embed = channel.unary_unary(
+                '/pdrelay.v1.Gateway/Embed',
+                request_serializer=pdrelay_dot_v1_dot_gateway__pb2.EmbeddingsRequest.SerializeToString,
+                response_deserializer=pdrelay_dot_v1_dot_gateway__pb2.EmbeddingsResponse.FromString,
+                _registered_method=True)
         self.Health = channel.unary_unary(
                 '/pdrelay.v1.Gateway/Health',
                 request_serializer=pdrelay_dot_v1_dot_gateway__pb2.HealthRequest.SerializeToString,
@@ -78,6 +83,13 @@ class GatewayServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def Embed(self, request, context):
+        """Embedding vectors of texts or token ids (the OpenAI /v1/embeddings API over gRPC).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
     def Health(self, request, context):
         """Cluster-level health (the standard grpc.health.v1 service reports this process only).
         """
@@ -102,6 +114,11 @@ def add_GatewayServicer_to_server(servicer, server):
                     servicer.ListModels,
                     request_deserializer=pdrelay_dot_v1_dot_gateway__pb2.ListModelsRequest.FromString,
                     response_serializer=pdrelay_dot_v1_dot_gateway__pb2.ListModelsResponse.SerializeToString,
+            ),
+            'Embed': grpc.unary_unary_rpc_method_handler(
+                    servicer.Embed,
+                    request_deserializer=pdrelay_dot_v1_dot_gateway__pb2.EmbeddingsRequest.FromString,
+                    response_serializer=pdrelay_dot_v1_dot_gateway__pb2.EmbeddingsResponse.SerializeToString,
             ),
             'Health': grpc.unary_unary_rpc_method_handler(
                     servicer.Health,
@@ -190,6 +207,33 @@ class Gateway:
             '/pdrelay.v1.Gateway/ListModels',
             pdrelay_dot_v1_dot_gateway__pb2.ListModelsRequest.SerializeToString,
             pdrelay_dot_v1_dot_gateway__pb2.ListModelsResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Embed(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/pdrelay.v1.Gateway/Embed',
+            pdrelay_dot_v1_dot_gateway__pb2.EmbeddingsRequest.SerializeToString,
+            pdrelay_dot_v1_dot_gateway__pb2.EmbeddingsResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -311,6 +311,12 @@ class Encoder:
 class KVStoreStub:
     """---------------------------------------------------------------- kvstore control
 
+    Keys are the chained page hashes of shared.engine.block_hash (the ones KV events and the gateway's index use),
+    namespaced by model + KV layout: a store serves one namespace and refuses any other with LAYOUT_MISMATCH.
+    Page bytes never travel here: Put hands the caller slots in the store's registered arena to write into
+    (two-phase: pages become visible only at CommitPut, after the store checked each page's CRC-32), Get makes the
+    store write pages into the caller's registered memory and answers with each page's CRC-32 for the caller to check.
+
     """
 
     def __init__(self, channel):
@@ -329,27 +335,51 @@ class KVStoreStub:
                 request_serializer=pdrelay_dot_v1_dot_worker__pb2.PutPagesRequest.SerializeToString,
                 response_deserializer=pdrelay_dot_v1_dot_worker__pb2.PutPagesResponse.FromString,
                 _registered_method=True)
+        self.CommitPut = channel.unary_unary(
+                '/pdrelay.v1.KVStore/CommitPut',
+                request_serializer=pdrelay_dot_v1_dot_worker__pb2.CommitPutRequest.SerializeToString,
+                response_deserializer=pdrelay_dot_v1_dot_worker__pb2.CommitPutResponse.FromString,
+                _registered_method=True)
         self.Get = channel.unary_unary(
                 '/pdrelay.v1.KVStore/Get',
                 request_serializer=pdrelay_dot_v1_dot_worker__pb2.GetPagesRequest.SerializeToString,
                 response_deserializer=pdrelay_dot_v1_dot_worker__pb2.GetPagesResponse.FromString,
+                _registered_method=True)
+        self.Stats = channel.unary_unary(
+                '/pdrelay.v1.KVStore/Stats',
+                request_serializer=pdrelay_dot_v1_dot_worker__pb2.KVStoreStatsRequest.SerializeToString,
+                response_deserializer=pdrelay_dot_v1_dot_worker__pb2.KVStoreStatsResponse.FromString,
                 _registered_method=True)
 
 
 class KVStoreServicer:
     """---------------------------------------------------------------- kvstore control
 
+    Keys are the chained page hashes of shared.engine.block_hash (the ones KV events and the gateway's index use),
+    namespaced by model + KV layout: a store serves one namespace and refuses any other with LAYOUT_MISMATCH.
+    Page bytes never travel here: Put hands the caller slots in the store's registered arena to write into
+    (two-phase: pages become visible only at CommitPut, after the store checked each page's CRC-32), Get makes the
+    store write pages into the caller's registered memory and answers with each page's CRC-32 for the caller to check.
+
     """
 
     def Lookup(self, request, context):
-        """How many leading pages of a chained-hash sequence the store holds, and where.
+        """How many leading pages of a chained-hash sequence the store holds, and where. With lease_s, the hit pages
+        cannot be evicted for that long (bounded by the store), so a Get right after finds them.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
     def Put(self, request, context):
-        """Store pages: the store reads them from the caller's registered memory.
+        """Phase 1 of storing pages: slots in the store's arena for the pages it does not hold yet.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def CommitPut(self, request, context):
+        """Phase 2: the caller wrote the slots; the store verifies them and makes them visible.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -357,6 +387,13 @@ class KVStoreServicer:
 
     def Get(self, request, context):
         """Load pages: the store writes them into the caller's registered memory.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def Stats(self, request, context):
+        """Tier fill and counters (pdrelay status, tests).
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -375,10 +412,20 @@ def add_KVStoreServicer_to_server(servicer, server):
                     request_deserializer=pdrelay_dot_v1_dot_worker__pb2.PutPagesRequest.FromString,
                     response_serializer=pdrelay_dot_v1_dot_worker__pb2.PutPagesResponse.SerializeToString,
             ),
+            'CommitPut': grpc.unary_unary_rpc_method_handler(
+                    servicer.CommitPut,
+                    request_deserializer=pdrelay_dot_v1_dot_worker__pb2.CommitPutRequest.FromString,
+                    response_serializer=pdrelay_dot_v1_dot_worker__pb2.CommitPutResponse.SerializeToString,
+            ),
             'Get': grpc.unary_unary_rpc_method_handler(
                     servicer.Get,
                     request_deserializer=pdrelay_dot_v1_dot_worker__pb2.GetPagesRequest.FromString,
                     response_serializer=pdrelay_dot_v1_dot_worker__pb2.GetPagesResponse.SerializeToString,
+            ),
+            'Stats': grpc.unary_unary_rpc_method_handler(
+                    servicer.Stats,
+                    request_deserializer=pdrelay_dot_v1_dot_worker__pb2.KVStoreStatsRequest.FromString,
+                    response_serializer=pdrelay_dot_v1_dot_worker__pb2.KVStoreStatsResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -390,6 +437,12 @@ def add_KVStoreServicer_to_server(servicer, server):
  # This class is part of an EXPERIMENTAL API.
 class KVStore:
     """---------------------------------------------------------------- kvstore control
+
+    Keys are the chained page hashes of shared.engine.block_hash (the ones KV events and the gateway's index use),
+    namespaced by model + KV layout: a store serves one namespace and refuses any other with LAYOUT_MISMATCH.
+    Page bytes never travel here: Put hands the caller slots in the store's registered arena to write into
+    (two-phase: pages become visible only at CommitPut, after the store checked each page's CRC-32), Get makes the
+    store write pages into the caller's registered memory and answers with each page's CRC-32 for the caller to check.
 
     """
 
@@ -448,6 +501,33 @@ class KVStore:
             _registered_method=True)
 
     @staticmethod
+    def CommitPut(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/pdrelay.v1.KVStore/CommitPut',
+            pdrelay_dot_v1_dot_worker__pb2.CommitPutRequest.SerializeToString,
+            pdrelay_dot_v1_dot_worker__pb2.CommitPutResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
     def Get(request,
             target,
             options=(),
@@ -464,6 +544,33 @@ class KVStore:
             '/pdrelay.v1.KVStore/Get',
             pdrelay_dot_v1_dot_worker__pb2.GetPagesRequest.SerializeToString,
             pdrelay_dot_v1_dot_worker__pb2.GetPagesResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Stats(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/pdrelay.v1.KVStore/Stats',
+            pdrelay_dot_v1_dot_worker__pb2.KVStoreStatsRequest.SerializeToString,
+            pdrelay_dot_v1_dot_worker__pb2.KVStoreStatsResponse.FromString,
             options,
             channel_credentials,
             insecure,

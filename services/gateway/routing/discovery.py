@@ -63,7 +63,8 @@ class Discovery:
     """Membership + load table + KV events feeding one Router."""
 
     def __init__(self, membership: MembershipView, router: Router, *, bus: Bus | None = None, cluster: str = "",
-                 max_load_age_s: float = 2.0, on_leave: Callable[[InstanceInfo], object] | None = None) -> None:
+                 max_load_age_s: float = 2.0, on_leave: Callable[[InstanceInfo], object] | None = None,
+                 on_join: Callable[[InstanceInfo], object] | None = None) -> None:
         self.membership = membership
         self.router = router
         self.loads = LoadTable()
@@ -71,6 +72,7 @@ class Discovery:
         self._cluster = cluster
         self._max_load_age_s = max_load_age_s
         self._on_leave = on_leave
+        self._on_join = on_join
         self._subs: list[Subscription] = []
         self._unsubscribe: Callable[[], None] | None = None
 
@@ -120,6 +122,9 @@ class Discovery:
             self.loads.latest.pop(info.instance_id, None)
             if self._on_leave is not None:
                 self._on_leave(info)
+        elif ev.kind == EventKind.JOIN:
+            if self._on_join is not None:
+                self._on_join(info)
         elif ev.kind == EventKind.UPDATE and ev.previous is not None and ev.previous.epoch != info.epoch:
             # Re-registered (lost lease or restart under the same id): its old cache and failures are history.
             self.router.kv_index.forget_older_than(info.instance_id, info.epoch)

@@ -107,3 +107,10 @@ def classify_stream_end(plan: RoutePlan) -> Verdict:
     return Verdict(FailureKind.SERVER, f"{d} ended the stream without a finish reason", exclude=frozenset({d}),
                    blame=frozenset({d}))
 
+
+
+def classify_lost(plan: RoutePlan) -> Verdict:
+    """The call was cut because the instance left without draining (its lease expired): it is dead or hung."""
+    d = plan.decode.instance_id
+    return Verdict(FailureKind.SERVER, f"{d} lost its etcd lease (dead, hung or cut off) while serving the request",
+                   exclude=frozenset({d}), blame=frozenset({d}))

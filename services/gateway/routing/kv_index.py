@@ -19,7 +19,7 @@ from collections.abc import Container, Iterable, Sequence
 from dataclasses import dataclass, field
 
 from shared.cluster.bus.kv_events import KVEvent, KVOpKind
-from shared.engine.block_hash import page_hashes
+from shared.engine.block_hash import MediaSpan, page_hashes
 
 log = logging.getLogger(__name__)
 
@@ -30,6 +30,7 @@ class _InstanceIndex:
     seq: int = 0  # last sequence number applied (0: none yet)
     page_size: int = 0
     hashes: set[int] = field(default_factory=set)
+    tier: str = "device"  # "host" / "disk": a kvstore (its pages cost a transfer, not a forward pass)
 
 
 @dataclass
@@ -73,6 +74,7 @@ class KVIndex:
             idx.hashes.clear()
         idx.seq = event.seq
         idx.page_size = event.page_size
+        idx.tier = event.tier
         for op in event.ops:
             if op.kind == KVOpKind.STORED:
                 idx.hashes.update(op.block_hashes)
@@ -105,6 +107,14 @@ class KVIndex:
             return 0
         return leading_pages(prompt_hashes, idx.hashes)
 
+    def store_overlap_pages(self, prompt_hashes: Sequence[int]) -> int:
+        """Leading pages of a prompt the best-stocked kvstore holds (any instance publishing a non-device tier)."""
+        best = 0
+        for idx in self._by_instance.values():
+            if idx.tier != "device" and idx.hashes:
+                best = max(best, leading_pages(prompt_hashes, idx.hashes))
+        return best
+
     def num_pages(self, instance_id: str) -> int:
         idx = self._by_instance.get(instance_id)
         return 0 if idx is None else len(idx.hashes)
@@ -126,16 +136,18 @@ def leading_pages(prompt_hashes: Sequence[int], held: Container[int]) -> int:
 class PromptHashes:
     """The chained page hashes of one prompt, computed once per page size (instances may differ)."""
 
-    __slots__ = ("_tokens", "_by_page_size")
+    __slots__ = ("_tokens", "_media", "_by_page_size")
 
-    def __init__(self, prompt_token_ids: Sequence[int]) -> None:
+    def __init__(self, prompt_token_ids: Sequence[int], media: Sequence[MediaSpan] = ()) -> None:
         self._tokens = prompt_token_ids
+        self._media = media  # images keep their pages apart, as in the engines' own hashes
         self._by_page_size: dict[int, list[int]] = {}
 
     def for_page_size(self, page_size: int) -> list[int]:
         hashes = self._by_page_size.get(page_size)
         if hashes is None:
-            hashes = self._by_page_size[page_size] = page_hashes(self._tokens, page_size) if page_size > 0 else []
+            hashes = self._by_page_size[page_size] = (
+                page_hashes(self._tokens, page_size, media=self._media) if page_size > 0 else [])
         return hashes
 
     def page_sizes(self) -> Iterable[int]:

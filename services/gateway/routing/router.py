@@ -156,6 +156,13 @@ class _RequestSignals:
             self._cached[cand.instance_id] = got
         return got
 
+    def store_tokens(self, cand: Candidate) -> int:
+        """Prompt tokens past the candidate's own prefix that a kvstore holds (loaded, not computed, there)."""
+        if cand.page_size <= 0:
+            return 0
+        pages = self._router.kv_index.store_overlap_pages(self._hashes.for_page_size(cand.page_size))
+        return max(0, min(pages * cand.page_size, self._prompt_len) - self.cached_tokens(cand))
+
     def prompt_hashes(self, cand: Candidate) -> tuple[int, ...]:
         return tuple(self._hashes.for_page_size(cand.page_size)) if cand.page_size > 0 else ()
 

@@ -15,6 +15,9 @@ from services.gateway.backend import (BackendChunk, BackendRequest, BackendSampl
                                       TokenLogprob, TopLogprob)
 from services.gateway.routing.views import RoutePlan
 
+_GRAMMAR = {"json_object": common_pb2.GRAMMAR_KIND_JSON_OBJECT, "json_schema": common_pb2.GRAMMAR_KIND_JSON_SCHEMA,
+            "regex": common_pb2.GRAMMAR_KIND_REGEX, "choice": common_pb2.GRAMMAR_KIND_CHOICE,
+            "grammar": common_pb2.GRAMMAR_KIND_GRAMMAR}
 _FINISH: dict[int, FinishReason] = {common_pb2.FINISH_REASON_STOP: "stop", common_pb2.FINISH_REASON_LENGTH: "length",
                                     common_pb2.FINISH_REASON_ABORT: "abort"}
 
@@ -23,8 +26,9 @@ def remaining_max_tokens(sampling: BackendSamplingParams, num_sent: int) -> int 
     return None if sampling.max_tokens is None else max(0, sampling.max_tokens - num_sent)
 
 
-def sampling_to_pb(sp: BackendSamplingParams, num_sent: int = 0) -> common_pb2.SamplingParams:
-    """The worker's sampling parameters; `num_sent` tokens of the output were already streamed (replay)."""
+def sampling_to_pb(sp: BackendSamplingParams, num_sent: int = 0,
+                   sent_ids: Sequence[int] = ()) -> common_pb2.SamplingParams:
+    """The worker's sampling parameters; `num_sent` tokens of the output (`sent_ids`) were already streamed."""
     pb = common_pb2.SamplingParams(
         temperature=sp.temperature, top_p=sp.top_p, min_p=sp.min_p, stop=list(sp.stop),
         stop_token_ids=list(sp.stop_token_ids), min_tokens=max(0, sp.min_tokens - num_sent),
@@ -38,6 +42,15 @@ def sampling_to_pb(sp: BackendSamplingParams, num_sent: int = 0) -> common_pb2.S
         pb.max_tokens = max_tokens
     if sp.seed is not None:
         pb.seed = sp.seed
+    if sp.logit_bias:
+        pb.logit_bias.update(dict(sp.logit_bias))
+    if sp.structured is not None:
+        st = sp.structured
+        # a replay continues inside the structure: the new attempt's matcher first consumes what was sent
+        pb.structured.CopyFrom(common_pb2.StructuredOutput(kind=_GRAMMAR[st.kind.value], spec=st.spec,
+                                                           accepted_token_ids=[*st.accepted, *sent_ids]))
+    if sp.n > 1:
+        pb.n = sp.n
     return pb
 
 
@@ -45,11 +58,14 @@ def decode_request(req: BackendRequest, plan: RoutePlan, sent: Sequence[int], at
     """Attempt number `attempt` of `req` on `plan`, continuing after the `sent` tokens."""
     msg = worker_pb2.DecodeRequest(
         request_id=req.request_id, prompt_token_ids=[*req.prompt_token_ids, *sent],
-        sampling=sampling_to_pb(req.sampling, len(sent)), model=req.model, attempt=attempt)
+        sampling=sampling_to_pb(req.sampling, len(sent), sent), model=req.model, attempt=attempt,
+        priority=req.priority)
     if plan.prefill is not None:
         p = plan.prefill
         msg.prefill.CopyFrom(worker_pb2.PrefillTarget(instance_id=p.instance_id, grpc_address=p.grpc_address,
                                                       epoch=p.epoch))
+    msg.media.extend(common_pb2.MediaInput(media_hash=m.media_hash, mime_type=m.mime_type, data=m.data,
+                                           token_offset=m.offset, num_tokens=m.num_tokens) for m in req.media)
     trace = dict(req.trace_headers)
     if "traceparent" in trace:
         msg.trace.CopyFrom(common_pb2.TraceContext(traceparent=trace["traceparent"],
@@ -87,4 +103,4 @@ def chunk_from_pb(resp: worker_pb2.DecodeResponse, *, want_logprobs: bool, num_p
         finish_reason=finish,
         stop_reason=stop_reason_of(resp) if finish == "stop" else None,
         num_prompt_tokens=num_prompt_tokens if first or finish is not None else None,
-        num_cached_tokens=cached)
+        num_cached_tokens=cached, index=resp.index)

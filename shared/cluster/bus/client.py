@@ -10,6 +10,9 @@ False instead of raising, and `stats` counts what was dropped.
 
 Headers: `headers_hook()` (e.g. the current W3C trace context) is merged into every published message's headers,
 and subscribers see them in `Meta.headers`.
+
+TLS: with `tls` (shared.cluster.tls.TlsFiles) the connection verifies the server against the cluster CA and
+presents this service's certificate, when the server asks for TLS (a tls:// URL or a server with TLS on).
 """
 
 from __future__ import annotations
@@ -31,6 +34,7 @@ from nats.aio.subscription import Subscription
 from nats.errors import Error as NatsError
 
 from shared.cluster.errors import nats_unavailable
+from shared.cluster.tls import TlsFiles
 
 log = logging.getLogger(__name__)
 
@@ -47,6 +51,7 @@ class Meta(msgspec.Struct, frozen=True):
     subject: str
     headers: Mapping[str, str]
     reply: str = ""
+    data: bytes = b""  # the payload as received (what a signature covers: shared.cluster.bus.admin_auth)
 
 
 Handler = Callable[[T, Meta], Awaitable[None] | None]
@@ -83,7 +88,7 @@ class _RateLimit:
 class Bus:
     def __init__(self, url: str, *, name: str = "pdrelay", outage_policy: str = "buffer",
                  pending_bytes: int = 4 << 20, reconnect_wait_s: float = 0.5,
-                 headers_hook: Callable[[], Mapping[str, str]] | None = None) -> None:
+                 headers_hook: Callable[[], Mapping[str, str]] | None = None, tls: TlsFiles | None = None) -> None:
         if outage_policy not in OUTAGE_POLICIES:
             raise ValueError(f"bus outage policy {outage_policy!r} must be one of {OUTAGE_POLICIES}; "
                              "use --bus-outage-policy buffer")
@@ -93,6 +98,7 @@ class Bus:
         self._pending_bytes = pending_bytes
         self._reconnect_wait_s = reconnect_wait_s
         self._headers_hook = headers_hook
+        self._tls = tls
         self._nc: NatsClient | None = None
         self._encoder = msgspec.msgpack.Encoder()
         self._decoders: dict[type, msgspec.msgpack.Decoder[Any]] = {}
@@ -115,13 +121,14 @@ class Bus:
     async def connect(self, timeout_s: float = 5.0) -> Bus:
         """Connect once; ControlPlaneUnavailable naming the URL if NATS does not answer within `timeout_s`."""
         nc = NatsClient()
+        tls = self._tls.client_ssl_context() if self._tls is not None else None
         try:
             await asyncio.wait_for(nc.connect(
                 servers=[self.url], name=self.name, connect_timeout=max(1, int(timeout_s)),
                 reconnect_time_wait=self._reconnect_wait_s, max_reconnect_attempts=-1,
                 pending_size=self._pending_bytes, flush_timeout=2.0,
                 error_cb=self._on_error, disconnected_cb=self._on_disconnected, reconnected_cb=self._on_reconnected,
-            ), timeout_s)
+                tls=tls), timeout_s)
         except (asyncio.TimeoutError, OSError, NatsError) as e:
             try:
                 await nc.close()
@@ -130,6 +137,12 @@ class Bus:
             raise nats_unavailable(self.url, f"no answer within {timeout_s:g} s ({type(e).__name__})") from None
         self._nc = nc
         return self
+
+    async def flush(self, timeout_s: float = 2.0) -> None:
+        """One round trip to the server: subscriptions made before it are in place there (other connections'
+        messages reach them)."""
+        assert self._nc is not None, "connect() first"
+        await self._nc.flush(timeout=max(1, int(timeout_s)))
 
     async def close(self) -> None:
         self._closing = True
@@ -251,7 +264,7 @@ class Bus:
             except (msgspec.DecodeError, msgspec.ValidationError, ValueError) as e:
                 self._malformed(raw.subject, msg_type, e)
                 return
-            meta = Meta(raw.subject, raw.headers or _NO_HEADERS, raw.reply or "")
+            meta = Meta(raw.subject, raw.headers or _NO_HEADERS, raw.reply or "", raw.data)
             try:
                 res = handler(value, meta)
                 if res is not None and inspect.isawaitable(res):
@@ -264,12 +277,20 @@ class Bus:
 
     # ------------------------------------------------------------------ request / reply
 
+    def encode(self, msg: msgspec.Struct) -> bytes:
+        """The payload `publish(subject, msg)` sends (for signing it first: publish_raw / request_raw)."""
+        return self._encoder.encode(msg)
+
     async def request(self, subject: str, msg: msgspec.Struct, reply_type: type[R], *, timeout_s: float = 2.0) -> R:
         """One request, one typed reply. Raises TimeoutError when nobody answers (or NATS is down)."""
+        return await self.request_raw(subject, self._encoder.encode(msg), reply_type, timeout_s=timeout_s)
+
+    async def request_raw(self, subject: str, payload: bytes, reply_type: type[R], *, timeout_s: float = 2.0,
+                          headers: Mapping[str, str] | None = None) -> R:
+        """`request` with an encoded payload and extra headers."""
         assert self._nc is not None, "connect() first"
         try:
-            raw = await self._nc.request(subject, self._encoder.encode(msg), timeout=timeout_s,
-                                         headers=self._headers(None))
+            raw = await self._nc.request(subject, payload, timeout=timeout_s, headers=self._headers(headers))
         except (nats.errors.TimeoutError, nats.errors.NoRespondersError, asyncio.TimeoutError) as e:
             raise TimeoutError(f"no reply on {subject} within {timeout_s:g} s ({type(e).__name__})") from None
         value = self._decode(reply_type, raw)

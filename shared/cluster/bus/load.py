@@ -16,6 +16,15 @@ from shared.cluster.bus.client import Bus, Handler, Meta
 log = logging.getLogger(__name__)
 
 
+class TierFill(msgspec.Struct, frozen=True, array_like=True):
+    """One storage tier of a kvstore: "dram" | "disk" | "peer"."""
+
+    tier: str
+    used_bytes: int
+    capacity_bytes: int
+    pages: int
+
+
 class LoadSnapshot(msgspec.Struct, frozen=True, kw_only=True):
     """What a service measures about itself; the reporter adds identity, sequence and time."""
 
@@ -25,6 +34,12 @@ class LoadSnapshot(msgspec.Struct, frozen=True, kw_only=True):
     free_pages: int = 0
     total_pages: int = 0
     tokens_per_s: float = 0.0  # generated (decode) or computed (prefill) tokens per second, recent average
+    # Engine step metrics over the last few seconds (the planner's inputs; 0 where unknown):
+    pending_prefill_tokens: int = 0  # prompt tokens not computed yet: waiting requests and unfinished chunks
+    step_ms: float = 0.0  # mean step time (a decode instance's inter-token latency)
+    busy: float = 0.0  # share of wall time spent in steps (0..1)
+    compute_tokens_per_s: float = 0.0  # tokens computed per second of step time: what the instance can do
+    tiers: tuple[TierFill, ...] = ()  # kvstore: fill of each storage tier
 
 
 class LoadReport(msgspec.Struct, frozen=True, kw_only=True):

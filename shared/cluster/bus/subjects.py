@@ -32,3 +32,11 @@ def drain(cluster: str, instance_id: str = ANY) -> str:
 
 def supervisor_scale(cluster: str) -> str:
     return f"pdrelay.{_token('cluster', cluster, False)}.supervisor.scale"
+
+
+def planner_decisions(cluster: str) -> str:
+    return f"pdrelay.{_token('cluster', cluster, False)}.planner.decisions"
+
+
+def planner_control(cluster: str) -> str:
+    return f"pdrelay.{_token('cluster', cluster, False)}.planner.control"

@@ -17,14 +17,17 @@ from pathlib import Path
 
 import msgspec
 
-# Start order; stop order is the reverse (the gateway stops taking requests before the workers go).
-ROLE_ORDER = ("kvstore", "encoder", "prefill", "decode", "worker", "echo", "gateway")
+# Start order; stop order is the reverse (the gateway stops taking requests before the workers go). The planner
+# starts last, once there is a cluster to plan for.
+ROLE_ORDER = ("kvstore", "encoder", "prefill", "decode", "worker", "echo", "gateway", "planner")
 ECHO_MODULE = "shared.cluster.testing"
 # Roles whose processes run a model engine: `--threads 0` splits the host's cores among their instances.
 ENGINE_ROLES = ("prefill", "decode", "worker", "encoder")
 # Set by `pdrelay up` for every instance; a user flag for them would fight the per-instance value.
 PER_INSTANCE_FLAGS = frozenset({"--instance-id", "--grpc-port", "--etcd-endpoints", "--etcd", "--nats-url", "--nats",
-                                "--cluster", "--lease-ttl-s"})
+                                "--cluster", "--lease-ttl-s", "--admin-secret-file"})
+# Set by `pdrelay up --tls` for every instance (its role's certificate).
+TLS_FLAGS = frozenset({"--tls-ca-file", "--tls-certfile", "--tls-keyfile"})
 
 
 class UpOptions(msgspec.Struct, frozen=True, kw_only=True):
@@ -44,6 +47,10 @@ class UpOptions(msgspec.Struct, frozen=True, kw_only=True):
     demo: bool = False  # send one chat request through the gateway once ready
     echo_log: bool = True  # stream the merged child logs to stdout
     trace: bool = False  # start a local trace sink and point every service at it (`pdrelay trace` reads it)
+    tls: bool = False  # mutual TLS on every hop we own, with certificates made in <run-dir>/certs
+    tls_dir: str = ""  # set by the supervisor once the certificates exist
+    admin_secret_file: str = ""  # set by the supervisor: signs drain / scale commands (shared.cluster.bus.admin_auth)
+    restart: bool = True  # restart crashed children, etcd and NATS with backoff (restarts.py)
 
 
 class InstanceSpec(msgspec.Struct, frozen=True, kw_only=True):
@@ -95,6 +102,18 @@ def _instance_flags(role: str, iid: str, opts: UpOptions, etcd_url: str, nats_ur
              "--instance-id", iid, "--lease-ttl-s", str(opts.lease_ttl_s), "--grpc-port", "0"]
     if role == "gateway" and index > 0:
         flags += ["--port", "0"]  # only the first gateway takes the configured HTTP port
+    from shared.config.roles import ROLE_GROUPS
+
+    groups = ROLE_GROUPS.get(role, ())  # echo: its own flags (the admin secret, no TLS)
+    if opts.admin_secret_file and (role == "echo" or "bus" in groups):
+        flags += ["--admin-secret-file", opts.admin_secret_file]
+    if opts.tls_dir and "tls" in groups:
+        certs = Path(opts.tls_dir)
+        flags += ["--tls-ca-file", str(certs / "ca.pem"), "--tls-certfile", str(certs / f"{role}.pem"),
+                  "--tls-keyfile", str(certs / f"{role}-key.pem")]
+        user = [c[0].split("=", 1)[0] for c in split_flags([*opts.extra, *opts.role_extra.get(role, ())])]
+        if role == "gateway" and "--ssl-certfile" not in user:  # HTTPS + TLS gRPC, unless the user brought a cert
+            flags += ["--ssl-certfile", str(certs / "gateway.pem"), "--ssl-keyfile", str(certs / "gateway-key.pem")]
     return flags
 
 

@@ -17,6 +17,8 @@ from pathlib import Path
 
 import msgspec
 
+from shared.cluster.tls import TlsFiles
+
 STATE_FILE = "state.json"
 TRACES_FILE = "traces/spans.jsonl"
 
@@ -31,6 +33,7 @@ class ChildState(msgspec.Struct, kw_only=True):
     epoch: int = 0
     log: str = ""
     config: str = ""  # resolved config file (empty for the echo test service)
+    restarts: int = 0  # times the supervisor started it again after a crash
 
 
 class RunState(msgspec.Struct, kw_only=True):
@@ -43,12 +46,16 @@ class RunState(msgspec.Struct, kw_only=True):
     ready: bool = False
     etcd_pid: int = 0  # 0: an external etcd we did not start
     nats_pid: int = 0
+    etcd_restarts: int = 0
+    nats_restarts: int = 0
     children: list[ChildState] = msgspec.field(default_factory=list)
     skipped: list[str] = msgspec.field(default_factory=list)  # notes about roles not started
     traces: str = ""  # the span file of the trace sink (`pdrelay up --trace`); "" when tracing is off
     trace_endpoint: str = ""  # the sink's OTLP/gRPC endpoint, which every service exports to
     trace_sink_pid: int = 0
     error: str = ""  # why the supervisor gave up, when it did
+    tls_dir: str = ""  # `pdrelay up --tls`: the CA and certificates (etcd, NATS and gRPC are mutual TLS)
+    admin_secret_file: str = ""  # the secret that signs drain / scale commands on NATS (shared.cluster.bus.admin_auth)
 
 
 def default_run_dir() -> Path:
@@ -94,3 +101,11 @@ def running_supervisor(run_dir: Path) -> RunState | None:
     if state is None or not pid_alive(state.supervisor_pid):
         return None
     return state
+
+
+def client_tls(state: RunState) -> TlsFiles | None:
+    """The identity command-line tools use on a `pdrelay up --tls` cluster (its "client" certificate)."""
+    if not state.tls_dir:
+        return None
+    d = Path(state.tls_dir)
+    return TlsFiles.load(str(d / "ca.pem"), str(d / "client.pem"), str(d / "client-key.pem"))

@@ -10,6 +10,7 @@ import os
 import shutil
 import signal
 import socket
+import ssl
 import subprocess
 import sys
 import time
@@ -161,6 +162,9 @@ class _ServerProcess:
 @dataclass
 class EtcdServer(_ServerProcess):
     peer_port: int = 0
+    # A `pdrelay certs` directory: clients connect over https:// with a certificate the CA signed (etcd.pem is
+    # the server's identity, client.pem the readiness probe's).
+    tls_dir: Path | None = None
     name = "etcd"
 
     def __post_init__(self) -> None:
@@ -169,7 +173,7 @@ class EtcdServer(_ServerProcess):
 
     @property
     def url(self) -> str:
-        return f"http://{self.host}:{self.port}"
+        return f"{'https' if self.tls_dir else 'http'}://{self.host}:{self.port}"
 
     @property
     def endpoint(self) -> str:
@@ -177,15 +181,19 @@ class EtcdServer(_ServerProcess):
         return f"{self.host}:{self.port}"
 
     def command(self) -> list[str]:
-        peer = f"http://{self.host}:{self.peer_port}"
+        peer = f"http://{self.host}:{self.peer_port}"  # one member: the peer port never carries data
+        tls: list[str] = []
+        if self.tls_dir is not None:
+            tls = ["--cert-file", str(self.tls_dir / "etcd.pem"), "--key-file", str(self.tls_dir / "etcd-key.pem"),
+                   "--client-cert-auth", "--trusted-ca-file", str(self.tls_dir / "ca.pem")]
         return [find_binary("etcd"), "--name", "pdrelay", "--data-dir", str(self.data_dir / "data"),
                 "--listen-client-urls", self.url, "--advertise-client-urls", self.url,
                 "--listen-peer-urls", peer, "--initial-advertise-peer-urls", peer,
-                "--initial-cluster", f"pdrelay={peer}", "--log-level", "warn"]
+                "--initial-cluster", f"pdrelay={peer}", "--log-level", "warn", *tls]
 
     def ready(self) -> bool:
         try:
-            with urllib.request.urlopen(f"{self.url}/health", timeout=0.5) as r:
+            with urllib.request.urlopen(f"{self.url}/health", timeout=0.5, context=_probe_tls(self.tls_dir)) as r:
                 return b'"health":"true"' in r.read()
         except OSError:
             return False
@@ -198,15 +206,20 @@ class EtcdServer(_ServerProcess):
 
 @dataclass
 class NatsServer(_ServerProcess):
+    tls_dir: Path | None = None  # as for EtcdServer: TLS with client certificates the CA signed (nats.pem)
     name = "nats-server"
 
     @property
     def url(self) -> str:
-        return f"nats://{self.host}:{self.port}"
+        return f"{'tls' if self.tls_dir else 'nats'}://{self.host}:{self.port}"
 
     def command(self) -> list[str]:
+        tls: list[str] = []
+        if self.tls_dir is not None:
+            tls = ["--tlsverify", "--tlscert", str(self.tls_dir / "nats.pem"), "--tlskey",
+                   str(self.tls_dir / "nats-key.pem"), "--tlscacert", str(self.tls_dir / "ca.pem")]
         return [find_binary("nats-server"), "-a", self.host, "-p", str(self.port), "-js",
-                "-sd", str(self.data_dir / "jetstream")]
+                "-sd", str(self.data_dir / "jetstream"), *tls]
 
     def ready(self) -> bool:
         try:
@@ -215,6 +228,14 @@ class NatsServer(_ServerProcess):
                 return s.recv(4).startswith(b"INFO")
         except OSError:
             return False
+
+
+def _probe_tls(tls_dir: Path | None) -> ssl.SSLContext | None:
+    if tls_dir is None:
+        return None
+    ctx = ssl.create_default_context(cafile=str(tls_dir / "ca.pem"))
+    ctx.load_cert_chain(str(tls_dir / "client.pem"), str(tls_dir / "client-key.pem"))
+    return ctx
 
 
 def etcd_command_hint(url: str = "http://127.0.0.1:2379") -> str:

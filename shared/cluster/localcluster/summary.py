@@ -19,10 +19,23 @@ def served_model_name(child: ChildState) -> str:
         return ""
 
 
-def curl_example(http: str, model: str) -> str:
-    body = json.dumps({"model": model or "default", "max_tokens": 32,
-                       "messages": [{"role": "user", "content": "What is the capital of France?"}]})
-    return (f"curl -s http://{http}/v1/chat/completions -H 'Content-Type: application/json' "
+def needs_api_key(child: ChildState) -> bool:
+    """Does the gateway require an API key (its resolved config has one; the key itself is not shown)?"""
+    try:
+        return bool(json.loads(Path(child.config).read_text())["config"]["http"].get("api_key"))
+    except (OSError, ValueError, KeyError, TypeError, AttributeError):
+        return False
+
+
+def curl_example(http: str, model: str, ca_file: str = "", api_key: bool = False, *,
+                 path: str = "/v1/chat/completions", body: str = "") -> str:
+    """With `ca_file` (`pdrelay up --tls`): HTTPS, trusting the cluster's CA; `api_key`: send $PDRELAY_API_KEY.
+    Default: a chat request; `path` and `body` ask another route."""
+    body = body or json.dumps({"model": model or "default", "max_tokens": 32,
+                               "messages": [{"role": "user", "content": "What is the capital of France?"}]})
+    scheme, trust = ("https", f"--cacert {shlex.quote(ca_file)} ") if ca_file else ("http", "")
+    auth = "-H \"Authorization: Bearer $PDRELAY_API_KEY\" " if api_key else ""
+    return (f"curl -s {trust}{scheme}://{http}{path} {auth}-H 'Content-Type: application/json' "
             f"-d {shlex.quote(body)}")
 
 
@@ -37,7 +50,11 @@ def format_summary(state: RunState) -> str:
         lines.append(f"  note: {note}")
     gw = next((c for c in state.children if c.role == "gateway" and c.http), None)
     if gw is not None:
-        lines += ["", "Try it:", "  " + curl_example(gw.http, served_model_name(gw))]
+        ca = str(Path(state.tls_dir) / "ca.pem") if state.tls_dir else ""
+        lines += ["", "Try it:", "  " + curl_example(gw.http, served_model_name(gw), ca, needs_api_key(gw))]
+        if any(c.role == "encoder" for c in state.children):
+            body = json.dumps({"input": ["What is the capital of France?"]})
+            lines.append("  " + curl_example(gw.http, "", ca, needs_api_key(gw), path="/v1/embeddings", body=body))
     rd = shlex.quote(state.run_dir)
     if state.traces:
         lines += ["", f"Traces: every request's spans go to {state.traces}",

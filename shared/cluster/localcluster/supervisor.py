@@ -6,6 +6,8 @@
     logs     every child line goes to <run-dir>/logs/<id>.log and, prefixed with the instance id, to our stdout
     scale    `pdrelay scale` requests on NATS: start more instances, or drain some (drain command on the bus;
              SIGTERM if one does not exit within the stop timeout)
+    restart  a child, etcd or nats-server that exits unexpectedly once the cluster was ready is started again, with
+             backoff (restarts.py; `--no-restart` only reports it); `pdrelay status` shows the restart counts
     stop     SIGINT / SIGTERM (Ctrl-C or `pdrelay down`): gateways first, then the workers, SIGTERM then SIGKILL
              after the stop timeout, then NATS and etcd. A second signal skips the waiting.
 
@@ -27,17 +29,20 @@ from typing import TextIO
 
 import msgspec
 
+from shared.cluster.bus.admin_auth import AdminAuth
 from shared.cluster.bus.client import Bus
 from shared.cluster.bus.drain import send_drain
 from shared.cluster.bus.scale import ScaleReply, ScaleRequest, serve_scale
 from shared.cluster.errors import ControlPlaneUnavailable
 from shared.cluster.etcd import connect_etcd
 from shared.cluster.handshake import ReadyInfo, parse_ready_line
+from shared.cluster.localcluster.restarts import RestartPolicy, Restarts
 from shared.cluster.localcluster.plan import ROLE_ORDER, InstanceSpec, UpOptions, build_spec, plan, role_available
 from shared.cluster.localcluster.rundir import TRACES_FILE, ChildState, RunState, running_supervisor, write_state
 from shared.cluster.localcluster.servers import (EtcdServer, NatsServer, die_with_parent, free_port, port_is_free)
 from shared.cluster.localcluster.summary import format_summary
 from shared.cluster.localcluster.tracesink import TraceSink
+from shared.cluster.tls import TlsFiles
 
 log = logging.getLogger(__name__)
 
@@ -51,6 +56,7 @@ class _Child:
         self.state = "starting"
         self.ready_event = asyncio.Event()
         self.exited = asyncio.Event()
+        self.restarts = 0
         self.tasks: list[asyncio.Task[None]] = []
 
     @property
@@ -65,7 +71,7 @@ class _Child:
         r = self.ready
         return ChildState(role=self.role, instance_id=self.iid, pid=self.proc.pid, state=self.state,
                           grpc=r.grpc if r else "", http=r.http if r else "", epoch=r.epoch if r else 0,
-                          log=str(self.log_path), config=self.spec.config_path)
+                          log=str(self.log_path), config=self.spec.config_path, restarts=self.restarts)
 
     def log_tail(self, n: int = 20) -> str:
         try:
@@ -88,8 +94,12 @@ class Supervisor:
         self._stop = asyncio.Event()
         self._force = asyncio.Event()
         self._next_index: dict[str, int] = {}
+        self.restarts = Restarts(RestartPolicy(enabled=opts.restart))
+        self._background: set[asyncio.Task[None]] = set()
         self._etcd_url = opts.etcd_url or ""
         self._nats_url = opts.nats_url or ""
+        self.admin: AdminAuth | None = None  # signs drain commands, verifies scale requests
+        self.tls: TlsFiles | None = None  # our own client identity with --tls
 
     # ------------------------------------------------------------------ output
 
@@ -100,6 +110,7 @@ class Supervisor:
     def _save(self) -> None:
         assert self.state is not None
         self.state.children = [c.as_state() for c in self.children]
+        self.state.etcd_restarts, self.state.nats_restarts = self.restarts.count("etcd"), self.restarts.count("nats")
         write_state(self.run_dir, self.state)
 
     # ------------------------------------------------------------------ run
@@ -148,14 +159,17 @@ class Supervisor:
         opts = self.opts
         self.run_dir.mkdir(parents=True, exist_ok=True)
         self._save()  # `pdrelay down` can stop us from here on
+        self._secure()
+        opts = self.opts  # now with the admin secret (and the certificates) for every instance
+        tls_dir = Path(opts.tls_dir) if opts.tls_dir else None
         # Ports first, then configs (bad flags fail before anything runs), then servers.
         if not opts.etcd_url:
             port = opts.etcd_port or (2379 if port_is_free(2379) and port_is_free(2380) else free_port())
-            self.etcd = EtcdServer(data_dir=self.run_dir / "etcd", port=port, tie_to_parent=True)
+            self.etcd = EtcdServer(data_dir=self.run_dir / "etcd", port=port, tie_to_parent=True, tls_dir=tls_dir)
             self._etcd_url = self.etcd.url
         if not opts.nats_url:
             port = opts.nats_port or (4222 if port_is_free(4222) else free_port())
-            self.nats = NatsServer(data_dir=self.run_dir / "nats", port=port, tie_to_parent=True)
+            self.nats = NatsServer(data_dir=self.run_dir / "nats", port=port, tie_to_parent=True, tls_dir=tls_dir)
             self._nats_url = self.nats.url
         self.state.etcd_url, self.state.nats_url = self._etcd_url, self._nats_url
         if opts.trace:
@@ -169,9 +183,10 @@ class Supervisor:
             self._next_index[spec.role] = self._next_index.get(spec.role, 0) + 1
 
         if self.etcd is None:  # an external etcd: check it answers before starting anything
-            await (await connect_etcd([self._etcd_url], timeout_s=5)).close()
+            await (await connect_etcd([self._etcd_url], timeout_s=5, tls=self.tls)).close()
         if self.nats is None:
-            self.bus = await Bus(self._nats_url, name=f"supervisor-{self.opts.cluster}").connect(timeout_s=5)
+            self.bus = await Bus(self._nats_url, name=f"supervisor-{self.opts.cluster}",
+                                 tls=self.tls).connect(timeout_s=5)
         if self.etcd is not None:
             # A fresh cluster each time: keys of a previous run would otherwise come back to life for one
             # lease TTL (etcd renews leases when it restarts) and show up as ghost instances.
@@ -181,10 +196,11 @@ class Supervisor:
         if self.nats is not None:
             self.nats.start()
             self.state.nats_pid = self.nats.pid or 0
-            self.bus = await Bus(self._nats_url, name=f"supervisor-{self.opts.cluster}").connect(timeout_s=5)
+            self.bus = await Bus(self._nats_url, name=f"supervisor-{self.opts.cluster}",
+                                 tls=self.tls).connect(timeout_s=5)
         self._save()
         assert self.bus is not None
-        await serve_scale(self.bus, opts.cluster, self._on_scale)
+        await serve_scale(self.bus, opts.cluster, self._on_scale, auth=self.admin)
 
         for spec in specs:
             await self._spawn(spec)
@@ -192,11 +208,31 @@ class Supervisor:
             return 1
         self.state.ready = True
         self._save()
+        self._in_background(self._watch_servers())
         self.say(format_summary(self.state))
         if opts.demo:
             await self._demo()
         await self._stop.wait()
         return 0
+
+    def _secure(self) -> None:
+        """The admin secret (always) and, with --tls, a local CA and a certificate per role (an existing CA in
+        <run-dir>/certs is reused); every instance gets their paths through its flags."""
+        from shared.cluster.certs import DEFAULT_NAMES, cert_paths, make_certs
+
+        assert self.state is not None
+        secret = self.run_dir / "admin.secret"
+        self.admin = AdminAuth.create_file(secret)
+        changes: dict[str, str] = {"admin_secret_file": str(secret)}
+        if self.opts.tls:
+            certs = self.run_dir / "certs"
+            make_certs(certs, (*DEFAULT_NAMES, *(r for r in ROLE_ORDER if r not in DEFAULT_NAMES)))
+            me = cert_paths(certs, "supervisor")
+            self.tls = TlsFiles.load(str(certs / "ca.pem"), str(me.cert), str(me.key))
+            changes["tls_dir"] = str(certs)
+            self.state.tls_dir = str(certs)
+        self.opts = msgspec.structs.replace(self.opts, **changes)
+        self.state.admin_secret_file = str(secret)
 
     def _start_trace_sink(self) -> None:
         assert self.state is not None
@@ -251,6 +287,8 @@ class Supervisor:
             stderr=asyncio.subprocess.PIPE, env=env, start_new_session=True, preexec_fn=die_with_parent,
             limit=1 << 20)
         child = _Child(spec, proc, logs / f"{spec.instance_id}.log")
+        child.restarts = self.restarts.count(spec.instance_id)
+        self.restarts.started(spec.instance_id)
         self.children.append(child)
         logf = open(child.log_path, "ab")  # noqa: SIM115 - closed by the waiter task
         assert proc.stdout is not None and proc.stderr is not None
@@ -293,6 +331,8 @@ class Supervisor:
         else:
             self.say(f"pdrelay up: {child.iid} exited unexpectedly with code {rc}; last log lines:\n"
                      f"{child.log_tail(10)}")
+            if self.restarts.policy.enabled and self.state is not None and self.state.ready:
+                self._in_background(self._restart(child))
         if was == "draining" and child in self.children:
             self.children.remove(child)  # scaled down: forget it
         if self.state is not None:
@@ -318,7 +358,64 @@ class Supervisor:
             with contextlib.suppress(asyncio.TimeoutError):
                 await asyncio.wait_for(c.exited.wait(), 5)
 
+    # ------------------------------------------------------------------ restarts
+
+    def _in_background(self, coro) -> None:  # type: ignore[no-untyped-def]
+        task = asyncio.ensure_future(coro)
+        self._background.add(task)
+        task.add_done_callback(self._background.discard)
+
+    async def _stopped_within(self, seconds: float) -> bool:
+        with contextlib.suppress(asyncio.TimeoutError):
+            await asyncio.wait_for(self._stop.wait(), seconds)
+        return self._stop.is_set()
+
+    async def _restart(self, child: _Child) -> None:
+        """The same instance again (same id and flags; it registers with a new epoch), after the backoff."""
+        delay = self.restarts.crashed(child.iid)
+        self.say(f"pdrelay up: restarting {child.iid} in {delay:.0f} s (restart {self.restarts.count(child.iid)}; "
+                 "--no-restart turns this off)")
+        if await self._stopped_within(delay):
+            return
+        if child in self.children:
+            self.children.remove(child)
+        await self._spawn(child.spec)
+
+    async def _watch_servers(self) -> None:
+        """etcd and nats-server we started: one that died comes back on its port with its data directory."""
+        reported: set[str] = set()
+        while not await self._stopped_within(0.5):
+            for name, server in (("etcd", self.etcd), ("nats", self.nats)):
+                if server is None or server.alive() or name in reported:
+                    continue
+                rc = server.proc.returncode if server.proc is not None else None
+                if not self.restarts.policy.enabled:
+                    self.say(f"pdrelay up: {name} exited unexpectedly with code {rc}; not restarted (--no-restart)")
+                    reported.add(name)
+                    continue
+                delay = self.restarts.crashed(name)
+                self.say(f"pdrelay up: {name} exited unexpectedly with code {rc}; restarting it in {delay:.0f} s "
+                         f"on port {server.port} with its data in {server.data_dir}")
+                if await self._stopped_within(delay):
+                    return
+                try:
+                    server.start()  # blocking, in the main thread (see die_with_parent); a few hundred ms
+                except RuntimeError as e:  # e.g. the port is taken: next round tries again, later
+                    self.say(f"pdrelay up: {name} did not start again: {e}")
+                    continue
+                self.restarts.started(name)
+                assert self.state is not None
+                if name == "etcd":
+                    self.state.etcd_pid = server.pid or 0
+                else:
+                    self.state.nats_pid = server.pid or 0
+                self._save()
+
     async def _shutdown(self) -> None:
+        for task in list(self._background):
+            task.cancel()
+        if self._background:
+            await asyncio.gather(*self._background, return_exceptions=True)
         if self.children:
             self.say("pdrelay up: stopping ...")
         gateways = [c for c in self.children if c.role == "gateway"]
@@ -356,11 +453,13 @@ class Supervisor:
                 spec = build_spec(role, index, self.opts, self._etcd_url, self._nats_url)
                 await self._spawn(spec)
                 started.append(spec.instance_id)
-            for c in sorted(live, key=lambda c: c.spec.instance_id)[want:][::-1]:
+            # the newest go first, unless the request names the instances to drain (the planner's idlest)
+            order = sorted(live, key=lambda c: (c.iid in req.drain, c.spec.instance_id))
+            for c in order[want:][::-1]:
                 c.state = "draining"
                 assert self.bus is not None
                 await send_drain(self.bus, self.opts.cluster, c.iid, reason="scale_down",
-                                 epoch=c.ready.epoch if c.ready else 0)
+                                 epoch=c.ready.epoch if c.ready else 0, auth=self.admin)
                 asyncio.create_task(self._ensure_gone(c))
                 draining.append(c.iid)
         self._save()
@@ -385,9 +484,11 @@ class Supervisor:
             return
         import httpx
 
-        base = f"http://{gw.ready.http}"  # type: ignore[union-attr]
+        scheme = "https" if self.opts.tls_dir else "http"
+        base = f"{scheme}://{gw.ready.http}"  # type: ignore[union-attr]
+        verify: object = str(Path(self.opts.tls_dir) / "ca.pem") if self.opts.tls_dir else True
         try:
-            async with httpx.AsyncClient(timeout=120) as client:
+            async with httpx.AsyncClient(timeout=120, verify=verify) as client:  # type: ignore[arg-type]
                 models = (await client.get(f"{base}/v1/models")).json()["data"]
                 body = {"model": models[0]["id"], "max_tokens": 32, "temperature": 0,
                         "messages": [{"role": "user", "content": "What is the capital of France?"}]}

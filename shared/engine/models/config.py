@@ -56,7 +56,17 @@ def _as_ids(value: Any) -> tuple[int, ...]:
 
 
 def parse_model_config(cfg: Mapping[str, Any], source: str = "config.json") -> ModelArchConfig:
-    """Validate and translate a config.json dict. Raises ValueError naming what is unsupported."""
+    """Validate and translate a config.json dict. Raises ValueError naming what is unsupported.
+
+    A LLaVA checkpoint (llava.py) yields its text decoder's config: its vision side is parsed by llava.py.
+    """
+    if cfg.get("model_type") == "llava" or "LlavaForConditionalGeneration" in (cfg.get("architectures") or ()):
+        text = {k: v for k, v in (cfg.get("text_config") or {}).items() if k != "architectures"}
+        text.setdefault("model_type", "llama")
+        text["tie_word_embeddings"] = bool(cfg.get("tie_word_embeddings") or text.get("tie_word_embeddings"))
+        if text.get("eos_token_id") is None and cfg.get("eos_token_id") is not None:
+            text["eos_token_id"] = cfg["eos_token_id"]
+        return parse_model_config(text, source=f"{source} (text_config)")
     archs = cfg.get("architectures") or []
     arch = next((a for a in archs if a in SUPPORTED_ARCHITECTURES), None)
     if arch is None:

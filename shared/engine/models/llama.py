@@ -214,6 +214,9 @@ class LlamaForCausalLM(nn.Module):
         Returns the final-normed hidden states of the rows in batch.logits_indices: [n, hidden].
         """
         hidden = F.embedding(batch.input_ids, self.embed_tokens)  # [T, hidden]
+        if batch.embed_rows is not None:  # image embeddings in place of their placeholder tokens' embeddings
+            assert batch.embed_values is not None
+            hidden.index_copy_(0, batch.embed_rows, batch.embed_values.to(hidden.dtype))
         cos, sin = self.rotary.lookup(batch.positions, self.dtype)  # [T, 1, D / 2] each
         residual: torch.Tensor | None = None
         for layer in self.layers:

@@ -8,7 +8,7 @@ OpenAI API reports them.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 
 import torch
@@ -28,8 +28,10 @@ class Sampler:
     def __init__(self, *, eos_token_ids: Iterable[int] = ()) -> None:
         self.eos_token_ids = tuple(eos_token_ids)
 
-    def sample(self, logits: torch.Tensor, reqs: Sequence[Request]) -> SamplerOutput:
-        """logits: [B, V], row i belongs to reqs[i]. May modify logits in place."""
+    def sample(self, logits: torch.Tensor, reqs: Sequence[Request],
+               constrain: Callable[[torch.Tensor], None] | None = None) -> SamplerOutput:
+        """logits: [B, V], row i belongs to reqs[i]. May modify logits in place. constrain: masks the logits of
+        grammar-constrained rows in place (after logprobs are taken: they stay the model's own)."""
         B = len(reqs)
         assert logits.dim() == 2 and logits.shape[0] == B, f"logits {tuple(logits.shape)} for {B} requests"
         if B == 0:
@@ -40,6 +42,9 @@ class Sampler:
         lp_rows = [i for i, p in enumerate(params) if p.logprobs is not None]
         raw_logprobs = torch.log_softmax(logits[lp_rows], dim=-1) if lp_rows else None  # [L, V]
 
+        if constrain is not None:
+            constrain(logits)
+        _apply_logit_bias(logits, reqs)
         self._mask_early_stops(logits, reqs)
         apply_penalties(logits, reqs, [i for i, p in enumerate(params) if p.has_penalties])
 
@@ -93,9 +98,27 @@ class Sampler:
             if r.generator is None:
                 r.generator = torch.Generator(device=dev)
                 r.generator.manual_seed(r.params.seed)  # type: ignore[arg-type]
+                for _ in range(r.generator_skip):
+                    torch.empty_like(q[j]).exponential_(generator=r.generator)
             q[j].exponential_(generator=r.generator)
         # q == 0 would turn a removed token (p = 0) into 0/0 = NaN, which argmax prefers
         return (probs / q.clamp_min_(1e-30)).argmax(dim=-1)
+
+
+def _apply_logit_bias(logits: torch.Tensor, reqs: Sequence[Request]) -> None:
+    """OpenAI logit_bias: add each request's bias to its listed token ids ([B, V] in place)."""
+    rows: list[int] = []
+    cols: list[int] = []
+    vals: list[float] = []
+    for i, r in enumerate(reqs):
+        for t, b in r.params.logit_bias:
+            rows.append(i)
+            cols.append(t)
+            vals.append(b)
+    if rows:
+        dev = logits.device
+        logits.index_put_((torch.tensor(rows, device=dev), torch.tensor(cols, device=dev)),
+                          torch.tensor(vals, device=dev, dtype=logits.dtype), accumulate=True)
 
 
 def _logprobs(raw: torch.Tensor, rows: list[int], tokens: list[int], params: Sequence, B: int) -> list[TokenLogprobs | None]:

@@ -16,11 +16,18 @@ from __future__ import annotations
 
 import bisect
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from shared.engine.errors import InvalidRequest, QueueFull, UnknownRequest
-from shared.engine.request import Request, RequestOutput, RequestStatus, TokenLogprobs
+from shared.engine.request import (
+    MediaInput,
+    Request,
+    RequestOutput,
+    RequestStatus,
+    TokenLogprobs,
+)
 from shared.engine.sampling_params import SamplingParams
 
 if TYPE_CHECKING:
@@ -51,11 +58,13 @@ class HandoffPages:
 
     # ---- decode side ---------------------------------------------------------------------------------------------
     def reserve_remote(self, req_id: str, prompt_token_ids: tuple[int, ...] | list[int],
-                       params: SamplingParams | None = None, priority: int = 0) -> Reservation:
+                       params: SamplingParams | None = None, priority: int = 0,
+                       media: Sequence[MediaInput] = ()) -> Reservation:
+        """media: the prompt's images (spans and hashes; embeddings not needed), so its pages hash as prefill's."""
         s = self.s
         if req_id in s.requests or req_id in self.remote:
             raise InvalidRequest(f"request id {req_id!r} is already in use; ids must be unique", field="req_id")
-        req = s.new_request(req_id, prompt_token_ids, params, priority)
+        req = s.new_request(req_id, prompt_token_ids, params, priority, media=media)
         if len(s.running) + len(self.remote) >= s.max_running_requests:
             raise QueueFull(f"{len(s.running)} running and {len(self.remote)} arriving requests reach "
                             f"max_running_requests={s.max_running_requests}; retry on another instance")
@@ -69,6 +78,7 @@ class HandoffPages:
         s.counters.num_prompt_tokens += req.num_prompt_tokens
         s.counters.num_cached_prompt_tokens += cached
         self.remote[req_id] = req
+        s.forks.register(req)
         return Reservation(req_id, tuple(req.page_ids), cached)
 
     def activate_remote(self, req_id: str, first_token: int,
@@ -83,11 +93,11 @@ class HandoffPages:
         req.status = RequestStatus.RUNNING
         s.requests[req_id] = req
         s.running.append(req)
-        req.append_output(int(first_token))
-        s.counters.num_generated_tokens += 1
-        res = s.stop_checker.check(req)
-        if res.finish_reason is not None:
-            s._finish(req, res.finish_reason, res.stop_reason)
+        s.forks.on_prompt_done(req)  # n > 1: the other samples fork from the received prompt KV
+        if req.params.seed is not None and not req.params.greedy:
+            req.generator_skip = 1  # prefill drew the first token from this seed: continue after it
+        # The first token was sampled by prefill under the same grammar: the local matcher consumes it here.
+        res = s.advance(req, int(first_token))
         return [s.emit_delta(req, (int(first_token),), res.new_text, None if logprob is None else (logprob,),
                              finished=res.finish_reason is not None)]
 
@@ -98,6 +108,7 @@ class HandoffPages:
         if req is None:
             return False
         s = self.s
+        s.forks.pending.pop(req_id, None)  # its n > 1 samples never started
         own = req.page_ids[req.num_locked:]
         if req.num_locked:
             s.kv.cache.unlock(req.block_hashes[: req.num_locked])
@@ -111,6 +122,11 @@ class HandoffPages:
         req.page_ids, req.num_locked, req.num_computed_tokens = [], 0, 0
         req.status, req.finish_reason = RequestStatus.FINISHED, "abort"
         return True
+
+    def quarantine(self, page_ids: list[int], quarantine_s: float) -> None:
+        """Take over the caller's reference to pages a peer may still be writing into (an abandoned kvstore load);
+        they are freed after quarantine_s, like a failed hand-off's."""
+        bisect.insort(self._quarantine, (time.monotonic() + quarantine_s, list(page_ids)), key=lambda q: q[0])
 
     def release_expired(self, now: float | None = None) -> int:
         """Free quarantined pages whose time is up; returns how many pages were freed."""

@@ -18,16 +18,18 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from shared.engine.errors import InvalidRequest, QueueFull
+from shared.engine.grammar.backend import GrammarBackend
 from shared.engine.page_allocator import PageAllocator
 from shared.engine.radix_cache import RadixCache
-from shared.engine.request import FinishReason, Request, RequestOutput, RequestStatus, TokenLogprobs
+from shared.engine.request import FinishReason, MediaInput, Request, RequestOutput, RequestStatus, TokenLogprobs
 from shared.engine.sampler.detokenizer import DecodeFn
-from shared.engine.sampler.stop import StopChecker
+from shared.engine.sampler.stop import StopChecker, StopResult
 from shared.engine.sampling_params import SamplingParams
+from shared.engine.scheduler.forks import Forks, fork_id
 from shared.engine.scheduler.handoff import HandoffPages
 from shared.engine.scheduler.kv import KVManager
 from shared.engine.scheduler.policy import WaitingQueue, sort_key
-from shared.engine.types import ScheduledSeq, SchedulerOutput
+from shared.engine.types import EmbedSlice, ScheduledSeq, SchedulerOutput
 
 CLIP_MAX_NEW_TOKENS = 4096  # output headroom reserved per request is capped at this many tokens (as in SGLang)
 
@@ -54,7 +56,7 @@ class Scheduler:
                  max_running_requests: int = 64, max_queued_requests: int = 1024, max_prefill_tokens: int = 4096,
                  chunked_prefill_size: int = 0, policy: str = "fcfs", new_token_ratio: float = 0.4,
                  eos_token_ids: Sequence[int] = (), decode_fn: DecodeFn | None = None,
-                 vocab_size: int | None = None) -> None:
+                 vocab_size: int | None = None, grammar: GrammarBackend | None = None) -> None:
         if max_running_requests < 1:
             raise ValueError(f"max_running_requests must be >= 1 (got {max_running_requests})")
         if max_prefill_tokens < 1:
@@ -77,10 +79,12 @@ class Scheduler:
         self.policy = policy
         self.vocab_size = vocab_size
         self.decode_fn = decode_fn
+        self.grammar = grammar
         self.stop_checker = StopChecker(eos_token_ids=eos_token_ids, max_model_len=self.max_model_len,
                                         decode_fn=decode_fn)
         self.waiting = WaitingQueue(policy)
         self.handoff = HandoffPages(self)
+        self.forks = Forks(self)
         self.running: list[Request] = []
         self.requests: dict[str, Request] = {}
         self.counters = SchedulerCounters()
@@ -91,20 +95,22 @@ class Scheduler:
 
     # ---- requests in and out -----------------------------------------------------------------------------------
     def add_request(self, req_id: str, prompt_token_ids: Sequence[int], params: SamplingParams | None = None,
-                    priority: int = 0, *, hold_pages: bool = False) -> Request:
+                    priority: int = 0, *, hold_pages: bool = False, media: Sequence[MediaInput] = ()) -> Request:
         """Queue a request. Raises InvalidRequest (never servable as sent) or QueueFull (retry later).
-        hold_pages: when it finishes, keep its pages (see HandoffPages.held_pages / release_held)."""
-        req = self.new_request(req_id, prompt_token_ids, params, priority)
+        hold_pages: when it finishes, keep its pages (see HandoffPages.held_pages / release_held).
+        media: the prompt's images, with their embeddings (spliced in at their placeholder positions)."""
+        req = self.new_request(req_id, prompt_token_ids, params, priority, media=media, need_embeds=True)
         if len(self.waiting) >= self.max_queued_requests:
             raise QueueFull(f"{len(self.waiting)} requests are already waiting (max_queued_requests="
                             f"{self.max_queued_requests}); retry later or on another instance")
         req.hold_pages = hold_pages
         self.requests[req_id] = req
         self.waiting.push(req)
+        self.forks.register(req)
         return req
 
     def new_request(self, req_id: str, prompt_token_ids: Sequence[int], params: SamplingParams | None = None,
-                    priority: int = 0) -> Request:
+                    priority: int = 0, *, media: Sequence[MediaInput] = (), need_embeds: bool = False) -> Request:
         """A validated Request that is not queued anywhere yet. Raises InvalidRequest."""
         params = (params or SamplingParams()).validate(vocab_size=self.vocab_size)
         if req_id in self.requests:
@@ -123,15 +129,39 @@ class Scheduler:
         if params.stop and self.decode_fn is None:
             raise InvalidRequest("stop strings need a tokenizer, and this engine has none; use stop_token_ids",
                                  field="stop")
-        return Request(req_id, tuple(int(t) for t in prompt_token_ids), params, priority=priority,
-                       arrival=next(self._arrival), page_size=self.page_size)
+        _check_media(media, n, need_embeds)
+        req = Request(req_id, tuple(int(t) for t in prompt_token_ids), params, priority=priority,
+                      arrival=next(self._arrival), page_size=self.page_size, media=tuple(media))
+        if params.structured is not None:
+            if self.grammar is None:
+                raise InvalidRequest("structured outputs need a grammar backend and a tokenizer; start the engine "
+                                     "with --grammar-backend xgrammar", field="response_format")
+            req.grammar = self.grammar.matcher(params.structured)
+        return req
+
+    def advance(self, req: Request, tok: int) -> StopResult:
+        """Append a sampled token: grammar, counters, stop conditions (a finished request is finished here)."""
+        req.append_output(tok)
+        self.counters.num_generated_tokens += 1
+        res = self.stop_checker.check(req)
+        g = req.grammar
+        if g is not None and not g.accept(tok) and res.finish_reason is None:
+            # Only a token sampled outside the mask gets here (e.g. past the end of the structure): stop cleanly.
+            res = StopResult("stop", None, res.new_text)
+        elif g is not None and res.finish_reason is None and g.is_terminated:
+            res = StopResult("stop", None, res.new_text)
+        if res.finish_reason is not None:
+            self._finish(req, res.finish_reason, res.stop_reason)
+        return res
 
     def abort(self, req_id: str) -> bool:
         """Stop a request wherever it is (waiting, running, mid-step); its final delta (finish_reason "abort")
         comes out of the next update_from_output / take_pending_outputs. False if the id is unknown."""
         # A reserved (arriving) request: a prefill may still be writing into its pages, so they are quarantined.
         if self.handoff.cancel_remote(req_id, self.handoff.abort_quarantine_s):
+            self._abort_forks(req_id)
             return True
+        self._abort_forks(req_id)
         req = self.requests.pop(req_id, None)
         if req is None:
             return False
@@ -144,6 +174,18 @@ class Scheduler:
         self._finished_ids.append(req_id)
         self._pending.append(self._delta(req, (), "", None, finished=True))
         return True
+
+    def _abort_forks(self, req_id: str) -> None:
+        """n > 1: aborting sample 0 aborts the others (started or not); each ends with an abort delta."""
+        if "#" in req_id:
+            return
+        for kid in self.forks.pending.pop(req_id, []):
+            kid.status, kid.finish_reason = RequestStatus.FINISHED, "abort"
+            self._pending.append(self._delta(kid, (), "", None, finished=True))
+        i = 1
+        while fork_id(req_id, i) in self.requests:
+            self.abort(fork_id(req_id, i))
+            i += 1
 
     def cancel_step(self) -> None:
         """The step schedule() planned did not run (device error): abort its requests, whose KV is now
@@ -247,6 +289,12 @@ class Scheduler:
                     continue
                 return
             cached = self.kv.match_prefix(req)
+            if req.media and _lacks_embeds(req):
+                # A request whose prompt KV came from another instance (decode), preempted, with image positions
+                # left to recompute but no embeddings here: computing them without the image would be wrong.
+                self.kv.release(req)
+                self.abort(req.req_id)
+                continue
             need = self._reserve(req)
             if need + reserved > self.kv.available_pages:
                 self.kv.release(req)  # undo the match
@@ -286,7 +334,8 @@ class Scheduler:
             start = req.num_computed_tokens
             end = start + n
             seqs.append(ScheduledSeq(req.req_id, tuple(req.all_token_ids[start:end]), start,
-                                     tuple(req.page_ids[: -(-end // P)]), end == req.num_tokens))
+                                     tuple(req.page_ids[: -(-end // P)]), end == req.num_tokens,
+                                     _embed_slices(req.media, start, end) if req.media else ()))
             self._inflight[req.req_id] = req
         finished, self._finished_ids = tuple(self._finished_ids), []
         return SchedulerOutput(tuple(seqs), tuple(plan.preempted), finished)
@@ -315,11 +364,9 @@ class Scheduler:
             self.kv.commit(req)
             if tok is None:
                 continue
-            req.append_output(tok)
-            self.counters.num_generated_tokens += 1
-            res = self.stop_checker.check(req)
-            if res.finish_reason is not None:
-                self._finish(req, res.finish_reason, res.stop_reason)
+            if req.num_output_tokens == 0 and req.req_id in self.forks.pending:
+                self.forks.on_prompt_done(req)
+            res = self.advance(req, tok)
             outputs.append(self._delta(req, (tok,), res.new_text, None if lp is None else (lp,),
                                        finished=res.finish_reason is not None))
         self._inflight = {}
@@ -339,4 +386,33 @@ class Scheduler:
                finished: bool) -> RequestOutput:
         return RequestOutput(req.req_id, toks, text, lps, finished, req.finish_reason if finished else None,
                              req.stop_reason if finished else None, req.num_prompt_tokens,
-                             max(req.num_cached_tokens, 0), req.num_output_tokens)
+                             max(req.num_cached_tokens, 0), req.num_output_tokens, req.index)
+
+
+def _check_media(media: Sequence[MediaInput], num_prompt_tokens: int, need_embeds: bool) -> None:
+    """Media spans lie inside the prompt, in order, without overlapping; embeddings (where needed) fit them."""
+    end = 0
+    for i, m in enumerate(media):
+        if m.length < 1 or m.offset < end or m.offset + m.length > num_prompt_tokens:
+            raise InvalidRequest(f"media[{i}] covers prompt positions [{m.offset}, {m.offset + m.length}), which "
+                                 f"is empty, overlaps the previous item or passes the {num_prompt_tokens}-token "
+                                 "prompt", field="media")
+        if need_embeds and (m.embeds is None or int(m.embeds.shape[0]) != m.length):
+            got = None if m.embeds is None else tuple(m.embeds.shape)
+            raise InvalidRequest(f"media[{i}] needs embeddings of {m.length} rows (got {got})", field="media")
+        end = m.offset + m.length
+
+
+def _embed_slices(media: tuple[MediaInput, ...], start: int, end: int) -> tuple[EmbedSlice, ...]:
+    """The parts of a request's image embeddings that fall into the chunk [start, end) of its tokens."""
+    out = []
+    for m in media:
+        lo, hi = max(m.offset, start), min(m.offset + m.length, end)
+        if lo < hi and m.embeds is not None:
+            out.append(EmbedSlice(lo - start, m.embeds[lo - m.offset : hi - m.offset]))
+    return tuple(out)
+
+
+def _lacks_embeds(req: Request) -> bool:
+    """Some image position past the cached prefix has no embeddings to compute it with."""
+    return any(m.embeds is None and m.offset + m.length > req.num_computed_tokens for m in req.media)

@@ -34,7 +34,8 @@ def _ids(m: Membership, role: str | None = None) -> list[str]:
 def test_etcd_target_parsing() -> None:
     assert etcd_target("http://127.0.0.1:2379") == "127.0.0.1:2379"
     assert etcd_target("localhost:1234") == "localhost:1234"
-    for bad in ("https://h:1", "http://h", "http://h:1/x", "h:notaport"):
+    assert etcd_target("https://127.0.0.1:2379") == "127.0.0.1:2379"  # TLS: shared.cluster.tls
+    for bad in ("ftp://h:1", "http://h", "http://h:1/x", "h:notaport"):
         with pytest.raises(ValueError, match="etcd endpoint"):
             etcd_target(bad)
 

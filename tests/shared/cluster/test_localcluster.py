@@ -137,7 +137,7 @@ def test_scale_targets_are_validated() -> None:
 def test_up_status_scale_down_detached(tmp_path: Path) -> None:
     run_dir = str(tmp_path / "run")
     up = pdrelay("up", "--detach", "--run-dir", run_dir, "--cluster", "e2e", "--gateway", "0", "--prefill", "0",
-                 "--decode", "0", "--echo", "2", "--lease-ttl-s", "2", *_ports())
+                 "--decode", "0", "--encoder", "0", "--echo", "2", "--lease-ttl-s", "2", *_ports())
     state = read_state(Path(run_dir))
     try:
         assert up.returncode == 0, up.stdout + up.stderr
@@ -181,7 +181,7 @@ def test_up_status_scale_down_detached(tmp_path: Path) -> None:
 def test_up_foreground_streams_logs_and_stops_on_ctrl_c(tmp_path: Path) -> None:
     run_dir = tmp_path / "run"
     proc = subprocess.Popen([sys.executable, "-m", "services.cli", "up", "--run-dir", str(run_dir), "--gateway", "0",
-                             "--prefill", "0", "--decode", "0", "--echo", "1", *_ports()],
+                             "--prefill", "0", "--decode", "0", "--encoder", "0", "--echo", "1", *_ports()],
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     out: list[str] = []
     try:
@@ -212,7 +212,7 @@ def test_up_foreground_streams_logs_and_stops_on_ctrl_c(tmp_path: Path) -> None:
 def test_killed_supervisor_leaves_no_process_behind(tmp_path: Path) -> None:
     run_dir = str(tmp_path / "run")
     up = pdrelay("up", "--detach", "--run-dir", run_dir, "--gateway", "0", "--prefill", "0", "--decode", "0",
-                 "--echo", "1", *_ports())
+                 "--encoder", "0", "--echo", "1", *_ports())
     assert up.returncode == 0, up.stdout + up.stderr
     state = read_state(Path(run_dir))
     os.kill(state.supervisor_pid, signal.SIGKILL)
@@ -223,7 +223,7 @@ def test_killed_supervisor_leaves_no_process_behind(tmp_path: Path) -> None:
 def test_up_with_unreachable_external_etcd_is_a_clear_error(tmp_path: Path) -> None:
     dead = f"http://127.0.0.1:{free_port()}"
     r = pdrelay("up", "--run-dir", str(tmp_path / "run"), "--etcd", dead, "--gateway", "0", "--prefill", "0",
-                "--decode", "0", "--echo", "1", *_ports(), timeout=60)
+                "--decode", "0", "--encoder", "0", "--echo", "1", *_ports(), timeout=60)
     assert r.returncode == 2, r.stdout + r.stderr
     assert dead in r.stdout and "pdrelay up" in r.stdout, r.stdout
     state = read_state(tmp_path / "run")

@@ -101,7 +101,7 @@ def test_groups_the_role_does_not_use_raise_attribute_error(ctx: PassContext) ->
     assert isinstance(cfg.cache, CacheConfig)
     assert list(cfg.groups()) == [g for g in cfg.groups()]  # display order, a plain copy
     assert set(resolve("gateway", env={}, ctx=ctx).groups()) == {"model", "tokenizer", "http", "device", "discovery",
-                                                                   "bus", "grpc", "telemetry"}
+                                                                   "bus", "grpc", "tls", "telemetry"}
 
 
 def test_frozen_everywhere(ctx: PassContext) -> None:

@@ -178,3 +178,16 @@ def test_merged_deltas_concatenate_and_keep_the_later_status() -> None:
     assert (m.finished, m.finish_reason, m.num_output_tokens) == (True, "length", 3)
     with_lp = merge_deltas(RequestOutput("r", (1,), new_logprobs=(lp,)), RequestOutput("r", (2,), new_logprobs=(lp,)))
     assert with_lp.new_logprobs == (lp, lp)
+
+
+async def test_coalescing_keeps_the_samples_of_one_queue_apart() -> None:
+    from shared.engine.async_engine import _coalesce
+
+    q: asyncio.Queue = asyncio.Queue()
+    for item in (RequestOutput("b", (2,)), RequestOutput("a", (3,)), RequestOutput("b", (4,), finished=True),
+                 RequestOutput("b", (5,)), RequestOutput("a", (6,))):
+        q.put_nowait(item)
+    out = _coalesce(RequestOutput("a", (1,)), q)
+    assert [(o.req_id, o.new_token_ids, o.finished) for o in out] == [
+        ("a", (1, 3, 6), False), ("b", (2, 4), True), ("b", (5,), False)]  # never merged into a finished delta
+    assert q.empty()

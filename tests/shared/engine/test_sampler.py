@@ -190,7 +190,7 @@ def test_detokenizer_waits_for_a_whole_utf8_character():
     ({"temperature": -0.1}, "temperature"), ({"temperature": float("nan")}, "temperature"),
     ({"top_p": 0.0}, "top_p"), ({"top_p": 1.5}, "top_p"), ({"top_k": 0}, "top_k"), ({"top_k": -2}, "top_k"),
     ({"min_p": 1.5}, "min_p"), ({"max_tokens": 0}, "max_tokens"), ({"max_tokens": -3}, "max_tokens"),
-    ({"n": 2}, "n"), ({"logprobs": 21}, "logprobs"), ({"repetition_penalty": 0.0}, "repetition_penalty"),
+    ({"n": 0}, "n"), ({"n": 65}, "n"), ({"logprobs": 21}, "logprobs"), ({"repetition_penalty": 0.0}, "repetition_penalty"),
     ({"frequency_penalty": 3.0}, "frequency_penalty"), ({"presence_penalty": -2.5}, "presence_penalty"),
     ({"seed": -1}, "seed"), ({"stop": ("",)}, "stop"), ({"min_tokens": 5, "max_tokens": 2}, "min_tokens"),
 ])

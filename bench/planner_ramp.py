@@ -1,0 +1,252 @@
+"""The planner against fixed splits on a load ramp over one mock cluster (bench/RESULTS.md, "Planner").
+
+    python -m bench.planner_ramp [--budget 8] [--speedup 4] [--out ramp.json]
+
+One cluster of mock engines (`pdrelay up --engine mock`); for each configuration the cluster is scaled to its
+split (`pdrelay scale`), settles, and takes the same ramp (same seed): the fixed 1P1D, every fixed split of the
+budget in --splits, and the planner (started on the cluster for its run only, from 1P1D). Reported per run:
+goodput (requests meeting both the TTFT and the ITL target, vLLM's definition with TPOT as the ITL measure),
+failures, instance-seconds; for the planner its decisions, how fast it reacted (from the first request that was
+late to the scale-up of its role, in evaluation intervals) and whether a scale-down lost a request.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Sequence
+from pathlib import Path
+
+from bench.scale_cluster import MockCluster, Phase, poisson_load, pdrelay
+
+# short prompts, long answers (decode-heavy: ~1 prefill + 3-4 decode) -> long prompts, short answers (prefill-heavy:
+# ~5 prefill + 1 decode) -> back. With a budget of 6 no fixed split serves both halves.
+DEFAULT_RAMP = (
+    Phase(15, 1.0, 32, 96, rate_end=8.0),
+    Phase(25, 10.0, 32, 96),
+    Phase(30, 4.0, 768, 8),
+    Phase(20, 10.0, 32, 96, rate_end=1.0),
+)
+
+# The same shape, scaled down for real engines on the bundled model (two CPU cores): the smoke check that the
+# planner decides the same way on real engines as on mock ones.
+SMOKE_RAMP = (
+    Phase(20, 0.5, 32, 24),
+    Phase(40, 1.5, 384, 4),
+    Phase(30, 0.5, 32, 24),
+)
+
+
+def run_planner(cluster: MockCluster, ramp: Sequence[Phase], seed: int, flags: Sequence[str], interval_s: float,
+                ttft_ms: float, itl_ms: float) -> dict:  # type: ignore[type-arg]
+    """The ramp with a planner on the cluster (from its current size); the planner runs for this ramp only."""
+    planner = start_planner(cluster, flags, cluster.run_dir / "planner-bench.log")
+    try:
+        time.sleep(interval_s * 2)
+        t0 = time.time()
+        with InstanceSeconds(cluster) as inst:
+            res = run_ramp(cluster, ramp, seed)
+        time.sleep(interval_s)
+        decisions = planner_decisions(cluster)
+    finally:
+        planner.terminate()
+        planner.wait(30)
+    acts = [d for d in decisions if d["action"] in ("scale_up", "scale_down", "failed")]
+    return {**goodput(res, ttft_ms, itl_ms), "instance_s": inst.total,
+            "decisions": [{k: d[k] for k in ("role", "action", "current", "target", "reason")}
+                          | {"t": round(d["ts"] - t0, 1)} for d in acts],
+            "reaction_intervals": reaction_intervals(res, decisions, t0, interval_s, ttft_ms, itl_ms),
+            "sizes": inst.samples}
+
+
+def smoke(ns: argparse.Namespace) -> int:
+    """The scaled-down ramp with the planner on real engines, then on mock engines (no speedup): both decision
+    sequences side by side."""
+    flags = ("--ttft-target-ms", str(ns.ttft_ms), "--itl-target-ms", str(ns.itl_ms), "--budget", "4",
+             "--max-prefill", "3", "--max-decode", "2", "--evaluation-interval-s", str(ns.interval_s),
+             "--scale-up-cooldown-s", str(2 * ns.interval_s), "--scale-down-cooldown-s", str(4 * ns.interval_s))
+    report: dict = {}
+    for engine in ("real", "mock"):
+        run_dir = Path(ns.run_dir + "-" + engine)
+        pdrelay("down", "--run-dir", str(run_dir))
+        cluster = MockCluster(run_dir, "--prefill", "1", "--decode", "1", engine=engine)
+        try:
+            report[engine] = run_planner(cluster, SMOKE_RAMP, ns.seed, flags, ns.interval_s, ns.ttft_ms, ns.itl_ms)
+        finally:
+            cluster.down()
+        r = report[engine]
+        print(f"{engine}: {r['requests']} requests, {r['failed']} failed, good {r['good']}, "
+              f"mean TTFT {r['mean_ttft_ms']:.0f} ms, TPOT {r['mean_tpot_ms']:.0f} ms", flush=True)
+        for d in r["decisions"]:
+            print(f"  t={d['t']:6.1f}s {d['role']:8} {d['action']:10} {d['current']}->{d['target']}  "
+                  f"{d['reason'][:140]}", flush=True)
+    if ns.out:
+        Path(ns.out).write_text(json.dumps(report, indent=1))
+    return 0
+
+
+def goodput(results, ttft_ms: float, itl_ms: float) -> dict[str, float]:  # type: ignore[no-untyped-def]
+    ok = [r for _, r in results if r.success]
+    good = [r for r in ok if r.ttft_s * 1e3 <= ttft_ms and r.tpot_s * 1e3 <= itl_ms]
+    return {"requests": len(results), "failed": len(results) - len(ok), "good": len(good),
+            "ttft_ok": sum(r.ttft_s * 1e3 <= ttft_ms for r in ok), "itl_ok": sum(r.tpot_s * 1e3 <= itl_ms for r in ok),
+            "mean_ttft_ms": 1e3 * sum(r.ttft_s for r in ok) / max(1, len(ok)),
+            "mean_tpot_ms": 1e3 * sum(r.tpot_s for r in ok) / max(1, len(ok))}
+
+
+class InstanceSeconds:
+    """Samples the cluster's live prefill/decode counts every second while a run lasts."""
+
+    def __init__(self, cluster: MockCluster) -> None:
+        self.cluster = cluster
+        self.samples: list[tuple[float, int, int]] = []
+        self._stop = threading.Event()
+        self._t = threading.Thread(target=self._run, daemon=True)
+
+    def _run(self) -> None:
+        t0 = time.monotonic()
+        while not self._stop.wait(1.0):
+            try:
+                s = self.cluster.state
+            except AssertionError:
+                return
+            live = [c for c in s.children if c.state in ("starting", "ready")]
+            self.samples.append((time.monotonic() - t0, sum(c.role == "prefill" for c in live),
+                                 sum(c.role == "decode" for c in live)))
+
+    def __enter__(self) -> InstanceSeconds:
+        self._t.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._t.join()
+
+    @property
+    def total(self) -> float:
+        return float(sum(p + d for _, p, d in self.samples))
+
+
+def run_ramp(cluster: MockCluster, ramp: Sequence[Phase], seed: int) -> list:  # type: ignore[type-arg]
+    return asyncio.run(poisson_load(cluster.url, ramp, seed=seed))
+
+
+def set_split(cluster: MockCluster, prefill: int, decode: int) -> None:
+    sc = cluster.cli("scale", f"prefill={prefill}", f"decode={decode}", timeout=300)
+    if sc.returncode != 0:
+        raise RuntimeError(f"pdrelay scale prefill={prefill} decode={decode}: {sc.stdout}{sc.stderr}")
+    time.sleep(3.0)  # drained instances finish leaving; load reports of the new ones arrive
+
+
+def start_planner(cluster: MockCluster, flags: Sequence[str], log: Path) -> subprocess.Popen[bytes]:
+    s = cluster.state
+    cmd = [sys.executable, "-m", "services.planner", "--etcd-endpoints", s.etcd_url, "--nats-url", s.nats_url,
+           "--cluster", s.cluster, "--instance-id", "planner-bench", "--lease-ttl-s", "2", *flags]
+    with open(log, "wb") as f:
+        proc = subprocess.Popen(cmd, stdout=f, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline and b'"role": "planner"' not in log.read_bytes() \
+            and b'"role":"planner"' not in log.read_bytes():
+        if proc.poll() is not None:
+            raise RuntimeError(f"the planner exited: {log.read_text()[-2000:]}")
+        time.sleep(0.3)
+    return proc
+
+
+def planner_decisions(cluster: MockCluster) -> list[dict]:  # type: ignore[type-arg]
+    out = cluster.cli("planner", "log", "--json", "--last", "2000")
+    return [json.loads(line) for line in out.stdout.splitlines()[1:]] if out.returncode == 0 else []
+
+
+def reaction_intervals(results, decisions, t0_unix: float, interval_s: float, ttft_ms: float,  # type: ignore[no-untyped-def]
+                       itl_ms: float) -> dict[str, float | None]:
+    """Per role: from the moment the first late request of an episode was observably late (arrival + its
+    target) to the next scale-up of that role, in evaluation intervals (worst episode)."""
+    out: dict[str, float | None] = {}
+    for role in ("prefill", "decode"):
+        ups = sorted(d["ts"] - t0_unix for d in decisions if d["role"] == role and d["action"] == "scale_up")
+        late = sorted(at + (ttft_ms / 1e3 if role == "prefill" else 0.0) for at, r in results if r.success and (
+            r.ttft_s * 1e3 > ttft_ms if role == "prefill" else r.tpot_s * 1e3 > itl_ms))
+        worst = None
+        for up in ups:
+            before = [t for t in late if t <= up and (worst is None or True)]
+            if not before:
+                continue
+            prev_up = max([u for u in ups if u < up], default=-1.0)
+            first = next((t for t in before if t > prev_up), None)
+            if first is not None:
+                r = (up - first) / interval_s
+                worst = r if worst is None else max(worst, r)
+        out[role] = worst
+    return out
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m bench.planner_ramp", description=__doc__.splitlines()[0])
+    p.add_argument("--budget", type=int, default=6, help="instances (prefill + decode) of every fixed split")
+    p.add_argument("--splits", default="1,2,3,4,5", help="prefill counts of the fixed splits swept")
+    p.add_argument("--speedup", type=float, default=2.0, help="--mock-speedup of the engines (time compression)")
+    p.add_argument("--ttft-ms", type=float, default=1500.0)
+    p.add_argument("--itl-ms", type=float, default=40.0)
+    p.add_argument("--interval-s", type=float, default=2.0, help="the planner's --evaluation-interval-s")
+    p.add_argument("--seed", type=int, default=7)
+    p.add_argument("--quick", action="store_true", help="a 20 s ramp and one split (checks the harness)")
+    p.add_argument("--run-dir", default="/tmp/pdrelay-planner-ramp")
+    p.add_argument("--out", default=None, help="write the JSON report here")
+    p.add_argument("--smoke-real", action="store_true",
+                   help="the scaled-down ramp with the planner on real engines (bundled model), then on mock ones")
+    ns = p.parse_args(argv)
+    if ns.smoke_real:
+        return smoke(ns)
+    ramp = DEFAULT_RAMP if not ns.quick else tuple(Phase(5, p.rate, p.isl, p.osl, p.rate_end) for p in DEFAULT_RAMP)
+    splits = [int(x) for x in ns.splits.split(",")] if not ns.quick else [ns.budget // 2]
+    run_dir = Path(ns.run_dir)
+    pdrelay("down", "--run-dir", str(run_dir))
+    engine_flags = ("--mock-speedup", str(ns.speedup), "--max-running-requests", "64")
+    cluster = MockCluster(run_dir, "--prefill", "1", "--decode", "1", *engine_flags)
+    report: dict = {"budget": ns.budget, "speedup": ns.speedup, "ttft_ms": ns.ttft_ms, "itl_ms": ns.itl_ms,
+                    "ramp": [list(ph) for ph in (tuple(x) for x in (
+                        (ph.seconds, ph.rate, ph.rate_end, ph.isl, ph.osl) for ph in ramp))], "runs": {}}
+    try:
+        configs = [("fixed 1P1D", 1, 1)] + [(f"fixed {s}P{ns.budget - s}D", s, ns.budget - s) for s in splits]
+        for name, pf, dc in configs:
+            set_split(cluster, pf, dc)
+            with InstanceSeconds(cluster) as inst:
+                res = run_ramp(cluster, ramp, ns.seed)
+            report["runs"][name] = {**goodput(res, ns.ttft_ms, ns.itl_ms), "instance_s": inst.total}
+            print(name, report["runs"][name], flush=True)
+        set_split(cluster, 1, 1)
+        flags = ("--ttft-target-ms", str(ns.ttft_ms), "--itl-target-ms", str(ns.itl_ms), "--budget",
+                 str(ns.budget), "--max-prefill", str(ns.budget - 1), "--max-decode", str(ns.budget - 1),
+                 "--evaluation-interval-s", str(ns.interval_s), "--scale-up-cooldown-s", str(2 * ns.interval_s),
+                 "--scale-down-cooldown-s", str(4 * ns.interval_s), "--max-scale-step", "3")
+        runs = report["runs"]
+        runs["planner"] = run_planner(cluster, ramp, ns.seed, flags, ns.interval_s, ns.ttft_ms, ns.itl_ms)
+        best = max((n for n in runs if n.startswith("fixed ") and n != "fixed 1P1D"), key=lambda n: runs[n]["good"])
+        g = runs["planner"]["good"]
+        share = {n: r["good"] / max(1, r["requests"]) for n, r in runs.items()}
+        report["summary"] = {
+            "best_fixed": best, "planner_vs_1p1d": g / max(1, runs["fixed 1P1D"]["good"]),
+            "planner_vs_best_fixed": g / max(1, runs[best]["good"]),
+            "good_share": share,  # good / offered: the same ratio, insensitive to how many arrivals a run got
+            "planner_failed_requests": runs["planner"]["failed"],
+            "instance_s_planner_vs_best": runs["planner"]["instance_s"] / max(1.0, runs[best]["instance_s"])}
+        print(json.dumps(report["summary"], indent=1))
+        for d in runs["planner"]["decisions"]:
+            print(f"  t={d['t']:6.1f}s {d['role']:8} {d['action']:10} {d['current']}->{d['target']}  "
+                  f"{d['reason'][:150]}")
+        print("reaction (evaluation intervals):", runs["planner"]["reaction_intervals"])
+    finally:
+        cluster.down()
+    if ns.out:
+        Path(ns.out).write_text(json.dumps(report, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

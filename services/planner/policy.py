@@ -1,0 +1,234 @@
+"""The planner's policy: from each role's estimate to a decision, within bounds, cooldowns, budget and pins.
+
+    scale up    a role whose estimate breaks its target (or that is under pressure: queueing, KV pages out),
+                to the size the load needs: at least +1, at most +max_scale_step, never above its maximum,
+                never past the cooldown since its last scale-up, and within the budget (the role breaking its
+                target by more gets the room first)
+    scale down  a role whose estimate with one instance fewer stays under (1 - hysteresis) x target and (prefill)
+                whose remaining instances would be busy less than idle_threshold; one instance at a time (the idlest
+                is drained), never below the minimum, never within scale_down_cooldown_s of any change of it,
+                never while some of its instances are still starting
+    pinned      an operator scaled the role by hand: no decision for it until the pin ends
+    retry       a failed scale-up waits a backoff (doubling up to scale_retry_max_s), and the role does not scale
+                down meanwhile: a refused start never turns into flapping
+
+Pure: `decide(views, memory, limits, now)` returns decisions and touches nothing but `memory.learned`.
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, field
+
+from services.planner.estimate import Estimate, InstanceLoad, Learned, estimate_decode, estimate_prefill
+from shared.cluster.bus.planner import Action
+
+
+class Role(enum.StrEnum):
+    PREFILL = "prefill"
+    DECODE = "decode"
+
+
+@dataclass(frozen=True)
+class Limits:
+    ttft_target_s: float
+    itl_target_s: float
+    min_count: dict[Role, int]
+    max_count: dict[Role, int]
+    budget: int
+    scale_up_cooldown_s: float = 10.0
+    scale_down_cooldown_s: float = 30.0
+    hysteresis: float = 0.3
+    idle_threshold: float = 0.5
+    max_scale_step: int = 2
+
+    @classmethod
+    def from_config(cls, p: object) -> Limits:
+        """From a PlannerConfig (shared/config/groups.py)."""
+        c = p  # typed loosely: the planner service passes cfg.planner
+        mins = {Role.PREFILL: c.min_prefill, Role.DECODE: c.min_decode}  # type: ignore[attr-defined]
+        maxs = {Role.PREFILL: c.max_prefill, Role.DECODE: c.max_decode}  # type: ignore[attr-defined]
+        return cls(ttft_target_s=c.ttft_target_ms / 1e3, itl_target_s=c.itl_target_ms / 1e3,  # type: ignore[attr-defined]
+                   min_count=mins, max_count=maxs, budget=c.budget or sum(maxs.values()),  # type: ignore[attr-defined]
+                   scale_up_cooldown_s=c.scale_up_cooldown_s,  # type: ignore[attr-defined]
+                   scale_down_cooldown_s=c.scale_down_cooldown_s,  # type: ignore[attr-defined]
+                   hysteresis=c.hysteresis, idle_threshold=c.idle_threshold,  # type: ignore[attr-defined]
+                   max_scale_step=c.max_scale_step)  # type: ignore[attr-defined]
+
+    def target_s(self, role: Role) -> float:
+        return self.ttft_target_s if role == Role.PREFILL else self.itl_target_s
+
+
+@dataclass(frozen=True)
+class RoleView:
+    """One role as the planner sees it now."""
+
+    role: Role
+    current: int  # instances it has or is getting (ready + starting, or what the actuator was told)
+    loads: tuple[InstanceLoad, ...]  # ready instances with a fresh load report
+    starting: int = 0
+    ready: int | None = None  # ready instances, reporting or not (None: as many as loads)
+
+
+@dataclass
+class RoleMemory:
+    """What the planner remembers about a role between evaluations."""
+
+    last_up: float = float("-inf")
+    last_change: float = float("-inf")
+    pin: int | None = None  # the count an operator set by hand
+    pin_until: float = float("inf")
+    failures: int = 0
+    retry_at: float = float("-inf")
+    learned: Learned = field(default_factory=Learned)
+
+
+@dataclass(frozen=True)
+class Plan:
+    role: Role
+    action: Action
+    current: int
+    target: int
+    reason: str
+    numbers: dict[str, float] = field(default_factory=dict)
+    drain: tuple[str, ...] = ()
+    severity: float = 0.0  # estimate / target of a scale-up (who gets the budget first)
+    estimate: Estimate | None = None
+    loads: tuple[InstanceLoad, ...] = ()
+
+
+def _estimate(view: RoleView, mem: RoleMemory, limits: Limits) -> Estimate:
+    if view.role == Role.PREFILL:
+        return estimate_prefill(view.loads, view.current, mem.learned, limits.ttft_target_s)
+    return estimate_decode(view.loads, view.current, mem.learned, limits.itl_target_s, limits.hysteresis)
+
+
+def _what(role: Role) -> str:
+    return "TTFT" if role == Role.PREFILL else "ITL"
+
+
+def plan_role(view: RoleView, mem: RoleMemory, limits: Limits, now: float) -> Plan:
+    role, n = view.role, view.current
+    est = _estimate(view, mem, limits)
+    target = limits.target_s(role)
+    lo, hi = limits.min_count[role], limits.max_count[role]
+    nums = {**est.numbers, "target_ms": target * 1e3, "instances": float(n), "ready": float(len(view.loads))}
+
+    def plan(action: Action, to: int, reason: str, **kw: object) -> Plan:
+        return Plan(role, action, n, to, reason, nums, estimate=est, loads=view.loads, **kw)  # type: ignore[arg-type]
+
+    if mem.pin is not None and now < mem.pin_until:
+        return plan(Action.PINNED, mem.pin, f"pinned at {mem.pin} by a manual scale; `pdrelay planner unpin "
+                    f"{role}` hands it back")
+    if n < lo:
+        return plan(Action.SCALE_UP, lo, f"{n} {role} instances, below --min-{role} {lo}", severity=float("inf"))
+    breach = est.now_s is not None and est.now_s > target
+    if breach or est.pressure:
+        why = (f"estimated {_what(role)} {est.now_s * 1e3:.0f} ms > target {target * 1e3:.0f} ms"  # type: ignore[operator]
+               if breach else est.pressure)
+        if now < mem.retry_at:
+            return plan(Action.HOLD, n, f"{why}; retrying the failed scale-up in {mem.retry_at - now:.0f} s")
+        if n >= hi:
+            return plan(Action.HOLD, n, f"{why}; already at --max-{role} {hi}")
+        if now - mem.last_up < limits.scale_up_cooldown_s:
+            return plan(Action.HOLD, n, f"{why}; scale-up cooldown ({now - mem.last_up:.0f} s of "
+                        f"{limits.scale_up_cooldown_s:.0f} s)")
+        to = min(hi, n + limits.max_scale_step, max(n + 1, est.needed))
+        severity = (est.now_s / target) if est.now_s is not None else 1.0
+        if est.pressure:  # queueing or out of KV pages: as urgent as a breach
+            severity = max(severity, 1.5)
+        return plan(Action.SCALE_UP, to, f"{why}: {n} -> {to} (the load needs {est.needed})", severity=severity)
+    if n > max(lo, 1) and est.fewer_s is not None and n > est.needed:
+        calm = est.calm(n - 1, target, limits.hysteresis)
+        # A decode instance is "busy" whenever it holds one request: its ITL says more than its busy share.
+        idle = role == Role.DECODE or est.util / (n - 1) <= limits.idle_threshold
+        if calm and idle:
+            silent = (view.ready if view.ready is not None else len(view.loads)) - len(view.loads)
+            if silent > 0:  # a busy engine can delay its reports: missing numbers are not an idle instance
+                return plan(Action.HOLD, n, f"could drain one, but {silent} ready instances sent no recent load "
+                            "report")
+            if view.starting:
+                return plan(Action.HOLD, n, f"could drain one, but {view.starting} instances are still starting")
+            if now - mem.last_change < limits.scale_down_cooldown_s:
+                return plan(Action.HOLD, n, f"could drain one; scale-down cooldown ({now - mem.last_change:.0f} s "
+                            f"of {limits.scale_down_cooldown_s:.0f} s)")
+            if now < mem.retry_at:
+                return plan(Action.HOLD, n, "could drain one, but a failed scale-up is being retried")
+            drain = _idlest(view.loads, 1)
+            busy = (f" and they would be busy {est.util / (n - 1):.0%} (<= {limits.idle_threshold:.0%})"
+                    if role == Role.PREFILL else "")
+            return plan(Action.SCALE_DOWN, n - 1,
+                        f"with {n - 1} instances the estimated {_what(role)} is {est.fewer_s * 1e3:.0f} ms, "
+                        f"{limits.hysteresis:.0%} of the headroom under the target{busy}: draining "
+                        f"{', '.join(drain) or 'one'}",
+                        drain=drain)
+    if est.now_s is None:
+        return plan(Action.HOLD, n, f"no {_what(role)} measurement yet")
+    return plan(Action.HOLD, n, f"estimated {_what(role)} {est.now_s * 1e3:.0f} ms within target "
+                f"{target * 1e3:.0f} ms")
+
+
+def _idlest(loads: tuple[InstanceLoad, ...], k: int) -> tuple[str, ...]:
+    order = sorted(loads, key=lambda x: (x.running + x.queued, x.pending_prefill_tokens, x.busy, x.instance_id))
+    return tuple(x.instance_id for x in order[:k])
+
+
+def _rebalance(up: Plan, donor: Plan, limits: Limits, want: int) -> Plan | None:
+    """The budget blocks `up` by `want` instances: take up to that many from `donor` if it stays calm without them
+    (estimate <= (1 - hysteresis) x target). No cooldown: the budget moves to where the load is."""
+    est, target = donor.estimate, limits.target_s(donor.role)
+    if est is None or donor.action not in (Action.HOLD, Action.SCALE_DOWN):
+        return None
+    lo, n = max(limits.min_count[donor.role], 1), donor.current
+    already = n - donor.target  # a donor scaling down on its own gives that much anyway
+    want += already
+    give = 0
+    # for a role that breaks its target the donor may go up to its own target; otherwise it must stay calm
+    urgent = up.severity > 1.0
+    while give < want and n - give - 1 >= lo:
+        after = est.at(n - give - 1)
+        if after is None or not (after <= target if urgent else est.calm(n - give - 1, target, limits.hysteresis)):
+            break
+        if donor.role == Role.PREFILL and est.util / (n - give - 1) > limits.idle_threshold:
+            break
+        give += 1
+    if give <= already:
+        return None
+    drain = _idlest(donor.loads, give)
+    after_s = est.at(n - give)
+    return Plan(donor.role, Action.SCALE_DOWN, n, n - give,
+                f"{up.role} needs the budget ({up.reason.split(':')[0]}); with {n - give} instances {donor.role}'s "
+                f"estimated {_what(donor.role)} is {after_s * 1e3:.0f} ms, within its target of {target * 1e3:.0f} "
+                f"ms: draining {', '.join(drain)}", donor.numbers, drain, estimate=est, loads=donor.loads)
+
+
+def decide(views: dict[Role, RoleView], memory: dict[Role, RoleMemory], limits: Limits, now: float) -> list[Plan]:
+    """One evaluation: a plan per role, scale-ups trimmed to the budget (the worse breach first); a scale-up the
+    budget blocks takes instances from the other role when that one can spare them."""
+    plans = {role: plan_role(view, memory[role], limits, now) for role, view in views.items()}
+    # a role scaling down frees its instances for the other one in the same evaluation
+    total = sum(p.target for p in plans.values())
+    for p in sorted((p for p in plans.values() if p.action == Action.SCALE_UP), key=lambda p: p.severity):
+        if total <= limits.budget:
+            break
+        short = total - limits.budget
+        donor_role = next((r for r in plans if r != p.role), None)
+        if donor_role is not None:
+            given = _rebalance(p, plans[donor_role], limits, short)
+            if given is not None:
+                total -= plans[donor_role].target - given.target
+                plans[donor_role] = given
+                short = total - limits.budget
+                if short <= 0:
+                    continue
+        room = max(p.current, p.target - short)
+        total -= p.target - room
+        if room <= p.current:
+            plans[p.role] = Plan(p.role, Action.HOLD, p.current, p.current,
+                                 f"{p.reason}; held: the budget of {limits.budget} instances is used up",
+                                 p.numbers, estimate=p.estimate, loads=p.loads)
+        else:
+            plans[p.role] = Plan(p.role, p.action, p.current, room,
+                                 f"{p.reason}; capped at {room} by the budget of {limits.budget}", p.numbers,
+                                 severity=p.severity, estimate=p.estimate, loads=p.loads)
+    return [plans[r] for r in views]

@@ -1,0 +1,60 @@
+"""Real processes for the kvstore tests: a kvstore (no model) next to engine services started the way the
+disaggregation tests start them (tests/services/disagg/disagg_procs.py)."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import grpc
+
+from proto.pdrelay.v1 import worker_pb2, worker_pb2_grpc
+from shared.cluster.localcluster.servers import EtcdServer, NatsServer
+from tests.services.disagg.disagg_procs import ServiceProc, Spec, stop_services, wait_ready
+
+# Several engine processes start and stop together on a small shared box: generous bounds (they are not timings).
+READY_TIMEOUT_S = 300.0
+STOP_TIMEOUT_S = 60.0
+
+
+class KVStoreProc(ServiceProc):
+    """A kvstore process: ServiceProc's readiness, logs and ending, without the engine flags."""
+
+    def __init__(self, spec: Spec, tmp: Path, etcd: EtcdServer, nats: NatsServer) -> None:
+        self.spec = spec
+        self.instance_id = spec.instance_id
+        self.out_path = tmp / f"{spec.instance_id}.out"
+        self.err_path = tmp / f"{spec.instance_id}.err"
+        cmd = [sys.executable, "-m", "services.kvstore", "--etcd-endpoints", etcd.url, "--nats-url", nats.url,
+               "--cluster", spec.cluster, "--instance-id", spec.instance_id, "--lease-ttl-s", "5",
+               "--load-report-interval-s", "0.1", *spec.args]
+        env = dict(os.environ, OMP_NUM_THREADS="1")
+        with open(self.out_path, "wb") as out, open(self.err_path, "wb") as err:
+            self.proc = subprocess.Popen(cmd, stdout=out, stderr=err, stdin=subprocess.DEVNULL, env=env)
+        self.info = None
+
+    def ready(self) -> None:
+        wait_ready([self], timeout=READY_TIMEOUT_S)
+
+
+def start_engines(tmp: Path, etcd: EtcdServer, nats: NatsServer, model: str | Path,
+                  specs: list[Spec]) -> dict[str, ServiceProc]:
+    """start_services() with the bounds above; on failure what was started is stopped and the error re-raised."""
+    procs = {s.instance_id: ServiceProc(s, tmp, etcd, nats, model) for s in specs}
+    try:
+        wait_ready(list(procs.values()), timeout=READY_TIMEOUT_S)
+    except BaseException:
+        stop_services(procs.values(), timeout=STOP_TIMEOUT_S)
+        raise
+    return procs
+
+
+def store_stats(address: str) -> worker_pb2.KVStoreStatsResponse:
+    async def call() -> worker_pb2.KVStoreStatsResponse:
+        async with grpc.aio.insecure_channel(address) as ch:
+            return await worker_pb2_grpc.KVStoreStub(ch).Stats(worker_pb2.KVStoreStatsRequest(), timeout=5)
+
+    return asyncio.run(call())
