@@ -55,6 +55,9 @@ def add_compare_arguments(p: argparse.ArgumentParser) -> None:
     g.add_argument("--no-in-process", dest="in_process", action="store_false",
                    help="skip the in-process run (pdrelay's engine in this process, same config and workloads as "
                         "the colocated worker, all cores: the serving overhead's yardstick)")
+    g.add_argument("--roofline-gflops", type=float, default=None, metavar="N",
+                   help="fp32 matmul rate for the roofline (default: measured here before the servers start; pass "
+                        "a quiet-box figure when other jobs share the machine)")
     g.add_argument("--compare-range-ratios", default=None, metavar="R1,R2",
                    help="workloads: --random-range-ratio values, each run on every server while it is up "
                         "(default: --random-range-ratio alone)")
@@ -105,6 +108,8 @@ def validate(ns: argparse.Namespace) -> CompareSpec:
                   else (ns.random_range_ratio,))
     except ValueError:
         raise ValueError(f"--compare-range-ratios {ratios_text!r} must be numbers in [0, 1), e.g. 0,0.5") from None
+    if ns.roofline_gflops is not None and not ns.roofline_gflops > 0:
+        raise ValueError(f"--roofline-gflops must be > 0 (got {ns.roofline_gflops})")
     if not ratios or any(not 0 <= r < 1 for r in ratios):
         raise ValueError(f"--compare-range-ratios {ratios_text!r} must be numbers in [0, 1), e.g. 0,0.5")
     try:
@@ -370,7 +375,7 @@ def run_compare(ns: argparse.Namespace, tok: BenchTokenizer, tokenizer_dir: Path
                               output_len=ns.random_output_len, seed=ns.seed, range_ratio=r,
                               token_ids=ns.random_prompt_format == "ids")
         workloads.append((f"random {ns.random_input_len}/{ns.random_output_len} range {r:g}", reqs))
-    gflops = matmul_gflops(tokenizer_dir)
+    gflops = ns.roofline_gflops or matmul_gflops(tokenizer_dir)
     floors = {name: workload_flops(tokenizer_dir, reqs) / (gflops * 1e9) for name, reqs in workloads}
     for name, reqs in workloads:
         toks = sum(q.output_len for q in reqs)
