@@ -29,6 +29,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from bench.urls import openai_base_url
+
 TARGETS = {"uniform_c16_vs_hf": 1.5, "varied_vs_hf": 2.5, "overhead_c16_max": 0.10}
 
 
@@ -203,7 +205,7 @@ def run_server(url: str, model: str, w: Workload, tokenizer: Any | None) -> dict
 
     async def main() -> tuple[int, float]:
         sem = asyncio.Semaphore(w.concurrency)
-        async with httpx.AsyncClient(base_url=url.rstrip("/"), timeout=3600) as client:
+        async with httpx.AsyncClient(base_url=url, timeout=3600) as client:
             async def one(p: tuple[int, ...], n: int) -> int:
                 prompt: Any = tokenizer.decode(list(p)) if tokenizer is not None else list(p)
                 body = {"model": model, "prompt": prompt, "max_tokens": n, "temperature": 0.0, "ignore_eos": True}
@@ -216,7 +218,13 @@ def run_server(url: str, model: str, w: Workload, tokenizer: Any | None) -> dict
             counts = await asyncio.gather(*(one(p, n) for p, n in w.requests))
             return sum(counts), time.perf_counter() - t0
 
-    produced, elapsed = asyncio.run(main())
+    try:
+        produced, elapsed = asyncio.run(main())
+    except httpx.HTTPStatusError as e:
+        raise ValueError(f"--url {url}: POST /v1/completions answered {e.response.status_code}: "
+                         f"{e.response.text[:200]}") from None
+    except httpx.HTTPError as e:
+        raise ValueError(f"--url {url}: the server stopped answering ({type(e).__name__}: {e})") from None
     return {"output_tok_s": produced / elapsed, "elapsed_s": elapsed, "output_tokens": produced}
 
 
@@ -278,6 +286,14 @@ def run(ns: argparse.Namespace) -> int:
     if not wanted <= {"uniform", "varied"}:
         print(f"--workloads {ns.workloads}: choose from uniform, varied", file=sys.stderr)
         return 2
+    server_model = None
+    if ns.url:  # before loading anything: a bad or unreachable URL fails in a second, with one line
+        try:
+            ns.url = openai_base_url("--url", ns.url)
+            server_model = ns.url_model or _first_model(ns.url)
+        except ValueError as e:
+            print(f"pdrelay bench engine: {e}", file=sys.stderr)
+            return 2
     model_dir = resolve_model_path(ns.model)
     workloads = [w for w in make_workloads(_vocab_size(model_dir), quick=ns.quick, seed=ns.seed,
                                            concurrency=concs) if w.name.split("-")[0] in wanted]
@@ -298,13 +314,11 @@ def run(ns: argparse.Namespace) -> int:
 
         hf = AutoModelForCausalLM.from_pretrained(model_dir, dtype=getattr(torch, ns.dtype)).eval()
         hf.generation_config.eos_token_id = None  # ignore_eos, like the engine
-    server_model, server_tok = None, None
-    if ns.url:
-        server_model = ns.url_model or _first_model(ns.url)
-        if ns.url_text:
-            from transformers import AutoTokenizer
+    server_tok = None
+    if ns.url and ns.url_text:
+        from transformers import AutoTokenizer
 
-            server_tok = AutoTokenizer.from_pretrained(model_dir)
+        server_tok = AutoTokenizer.from_pretrained(model_dir)
     # warm-up: first-call allocations and lazy initialisation stay out of the numbers
     first_prompt = workloads[0].requests[0][0]
     warm = Workload("warmup", 2, ((first_prompt[:16], 4), (first_prompt[-16:], 4)))
@@ -333,7 +347,11 @@ def run(ns: argparse.Namespace) -> int:
             res["hf"] = base
             res["ratio_vs_hf"] = eng["output_tok_s"] / base["output_tok_s"]
         if ns.url:
-            res["server"] = run_server(ns.url, server_model or "", w, server_tok)
+            try:
+                res["server"] = run_server(ns.url, server_model or "", w, server_tok)
+            except ValueError as e:
+                print(f"pdrelay bench engine: {e}", file=sys.stderr)
+                return 1
             res["ratio_vs_server"] = eng["output_tok_s"] / res["server"]["output_tok_s"]
         results.append(res)
         print(_row(res), flush=True)
@@ -356,11 +374,21 @@ def _vocab_size(model_dir: Any) -> int:
 
 
 def _first_model(url: str) -> str:
+    """The server's first model; ValueError naming --url when it is unreachable or lists none."""
     import httpx
 
-    r = httpx.get(url.rstrip("/") + "/v1/models", timeout=30)
-    r.raise_for_status()
-    return r.json()["data"][0]["id"]
+    try:
+        r = httpx.get(url + "/v1/models", timeout=30)
+        r.raise_for_status()
+        return str(r.json()["data"][0]["id"])
+    except httpx.HTTPStatusError as e:
+        raise ValueError(f"--url {url}: GET /v1/models answered {e.response.status_code}; is it an OpenAI "
+                         "server (write its base URL, e.g. http://127.0.0.1:8000 or .../v1)?") from None
+    except httpx.HTTPError as e:
+        raise ValueError(f"--url {url}: cannot reach the server ({type(e).__name__}: {e}); start it or fix "
+                         "the URL") from None
+    except (ValueError, KeyError, IndexError, TypeError):
+        raise ValueError(f"--url {url}: GET /v1/models listed no model; pass --url-model NAME") from None
 
 
 def _row(res: dict[str, Any]) -> str:

@@ -7,6 +7,8 @@ throughput and goodput, in vLLM's vocabulary and JSON keys.
     pdrelay bench serve --mock-workers --peer-cmd 'bench/dynamo_peer.sh {port} {pid_file}' \
         --random-output-len 8 --max-concurrency 1 --throughput-concurrency 32       # vs Dynamo, one run
     pdrelay bench serve --compare-policies kv_aware,round_robin --dataset shared-prefix   # a cluster per policy
+    pdrelay bench serve --compare-peer vllm --peer-python VENV/bin/python --random-input-len 128 \
+        --num-prompts 64 --max-concurrency 16 --compare-range-ratios 0,0.5   # pdrelay, then vLLM, same box
 
 It points at pdrelay's gateway, `vllm serve`, sglang-router or a Dynamo frontend alike. `--mock-workers` starts
 pdrelay's gateway over mock workers itself and reports its CPU per request; `--compare-url` runs the same
@@ -32,6 +34,7 @@ from pathlib import Path
 from typing import Any
 
 from bench.serve_client import ENDPOINTS, RequestOptions, served_model
+from bench.serve_compare import add_compare_arguments, run_compare
 from bench.serve_datasets import (
     DATASETS,
     BenchRequest,
@@ -49,6 +52,7 @@ from bench.serve_policies import add_policy_arguments, run_policies
 from bench.serve_procs import CpuSample, MockGateway, process_cpu
 from bench.serve_report import detailed, format_table, headline, ratios
 from bench.serve_runner import RunOutcome, Workload, run_workload, warm_up
+from bench.urls import openai_base_url
 
 DEFAULT_MODEL = "bundled:smollm2-135m-instruct"
 
@@ -134,6 +138,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     c.add_argument("--throughput-concurrency", type=int, default=None, metavar="N",
                    help="after the main run, run the same workload at concurrency N against every endpoint")
     add_policy_arguments(p)
+    add_compare_arguments(p)
     add_kvstore_arguments(p)
 
 
@@ -144,6 +149,7 @@ class Target:
     model: str | None
     pid: int | None  # front process: its CPU is the gateway's
     worker_pids: tuple[int, ...] = ()  # reported apart (a peer's separate engine processes)
+    flag: str = ""  # the flag that named base_url, for errors
 
 
 def build_requests(ns: argparse.Namespace, tok: BenchTokenizer) -> list[BenchRequest]:
@@ -190,8 +196,10 @@ def _cpu_sum(pids: tuple[int, ...]) -> CpuSample | None:
 
 async def measure(target: Target, requests: list[BenchRequest], ns: argparse.Namespace, *, tok: BenchTokenizer,
                   stop: asyncio.Event, deadline: float, slo: Slo | None, percentiles: tuple[float, ...],
-                  max_concurrency: int | None) -> tuple[dict[str, Any], RunOutcome]:
-    """Warm up, then run the workload against one target; the summary dict has vLLM's keys plus CPU figures."""
+                  max_concurrency: int | None,
+                  on_start: Callable[[], None] | None = None) -> tuple[dict[str, Any], RunOutcome]:
+    """Warm up, then run the workload against one target; the summary dict has vLLM's keys plus CPU figures.
+    on_start runs after the warm-up, right before the measured run (e.g. to snapshot server counters)."""
     workload = Workload(tuple(requests), request_rate=ns.request_rate, burstiness=ns.burstiness,
                         max_concurrency=max_concurrency, seed=ns.seed, timeout_s=ns.timeout_s)
     conns = min(len(requests), max_concurrency or len(requests))
@@ -203,7 +211,7 @@ async def measure(target: Target, requests: list[BenchRequest], ns: argparse.Nam
             async with asyncio.timeout(max(1.0, min(30.0, deadline - time.monotonic()))):
                 model = target.model or await served_model(http)
         except (OSError, TimeoutError, HttpError) as e:
-            raise ValueError(f"cannot reach {target.base_url} (GET /v1/models: {type(e).__name__}: {e}); start "
+            raise ValueError(f"{target.flag + ' ' if target.flag else ''}cannot reach {target.base_url} (GET /v1/models: {type(e).__name__}: {e}); start "
                              f"the server, fix the URL, or pass --model if it has no /v1/models") from None
         extra = json.loads(ns.extra_body) if ns.extra_body else {}
         opts = RequestOptions(ns.endpoint, model, ignore_eos=ns.ignore_eos, temperature=ns.temperature,
@@ -219,6 +227,8 @@ async def measure(target: Target, requests: list[BenchRequest], ns: argparse.Nam
                 raise RuntimeError(f"{target.label}: warm-up requests to {target.base_url} failed: {bad[0]}")
         _log(f"{target.label}: {len(requests)} requests, rate {ns.request_rate:g}/s, "
              f"concurrency {max_concurrency or 'unlimited'}")
+        if on_start is not None:
+            on_start()
         cpu0, work0, client0 = _cpu(target.pid), _cpu_sum(target.worker_pids), time.process_time()
         outcome = await run_workload(http, opts, workload, count_tokens=count, stop=stop,
                                      deadline_s=max(0.0, deadline - time.monotonic()))
@@ -269,6 +279,9 @@ def _settings(ns: argparse.Namespace, tokenizer_dir: Path, slo: Slo | None) -> d
 
 
 def _validate(ns: argparse.Namespace) -> tuple[Slo | None, tuple[float, ...]]:
+    for flag, name in (("--base-url", "base_url"), ("--compare-url", "compare_url")):
+        if getattr(ns, name):  # http://host:port, with or without /v1: the client appends /v1/...
+            setattr(ns, name, openai_base_url(flag, getattr(ns, name)))
     if ns.mock_workers and ns.base_url:
         raise ValueError("--mock-workers starts its own gateway; drop --base-url (or drop --mock-workers)")
     if ns.peer_cmd is not None and ns.compare_url is not None:
@@ -364,6 +377,8 @@ def run(ns: argparse.Namespace) -> int:
     peer: PeerProcess | None = None
     try:
         tok = BenchTokenizer.from_dir(tokenizer_dir)
+        if ns.compare_peer:
+            return run_compare(ns, tok, tokenizer_dir, _settings(ns, tokenizer_dir, slo), slo, percentiles)
         requests = build_requests(ns, tok)
         if ns.compare_policies:
             return run_policies(ns, requests, tok, tokenizer_dir, _settings(ns, tokenizer_dir, slo), slo, percentiles)
@@ -377,9 +392,10 @@ def run(ns: argparse.Namespace) -> int:
             gateway.wait_ready()
             targets = [Target("pdrelay-mock", gateway.base_url, ns.model, gateway.pid)]
         else:
-            targets = [Target("target", ns.base_url or "http://127.0.0.1:8000", ns.model, ns.target_pid)]
+            targets = [Target("target", ns.base_url or "http://127.0.0.1:8000", ns.model, ns.target_pid,
+                              flag="--base-url")]
         if ns.compare_url:
-            targets.append(Target("compare", ns.compare_url, ns.compare_model, ns.compare_pid))
+            targets.append(Target("compare", ns.compare_url, ns.compare_model, ns.compare_pid, flag="--compare-url"))
         if ns.peer_cmd:
             peer = PeerProcess(ns.peer_cmd)
             _log(f"peer: {peer.command}")

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import sys
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
@@ -13,5 +14,13 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 
 def run(ns: argparse.Namespace, extra: list[str]) -> int:
     from bench.control_plane import main
+    from shared.cluster.errors import ControlPlaneUnavailable
 
-    return int(main(list(extra)) or 0)
+    try:
+        return int(main(list(extra)) or 0)
+    except ControlPlaneUnavailable as e:  # --etcd / --nats given but not answering: one line, no traceback
+        print(f"pdrelay bench control-plane: {e}", file=sys.stderr)
+        return 1
+    except ValueError as e:  # a malformed --etcd / --nats URL
+        print(f"pdrelay bench control-plane: {e}", file=sys.stderr)
+        return 2

@@ -53,6 +53,9 @@ def run(ns: argparse.Namespace, extra: list[str]) -> int:
     except ControlPlaneUnavailable as e:
         print(f"pdrelay status: {e}", file=sys.stderr)
         return 1
+    except ValueError as e:  # a malformed --etcd / --nats URL
+        print(f"pdrelay status: {e}", file=sys.stderr)
+        return 2
     if state is not None:  # what the supervisor restarted, etcd and NATS first
         status.restarts = {"etcd": state.etcd_restarts, "nats": state.nats_restarts,
                            **{c.instance_id: c.restarts for c in state.children}}

@@ -37,11 +37,14 @@ class PassContext:
 
     check_transfer_backends: verify the chosen KV transfer engine is installed (tests of other parts turn it off).
     exclusive_host: the caller owns the machine (a benchmark), so --threads 0 means every core instead of 1.
+    engines_on_host: how many engine processes the caller (`pdrelay up`) starts on this host; 0: unknown. With it,
+        --threads 0 splits the cores among them instead of taking 1.
     """
 
     probe: HostProbe = field(default_factory=HostProbe)
     check_transfer_backends: bool = True
     exclusive_host: bool = False
+    engines_on_host: int = 0
 
 
 Pass = Callable[[ResolvedConfig, PassContext], ResolvedConfig]
@@ -97,12 +100,20 @@ def resolve_kv_cache_dtype(cfg: ResolvedConfig, ctx: PassContext) -> ResolvedCon
 
 def resolve_threads(cfg: ResolvedConfig, ctx: PassContext) -> ResolvedConfig:
     """threads >= 1: 0 -> 1 for services (several share a box and 2 busy OpenMP threads collapse), all cores for
-    a caller that owns the host (benchmarks, PassContext.exclusive_host)."""
+    a caller that owns the host (benchmarks, PassContext.exclusive_host), and the cores split evenly among the
+    engines when the caller says how many share the host (PassContext.engines_on_host: a lone worker beside a
+    gateway takes every core; the gateway's event loop mostly waits on the engine, measured faster than leaving
+    a core to it)."""
     if cfg.device.threads != 0:
         return cfg
     if ctx.exclusive_host:
         n = ctx.probe.cpu_count()
         return cfg.derive("device.threads", n, f"the caller owns this host: all {n} cores")
+    if ctx.engines_on_host > 0:
+        cores = ctx.probe.cpu_count()
+        n = max(1, cores // ctx.engines_on_host)
+        return cfg.derive("device.threads", n, f"{ctx.engines_on_host} engine process(es) share {cores} cores; "
+                                               "set --threads N to override")
     return cfg.derive("device.threads", 1, "services share the box; set --threads N to use more cores")
 
 

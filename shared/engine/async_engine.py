@@ -5,7 +5,9 @@ queues. All engine state is touched by the engine thread only: callers submit co
 from __future__ import annotations
 
 import asyncio
+import collections
 import concurrent.futures
+import dataclasses
 import queue
 import threading
 from collections.abc import AsyncIterator, Callable, Sequence
@@ -77,9 +79,12 @@ class AsyncEngine:
             self.abort(req_id)  # queued after add(): drops the request if add() already admitted it
             raise
         left = len(ids)
+        pending: collections.deque[RequestOutput | BaseException] = collections.deque()
         try:
             while left:
-                item = await q.get()
+                if not pending:
+                    pending.extend(_coalesce(await q.get(), q))
+                item = pending.popleft()
                 if isinstance(item, BaseException):
                     left = 0
                     raise item
@@ -130,12 +135,15 @@ class AsyncEngine:
             return first
 
         left = len(ids)
+        pending: collections.deque[RequestOutput | BaseException] = collections.deque()
         try:
             for item in await self.call(begin):
                 left -= item.finished
                 yield item
             while left:
-                got = await q.get()
+                if not pending:
+                    pending.extend(_coalesce(await q.get(), q))
+                got = pending.popleft()
                 if isinstance(got, BaseException):
                     left = 0
                     raise got
@@ -181,22 +189,64 @@ class AsyncEngine:
                 outputs = self.engine.step()
             except EngineStepError as e:
                 self.last_error = e
-                for rid in e.req_ids:
-                    self._deliver(rid, e)
+                self._deliver([(rid, e) for rid in e.req_ids])
                 continue
-            for o in outputs:
-                self._deliver(o.req_id, o)
-        for rid in list(self._streams):
-            self._deliver(rid, EngineError("the engine shut down before this request finished"))
+            self._deliver([(o.req_id, o) for o in outputs])
+        stopped = EngineError("the engine shut down before this request finished")
+        self._deliver([(rid, stopped) for rid in list(self._streams)])
 
-    def _deliver(self, req_id: str, item: RequestOutput | BaseException) -> None:
-        target = self._streams.get(req_id)
-        if target is None:
-            return
-        if isinstance(item, BaseException) or item.finished:
-            del self._streams[req_id]
-        loop, q = target
-        try:
-            loop.call_soon_threadsafe(q.put_nowait, item)
-        except RuntimeError:  # the caller's loop is closed: nobody is listening any more
-            pass
+    def _deliver(self, items: Sequence[tuple[str, RequestOutput | BaseException]]) -> None:
+        """Hand a step's deltas to their streams: one wake-up per event loop per step, not one per request
+        (each call_soon_threadsafe writes the loop's self-pipe and takes the GIL from the engine thread)."""
+        by_loop: dict[asyncio.AbstractEventLoop, list[tuple[asyncio.Queue[RequestOutput | BaseException],
+                                                           RequestOutput | BaseException]]] = {}
+        for req_id, item in items:
+            target = self._streams.get(req_id)
+            if target is None:
+                continue
+            if isinstance(item, BaseException) or item.finished:
+                del self._streams[req_id]
+            loop, q = target
+            by_loop.setdefault(loop, []).append((q, item))
+        for loop, batch in by_loop.items():
+            try:
+                loop.call_soon_threadsafe(_put_all, batch)
+            except RuntimeError:  # the caller's loop is closed: nobody is listening any more
+                pass
+
+
+def _put_all(batch: list[tuple[asyncio.Queue[RequestOutput | BaseException], RequestOutput | BaseException]]) -> None:
+    for q, item in batch:
+        q.put_nowait(item)
+
+
+def _coalesce(first: RequestOutput | BaseException,
+              q: asyncio.Queue[RequestOutput | BaseException]) -> list[RequestOutput | BaseException]:
+    """`first` and whatever is already queued behind it, each request's consecutive deltas merged into one: a
+    consumer slower than the engine (a busy event loop, a slow client) then sends one message with several tokens
+    instead of falling further behind with one message per token. The queue may carry several requests (the
+    samples of n > 1): each keeps its own order, a finished delta is never merged into, exceptions pass as is."""
+    out: list[RequestOutput | BaseException] = []
+    open_at: dict[str, int] = {}  # req_id -> index in out of its latest unfinished delta
+    item: RequestOutput | BaseException | None = first
+    while item is not None:
+        if isinstance(item, RequestOutput) and item.req_id in open_at:
+            j = open_at[item.req_id]
+            merged = merge_deltas(out[j], item)  # type: ignore[arg-type]
+            out[j] = merged
+            if merged.finished:
+                del open_at[item.req_id]
+        else:
+            if isinstance(item, RequestOutput) and not item.finished:
+                open_at[item.req_id] = len(out)
+            out.append(item)
+        item = q.get_nowait() if not q.empty() else None
+    return out
+
+
+def merge_deltas(a: RequestOutput, b: RequestOutput) -> RequestOutput:
+    """Two consecutive deltas of one request as one (b is the later: its status and counters win)."""
+    lps = None if a.new_logprobs is None and b.new_logprobs is None else (*(a.new_logprobs or ()),
+                                                                         *(b.new_logprobs or ()))
+    return dataclasses.replace(b, new_token_ids=a.new_token_ids + b.new_token_ids, new_text=a.new_text + b.new_text,
+                               new_logprobs=lps)

@@ -141,6 +141,16 @@ class EngineCollector(Collector):
                                   value=s.num_cached_prompt_tokens)
         yield GaugeMetricFamily("pdrelay:prefix_cache_hit_rate", "Prefix-cache hits / queries since start (tokens)",
                                 value=s.num_cached_prompt_tokens / s.num_prompt_tokens if s.num_prompt_tokens else 0.0)
+        # Where the engine thread's time goes: busy = the sum over phases; wall time minus busy = waiting for work.
+        yield CounterMetricFamily("pdrelay:engine_steps", "Engine steps run", value=s.num_steps)
+        phases = CounterMetricFamily("pdrelay:engine_step_seconds", "Engine step time by phase", labels=["phase"])
+        t = s.totals
+        for phase, v in (("schedule", t.schedule_s), ("prepare", t.prepare_s), ("forward", t.forward_s),
+                         ("sample", t.sample_s), ("update", t.update_s)):
+            phases.add_metric([phase], v)
+        yield phases
+        yield CounterMetricFamily("pdrelay:engine_step_tokens", "Tokens through the model in engine steps",
+                                  value=t.num_tokens)
 
 
 class CountersCollector(Collector):

@@ -21,6 +21,8 @@ import msgspec
 # starts last, once there is a cluster to plan for.
 ROLE_ORDER = ("kvstore", "encoder", "prefill", "decode", "worker", "echo", "gateway", "planner")
 ECHO_MODULE = "shared.cluster.testing"
+# Roles whose processes run a model engine: `--threads 0` splits the host's cores among their instances.
+ENGINE_ROLES = ("prefill", "decode", "worker", "encoder")
 # Set by `pdrelay up` for every instance; a user flag for them would fight the per-instance value.
 PER_INSTANCE_FLAGS = frozenset({"--instance-id", "--grpc-port", "--etcd-endpoints", "--etcd", "--nats-url", "--nats",
                                 "--cluster", "--lease-ttl-s", "--admin-secret-file"})
@@ -127,10 +129,11 @@ def build_spec(role: str, index: int, opts: UpOptions, etcd_url: str, nats_url: 
     if role == "echo":
         argv = (sys.executable, "-m", ECHO_MODULE, *per_instance, "--ready-file", ready_file)
         return InstanceSpec(role=role, instance_id=iid, argv=argv, ready_file=ready_file)
-    from shared.config import resolve
+    from shared.config import PassContext, resolve
 
     user = [*flags_for_role(role, opts.extra), *opts.role_extra.get(role, ())]
-    cfg = resolve(role, [*user, *per_instance], os.environ if env is None else env)
+    ctx = PassContext(engines_on_host=sum(opts.counts.get(r, 0) for r in ENGINE_ROLES))
+    cfg = resolve(role, [*user, *per_instance], os.environ if env is None else env, ctx=ctx)
     cfg_path = (run_dir / "config" / f"{iid}.json").resolve()
     cfg_path.parent.mkdir(parents=True, exist_ok=True)
     cfg_path.write_text(cfg.to_json())

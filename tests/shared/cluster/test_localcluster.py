@@ -73,6 +73,21 @@ def test_build_spec_writes_a_resolved_config_per_instance(tmp_path: Path) -> Non
                    "nats://h:2", env={})
 
 
+def test_engines_split_the_hosts_cores_by_default(tmp_path: Path) -> None:
+    from shared.config import ResolvedConfig
+    from shared.config.probe import HostProbe
+
+    def threads(role: str, counts: dict[str, int], *extra: str) -> int:
+        opts = UpOptions(run_dir=str(tmp_path), counts=counts, extra=extra)
+        spec = build_spec(role, 0, opts, "http://127.0.0.1:1", "nats://127.0.0.1:2", env={})
+        return ResolvedConfig.from_json(Path(spec.config_path).read_text()).device.threads
+
+    cores = HostProbe().cpu_count()
+    assert threads("worker", {"gateway": 1, "worker": 1}) == cores  # a lone worker beside a gateway: every core
+    assert threads("decode", {"gateway": 1, "prefill": 1, "decode": 1}) == max(1, cores // 2)
+    assert threads("worker", {"gateway": 1, "worker": 1}, "--threads", "1") == 1
+
+
 def test_role_flags_reach_only_their_role_and_win_over_shared_flags(tmp_path: Path) -> None:
     from shared.config import ResolvedConfig
 

@@ -81,6 +81,16 @@ def test_threads(make_ctx, ctx: PassContext) -> None:
     assert resolve("decode", ["--threads", "3"], env={}, ctx=bench).device.threads == 3
 
 
+def test_threads_split_the_cores_among_the_engines_on_the_host() -> None:
+    probe = StaticProbe(cores=2, modules=frozenset({"nixl_cu12._api"}))
+    lone = resolve("worker", env={}, ctx=PassContext(probe=probe, engines_on_host=1))  # worker beside a gateway
+    assert lone.device.threads == 2 and "1 engine process(es) share 2 cores" in _derived(lone, "device.threads")
+    assert resolve("decode", env={}, ctx=PassContext(probe=probe, engines_on_host=2)).device.threads == 1
+    assert resolve("decode", env={}, ctx=PassContext(probe=probe, engines_on_host=3)).device.threads == 1
+    user = resolve("worker", ["--threads", "1"], env={}, ctx=PassContext(probe=probe, engines_on_host=1))
+    assert user.device.threads == 1 and user.provenance["device.threads"].source == "cli"
+
+
 def test_attention_backend(make_ctx, ctx: PassContext) -> None:
     # on cpu auto stays for the runner: native where a C compiler builds it, torch otherwise
     assert resolve("worker", env={}, ctx=ctx).kernels.attention_backend == "auto"

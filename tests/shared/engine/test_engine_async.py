@@ -151,3 +151,43 @@ def test_sync_engine_step_error_aborts_the_step_and_keeps_going():
         outs += engine.step()
     assert [o.finish_reason for o in outs if o.finished] == ["abort", "length"]
     assert engine.allocator.num_used == engine.cache.num_pages == engine.cache.num_evictable
+
+
+async def test_a_slow_consumer_gets_several_tokens_per_delta_and_the_same_stream(aengine):
+    ae = aengine()
+    prompt = [3, 4, 5]
+    outs = []
+    async for o in ae.generate("slow", prompt, greedy(24)):
+        outs.append(o)
+        await asyncio.sleep(0.03)  # ~6 engine steps of 5 ms pile up behind each delta
+    assert [x for o in outs for x in o.new_token_ids] == reference_greedy(prompt, 24)
+    assert outs[-1].finished and outs[-1].num_output_tokens == 24 and not any(o.finished for o in outs[:-1])
+    assert len(outs) < 24 and max(len(o.new_token_ids) for o in outs) > 1  # coalesced, not one message per token
+
+
+def test_merged_deltas_concatenate_and_keep_the_later_status() -> None:
+    from shared.engine.async_engine import merge_deltas
+    from shared.engine.request import TokenLogprobs
+
+    lp = TokenLogprobs(token_id=1, logprob=-0.5)
+    a = RequestOutput("r", (1, 2), "ab", None, num_prompt_tokens=3, num_output_tokens=2)
+    b = RequestOutput("r", (3,), "c", None, finished=True, finish_reason="length", num_prompt_tokens=3,
+                      num_output_tokens=3)
+    m = merge_deltas(a, b)
+    assert (m.new_token_ids, m.new_text, m.new_logprobs) == ((1, 2, 3), "abc", None)
+    assert (m.finished, m.finish_reason, m.num_output_tokens) == (True, "length", 3)
+    with_lp = merge_deltas(RequestOutput("r", (1,), new_logprobs=(lp,)), RequestOutput("r", (2,), new_logprobs=(lp,)))
+    assert with_lp.new_logprobs == (lp, lp)
+
+
+async def test_coalescing_keeps_the_samples_of_one_queue_apart() -> None:
+    from shared.engine.async_engine import _coalesce
+
+    q: asyncio.Queue = asyncio.Queue()
+    for item in (RequestOutput("b", (2,)), RequestOutput("a", (3,)), RequestOutput("b", (4,), finished=True),
+                 RequestOutput("b", (5,)), RequestOutput("a", (6,))):
+        q.put_nowait(item)
+    out = _coalesce(RequestOutput("a", (1,)), q)
+    assert [(o.req_id, o.new_token_ids, o.finished) for o in out] == [
+        ("a", (1, 3, 6), False), ("b", (2, 4), True), ("b", (5,), False)]  # never merged into a finished delta
+    assert q.empty()

@@ -10,13 +10,14 @@ import pytest
 from prometheus_client import CollectorRegistry, Counter, generate_latest
 
 from proto.pdrelay.v1 import common_pb2
+from shared.engine.types import StepStats
 from shared.telemetry.metrics import EngineCollector, ServiceMetrics, error_label
 from shared.telemetry.metrics_server import MetricsServer
 from shared.telemetry.service import ServiceTelemetry
 
 
 def _value(text: str, sample: str) -> float:
-    m = re.search(rf"^{re.escape(sample)} ([0-9.e+-]+)$", text, re.M)
+    m = re.search(rf"^{re.escape(sample)} ([0-9.e+-]+)$", text, re.MULTILINE)
     assert m is not None, f"{sample} missing from:\n{text}"
     return float(m.group(1))
 
@@ -64,7 +65,8 @@ async def test_service_telemetry_binds_the_configured_port_or_says_so():
 def test_engine_collector_reads_stats_at_scrape_time():
     stats = SimpleNamespace(num_running=3, num_waiting=2, num_free_pages=50, num_evictable_pages=10,
                             num_cached_pages=30, num_total_pages=100, num_prompt_tokens=400,
-                            num_cached_prompt_tokens=100, num_generated_tokens=77, num_preemptions=1)
+                            num_cached_prompt_tokens=100, num_generated_tokens=77, num_preemptions=1, num_steps=9,
+                            totals=StepStats(0.1, 0.2, 3.0, 0.3, 0.4, num_tokens=500))
     current: list[object | None] = [None]
     reg = CollectorRegistry()
     reg.register(EngineCollector(lambda: current[0]))
@@ -79,6 +81,10 @@ def test_engine_collector_reads_stats_at_scrape_time():
     assert _value(text, "pdrelay:prefix_cache_hit_rate") == pytest.approx(0.25)
     assert _value(text, "pdrelay:prefix_cache_hits_total") == 100
     assert _value(text, "pdrelay:generation_tokens_total") == 77
+    assert _value(text, "pdrelay:engine_steps_total") == 9
+    assert _value(text, 'pdrelay:engine_step_seconds_total{phase="forward"}') == pytest.approx(3.0)
+    assert _value(text, 'pdrelay:engine_step_seconds_total{phase="update"}') == pytest.approx(0.4)
+    assert _value(text, "pdrelay:engine_step_tokens_total") == 500
 
 
 def test_errors_are_counted_by_code_name():
