@@ -329,8 +329,10 @@ async def test_metrics_count_the_requests_sent(cluster: Cluster):
     for proc in ("gateway-1", "decode-1"):
         for hist in ("pdrelay:time_to_first_token_seconds_count", "pdrelay:e2e_request_latency_seconds_count"):
             assert delta(proc, hist) == n, (proc, hist)
-        # 8 tokens, one message each: 7 gaps per request
-        assert delta(proc, "pdrelay:inter_token_latency_seconds_count") == 7 * n, proc
+        # 8 tokens per request, at most one message each: up to 7 gaps per request. A consumer that falls behind
+        # the engine gets the tokens waiting for it merged into one message, so a busy box sends fewer.
+        assert n <= delta(proc, "pdrelay:inter_token_latency_seconds_count") <= 7 * n, proc
+    assert delta("gateway-1", "pdrelay:generation_tokens_total") == 8 * n
     prompt_pages = sum(math.ceil(p / PAGE_SIZE) for _, p in sent)
     assert delta("prefill-1", "pdrelay:kv_transfer_seconds_count") == n
     assert delta("prefill-1", "pdrelay:kv_transfer_pages_total") == prompt_pages
