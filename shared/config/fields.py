@@ -11,7 +11,8 @@ import typing
 from dataclasses import dataclass
 from typing import Annotated, Any
 
-A = Annotated
+# An import alias (not `A = Annotated`): type checkers treat only the import as the Annotated special form.
+from typing import Annotated as A  # noqa: F401  (groups.py imports it from here)
 
 ENV_PREFIX = "PDRELAY_"
 
