@@ -89,7 +89,7 @@ class TowerEncoder:
             t = worker_pb2.Tensor(dtype=_DTYPES[emb.dtype], shape=list(emb.shape), data=b"" if remote else
                                   b.numpy().tobytes())
             resp.embeddings.append(worker_pb2.MediaEmbedding(media_hash=m.media_hash, embedding=t, cache_hit=hit,
-                                                             checksum=zlib.crc32(memoryview(b.numpy()))))
+                                                             checksum=zlib.crc32(b.numpy().data)))
         return resp
 
     async def _write(self, request: worker_pb2.EncodeRequest, blobs: list[torch.Tensor]) -> None:
@@ -158,5 +158,5 @@ class TowerEncoder:
         self._writers.clear()
 
 
-_DTYPES: dict[Any, int] = {torch.float32: common_pb2.DTYPE_FLOAT32, torch.bfloat16: common_pb2.DTYPE_BFLOAT16,
+_DTYPES: dict[Any, common_pb2.DType] = {torch.float32: common_pb2.DTYPE_FLOAT32, torch.bfloat16: common_pb2.DTYPE_BFLOAT16,
                            torch.float16: common_pb2.DTYPE_FLOAT16}

@@ -32,7 +32,7 @@ def header(scope: Scope, name: bytes) -> bytes | None:
     """First value of a request header (names are lower-case in ASGI)."""
     for k, v in scope["headers"]:
         if k == name:
-            return v  # type: ignore[no-any-return]
+            return v
     return None
 
 

@@ -162,7 +162,7 @@ class ByteLevelEncoder:
             # splits the same on its own as in the text, and its ids can be cached whole.
             keys = [" " + p for p in parts]
             keys[0] = parts[0]
-            found = list(map(self._chunk_cache.get, keys))
+            found: list[Any] = list(map(self._chunk_cache.get, keys))  # None where a chunk is not cached yet
             if None in found:
                 found = self._fill_chunks(keys, found)
             out.extend(chain.from_iterable(found))
@@ -189,7 +189,7 @@ class ByteLevelEncoder:
         words = self._words.findall(text) if self._findall else None
         if words is None or sum(map(len, words)) != len(text):
             words = self._isolated(text)  # the pattern skipped characters: they are pieces of their own
-        found = list(map(self._cache.get, words))  # the warm path: one C-level pass, no Python loop
+        found: list[Any] = list(map(self._cache.get, words))  # the warm path: one C-level pass, no Python loop
         if None in found:
             found = [ids if ids is not None else self._bpe(w) for w, ids in zip(words, found)]
         out.extend(chain.from_iterable(found))

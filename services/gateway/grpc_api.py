@@ -204,7 +204,7 @@ class GatewayApi(gateway_pb2_grpc.GatewayServicer):
         if not ids:
             raise bad_request("the prompt tokenizes to no tokens; send some text", "input")
         sampling = self._fit_context(tok.context_length, plan.sampling, len(ids))
-        trace = ()
+        trace: tuple[tuple[str, str], ...] = ()
         if request.trace.traceparent:
             trace = (("traceparent", request.trace.traceparent),) + (
                 (("tracestate", request.trace.tracestate),) if request.trace.tracestate else ())

@@ -40,7 +40,7 @@ def decode_body(decoder: msgspec.json.Decoder[T], body: bytes) -> T:
             if "got `float`" not in str(e):
                 raise
             loose = _whole_floats_to_int(msgspec.json.decode(body))
-            return msgspec.convert(loose, decoder.type)  # type: ignore[no-any-return]
+            return msgspec.convert(loose, decoder.type)
         for field in _ANY_LISTS:
             value = getattr(req, field, None)
             if isinstance(value, list) and any(isinstance(t, (float, list)) for t in value):

@@ -40,7 +40,7 @@ def _from_response_format(rf: ResponseFormat) -> StructuredSpec | None:
 
 
 def _from_structured_outputs(so: StructuredOutputs) -> StructuredSpec:
-    given = [(name, v) for name, v in (("json", so.json), ("regex", so.regex), ("choice", so.choice),
+    given: list[tuple[str, Any]] = [(name, v) for name, v in (("json", so.json), ("regex", so.regex), ("choice", so.choice),
                                        ("grammar", so.grammar), ("json_object", so.json_object or None))
              if v is not None]
     if len(given) != 1:

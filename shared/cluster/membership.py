@@ -185,11 +185,11 @@ class Membership:
             if key not in fresh:
                 events.append(MembershipEvent(EventKind.LEAVE, old, None, rev))
         for key, new in fresh.items():
-            old = self._by_key.get(key)
-            if old is None:
+            prev = self._by_key.get(key)
+            if prev is None:
                 events.append(MembershipEvent(EventKind.JOIN, new, None, rev))
-            elif old != new:
-                events.append(MembershipEvent(EventKind.UPDATE, new, old, rev))
+            elif prev != new:
+                events.append(MembershipEvent(EventKind.UPDATE, new, prev, rev))
         self._by_key, self._revision = fresh, rev
         if not initial:
             self.resyncs += 1

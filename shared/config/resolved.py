@@ -204,8 +204,8 @@ class ResolvedConfig:
             version = data.get("version") if isinstance(data, dict) else None
             raise ConfigError(f"resolved config JSON has version {version!r}, expected {JSON_VERSION}; "
                               "regenerate it with the same pdrelay version")
-        role = data.get("role")
-        catalog.check_role(str(role))
+        role = str(data.get("role"))
+        catalog.check_role(role)
         config, prov_in = data.get("config", {}), data.get("provenance", {})
         by_group: dict[str, Any] = {}
         provenance: dict[str, Provenance] = {}

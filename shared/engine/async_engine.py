@@ -38,7 +38,7 @@ class AsyncEngine:
 
     def __init__(self, engine: Engine) -> None:
         self.engine = engine
-        self._cmds: queue.SimpleQueue[Callable[[], None]] = queue.SimpleQueue()
+        self._cmds: queue.SimpleQueue[Callable[[], object]] = queue.SimpleQueue()
         self._wake = threading.Event()
         self._streams: dict[str, tuple[asyncio.AbstractEventLoop, asyncio.Queue[RequestOutput | BaseException]]] = {}
         self._stopping = False
@@ -167,7 +167,7 @@ class AsyncEngine:
         self._thread.join(timeout)
 
     # ---- engine thread -----------------------------------------------------------------------------------------
-    def _submit(self, fn: Callable[[], None]) -> None:
+    def _submit(self, fn: Callable[[], object]) -> None:
         self._cmds.put(fn)
         self._wake.set()
 

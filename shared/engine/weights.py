@@ -88,7 +88,7 @@ def load_weights(
                 continue
             if name in seen:
                 raise ValueError(f"{model_dir}: tensor {name} appears in more than one shard")
-            target = params[slot.param]
+            target: torch.Tensor = params[slot.param]
             if slot.start is not None:
                 target = target[slot.start : slot.end]
             want = target.shape[1:] if slot.broadcast else target.shape

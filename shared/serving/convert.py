@@ -115,7 +115,7 @@ def logprob_from_pb(pb: common_pb2.TokenLogprob) -> TokenLogprobs:
     return TokenLogprobs(pb.token_id, pb.logprob, tuple((t.token_id, t.logprob) for t in pb.top_logprobs))
 
 
-def finish_to_pb(out: RequestOutput) -> int:
+def finish_to_pb(out: RequestOutput) -> common_pb2.FinishReason:
     if not out.finished or out.finish_reason is None:
         return common_pb2.FINISH_REASON_UNSPECIFIED
     return _FINISH_TO_PB[out.finish_reason]

@@ -33,7 +33,7 @@ class MediaProcessor:
         self.spec = spec
 
     @classmethod
-    def for_model(cls, model_dir: str | Path, tokenizer) -> MediaProcessor | None:  # type: ignore[no-untyped-def]
+    def for_model(cls, model_dir: str | Path, tokenizer) -> MediaProcessor | None:
         """`tokenizer`: anything with convert_ids_to_tokens (the gateway's HF tokenizer). None: text-only."""
         cfg = load_llava_config(model_dir)
         if cfg is None:

@@ -18,12 +18,19 @@ ACCEPTED_MIME = ("image/png", "image/jpeg", "image/jpg", "image/webp")
 class MediaLimits(Protocol):
     """The media fields of the gateway's http config group (shared/config/groups.py HttpConfig)."""
 
-    limit_mm_per_prompt: int
-    allowed_local_media_path: str | None
-    allowed_media_domains: tuple[str, ...]
-    max_image_bytes: int
-    max_image_pixels: int
-    media_fetch_timeout_s: float
+    # read-only members (properties), which a frozen dataclass satisfies
+    @property
+    def limit_mm_per_prompt(self) -> int: ...
+    @property
+    def allowed_local_media_path(self) -> str | None: ...
+    @property
+    def allowed_media_domains(self) -> tuple[str, ...]: ...
+    @property
+    def max_image_bytes(self) -> int: ...
+    @property
+    def max_image_pixels(self) -> int: ...
+    @property
+    def media_fetch_timeout_s(self) -> float: ...
 
 
 class MediaError(ValueError):

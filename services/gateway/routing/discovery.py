@@ -8,7 +8,7 @@ the KV index, and cleanup when instances leave. Everything it produces is plain 
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from typing import Protocol
 
 from nats.aio.subscription import Subscription
@@ -37,7 +37,7 @@ class MembershipView(Protocol):
 
     def instances(self, role: str | None = None) -> list[InstanceInfo]: ...
 
-    def on_event(self, cb: Callable[[MembershipEvent], object]) -> Callable[[], None]: ...
+    def on_event(self, cb: Callable[[MembershipEvent], Awaitable[None] | None]) -> Callable[[], None]: ...
 
 
 def candidate_of(info: InstanceInfo, loads: LoadTable, max_load_age_s: float) -> Candidate:

@@ -45,7 +45,7 @@ def parse_output(text: str, plan: ToolPlan) -> tuple[str | None, list[ParsedCall
         return (None, calls) if calls else (text, [])
     if plan.mode is not ToolChoiceMode.AUTO or START not in text:
         return text, []
-    calls: list[ParsedCall] = []
+    calls = []
     for m in _BLOCK.finditer(text):
         try:
             c = _call(json.loads(m.group(1)), names)

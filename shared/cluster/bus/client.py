@@ -125,7 +125,8 @@ class Bus:
         try:
             await asyncio.wait_for(nc.connect(
                 servers=[self.url], name=self.name, connect_timeout=max(1, int(timeout_s)),
-                reconnect_time_wait=self._reconnect_wait_s, max_reconnect_attempts=-1,
+                reconnect_time_wait=self._reconnect_wait_s,  # type: ignore[arg-type]  # annotated int, used as sleep seconds
+                max_reconnect_attempts=-1,
                 pending_size=self._pending_bytes, flush_timeout=2.0,
                 error_cb=self._on_error, disconnected_cb=self._on_disconnected, reconnected_cb=self._on_reconnected,
                 tls=tls), timeout_s)

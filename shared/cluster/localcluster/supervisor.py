@@ -366,7 +366,7 @@ class Supervisor:
 
     # ------------------------------------------------------------------ restarts
 
-    def _in_background(self, coro) -> None:  # type: ignore[no-untyped-def]
+    def _in_background(self, coro) -> None:
         task = asyncio.ensure_future(coro)
         self._background.add(task)
         task.add_done_callback(self._background.discard)

@@ -46,7 +46,7 @@ class BertConfig:
         return self.hidden_size // self.num_heads
 
     @classmethod
-    def from_dict(cls, d: dict, where: str = "config.json") -> BertConfig:  # type: ignore[type-arg]
+    def from_dict(cls, d: dict, where: str = "config.json") -> BertConfig:
         if d.get("model_type") != "bert":
             raise ValueError(f"{where}: model_type {d.get('model_type')!r} is not 'bert'; the encoder serves "
                              "BERT-family embedding models (e.g. bundled:all-minilm-l6-v2)")
