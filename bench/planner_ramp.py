@@ -174,7 +174,7 @@ def reaction_intervals(results, decisions, t0_unix: float, interval_s: float, tt
             r.ttft_s * 1e3 > ttft_ms if role == "prefill" else r.tpot_s * 1e3 > itl_ms))
         worst = None
         for up in ups:
-            before = [t for t in late if t <= up and (worst is None or True)]
+            before = [t for t in late if t <= up]
             if not before:
                 continue
             prev_up = max([u for u in ups if u < up], default=-1.0)

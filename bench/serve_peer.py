@@ -49,7 +49,7 @@ class PeerProcess:
         fd, pid_file = tempfile.mkstemp(prefix="pdrelay-bench-peer-", suffix=".pids")
         os.close(fd)
         self.pid_file = Path(pid_file)
-        self._log = tempfile.NamedTemporaryFile(prefix="pdrelay-bench-peer-", suffix=".log", delete=False)
+        self._log = tempfile.NamedTemporaryFile(prefix="pdrelay-bench-peer-", suffix=".log", delete=False)  # noqa: SIM115 - closed in stop()
         self.log_path = Path(self._log.name)
         self.command = command.replace("{port}", str(self.port)).replace("{pid_file}", str(self.pid_file))
         env = {**os.environ, "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false"}

@@ -67,7 +67,7 @@ class MockGateway:
         self.model_dir = Path(model_dir)
         self.port = free_port()
         self.base_url = f"http://127.0.0.1:{self.port}"
-        self._log = tempfile.NamedTemporaryFile(prefix="pdrelay-bench-gateway-", suffix=".log", delete=False)
+        self._log = tempfile.NamedTemporaryFile(prefix="pdrelay-bench-gateway-", suffix=".log", delete=False)  # noqa: SIM115 - closed in stop()
         self.log_path = Path(self._log.name)
         cmd = [sys.executable, "-m", "services.gateway.mock_main", "--host", "127.0.0.1", "--port", str(self.port),
                "--model", str(self.model_dir), "--token-delay-ms", str(token_delay_ms),

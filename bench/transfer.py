@@ -249,9 +249,9 @@ def _paired(
             fn()
             t[key] = time.perf_counter() - t0
             times.setdefault((row, key), []).append(t[key])
-        for key in t:
+        for key, s in t.items():
             if key != "memcpy":
-                ratios.setdefault((row, key), []).append(t["memcpy"] / t[key])
+                ratios.setdefault((row, key), []).append(t["memcpy"] / s)
 
 
 def print_table(result: dict[str, Any]) -> None:
@@ -327,9 +327,8 @@ def reader_main(backend: str, pool_bytes: int, host: str, huge_pages: bool) -> i
             # wait on stdin so the writer keeps most of a core.
             eng.progress()
             eng.notifications()
-            if select.select([sys.stdin], [], [], 0.0002)[0]:
-                if sys.stdin.readline().strip() in ("quit", ""):
-                    return 0
+            if select.select([sys.stdin], [], [], 0.0002)[0] and sys.stdin.readline().strip() in ("quit", ""):
+                return 0
 
 
 def main(argv: Sequence[str] | None = None) -> int:

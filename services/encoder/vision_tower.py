@@ -139,7 +139,7 @@ class TowerEncoder:
             try:
                 self._writers[backend] = _Writer(create_engine(backend, name=f"{self.name}-enc", host=self.host),
                                                  self.staging_bytes)
-            except Exception as e:  # BackendUnavailable, a UCX error: not fatal for an encoder
+            except Exception as e:  # BackendUnavailable, a UCX error: not fatal for an encoder  # noqa: BLE001
                 log.warning("transfer backend %s not ready at start-up (%s); trying again on first use", backend, e)
 
     async def _writer(self, backend: str) -> _Writer:

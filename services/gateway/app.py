@@ -269,7 +269,7 @@ class GatewayApp:
         try:
             # Ready: the backend can take a request now, for a model this gateway tokenizes for.
             ready = await self.backend.ready() and any(m in self.served_model_names for m in self.backend.models())
-        except Exception as e:
+        except Exception as e:  # noqa: BLE001 - any backend failure reads as not ready, and is logged
             log.warning("backend.ready() failed: %s", e)
             ready = False
         if not ready:

@@ -94,7 +94,7 @@ class IncrementalDetokenizer:
             assert self._stream is not None
             try:
                 out = self._stream.step(self._tok, list(token_ids))
-            except Exception:
+            except Exception:  # noqa: BLE001 - the tokenizers library raises plain exceptions here
                 # Prefix-unstable decoding; rebuild the window in Python from the tokens not yet emitted.
                 self._stream = None
                 self._fallback = _WindowDecoder(self._tok, self._context, self._skip)

@@ -113,7 +113,7 @@ class ByteLevelEncoder:
         module reproduces exactly (then use tokenizer.encode)."""
         try:
             spec = json.loads(tokenizer.to_str())
-        except Exception:
+        except Exception:  # noqa: BLE001 - a tokenizer without a JSON form: use tokenizer.encode
             return None
         model = spec.get("model") or {}
         if (spec.get("normalizer") is not None or model.get("type") != "BPE" or model.get("dropout")

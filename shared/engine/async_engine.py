@@ -65,7 +65,7 @@ class AsyncEngine:
             try:
                 self.engine.add_request(req_id, prompt_token_ids, params, priority, hold_pages=hold_pages,
                                         media=media)
-            except BaseException as e:  # handed to the caller, the engine keeps serving
+            except BaseException as e:  # handed to the caller, the engine keeps serving  # noqa: BLE001
                 added.set_exception(e)
                 return
             for rid in ids:
@@ -109,7 +109,7 @@ class AsyncEngine:
                 return
             try:
                 result = fn()
-            except BaseException as e:  # handed to the caller, the engine keeps serving
+            except BaseException as e:  # handed to the caller, the engine keeps serving  # noqa: BLE001
                 fut.set_exception(e)
                 return
             fut.set_result(result)

@@ -40,7 +40,7 @@ def _error_of(context: grpc.aio.ServicerContext) -> tuple[int, str]:
                 err = common_pb2.Error.FromString(value)
                 return err.code, err.message
         details = context.details() or ""
-    except Exception:  # reading back a context is best effort; the RPC already ended
+    except Exception:  # reading back a context is best effort; the RPC already ended  # noqa: BLE001
         details = ""
     return common_pb2.ERROR_CODE_INTERNAL, details if isinstance(details, str) else ""
 

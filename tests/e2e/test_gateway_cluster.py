@@ -245,7 +245,6 @@ async def test_repeated_prompt_goes_to_the_worker_holding_its_prefix(cluster: Cl
     messages = [{"role": "system", "content": long_text}, {"role": "user", "content": "Summarize."}]
     assert len(tokenizer.encode_chat(messages)) > 200
     watch = await _watch_bus(cluster)
-    loads = watch.loads
     try:
         async with httpx.AsyncClient(base_url=cluster.http, timeout=30) as c:
             cached = []

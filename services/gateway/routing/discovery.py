@@ -90,7 +90,7 @@ class Discovery:
         for sub in self._subs:
             try:
                 await sub.unsubscribe()
-            except Exception as e:  # NATS already closed: nothing left to unsubscribe from
+            except Exception as e:  # NATS already closed: nothing left to unsubscribe from  # noqa: BLE001
                 log.debug("unsubscribe failed: %s", e)
         self._subs.clear()
 

@@ -125,7 +125,7 @@ class Bus:
         try:
             await asyncio.wait_for(nc.connect(
                 servers=[self.url], name=self.name, connect_timeout=max(1, int(timeout_s)),
-                reconnect_time_wait=self._reconnect_wait_s,  # type: ignore[arg-type]  # annotated int, used as sleep seconds
+                reconnect_time_wait=self._reconnect_wait_s,  # type: ignore[arg-type]  # annotated int, used as seconds
                 max_reconnect_attempts=-1,
                 pending_size=self._pending_bytes, flush_timeout=2.0,
                 error_cb=self._on_error, disconnected_cb=self._on_disconnected, reconnected_cb=self._on_reconnected,
@@ -133,7 +133,7 @@ class Bus:
         except (asyncio.TimeoutError, OSError, NatsError) as e:
             try:
                 await nc.close()
-            except Exception:  # closing a never-connected client may fail in several ways; nothing to keep
+            except Exception:  # noqa: BLE001 - closing a never-connected client fails variously; nothing to keep
                 pass
             raise nats_unavailable(self.url, f"no answer within {timeout_s:g} s ({type(e).__name__})") from None
         self._nc = nc

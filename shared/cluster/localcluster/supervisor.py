@@ -296,7 +296,7 @@ class Supervisor:
         child.restarts = self.restarts.count(spec.instance_id)
         self.restarts.started(spec.instance_id)
         self.children.append(child)
-        logf = open(child.log_path, "ab")  # noqa: SIM115 - closed by the waiter task
+        logf = open(child.log_path, "ab")  # noqa: SIM115, ASYNC230 - a local log file, closed by the waiter task
         assert proc.stdout is not None and proc.stderr is not None
         child.tasks = [asyncio.create_task(self._pump(child, proc.stdout, logf, True)),
                        asyncio.create_task(self._pump(child, proc.stderr, logf, False))]

@@ -154,7 +154,7 @@ class BertLayer(nn.Module):
 
     def forward(self, x: torch.Tensor, batch: PackedBatch) -> torch.Tensor:
         # x: [N, H] packed tokens
-        N, H = x.shape
+        H = x.shape[1]
         B, T, nh, hd = batch.batch_size, batch.max_len, self.num_heads, self.head_dim
         qkv = self._proj("qkv", x)  # [N, 3H]
         if batch.mask is not None or B > 1:
