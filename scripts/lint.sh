@@ -12,7 +12,7 @@ check() {
   local t0=$SECONDS
   if "$@"; then echo "[lint] $name ok ($((SECONDS - t0))s)"; else echo "[lint] $name FAILED ($((SECONDS - t0))s)" >&2; failed+=("$name"); fi
 }
-check "ruff check" "$bin/ruff" check --quiet .
+check "ruff check" "$bin/ruff" check --quiet --output-format concise .
 check "ruff format" "$bin/ruff" format --check --quiet .
 check "mypy" "$bin/mypy"
 # import-linter's contracts ([tool.importlinter] in pyproject.toml or .importlinter)

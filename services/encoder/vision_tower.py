@@ -81,7 +81,7 @@ class TowerEncoder:
         assert all(e is not None for e in embeds)
         resp = worker_pb2.EncodeResponse()
         remote = request.HasField("destination_peer")
-        blobs = [e.contiguous().view(torch.uint8).reshape(-1) for e in embeds]  # type: ignore[union-attr]
+        blobs = [e.contiguous().view(torch.uint8).reshape(-1) for e in embeds]  # type: ignore[union-attr]  # none is None (asserted)
         if remote:
             await self._write(request, blobs)
         for m, emb, b, hit in zip(request.media, embeds, blobs, cached, strict=True):

@@ -82,7 +82,7 @@ class ChatFormatter:
     def chunk(self, d: Delta) -> bytes:
         delta = ChatDelta(content=d.text) if d.text else ChatDelta()
         return self._chunk(ChatChunkChoice(index=d.index, delta=delta, logprobs=self.logprobs(d.logprobs),
-                                           finish_reason=d.finish_reason,  # type: ignore[arg-type]
+                                           finish_reason=d.finish_reason,
                                            stop_reason=d.stop_reason))
 
     def usage_chunk(self, u: Usage) -> bytes:
@@ -95,7 +95,7 @@ class ChatFormatter:
             entries = [e for d in ds if d.logprobs is not None for e in d.logprobs]
             logprobs = self.logprobs(entries) if self.want_logprobs else None
             choices.append(ChatChoice(index=i, message=AssistantMessage("assistant", "".join(d.text for d in ds)),
-                                      logprobs=logprobs, finish_reason=last.finish_reason,  # type: ignore[arg-type]
+                                      logprobs=logprobs, finish_reason=last.finish_reason,
                                       stop_reason=last.stop_reason))
         return _ENC.encode(ChatCompletionResponse(id=self.id, created=self.created, model=self.model,
                                                   choices=choices, usage=u))
@@ -152,7 +152,7 @@ class CompletionFormatter:
 
     def chunk(self, d: Delta) -> bytes:
         choice = CompletionChoice(index=d.index, text=self._echoed(d.index, d.text), logprobs=self.logprobs((d,)),
-                                  finish_reason=d.finish_reason,  # type: ignore[arg-type]
+                                  finish_reason=d.finish_reason,
                                   stop_reason=d.stop_reason)
         return sse(CompletionChunk(id=self.id, created=self.created, model=self.model, choices=[choice],
                                    usage=self._usage_field))
@@ -162,7 +162,7 @@ class CompletionFormatter:
 
     def response(self, deltas: Sequence[Delta], u: Usage) -> bytes:
         choices = [CompletionChoice(index=i, text=self._echoed(i, "".join(d.text for d in ds)), logprobs=self.logprobs(ds),
-                                    finish_reason=ds[-1].finish_reason,  # type: ignore[arg-type]
+                                    finish_reason=ds[-1].finish_reason,
                                     stop_reason=ds[-1].stop_reason)
                    for i, ds in by_choice(deltas)]
         return _ENC.encode(CompletionResponse(id=self.id, created=self.created, model=self.model,

@@ -11,7 +11,8 @@ from __future__ import annotations
 import time
 from collections.abc import AsyncIterator
 
-from services.gateway.backend import BackendChunk, BackendError, BackendRequest, GenerateBackend, TokenLogprob
+from services.gateway.backend import (BackendChunk, BackendError, BackendRequest, FinishReason, GenerateBackend,
+                                      TokenLogprob)
 from services.gateway.detokenizer import IncrementalDetokenizer
 from services.gateway.metrics import GatewayMetrics
 from services.gateway.tokenizer import GatewayTokenizer
@@ -23,7 +24,8 @@ class Delta:
     __slots__ = ("text", "logprobs", "text_offset", "finish_reason", "stop_reason", "index", "prompt")
 
     def __init__(self, text: str, logprobs: tuple[TokenLogprob, ...] | None, text_offset: int,
-                 finish_reason: str | None = None, stop_reason: int | str | None = None, index: int = 0) -> None:
+                 finish_reason: FinishReason | None = None, stop_reason: int | str | None = None,
+                 index: int = 0) -> None:
         self.index = index  # the choice this delta belongs to (n > 1, batched prompts)
         self.text = text
         self.logprobs = logprobs

@@ -237,7 +237,7 @@ class GatewayApi(gateway_pb2_grpc.GatewayServicer):
         except ApiError as e:
             await self._fail(context, ctx, e)
         tap = _TokenTap(ctx.backend)
-        gen = Generation(tap, ctx.tokenizer, breq, skip_special_tokens=plan.skip_special_tokens,  # type: ignore[arg-type]
+        gen = Generation(tap, ctx.tokenizer, breq, skip_special_tokens=plan.skip_special_tokens,  # type: ignore[arg-type]  # Generation calls only generate()
                          metrics=ctx.metrics, arrival=arrival)
         ctx.metrics.in_flight.inc()
         first = True

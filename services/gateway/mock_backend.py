@@ -14,6 +14,7 @@ from collections.abc import AsyncIterator, Sequence
 from services.gateway.backend import (
     BackendChunk,
     BackendRequest,
+    FinishReason,
     TokenLogprob,
     TopLogprob,
 )
@@ -121,7 +122,7 @@ class MockBackend:
                     # Always yield to the loop between steps, as a real stream does (lets cancellation in).
                     await asyncio.sleep(self.token_delay_s)
                 step = tokens[pos : pos + self.tokens_per_chunk]
-                finish: str | None = None
+                finish: FinishReason | None = None
                 stop_reason: int | None = None
                 for i, t in enumerate(step):
                     if t in stop_ids and pos + i + 1 >= sp.min_tokens:
@@ -137,7 +138,7 @@ class MockBackend:
                 if finish is not None:
                     completed = True
                 for index in range(max(1, sp.n)):  # n > 1: every sample is the same stream here
-                    yield BackendChunk(tuple(step), logprobs, finish, stop_reason,  # type: ignore[arg-type]
+                    yield BackendChunk(tuple(step), logprobs, finish, stop_reason,
                                        n_prompt, n_cached, index)
                 if finish is not None:
                     return

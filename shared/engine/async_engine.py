@@ -232,7 +232,7 @@ def _coalesce(first: RequestOutput | BaseException,
     while item is not None:
         if isinstance(item, RequestOutput) and item.req_id in open_at:
             j = open_at[item.req_id]
-            merged = merge_deltas(out[j], item)  # type: ignore[arg-type]
+            merged = merge_deltas(out[j], item)  # type: ignore[arg-type]  # open_at points at RequestOutputs only
             out[j] = merged
             if merged.finished:
                 del open_at[item.req_id]

@@ -68,7 +68,7 @@ class ToolChatFormatter(ChatFormatter):
         if not calls:  # nothing parsed: the held text is content after all
             if len(self._text) > self._sent:
                 out += self._content(self._text[self._sent:], None)
-            return out + self._chunk(ChatChunkChoice(index=0, delta=ChatDelta(), finish_reason=d.finish_reason,  # type: ignore[arg-type]
+            return out + self._chunk(ChatChunkChoice(index=0, delta=ChatDelta(), finish_reason=d.finish_reason,
                                                      stop_reason=d.stop_reason))
         for i, c in enumerate(calls):
             head = DeltaToolCall(index=i, id=c.id, type="function", function=DeltaFunctionCall(name=c.name,
@@ -93,7 +93,7 @@ class ToolChatFormatter(ChatFormatter):
             choice = ChatChoice(index=0, message=msg, logprobs=logprobs, finish_reason="tool_calls")
         else:
             choice = ChatChoice(index=0, message=AssistantMessage("assistant", text), logprobs=logprobs,
-                                finish_reason=last.finish_reason, stop_reason=last.stop_reason)  # type: ignore[arg-type]
+                                finish_reason=last.finish_reason, stop_reason=last.stop_reason)
         return _ENC.encode(ChatCompletionResponse(id=self.id, created=self.created, model=self.model,
                                                   choices=[choice], usage=u))
 

@@ -35,7 +35,7 @@ _INSTRUCTIONS = (
 
 
 def template_has_tools(template: str | None) -> bool:
-    return bool(template) and "tools" in template  # type: ignore[operator]
+    return template is not None and "tools" in template
 
 
 def tools_prompt(plan: ToolPlan) -> str:

@@ -47,7 +47,7 @@ class MaskFiller:
 
         def fill() -> None:
             for i, g in zip(rows, grammars, strict=True):
-                g.fill(bitmask, i)  # type: ignore[union-attr]
+                g.fill(bitmask, i)  # type: ignore[union-attr]  # rows: the requests that have a grammar
 
         return PendingMask(rows, bitmask, self._pool.submit(fill), grammars)
 

@@ -181,7 +181,7 @@ class BertModel(nn.Module):
 
     def prepare(self, linear: LinearBackend) -> BertModel:
         for layer in self.layers:
-            layer.prepare(linear)  # type: ignore[operator]
+            layer.prepare(linear)  # type: ignore[operator]  # nn.ModuleList types its items as Module
         return self
 
     @torch.inference_mode()
