@@ -10,11 +10,11 @@ from __future__ import annotations
 import os
 from typing import Any
 
-from services.gateway.app import GatewayApp
-from services.gateway.backend import GenerateBackend
+from services.gateway.http.app import GatewayApp
+from services.gateway.backends.base import GenerateBackend
 from services.gateway.public_tls import uvicorn_ssl_args
 from services.gateway.media.processor import MediaProcessor
-from services.gateway.tokenizer import GatewayTokenizer
+from services.gateway.text.tokenizer import GatewayTokenizer
 
 BUNDLED_PREFIX = "bundled:"
 

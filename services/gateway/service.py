@@ -21,14 +21,14 @@ from typing import Any
 import grpc
 
 from proto.pdrelay.v1 import gateway_pb2_grpc
-from services.gateway.app import GatewayApp
-from services.gateway.embeddings import Embeddings, mount_embeddings
-from services.gateway.asgi import Receive, Scope, Send
-from services.gateway.errors import ApiError
-from services.gateway.grpc_api import ApiContext, GatewayApi
-from services.gateway.grpc_auth import ApiKeyInterceptor
+from services.gateway.http.app import GatewayApp
+from services.gateway.http.embeddings import Embeddings, mount_embeddings
+from services.gateway.http.asgi import Receive, Scope, Send
+from services.gateway.http.errors import ApiError
+from services.gateway.grpc.api import ApiContext, GatewayApi
+from services.gateway.grpc.auth import ApiKeyInterceptor
 from services.gateway.public_tls import public_tls, uvicorn_ssl_args
-from services.gateway.grpc_backend import GrpcBackend
+from services.gateway.backends.grpc_backend import GrpcBackend
 from services.gateway.routing.metrics import BackendCollector
 from services.gateway.server import build_app, load_tokenizer, served_names_of
 from shared.cluster.bus.load import LoadSnapshot

@@ -163,7 +163,7 @@ def reference(cluster: Cluster):  # -> Callable[[list[int], int], list[int]]
 
 @pytest.fixture(scope="module")
 def tokenizer(cluster: Cluster):  # -> GatewayTokenizer
-    from services.gateway.tokenizer import GatewayTokenizer
+    from services.gateway.text.tokenizer import GatewayTokenizer
 
     return GatewayTokenizer.from_dir(cluster.model_dir)
 

@@ -7,7 +7,7 @@ import asyncio
 
 import httpx
 
-from services.gateway.errors import bad_request
+from services.gateway.http.errors import bad_request
 from services.gateway.media.images import DecodedImage, decode_image
 from services.gateway.media.parts import too_many
 from services.gateway.media.processor import MediaProcessor, PromptImage

@@ -18,7 +18,7 @@ from services.gateway.routing.breaker import BreakerState
 from services.gateway.routing.discovery import ROUTED_ROLES
 
 if TYPE_CHECKING:
-    from services.gateway.grpc_backend import GrpcBackend
+    from services.gateway.backends.grpc_backend import GrpcBackend
 
 
 class BackendCollector(Collector):

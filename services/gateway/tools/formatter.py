@@ -12,7 +12,7 @@ from collections.abc import Sequence
 
 import msgspec
 
-from services.gateway.api_responses import (
+from services.gateway.http.api_responses import (
     AssistantMessage,
     ChatChoice,
     ChatChunkChoice,
@@ -24,9 +24,9 @@ from services.gateway.api_responses import (
     ToolCall,
     Usage,
 )
-from services.gateway.formatters import ChatFormatter
-from services.gateway.generation import Delta
-from services.gateway.tokenizer import GatewayTokenizer
+from services.gateway.http.formatters import ChatFormatter
+from services.gateway.text.generation import Delta
+from services.gateway.text.tokenizer import GatewayTokenizer
 from services.gateway.tools.parse import START, ParsedCall, parse_output
 from services.gateway.tools.spec import ToolPlan
 

@@ -10,9 +10,9 @@ import jsonschema
 import msgspec
 import pytest
 
-from services.gateway.api_responses import Usage
-from services.gateway.errors import ApiError
-from services.gateway.generation import Delta
+from services.gateway.http.api_responses import Usage
+from services.gateway.http.errors import ApiError
+from services.gateway.text.generation import Delta
 from services.gateway.tools.formatter import ToolChatFormatter
 from services.gateway.tools.parse import parse_output
 from services.gateway.tools.render import render_messages

@@ -13,9 +13,9 @@ import grpc
 import pytest
 
 from proto.pdrelay.v1 import common_pb2, worker_pb2, worker_pb2_grpc
-from services.gateway.backend import (BackendChunk, BackendOverloaded, BackendRequest, BackendSamplingParams,
+from services.gateway.backends.base import (BackendChunk, BackendOverloaded, BackendRequest, BackendSamplingParams,
                                       BackendUnavailable, InvalidRequest)
-from services.gateway.grpc_backend import GrpcBackend
+from services.gateway.backends.grpc_backend import GrpcBackend
 from services.gateway.routing.breaker import BreakerConfig
 from shared.cluster.bus.cancel import Cancel
 from shared.cluster.grpc_errors import abort

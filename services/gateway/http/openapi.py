@@ -6,8 +6,8 @@ from typing import Any
 
 import msgspec
 
-from services.gateway.api_requests import ChatCompletionRequest, CompletionRequest
-from services.gateway.api_responses import (
+from services.gateway.http.api_requests import ChatCompletionRequest, CompletionRequest
+from services.gateway.http.api_responses import (
     ChatCompletionChunk,
     ChatCompletionResponse,
     CompletionChunk,
@@ -16,9 +16,9 @@ from services.gateway.api_responses import (
     HealthStatus,
     ModelList,
 )
-from services.gateway.embeddings import EmbeddingRequest, EmbeddingResponse
-from services.gateway.openapi_limits import apply_limits
-from services.gateway.tokenize_api import DetokenizeRequest, DetokenizeResponse, TokenizeRequest, TokenizeResponse
+from services.gateway.http.embeddings import EmbeddingRequest, EmbeddingResponse
+from services.gateway.http.openapi_limits import apply_limits
+from services.gateway.http.tokenize_api import DetokenizeRequest, DetokenizeResponse, TokenizeRequest, TokenizeResponse
 
 _REF = "#/components/schemas/{name}"
 _ERROR_CODES = {"400": "Invalid request (the body names the parameter and the fix)",

@@ -9,7 +9,7 @@ import asyncio
 import contextlib
 from collections.abc import Sequence
 
-from services.gateway.generation import Delta, Generation
+from services.gateway.text.generation import Delta, Generation
 
 
 class BatchGeneration:

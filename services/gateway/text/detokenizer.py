@@ -17,7 +17,7 @@ from typing import Any
 
 from tokenizers.decoders import DecodeStream
 
-from services.gateway.stop_strings import StopScan, StopStringMatcher
+from services.gateway.text.stop_strings import StopScan, StopStringMatcher
 
 _CONTEXT_TOKENS = 4
 

@@ -24,12 +24,12 @@ import grpc
 import msgspec
 
 from proto.pdrelay.v1 import common_pb2, gateway_pb2
-from services.gateway.api_responses import ModelCard
-from services.gateway.asgi import Receive, Responder, Scope, read_body
-from services.gateway.backend import BackendError
-from services.gateway.encoder_backend import EmbedCall, EmbedResult, EncoderBackend
-from services.gateway.errors import ApiError, bad_request, from_backend
-from services.gateway.json_body import decode_body
+from services.gateway.http.api_responses import ModelCard
+from services.gateway.http.asgi import Receive, Responder, Scope, read_body
+from services.gateway.backends.base import BackendError
+from services.gateway.backends.encoder_backend import EmbedCall, EmbedResult, EncoderBackend
+from services.gateway.http.errors import ApiError, bad_request, from_backend
+from services.gateway.http.json_body import decode_body
 from services.gateway.routing.channels import ChannelPool
 from shared.cluster.grpc_errors import abort
 from shared.cluster.instance import EncoderInfo

@@ -2,7 +2,7 @@
 
 The same front door as the OpenAI HTTP API, over the same tokenizer, backend, detokenizer and metrics: a
 GenerateRequest is turned into the equivalent OpenAI request body and validated by the HTTP layer's own checks
-(services.gateway.validation), so both APIs accept and refuse exactly the same things with the same messages.
+(services.gateway.http.validation), so both APIs accept and refuse exactly the same things with the same messages.
 Errors before the first message end the RPC with a status code plus a typed pdrelay `Error` in the trailing
 metadata (shared.cluster.grpc_errors); an error after it ends the stream with FINISH_REASON_ERROR and the Error.
 
@@ -24,16 +24,16 @@ import grpc
 import msgspec
 
 from proto.pdrelay.v1 import common_pb2, gateway_pb2, gateway_pb2_grpc
-from services.gateway.api_requests import ChatCompletionRequest, CompletionRequest
-from services.gateway.embeddings import Embeddings
-from services.gateway.backend import (BackendChunk, BackendError, BackendRequest, BackendSamplingParams,
+from services.gateway.http.api_requests import ChatCompletionRequest, CompletionRequest
+from services.gateway.http.embeddings import Embeddings
+from services.gateway.backends.base import (BackendChunk, BackendError, BackendRequest, BackendSamplingParams,
                                       GenerateBackend, TokenLogprob)
-from services.gateway.errors import ApiError, bad_request, from_backend
-from services.gateway.generation import Delta, Generation
+from services.gateway.http.errors import ApiError, bad_request, from_backend
+from services.gateway.text.generation import Delta, Generation
 from services.gateway.metrics import GatewayMetrics
 from services.gateway.routing.discovery import MembershipView
-from services.gateway.tokenizer import ChatTemplateError, GatewayTokenizer
-from services.gateway.validation import Plan, plan_chat, plan_completion
+from services.gateway.text.tokenizer import ChatTemplateError, GatewayTokenizer
+from services.gateway.http.validation import Plan, plan_chat, plan_completion
 from shared.cluster.grpc_errors import abort, make_error
 
 _FINISH = {"stop": common_pb2.FINISH_REASON_STOP, "length": common_pb2.FINISH_REASON_LENGTH,
@@ -57,7 +57,7 @@ class ApiContext:
     metrics: GatewayMetrics = dataclasses.field(default_factory=GatewayMetrics)
     membership: MembershipView | None = None
     instance_id: str = ""
-    embeddings: Embeddings | None = None  # the embeddings API (services.gateway.embeddings), when mounted
+    embeddings: Embeddings | None = None  # the embeddings API (services.gateway.http.embeddings), when mounted
     created: int = dataclasses.field(default_factory=lambda: int(time.time()))
 
 

@@ -17,7 +17,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from services.gateway.fast_encode import ByteLevelEncoder, adds_special_tokens
+from services.gateway.text.fast_encode import ByteLevelEncoder, adds_special_tokens
 
 # Keys of config.json that hold the context length, by model family (first found wins).
 _CONTEXT_KEYS = ("max_position_embeddings", "n_positions", "max_sequence_length", "seq_length", "max_seq_len")

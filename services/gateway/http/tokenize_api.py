@@ -6,8 +6,8 @@ from typing import Any
 
 import msgspec
 
-from services.gateway.errors import bad_request
-from services.gateway.tokenizer import ChatTemplateError, GatewayTokenizer
+from services.gateway.http.errors import bad_request
+from services.gateway.text.tokenizer import ChatTemplateError, GatewayTokenizer
 
 
 class TokenizeRequest(msgspec.Struct, kw_only=True):

@@ -11,16 +11,16 @@ import dataclasses
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from services.gateway.api_requests import (
+from services.gateway.http.api_requests import (
     ChatCompletionRequest,
     CompletionRequest,
     ImageUrlPart,
     TextPart,
     _CommonRequest,
 )
-from services.gateway.backend import BackendSamplingParams
-from services.gateway.errors import ApiError, bad_request
-from services.gateway.structured import check, structured_spec
+from services.gateway.backends.base import BackendSamplingParams
+from services.gateway.http.errors import ApiError, bad_request
+from services.gateway.http.structured import check, structured_spec
 from services.gateway.tools.spec import ToolPlan, plan_tools
 from shared.grammar.spec import StructuredSpec
 from services.gateway.media.parts import image_part

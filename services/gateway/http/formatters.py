@@ -8,7 +8,7 @@ from typing import Any
 
 import msgspec
 
-from services.gateway.api_responses import (
+from services.gateway.http.api_responses import (
     AssistantMessage,
     ChatChoice,
     ChatChunkChoice,
@@ -25,9 +25,9 @@ from services.gateway.api_responses import (
     PromptTokensDetails,
     Usage,
 )
-from services.gateway.backend import TokenLogprob
-from services.gateway.generation import Delta
-from services.gateway.tokenizer import GatewayTokenizer
+from services.gateway.backends.base import TokenLogprob
+from services.gateway.text.generation import Delta
+from services.gateway.text.tokenizer import GatewayTokenizer
 
 _ENC = msgspec.json.Encoder()
 DONE = b"data: [DONE]\n\n"

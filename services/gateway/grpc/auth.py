@@ -1,6 +1,6 @@
 """`--api-key` on the gateway's gRPC API: every pdrelay.v1.Gateway call needs `authorization: Bearer <key>` metadata.
 
-The same key and the same rule as the HTTP API (services.gateway.app): compared in constant time, refused with
+The same key and the same rule as the HTTP API (services.gateway.http.app): compared in constant time, refused with
 UNAUTHENTICATED. Only the standard grpc.health.v1 service stays open, for load balancers and orchestrators; the
 Gateway API's own Health RPC reports cluster details and needs the key like every other call.
 """

@@ -22,9 +22,9 @@ from typing import TypeVar
 import msgspec
 from opentelemetry.context import Context
 
-from services.gateway.api_requests import ChatCompletionRequest, CompletionRequest
-from services.gateway.api_responses import HealthStatus, ModelCard, ModelList
-from services.gateway.asgi import (
+from services.gateway.http.api_requests import ChatCompletionRequest, CompletionRequest
+from services.gateway.http.api_responses import HealthStatus, ModelCard, ModelList
+from services.gateway.http.asgi import (
     ClientDisconnected,
     Receive,
     Responder,
@@ -35,23 +35,23 @@ from services.gateway.asgi import (
     header,
     read_body,
 )
-from services.gateway.batch import BatchGeneration
-from services.gateway.backend import BackendError, BackendRequest, BackendSamplingParams, GenerateBackend
-from services.gateway.errors import ApiError, bad_request, from_backend, internal_error
-from services.gateway.formatters import DONE, ChatFormatter, CompletionFormatter, Formatter, sse, usage
-from services.gateway.generation import Delta, Generation
-from services.gateway.json_body import decode_body
+from services.gateway.http.batch import BatchGeneration
+from services.gateway.backends.base import BackendError, BackendRequest, BackendSamplingParams, GenerateBackend
+from services.gateway.http.errors import ApiError, bad_request, from_backend, internal_error
+from services.gateway.http.formatters import DONE, ChatFormatter, CompletionFormatter, Formatter, sse, usage
+from services.gateway.text.generation import Delta, Generation
+from services.gateway.http.json_body import decode_body
 from services.gateway.media.attach import MediaInputs
 from services.gateway.media.processor import MediaProcessor
 from services.gateway.metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
 from services.gateway.metrics import GatewayMetrics
-from services.gateway.openapi import build_openapi
-from services.gateway.tokenize_api import DetokenizeRequest, TokenizeRequest, detokenize, tokenize
-from services.gateway.tokenizer import ChatTemplateError, GatewayTokenizer
+from services.gateway.http.openapi import build_openapi
+from services.gateway.http.tokenize_api import DetokenizeRequest, TokenizeRequest, detokenize, tokenize
+from services.gateway.text.tokenizer import ChatTemplateError, GatewayTokenizer
 from services.gateway.tools.formatter import ToolChatFormatter
 from services.gateway.tools.render import render_messages
 from services.gateway.tools.spec import ToolChoiceMode
-from services.gateway.validation import Plan, plan_chat, plan_completion
+from services.gateway.http.validation import Plan, plan_chat, plan_completion
 from shared.config.groups import HttpConfig
 from shared.telemetry import spans
 from shared.telemetry.logs import bind_request_id
@@ -134,7 +134,7 @@ class GatewayApp:
 
     def add_route(self, path: str, method: str, handler: Handler, *, needs_api_key: bool = True,
                   models: Callable[[], list[ModelCard]] | None = None) -> None:
-        """Mount another API beside the built-in routes (e.g. /v1/embeddings, services.gateway.embeddings);
+        """Mount another API beside the built-in routes (e.g. /v1/embeddings, services.gateway.http.embeddings);
         `models` adds its model cards to /v1/models."""
         self._routes[path] = (method, handler, needs_api_key)
         self._openapi = b""  # the document lists the served routes only: encode it again

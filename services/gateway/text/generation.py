@@ -11,10 +11,10 @@ from __future__ import annotations
 import time
 from collections.abc import AsyncIterator
 
-from services.gateway.backend import BackendChunk, BackendError, BackendRequest, GenerateBackend, TokenLogprob
-from services.gateway.detokenizer import IncrementalDetokenizer
+from services.gateway.backends.base import BackendChunk, BackendError, BackendRequest, GenerateBackend, TokenLogprob
+from services.gateway.text.detokenizer import IncrementalDetokenizer
 from services.gateway.metrics import GatewayMetrics
-from services.gateway.tokenizer import GatewayTokenizer
+from services.gateway.text.tokenizer import GatewayTokenizer
 
 
 class Delta:

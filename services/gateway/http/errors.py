@@ -11,7 +11,7 @@ import math
 
 import msgspec
 
-from services.gateway.backend import (
+from services.gateway.backends.base import (
     BackendError,
     BackendOverloaded,
     BackendTimeout,
@@ -19,7 +19,7 @@ from services.gateway.backend import (
     InvalidRequest,
     ModelNotFound,
 )
-from services.gateway.api_responses import ErrorInfo, ErrorResponse
+from services.gateway.http.api_responses import ErrorInfo, ErrorResponse
 
 _ENCODER = msgspec.json.Encoder()
 
