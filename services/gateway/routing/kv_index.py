@@ -18,7 +18,7 @@ import logging
 from collections.abc import Container, Iterable, Sequence
 from dataclasses import dataclass, field
 
-from shared.cluster.bus.kv_events import KVEvent, KVOpKind
+from shared.cluster.bus.kv_events import KVEventBatch, KVOpKind
 from shared.engine.block_hash import MediaSpan, page_hashes
 
 log = logging.getLogger(__name__)
@@ -53,7 +53,7 @@ class KVIndex:
 
     # ------------------------------------------------------------------ updates
 
-    def apply(self, event: KVEvent) -> None:
+    def apply(self, event: KVEventBatch) -> None:
         """Apply one KV event (from `pdrelay.<cluster>.kv.<instance>`), checking its epoch and sequence."""
         self.stats.events += 1
         iid = event.instance_id

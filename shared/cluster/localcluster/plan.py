@@ -4,7 +4,7 @@ Each real role runs as `python -m services.<role> --resolved-config FILE --ready
 resolved here (defaults < --config < PDRELAY_* env < the user's flags < per-instance settings) and written to
 `<run-dir>/config/<id>.json`, so the child does not resolve again and `pdrelay config show` tells no other story.
 A role whose `services.<role>.__main__` does not exist in this build is skipped with a note. The `echo` role is
-the control-plane test service (shared.cluster.testing), started with raw flags.
+the control-plane test service (services.echo), started with raw flags.
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ import msgspec
 # Start order; stop order is the reverse (the gateway stops taking requests before the workers go). The planner
 # starts last, once there is a cluster to plan for.
 ROLE_ORDER = ("kvstore", "encoder", "prefill", "decode", "worker", "echo", "gateway", "planner")
-ECHO_MODULE = "shared.cluster.testing"
+ECHO_MODULE = "services.echo"
 # Roles whose processes run a model engine: `--threads 0` splits the host's cores among their instances.
 ENGINE_ROLES = ("prefill", "decode", "worker", "encoder")
 # Set by `pdrelay up` for every instance; a user flag for them would fight the per-instance value.

@@ -15,7 +15,7 @@ DecodeFn = Callable[[Sequence[int]], str]
 _CONTEXT_TOKENS = 5  # prompt tokens kept as left context so the first output token decodes as in the full text
 
 
-class IncrementalDetokenizer:
+class TextWindow:
     def __init__(self, decode_fn: DecodeFn, context_ids: Sequence[int] = ()) -> None:
         self._decode = decode_fn
         self._ids: list[int] = list(context_ids[-_CONTEXT_TOKENS:])

@@ -3,7 +3,7 @@
 It speaks the real protos: Decode.Generate streams the prompt's token ids back one message per token (after
 --token-delay-s each), Gateway.Tokenize returns the UTF-8 bytes of the text as token ids. No model, no engine.
 
-    python -m shared.cluster.testing --etcd-endpoints http://127.0.0.1:2379 --nats-url nats://127.0.0.1:4222
+    python -m services.echo --etcd-endpoints http://127.0.0.1:2379 --nats-url nats://127.0.0.1:4222
 """
 
 from __future__ import annotations
@@ -85,7 +85,7 @@ class _EchoGateway(gateway_pb2_grpc.GatewayServicer):
 
 def build_parser() -> argparse.ArgumentParser:
     d, b, g = DiscoveryConfig(), BusConfig(), GrpcConfig()
-    p = argparse.ArgumentParser(prog="python -m shared.cluster.testing", description=__doc__.splitlines()[0])
+    p = argparse.ArgumentParser(prog="python -m services.echo", description=__doc__.splitlines()[0])
     p.add_argument("--etcd-endpoints", "--etcd", nargs="+", default=list(d.etcd_endpoints))
     p.add_argument("--cluster", default=d.cluster)
     p.add_argument("--instance-id", default=None)
