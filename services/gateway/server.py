@@ -11,9 +11,9 @@ import os
 from typing import Any
 
 from services.gateway.http.app import GatewayApp
-from services.gateway.backends.base import GenerateBackend
+from services.gateway.backend import GenerateBackend
 from services.gateway.public_tls import uvicorn_ssl_args
-from services.gateway.media.processor import MediaProcessor
+from services.gateway.http.media.processor import MediaProcessor
 from services.gateway.text.tokenizer import GatewayTokenizer
 
 BUNDLED_PREFIX = "bundled:"

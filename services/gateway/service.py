@@ -29,7 +29,7 @@ from services.gateway.grpc.api import ApiContext, GatewayApi
 from services.gateway.grpc.auth import ApiKeyInterceptor
 from services.gateway.public_tls import public_tls, uvicorn_ssl_args
 from services.gateway.backends.grpc_backend import GrpcBackend
-from services.gateway.routing.metrics import BackendCollector
+from services.gateway.backends.grpc_metrics import BackendCollector
 from services.gateway.server import build_app, load_tokenizer, served_names_of
 from shared.cluster.bus.load import LoadSnapshot
 from shared.cluster.errors import StartupError

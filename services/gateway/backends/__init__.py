@@ -1,7 +1,9 @@
-"""What generates tokens behind the front doors, and the encoders behind /v1/embeddings.
+"""What generates tokens behind the front doors, and the encoders behind /v1/embeddings, over the cluster.
 
-    base.py              the seam: `GenerateBackend`, its request / chunk types and typed errors
-    grpc_backend.py      the product backend: routed gRPC streams to the decode / worker instances (routing/)
+    grpc_backend.py      the product `GenerateBackend`: routed gRPC streams to the decode / worker instances
+                         (routing/ decides which), retries, cancel over NATS
+    grpc_metrics.py      Prometheus collector over that backend's counters, breakers, instances and KV index
     encoder_backend.py   Embed on the least-loaded encoder, retried elsewhere when one fails
-    mock/                a fast, deterministic stand-in for the worker fleet (`python -m services.gateway.backends.mock`)
+
+The seam they implement is services/gateway/backend.py; the stand-in without workers is services/gateway/mock/.
 """

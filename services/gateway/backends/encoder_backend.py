@@ -18,7 +18,7 @@ import grpc
 import numpy as np
 
 from proto.pdrelay.v1 import common_pb2, worker_pb2, worker_pb2_grpc
-from services.gateway.backends.base import (BackendError, BackendOverloaded, BackendTimeout, BackendUnavailable,
+from services.gateway.backend import (BackendError, BackendOverloaded, BackendTimeout, BackendUnavailable,
                                       InvalidRequest, ModelNotFound)
 from services.gateway.routing.channels import ChannelPool
 from services.gateway.routing.discovery import MembershipView

@@ -29,7 +29,7 @@ from collections.abc import AsyncIterator, Collection, Sequence
 import grpc
 
 from proto.pdrelay.v1 import common_pb2, worker_pb2_grpc
-from services.gateway.backends.base import (BackendChunk, BackendError, BackendOverloaded, BackendRequest,
+from services.gateway.backend import (BackendChunk, BackendError, BackendOverloaded, BackendRequest,
                                       BackendUnavailable, InvalidRequest, ModelNotFound)
 from services.gateway.routing.breaker import BreakerBoard, BreakerConfig
 from services.gateway.routing.channels import ChannelPool
@@ -88,7 +88,7 @@ def _cancelled_by_us() -> bool:
 
 
 class GrpcBackend:
-    """Implements services.gateway.backends.base.GenerateBackend. One event loop; not thread-safe.
+    """Implements services.gateway.backend.GenerateBackend. One event loop; not thread-safe.
 
     `tracing` (shared.telemetry.tracing) is off until the gateway service sets its process tracer."""
 

@@ -26,7 +26,7 @@ import msgspec
 from proto.pdrelay.v1 import common_pb2, gateway_pb2, gateway_pb2_grpc
 from services.gateway.http.api_requests import ChatCompletionRequest, CompletionRequest
 from services.gateway.http.embeddings import Embeddings
-from services.gateway.backends.base import (BackendChunk, BackendError, BackendRequest, BackendSamplingParams,
+from services.gateway.backend import (BackendChunk, BackendError, BackendRequest, BackendSamplingParams,
                                       GenerateBackend, TokenLogprob)
 from services.gateway.http.errors import ApiError, bad_request, from_backend
 from services.gateway.text.generation import Delta, Generation

@@ -13,4 +13,6 @@
     tokenize_api.py    /tokenize and /detokenize (vLLM's shape)
     embeddings.py      /v1/embeddings and gRPC Gateway.Embed over the encoders
     openapi.py         /openapi.json; openapi_limits.py adds validation.py's value rules to it
+    tools/             tool calling in chat: the tool spec, rendering into the prompt, parsing calls out
+    media/             image parts in chat messages: fetch, decode, preprocess into the prompt's images
 """

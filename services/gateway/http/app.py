@@ -36,21 +36,21 @@ from services.gateway.http.asgi import (
     read_body,
 )
 from services.gateway.http.batch import BatchGeneration
-from services.gateway.backends.base import BackendError, BackendRequest, BackendSamplingParams, GenerateBackend
+from services.gateway.backend import BackendError, BackendRequest, BackendSamplingParams, GenerateBackend
 from services.gateway.http.errors import ApiError, bad_request, from_backend, internal_error
 from services.gateway.http.formatters import DONE, ChatFormatter, CompletionFormatter, Formatter, sse, usage
 from services.gateway.text.generation import Delta, Generation
 from services.gateway.http.json_body import decode_body
-from services.gateway.media.attach import MediaInputs
-from services.gateway.media.processor import MediaProcessor
+from services.gateway.http.media.attach import MediaInputs
+from services.gateway.http.media.processor import MediaProcessor
 from services.gateway.metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
 from services.gateway.metrics import GatewayMetrics
 from services.gateway.http.openapi import build_openapi
 from services.gateway.http.tokenize_api import DetokenizeRequest, TokenizeRequest, detokenize, tokenize
 from services.gateway.text.tokenizer import ChatTemplateError, GatewayTokenizer
-from services.gateway.tools.formatter import ToolChatFormatter
-from services.gateway.tools.render import render_messages
-from services.gateway.tools.spec import ToolChoiceMode
+from services.gateway.http.tools.formatter import ToolChatFormatter
+from services.gateway.http.tools.render import render_messages
+from services.gateway.http.tools.spec import ToolChoiceMode
 from services.gateway.http.validation import Plan, plan_chat, plan_completion
 from shared.config.groups import HttpConfig
 from shared.telemetry import spans

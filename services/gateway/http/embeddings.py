@@ -26,7 +26,7 @@ import msgspec
 from proto.pdrelay.v1 import common_pb2, gateway_pb2
 from services.gateway.http.api_responses import ModelCard
 from services.gateway.http.asgi import Receive, Responder, Scope, read_body
-from services.gateway.backends.base import BackendError
+from services.gateway.backend import BackendError
 from services.gateway.backends.encoder_backend import EmbedCall, EmbedResult, EncoderBackend
 from services.gateway.http.errors import ApiError, bad_request, from_backend
 from services.gateway.http.json_body import decode_body

@@ -11,7 +11,7 @@ import math
 
 import msgspec
 
-from services.gateway.backends.base import (
+from services.gateway.backend import (
     BackendError,
     BackendOverloaded,
     BackendTimeout,

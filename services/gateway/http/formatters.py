@@ -25,7 +25,7 @@ from services.gateway.http.api_responses import (
     PromptTokensDetails,
     Usage,
 )
-from services.gateway.backends.base import TokenLogprob
+from services.gateway.backend import TokenLogprob
 from services.gateway.text.generation import Delta
 from services.gateway.text.tokenizer import GatewayTokenizer
 

@@ -18,12 +18,12 @@ from services.gateway.http.api_requests import (
     TextPart,
     _CommonRequest,
 )
-from services.gateway.backends.base import BackendSamplingParams
+from services.gateway.backend import BackendSamplingParams
 from services.gateway.http.errors import ApiError, bad_request
 from services.gateway.http.structured import check, structured_spec
-from services.gateway.tools.spec import ToolPlan, plan_tools
+from services.gateway.http.tools.spec import ToolPlan, plan_tools
 from shared.grammar.spec import StructuredSpec
-from services.gateway.media.parts import image_part
+from services.gateway.http.media.parts import image_part
 
 MAX_LOGPROBS = 20
 MAX_STOP_STRINGS = 32

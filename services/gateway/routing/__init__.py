@@ -9,7 +9,6 @@
     discovery.py  the I/O edge: etcd membership + load table + KV events -> Pools for the router
     channels.py   one cached gRPC channel per instance
     wire.py       backend types <-> proto (Decode.Generate), replay of a broken stream
-    metrics.py    Prometheus collector over the backend's counters, breakers, instances and KV index
 
 Everything but discovery.py and channels.py is pure and unit-tested without a cluster.
 """

@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from proto.pdrelay.v1 import common_pb2, worker_pb2
-from services.gateway.backends.base import (BackendChunk, BackendRequest, BackendSamplingParams, FinishReason,
+from services.gateway.backend import (BackendChunk, BackendRequest, BackendSamplingParams, FinishReason,
                                       TokenLogprob, TopLogprob)
 from services.gateway.routing.views import RoutePlan
 

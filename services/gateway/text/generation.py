@@ -11,7 +11,7 @@ from __future__ import annotations
 import time
 from collections.abc import AsyncIterator
 
-from services.gateway.backends.base import BackendChunk, BackendError, BackendRequest, GenerateBackend, TokenLogprob
+from services.gateway.backend import BackendChunk, BackendError, BackendRequest, GenerateBackend, TokenLogprob
 from services.gateway.text.detokenizer import IncrementalDetokenizer
 from services.gateway.metrics import GatewayMetrics
 from services.gateway.text.tokenizer import GatewayTokenizer

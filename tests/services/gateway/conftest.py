@@ -9,7 +9,7 @@ import httpx
 import pytest
 
 from services.gateway.http.app import GatewayApp
-from services.gateway.backends.mock.backend import MockBackend
+from services.gateway.mock.backend import MockBackend
 from services.gateway.text.tokenizer import GatewayTokenizer
 from tests.helpers.tiny_models import tiny_llama_dir  # noqa: F401  (session fixture)
 

@@ -16,7 +16,7 @@ from services.gateway.http.api_responses import (
     CompletionResponse,
     ModelList,
 )
-from services.gateway.backends.mock.backend import MockBackend
+from services.gateway.mock.backend import MockBackend
 from services.gateway.text.tokenizer import GatewayTokenizer
 from tests.services.gateway.conftest import MODEL, AppFactory, client_for
 from tests.services.gateway.sse_client import byte_token_ids, parse_sse
@@ -292,6 +292,6 @@ async def test_cached_prompt_tokens_are_reported(make_app: AppFactory) -> None:
 
 
 def test_mock_backend_implements_the_protocol() -> None:
-    from services.gateway.backends.base import GenerateBackend
+    from services.gateway.backend import GenerateBackend
 
     assert isinstance(MockBackend(), GenerateBackend)

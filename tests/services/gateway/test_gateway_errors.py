@@ -10,7 +10,7 @@ import msgspec
 import pytest
 
 from services.gateway.http.api_responses import ErrorResponse
-from services.gateway.backends.base import (
+from services.gateway.backend import (
     BackendError,
     BackendOverloaded,
     BackendTimeout,
@@ -18,7 +18,7 @@ from services.gateway.backends.base import (
     InvalidRequest,
     ModelNotFound,
 )
-from services.gateway.backends.mock.backend import MockBackend
+from services.gateway.mock.backend import MockBackend
 from tests.services.gateway.conftest import AppFactory, client_for
 from tests.services.gateway.sse_client import parse_sse
 

@@ -13,7 +13,7 @@ from grpc_health.v1._async import HealthServicer
 from proto.pdrelay.v1 import gateway_pb2, gateway_pb2_grpc
 from services.gateway.grpc.api import ApiContext, GatewayApi
 from services.gateway.grpc.auth import ApiKeyInterceptor, bearer_token_matches
-from services.gateway.backends.mock.backend import MockBackend
+from services.gateway.mock.backend import MockBackend
 from services.gateway.text.tokenizer import GatewayTokenizer
 
 KEY = "s3cret-key"

@@ -10,9 +10,9 @@ import grpc
 import pytest
 
 from proto.pdrelay.v1 import common_pb2, gateway_pb2, gateway_pb2_grpc
-from services.gateway.backends.base import BackendChunk, BackendOverloaded, BackendRequest, BackendUnavailable
+from services.gateway.backend import BackendChunk, BackendOverloaded, BackendRequest, BackendUnavailable
 from services.gateway.grpc.api import ApiContext, GatewayApi
-from services.gateway.backends.mock.backend import MockBackend
+from services.gateway.mock.backend import MockBackend
 from services.gateway.text.tokenizer import GatewayTokenizer
 from shared.cluster.grpc_errors import error_from_rpc
 from shared.cluster.instance import InstanceInfo, InstanceState

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 import xxhash
 from PIL import Image
 
-from services.gateway.media.sources import MediaError
+from services.gateway.http.media.sources import MediaError
 
 FORMATS = ("PNG", "JPEG", "WEBP")
 

@@ -27,8 +27,8 @@ from services.gateway.http.api_responses import (
 from services.gateway.http.formatters import ChatFormatter
 from services.gateway.text.generation import Delta
 from services.gateway.text.tokenizer import GatewayTokenizer
-from services.gateway.tools.parse import START, ParsedCall, parse_output
-from services.gateway.tools.spec import ToolPlan
+from services.gateway.http.tools.parse import START, ParsedCall, parse_output
+from services.gateway.http.tools.spec import ToolPlan
 
 _ENC = msgspec.json.Encoder()
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import AsyncIterator, Sequence
 
-from services.gateway.backends.base import (
+from services.gateway.backend import (
     BackendChunk,
     BackendRequest,
     TokenLogprob,

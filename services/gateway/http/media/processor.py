@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from services.gateway.media.images import DecodedImage
+from services.gateway.http.media.images import DecodedImage
 from shared.engine.multimodal.image_processor import RAW_RGB_MIME, ImageSpec
 from shared.engine.multimodal.vlm_config import load_llava_config
 

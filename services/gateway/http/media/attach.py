@@ -8,10 +8,10 @@ import asyncio
 import httpx
 
 from services.gateway.http.errors import bad_request
-from services.gateway.media.images import DecodedImage, decode_image
-from services.gateway.media.parts import too_many
-from services.gateway.media.processor import MediaProcessor, PromptImage
-from services.gateway.media.sources import MediaError, MediaLimits, load_bytes
+from services.gateway.http.media.images import DecodedImage, decode_image
+from services.gateway.http.media.parts import too_many
+from services.gateway.http.media.processor import MediaProcessor, PromptImage
+from services.gateway.http.media.sources import MediaError, MediaLimits, load_bytes
 
 
 class MediaInputs:

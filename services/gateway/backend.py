@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Literal, Protocol, runtime_checkable
 
 if TYPE_CHECKING:
-    from services.gateway.media.processor import PromptImage
+    from services.gateway.http.media.processor import PromptImage
 
 from shared.grammar.spec import StructuredSpec
 

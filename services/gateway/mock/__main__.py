@@ -1,4 +1,4 @@
-"""Serve the gateway over mock workers: `python -m services.gateway.backends.mock --port N [--model DIR]`.
+"""Serve the gateway over mock workers: `python -m services.gateway.mock --port N [--model DIR]`.
 
 For serving benchmarks of the gateway alone (`--mock-workers`) and manual tests: real HTTP, real tokenizer and
 detokenizer, and a backend that echoes the prompt's tokens with the configured delays. Every gateway flag is
@@ -11,11 +11,11 @@ import argparse
 import sys
 from collections.abc import Sequence
 
-from services.gateway.backends.mock.backend import MockBackend
+from services.gateway.mock.backend import MockBackend
 
 
 def _mock_args(argv: Sequence[str]) -> tuple[argparse.Namespace, list[str]]:
-    p = argparse.ArgumentParser(prog="python -m services.gateway.backends.mock", add_help=False,
+    p = argparse.ArgumentParser(prog="python -m services.gateway.mock", add_help=False,
                                 description="The gateway over mock workers. Other flags: pdrelay serve gateway -h")
     p.add_argument("--token-delay-ms", type=float, default=0.0, help="delay between generated tokens")
     p.add_argument("--first-token-delay-ms", type=float, default=0.0, help="delay before the first token (prefill)")
@@ -33,7 +33,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     for name in ("token_delay_ms", "first_token_delay_ms"):
         if getattr(ns, name) < 0:
             raise SystemExit(f"--{name.replace('_', '-')} must be >= 0 (got {getattr(ns, name)})")
-    prog = "python -m services.gateway.backends.mock"
+    prog = "python -m services.gateway.mock"
     cfg = parse_role_args("gateway", rest, prog=prog)
     try:
         tokenizer = load_tokenizer(cfg)
