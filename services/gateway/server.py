@@ -21,7 +21,7 @@ BUNDLED_PREFIX = "bundled:"
 
 def model_dir_of(cfg: Any) -> str:
     """The local directory of cfg.model.model (a bundled model is prepared once into the cache)."""
-    from shared.engine.bundled import resolve_model_path
+    from shared.modelspec.bundled import resolve_model_path
 
     return str(resolve_model_path(cfg.model.model, cfg.model.model_cache_dir))
 

@@ -188,7 +188,7 @@ class Engine:
                     tokenizer: TokenizerConfig | None = None, on_kv_event: Callable[[KVEvent], None] | None = None,
                     disagg: DisaggConfig | None = None, cuda_graph: CudaGraphConfig | None = None) -> Engine:
         """Build the runner (weights + KV pool) and the engine from resolved config groups."""
-        from shared.engine.bundled import resolve_model_path
+        from shared.modelspec.bundled import resolve_model_path
         from shared.engine.model_runner import ModelRunner
 
         dev = device.device if device is not None else "auto"

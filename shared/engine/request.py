@@ -6,7 +6,7 @@ import enum
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Literal
 
-from shared.engine.block_hash import ROOT_HASH, media_key, page_hash
+from shared.modelspec.block_hash import ROOT_HASH, media_key, page_hash
 from shared.engine.sampling_params import SamplingParams
 
 if TYPE_CHECKING:

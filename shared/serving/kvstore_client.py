@@ -30,7 +30,7 @@ from shared.cluster.instance import InstanceInfo
 from shared.cluster.membership import Membership
 from shared.engine.async_engine import AsyncEngine
 from shared.cluster.tls import TlsFiles, open_channel
-from shared.engine.block_hash import page_hashes
+from shared.modelspec.block_hash import page_hashes
 from shared.serving import kvstore_pages as pages
 from shared.serving.convert import BACKEND_TO_PB, layout_to_pb
 from shared.serving.handoff import descs_from_pb

@@ -30,7 +30,7 @@ class KVOpKind(enum.StrEnum):
 
 class KVOp(msgspec.Struct, frozen=True, array_like=True):
     kind: KVOpKind
-    block_hashes: tuple[int, ...] = ()  # chained page hashes (shared.engine.block_hash), uint64
+    block_hashes: tuple[int, ...] = ()  # chained page hashes (shared.modelspec.block_hash), uint64
 
 
 class KVEventBatch(msgspec.Struct, frozen=True, kw_only=True):

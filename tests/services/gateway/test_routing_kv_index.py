@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from shared.cluster.bus.kv_events import KVEventBatch, KVOp, KVOpKind
-from shared.engine.block_hash import page_hashes
+from shared.modelspec.block_hash import page_hashes
 from services.gateway.routing.kv_index import KVIndex, PromptHashes
 
 P = 4  # page size

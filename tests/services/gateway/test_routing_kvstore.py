@@ -6,7 +6,7 @@ from services.gateway.routing import Candidate, Load, Pools, RouteRequest, Route
 from services.gateway.routing.kv_index import KVIndex
 from services.gateway.routing.policies import STORE_TOKEN_COST
 from shared.cluster.bus.kv_events import KVEventBatch, KVOp, KVOpKind
-from shared.engine.block_hash import page_hashes
+from shared.modelspec.block_hash import page_hashes
 
 PROMPT = tuple(range(3, 3 + 160))  # 10 pages of 16
 HASHES = page_hashes(PROMPT, 16)

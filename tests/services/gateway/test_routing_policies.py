@@ -7,7 +7,7 @@ from collections import Counter
 import pytest
 
 from shared.cluster.bus.kv_events import KVEventBatch, KVOp, KVOpKind
-from shared.engine.block_hash import page_hashes
+from shared.modelspec.block_hash import page_hashes
 from services.gateway.routing import (Candidate, KVIndex, Load, Mode, Pools, RouteRequest, Router, make_policy)
 
 P = 16

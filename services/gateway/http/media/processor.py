@@ -10,8 +10,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from services.gateway.http.media.images import DecodedImage
-from shared.engine.multimodal.image_processor import RAW_RGB_MIME, ImageSpec
-from shared.engine.multimodal.vlm_config import load_llava_config
+from shared.modelspec.image_processor import RAW_RGB_MIME, ImageSpec
+from shared.modelspec.vlm_config import load_llava_config
 
 
 @dataclass(frozen=True)

@@ -4,7 +4,7 @@ import json
 
 import pytest
 
-from shared.engine import bundled
+from shared.modelspec import bundled
 
 
 def test_unknown_bundled_name_names_the_known_ones():
