@@ -19,7 +19,7 @@ import grpc
 
 from proto.pdrelay.v1 import common_pb2, gateway_pb2, gateway_pb2_grpc, worker_pb2, worker_pb2_grpc
 from shared.cluster.bus.load import LoadSnapshot
-from shared.cluster.lifecycle import Service, ServiceOptions, add_lifecycle_args, options_from_namespace, run_service
+from shared.serving.lifecycle import Service, ServiceOptions, add_lifecycle_args, options_from_namespace, run_service
 from shared.config.groups import BusConfig, DiscoveryConfig, GrpcConfig
 
 ECHO_MODEL = "echo"

@@ -403,7 +403,7 @@ async def attach_kvstore(svc: Any, transfer: KVTransfer | None) -> KVStoreClient
     kc = cfg.kvstore_client
     if kc.kvstore_use == "off" or svc.etcd is None or svc.aengine is None:
         return None
-    from shared.cluster.lifecycle import advertised_host
+    from shared.serving.lifecycle import advertised_host
 
     engine = svc.aengine.engine
     host = cfg.transfer.transfer_host if cfg.has("transfer") else advertised_host(cfg.grpc.host)

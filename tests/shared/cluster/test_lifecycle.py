@@ -20,7 +20,7 @@ from shared.cluster.bus.load import LoadTable
 from shared.cluster.etcd import connect_etcd
 from shared.cluster.grpc_errors import error_from_rpc
 from shared.cluster.instance import InstanceState
-from shared.cluster.lifecycle import service_args, split_lifecycle_args
+from shared.serving.lifecycle import service_args, split_lifecycle_args
 from shared.cluster.localcluster.servers import free_port
 from shared.cluster.membership import Membership
 from tests.helpers.servers import EchoProcess
