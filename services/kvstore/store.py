@@ -27,7 +27,7 @@ from shared.transfer import create_engine
 from shared.transfer.base import TransferEngine, TransferHandle
 from shared.transfer.descs import PageDesc, RegionHandle
 from shared.transfer.errors import TransferError, TransferTimeout
-from shared.transfer.hostmem import alloc_host_buffer
+from shared.kernels.hostmem import alloc_host_buffer
 
 if TYPE_CHECKING:
     from services.kvstore.disk import DiskTier

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from shared.transfer.hostmem import HUGE_PAGE, alloc_host_buffer
+from shared.kernels.hostmem import HUGE_PAGE, alloc_host_buffer
 
 
 def test_shape_dtype_alignment_and_zeroes() -> None:
