@@ -18,7 +18,7 @@ from shared.transfer.errors import PeerError, RegionError, TransferError, Transf
 
 if TYPE_CHECKING:
     from services.kvstore.service import KVStoreService
-    from shared.engine.types import KVLayout
+    from shared.modelspec.kv_layout import KVLayout
 
 MAX_PAGES_PER_CALL = 65536  # a prompt of 1M tokens at page size 16; bounds the work of one RPC
 

@@ -31,7 +31,8 @@ from shared.engine.sampler.text_window import DecodeFn
 from shared.engine.sampling_params import SamplingParams
 from shared.engine.scheduler import Scheduler
 from shared.engine.scheduler.handoff_pages import DEFAULT_QUARANTINE_S, Reservation
-from shared.engine.types import KVLayout, SchedulerOutput, StepStats
+from shared.modelspec.kv_layout import KVLayout
+from shared.engine.types import SchedulerOutput, StepStats
 
 if TYPE_CHECKING:
     from shared.config.groups import (CacheConfig, CudaGraphConfig, DeviceConfig, DisaggConfig, KernelConfig,

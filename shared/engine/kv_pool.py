@@ -15,7 +15,7 @@ from collections.abc import Sequence
 
 import torch
 
-from shared.engine.types import KVLayout
+from shared.modelspec.kv_layout import KVLayout
 
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
