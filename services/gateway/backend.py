@@ -14,14 +14,23 @@ from __future__ import annotations
 
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Literal, Protocol, runtime_checkable
-
-if TYPE_CHECKING:
-    from services.gateway.http.media.processor import PromptImage
+from typing import Literal, Protocol, runtime_checkable
 
 from shared.grammar.spec import StructuredSpec
+from shared.modelspec.image_processor import RAW_RGB_MIME
 
 FinishReason = Literal["stop", "length", "abort"]
+
+
+@dataclass(frozen=True)
+class PromptImage:
+    """One image of a tokenized prompt: positions [offset, offset + num_tokens), hash, fitted pixels."""
+
+    media_hash: str
+    data: bytes  # uint8 [H, W, 3] (RAW_RGB_MIME)
+    offset: int
+    num_tokens: int
+    mime_type: str = RAW_RGB_MIME
 
 
 @dataclass(frozen=True, kw_only=True)

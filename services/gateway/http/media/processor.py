@@ -6,23 +6,12 @@ Built from the model directory at start-up; None for a text-only model (then any
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from pathlib import Path
 
+from services.gateway.backend import PromptImage
 from services.gateway.http.media.images import DecodedImage
-from shared.modelspec.image_processor import RAW_RGB_MIME, ImageSpec
+from shared.modelspec.image_processor import ImageSpec
 from shared.modelspec.vlm_config import load_llava_config
-
-
-@dataclass(frozen=True)
-class PromptImage:
-    """One image of a tokenized prompt: positions [offset, offset + num_tokens), hash, fitted pixels."""
-
-    media_hash: str
-    data: bytes  # uint8 [H, W, 3] (RAW_RGB_MIME)
-    offset: int
-    num_tokens: int
-    mime_type: str = RAW_RGB_MIME
 
 
 class MediaProcessor:
