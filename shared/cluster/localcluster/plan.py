@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import importlib.util
 import os
+import shlex
 import sys
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -158,3 +159,21 @@ def plan(opts: UpOptions, etcd_url: str, nats_url: str) -> tuple[list[InstanceSp
 
 def known_roles() -> tuple[str, ...]:
     return ROLE_ORDER
+
+
+def parse_role_flags(items: Sequence[str], roles: Sequence[str] = ROLE_ORDER) -> dict[str, tuple[str, ...]]:
+    """['prefill=--num-pages 160', 'prefill=--page-size 32'] -> {'prefill': ('--num-pages', '160', '--page-size',
+    '32')}; ValueError naming a malformed item or an unknown role. Used by `pdrelay up --role-flags` and by the
+    benchmarks that start a cluster of their own."""
+    out: dict[str, tuple[str, ...]] = {}
+    for item in items:
+        role, eq, flags = item.partition("=")
+        role = role.strip()
+        if not eq or role not in roles:
+            raise ValueError(f"--role-flags {item!r}: write ROLE=FLAGS with ROLE one of {', '.join(roles)}, "
+                             "e.g. --role-flags 'prefill=--num-pages 160'")
+        words = shlex.split(flags)
+        if not words or not words[0].startswith("--"):
+            raise ValueError(f"--role-flags {item!r}: FLAGS must start with a --flag")
+        out[role] = out.get(role, ()) + tuple(words)
+    return out
