@@ -110,7 +110,7 @@ def active_kv_tokens(cand: Candidate, sig: Signals) -> int:
     return max(reported, sig.inflight_tokens(cand))
 
 
-class RoutingPolicy(Protocol):
+class RankingPolicy(Protocol):
     name: str
 
     def rank_decode(self, cands: Sequence[Candidate], req: RouteRequest, sig: Signals) -> list[Candidate]: ...
@@ -193,7 +193,7 @@ def kv_load_score(cand: Candidate, req: RouteRequest, sig: Signals) -> tuple[flo
     return (no_room, float(cost), float(busy_requests(cand, sig)))
 
 
-def make_policy(name: str) -> RoutingPolicy:
+def make_policy(name: str) -> RankingPolicy:
     if name == "kv_aware":
         return KVAware()
     if name == "least_load":
