@@ -26,7 +26,7 @@ SCHEMA = {"type": "object", "properties": {"story": {"type": "string", "minLengt
 def _engine(threads: int):  # -> (Engine, tokenizer)
     from transformers import AutoTokenizer
 
-    from shared.engine.bundled import resolve_model_path
+    from shared.modelspec.bundled import resolve_model_path
     from shared.engine.engine import Engine
     from shared.engine.model_runner import ModelRunner
 

@@ -211,7 +211,7 @@ def _target(rows: list[dict[str, Any]], quick: bool) -> dict[str, Any] | None:
 
 def run(ns: argparse.Namespace) -> int:
     from shared.cluster.localcluster.servers import EtcdServer, NatsServer, free_port
-    from shared.engine.bundled import resolve_model_path
+    from shared.modelspec.bundled import resolve_model_path
     from shared.engine.models import load_model_config
 
     backends = [b.strip() for b in ns.backends.split(",") if b.strip()]

@@ -183,7 +183,7 @@ async def _run(ns: argparse.Namespace, levels: list[int]) -> int:
     from bench.serve_http import RawHttp
     from bench.serve_procs import process_cpu
     from shared.cluster.localcluster.servers import EtcdServer, NatsServer, free_port
-    from shared.engine.bundled import resolve_model_path
+    from shared.modelspec.bundled import resolve_model_path
 
     model_dir = resolve_model_path(MODEL)
     texts = sentences(ns.requests, ns.min_words, ns.max_words, ns.seed)

@@ -269,7 +269,7 @@ def run(ns: argparse.Namespace) -> int:
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     import torch
 
-    from shared.engine.bundled import resolve_model_path
+    from shared.modelspec.bundled import resolve_model_path
     from shared.engine.engine import Engine
     from shared.engine.model_runner import ModelRunner
 

@@ -370,7 +370,7 @@ def run(ns: argparse.Namespace) -> int:
     if ns.tokenizer:
         tokenizer_dir = Path(ns.tokenizer)
     else:
-        from shared.engine.bundled import resolve_model_path
+        from shared.modelspec.bundled import resolve_model_path
 
         tokenizer_dir = Path(resolve_model_path(DEFAULT_MODEL))
     gateway: MockGateway | None = None

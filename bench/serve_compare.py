@@ -83,7 +83,7 @@ def _names(flag: str, text: str, allowed: Any) -> tuple[str, ...]:
 
 def validate(ns: argparse.Namespace) -> CompareSpec:
     """The comparison to run; ValueError naming the flag for anything that does not go with --compare-peer."""
-    from services.commands.up import parse_role_flags
+    from shared.cluster.localcluster.plan import parse_role_flags
 
     clash = [flag for flag, given in (("--base-url", ns.base_url), ("--mock-workers", ns.mock_workers),
                                       ("--compare-url", ns.compare_url), ("--peer-cmd", ns.peer_cmd),

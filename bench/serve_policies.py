@@ -55,13 +55,16 @@ def add_policy_arguments(p: argparse.ArgumentParser) -> None:
 
 def parse_policies(text: str) -> tuple[str, ...]:
     """'kv_aware,round_robin' -> ('kv_aware', 'round_robin'); ValueError naming what is wrong."""
-    from services.gateway.routing.policies import POLICIES
+    from shared.config.catalog import specs_by_name
+
+    # the gateway's --routing-policy choices, declared once with the flag
+    policies = tuple(str(c) for c in specs_by_name()["routing_policy"].arg.choices or ())
 
     names = tuple(n.strip() for n in text.split(",") if n.strip())
-    bad = [n for n in names if n not in POLICIES]
+    bad = [n for n in names if n not in policies]
     if bad:
         raise ValueError(f"--compare-policies: {', '.join(bad)} is not a routing policy; use some of "
-                         f"{', '.join(POLICIES)}")
+                         f"{', '.join(policies)}")
     if len(names) < 2 or len(set(names)) != len(names):
         raise ValueError(f"--compare-policies {text!r}: name at least two different policies, e.g. "
                          "kv_aware,round_robin")

@@ -60,7 +60,7 @@ def process_cpu(pid: int) -> CpuSample:
 
 
 class MockGateway:
-    """`python -m services.gateway.mock_main` as a child process on a free 127.0.0.1 port."""
+    """`python -m services.gateway.mock` as a child process on a free 127.0.0.1 port."""
 
     def __init__(self, model_dir: str | Path, *, token_delay_ms: float = 0.0, first_token_delay_ms: float = 0.0,
                  extra_args: tuple[str, ...] = ()) -> None:
@@ -69,7 +69,7 @@ class MockGateway:
         self.base_url = f"http://127.0.0.1:{self.port}"
         self._log = tempfile.NamedTemporaryFile(prefix="pdrelay-bench-gateway-", suffix=".log", delete=False)  # noqa: SIM115 - closed in stop()
         self.log_path = Path(self._log.name)
-        cmd = [sys.executable, "-m", "services.gateway.mock_main", "--host", "127.0.0.1", "--port", str(self.port),
+        cmd = [sys.executable, "-m", "services.gateway.mock", "--host", "127.0.0.1", "--port", str(self.port),
                "--model", str(self.model_dir), "--token-delay-ms", str(token_delay_ms),
                "--first-token-delay-ms", str(first_token_delay_ms), *extra_args]
         # One thread for anything numeric in the gateway: it shares the cores with this client.

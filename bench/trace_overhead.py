@@ -145,7 +145,7 @@ def _summaries(outcomes: dict[str, Any]) -> dict[str, dict[str, float | int]]:
 def run(ns: argparse.Namespace) -> int:
     from shared.cluster.localcluster.servers import EtcdServer, NatsServer, free_port
     from shared.cluster.localcluster.tracesink import TraceSink
-    from shared.engine.bundled import resolve_model_path
+    from shared.modelspec.bundled import resolve_model_path
 
     if ns.quick:
         ns.num_prompts, ns.input_len, ns.output_len, ns.rounds = 8, 64, 8, 1

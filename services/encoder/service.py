@@ -29,8 +29,8 @@ from services.encoder.vision import VisionEncoder, load_vision_encoder
 from shared.cluster.bus.load import LoadSnapshot
 from shared.cluster.errors import StartupError
 from shared.cluster.instance import Capacity, EncoderInfo, Modality
-from shared.cluster.lifecycle import Service, ServiceOptions
-from shared.engine.bundled import BUNDLED_PREFIX, resolve_model_path
+from shared.serving.lifecycle import Service, ServiceOptions
+from shared.modelspec.bundled import BUNDLED_PREFIX, resolve_model_path
 from shared.engine.models.bert import BertConfig
 from shared.serving.faults import Faults
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
 import grpc
 import numpy as np
@@ -21,15 +21,33 @@ from shared.cluster.grpc_errors import abort, error_metadata, make_error
 from shared.telemetry import spans
 
 if TYPE_CHECKING:
-    from services.encoder.service import EncoderService
+    from services.encoder.batcher import EmbedBatcher
+    from services.encoder.embedding import SentenceEmbedder
+    from services.encoder.metrics import EncoderMetrics
+    from services.encoder.vision import VisionEncoder
+    from shared.serving.faults import Faults
+    from shared.telemetry.service import ServiceTelemetry
 
 EMBED_SPAN = "encoder.embed"
 # How long `encoder_hang` stalls: longer than any caller's deadline, so the caller's timeout is what ends it.
 HANG_S = 3600.0
 
 
+class EncoderHost(Protocol):
+    """What the servicer reads of its service (services/encoder/service.py), declared here so that the servicer
+    does not import the service that constructs it."""
+
+    instance_id: str
+    telemetry: ServiceTelemetry
+    metrics: EncoderMetrics
+    faults: Faults
+    embedder: SentenceEmbedder | None
+    batcher: EmbedBatcher | None
+    vision: VisionEncoder | None
+
+
 class EncoderServicer(worker_pb2_grpc.EncoderServicer):
-    def __init__(self, svc: EncoderService) -> None:
+    def __init__(self, svc: EncoderHost) -> None:
         self.svc = svc
 
     async def Embed(self, request: worker_pb2.EmbedRequest,

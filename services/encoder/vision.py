@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from proto.pdrelay.v1 import worker_pb2
-from shared.engine.bundled import is_bundled
+from shared.modelspec.bundled import is_bundled
 
 log = logging.getLogger(__name__)
 

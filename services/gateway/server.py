@@ -10,18 +10,18 @@ from __future__ import annotations
 import os
 from typing import Any
 
-from services.gateway.app import GatewayApp
+from services.gateway.http.app import GatewayApp
 from services.gateway.backend import GenerateBackend
 from services.gateway.public_tls import uvicorn_ssl_args
-from services.gateway.media.processor import MediaProcessor
-from services.gateway.tokenizer import GatewayTokenizer
+from services.gateway.http.media.processor import MediaProcessor
+from services.gateway.text.tokenizer import GatewayTokenizer
 
 BUNDLED_PREFIX = "bundled:"
 
 
 def model_dir_of(cfg: Any) -> str:
     """The local directory of cfg.model.model (a bundled model is prepared once into the cache)."""
-    from shared.engine.bundled import resolve_model_path
+    from shared.modelspec.bundled import resolve_model_path
 
     return str(resolve_model_path(cfg.model.model, cfg.model.model_cache_dir))
 

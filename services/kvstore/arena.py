@@ -26,7 +26,7 @@ from dataclasses import dataclass
 
 import torch
 
-from shared.transfer.hostmem import alloc_host_buffer
+from shared.kernels.hostmem import alloc_host_buffer
 
 
 @dataclass

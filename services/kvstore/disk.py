@@ -28,7 +28,7 @@ from pathlib import Path
 
 import torch
 
-from shared.engine.types import KVLayout
+from shared.modelspec.kv_layout import KVLayout
 
 log = logging.getLogger(__name__)
 

@@ -22,7 +22,7 @@ from services.kvstore.store import Namespace, PageStore
 from shared.cluster.bus.kv_events import KVEventPublisher
 from shared.cluster.bus.load import LoadSnapshot, TierFill
 from shared.cluster.instance import Capacity
-from shared.cluster.lifecycle import Service, ServiceOptions
+from shared.serving.lifecycle import Service, ServiceOptions
 from shared.telemetry.metrics import CountersCollector
 from shared.telemetry.tracing import SpanKind, extract
 

@@ -20,14 +20,14 @@ import torch
 
 from proto.pdrelay.v1 import common_pb2, worker_pb2
 from services.kvstore.arena import DramArena, Read, Reservation
-from shared.engine.types import KVLayout
+from shared.modelspec.kv_layout import KVLayout
 from shared.serving.convert import BACKEND_TO_PB
 from shared.serving.handoff import paged_descriptors
 from shared.transfer import create_engine
 from shared.transfer.base import TransferEngine, TransferHandle
 from shared.transfer.descs import PageDesc, RegionHandle
 from shared.transfer.errors import TransferError, TransferTimeout
-from shared.transfer.hostmem import alloc_host_buffer
+from shared.kernels.hostmem import alloc_host_buffer
 
 if TYPE_CHECKING:
     from services.kvstore.disk import DiskTier

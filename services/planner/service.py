@@ -26,7 +26,7 @@ from shared.cluster.bus.planner import (Action, ControlKind, Decision, PlannerCo
                                         publish_decision, serve_control)
 from shared.cluster.bus.admin_auth import AdminAuth
 from shared.cluster.instance import InstanceInfo, InstanceState
-from shared.cluster.lifecycle import Service, ServiceOptions
+from shared.serving.lifecycle import Service, ServiceOptions
 from shared.cluster.membership import Membership
 
 log = logging.getLogger(__name__)

@@ -176,7 +176,7 @@ class HttpConfig:
     request_retries: A[int, Arg("Retries of a failed request on another pair", min=0, max=10)] = 2
     encoder_timeout_s: A[float, Arg("Seconds an encoder call may take before it is retried on another encoder",
                                     min=0.1)] = 30.0
-    # images in chat requests: where they may come from and how large they may be (services/gateway/media/)
+    # images in chat requests: where they may come from and how large they may be (services/gateway/http/media/)
     limit_mm_per_prompt: A[int, Arg("Most images in one request", min=0, max=64)] = 4
     allowed_local_media_path: A[str | None, Arg("Directory file:// image URLs may read from (default: file:// "
                                                 "refused)")] = None

@@ -27,11 +27,12 @@ from shared.engine.radix_cache import KVEvent, RadixCache
 from shared.engine.request import FinishReason, MediaInput, RequestOutput, TokenLogprobs
 from shared.engine.sampler import Sampler
 from shared.engine.sampler import prompt_logprobs
-from shared.engine.sampler.detokenizer import DecodeFn
+from shared.engine.sampler.text_window import DecodeFn
 from shared.engine.sampling_params import SamplingParams
 from shared.engine.scheduler import Scheduler
-from shared.engine.scheduler.handoff import DEFAULT_QUARANTINE_S, Reservation
-from shared.engine.types import KVLayout, SchedulerOutput, StepStats
+from shared.engine.scheduler.handoff_pages import DEFAULT_QUARANTINE_S, Reservation
+from shared.modelspec.kv_layout import KVLayout
+from shared.engine.types import SchedulerOutput, StepStats
 
 if TYPE_CHECKING:
     from shared.config.groups import (CacheConfig, CudaGraphConfig, DeviceConfig, DisaggConfig, KernelConfig,
@@ -188,7 +189,7 @@ class Engine:
                     tokenizer: TokenizerConfig | None = None, on_kv_event: Callable[[KVEvent], None] | None = None,
                     disagg: DisaggConfig | None = None, cuda_graph: CudaGraphConfig | None = None) -> Engine:
         """Build the runner (weights + KV pool) and the engine from resolved config groups."""
-        from shared.engine.bundled import resolve_model_path
+        from shared.modelspec.bundled import resolve_model_path
         from shared.engine.model_runner import ModelRunner
 
         dev = device.device if device is not None else "auto"
@@ -238,7 +239,7 @@ class Engine:
         media: the prompt's images with their embeddings (a VisionEncoderRunner's or the encoder service's)."""
         self.scheduler.add_request(req_id, prompt_token_ids, params, priority, hold_pages=hold_pages, media=media)
 
-    # ---- KV hand-off (shared/engine/scheduler/handoff.py) ------------------------------------------------------
+    # ---- KV hand-off (shared/engine/scheduler/handoff_pages.py) ------------------------------------------------------
     def reserve_remote(self, req_id: str, prompt_token_ids: Sequence[int], params: SamplingParams | None = None,
                        priority: int = 0, media: Sequence[MediaInput] = ()) -> Reservation:
         """Decode role: pages for a prompt whose KV another instance computes."""

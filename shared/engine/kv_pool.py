@@ -15,7 +15,7 @@ from collections.abc import Sequence
 
 import torch
 
-from shared.engine.types import KVLayout
+from shared.modelspec.kv_layout import KVLayout
 
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
@@ -53,8 +53,8 @@ class KVPool:
         shape = (num_pages, layout.num_layers, 2, layout.page_size, layout.num_kv_heads, layout.head_dim)
         if self.device.type == "cpu":
             # Huge-page-advised anonymous memory: zero without a fill pass (fast start), fewer TLB misses for
-            # attention, and memcpy-speed page writes between processes (see shared/transfer/hostmem.py).
-            from shared.transfer.hostmem import alloc_host_buffer
+            # attention, and memcpy-speed page writes between processes (see shared/kernels/hostmem.py).
+            from shared.kernels.hostmem import alloc_host_buffer
 
             self.buffer = alloc_host_buffer(shape, self.dtype)
         else:

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 
 import msgspec
 
-from shared.engine.block_hash import ROOT_HASH, page_hash
+from shared.modelspec.block_hash import ROOT_HASH, page_hash
 from shared.engine.page_allocator import PageAllocator
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 from proto.pdrelay.v1 import common_pb2
 from shared.engine.request import RequestOutput, TokenLogprobs
 from shared.engine.sampling_params import SamplingParams
-from shared.engine.types import KVLayout
+from shared.modelspec.kv_layout import KVLayout
 from shared.grammar.spec import GrammarKind, StructuredSpec
 
 _DTYPE_TO_PB = {"float32": common_pb2.DTYPE_FLOAT32, "bfloat16": common_pb2.DTYPE_BFLOAT16,

@@ -16,7 +16,7 @@ from shared.cluster.bus.cancel import Cancel, subscribe_cancel
 from shared.cluster.bus.kv_events import KVEventPublisher
 from shared.cluster.bus.load import LoadSnapshot
 from shared.cluster.instance import Capacity
-from shared.cluster.lifecycle import Service, ServiceOptions
+from shared.serving.lifecycle import Service, ServiceOptions
 from shared.engine.async_engine import AsyncEngine
 from shared.engine.engine import Engine, EngineStats
 from shared.engine.radix_cache import AllPagesCleared, KVEvent, PagesEvicted, PagesStored

@@ -15,7 +15,7 @@ from collections import OrderedDict
 from dataclasses import dataclass
 
 from proto.pdrelay.v1 import common_pb2, worker_pb2
-from shared.engine.types import KVLayout
+from shared.modelspec.kv_layout import KVLayout
 from shared.transfer.descs import PageDesc
 
 # Remember this many request ids per prefill instance for fencing and idempotent replies.

@@ -30,7 +30,7 @@ from shared.cluster.instance import InstanceInfo
 from shared.cluster.membership import Membership
 from shared.engine.async_engine import AsyncEngine
 from shared.cluster.tls import TlsFiles, open_channel
-from shared.engine.block_hash import page_hashes
+from shared.modelspec.block_hash import page_hashes
 from shared.serving import kvstore_pages as pages
 from shared.serving.convert import BACKEND_TO_PB, layout_to_pb
 from shared.serving.handoff import descs_from_pb
@@ -403,7 +403,7 @@ async def attach_kvstore(svc: Any, transfer: KVTransfer | None) -> KVStoreClient
     kc = cfg.kvstore_client
     if kc.kvstore_use == "off" or svc.etcd is None or svc.aengine is None:
         return None
-    from shared.cluster.lifecycle import advertised_host
+    from shared.serving.lifecycle import advertised_host
 
     engine = svc.aengine.engine
     host = cfg.transfer.transfer_host if cfg.has("transfer") else advertised_host(cfg.grpc.host)

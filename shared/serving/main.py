@@ -6,7 +6,7 @@ import sys
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from shared.cluster.lifecycle import ServiceOptions, default_instance_id, run_service, service_args
+from shared.serving.lifecycle import ServiceOptions, default_instance_id, run_service, service_args
 from shared.telemetry.logs import setup_logging as setup_service_logging
 
 

@@ -52,7 +52,7 @@ def test_peer_that_exits_is_reported_with_its_output() -> None:
 
 def test_peer_cmd_runs_both_phases_side_by_side(tmp_path: Path, bundled_model_dir: Path) -> None:
     out = tmp_path / "peer.json"
-    mock = (f"{shlex.quote(sys.executable)} -m services.gateway.mock_main --host 127.0.0.1 --port {{port}} "
+    mock = (f"{shlex.quote(sys.executable)} -m services.gateway.mock --host 127.0.0.1 --port {{port}} "
             f"--model {shlex.quote(str(bundled_model_dir))}")
     # The shell writes its own pid and then becomes the server: the pid file names the front process.
     peer_cmd = f'echo "front $$" > {{pid_file}}; exec {mock}'

@@ -83,7 +83,7 @@ def reference(minilm_dir: Path) -> SentenceEmbedder:
 
 @pytest.fixture(scope="module")
 def minilm_dir() -> Path:
-    from shared.engine.bundled import resolve_model_path
+    from shared.modelspec.bundled import resolve_model_path
 
     return resolve_model_path(f"bundled:{MODEL}")
 

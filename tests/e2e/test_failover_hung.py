@@ -117,7 +117,7 @@ def reference(hung: Hung):  # -> Callable[[list[int], int], list[int]]
 
 @pytest.fixture(scope="module")
 def tokenizer(hung: Hung):  # -> GatewayTokenizer
-    from services.gateway.tokenizer import GatewayTokenizer
+    from services.gateway.text.tokenizer import GatewayTokenizer
 
     return GatewayTokenizer.from_dir(hung.model_dir)
 

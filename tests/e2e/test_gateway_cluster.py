@@ -29,7 +29,7 @@ import pytest
 from proto.pdrelay.v1 import common_pb2, gateway_pb2, gateway_pb2_grpc
 from shared.cluster.bus.cancel import Cancel, subscribe_cancel
 from shared.cluster.bus.client import Bus, Meta
-from shared.cluster.bus.kv_events import KVEvent, KVOpKind, subscribe_kv_events
+from shared.cluster.bus.kv_events import KVEventBatch, KVOpKind, subscribe_kv_events
 from shared.cluster.bus.load import LoadTable
 from shared.cluster.handshake import ReadyInfo, read_ready_file
 from shared.cluster.localcluster.servers import EtcdServer, NatsServer, stop_process
@@ -163,7 +163,7 @@ def reference(cluster: Cluster):  # -> Callable[[list[int], int], list[int]]
 
 @pytest.fixture(scope="module")
 def tokenizer(cluster: Cluster):  # -> GatewayTokenizer
-    from services.gateway.tokenizer import GatewayTokenizer
+    from services.gateway.text.tokenizer import GatewayTokenizer
 
     return GatewayTokenizer.from_dir(cluster.model_dir)
 
@@ -183,7 +183,7 @@ async def _watch_bus(cluster: Cluster) -> BusWatch:
     def on_cancel(msg: Cancel, meta: Meta) -> None:
         w.cancels.append(msg)
 
-    def on_kv(ev: KVEvent, meta: Meta) -> None:
+    def on_kv(ev: KVEventBatch, meta: Meta) -> None:
         n = sum(len(op.block_hashes) for op in ev.ops if op.kind == KVOpKind.STORED)
         w.stored_by[ev.instance_id] = w.stored_by.get(ev.instance_id, 0) + n
 

@@ -78,7 +78,7 @@ def reference(model_dir: Path):  # -> Callable[[list[int], StructuredSpec], str]
 
 
 def _prompt_ids(model_dir: Path) -> list[int]:
-    from services.gateway.tokenizer import GatewayTokenizer
+    from services.gateway.text.tokenizer import GatewayTokenizer
 
     return GatewayTokenizer.from_dir(model_dir).encode_chat(MESSAGES)
 

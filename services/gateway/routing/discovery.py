@@ -14,7 +14,7 @@ from typing import Protocol
 from nats.aio.subscription import Subscription
 
 from shared.cluster.bus.client import Bus, Meta
-from shared.cluster.bus.kv_events import KVEvent, subscribe_kv_events
+from shared.cluster.bus.kv_events import KVEventBatch, subscribe_kv_events
 from shared.cluster.bus.load import LoadTable
 from shared.cluster.instance import InstanceInfo
 from shared.cluster.membership import EventKind, MembershipEvent
@@ -110,7 +110,7 @@ class Discovery:
 
     # ------------------------------------------------------------------ events
 
-    def _on_kv_event(self, event: KVEvent, meta: Meta) -> None:
+    def _on_kv_event(self, event: KVEventBatch, meta: Meta) -> None:
         self.router.kv_index.apply(event)
 
     def _on_membership(self, ev: MembershipEvent) -> None:

@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 
 from services.gateway.routing.breaker import BreakerBoard
 from services.gateway.routing.kv_index import KVIndex, PromptHashes, leading_pages
-from services.gateway.routing.policies import Policy
+from services.gateway.routing.policies import RankingPolicy
 from services.gateway.routing.views import Candidate, Mode, Pools, RoutePlan, RouteRequest
 
 
@@ -178,7 +178,7 @@ class _RequestSignals:
 
 
 class Router:
-    def __init__(self, policy: Policy, *, kv_index: KVIndex | None = None,
+    def __init__(self, policy: RankingPolicy, *, kv_index: KVIndex | None = None,
                  breakers: BreakerBoard | None = None, clock: Callable[[], float] = time.monotonic) -> None:
         self.policy = policy
         self.clock = clock

@@ -40,7 +40,7 @@ def measure(model: str, threads: int, reps: int, prefill: Sequence[int], batch: 
     import torch
 
     from shared.config import resolve
-    from shared.engine.bundled import resolve_model_path
+    from shared.modelspec.bundled import resolve_model_path
     from shared.engine.kv_pool import num_pages_for_budget
     from shared.engine.model_runner import ModelRunner
     from shared.engine.types import ScheduledSeq, SchedulerOutput

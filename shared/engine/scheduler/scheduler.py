@@ -22,11 +22,11 @@ from shared.engine.grammar.backend import GrammarBackend
 from shared.engine.page_allocator import PageAllocator
 from shared.engine.radix_cache import RadixCache
 from shared.engine.request import FinishReason, MediaInput, Request, RequestOutput, RequestStatus, TokenLogprobs
-from shared.engine.sampler.detokenizer import DecodeFn
+from shared.engine.sampler.text_window import DecodeFn
 from shared.engine.sampler.stop import StopChecker, StopResult
 from shared.engine.sampling_params import SamplingParams
 from shared.engine.scheduler.forks import Forks, fork_id
-from shared.engine.scheduler.handoff import HandoffPages
+from shared.engine.scheduler.handoff_pages import HandoffPages
 from shared.engine.scheduler.kv import KVManager
 from shared.engine.scheduler.policy import WaitingQueue, sort_key
 from shared.engine.types import EmbedSlice, ScheduledSeq, SchedulerOutput

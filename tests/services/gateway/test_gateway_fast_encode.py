@@ -12,9 +12,9 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from tokenizers import AddedToken, Tokenizer, normalizers, processors
 
-from services.gateway import fast_encode
-from services.gateway.fast_encode import ByteLevelEncoder
-from services.gateway.tokenizer import GatewayTokenizer
+from services.gateway.text import fast_encode
+from services.gateway.text.fast_encode import ByteLevelEncoder
+from services.gateway.text.tokenizer import GatewayTokenizer
 
 # Llama 3's pre-tokenization pattern (Split, Isolated), for the Sequence[Split, ByteLevel] shape.
 LLAMA3_PATTERN = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*"

@@ -21,9 +21,9 @@ from schemathesis.checks import (
     status_code_conformance,
 )
 
-from services.gateway.app import GatewayApp
-from services.gateway.embeddings import Embeddings
-from services.gateway.encoder_backend import EmbedCall, EmbedResult
+from services.gateway.http.app import GatewayApp
+from services.gateway.http.embeddings import Embeddings
+from services.gateway.backends.encoder_backend import EmbedCall, EmbedResult
 from shared.cluster.instance import EncoderInfo
 
 EXAMPLES = 40

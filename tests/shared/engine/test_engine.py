@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from shared.engine.block_hash import page_hashes
+from shared.modelspec.block_hash import page_hashes
 from shared.engine.engine import Engine
 from shared.engine.errors import InvalidRequest
 from shared.engine.model_runner import ModelRunner

@@ -1,4 +1,4 @@
-"""The two ends of a KV hand-off inside the engine (shared/engine/scheduler/handoff.py), without a model.
+"""The two ends of a KV hand-off inside the engine (shared/engine/scheduler/handoff_pages.py), without a model.
 
 Two Engines over FakeRunner (its "KV" is the token ids written into page slots, and its next token hashes the
 context read back from the pages): a prefill engine computes a prompt with hold_pages, the test copies the

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from shared.engine.kv_pool import KVPool, num_pages_for_budget
-from shared.engine.types import KVLayout
+from shared.modelspec.kv_layout import KVLayout
 
 LAYOUT = KVLayout(dtype="float32", page_size=4, num_layers=3, num_kv_heads=2, head_dim=8)
 

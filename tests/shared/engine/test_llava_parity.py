@@ -13,7 +13,7 @@ import pytest
 import torch
 from PIL import Image
 
-from shared.engine.block_hash import page_hashes
+from shared.modelspec.block_hash import page_hashes
 from shared.engine.engine import Engine
 from shared.engine.model_runner import ModelRunner
 from shared.engine.request import MediaInput
