@@ -31,6 +31,7 @@ from shared.cluster.errors import StartupError
 from shared.cluster.instance import Capacity, EncoderInfo, Modality
 from shared.cluster.lifecycle import Service, ServiceOptions
 from shared.config.resolved import ResolvedConfig
+from shared.config.roles import Role
 from shared.engine.bundled import BUNDLED_PREFIX, resolve_model_path
 from shared.engine.models.bert import BertConfig
 from shared.serving.faults import Faults
@@ -49,7 +50,7 @@ def embedding_model_name(spec: str) -> str:
 
 
 class EncoderService(Service):
-    role = "encoder"
+    role = Role.ENCODER
 
     def __init__(self, cfg: ResolvedConfig, options: ServiceOptions = ServiceOptions()) -> None:
         super().__init__(discovery=cfg.discovery, bus=cfg.bus, grpc_cfg=cfg.grpc, options=options,

@@ -37,6 +37,7 @@ from shared.cluster.lifecycle import Service, ServiceOptions, advertised_host
 from shared.cluster.membership import Membership
 from shared.cluster.tls import TlsFiles
 from shared.config.resolved import ResolvedConfig
+from shared.config.roles import Role
 
 log = logging.getLogger(__name__)
 
@@ -81,7 +82,7 @@ class _DrainGateMiddleware:
 
 
 class GatewayService(Service):
-    role = "gateway"
+    role = Role.GATEWAY
     own_metrics_server = False  # /metrics is on the HTTP port (metrics_address = http_address)
 
     def __init__(self, cfg: ResolvedConfig, options: ServiceOptions = ServiceOptions()) -> None:

@@ -25,6 +25,7 @@ from shared.cluster.instance import Capacity
 from shared.cluster.lifecycle import Service, ServiceOptions
 from shared.config.groups import KVStoreConfig
 from shared.config.resolved import ResolvedConfig
+from shared.config.roles import Role
 from shared.telemetry.metrics import CountersCollector
 from shared.telemetry.tracing import SpanKind, extract
 
@@ -50,7 +51,7 @@ def open_remote_tier(k: KVStoreConfig, host: str) -> MooncakeTier | None:
 
 
 class KVStoreService(Service):
-    role = "kvstore"
+    role = Role.KVSTORE
 
     def __init__(self, cfg: ResolvedConfig, options: ServiceOptions = ServiceOptions()) -> None:
         super().__init__(discovery=cfg.discovery, bus=cfg.bus, grpc_cfg=cfg.grpc, options=options,

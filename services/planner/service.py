@@ -30,6 +30,7 @@ from shared.cluster.instance import InstanceInfo, InstanceState
 from shared.cluster.lifecycle import Service, ServiceOptions
 from shared.cluster.membership import Membership
 from shared.config.resolved import ResolvedConfig
+from shared.config.roles import Role as ServiceRole
 
 log = logging.getLogger(__name__)
 
@@ -48,7 +49,7 @@ def build_actuator(cfg: ResolvedConfig, bus: Bus, cluster: str, auth: AdminAuth 
 
 
 class PlannerService(Service):
-    role = "planner"
+    role = ServiceRole.PLANNER
 
     def __init__(self, cfg: ResolvedConfig, options: ServiceOptions = ServiceOptions(), actuator: Actuator | None = None) -> None:
         super().__init__(discovery=cfg.discovery, bus=cfg.bus, grpc_cfg=cfg.grpc, options=options,

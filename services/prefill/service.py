@@ -17,14 +17,16 @@ from collections.abc import Sequence
 import grpc
 
 from proto.pdrelay.v1 import common_pb2, worker_pb2, worker_pb2_grpc
+from shared.config.choices import Fault
 from shared.cluster.grpc_errors import abort
+from shared.config.roles import Role
 from shared.engine.errors import EngineError, InvalidRequest, QueueFull
 from shared.engine.request import MediaInput, RequestOutput
 from shared.serving.convert import BACKEND_FROM_PB, layout_from_pb, logprob_to_pb, sampling_from_pb
 from shared.serving.decode_servicer import local_media
 from shared.serving.engine_service import EngineService
 from shared.serving.faults import Faults
-from shared.serving.handoff import COMPUTED_KEY, FencingLedger, descs_from_pb, pages_needed
+from shared.serving.handoff import COMPUTED_KEY, Fence, FencingLedger, descs_from_pb, pages_needed
 from shared.serving.kv_transfer import KVTransfer
 from shared.serving.kvstore_client import KVStoreClient, attach_kvstore
 from shared.serving.remote_media import RemoteVision
@@ -35,7 +37,7 @@ log = logging.getLogger(__name__)
 
 
 class PrefillService(EngineService):
-    role = "prefill"
+    role = Role.PREFILL
 
     def __init__(self, *args, **kw) -> None:  # type: ignore[no-untyped-def]
         super().__init__(*args, **kw)
@@ -158,13 +160,13 @@ class PrefillServicer(worker_pb2_grpc.PrefillServicer):
         # decode (gateway failover) is a new transaction, not a stale one.
         owner_key = f"{ticket.decode_instance_id}/{ticket.request_id}"
         state, cached = svc.ledger.check(owner_key, ticket.epoch)
-        if state == "stale":
+        if state is Fence.STALE:
             await fail(common_pb2.ERROR_CODE_STALE_EPOCH,
                        f"ticket epoch {ticket.epoch} of {ticket.request_id} is older than one already seen; refused")
-        if state == "busy":
+        if state is Fence.BUSY:
             await fail(common_pb2.ERROR_CODE_OVERLOADED,
                        f"hand-off {ticket.request_id} epoch {ticket.epoch} is already running here; retry later")
-        if state == "replay":
+        if state is Fence.REPLAY:
             assert cached is not None
             return cached
         svc.ledger.begin(owner_key, ticket.epoch)
@@ -227,13 +229,13 @@ class PrefillServicer(worker_pb2_grpc.PrefillServicer):
                 await abort(context, common_pb2.ERROR_CODE_TIMEOUT,
                             f"prefill of {ticket.request_id} finished after its hand-off deadline; not writing",
                             instance_id=me)
-            svc.faults.crash_if("prefill_crash_before_write")
-            await svc.faults.hang_if("prefill_hang", deadline - time.monotonic() + 1.0)
+            svc.faults.crash_if(Fault.PREFILL_CRASH_BEFORE_WRITE)
+            await svc.faults.hang_if(Fault.PREFILL_HANG, deadline - time.monotonic() + 1.0)
             t_write = time.monotonic()
             try:
                 peer = await asyncio.to_thread(transfer.connect, ticket.decode_peer)
                 handle = transfer.write_pages(peer, src_pages, dst, f"{ticket.request_id}:{ticket.epoch}".encode())
-                svc.faults.crash_if("prefill_crash_mid_transfer")
+                svc.faults.crash_if(Fault.PREFILL_CRASH_MID_TRANSFER)
                 await transfer.wait(handle, max(0.05, deadline - time.monotonic()))
             except TransferError as e:
                 await abort(context, common_pb2.ERROR_CODE_TRANSFER_FAILED, f"KV write to decode failed: {e}",
@@ -242,7 +244,7 @@ class PrefillServicer(worker_pb2_grpc.PrefillServicer):
             checksum = await asyncio.to_thread(transfer.checksum, src_pages)
             self._observe(first, t_start, accepted[0], t_pinned, t_write, t_sent, len(src_pages), handle.nbytes,
                           handle.num_descs, ticket.decode_instance_id)
-            if svc.faults.active("prefill_corrupt_checksum"):
+            if svc.faults.active(Fault.PREFILL_CORRUPT_CHECKSUM):
                 checksum ^= 1
         finally:
             # Always, and shielded: when decode goes away (the RPC is cancelled) the request may have finished in

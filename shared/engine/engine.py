@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 import torch
 
+from shared.config.choices import AttentionBackend, LinearBackend
 from shared.engine.errors import EngineError
 from shared.engine.grammar import GrammarBackend, MaskFiller
 from shared.engine.page_allocator import PageAllocator
@@ -197,7 +198,8 @@ class Engine:
         if dev == "auto":
             dev = "cuda" if torch.cuda.is_available() else "cpu"
         dtype = model.dtype if model.dtype != "auto" else ("bfloat16" if dev == "cuda" else "float32")
-        backend = kernels.attention_backend if kernels is not None else "auto"  # the runner resolves auto
+        # the runner resolves auto
+        backend = AttentionBackend(kernels.attention_backend) if kernels is not None else AttentionBackend.AUTO
         threads = device.threads if device is not None and device.threads > 0 else None
         if threads:
             torch.set_num_threads(threads)  # before loading: weight conversion uses the intra-op pool too
@@ -205,7 +207,8 @@ class Engine:
         runner = ModelRunner(path, dtype=dtype, device=dev, num_pages=cache.num_pages or None,
                              kv_budget_bytes=(cache.kv_cache_memory_bytes or None) if not cache.num_pages else None,
                              page_size=cache.page_size, attention_backend=backend,
-                             linear_backend=kernels.linear_backend if kernels is not None else "auto",
+                             linear_backend=LinearBackend(kernels.linear_backend) if kernels is not None
+                             else LinearBackend.AUTO,
                              max_batch_tokens=max_step_tokens(scheduler),
                              context_length=model.context_length, cuda_graph_bs=_graph_sizes(cuda_graph))
         tok_dir = tokenizer.tokenizer if tokenizer is not None and tokenizer.tokenizer else str(path)
