@@ -95,11 +95,11 @@ class Scheduler:
         self.stop_checker = StopChecker(eos_token_ids=eos_token_ids, max_model_len=self.max_model_len,
                                         decode_fn=decode_fn)
         self.waiting = WaitingQueue(policy)
-        self.handoff = HandoffPages(self)
         self.forks = Forks(self)
         self.running: list[Request] = []
         self.requests: dict[str, Request] = {}
         self.counters = SchedulerCounters()
+        self.handoff = HandoffPages(self, self.kv, self.forks, self.counters)
         self._arrival = itertools.count()
         self._inflight: dict[str, Request] = {}
         self._pending: list[RequestOutput] = []  # abort deltas not yet handed out
@@ -233,6 +233,13 @@ class Scheduler:
     def emit_delta(self, req: Request, toks: tuple[int, ...], text: str, lps: tuple[TokenLogprobs, ...] | None,
                    *, finished: bool) -> RequestOutput:
         return self._delta(req, toks, text, lps, finished=finished)
+
+    def knows(self, req_id: str) -> bool:
+        return req_id in self.requests
+
+    def join_running(self, req: Request) -> None:
+        self.requests[req.req_id] = req
+        self.running.append(req)
 
     # ---- schedule ----------------------------------------------------------------------------------------------
     def schedule(self) -> SchedulerOutput:
