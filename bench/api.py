@@ -26,6 +26,7 @@ SCHEMA = {"type": "object", "properties": {"story": {"type": "string", "minLengt
 def _engine(threads: int):  # -> (Engine, tokenizer)
     from transformers import AutoTokenizer
 
+    from shared.config.groups import CacheConfig, SchedulerConfig
     from shared.modelspec.bundled import resolve_model_path
     from shared.engine.engine import Engine
     from shared.engine.model_runner import ModelRunner
@@ -33,7 +34,8 @@ def _engine(threads: int):  # -> (Engine, tokenizer)
     path = resolve_model_path("bundled:smollm2-135m-instruct")
     tok = AutoTokenizer.from_pretrained(path)
     runner = ModelRunner(path, num_pages=2048, page_size=16)
-    return Engine(runner, page_size=16, max_running_requests=64, tokenizer=tok, threads=threads), tok
+    return Engine(runner, cache=CacheConfig(page_size=16), scheduler=SchedulerConfig(max_running_requests=64),
+                  tokenizer=tok, threads=threads), tok
 
 
 def _decode_step_ms(engine, prompts: list[list[int]], params: list[SamplingParams]) -> tuple[float, int]:

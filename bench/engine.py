@@ -269,6 +269,7 @@ def run(ns: argparse.Namespace) -> int:
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     import torch
 
+    from shared.config.groups import CacheConfig, SchedulerConfig
     from shared.modelspec.bundled import resolve_model_path
     from shared.engine.engine import Engine
     from shared.engine.model_runner import ModelRunner
@@ -302,9 +303,11 @@ def run(ns: argparse.Namespace) -> int:
                          attention_backend=ns.attention_backend, linear_backend=ns.linear_backend,
                          max_batch_tokens=max(ns.chunked_prefill_size, max_conc))
     metered = MeteredRunner(runner)
-    engine = Engine(metered, page_size=ns.page_size, max_running_requests=max_conc,
-                    chunked_prefill_size=ns.chunked_prefill_size, max_prefill_tokens=ns.chunked_prefill_size,
-                    threads=threads, max_queued_requests=1 << 20)
+    engine = Engine(metered, cache=CacheConfig(page_size=ns.page_size),
+                    scheduler=SchedulerConfig(max_running_requests=max_conc,
+                                              chunked_prefill_size=ns.chunked_prefill_size,
+                                              max_prefill_tokens=ns.chunked_prefill_size, max_queued_requests=1 << 20),
+                    threads=threads)
     a = runner.arch
     machine = measure_machine(a.hidden_size, a.intermediate_size, batch=256)
     machine["threads"] = threads

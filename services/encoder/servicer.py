@@ -17,6 +17,7 @@ import numpy as np
 from proto.pdrelay.v1 import common_pb2, worker_pb2, worker_pb2_grpc
 from services.encoder.embedding import finish
 from services.encoder.errors import EncoderError
+from shared.config.choices import Fault
 from shared.cluster.grpc_errors import abort, error_metadata, make_error
 from shared.telemetry import spans
 
@@ -91,8 +92,8 @@ class EncoderServicer(worker_pb2_grpc.EncoderServicer):
                    await asyncio.to_thread(embedder.tokenize, texts, cut))
         else:
             ids = embedder.check_token_inputs([list(t.ids) for t in request.token_inputs], cut)
-        svc.faults.crash_if("encoder_crash")
-        await svc.faults.hang_if("encoder_hang", HANG_S)
+        svc.faults.crash_if(Fault.ENCODER_CRASH)
+        await svc.faults.hang_if(Fault.ENCODER_HANG, HANG_S)
         num_tokens = sum(len(x) for x in ids)
         vectors = await batcher.submit(ids)
         vectors = finish(vectors, dims, request.normalize, spec.normalized)
@@ -117,8 +118,8 @@ class EncoderServicer(worker_pb2_grpc.EncoderServicer):
         with svc.telemetry.server_rpc(spans.ENCODER_ENCODE, request.trace, context, request.request_id,
                                       {"pdrelay.encoder.items": len(request.media)}) as rpc:
             try:
-                svc.faults.crash_if("encoder_crash")
-                await svc.faults.hang_if("encoder_hang", HANG_S)
+                svc.faults.crash_if(Fault.ENCODER_CRASH)
+                await svc.faults.hang_if(Fault.ENCODER_HANG, HANG_S)
                 resp = await vision.encode(request)
             except EncoderError as e:
                 await abort(context, e.code, e.message, instance_id=svc.instance_id)

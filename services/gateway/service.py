@@ -36,6 +36,8 @@ from shared.cluster.errors import StartupError
 from shared.serving.lifecycle import Service, ServiceOptions, advertised_host
 from shared.cluster.membership import Membership
 from shared.cluster.tls import TlsFiles
+from shared.config.resolved import ResolvedConfig
+from shared.config.roles import Role
 
 log = logging.getLogger(__name__)
 
@@ -80,12 +82,12 @@ class _DrainGateMiddleware:
 
 
 class GatewayService(Service):
-    role = "gateway"
+    role = Role.GATEWAY
     own_metrics_server = False  # /metrics is on the HTTP port (metrics_address = http_address)
 
-    def __init__(self, cfg: Any, options: ServiceOptions = ServiceOptions()) -> None:
+    def __init__(self, cfg: ResolvedConfig, options: ServiceOptions = ServiceOptions()) -> None:
         super().__init__(discovery=cfg.discovery, bus=cfg.bus, grpc_cfg=cfg.grpc, options=options,
-                         telemetry=cfg.telemetry, tls=getattr(cfg, "tls", None))
+                         telemetry=cfg.telemetry, tls=cfg.tls)
         self.cfg = cfg
         self.api = GatewayApi()
         self.membership: Membership | None = None

@@ -25,16 +25,19 @@ from shared.cluster.bus.load import LoadTable
 from shared.cluster.bus.planner import (Action, ControlKind, Decision, PlannerControl, PlannerReply,
                                         publish_decision, serve_control)
 from shared.cluster.bus.admin_auth import AdminAuth
+from shared.cluster.bus.client import Bus
 from shared.cluster.instance import InstanceInfo, InstanceState
 from shared.serving.lifecycle import Service, ServiceOptions
 from shared.cluster.membership import Membership
+from shared.config.resolved import ResolvedConfig
+from shared.config.roles import Role as ServiceRole
 
 log = logging.getLogger(__name__)
 
 ROLES = (Role.PREFILL, Role.DECODE)
 
 
-def build_actuator(cfg: Any, bus: Any, cluster: str, auth: AdminAuth | None = None) -> Actuator:
+def build_actuator(cfg: ResolvedConfig, bus: Bus, cluster: str, auth: AdminAuth | None = None) -> Actuator:
     p = cfg.planner
     if p.actuator == "kubernetes":
         from services.planner.actuators.k8s import KubernetesActuator, parse_deployments
@@ -46,9 +49,9 @@ def build_actuator(cfg: Any, bus: Any, cluster: str, auth: AdminAuth | None = No
 
 
 class PlannerService(Service):
-    role = "planner"
+    role = ServiceRole.PLANNER
 
-    def __init__(self, cfg: Any, options: ServiceOptions = ServiceOptions(), actuator: Actuator | None = None) -> None:
+    def __init__(self, cfg: ResolvedConfig, options: ServiceOptions = ServiceOptions(), actuator: Actuator | None = None) -> None:
         super().__init__(discovery=cfg.discovery, bus=cfg.bus, grpc_cfg=cfg.grpc, options=options,
                          telemetry=cfg.telemetry, tls=cfg.tls)
         self.cfg = cfg
@@ -76,10 +79,6 @@ class PlannerService(Service):
                                ("role",), registry=r)
         self._m_estimate = Gauge("pdrelay:planner_estimate_ms", "Estimated TTFT (prefill) / ITL (decode)",
                                  ("role",), registry=r)
-
-    @classmethod
-    def from_config(cls, cfg: Any, options: ServiceOptions = ServiceOptions(), **kw: Any) -> PlannerService:
-        return cls(cfg, options, **kw)
 
     # ---- lifecycle hooks ---------------------------------------------------------------------------------------
     def load_snapshot(self) -> None:

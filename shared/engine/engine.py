@@ -1,7 +1,7 @@
 """Engine: scheduler + model runner + sampler, one step at a time (shared/engine/async_engine.py runs it on a
 thread for services).
 
-    engine = Engine(runner, page_size=16, max_running_requests=32, ...)
+    engine = Engine(runner, cache=CacheConfig(page_size=16), scheduler=SchedulerConfig(max_running_requests=32))
     engine.add_request("r1", prompt_ids, SamplingParams(max_tokens=64))
     while engine.has_work():
         for delta in engine.step(): ...
@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 import torch
 
+from shared.config.choices import AttentionBackend, LinearBackend
 from shared.engine.errors import EngineError
 from shared.engine.grammar import GrammarBackend, MaskFiller
 from shared.engine.page_allocator import PageAllocator
@@ -30,6 +31,7 @@ from shared.engine.sampler import prompt_logprobs
 from shared.engine.sampler.text_window import DecodeFn
 from shared.engine.sampling_params import SamplingParams
 from shared.engine.scheduler import Scheduler
+from shared.engine.scheduler.scheduler import max_step_tokens
 from shared.engine.scheduler.handoff_pages import DEFAULT_QUARANTINE_S, Reservation
 from shared.modelspec.kv_layout import KVLayout
 from shared.engine.types import SchedulerOutput, StepStats
@@ -37,6 +39,7 @@ from shared.engine.types import SchedulerOutput, StepStats
 if TYPE_CHECKING:
     from shared.config.groups import (CacheConfig, CudaGraphConfig, DeviceConfig, DisaggConfig, KernelConfig,
                                       ModelConfig, SchedulerConfig, TokenizerConfig)
+    from shared.config.resolved import ResolvedConfig
 
 
 class Runner(Protocol):
@@ -136,19 +139,20 @@ def _graph_sizes(cfg: CudaGraphConfig | None) -> tuple[int, ...]:
 
 
 class Engine:
-    def __init__(self, runner: Runner, *, page_size: int = 16, max_running_requests: int = 64,
-                 chunked_prefill_size: int = 0, max_prefill_tokens: int = 4096, schedule_policy: str = "fcfs",
-                 enable_prefix_cache: bool = True, tokenizer: Any = None, threads: int | None = None,
-                 on_kv_event: Callable[[KVEvent], None] | None = None, max_queued_requests: int = 1024,
-                 new_token_ratio: float = 0.4, context_length: int | None = None,
-                 handoff_quarantine_s: float = DEFAULT_QUARANTINE_S, grammar_backend: str = "xgrammar") -> None:
+    def __init__(self, runner: Runner, *, cache: CacheConfig, scheduler: SchedulerConfig, tokenizer: Any = None,
+                 threads: int | None = None, on_kv_event: Callable[[KVEvent], None] | None = None,
+                 context_length: int | None = None, handoff_quarantine_s: float = DEFAULT_QUARANTINE_S,
+                 grammar_backend: str = "xgrammar") -> None:
+        """cache: page size and prefix sharing (num_pages is the runner's); scheduler: limits and policy. Both are
+        the config groups of shared/config/groups.py, which declares every default once."""
         if threads:
             torch.set_num_threads(threads)  # per-thread OpenMP setting: AsyncEngine repeats it on its thread
         self.threads = threads
+        page_size = cache.page_size
         if runner.layout.page_size != page_size:
             raise ValueError(f"page_size {page_size} differs from the runner's KV layout page size "
                              f"{runner.layout.page_size}; build both with the same --page-size")
-        max_step = max(min(max_prefill_tokens, chunked_prefill_size or max_prefill_tokens), max_running_requests)
+        max_step = max_step_tokens(scheduler)
         runner_cap = getattr(runner, "max_batch_tokens", None)
         if runner_cap is not None and max_step > runner_cap:
             raise ValueError(f"a step may hold {max_step} tokens (max_prefill_tokens / chunked_prefill_size / "
@@ -157,7 +161,8 @@ class Engine:
         self.runner = runner
         self.page_size = page_size
         self.allocator = PageAllocator(runner.num_pages)
-        self.cache = RadixCache(self.allocator, page_size, enabled=enable_prefix_cache, on_event=on_kv_event)
+        self.cache = RadixCache(self.allocator, page_size, enabled=not cache.disable_radix_cache,
+                                on_event=on_kv_event)
         self.decode_fn = make_decode_fn(tokenizer)
         self.tokenizer = tokenizer
         ctx = min(context_length or runner.context_length, runner.context_length)
@@ -171,9 +176,7 @@ class Engine:
         self.masks = MaskFiller(runner.vocab_size)
         self.scheduler = Scheduler(
             allocator=self.allocator, cache=self.cache, page_size=page_size, max_model_len=ctx,
-            max_running_requests=max_running_requests, max_queued_requests=max_queued_requests,
-            max_prefill_tokens=max_prefill_tokens, chunked_prefill_size=chunked_prefill_size,
-            policy=schedule_policy, new_token_ratio=new_token_ratio, eos_token_ids=runner.eos_token_ids,
+            config=scheduler, eos_token_ids=runner.eos_token_ids,
             decode_fn=self.decode_fn, vocab_size=runner.vocab_size, grammar=grammar)
         self.scheduler.handoff.abort_quarantine_s = handoff_quarantine_s
         self.scheduler.forks.can_copy = hasattr(getattr(runner, "kv", None), "copy_pages")
@@ -196,40 +199,35 @@ class Engine:
         if dev == "auto":
             dev = "cuda" if torch.cuda.is_available() else "cpu"
         dtype = model.dtype if model.dtype != "auto" else ("bfloat16" if dev == "cuda" else "float32")
-        backend = kernels.attention_backend if kernels is not None else "auto"  # the runner resolves auto
+        # the runner resolves auto
+        backend = AttentionBackend(kernels.attention_backend) if kernels is not None else AttentionBackend.AUTO
         threads = device.threads if device is not None and device.threads > 0 else None
         if threads:
             torch.set_num_threads(threads)  # before loading: weight conversion uses the intra-op pool too
         path = resolve_model_path(model.model, model.model_cache_dir)
-        chunk = scheduler.chunked_prefill_size
-        max_step = max(min(scheduler.max_prefill_tokens, chunk or scheduler.max_prefill_tokens),
-                       scheduler.max_running_requests)
         runner = ModelRunner(path, dtype=dtype, device=dev, num_pages=cache.num_pages or None,
                              kv_budget_bytes=(cache.kv_cache_memory_bytes or None) if not cache.num_pages else None,
                              page_size=cache.page_size, attention_backend=backend,
-                             linear_backend=kernels.linear_backend if kernels is not None else "auto",
-                             max_batch_tokens=max_step,
+                             linear_backend=LinearBackend(kernels.linear_backend) if kernels is not None
+                             else LinearBackend.AUTO,
+                             max_batch_tokens=max_step_tokens(scheduler),
                              context_length=model.context_length, cuda_graph_bs=_graph_sizes(cuda_graph))
         tok_dir = tokenizer.tokenizer if tokenizer is not None and tokenizer.tokenizer else str(path)
         from transformers import AutoTokenizer
 
         tok = AutoTokenizer.from_pretrained(tok_dir, local_files_only=True)
-        return cls(runner, page_size=cache.page_size, max_running_requests=scheduler.max_running_requests,
-                   chunked_prefill_size=chunk, max_prefill_tokens=scheduler.max_prefill_tokens,
-                   schedule_policy=scheduler.schedule_policy, enable_prefix_cache=not cache.disable_radix_cache,
-                   tokenizer=tok, threads=threads, on_kv_event=on_kv_event,
-                   max_queued_requests=scheduler.max_queued_requests, new_token_ratio=scheduler.new_token_ratio,
+        return cls(runner, cache=cache, scheduler=scheduler, tokenizer=tok, threads=threads, on_kv_event=on_kv_event,
                    context_length=model.context_length,
                    handoff_quarantine_s=disagg.handoff_timeout_s if disagg is not None else DEFAULT_QUARANTINE_S,
                    grammar_backend=kernels.grammar_backend if kernels is not None else "xgrammar")
 
     @classmethod
-    def from_config(cls, cfg: Any, *, on_kv_event: Callable[[KVEvent], None] | None = None) -> Engine:
-        """From a resolved role config (shared.config): uses its model, cache, scheduler, kernels, device and
-        tokenizer groups."""
+    def from_config(cls, cfg: ResolvedConfig, *, on_kv_event: Callable[[KVEvent], None] | None = None) -> Engine:
+        """From the resolved config of an engine role (prefill, decode, worker): its model, cache, scheduler,
+        kernels, device, tokenizer, disagg and cuda_graph groups."""
         return cls.from_groups(model=cfg.model, cache=cfg.cache, scheduler=cfg.scheduler, kernels=cfg.kernels,
                                device=cfg.device, tokenizer=cfg.tokenizer, on_kv_event=on_kv_event,
-                               disagg=getattr(cfg, "disagg", None), cuda_graph=getattr(cfg, "cuda_graph", None))
+                               disagg=cfg.disagg, cuda_graph=cfg.cuda_graph)
 
     # ---- requests ----------------------------------------------------------------------------------------------
     def add_request(self, req_id: str, prompt_token_ids: Sequence[int], params: SamplingParams | None = None,

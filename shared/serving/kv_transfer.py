@@ -12,6 +12,7 @@ from collections.abc import Sequence
 import torch
 
 from proto.pdrelay.v1 import common_pb2
+from shared.config.choices import TransferBackend
 from shared.engine.kv_pool import KVPool
 from shared.serving.convert import BACKEND_TO_PB
 from shared.serving.handoff import paged_descriptors
@@ -25,8 +26,8 @@ log = logging.getLogger(__name__)
 
 
 class KVTransfer:
-    def __init__(self, backend: str, name: str, host: str, pool: KVPool) -> None:
-        self.backend = backend
+    def __init__(self, backend: TransferBackend | str, name: str, host: str, pool: KVPool) -> None:
+        self.backend = TransferBackend(backend)  # an unknown name fails here, before any engine starts
         self.pool = pool
         self.engine: TransferEngine = create_engine(backend, name=name, host=host)
         self.region: RegionHandle = self.engine.register(pool.buffer)

@@ -16,7 +16,7 @@ A subclass overrides the hooks it needs: `add_servicers`, `warm_up`, `describe`,
 
     def main(argv):
         cfg, opts = service_args("decode", argv)   # --resolved-config FILE (from `pdrelay up`) or raw flags
-        return run_service(DecodeService.from_config(cfg, opts))
+        return run_service(DecodeService(cfg, opts))
 """
 
 from __future__ import annotations
@@ -32,7 +32,7 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, ClassVar, Protocol
+from typing import Any, ClassVar
 
 import grpc
 from etcd3aio import Etcd3Client
@@ -50,30 +50,14 @@ from shared.cluster.handshake import ReadyInfo, announce_ready
 from shared.cluster.instance import InstanceInfo, InstanceState, check_name
 from shared.cluster.registration import Registrar
 from shared.cluster.tls import TlsError, TlsFiles, listen
+from shared.config.groups import BusConfig, DiscoveryConfig, GrpcConfig, TelemetryConfig, TlsConfig
+from shared.config.resolved import ResolvedConfig
 from shared.telemetry.service import ServiceTelemetry
 
 log = logging.getLogger(__name__)
 
 _SERVING = health_pb2.HealthCheckResponse.SERVING
 _NOT_SERVING = health_pb2.HealthCheckResponse.NOT_SERVING
-
-
-class _Discovery(Protocol):
-    etcd_endpoints: tuple[str, ...]
-    cluster: str
-    instance_id: str | None
-    lease_ttl_s: int
-
-
-class _BusCfg(Protocol):
-    nats_url: str
-    load_report_interval_s: float
-    bus_outage_policy: str
-
-
-class _GrpcCfg(Protocol):
-    host: str
-    grpc_port: int
 
 
 @dataclass(frozen=True)
@@ -105,13 +89,12 @@ def split_lifecycle_args(argv: Sequence[str]) -> tuple[ServiceOptions, list[str]
 RESOLVED_CONFIG_FLAG = "--resolved-config"
 
 
-def service_args(role: str, argv: Sequence[str]) -> tuple[Any, ServiceOptions]:
+def service_args(role: str, argv: Sequence[str]) -> tuple[ResolvedConfig, ServiceOptions]:
     """(ResolvedConfig, ServiceOptions) of a service process.
 
     `--resolved-config FILE` (what `pdrelay up` passes: a ResolvedConfig JSON) replaces the role's flags; without
     it the remaining flags are resolved as usual (defaults < --config < PDRELAY_* env < flags). Bad input exits 2
     with the resolver's message (no traceback)."""
-    from shared.config import ResolvedConfig
     from shared.config.resolve import exit_on_config_error, parse_role_args
 
     p = argparse.ArgumentParser(add_help=False, allow_abbrev=False)
@@ -180,8 +163,9 @@ class Service:
     # False: the service serves /metrics itself (the gateway, on its HTTP port) and describes its metrics_address.
     own_metrics_server: ClassVar[bool] = True
 
-    def __init__(self, *, discovery: _Discovery, bus: _BusCfg, grpc_cfg: _GrpcCfg,
-                 options: ServiceOptions = ServiceOptions(), telemetry: Any = None, tls: Any = None) -> None:
+    def __init__(self, *, discovery: DiscoveryConfig, bus: BusConfig, grpc_cfg: GrpcConfig,
+                 options: ServiceOptions = ServiceOptions(), telemetry: TelemetryConfig | None = None,
+                 tls: TlsConfig | None = None) -> None:
         assert self.role, f"{type(self).__name__} must set the class attribute `role`"
         self._tls_cfg = tls
         self.tls: TlsFiles | None = None  # read at start (a bad file is a StartupError, exit 2)
@@ -208,12 +192,6 @@ class Service:
         self._load_reporter: LoadReporter | None = None
         self.telemetry = ServiceTelemetry(telemetry, role=self.role, instance_id=self.instance_id,
                                           cluster=self.cluster)
-
-    @classmethod
-    def from_config(cls, cfg: Any, options: ServiceOptions = ServiceOptions(), **kw: Any) -> Service:
-        """From a resolved config with `.discovery`, `.bus` and `.grpc` groups (and `.telemetry`, if it has one)."""
-        return cls(discovery=cfg.discovery, bus=cfg.bus, grpc_cfg=cfg.grpc, options=options,
-                   telemetry=getattr(cfg, "telemetry", None), tls=getattr(cfg, "tls", None), **kw)
 
     # ------------------------------------------------------------------ hooks
 

@@ -40,10 +40,10 @@ from services.gateway.routing.failures import (FailureKind, Verdict, classify, c
 from services.gateway.routing.kv_index import KVIndex, PromptHashes
 from services.gateway.routing.media_affinity import MediaAffinity
 from services.gateway.routing.policies import make_policy
-from services.gateway.routing.router import NoRoute, Router
+from services.gateway.routing.router import NoRoute, NoRouteReason, Router
 from services.gateway.routing.views import RoutePlan, RouteRequest
 from services.gateway.routing.wire import chunk_from_pb, decode_request, remaining_max_tokens
-from shared.cluster.bus.cancel import publish_cancel
+from shared.cluster.bus.cancel import CancelReason, publish_cancel
 from shared.cluster.bus.client import Bus
 from shared.cluster.grpc_errors import error_from_rpc
 from shared.cluster.tls import TlsFiles
@@ -287,16 +287,16 @@ class GrpcBackend:
 
     def _no_route_error(self, req: BackendRequest, e: NoRoute, verdicts: list[Verdict], started: bool) -> BackendError:
         kinds = {v.kind for v in verdicts}
-        if e.reason == "excluded" and FailureKind.OVERLOADED in kinds and not started:
+        if e.reason is NoRouteReason.EXCLUDED and FailureKind.OVERLOADED in kinds and not started:
             return BackendOverloaded(f"every instance serving {req.model!r} is at capacity "
                                      f"({verdicts[-1].message})", retry_after_s=self._retry_after_s)
         detail = f"; last failure: {verdicts[-1].message}" if verdicts else ""
-        if e.reason == "none_ready":
+        if e.reason is NoRouteReason.NONE_READY:
             return BackendUnavailable(f"no instance serving {req.model!r} is ready ({e}){detail}",
                                       retry_after_s=self._retry_after_s)
         cooldown = self.router.breakers.config.cooldown_s
         return BackendUnavailable(f"{e}{detail}", retry_after_s=max(self._retry_after_s, cooldown)
-                                  if e.reason == "breakers_open" else self._retry_after_s)
+                                  if e.reason is NoRouteReason.BREAKERS_OPEN else self._retry_after_s)
 
     @staticmethod
     def _final_error(verdict: Verdict) -> BackendError:
@@ -327,6 +327,6 @@ class GrpcBackend:
             return
         self.cancels_published += 1
         task: asyncio.Task[object] = asyncio.ensure_future(
-            publish_cancel(self._bus, self._cluster, request_id, reason="client_disconnected", origin=self._origin))
+            publish_cancel(self._bus, self._cluster, request_id, reason=CancelReason.CLIENT_DISCONNECTED, origin=self._origin))
         self._background.add(task)
         task.add_done_callback(self._background.discard)

@@ -51,7 +51,7 @@ from services.gateway.text.tokenizer import ChatTemplateError, GatewayTokenizer
 from services.gateway.http.tools.formatter import ToolChatFormatter
 from services.gateway.http.tools.render import render_messages
 from services.gateway.http.tools.spec import ToolChoiceMode
-from services.gateway.http.validation import Plan, plan_chat, plan_completion
+from services.gateway.http.validation import ApiKind, Plan, plan_chat, plan_completion
 from shared.config.groups import HttpConfig
 from shared.telemetry import spans
 from shared.telemetry.logs import bind_request_id
@@ -289,12 +289,12 @@ class GatewayApp:
     # ------------------------------------------------------------ generation
 
     async def _chat(self, scope: Scope, receive: Receive, r: Responder) -> None:
-        await self._traced(scope, receive, r, "chat")
+        await self._traced(scope, receive, r, ApiKind.CHAT)
 
     async def _completions(self, scope: Scope, receive: Receive, r: Responder) -> None:
-        await self._traced(scope, receive, r, "completion")
+        await self._traced(scope, receive, r, ApiKind.COMPLETION)
 
-    async def _traced(self, scope: Scope, receive: Receive, r: Responder, kind: str) -> None:
+    async def _traced(self, scope: Scope, receive: Receive, r: Responder, kind: ApiKind) -> None:
         """`_generate` in the gateway.request span: a child of the client's traceparent header, if it sent one, and
         the current span while the request runs (route, decode call and NATS cancels are its children)."""
         tr = self.tracing
@@ -329,12 +329,12 @@ class GatewayApp:
             tr.deactivate(token)
             tr.end(span)
 
-    async def _generate(self, scope: Scope, receive: Receive, r: Responder, kind: str) -> None:
+    async def _generate(self, scope: Scope, receive: Receive, r: Responder, kind: ApiKind) -> None:
         arrival = time.perf_counter()
         body = await read_body(scope, receive, self.max_request_bytes)
         vocab = self.tokenizer.vocab_size
         try:
-            if kind == "chat":
+            if kind is ApiKind.CHAT:
                 plan = plan_chat(decode_body(self._chat_decoder, body), vocab_size=vocab,
                                  image_placeholder=self.media.placeholder)
             else:
@@ -343,7 +343,7 @@ class GatewayApp:
             raise _decode_error(e) from None
         model = self._resolve_model(plan.model)
         trace = tuple((k.decode(), v.decode("latin-1")) for k, v in scope["headers"] if k in _TRACE_HEADERS)
-        rid = ("chatcmpl-" if kind == "chat" else "cmpl-") + uuid.uuid4().hex
+        rid = ("chatcmpl-" if kind is ApiKind.CHAT else "cmpl-") + uuid.uuid4().hex
         reqs: list[BackendRequest] = []
         for p, one in enumerate(plan.batch or (plan,)):  # a list of prompts: one backend request each
             ids = self._tokenize(one)
@@ -364,7 +364,7 @@ class GatewayApp:
             fmt = ToolChatFormatter(self.tokenizer, req.request_id, int(time.time()), model, plan.include_usage,
                                     sampling.logprobs is not None, plan.tools)
         else:
-            fmt_cls = ChatFormatter if kind == "chat" else CompletionFormatter
+            fmt_cls = ChatFormatter if kind is ApiKind.CHAT else CompletionFormatter
             fmt = fmt_cls(self.tokenizer, rid, int(time.time()), model, plan.include_usage,
                           sampling.logprobs is not None, n=sampling.n)
         if plan.echo and isinstance(fmt, CompletionFormatter):
@@ -410,7 +410,7 @@ class GatewayApp:
             return plan.prompt_ids
         if not ids:
             raise bad_request("the prompt tokenizes to no tokens; send some text",
-                              "messages" if plan.kind == "chat" else "prompt")
+                              "messages" if plan.kind is ApiKind.CHAT else "prompt")
         return tuple(ids)
 
     def _fit_context(self, plan: Plan, prompt_len: int) -> BackendSamplingParams:
@@ -419,7 +419,7 @@ class GatewayApp:
         sampling = plan.sampling
         if ctx is None:
             return sampling
-        param = "messages" if plan.kind == "chat" else "prompt"
+        param = "messages" if plan.kind is ApiKind.CHAT else "prompt"
         if prompt_len >= ctx:
             raise bad_request(f"the prompt is {prompt_len} tokens, but this model's context length is {ctx} tokens "
                               "(prompt + completion); shorten the prompt", param, "context_length_exceeded")

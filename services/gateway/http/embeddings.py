@@ -18,10 +18,15 @@ from __future__ import annotations
 import base64
 import time
 import uuid
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 import grpc
 import msgspec
+
+if TYPE_CHECKING:
+    from services.gateway.http.app import GatewayApp
+    from shared.cluster.tls import TlsFiles
+    from shared.config.groups import HttpConfig
 
 from proto.pdrelay.v1 import common_pb2, gateway_pb2
 from services.gateway.http.api_responses import ModelCard
@@ -31,6 +36,8 @@ from services.gateway.backends.encoder_backend import EmbedCall, EmbedResult, En
 from services.gateway.http.errors import ApiError, bad_request, from_backend
 from services.gateway.http.json_body import decode_body
 from services.gateway.routing.channels import ChannelPool
+from services.gateway.routing.discovery import MembershipView
+from shared.cluster.bus.load import LoadTable
 from shared.cluster.grpc_errors import abort
 from shared.cluster.instance import EncoderInfo
 
@@ -216,7 +223,8 @@ class Embeddings:
             usage=common_pb2.Usage(prompt_tokens=res.prompt_tokens))
 
 
-def mount_embeddings(app: Any, membership: Any, loads: Any, http_cfg: Any, tls: Any = None) -> Embeddings:
+def mount_embeddings(app: GatewayApp, membership: MembershipView, loads: LoadTable, http_cfg: HttpConfig,
+                     tls: TlsFiles | None = None) -> Embeddings:
     """/v1/embeddings on `app` (a GatewayApp) over the encoders in `membership`, loads from `loads` (the
     gateway's NATS load table); timeouts and retries from the http config group."""
     backend = EncoderBackend(membership, loads, timeout_s=http_cfg.encoder_timeout_s,

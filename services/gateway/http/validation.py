@@ -8,8 +8,9 @@ so a request the gateway accepts is never refused by a worker for its sampling v
 from __future__ import annotations
 
 import dataclasses
+import enum
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any
 
 from services.gateway.http.api_requests import (
     ChatCompletionRequest,
@@ -33,11 +34,18 @@ MAX_N = 64  # as the engine's SamplingParams
 MAX_BATCH_PROMPTS = 64
 
 
+class ApiKind(enum.StrEnum):
+    """Which OpenAI endpoint a request came in on."""
+
+    CHAT = "chat"  # /v1/chat/completions
+    COMPLETION = "completion"  # /v1/completions
+
+
 @dataclass(frozen=True, slots=True)
 class Plan:
     """A validated request, before tokenization. Exactly one of messages / prompt_text / prompt_ids is set."""
 
-    kind: Literal["chat", "completion"]
+    kind: ApiKind
     model: str | None
     stream: bool
     include_usage: bool
@@ -203,7 +211,7 @@ def plan_chat(req: ChatCompletionRequest, *, vocab_size: int, image_placeholder:
         if m.tool_call_id is not None:
             msg["tool_call_id"] = m.tool_call_id
         messages.append(msg)
-    return Plan("chat", req.model, req.stream, _stream_flags(req), sampling, req.skip_special_tokens,
+    return Plan(ApiKind.CHAT, req.model, req.stream, _stream_flags(req), sampling, req.skip_special_tokens,
                 messages=messages, chat_template_kwargs=req.chat_template_kwargs, priority=_priority(req),
                 tools=tools, image_urls=tuple(image_urls))
 
@@ -218,7 +226,7 @@ def plan_completion(req: CompletionRequest, *, vocab_size: int) -> Plan:
     if req.echo and req.logprobs is not None:  # the echoed prompt's tokens come with their logprobs too
         sampling = dataclasses.replace(sampling, prompt_logprobs=req.logprobs)
     prompts = _prompts(req.prompt, vocab_size)
-    plans = tuple(Plan("completion", req.model, req.stream, _stream_flags(req), sampling, req.skip_special_tokens,
+    plans = tuple(Plan(ApiKind.COMPLETION, req.model, req.stream, _stream_flags(req), sampling, req.skip_special_tokens,
                        prompt_text=text, prompt_ids=ids, priority=_priority(req), echo=req.echo)
                   for text, ids in prompts)
     if len(plans) == 1:

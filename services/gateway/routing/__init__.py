@@ -16,11 +16,11 @@ Everything but discovery.py and channels.py is pure and unit-tested without a cl
 from services.gateway.routing.breaker import BreakerBoard, BreakerConfig, BreakerState, CircuitBreaker
 from services.gateway.routing.kv_index import KVIndex, PromptHashes
 from services.gateway.routing.policies import ROUTING_POLICIES, KVAware, LeastLoad, RoundRobin, make_policy
-from services.gateway.routing.router import Lease, NoRoute, Router
+from services.gateway.routing.router import Lease, NoRoute, NoRouteReason, Router
 from services.gateway.routing.views import Candidate, Load, Mode, Pools, RoutePlan, RouteRequest
 
 __all__ = [
     "ROUTING_POLICIES", "BreakerBoard", "BreakerConfig", "BreakerState", "Candidate", "CircuitBreaker", "KVAware", "KVIndex",
-    "LeastLoad", "Lease", "Load", "Mode", "NoRoute", "Pools", "PromptHashes", "RoundRobin", "RoutePlan",
+    "LeastLoad", "Lease", "Load", "Mode", "NoRoute", "NoRouteReason", "Pools", "PromptHashes", "RoundRobin", "RoutePlan",
     "RouteRequest", "Router", "make_policy",
 ]

@@ -18,12 +18,13 @@ from shared.cluster.bus.kv_events import KVEventBatch, subscribe_kv_events
 from shared.cluster.bus.load import LoadTable
 from shared.cluster.instance import InstanceInfo
 from shared.cluster.membership import EventKind, MembershipEvent
+from shared.config.roles import Role
 from services.gateway.routing.router import Router
 from services.gateway.routing.views import Candidate, Load, Pools
 
 log = logging.getLogger(__name__)
 
-DECODE_ROLE, PREFILL_ROLE, WORKER_ROLE = "decode", "prefill", "worker"
+DECODE_ROLE, PREFILL_ROLE, WORKER_ROLE = Role.DECODE, Role.PREFILL, Role.WORKER
 ROUTED_ROLES = (DECODE_ROLE, PREFILL_ROLE, WORKER_ROLE)
 
 

@@ -35,6 +35,7 @@ from nats.errors import Error as NatsError
 
 from shared.cluster.errors import nats_unavailable
 from shared.cluster.tls import TlsFiles
+from shared.config.groups import BusConfig
 
 log = logging.getLogger(__name__)
 
@@ -108,7 +109,7 @@ class Bus:
         self.stats = BusStats()
 
     @classmethod
-    def from_config(cls, bus_cfg: Any, name: str, **kw: Any) -> Bus:
+    def from_config(cls, bus_cfg: BusConfig, name: str, **kw: Any) -> Bus:
         """From a BusConfig group (nats_url, bus_outage_policy)."""
         return cls(bus_cfg.nats_url, name=name, outage_policy=bus_cfg.bus_outage_policy, **kw)
 

@@ -18,7 +18,7 @@ import bisect
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
 from shared.engine.errors import InvalidRequest, QueueFull, UnknownRequest
 from shared.engine.request import (
@@ -31,7 +31,35 @@ from shared.engine.request import (
 from shared.engine.sampling_params import SamplingParams
 
 if TYPE_CHECKING:
-    from shared.engine.scheduler.scheduler import Scheduler
+    from shared.engine.sampler.stop import StopResult
+    from shared.engine.scheduler.forks import Forks
+    from shared.engine.scheduler.kv import KVManager
+    from shared.engine.scheduler.scheduler import SchedulerCounters
+
+
+class Batch(Protocol):
+    """What hand-offs need of the scheduler's running batch (Scheduler implements it)."""
+
+    max_running_requests: int
+
+    @property
+    def num_running(self) -> int: ...
+
+    def knows(self, req_id: str) -> bool:
+        """The id is in use by a request the scheduler tracks."""
+        ...
+
+    def new_request(self, req_id: str, prompt_token_ids: Sequence[int], params: SamplingParams | None = None,
+                    priority: int = 0, *, media: Sequence[MediaInput] = (), need_embeds: bool = False) -> Request: ...
+
+    def join_running(self, req: Request) -> None:
+        """A request whose prompt is computed enters the running batch."""
+        ...
+
+    def advance(self, req: Request, tok: int) -> StopResult: ...
+
+    def emit_delta(self, req: Request, toks: tuple[int, ...], text: str, lps: tuple[TokenLogprobs, ...] | None,
+                   *, finished: bool) -> RequestOutput: ...
 
 
 @dataclass(frozen=True)
@@ -49,8 +77,12 @@ DEFAULT_QUARANTINE_S = 30.0
 
 
 class HandoffPages:
-    def __init__(self, sched: Scheduler, abort_quarantine_s: float = DEFAULT_QUARANTINE_S) -> None:
-        self.s = sched
+    """batch: admission into the running batch; kv: the pages and the prefix cache; forks: n > 1 samples;
+    counters: the scheduler's prompt-token counters."""
+
+    def __init__(self, batch: Batch, kv: KVManager, forks: Forks, counters: SchedulerCounters,
+                 abort_quarantine_s: float = DEFAULT_QUARANTINE_S) -> None:
+        self.batch, self.kv, self.forks, self.counters = batch, kv, forks, counters
         self.abort_quarantine_s = abort_quarantine_s
         self.remote: dict[str, Request] = {}
         self.held: dict[str, Request] = {}
@@ -61,24 +93,24 @@ class HandoffPages:
                        params: SamplingParams | None = None, priority: int = 0,
                        media: Sequence[MediaInput] = ()) -> Reservation:
         """media: the prompt's images (spans and hashes; embeddings not needed), so its pages hash as prefill's."""
-        s = self.s
-        if req_id in s.requests or req_id in self.remote:
+        b, kv = self.batch, self.kv
+        if b.knows(req_id) or req_id in self.remote:
             raise InvalidRequest(f"request id {req_id!r} is already in use; ids must be unique", field="req_id")
-        req = s.new_request(req_id, prompt_token_ids, params, priority, media=media)
-        if len(s.running) + len(self.remote) >= s.max_running_requests:
-            raise QueueFull(f"{len(s.running)} running and {len(self.remote)} arriving requests reach "
-                            f"max_running_requests={s.max_running_requests}; retry on another instance")
+        req = b.new_request(req_id, prompt_token_ids, params, priority, media=media)
+        if b.num_running + len(self.remote) >= b.max_running_requests:
+            raise QueueFull(f"{b.num_running} running and {len(self.remote)} arriving requests reach "
+                            f"max_running_requests={b.max_running_requests}; retry on another instance")
         self.release_expired()
-        cached = s.kv.match_prefix(req)
-        if not s.kv.allocate(req, req.num_tokens - cached):
-            s.kv.release(req)
+        cached = kv.match_prefix(req)
+        if not kv.allocate(req, req.num_tokens - cached):
+            kv.release(req)
             raise QueueFull(f"not enough free KV pages for a {req.num_tokens}-token prompt "
-                            f"({s.kv.available_pages} available); retry on another instance")
+                            f"({kv.available_pages} available); retry on another instance")
         req.num_cached_tokens = cached
-        s.counters.num_prompt_tokens += req.num_prompt_tokens
-        s.counters.num_cached_prompt_tokens += cached
+        self.counters.num_prompt_tokens += req.num_prompt_tokens
+        self.counters.num_cached_prompt_tokens += cached
         self.remote[req_id] = req
-        s.forks.register(req)
+        self.forks.register(req)
         return Reservation(req_id, tuple(req.page_ids), cached)
 
     def activate_remote(self, req_id: str, first_token: int,
@@ -86,22 +118,21 @@ class HandoffPages:
                         prompt_logprobs: Sequence[TokenLogprobs] = ()) -> list[RequestOutput]:
         """The prompt KV arrived: the request joins the running batch with its first token (its delta returned,
         with the prompt logprobs prefill computed, if asked for)."""
-        s = self.s
+        b = self.batch
         req = self.remote.pop(req_id, None)
         if req is None:
             raise UnknownRequest(f"no reserved hand-off for request {req_id!r} (cancelled or never reserved)")
         req.num_computed_tokens = req.num_tokens
         req.prompt_logprobs = list(prompt_logprobs)
-        s.kv.commit(req)  # the received full pages now serve later prefix hits here too
+        self.kv.commit(req)  # the received full pages now serve later prefix hits here too
         req.status = RequestStatus.RUNNING
-        s.requests[req_id] = req
-        s.running.append(req)
-        s.forks.on_prompt_done(req)  # n > 1: the other samples fork from the received prompt KV
+        b.join_running(req)
+        self.forks.on_prompt_done(req)  # n > 1: the other samples fork from the received prompt KV
         if req.params.seed is not None and not req.params.greedy:
             req.generator_skip = 1  # prefill drew the first token from this seed: continue after it
         # The first token was sampled by prefill under the same grammar: the local matcher consumes it here.
-        res = s.advance(req, int(first_token))
-        return [s.emit_delta(req, (int(first_token),), res.new_text, None if logprob is None else (logprob,),
+        res = b.advance(req, int(first_token))
+        return [b.emit_delta(req, (int(first_token),), res.new_text, None if logprob is None else (logprob,),
                              finished=res.finish_reason is not None)]
 
     def cancel_remote(self, req_id: str, quarantine_s: float) -> bool:
@@ -110,18 +141,18 @@ class HandoffPages:
         req = self.remote.pop(req_id, None)
         if req is None:
             return False
-        s = self.s
-        s.forks.pending.pop(req_id, None)  # its n > 1 samples never started
+        kv = self.kv
+        self.forks.pending.pop(req_id, None)  # its n > 1 samples never started
         own = req.page_ids[req.num_locked:]
         if req.num_locked:
-            s.kv.cache.unlock(req.block_hashes[: req.num_locked])
-            s.kv.allocator.decref(req.page_ids[: req.num_locked])
+            kv.cache.unlock(req.block_hashes[: req.num_locked])
+            kv.allocator.decref(req.page_ids[: req.num_locked])
         if own:
             if quarantine_s > 0:
                 # kept sorted by release time: quarantines of different lengths (abort vs. failed hand-off) mix
                 bisect.insort(self._quarantine, (time.monotonic() + quarantine_s, list(own)), key=lambda q: q[0])
             else:
-                s.kv.allocator.decref(own)
+                kv.allocator.decref(own)
         req.page_ids, req.num_locked, req.num_computed_tokens = [], 0, 0
         req.status, req.finish_reason = RequestStatus.FINISHED, "abort"
         return True
@@ -137,7 +168,7 @@ class HandoffPages:
         freed = 0
         while self._quarantine and self._quarantine[0][0] <= now:
             _, pages = self._quarantine.pop(0)
-            self.s.kv.allocator.decref(pages)
+            self.kv.allocator.decref(pages)
             freed += len(pages)
         return freed
 
@@ -168,5 +199,5 @@ class HandoffPages:
         req = self.held.pop(req_id, None)
         if req is None:
             return False
-        self.s.kv.release(req)
+        self.kv.release(req)
         return True

@@ -8,7 +8,7 @@ import pytest
 
 from shared.cluster.bus.kv_events import KVEventBatch, KVOp, KVOpKind
 from shared.modelspec.block_hash import page_hashes
-from services.gateway.routing import (Candidate, KVIndex, Load, Mode, Pools, RouteRequest, Router, make_policy)
+from services.gateway.routing import (Candidate, Load, Mode, Pools, RouteRequest, Router, make_policy)
 
 P = 16
 PROMPT = tuple(range(1, 1 + 10 * P))  # 10 full pages
