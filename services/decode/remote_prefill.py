@@ -15,6 +15,7 @@ import logging
 import time
 from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import grpc
 
@@ -172,7 +173,7 @@ class RemotePrefillClient:
             write_by: float | None = None
             try:
                 while True:
-                    waiting: set[asyncio.Future] = {resp_task, dead_task}  # type: ignore[type-arg]
+                    waiting: set[asyncio.Future[Any]] = {resp_task, dead_task}
                     if write_by is None and not md_task.done():
                         waiting.add(md_task)
                     left = None if write_by is None else max(0.0, write_by - loop.time())

@@ -196,6 +196,7 @@ def _rebalance(up: Plan, donor: Plan, limits: Limits, want: int) -> Plan | None:
         return None
     drain = _idlest(donor.loads, give)
     after_s = est.at(n - give)
+    assert after_s is not None  # give >= 1 and the loop above accepted n - give
     return Plan(donor.role, Action.SCALE_DOWN, n, n - give,
                 f"{up.role} needs the budget ({up.reason.split(':')[0]}); with {n - give} instances {donor.role}'s "
                 f"estimated {_what(donor.role)} is {after_s * 1e3:.0f} ms, within its target of {target * 1e3:.0f} "

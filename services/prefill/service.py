@@ -43,7 +43,7 @@ log = logging.getLogger(__name__)
 class PrefillService(EngineService):
     role = Role.PREFILL
 
-    def __init__(self, *args, **kw) -> None:  # type: ignore[no-untyped-def]
+    def __init__(self, *args, **kw) -> None:
         super().__init__(*args, **kw)
         self.transfer: KVTransfer | None = None
         self.kvstore: KVStoreClient | None = None
@@ -71,7 +71,7 @@ class PrefillService(EngineService):
                                               tracing=self.telemetry.tracing, tls=self.tls)
             self.transfer.start_progress()
 
-    def describe(self) -> dict:  # type: ignore[type-arg]
+    def describe(self) -> dict:
         d = super().describe()
         d["transfer_backend"] = self.cfg.transfer.transfer_backend
         return d

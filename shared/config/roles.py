@@ -32,4 +32,4 @@ ROLE_GROUPS: dict[str, tuple[str, ...]] = {
     Role.PLANNER: ("planner",) + _COMMON,
 }
 
-ROLES: tuple[str, ...] = tuple(r.value for r in ROLE_GROUPS)  # plain text: argparse choices, messages
+ROLES: tuple[str, ...] = tuple(str(r) for r in ROLE_GROUPS)  # plain text: argparse choices, messages

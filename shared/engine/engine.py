@@ -40,6 +40,7 @@ if TYPE_CHECKING:
     from shared.config.groups import (CacheConfig, CudaGraphConfig, DeviceConfig, DisaggConfig, KernelConfig,
                                       ModelConfig, SchedulerConfig, TokenizerConfig)
     from shared.config.resolved import ResolvedConfig
+    from shared.engine.kv_pool import KVPool
 
 
 class Runner(Protocol):
@@ -48,6 +49,8 @@ class Runner(Protocol):
     eos_token_ids: tuple[int, ...]
     context_length: int
     layout: KVLayout
+    kv: KVPool  # the pages the hand-off and the kvstore read and write
+    device: torch.device
 
     def forward(self, out: SchedulerOutput) -> torch.Tensor: ...
 
@@ -127,7 +130,8 @@ def make_decode_fn(tokenizer: Any) -> DecodeFn | None:
     if hasattr(tokenizer, "decode"):
         return lambda ids: tokenizer.decode(list(ids), skip_special_tokens=True)
     if callable(tokenizer):
-        return tokenizer
+        fn: DecodeFn = tokenizer
+        return fn
     raise TypeError(f"tokenizer must have .decode(ids) or be a callable ids -> str (got {type(tokenizer).__name__})")
 
 
@@ -281,15 +285,15 @@ class Engine:
         logprobs: list[TokenLogprobs | None] | None = None
         copies = self.scheduler.forks.take_copies()
         if copies:  # n > 1: the partial prompt page of each new fork, before anything writes into it
-            self.runner.kv.copy_pages(copies)  # type: ignore[attr-defined]
+            self.runner.kv.copy_pages(copies)
         if out.seqs:
             try:
                 reqs = [self.scheduler.requests[s.req_id] for s in out.seqs if s.need_logits]
                 pending = self.masks.start(reqs)  # grammar bitmask filled while the forward pass runs
                 if self._split_prepare:
-                    batch = self.runner.prepare(out)  # type: ignore[attr-defined]
+                    batch = self.runner.prepare(out)  # type: ignore[attr-defined]  # optional: _split_prepare says the runner has it
                     t2 = time.perf_counter()
-                    logits = self.runner.forward_batch(batch)  # type: ignore[attr-defined]
+                    logits = self.runner.forward_batch(batch)  # type: ignore[attr-defined]  # optional, as prepare()
                 else:
                     t2 = t1
                     logits = self.runner.forward(out)

@@ -137,6 +137,9 @@ class EngineService(Service):
         runner = engine.runner
         if getattr(runner, "llava", None) is None:
             return None
+        from shared.engine.model_runner import ModelRunner
+
+        assert isinstance(runner, ModelRunner)  # only the model runner loads a vision tower
         enc = EncoderConfig()  # engine roles have no encoder group: the in-process cache takes its default sizes
         cache = EncoderCache(max_items=enc.encoder_cache_items, max_bytes=enc.encoder_cache_bytes)
         return LocalVision(VisionEncoderRunner(runner.model_dir, dtype=runner.layout.dtype,
@@ -147,6 +150,7 @@ class EngineService(Service):
         self.engine = await asyncio.to_thread(self.build_engine)
         self.vision = await asyncio.to_thread(self.build_vision, self.engine)
         self.aengine = AsyncEngine(self.engine)
+        assert self.bus is not None  # connected in start(), before the engine
         self._kv_pub = KVEventPublisher(self.bus, self.cluster, self.instance_id, epoch=self.epoch,
                                         page_size=self.engine.page_size)
         await subscribe_cancel(self.bus, self.cluster, self._on_cancel)

@@ -341,6 +341,7 @@ class Service:
         try:
             await self.telemetry.start_metrics(host, advertise_host=advertised_host(host))
         except OSError as e:
+            assert self.telemetry.cfg is not None  # metrics bind only with a telemetry config
             raise StartupError(f"cannot serve /metrics on {host}:{self.telemetry.cfg.metrics_port} (--host/"
                                f"--metrics-port): {e.strerror or e}; pick another port, or --metrics-port 0 for a "
                                "free one") from None

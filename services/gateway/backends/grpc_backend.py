@@ -242,7 +242,7 @@ class GrpcBackend:
                     if verdict is not None:
                         set_error(call_span, verdict.message, {"pdrelay.failure": str(verdict.kind)})
                     tr.end(call_span)
-                assert verdict is not None
+                assert verdict is not None and call is not None
                 call.cancel()  # a stream ended by an error message may still be open
                 call = None
                 self.router.failed(verdict.blame, plan.instance_ids)

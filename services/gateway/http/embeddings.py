@@ -18,13 +18,13 @@ from __future__ import annotations
 import base64
 import time
 import uuid
-from typing import TYPE_CHECKING, Any, Literal
+from collections.abc import Awaitable, Callable
+from typing import TYPE_CHECKING, Any, Literal, Protocol
 
 import grpc
 import msgspec
 
 if TYPE_CHECKING:
-    from services.gateway.http.app import GatewayApp
     from shared.cluster.tls import TlsFiles
     from shared.config.groups import HttpConfig
 
@@ -223,7 +223,14 @@ class Embeddings:
             usage=common_pb2.Usage(prompt_tokens=res.prompt_tokens))
 
 
-def mount_embeddings(app: GatewayApp, membership: MembershipView, loads: LoadTable, http_cfg: HttpConfig,
+class RouteTable(Protocol):
+    """Where an API mounts (GatewayApp): a protocol, so that app.py, which imports this module, is not imported back."""
+
+    def add_route(self, path: str, method: str, handler: Callable[[Scope, Receive, Responder], Awaitable[None]], *,
+                  needs_api_key: bool = True, models: Callable[[], list[ModelCard]] | None = None) -> None: ...
+
+
+def mount_embeddings(app: RouteTable, membership: MembershipView, loads: LoadTable, http_cfg: HttpConfig,
                      tls: TlsFiles | None = None) -> Embeddings:
     """/v1/embeddings on `app` (a GatewayApp) over the encoders in `membership`, loads from `loads` (the
     gateway's NATS load table); timeouts and retries from the http config group."""
