@@ -132,7 +132,7 @@ async def _ttft(address: str, rid: str, prompt: list[int], prefill: Any | None) 
 
 
 def _cpu_s(pids: Sequence[int]) -> float:
-    from bench.serve_procs import process_cpu
+    from bench.serve.procs import process_cpu
 
     return sum(process_cpu(pid).best_s for pid in pids)
 

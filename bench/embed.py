@@ -6,7 +6,7 @@
 
 pdrelay side: etcd, NATS, one gateway and one encoder (--threads N) on the bundled all-MiniLM-L6-v2; `c` clients
 each send one sentence per POST /v1/embeddings (encoding_format base64, what the openai client sends) and the next
-as soon as the answer is in (closed loop), over a lean keep-alive HTTP client (bench/serve_http.py).
+as soon as the answer is in (closed loop), over a lean keep-alive HTTP client (bench/serve/http_client.py).
 sentence-transformers side: the same model directory, `SentenceTransformer.encode([sentence],
 normalize_embeddings=True)` per request in this process, with the same torch thread count, served by
 --st-workers threads (default 1: one encode at a time, like a server that runs the model per request), `c` client
@@ -180,8 +180,8 @@ def run(ns: argparse.Namespace) -> int:
 
 
 async def _run(ns: argparse.Namespace, levels: list[int]) -> int:
-    from bench.serve_http import RawHttp
-    from bench.serve_procs import process_cpu
+    from bench.serve.http_client import RawHttp
+    from bench.serve.procs import process_cpu
     from shared.cluster.localcluster.servers import EtcdServer, NatsServer, free_port
     from shared.engine.bundled import resolve_model_path
 

@@ -100,10 +100,10 @@ def _cluster(mode: str, common: Sequence[str], engine: Sequence[str], endpoint: 
 
 # ---- workload ---------------------------------------------------------------------------------------------------
 async def _measure(gateways: dict[str, str], ns: argparse.Namespace, model_dir: Path) -> dict[str, Any]:
-    from bench.serve_client import RequestOptions, served_model
-    from bench.serve_datasets import BenchTokenizer, random_dataset
-    from bench.serve_http import make_http
-    from bench.serve_runner import RunOutcome, Workload, run_workload, warm_up
+    from bench.serve.client import RequestOptions, served_model
+    from bench.serve.datasets import BenchTokenizer, random_dataset
+    from bench.serve.http_client import make_http
+    from bench.serve.runner import RunOutcome, Workload, run_workload, warm_up
 
     tok = BenchTokenizer.from_dir(model_dir)
     https = {m: make_http("raw", f"http://{addr}") for m, addr in gateways.items()}
@@ -133,7 +133,7 @@ async def _measure(gateways: dict[str, str], ns: argparse.Namespace, model_dir: 
 
 
 def _summaries(outcomes: dict[str, Any]) -> dict[str, dict[str, float | int]]:
-    from bench.serve_metrics import compute_metrics
+    from bench.serve.metrics import compute_metrics
 
     out = {}
     for mode, runs in outcomes.items():
@@ -183,7 +183,7 @@ def run(ns: argparse.Namespace) -> int:
 
 
 def _report(ns: argparse.Namespace, summaries: dict[str, dict[str, float | int]], spans_path: Path) -> int:
-    from bench.serve_report import format_table
+    from bench.serve.report import format_table
     from shared.telemetry.tree import load, requests
 
     traced, untraced = summaries["traced"], summaries["untraced"]

@@ -13,7 +13,7 @@ throughput and goodput, in vLLM's vocabulary and JSON keys.
 It points at pdrelay's gateway, `vllm serve`, sglang-router or a Dynamo frontend alike. `--mock-workers` starts
 pdrelay's gateway over mock workers itself and reports its CPU per request; `--compare-url` runs the same
 workload (same prompts, same arrival times) against a second endpoint right after the first and prints the
-ratios; `--peer-cmd` starts that second endpoint itself (bench/serve_peer.py) and reads its front process's
+ratios; `--peer-cmd` starts that second endpoint itself (bench/serve/peer.py) and reads its front process's
 CPU too. `--throughput-concurrency N` runs the workload once more per endpoint at concurrency N. Ctrl-C stops
 the run and prints what finished (marked partial).
 """
@@ -33,9 +33,9 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
-from bench.serve_client import ENDPOINTS, RequestOptions, served_model
-from bench.serve_compare import add_compare_arguments, run_compare
-from bench.serve_datasets import (
+from bench.serve.client import ENDPOINTS, RequestOptions, served_model
+from bench.serve.compare import add_compare_arguments, run_compare
+from bench.serve.datasets import (
     DATASETS,
     BenchRequest,
     BenchTokenizer,
@@ -43,15 +43,15 @@ from bench.serve_datasets import (
     random_dataset,
     shared_prefix_dataset,
 )
-from bench.serve_http import HTTP_CLIENTS, HttpError, make_http
-from bench.serve_mm import random_mm_dataset
-from bench.serve_metrics import Slo, compute_metrics, parse_percentiles, parse_slo
-from bench.serve_peer import PeerProcess
-from bench.serve_kvstore import add_kvstore_arguments, run_kvstore_comparison
-from bench.serve_policies import add_policy_arguments, run_policies
-from bench.serve_procs import CpuSample, MockGateway, process_cpu
-from bench.serve_report import detailed, format_table, headline, ratios
-from bench.serve_runner import RunOutcome, Workload, run_workload, warm_up
+from bench.serve.http_client import HTTP_CLIENTS, HttpError, make_http
+from bench.serve.mm import random_mm_dataset
+from bench.serve.metrics import Slo, compute_metrics, parse_percentiles, parse_slo
+from bench.serve.peer import PeerProcess
+from bench.serve.kvstore import add_kvstore_arguments, run_kvstore_comparison
+from bench.serve.policies import add_policy_arguments, run_policies
+from bench.serve.procs import CpuSample, MockGateway, process_cpu
+from bench.serve.report import detailed, format_table, headline, ratios
+from bench.serve.runner import RunOutcome, Workload, run_workload, warm_up
 from bench.urls import openai_base_url
 
 DEFAULT_MODEL = "bundled:smollm2-135m-instruct"

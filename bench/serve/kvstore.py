@@ -22,10 +22,10 @@ import time
 from pathlib import Path
 from typing import Any
 
-from bench.serve_datasets import BenchRequest, BenchTokenizer
-from bench.serve_metrics import Slo
-from bench.serve_policies import READY_TIMEOUT_S, _log, _measure, scrape_counters, workload_line
-from bench.serve_report import format_table
+from bench.serve.datasets import BenchRequest, BenchTokenizer
+from bench.serve.metrics import Slo
+from bench.serve.policies import READY_TIMEOUT_S, _log, _measure, scrape_counters, workload_line
+from bench.serve.report import format_table
 
 STORE_COUNTERS = ("pdrelay:kvstore_lookup_pages", "pdrelay:kvstore_hit_pages", "pdrelay:kvstore_get_pages")
 SIDES = ("kvstore", "no-kvstore")

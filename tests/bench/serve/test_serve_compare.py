@@ -9,9 +9,9 @@ from pathlib import Path
 
 import pytest
 
-from bench.serve import add_arguments
-from bench.serve_compare import comparison_lines, validate, workload_flops
-from bench.serve_datasets import BenchRequest
+from bench.serve.main import add_arguments
+from bench.serve.compare import comparison_lines, validate, workload_flops
+from bench.serve.datasets import BenchRequest
 from bench.urls import openai_base_url
 
 
@@ -73,7 +73,7 @@ def test_comparison_lines_give_ratios_and_the_roofline_fraction() -> None:
 
 
 def test_engine_profile_from_counters() -> None:
-    from bench.serve_compare import engine_profile
+    from bench.serve.compare import engine_profile
 
     before = {"pdrelay:engine_steps": 10, "pdrelay:engine_step_seconds": 1.0,
               "pdrelay:engine_step_seconds{forward}": 0.9, "pdrelay:engine_step_tokens": 100}

@@ -28,12 +28,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from bench.serve_client import RequestOptions, served_model
-from bench.serve_datasets import BenchRequest, BenchTokenizer, random_dataset
-from bench.serve_http import make_http
-from bench.serve_metrics import Slo, compute_metrics
-from bench.serve_report import format_table
-from bench.serve_runner import Workload, run_workload, warm_up
+from bench.serve.client import RequestOptions, served_model
+from bench.serve.datasets import BenchRequest, BenchTokenizer, random_dataset
+from bench.serve.http_client import make_http
+from bench.serve.metrics import Slo, compute_metrics
+from bench.serve.report import format_table
+from bench.serve.runner import Workload, run_workload, warm_up
 
 READY_TIMEOUT_S = 240.0
 WARMUP_INPUT_LEN = 48  # warm-up prompts: short, random, no prefix shared with the measured requests

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from bench.serve_procs import MockGateway, process_cpu
+from bench.serve.procs import MockGateway, process_cpu
 from services.cli import main as cli_main
 
 ENV = {**os.environ, "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false"}

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from bench.serve_peer import PeerProcess, parse_pid_file
+from bench.serve.peer import PeerProcess, parse_pid_file
 
 ENV = {**os.environ, "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false"}
 
