@@ -35,6 +35,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from bench.entry import bench_main
 from shared.cluster.localcluster.service_process import ServiceProcess, python_cmd, stop_all, wait_all_ready
 
 TARGET_OVERHEAD = 0.10  # of TTFT, at 1024 prompt tokens, NIXL
@@ -253,9 +254,7 @@ def run(ns: argparse.Namespace) -> int:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m bench.disagg", description=__doc__.split("\n\n")[0])
-    add_arguments(p)
-    return run(p.parse_args(argv))
+    return bench_main("bench.disagg", __doc__, add_arguments, run, argv)
 
 
 if __name__ == "__main__":

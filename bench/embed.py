@@ -36,6 +36,7 @@ from typing import Any
 
 import numpy as np
 
+from bench.entry import bench_main
 from shared.cluster.localcluster.service_process import ServiceProcess, python_cmd, stop_all, wait_all_ready
 
 TARGET_RATIO = 2.0
@@ -269,10 +270,7 @@ def _report(r: dict[str, Any]) -> str:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m bench.embed", description=__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
-    add_arguments(p)
-    return run(p.parse_args(argv))
+    return bench_main("bench.embed", __doc__, add_arguments, run, argv, whole_doc=True)
 
 
 if __name__ == "__main__":

@@ -25,6 +25,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from bench.entry import bench_main
 from shared.cluster.localcluster.service_process import ServiceProcess, python_cmd, stop_all, wait_all_ready
 
 TARGET_OVERHEAD = 0.05
@@ -169,10 +170,7 @@ def _report(ns: argparse.Namespace, summaries: dict[str, dict[str, float | int]]
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m bench.trace_overhead", description=__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
-    add_arguments(p)
-    return run(p.parse_args(list(sys.argv[1:] if argv is None else argv)))
+    return bench_main("bench.trace_overhead", __doc__, add_arguments, run, argv, whole_doc=True)
 
 
 if __name__ == "__main__":

@@ -64,7 +64,24 @@ class SseSplitter:
 class StreamingHttp(Protocol):
     async def stream(self, path: str, body: bytes) -> AsyncIterator[tuple[float, list[bytes]]]: ...
 
-    async def get_json(self, path: str) -> Any: ...
+    async def get_json(self, path: str) -> Any:
+        return json.loads(await self._whole("GET", path, b""))
+
+    async def post_json(self, path: str, body: bytes) -> bytes:
+        """POST a JSON body and return the whole response body (HttpError on a non-2xx status)."""
+        return await self._whole("POST", path, body)
+
+    async def _whole(self, method: str, path: str, body: bytes) -> bytes:
+        conn, status, headers = await self._send(method, path, body)
+        complete = False
+        try:
+            data = await self._read_all(conn, headers)
+            complete = True
+        finally:
+            self._release(conn, headers, complete)
+        if status // 100 != 2:
+            raise HttpError(status, data)
+        return data
 
     async def aclose(self) -> None: ...
 

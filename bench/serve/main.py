@@ -33,6 +33,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
+from bench.entry import bench_main
 from bench.serve.client import ENDPOINTS, RequestOptions, served_model
 from bench.serve.compare import add_compare_arguments, run_compare
 from bench.serve.datasets import (
@@ -469,10 +470,7 @@ def report(ns: argparse.Namespace, runs: list[list[tuple[dict[str, Any], RunOutc
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m bench.serve", description=__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
-    add_arguments(p)
-    return run(p.parse_args(argv))
+    return bench_main("bench.serve", __doc__, add_arguments, run, argv, whole_doc=True)
 
 
 if __name__ == "__main__":
