@@ -32,6 +32,7 @@ from pathlib import Path
 from typing import Any
 
 from bench.serve.datasets import BenchRequest, BenchTokenizer, random_dataset
+from bench.serve.measure import Target, _new_loop, measure
 
 READY_TIMEOUT_S = 600.0
 PEERS = {"vllm": "vllm_peer.sh"}  # peer name -> start script in bench/
@@ -206,8 +207,6 @@ def _measure_all(label: str, base_url: str, pid: int | None, worker_pids: tuple[
                  slo: Any, percentiles: tuple[float, ...], deadline: float,
                  engines: dict[str, str] | None = None) -> dict[str, dict[str, Any]]:
     """Every workload against one server; `engines` (instance id -> metrics address) adds each engine's profile."""
-    from bench.serve.main import Target, _new_loop, measure
-
     async def go() -> dict[str, dict[str, Any]]:
         out: dict[str, dict[str, Any]] = {}
         stop = asyncio.Event()
