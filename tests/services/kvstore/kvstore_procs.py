@@ -30,8 +30,9 @@ class KVStoreProc(ServiceProc):
                "--load-report-interval-s", "0.1", *spec.args]
         ServiceProcess.__init__(self, spec.instance_id, cmd, tmp)
 
-    def ready(self) -> None:
-        wait_ready([self], timeout=READY_TIMEOUT_S)
+    def wait_ready(self, timeout_s: float = READY_TIMEOUT_S) -> KVStoreProc:
+        super().wait_ready(timeout_s)
+        return self
 
 
 def start_engines(tmp: Path, etcd: EtcdServer, nats: NatsServer, model: str | Path,
