@@ -29,6 +29,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from bench.entry import bench_main
 from bench.urls import openai_base_url
 
 TARGETS = {"uniform_c16_vs_hf": 1.5, "varied_vs_hf": 2.5, "overhead_c16_max": 0.10}
@@ -435,9 +436,7 @@ def _target_lines(targets: dict[str, Any]) -> list[str]:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m bench.engine", description=__doc__.split("\n\n")[0])
-    add_arguments(p)
-    return run(p.parse_args(argv))
+    return bench_main("bench.engine", __doc__, add_arguments, run, argv)
 
 
 if __name__ == "__main__":

@@ -13,9 +13,9 @@ from pathlib import Path
 
 import msgspec
 
-from bench.serve_client import send_request
-from bench.serve_http import make_http
-from bench.serve_metrics import RequestResult
+from bench.serve.client import send_request
+from bench.serve.http_client import make_http
+from bench.serve.metrics import RequestResult
 from shared.cluster.localcluster.rundir import RunState, read_state
 from shared.cluster.localcluster.servers import free_port
 

@@ -56,7 +56,7 @@ def test_ids_match_the_rust_pipeline(bundled_tokenizer: Tokenizer, warm: ByteLev
 
 
 def test_random_word_prompts_match(bundled_tokenizer: Tokenizer, warm: ByteLevelEncoder) -> None:
-    from bench.serve_datasets import BenchTokenizer, random_dataset
+    from bench.serve.datasets import BenchTokenizer, random_dataset
 
     bench_tok = BenchTokenizer(bundled_tokenizer)
     for req in random_dataset(bench_tok, num_prompts=40, input_len=200, output_len=1, seed=3):

@@ -7,7 +7,7 @@ import random
 import numpy as np
 import pytest
 
-from bench.serve_metrics import (
+from bench.serve.metrics import (
     RequestResult,
     Slo,
     compute_metrics,

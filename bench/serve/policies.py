@@ -24,16 +24,18 @@ import sys
 import tempfile
 import time
 import urllib.request
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from bench.serve_client import RequestOptions, served_model
-from bench.serve_datasets import BenchRequest, BenchTokenizer, random_dataset
-from bench.serve_http import make_http
-from bench.serve_metrics import Slo, compute_metrics
-from bench.serve_report import format_table
-from bench.serve_runner import Workload, run_workload, warm_up
+from bench.serve.client import RequestOptions, served_model
+from bench.serve.datasets import BenchRequest, BenchTokenizer, random_dataset
+from bench.serve.http_client import make_http
+from bench.serve.metrics import Slo, compute_metrics
+from bench.serve.report import format_table
+from bench.serve.runner import Workload, run_workload, warm_up
 
 READY_TIMEOUT_S = 240.0
 WARMUP_INPUT_LEN = 48  # warm-up prompts: short, random, no prefix shared with the measured requests
@@ -183,32 +185,41 @@ def _log(msg: str) -> None:
     print(f"[bench serve] {msg}", file=sys.stderr, flush=True)
 
 
-def _run_one(policy: str, topo: Topology, requests: list[BenchRequest], ns: argparse.Namespace,
-             tok: BenchTokenizer, slo: Slo | None, percentiles: tuple[float, ...], tmp: Path,
-             deadline: float) -> dict[str, Any]:
+@contextmanager
+def detached_cluster(label: str, opts: Any, run_dir: Path, about: str = "",
+                     ready_note: str = "") -> Iterator[tuple[str, dict[str, tuple[str, Any]]]]:
+    """`pdrelay up` in the background (opts: UpOptions) for one side of a comparison: yields the gateway's base
+    URL and, by instance id, each child's (role, ReadyInfo or None from run_dir/ready); stops it on the way out."""
     from shared.cluster.handshake import read_ready_file
     from shared.cluster.localcluster import detached
 
-    run_dir = tmp / policy
-    opts = _up_options(policy, topo, run_dir)
-    _log(f"{policy}: starting a cluster ({topo.describe()}) in {run_dir}")
+    _log(f"{label}: starting a cluster{about} in {run_dir}")
     t0 = time.monotonic()
     try:
         state = detached.start(opts)
         gateway = next(c for c in state.children if c.role == "gateway")
-        prefills = {}
-        for c in state.children:
-            if c.role == "prefill":
-                info = read_ready_file(run_dir / "ready" / f"{c.instance_id}.json")
-                if info is None or not info.metrics:
-                    raise RuntimeError(f"{c.instance_id} announced no metrics address; the hit rate needs it")
-                prefills[c.instance_id] = info.metrics
-        _log(f"{policy}: ready in {time.monotonic() - t0:.0f} s; gateway http://{gateway.http}; "
-             f"{len(requests)} requests, concurrency {ns.max_concurrency or 'unlimited'}")
-        summary = asyncio.run(_measure(f"http://{gateway.http}", requests, ns, tok, prefills, slo, percentiles,
-                                       deadline))
+        ready = {c.instance_id: (c.role, read_ready_file(run_dir / "ready" / f"{c.instance_id}.json"))
+                 for c in state.children}
+        _log(f"{label}: ready in {time.monotonic() - t0:.0f} s; gateway http://{gateway.http}{ready_note}")
+        yield f"http://{gateway.http}", ready
     finally:
-        detached.stop(run_dir, timeout_s=30.0, say=lambda m: _log(f"{policy}: {m}"))
+        detached.stop(run_dir, timeout_s=30.0, say=lambda m: _log(f"{label}: {m}"))
+
+
+def _run_one(policy: str, topo: Topology, requests: list[BenchRequest], ns: argparse.Namespace,
+             tok: BenchTokenizer, slo: Slo | None, percentiles: tuple[float, ...], tmp: Path,
+             deadline: float) -> dict[str, Any]:
+    run_dir = tmp / policy
+    note = f"; {len(requests)} requests, concurrency {ns.max_concurrency or 'unlimited'}"
+    with detached_cluster(policy, _up_options(policy, topo, run_dir), run_dir, f" ({topo.describe()})",
+                          note) as (url, ready):
+        prefills = {}
+        for iid, (role, info) in ready.items():
+            if role == "prefill":
+                if info is None or not info.metrics:
+                    raise RuntimeError(f"{iid} announced no metrics address; the hit rate needs it")
+                prefills[iid] = info.metrics
+        summary = asyncio.run(_measure(url, requests, ns, tok, prefills, slo, percentiles, deadline))
     summary["label"] = policy
     _log(f"{policy}: mean TTFT {summary['mean_ttft_ms']:.0f} ms, prefill prefix hit rate "
          f"{summary['prefill_prefix_hit_rate']:.1%}")

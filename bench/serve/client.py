@@ -1,5 +1,5 @@
 """OpenAI-compatible streaming requests: request bodies for /v1/completions and /v1/chat/completions, and the
-SSE chunks turned into one `RequestResult` (TTFT, ITL, E2E, token counts; see serve_metrics for definitions).
+SSE chunks turned into one `RequestResult` (TTFT, ITL, E2E, token counts; see bench.serve.metrics for definitions).
 
 Works against pdrelay's gateway, `vllm serve`, sglang-router and a Dynamo frontend: `ignore_eos` and
 `max_tokens` pin the output length, `stream_options.include_usage` makes the server count tokens. Servers that
@@ -16,9 +16,9 @@ from typing import Any
 
 import msgspec
 
-from bench.serve_datasets import BenchRequest
-from bench.serve_http import StreamingHttp
-from bench.serve_metrics import RequestResult
+from bench.serve.datasets import BenchRequest
+from bench.serve.http_client import StreamingHttp
+from bench.serve.metrics import RequestResult
 
 ENDPOINTS = ("/v1/completions", "/v1/chat/completions")
 

@@ -9,8 +9,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from bench.serve_http import HTTP_CLIENTS, HttpError, SseSplitter, StreamingHttp, make_http
-from tests.bench.scripted_server import ScriptedServer, completion_chunk, sse_bytes
+from bench.serve.http_client import HTTP_CLIENTS, HttpError, SseSplitter, StreamingHttp, make_http
+from tests.bench.serve.scripted_server import ScriptedServer, completion_chunk, sse_bytes
 
 EVENTS = [completion_chunk(f"tok{i}") for i in range(5)] + ["[DONE]"]
 

@@ -4,7 +4,6 @@ gateway in one run (here the peer is another mock gateway, so the test needs not
 from __future__ import annotations
 
 import json
-import os
 import shlex
 import subprocess
 import sys
@@ -13,9 +12,10 @@ from pathlib import Path
 
 import pytest
 
-from bench.serve_peer import PeerProcess, parse_pid_file
+from bench.serve.peer import PeerProcess, parse_pid_file
+from shared.cluster.localcluster.service_process import service_env
 
-ENV = {**os.environ, "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false"}
+ENV = service_env()
 
 
 def _bench(*args: str, timeout: float) -> subprocess.CompletedProcess[str]:

@@ -14,7 +14,7 @@ import pytest
 
 from bench import gpu_check
 
-ROOT = Path(__file__).resolve().parents[3]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 @pytest.mark.slow

@@ -12,15 +12,13 @@ from __future__ import annotations
 
 import json
 import os
-import signal
-import subprocess
 import tempfile
-import time
 import urllib.error
 import urllib.request
 from pathlib import Path
 
-from shared.cluster.localcluster.servers import die_with_parent, free_port
+from shared.cluster.localcluster.servers import free_port
+from shared.cluster.localcluster.service_process import ServiceProcess
 
 _ROLES = ("front", "worker")
 
@@ -49,38 +47,37 @@ class PeerProcess:
         fd, pid_file = tempfile.mkstemp(prefix="pdrelay-bench-peer-", suffix=".pids")
         os.close(fd)
         self.pid_file = Path(pid_file)
-        self._log = tempfile.NamedTemporaryFile(prefix="pdrelay-bench-peer-", suffix=".log", delete=False)  # noqa: SIM115 - closed in stop()
-        self.log_path = Path(self._log.name)
         self.command = command.replace("{port}", str(self.port)).replace("{pid_file}", str(self.pid_file))
-        env = {**os.environ, "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false"}
-        self.proc = subprocess.Popen(["bash", "-c", self.command], stdin=subprocess.DEVNULL, stdout=self._log,
-                                     stderr=subprocess.STDOUT, env=env, start_new_session=True,
-                                     preexec_fn=die_with_parent)
+        self._model: list[str] = []  # what GET /v1/models listed first, once it lists one
+        self.service = ServiceProcess("peer", ["bash", "-c", self.command], probe=self._lists_a_model,
+                                      tie_to_parent=True, new_session=True, merge_output=True)
+        self.proc = self.service.proc
 
     def log_tail(self, n: int = 3000) -> str:
+        return self.service.log()[-n:]
+
+    def _lists_a_model(self, _: ServiceProcess) -> bool:
         try:
-            return self.log_path.read_text(errors="replace")[-n:]
-        except OSError:
-            return ""
+            with urllib.request.urlopen(f"{self.base_url}/v1/models", timeout=2.0) as resp:
+                data = json.loads(resp.read()).get("data") or []
+                if resp.status == 200 and data:
+                    self._model[:] = [str(data[0]["id"])]
+        except (urllib.error.URLError, OSError, ValueError, KeyError, TypeError):
+            pass
+        return bool(self._model)
 
     def wait_ready(self, timeout_s: float) -> str:
         """Until GET /v1/models lists a model; returns its name. RuntimeError/TimeoutError with the log tail."""
-        deadline = time.monotonic() + timeout_s
-        while time.monotonic() < deadline:
-            if self.proc.poll() is not None:
-                raise RuntimeError(f"the peer ({self.command}) exited with code {self.proc.returncode}:\n"
-                                   f"{self.log_tail()}")
-            try:
-                with urllib.request.urlopen(f"{self.base_url}/v1/models", timeout=2.0) as resp:
-                    data = json.loads(resp.read()).get("data") or []
-                    if resp.status == 200 and data:
-                        return str(data[0]["id"])
-            except (urllib.error.URLError, OSError, ValueError, KeyError, TypeError):
-                pass
-            time.sleep(0.2)
-        raise TimeoutError(f"the peer ({self.command}) listed no model at {self.base_url}/v1/models within "
-                           f"{timeout_s:g} s (raise --peer-start-timeout-s if it is slow to start):\n"
-                           f"{self.log_tail()}")
+        try:
+            self.service.wait_ready(timeout_s)
+        except RuntimeError:
+            raise RuntimeError(f"the peer ({self.command}) exited with code {self.proc.returncode}:\n"
+                               f"{self.log_tail()}") from None
+        except TimeoutError:
+            raise TimeoutError(f"the peer ({self.command}) listed no model at {self.base_url}/v1/models within "
+                               f"{timeout_s:g} s (raise --peer-start-timeout-s if it is slow to start):\n"
+                               f"{self.log_tail()}") from None
+        return self._model[0]
 
     def pids(self) -> dict[str, tuple[int, ...]]:
         """Front and worker pids from the pid file; the started process as the front when there is none."""
@@ -93,24 +90,8 @@ class PeerProcess:
         return found
 
     def stop(self, timeout_s: float = 10.0) -> None:
-        if self.proc.poll() is None:
-            try:
-                os.killpg(self.proc.pid, signal.SIGTERM)
-                self.proc.wait(timeout_s)
-            except ProcessLookupError:
-                pass
-            except subprocess.TimeoutExpired:
-                pass
-        try:  # whatever the command left in its session (the script may be gone already)
-            os.killpg(self.proc.pid, signal.SIGKILL)
-        except (ProcessLookupError, PermissionError):
-            pass
-        try:
-            self.proc.wait(5.0)
-        except subprocess.TimeoutExpired:
-            pass
-        self._log.close()
-        self.log_path.unlink(missing_ok=True)
+        """SIGTERM to the command's process group, SIGKILL to whatever is left of it after `timeout_s`."""
+        self.service.stop(timeout_s)
         self.pid_file.unlink(missing_ok=True)
 
     def __enter__(self) -> PeerProcess:

@@ -11,7 +11,7 @@ import base64
 import io
 import random
 
-from bench.serve_datasets import BenchRequest, BenchTokenizer, exact_text
+from bench.serve.datasets import BenchRequest, BenchTokenizer, exact_text
 
 
 def png_data_uri(rng: random.Random, size: int) -> str:

@@ -7,10 +7,10 @@ from collections.abc import AsyncIterator
 
 import pytest
 
-from bench.serve_client import RequestOptions, build_body, send_request, served_model
-from bench.serve_datasets import BenchRequest
-from bench.serve_http import HTTP_CLIENTS, make_http
-from tests.bench.scripted_server import ScriptedServer, chat_chunk, completion_chunk, usage_chunk
+from bench.serve.client import RequestOptions, build_body, send_request, served_model
+from bench.serve.datasets import BenchRequest
+from bench.serve.http_client import HTTP_CLIENTS, make_http
+from tests.bench.serve.scripted_server import ScriptedServer, chat_chunk, completion_chunk, usage_chunk
 
 GAP = 0.04  # seconds between scripted chunks: far above loopback noise, small enough for a fast test
 

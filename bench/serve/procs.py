@@ -10,16 +10,12 @@ too coarse; the benchmark reports the nanosecond figure and keeps the tick figur
 from __future__ import annotations
 
 import os
-import subprocess
 import sys
-import tempfile
-import time
-import urllib.error
-import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
 
-from shared.cluster.localcluster.servers import die_with_parent, free_port, stop_process
+from shared.cluster.localcluster.servers import free_port
+from shared.cluster.localcluster.service_process import ServiceProcess, http_ok
 
 _TICK_S = 1.0 / os.sysconf("SC_CLK_TCK")
 
@@ -67,44 +63,26 @@ class MockGateway:
         self.model_dir = Path(model_dir)
         self.port = free_port()
         self.base_url = f"http://127.0.0.1:{self.port}"
-        self._log = tempfile.NamedTemporaryFile(prefix="pdrelay-bench-gateway-", suffix=".log", delete=False)  # noqa: SIM115 - closed in stop()
-        self.log_path = Path(self._log.name)
         cmd = [sys.executable, "-m", "services.gateway.mock", "--host", "127.0.0.1", "--port", str(self.port),
                "--model", str(self.model_dir), "--token-delay-ms", str(token_delay_ms),
                "--first-token-delay-ms", str(first_token_delay_ms), *extra_args]
-        # One thread for anything numeric in the gateway: it shares the cores with this client.
-        env = {**os.environ, "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false"}
-        self.proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=self._log, stderr=subprocess.STDOUT,
-                                     env=env, preexec_fn=die_with_parent)
+        # One OpenMP thread (service_env) for anything numeric in the gateway: it shares the cores with this client.
+        self.service = ServiceProcess("mock-gateway", cmd, probe=http_ok(f"{self.base_url}/health"),
+                                      tie_to_parent=True, merge_output=True)
 
     @property
     def pid(self) -> int:
-        return self.proc.pid
+        return self.service.pid
 
     def log_tail(self, n: int = 2000) -> str:
-        try:
-            return self.log_path.read_text(errors="replace")[-n:]
-        except OSError:
-            return ""
+        return self.service.log()[-n:]
 
     def wait_ready(self, timeout_s: float = 60.0) -> None:
-        deadline = time.monotonic() + timeout_s
-        while time.monotonic() < deadline:
-            if self.proc.poll() is not None:
-                raise RuntimeError(f"the mock gateway exited with code {self.proc.returncode}:\n{self.log_tail()}")
-            try:
-                with urllib.request.urlopen(f"{self.base_url}/health", timeout=1.0) as resp:
-                    if resp.status == 200:
-                        return
-            except (urllib.error.URLError, OSError):
-                pass
-            time.sleep(0.1)
-        raise TimeoutError(f"the mock gateway did not answer /health within {timeout_s:g} s:\n{self.log_tail()}")
+        """Until GET /health answers 200; RuntimeError/TimeoutError with the log tail."""
+        self.service.wait_ready(timeout_s)
 
     def stop(self) -> None:
-        stop_process(self.proc)
-        self._log.close()
-        self.log_path.unlink(missing_ok=True)
+        self.service.stop()
 
     def __enter__(self) -> MockGateway:
         return self

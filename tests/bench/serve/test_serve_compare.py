@@ -9,9 +9,9 @@ from pathlib import Path
 
 import pytest
 
-from bench.serve import add_arguments
-from bench.serve_compare import comparison_lines, validate, workload_flops
-from bench.serve_datasets import BenchRequest
+from bench.serve.main import add_arguments
+from bench.serve.compare import comparison_lines, validate, workload_flops
+from bench.serve.datasets import BenchRequest
 from bench.urls import openai_base_url
 
 
@@ -73,7 +73,7 @@ def test_comparison_lines_give_ratios_and_the_roofline_fraction() -> None:
 
 
 def test_engine_profile_from_counters() -> None:
-    from bench.serve_compare import engine_profile
+    from bench.serve.compare import engine_profile
 
     before = {"pdrelay:engine_steps": 10, "pdrelay:engine_step_seconds": 1.0,
               "pdrelay:engine_step_seconds{forward}": 0.9, "pdrelay:engine_step_tokens": 100}
@@ -102,8 +102,9 @@ def test_an_unreachable_or_bad_url_is_one_line_naming_the_flag(cmd: tuple[str, .
     import sys
 
     from shared.cluster.localcluster.servers import free_port
+    from shared.cluster.localcluster.service_process import OFFLINE_ENV
 
-    env = {**os.environ, "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"}
+    env = {**os.environ, **OFFLINE_ENV}
     for url in (f"http://127.0.0.1:{free_port()}/v1", "localhost:8000"):
         proc = subprocess.run([sys.executable, "-m", "services.cli", "bench", *cmd, url], env=env, text=True,
                               capture_output=True, timeout=120, stdin=subprocess.DEVNULL, check=False)
@@ -120,10 +121,11 @@ def test_control_plane_commands_fail_in_one_line_on_bad_urls(argv: tuple[str, ..
     import sys
 
     from shared.cluster.localcluster.servers import free_port
+    from shared.cluster.localcluster.service_process import OFFLINE_ENV
 
     argv = tuple(a.replace("{port}", str(free_port())) for a in argv)
     proc = subprocess.run([sys.executable, "-m", "services.cli", *argv], text=True, capture_output=True, timeout=120,
-                          env={**os.environ, "HF_HUB_OFFLINE": "1"}, stdin=subprocess.DEVNULL, check=False)
+                          env={**os.environ, **OFFLINE_ENV}, stdin=subprocess.DEVNULL, check=False)
     assert proc.returncode in (1, 2), proc.stderr
     # (the bus client may log its reconnect attempt first)
     assert "Traceback" not in proc.stderr and proc.stderr.strip().splitlines()[-1].startswith("pdrelay "), proc.stderr

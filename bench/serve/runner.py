@@ -17,10 +17,10 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from bench.serve_client import RequestOptions, build_body, prompt_text, send_request
-from bench.serve_datasets import BenchRequest
-from bench.serve_http import StreamingHttp
-from bench.serve_metrics import RequestResult
+from bench.serve.client import RequestOptions, build_body, prompt_text, send_request
+from bench.serve.datasets import BenchRequest
+from bench.serve.http_client import StreamingHttp
+from bench.serve.metrics import RequestResult
 
 
 @dataclass(frozen=True)

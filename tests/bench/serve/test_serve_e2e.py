@@ -12,10 +12,11 @@ from pathlib import Path
 
 import pytest
 
-from bench.serve_procs import MockGateway, process_cpu
+from bench.serve.procs import MockGateway, process_cpu
 from services.cli import main as cli_main
+from shared.cluster.localcluster.service_process import service_env
 
-ENV = {**os.environ, "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false"}
+ENV = service_env()
 
 
 def _bench(*args: str, timeout: float) -> subprocess.CompletedProcess[str]:

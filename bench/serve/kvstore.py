@@ -22,10 +22,11 @@ import time
 from pathlib import Path
 from typing import Any
 
-from bench.serve_datasets import BenchRequest, BenchTokenizer
-from bench.serve_metrics import Slo
-from bench.serve_policies import READY_TIMEOUT_S, _log, _measure, scrape_counters, workload_line
-from bench.serve_report import format_table
+from bench.serve.datasets import BenchRequest, BenchTokenizer
+from bench.serve.metrics import Slo
+from bench.serve.policies import (READY_TIMEOUT_S, _log, _measure, detached_cluster, scrape_counters,
+                                   workload_line)
+from bench.serve.report import format_table
 
 STORE_COUNTERS = ("pdrelay:kvstore_lookup_pages", "pdrelay:kvstore_hit_pages", "pdrelay:kvstore_get_pages")
 SIDES = ("kvstore", "no-kvstore")
@@ -74,30 +75,15 @@ def max_reuse(requests: list[BenchRequest], output_len: int) -> float:
 
 def _run_side(side: str, ns: argparse.Namespace, model: str, requests: list[BenchRequest], tok: BenchTokenizer,
               slo: Slo | None, percentiles: tuple[float, ...], tmp: Path, deadline: float) -> dict[str, Any]:
-    from shared.cluster.handshake import read_ready_file
-    from shared.cluster.localcluster import detached
-
     run_dir = tmp / side
-    opts = _up_options(side, ns, model, run_dir)
-    _log(f"{side}: starting a cluster in {run_dir}")
-    t0 = time.monotonic()
-    try:
-        state = detached.start(opts)
-        gateway = next(c for c in state.children if c.role == "gateway")
-        metrics = {}
-        for c in state.children:
-            info = read_ready_file(run_dir / "ready" / f"{c.instance_id}.json")
-            if c.role in ("prefill", "kvstore") and info is not None and info.metrics:
-                metrics[c.instance_id] = (c.role, info.metrics)
+    with detached_cluster(side, _up_options(side, ns, model, run_dir), run_dir) as (url, ready):
+        metrics = {iid: (role, info.metrics) for iid, (role, info) in ready.items()
+                   if role in ("prefill", "kvstore") and info is not None and info.metrics}
         prefills = {iid: addr for iid, (role, addr) in metrics.items() if role == "prefill"}
         stores = {iid: addr for iid, (role, addr) in metrics.items() if role == "kvstore"}
-        _log(f"{side}: ready in {time.monotonic() - t0:.0f} s; gateway http://{gateway.http}")
         before = {iid: scrape_counters(a, STORE_COUNTERS) for iid, a in stores.items()}
-        summary = asyncio.run(_measure(f"http://{gateway.http}", requests, ns, tok, prefills, slo, percentiles,
-                                       deadline))
+        summary = asyncio.run(_measure(url, requests, ns, tok, prefills, slo, percentiles, deadline))
         after = {iid: scrape_counters(a, STORE_COUNTERS) for iid, a in stores.items()}
-    finally:
-        detached.stop(run_dir, timeout_s=30.0, say=lambda m: _log(f"{side}: {m}"))
     delta = {k: sum(after[i][k] - before[i][k] for i in after) for k in STORE_COUNTERS}
     looked, hit = delta["pdrelay:kvstore_lookup_pages"], delta["pdrelay:kvstore_hit_pages"]
     summary["label"] = side

@@ -205,20 +205,14 @@ class RawHttp:
             self._release(conn, headers, complete)
 
     async def get_json(self, path: str) -> Any:
-        conn, status, headers = await self._send("GET", path, b"")
-        complete = False
-        try:
-            data = await self._read_all(conn, headers)
-            complete = True
-        finally:
-            self._release(conn, headers, complete)
-        if status // 100 != 2:
-            raise HttpError(status, data)
-        return json.loads(data)
+        return json.loads(await self._whole("GET", path, b""))
 
     async def post_json(self, path: str, body: bytes) -> bytes:
         """POST a JSON body and return the whole response body (HttpError on a non-2xx status)."""
-        conn, status, headers = await self._send("POST", path, body)
+        return await self._whole("POST", path, body)
+
+    async def _whole(self, method: str, path: str, body: bytes) -> bytes:
+        conn, status, headers = await self._send(method, path, body)
         complete = False
         try:
             data = await self._read_all(conn, headers)

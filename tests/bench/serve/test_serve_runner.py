@@ -13,9 +13,9 @@ from typing import Any
 
 import pytest
 
-from bench.serve_client import RequestOptions
-from bench.serve_datasets import BenchRequest
-from bench.serve_runner import Workload, arrival_offsets, run_workload
+from bench.serve.client import RequestOptions
+from bench.serve.datasets import BenchRequest
+from bench.serve.runner import Workload, arrival_offsets, run_workload
 
 OPTS = RequestOptions("/v1/completions", "fake")
 

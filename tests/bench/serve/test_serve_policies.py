@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from bench.serve import add_arguments
-from bench.serve_policies import (PREFIX_COUNTERS, Topology, _up_options, parse_policies, policy_lines, prefix_stats,
+from bench.serve.main import add_arguments
+from bench.serve.policies import (PREFIX_COUNTERS, Topology, _up_options, parse_policies, policy_lines, prefix_stats,
                                   scrape_counters, validate)
 from services.cli import main as cli_main
 

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from bench.serve_datasets import BenchTokenizer, multi_turn_dataset, random_dataset, shared_prefix_dataset
+from bench.serve.datasets import BenchTokenizer, multi_turn_dataset, random_dataset, shared_prefix_dataset
 from tests.helpers.tiny_models import train_tokenizer
 
 

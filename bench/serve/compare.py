@@ -31,7 +31,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from bench.serve_datasets import BenchRequest, BenchTokenizer, random_dataset
+from bench.serve.datasets import BenchRequest, BenchTokenizer, random_dataset
+from bench.serve.measure import Target, _new_loop, measure
 
 READY_TIMEOUT_S = 600.0
 PEERS = {"vllm": "vllm_peer.sh"}  # peer name -> start script in bench/
@@ -206,8 +207,6 @@ def _measure_all(label: str, base_url: str, pid: int | None, worker_pids: tuple[
                  slo: Any, percentiles: tuple[float, ...], deadline: float,
                  engines: dict[str, str] | None = None) -> dict[str, dict[str, Any]]:
     """Every workload against one server; `engines` (instance id -> metrics address) adds each engine's profile."""
-    from bench.serve import Target, _new_loop, measure
-
     async def go() -> dict[str, dict[str, Any]]:
         out: dict[str, dict[str, Any]] = {}
         stop = asyncio.Event()
@@ -264,7 +263,7 @@ def _run_pdrelay(setup: str, spec: CompareSpec, model_dir: Path, tmp: Path, **kw
 
 
 def _run_peer(setting: str, spec: CompareSpec, model_dir: Path, **kw: Any) -> dict[str, dict[str, Any]]:
-    from bench.serve_peer import PeerProcess
+    from bench.serve.peer import PeerProcess
 
     script = Path(__file__).resolve().parent / PEERS[spec.peer]
     env = {f"{spec.peer.upper()}_PYTHON": spec.peer_python, **PEER_SETTINGS[spec.peer][setting]}

@@ -6,7 +6,7 @@ import math
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from bench.serve_metrics import METRIC_TITLES, METRICS, RequestResult, percentile_key
+from bench.serve.metrics import METRIC_TITLES, METRICS, RequestResult, percentile_key
 
 Summary = Mapping[str, Any]
 _WIDTH = 50
