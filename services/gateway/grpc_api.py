@@ -81,6 +81,8 @@ def _sampling_fields(sp: common_pb2.SamplingParams) -> dict[str, Any]:
         body["logit_bias"] = {str(k): v for k, v in sp.logit_bias.items()}
     if sp.HasField("structured"):
         body["structured_outputs"] = _STRUCTURED_FIELD.get(sp.structured.kind, lambda s: {})(sp.structured.spec)
+    if sp.n:
+        body["n"] = sp.n
     if sp.HasField("prompt_logprobs"):
         body["prompt_logprobs"] = sp.prompt_logprobs
     return body
@@ -139,15 +141,15 @@ def logprobs_to_pb(entries: Sequence[TokenLogprob]) -> list[common_pb2.TokenLogp
 
 
 class _TokenTap:
-    """Passes a backend's chunks through to Generation while recording their token ids (Delta carries text only)."""
+    """Passes a backend's chunks through to Generation while recording their token ids per sample (Delta carries
+    text only)."""
 
     def __init__(self, backend: GenerateBackend) -> None:
         self._backend = backend
-        self.pending: list[int] = []
+        self.pending: dict[int, list[int]] = {}
 
-    def take(self) -> list[int]:
-        out, self.pending = self.pending, []
-        return out
+    def take(self, index: int) -> list[int]:
+        return self.pending.pop(index, [])
 
     def generate(self, req: BackendRequest) -> AsyncIterator[BackendChunk]:
         return self._tap(req)
@@ -156,7 +158,7 @@ class _TokenTap:
         inner = self._backend.generate(req)
         try:
             async for chunk in inner:
-                self.pending.extend(chunk.token_ids)
+                self.pending.setdefault(chunk.index, []).extend(chunk.token_ids)
                 yield chunk
         finally:
             aclose = getattr(inner, "aclose", None)
@@ -249,6 +251,7 @@ class GatewayApi(gateway_pb2_grpc.GatewayServicer):
         ctx.metrics.in_flight.inc()
         first = True
         echo = ctx.tokenizer.decode(breq.prompt_token_ids, skip_special_tokens=False) if plan.echo else ""
+        echoed: set[int] = set()  # samples whose stream began with the prompt
         try:
             while True:
                 try:
@@ -262,10 +265,11 @@ class GatewayApi(gateway_pb2_grpc.GatewayServicer):
                         error=make_error(error_code(err), err.message, instance_id=ctx.instance_id))
                     return
                 first = False
-                if echo:  # the prompt's text leads the first message (the HTTP API's echo)
-                    delta.text, echo = echo + delta.text, ""
-                yield self._response(breq, request.return_token_ids, gen, delta, tap.take())
-                if delta.finish_reason is not None:
+                if echo and delta.index not in echoed:  # the prompt's text leads each sample (the HTTP API's echo)
+                    echoed.add(delta.index)
+                    delta.text = echo + delta.text
+                yield self._response(breq, request.return_token_ids, gen, delta, tap.take(delta.index))
+                if gen.finished:  # n > 1: every sample has ended
                     return
         finally:
             ctx.metrics.in_flight.dec()
@@ -276,7 +280,7 @@ class GatewayApi(gateway_pb2_grpc.GatewayServicer):
     @staticmethod
     def _response(breq: BackendRequest, with_ids: bool, gen: Generation, delta: Delta,
                   token_ids: list[int]) -> gateway_pb2.GenerateResponse:
-        msg = gateway_pb2.GenerateResponse(request_id=breq.request_id, text=delta.text)
+        msg = gateway_pb2.GenerateResponse(request_id=breq.request_id, text=delta.text, index=delta.index)
         if with_ids:
             msg.token_ids.extend(token_ids)
         if delta.logprobs:
@@ -290,6 +294,7 @@ class GatewayApi(gateway_pb2_grpc.GatewayServicer):
                 msg.matched_stop.text = delta.stop_reason
             elif isinstance(delta.stop_reason, int):
                 msg.matched_stop.token_id = delta.stop_reason
+        if gen.finished:
             msg.usage.CopyFrom(common_pb2.Usage(prompt_tokens=gen.num_prompt_tokens,
                                                 completion_tokens=gen.num_generated,
                                                 cached_tokens=gen.num_cached_tokens))

@@ -292,6 +292,9 @@ def test_prompt_logprobs_over_the_grpc_api(client: openai.OpenAI, cluster: ApiCl
         msgs = list(stub.Generate(gateway_pb2.GenerateRequest(text=prompt, sampling=sampling, echo=True), timeout=60))
         only = common_pb2.SamplingParams(temperature=0, max_tokens=5, prompt_logprobs=2)
         plain = list(stub.Generate(gateway_pb2.GenerateRequest(text=prompt, sampling=only), timeout=60))
+        two = common_pb2.SamplingParams(temperature=1.0, seed=7, max_tokens=4, n=2, prompt_logprobs=0)
+        forked = list(stub.Generate(gateway_pb2.GenerateRequest(text=prompt, sampling=two, echo=True,
+                                                                return_token_ids=True), timeout=60))
         with pytest.raises(grpc.RpcError) as e:
             list(stub.Generate(gateway_pb2.GenerateRequest(chat=gateway_pb2.ChatMessages(messages=[
                 gateway_pb2.ChatMessage(role="user", content="hi")]), sampling=only, echo=True), timeout=60))
@@ -309,6 +312,14 @@ def test_prompt_logprobs_over_the_grpc_api(client: openai.OpenAI, cluster: ApiCl
             assert len(lp.top_logprobs) == 2
             assert sorted(t.logprob for t in lp.top_logprobs) == pytest.approx(
                 sorted(v["logprob"] for v in entry.values() if v["rank"] <= 2), abs=1e-5)
+    # n = 2 over gRPC: indexed samples, each echoed and with the prompt logprobs once, as the HTTP API answers
+    want = client.completions.create(model=openai.NOT_GIVEN, prompt=prompt, max_tokens=4, temperature=1.0, seed=7, n=2)
+    for i in (0, 1):
+        mine = [m for m in forked if m.index == i]
+        assert "".join(m.text for m in mine) == prompt + want.choices[i].text
+        assert sum(len(m.token_ids) for m in mine) == 4 and mine[-1].finish_reason == common_pb2.FINISH_REASON_LENGTH
+        assert len(mine[0].prompt_logprobs) == len(mine[0].prompt_token_ids) - 1 > 0
+    assert forked[-1].usage.completion_tokens == 8 and forked[-1].usage.prompt_tokens == want.usage.prompt_tokens
     # the echoed logprobs of the HTTP answer are the same numbers as the prompt_logprobs list
     assert http["logprobs"]["token_logprobs"][1:len(msgs[0].prompt_token_ids)] == pytest.approx(
         [lp.logprob for lp in msgs[0].prompt_logprobs], abs=1e-5)
