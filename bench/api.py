@@ -43,12 +43,12 @@ def _engine(threads: int, model: str = BUNDLED, num_pages: int = 2048):  # -> (E
     return Engine(runner, page_size=16, max_running_requests=64, tokenizer=tok, threads=threads), tok
 
 
-def _step_s(engine) -> float:  # noqa: ANN001
+def _step_s(engine) -> float:
     s = engine.stats.last_step
     return s.schedule_s + s.prepare_s + s.forward_s + s.sample_s + s.update_s
 
 
-def _is_full_decode(engine, batch: int) -> bool:  # noqa: ANN001
+def _is_full_decode(engine, batch: int) -> bool:
     s = engine.stats.last_step
     return s.num_seqs == batch and s.num_tokens == batch
 
@@ -83,7 +83,7 @@ def _interleaved(engines: list, prompts: list[list[int]], params: list[list[Samp
     return steps, out
 
 
-def bench_grammar(engines: list, tok, batch: int, tokens: int, rounds: int) -> dict[str, Any]:  # noqa: ANN001
+def bench_grammar(engines: list, tok, batch: int, tokens: int, rounds: int) -> dict[str, Any]:
     msgs = [{"role": "user", "content": f"Tell story number {i} as JSON."} for i in range(batch)]
     prompts = []
     for m in msgs:
