@@ -94,6 +94,7 @@ class TokenLogprob:
     token_id: int
     logprob: float
     top_logprobs: tuple[TopLogprob, ...] = ()
+    rank: int = 0  # of token_id in the vocabulary, 1 = most likely; 0 = not computed (prompt logprobs have it)
 
 
 @dataclass(frozen=True, slots=True)

@@ -32,6 +32,7 @@ class TokenLogprobs:
     token_id: int
     logprob: float
     top: tuple[tuple[int, float], ...] = ()
+    rank: int = 0  # of token_id in the vocabulary, 1 = most likely (vLLM's Logprob.rank); 0 = not computed
 
 
 @dataclass(frozen=True)

@@ -107,12 +107,12 @@ def sampling_to_pb(p: SamplingParams) -> common_pb2.SamplingParams:
 
 
 def logprob_to_pb(lp: TokenLogprobs) -> common_pb2.TokenLogprob:
-    return common_pb2.TokenLogprob(token_id=lp.token_id, logprob=lp.logprob,
+    return common_pb2.TokenLogprob(token_id=lp.token_id, logprob=lp.logprob, rank=lp.rank,
                                    top_logprobs=[common_pb2.TopLogprob(token_id=t, logprob=v) for t, v in lp.top])
 
 
 def logprob_from_pb(pb: common_pb2.TokenLogprob) -> TokenLogprobs:
-    return TokenLogprobs(pb.token_id, pb.logprob, tuple((t.token_id, t.logprob) for t in pb.top_logprobs))
+    return TokenLogprobs(pb.token_id, pb.logprob, tuple((t.token_id, t.logprob) for t in pb.top_logprobs), pb.rank)
 
 
 def finish_to_pb(out: RequestOutput) -> common_pb2.FinishReason:

@@ -81,6 +81,10 @@ def _sampling_fields(sp: common_pb2.SamplingParams) -> dict[str, Any]:
         body["logit_bias"] = {str(k): v for k, v in sp.logit_bias.items()}
     if sp.HasField("structured"):
         body["structured_outputs"] = _STRUCTURED_FIELD.get(sp.structured.kind, lambda s: {})(sp.structured.spec)
+    if sp.n:
+        body["n"] = sp.n
+    if sp.HasField("prompt_logprobs"):
+        body["prompt_logprobs"] = sp.prompt_logprobs
     return body
 
 
@@ -99,7 +103,9 @@ def plan_of(request: gateway_pb2.GenerateRequest, vocab_size: int) -> Plan:
         raise bad_request("media: images are accepted over HTTP only (/v1/chat/completions image_url parts); "
                           "send text here", "media")
     body = _sampling_fields(request.sampling)
-    body["stream"] = True
+    # Every RPC streams; HTTP's stream flag only shapes SSE answers, which have no place for prompt_logprobs (so
+    # HTTP refuses the pair) while GenerateResponse has.
+    body["stream"] = False
     body["priority"] = request.priority
     if request.model:
         body["model"] = request.model
@@ -107,6 +113,8 @@ def plan_of(request: gateway_pb2.GenerateRequest, vocab_size: int) -> Plan:
     sp = request.sampling
     try:
         if which == "chat":
+            if request.echo:
+                raise bad_request("echo: only with text or token_ids input", "echo")
             body["messages"] = [{"role": m.role, "content": m.content} for m in request.chat.messages]
             body["logprobs"] = sp.logprobs
             if sp.logprobs:
@@ -120,27 +128,28 @@ def plan_of(request: gateway_pb2.GenerateRequest, vocab_size: int) -> Plan:
             raise bad_request("input: set one of text, token_ids or chat", "input")
         if sp.logprobs:
             body["logprobs"] = sp.top_logprobs
+        body["echo"] = request.echo
         return plan_completion(msgspec.convert(body, CompletionRequest), vocab_size=vocab_size)
     except msgspec.ValidationError as e:
         raise bad_request(f"invalid request: {e}") from None
 
 
 def logprobs_to_pb(entries: Sequence[TokenLogprob]) -> list[common_pb2.TokenLogprob]:
-    return [common_pb2.TokenLogprob(token_id=e.token_id, logprob=e.logprob,
+    return [common_pb2.TokenLogprob(token_id=e.token_id, logprob=e.logprob, rank=e.rank,
                                     top_logprobs=[common_pb2.TopLogprob(token_id=t.token_id, logprob=t.logprob)
                                                   for t in e.top_logprobs]) for e in entries]
 
 
 class _TokenTap:
-    """Passes a backend's chunks through to Generation while recording their token ids (Delta carries text only)."""
+    """Passes a backend's chunks through to Generation while recording their token ids per sample (Delta carries
+    text only)."""
 
     def __init__(self, backend: GenerateBackend) -> None:
         self._backend = backend
-        self.pending: list[int] = []
+        self.pending: dict[int, list[int]] = {}
 
-    def take(self) -> list[int]:
-        out, self.pending = self.pending, []
-        return out
+    def take(self, index: int) -> list[int]:
+        return self.pending.pop(index, [])
 
     def generate(self, req: BackendRequest) -> AsyncIterator[BackendChunk]:
         return self._tap(req)
@@ -149,7 +158,7 @@ class _TokenTap:
         inner = self._backend.generate(req)
         try:
             async for chunk in inner:
-                self.pending.extend(chunk.token_ids)
+                self.pending.setdefault(chunk.index, []).extend(chunk.token_ids)
                 yield chunk
         finally:
             aclose = getattr(inner, "aclose", None)
@@ -241,6 +250,8 @@ class GatewayApi(gateway_pb2_grpc.GatewayServicer):
                          metrics=ctx.metrics, arrival=arrival)
         ctx.metrics.in_flight.inc()
         first = True
+        echo = ctx.tokenizer.decode(breq.prompt_token_ids, skip_special_tokens=False) if plan.echo else ""
+        echoed: set[int] = set()  # samples whose stream began with the prompt
         try:
             while True:
                 try:
@@ -254,8 +265,11 @@ class GatewayApi(gateway_pb2_grpc.GatewayServicer):
                         error=make_error(error_code(err), err.message, instance_id=ctx.instance_id))
                     return
                 first = False
-                yield self._response(breq, request.return_token_ids, gen, delta, tap.take())
-                if delta.finish_reason is not None:
+                if echo and delta.index not in echoed:  # the prompt's text leads each sample (the HTTP API's echo)
+                    echoed.add(delta.index)
+                    delta.text = echo + delta.text
+                yield self._response(breq, request.return_token_ids, gen, delta, tap.take(delta.index))
+                if gen.finished:  # n > 1: every sample has ended
                     return
         finally:
             ctx.metrics.in_flight.dec()
@@ -266,17 +280,21 @@ class GatewayApi(gateway_pb2_grpc.GatewayServicer):
     @staticmethod
     def _response(breq: BackendRequest, with_ids: bool, gen: Generation, delta: Delta,
                   token_ids: list[int]) -> gateway_pb2.GenerateResponse:
-        msg = gateway_pb2.GenerateResponse(request_id=breq.request_id, text=delta.text)
+        msg = gateway_pb2.GenerateResponse(request_id=breq.request_id, text=delta.text, index=delta.index)
         if with_ids:
             msg.token_ids.extend(token_ids)
         if delta.logprobs:
             msg.logprobs.extend(logprobs_to_pb(delta.logprobs))
+        if delta.prompt is not None:  # prompt_logprobs (or echo with logprobs): the first message only
+            msg.prompt_token_ids.extend(t for t, _ in delta.prompt)
+            msg.prompt_logprobs.extend(logprobs_to_pb([p for _, p in delta.prompt if p is not None]))
         if delta.finish_reason is not None:
             msg.finish_reason = _FINISH.get(delta.finish_reason, common_pb2.FINISH_REASON_STOP)
             if isinstance(delta.stop_reason, str):
                 msg.matched_stop.text = delta.stop_reason
             elif isinstance(delta.stop_reason, int):
                 msg.matched_stop.token_id = delta.stop_reason
+        if gen.finished:
             msg.usage.CopyFrom(common_pb2.Usage(prompt_tokens=gen.num_prompt_tokens,
                                                 completion_tokens=gen.num_generated,
                                                 cached_tokens=gen.num_cached_tokens))

@@ -4,8 +4,8 @@ These types are also the source of /openapi.json (msgspec.json.schema_components
 the one the server decodes with. Unknown fields are ignored, as OpenAI clients send many optional ones.
 Type checks happen at decode time; value checks (ranges, combinations) in validation.py.
 Extensions beyond OpenAI follow vLLM's names: top_k, min_p, repetition_penalty, ignore_eos, min_tokens,
-stop_token_ids, skip_special_tokens, include_stop_str_in_output, chat_template_kwargs, priority, and vLLM's
-`structured_outputs` object (json / regex / choice / grammar / json_object) for constrained decoding.
+stop_token_ids, skip_special_tokens, include_stop_str_in_output, chat_template_kwargs, priority, prompt_logprobs,
+and vLLM's `structured_outputs` object (json / regex / choice / grammar / json_object) for constrained decoding.
 """
 
 from __future__ import annotations
@@ -82,7 +82,7 @@ class _CommonRequest(msgspec.Struct, kw_only=True):
     stop: Annotated[str | list[str] | None, Meta(description="Stop strings; the output ends before them")] = None
     stream: bool = False
     stream_options: StreamOptions | None = None
-    n: Annotated[int, Meta(description="Only 1 is supported")] = 1
+    n: Annotated[int, Meta(description="Samples per prompt, 1 to 64 (one prefill shared by all)")] = 1
     presence_penalty: float | None = None
     frequency_penalty: float | None = None
     repetition_penalty: Annotated[float | None, Meta(description="Extension: HF/vLLM semantics, 1 disables")] = None
@@ -96,6 +96,9 @@ class _CommonRequest(msgspec.Struct, kw_only=True):
     structured_outputs: Annotated[StructuredOutputs | None, Meta(
         description="Extension (vLLM): constrain the output to a JSON schema, regex, choice or grammar")] = None
     priority: Annotated[int, Meta(description="Extension: lower is served first under --schedule-policy priority")] = 0
+    prompt_logprobs: Annotated[int | None, Meta(
+        description="Extension (vLLM): logprob of every prompt token with this many alternatives (0..20); "
+                    "answered as prompt_logprobs, not with stream=true")] = None
 
 
 class ChatCompletionRequest(_CommonRequest, kw_only=True):
@@ -113,7 +116,7 @@ class ChatCompletionRequest(_CommonRequest, kw_only=True):
 
 class CompletionRequest(_CommonRequest, kw_only=True):
     prompt: Annotated[str | list[Any], Meta(
-        description="A string, a list of token ids, or a one-element list of either (batches are not supported)")]
+        description="A string, a list of token ids, or a list of up to 64 of either (one choice per prompt)")]
     logprobs: Annotated[int | None, Meta(description="0..20 most likely alternatives per token")] = None
     echo: bool = False
     suffix: str | None = None

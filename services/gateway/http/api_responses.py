@@ -57,6 +57,19 @@ class ChatLogprobs(msgspec.Struct):
     content: list[ChatTokenLogprob] | None
 
 
+class PromptLogprob(msgspec.Struct):
+    """vLLM's Logprob: one token's entry in a prompt_logprobs position (keyed by token id)."""
+
+    logprob: float
+    rank: int | None  # in the vocabulary, 1 = most likely
+    decoded_token: str
+
+
+# vLLM's prompt_logprobs: one entry per prompt token, None for the first (nothing precedes it); each maps the prompt
+# token and the most likely alternatives (token id, a string key in JSON) to their logprob and rank.
+PromptLogprobs = list[dict[int, PromptLogprob] | None]
+
+
 class CompletionLogprobs(msgspec.Struct):
     """Legacy completions format: parallel lists, one entry per generated token."""
 
@@ -115,6 +128,7 @@ class ChatCompletionResponse(msgspec.Struct, kw_only=True):
     model: str
     choices: list[ChatChoice]
     usage: Usage
+    prompt_logprobs: PromptLogprobs | UnsetType = UNSET  # vLLM extension (request field prompt_logprobs)
 
 
 class ChatDelta(msgspec.Struct, kw_only=True, omit_defaults=True):
@@ -149,6 +163,7 @@ class CompletionChoice(msgspec.Struct, kw_only=True):
     logprobs: CompletionLogprobs | None = None
     finish_reason: FinishReasonOut | None = None
     stop_reason: int | str | None = None
+    prompt_logprobs: PromptLogprobs | UnsetType = UNSET  # vLLM extension: prompt_logprobs, or echo with logprobs
 
 
 class CompletionResponse(msgspec.Struct, kw_only=True):

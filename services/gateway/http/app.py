@@ -362,11 +362,12 @@ class GatewayApp:
         fmt: Formatter
         if plan.tools is not None and plan.tools.mode is not ToolChoiceMode.NONE:
             fmt = ToolChatFormatter(self.tokenizer, req.request_id, int(time.time()), model, plan.include_usage,
-                                    sampling.logprobs is not None, plan.tools)
+                                    sampling.logprobs is not None, plan.tools,
+                                    want_prompt_logprobs=plan.prompt_logprobs)
         else:
             fmt_cls = ChatFormatter if kind is ApiKind.CHAT else CompletionFormatter
             fmt = fmt_cls(self.tokenizer, rid, int(time.time()), model, plan.include_usage,
-                          sampling.logprobs is not None, n=sampling.n)
+                          sampling.logprobs is not None, n=sampling.n, want_prompt_logprobs=plan.prompt_logprobs)
         if plan.echo and isinstance(fmt, CompletionFormatter):
             fmt.echo = {p * sampling.n + s: self.tokenizer.decode(q.prompt_token_ids, skip_special_tokens=False)
                         for p, q in enumerate(reqs) for s in range(sampling.n)}

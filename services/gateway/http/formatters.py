@@ -22,6 +22,8 @@ from services.gateway.http.api_responses import (
     CompletionChunk,
     CompletionLogprobs,
     CompletionResponse,
+    PromptLogprob,
+    PromptLogprobs,
     PromptTokensDetails,
     Usage,
 )
@@ -43,6 +45,23 @@ def usage(prompt_tokens: int, completion_tokens: int, cached_tokens: int) -> Usa
                  prompt_tokens_details=PromptTokensDetails(cached_tokens))
 
 
+def prompt_logprobs(tok: GatewayTokenizer, deltas: Sequence[Delta]) -> PromptLogprobs | msgspec.UnsetType:
+    """vLLM's prompt_logprobs from the first delta that carries the prompt (UNSET when none does)."""
+    prompt = next((d.prompt for d in deltas if d.prompt is not None), None)
+    if prompt is None:
+        return msgspec.UNSET
+    out: PromptLogprobs = []
+    for _, p in prompt:
+        if p is None:  # the first prompt token: nothing precedes it
+            out.append(None)
+            continue
+        entry = {p.token_id: PromptLogprob(p.logprob, p.rank or None, tok.token_text(p.token_id))}
+        for rank, t in enumerate(p.top_logprobs, 1):
+            entry.setdefault(t.token_id, PromptLogprob(t.logprob, rank, tok.token_text(t.token_id)))
+        out.append(entry)
+    return out
+
+
 def by_choice(deltas: Sequence[Delta]) -> list[tuple[int, list[Delta]]]:
     """Deltas grouped by choice index, in index order (each group keeps its stream order)."""
     ordered = sorted(deltas, key=lambda d: d.index)  # stable: stream order within a choice
@@ -51,8 +70,9 @@ def by_choice(deltas: Sequence[Delta]) -> list[tuple[int, list[Delta]]]:
 
 class ChatFormatter:
     def __init__(self, tokenizer: GatewayTokenizer, response_id: str, created: int, model: str,
-                 include_usage: bool, want_logprobs: bool, n: int = 1) -> None:
+                 include_usage: bool, want_logprobs: bool, n: int = 1, want_prompt_logprobs: bool = False) -> None:
         self.n = n
+        self.want_prompt_logprobs = want_prompt_logprobs  # vLLM's prompt_logprobs field (whole answers only)
         self.tok = tokenizer
         self.id, self.created, self.model = response_id, created, model
         self.want_logprobs = want_logprobs
@@ -98,13 +118,18 @@ class ChatFormatter:
                                       logprobs=logprobs, finish_reason=last.finish_reason,
                                       stop_reason=last.stop_reason))
         return _ENC.encode(ChatCompletionResponse(id=self.id, created=self.created, model=self.model,
-                                                  choices=choices, usage=u))
+                                                  choices=choices, usage=u, prompt_logprobs=self.prompt_logprobs(deltas)))
+
+    def prompt_logprobs(self, deltas: Sequence[Delta]) -> PromptLogprobs | msgspec.UnsetType:
+        """vLLM puts a chat answer's prompt_logprobs on the response (its n choices share the prompt)."""
+        return prompt_logprobs(self.tok, deltas) if self.want_prompt_logprobs else msgspec.UNSET
 
 
 class CompletionFormatter:
     def __init__(self, tokenizer: GatewayTokenizer, response_id: str, created: int, model: str,
-                 include_usage: bool, want_logprobs: bool, n: int = 1) -> None:
+                 include_usage: bool, want_logprobs: bool, n: int = 1, want_prompt_logprobs: bool = False) -> None:
         self.n = n
+        self.want_prompt_logprobs = want_prompt_logprobs  # vLLM's prompt_logprobs field (whole answers only)
         self.tok = tokenizer
         self.id, self.created, self.model = response_id, created, model
         self.want_logprobs = want_logprobs
@@ -128,7 +153,8 @@ class CompletionFormatter:
         tops: list[dict[str, float] | None] = []
         offsets: list[int] = []
         for d in deltas:
-            if d.prompt is not None:  # echo: the prompt's tokens first, the first one without a logprob
+            if d.prompt is not None and (d.index in self.echo or d.index in self._echo_len):
+                # echo: the prompt's tokens first, the first one without a logprob (prompt_logprobs alone: not here)
                 offset = 0
                 for tid, p in d.prompt:
                     text = tok.token_text(tid)
@@ -163,7 +189,9 @@ class CompletionFormatter:
     def response(self, deltas: Sequence[Delta], u: Usage) -> bytes:
         choices = [CompletionChoice(index=i, text=self._echoed(i, "".join(d.text for d in ds)), logprobs=self.logprobs(ds),
                                     finish_reason=ds[-1].finish_reason,
-                                    stop_reason=ds[-1].stop_reason)
+                                    stop_reason=ds[-1].stop_reason,
+                                    prompt_logprobs=prompt_logprobs(self.tok, ds) if self.want_prompt_logprobs
+                                    else msgspec.UNSET)  # vLLM: on each choice (batched prompts differ)
                    for i, ds in by_choice(deltas)]
         return _ENC.encode(CompletionResponse(id=self.id, created=self.created, model=self.model,
                                               choices=choices, usage=u))

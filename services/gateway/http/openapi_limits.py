@@ -6,8 +6,8 @@ positive cases must pass). When validation.py changes a rule, change it here too
 test_gateway_schemathesis.py catches a mismatch). Keywords are merged at the property level: numeric and length
 keywords apply only to values of their type, so `{"anyOf": [int, null], "minimum": 1}` still allows null.
 Rules left out, described in the fields' descriptions (JSON Schema cannot compare two values): min_tokens <=
-max_tokens, unique tool names, a named tool_choice naming one of the tools, and that a schema, regex or grammar
-compiles.
+max_tokens, unique tool names, a named tool_choice naming one of the tools, that a schema, regex or grammar
+compiles, and prompt_logprobs without stream=true (the schema generator cannot combine that rule with the others).
 """
 
 from __future__ import annotations
@@ -95,6 +95,7 @@ def _common(vocab_size: int | None, context_length: int | None) -> dict[str, dic
         "logit_bias": _logit_bias(vocab_size),
         "structured_outputs": _structured_outputs(),
         "priority": {"minimum": 0, "maximum": 2**31 - 1},
+        "prompt_logprobs": {"minimum": 0, "maximum": MAX_LOGPROBS},
     }
 
 

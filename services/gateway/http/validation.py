@@ -60,6 +60,7 @@ class Plan:
     batch: tuple[Plan, ...] = ()  # completions with several prompts: one plan per prompt (this one: the first)
     echo: bool = False
     image_urls: tuple[tuple[str, str], ...] = ()  # (param path, url) of each image part, in prompt order
+    prompt_logprobs: bool = False  # the answer carries vLLM's prompt_logprobs field
 
 
 def _unsupported(param: str, what: str, fix: str) -> ApiError:
@@ -154,6 +155,20 @@ def _stop_strings(stop: str | list[str] | None) -> tuple[str, ...]:
     return stops
 
 
+def _prompt_logprobs(req: _CommonRequest) -> int | None:
+    """vLLM's prompt_logprobs (None: not asked for). Like vLLM, refused with stream=true."""
+    k = req.prompt_logprobs
+    if k is None:
+        return None
+    if not 0 <= k <= MAX_LOGPROBS:
+        raise bad_request(f"prompt_logprobs must be in [0, {MAX_LOGPROBS}] (got {k}); 0 gives each prompt token's own "
+                          "logprob only", "prompt_logprobs")
+    if req.stream:
+        raise bad_request("prompt_logprobs is not available with stream=true; send the request without streaming",
+                          "prompt_logprobs")
+    return k
+
+
 def _stream_flags(req: _CommonRequest) -> bool:
     if req.stream_options is not None and not req.stream:
         raise bad_request("stream_options is only allowed with stream=true", "stream_options")
@@ -184,6 +199,9 @@ def plan_chat(req: ChatCompletionRequest, *, vocab_size: int, image_placeholder:
     logprobs = (req.top_logprobs or 0) if req.logprobs else None
     max_tokens = req.max_completion_tokens if req.max_completion_tokens is not None else req.max_tokens
     sampling = _sampling(req, max_tokens, logprobs, vocab_size, structured)
+    prompt_k = _prompt_logprobs(req)
+    if prompt_k is not None:
+        sampling = dataclasses.replace(sampling, prompt_logprobs=prompt_k)
     messages: list[dict[str, Any]] = []
     image_urls: list[tuple[str, str]] = []
     for i, m in enumerate(req.messages):
@@ -213,7 +231,7 @@ def plan_chat(req: ChatCompletionRequest, *, vocab_size: int, image_placeholder:
         messages.append(msg)
     return Plan(ApiKind.CHAT, req.model, req.stream, _stream_flags(req), sampling, req.skip_special_tokens,
                 messages=messages, chat_template_kwargs=req.chat_template_kwargs, priority=_priority(req),
-                tools=tools, image_urls=tuple(image_urls))
+                tools=tools, image_urls=tuple(image_urls), prompt_logprobs=prompt_k is not None)
 
 
 def plan_completion(req: CompletionRequest, *, vocab_size: int) -> Plan:
@@ -223,11 +241,15 @@ def plan_completion(req: CompletionRequest, *, vocab_size: int) -> Plan:
         raise _unsupported("suffix", "suffix", "leave it out")
     structured = structured_spec(None, req.structured_outputs)
     sampling = _sampling(req, req.max_tokens, req.logprobs, vocab_size, structured)
-    if req.echo and req.logprobs is not None:  # the echoed prompt's tokens come with their logprobs too
-        sampling = dataclasses.replace(sampling, prompt_logprobs=req.logprobs)
+    prompt_k = _prompt_logprobs(req)
+    if prompt_k is None and req.echo and req.logprobs is not None:  # the echoed prompt's tokens get logprobs too
+        prompt_k = req.logprobs  # (vLLM's rule; an explicit prompt_logprobs wins)
+    if prompt_k is not None:
+        sampling = dataclasses.replace(sampling, prompt_logprobs=prompt_k)
     prompts = _prompts(req.prompt, vocab_size)
     plans = tuple(Plan(ApiKind.COMPLETION, req.model, req.stream, _stream_flags(req), sampling, req.skip_special_tokens,
-                       prompt_text=text, prompt_ids=ids, priority=_priority(req), echo=req.echo)
+                       prompt_text=text, prompt_ids=ids, priority=_priority(req), echo=req.echo,
+                       prompt_logprobs=prompt_k is not None and not req.stream)
                   for text, ids in prompts)
     if len(plans) == 1:
         return plans[0]

@@ -43,8 +43,9 @@ def _held_suffix(text: str) -> int:
 
 class ToolChatFormatter(ChatFormatter):
     def __init__(self, tokenizer: GatewayTokenizer, response_id: str, created: int, model: str,
-                 include_usage: bool, want_logprobs: bool, plan: ToolPlan) -> None:
-        super().__init__(tokenizer, response_id, created, model, include_usage, want_logprobs)
+                 include_usage: bool, want_logprobs: bool, plan: ToolPlan, want_prompt_logprobs: bool = False) -> None:
+        super().__init__(tokenizer, response_id, created, model, include_usage, want_logprobs,
+                         want_prompt_logprobs=want_prompt_logprobs)
         self.plan = plan
         self._text = ""  # everything generated so far
         self._sent = 0  # characters of _text already streamed as content
@@ -95,7 +96,7 @@ class ToolChatFormatter(ChatFormatter):
             choice = ChatChoice(index=0, message=AssistantMessage("assistant", text), logprobs=logprobs,
                                 finish_reason=last.finish_reason, stop_reason=last.stop_reason)
         return _ENC.encode(ChatCompletionResponse(id=self.id, created=self.created, model=self.model,
-                                                  choices=[choice], usage=u))
+                                                  choices=[choice], usage=u, prompt_logprobs=self.prompt_logprobs(deltas)))
 
 
 def _tool_call(c: ParsedCall) -> ToolCall:
