@@ -71,6 +71,8 @@ def run_planner(cluster: MockCluster, ramp: Sequence[Phase], seed: int, flags: S
             "all_decisions": [{k: d[k] for k in ("role", "action", "current", "target", "reason", "numbers")}
                               | {"t": round(d["ts"] - t0, 1)} for d in decisions],
             "reaction_intervals": reaction_intervals(res, decisions, t0, interval_s, ttft_ms, itl_ms),
+            "t0_unix": t0, "requests_detail": [(round(at, 3), r.success, round(r.ttft_s, 4), round(r.tpot_s, 5))
+                                               for at, r in res],
             "sizes": inst.samples}
 
 
@@ -142,8 +144,13 @@ class InstanceSeconds:
         return float(sum(p + d for _, p, d in self.samples))
 
 
+_RUNS = iter(range(1, 1 << 30))
+
+
 def run_ramp(cluster: MockCluster, ramp: Sequence[Phase], seed: int) -> list:  # type: ignore[type-arg]
-    return asyncio.run(poisson_load(cluster.url, ramp, seed=seed))
+    """The same arrivals every run (seed), new prompt token ids each run: a run never finds the prompts of the
+    runs before it in the instances' prefix caches."""
+    return asyncio.run(poisson_load(cluster.url, ramp, seed=seed, prompt_seed=seed * 1000 + next(_RUNS)))
 
 
 def set_split(cluster: MockCluster, prefill: int, decode: int) -> None:
@@ -177,29 +184,40 @@ def planner_decisions(cluster: MockCluster) -> list[dict]:  # type: ignore[type-
 
 def reaction_intervals(results, decisions, t0_unix: float, interval_s: float, ttft_ms: float,  # type: ignore[no-untyped-def]
                        itl_ms: float) -> dict[str, float | None]:
-    """Per role, worst episode, in evaluation intervals: from the moment the first late request of an episode was
-    observably late to the planner's response. Observably late: prefill, arrival + the TTFT target (no first
-    token by then); decode, first token + two ITL targets (its first gaps were slow). A response: a scale-up of
-    the role, or a decision that wanted one but was held by the budget or the role's maximum (`<role>`); the
-    same with scale-ups only (`<role>_scale_up`). An episode: the late requests after the previous response."""
+    """Per role, worst case, in evaluation intervals: from the moment a request was observably late to the
+    planner's response. Observably late: prefill, arrival + the TTFT target (no first token by then); decode,
+    first token + two ITL targets (its first gaps were slow). Response (`<role>`): the planner is acting on a
+    breach of the role: a scale-up, or a decision that names the breach and why it adds nothing now (cooldown,
+    budget, maximum, retry), which lasts until its next decision that names none (a repeated verdict is logged
+    once); a request late while it acts counts 0. `<role>_scale_up`: to the next scale-up of the role."""
     out: dict[str, float | None] = {}
     for role in ("prefill", "decode"):
         late = sorted((at + ttft_ms / 1e3) if role == "prefill" else (at + r.ttft_s + 2 * itl_ms / 1e3)
                       for at, r in results if r.success and (
                           r.ttft_s * 1e3 > ttft_ms if role == "prefill" else r.tpot_s * 1e3 > itl_ms))
-        ups = [d for d in decisions if d["role"] == role and d["action"] == "scale_up"]
-        held = [d for d in decisions if d["role"] == role and d["action"] == "hold" and (
-            "budget" in d["reason"] or "already at --max" in d["reason"])]
-        for key, resp in ((role, ups + held), (f"{role}_scale_up", ups)):
-            times = sorted(d["ts"] - t0_unix for d in resp)
-            worst = None
-            for i, t in enumerate(times):
-                prev = times[i - 1] if i else float("-inf")
-                first = next((x for x in late if prev < x <= t), None)
-                if first is not None:
-                    r = (t - first) / interval_s
-                    worst = r if worst is None else max(worst, r)
-            out[key] = worst
+        mine = sorted((d for d in decisions if d["role"] == role), key=lambda d: d["ts"])
+        acting = [(d["ts"] - t0_unix, d["action"] == "scale_up" or (d["action"] == "hold" and any(
+            w in d["reason"] for w in ("> target", "wait for admission", "busy", "KV pages")))) for d in mine]
+        ups = [t for t, _ in acting if t in {d["ts"] - t0_unix for d in mine if d["action"] == "scale_up"}]
+        worst: float | None = None
+        for t in late:
+            state = next((a for ts, a in reversed(acting) if ts <= t), False)
+            if state:
+                r = 0.0
+            else:
+                nxt = next((ts for ts, a in acting if ts > t and a), None)
+                if nxt is None:
+                    continue  # the run ended first
+                r = (nxt - t) / interval_s
+            worst = r if worst is None else max(worst, r)
+        out[role] = worst
+        worst_up = None
+        for i, u in enumerate(ups):
+            prev = ups[i - 1] if i else float("-inf")
+            first = next((x for x in late if prev < x <= u), None)
+            if first is not None:
+                worst_up = max(worst_up or 0.0, (u - first) / interval_s)
+        out[f"{role}_scale_up"] = worst_up
     return out
 
 
@@ -214,6 +232,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--max-running", type=int, default=128,
                    help="--max-running-requests of the engines (decode admits up to this many streams)")
     p.add_argument("--interval-s", type=float, default=2.0, help="the planner's --evaluation-interval-s")
+    p.add_argument("--max-scale-step", type=int, default=4, help="the planner's --max-scale-step")
     p.add_argument("--seed", type=int, default=7)
     p.add_argument("--quick", action="store_true", help="a 20 s ramp and one split (checks the harness)")
     p.add_argument("--planner-only", action="store_true", help="only the planner's run (no fixed splits, no ratios)")
@@ -248,7 +267,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         flags = ("--ttft-target-ms", str(ns.ttft_ms), "--itl-target-ms", str(ns.itl_ms), "--budget",
                  str(ns.budget), "--max-prefill", str(ns.budget - 1), "--max-decode", str(ns.budget - 1),
                  "--evaluation-interval-s", str(ns.interval_s), "--scale-up-cooldown-s", str(2 * ns.interval_s),
-                 "--scale-down-cooldown-s", str(4 * ns.interval_s), "--max-scale-step", "3")
+                 "--scale-down-cooldown-s", str(4 * ns.interval_s), "--max-scale-step", str(ns.max_scale_step))
         runs = report["runs"]
         runs["planner"] = run_planner(cluster, ramp, ns.seed, flags, ns.interval_s, ns.ttft_ms, ns.itl_ms)
         if ns.planner_only:

@@ -108,11 +108,12 @@ def arrival_schedule(phases: Sequence[tuple[float, float, int, int] | Phase], se
 
 
 async def poisson_load(url: str, phases: Sequence[tuple[float, float, int, int] | Phase], *, seed: int = 0,
-                       ) -> list[tuple[float, RequestResult]]:
+                       prompt_seed: int | None = None) -> list[tuple[float, RequestResult]]:
     """phases: Phase, or (seconds, requests/s, prompt tokens, output tokens). Returns (scheduled offset, result)
-    per request, in arrival order (the schedule: arrival_schedule)."""
+    per request, in arrival order (the schedule: arrival_schedule). prompt_seed: the prompts' token ids (default
+    from seed); runs on one cluster that must not hit each other's prefix caches give each its own."""
     http = make_http("httpx", url, max_connections=1024)
-    rng = random.Random(seed + 1)  # prompt token ids
+    rng = random.Random(seed + 1 if prompt_seed is None else prompt_seed)
     t0 = time.monotonic()
     tasks: list[tuple[float, asyncio.Task[RequestResult]]] = []
     for at, isl, osl in arrival_schedule(phases, seed):

@@ -12,7 +12,9 @@ only then). The sizes follow from the per-instance capacities the load mode fitt
 
     prefill   n = rate x prompt tokens / (tokens per second of one instance x PREFILL_UTIL)
     decode    n = k x C / (aim / correction - a),  C = rate x answer tokens x aim  (streams in flight, Little's
-              law), step = a + k x batch (the fitted line), correction = client ITL / engine step time
+              law), step = a + k x batch (the fitted line), correction = client ITL / engine step time;
+              C is also the decode pool's own streams in flight read ahead on their trend (the answer length is
+              known only once requests finish: at the start of a ramp the streams' growth is the first sign)
 
 Like Dynamo's throughput planner, but a forecast only ever adds instances ahead of the load or keeps them: the
 load mode still scales up on a measured breach, and scales down only when both agree.
@@ -84,8 +86,8 @@ class Forecast:
         return self.prefill_needed if role == "prefill" else self.decode_needed
 
     def why(self, role: str) -> str:
-        what = (f"{self.prompt_tokens:.0f}-token prompts" if role == "prefill"
-                else f"{self.answer_tokens:.0f}-token answers")
+        what = (f"{self.prompt_tokens:.0f}-token prompts" if role == "prefill" else
+                f"{self.answer_tokens:.0f}-token answers, {self.numbers.get('forecast_streams', 0):.0f} streams")
         return (f"forecast {self.arrivals_per_s:.1f} req/s of {what} in {self.horizon_s:.0f} s needs "
                 f"{self.needed(role)} {role} instances")
 
@@ -106,12 +108,18 @@ def size_prefill(arrivals_per_s: float, prompt_tokens: float, cap: Capacity) -> 
 
 
 def size_decode(arrivals_per_s: float, answer_tokens: float, cap: Capacity, aim_s: float) -> int:
-    """Decode instances that keep the client-visible ITL at `aim_s` for the forecast streams."""
-    if cap.itl_line is None or arrivals_per_s <= 0 or answer_tokens <= 0:
+    """Decode instances that keep the client-visible ITL at `aim_s` for the forecast arrivals."""
+    if arrivals_per_s <= 0 or answer_tokens <= 0:
+        return 0
+    return size_streams(arrivals_per_s * answer_tokens * aim_s, cap, aim_s)
+
+
+def size_streams(streams: float, cap: Capacity, aim_s: float) -> int:
+    """Decode instances that keep the client-visible ITL at `aim_s` with `streams` requests decoding."""
+    if cap.itl_line is None or streams <= 0:
         return 0
     a, k = cap.itl_line
     engine_aim = aim_s / max(1.0, cap.itl_correction)
-    streams = arrivals_per_s * answer_tokens * aim_s
     if engine_aim <= a:
         return 0  # no size reaches the aim: the load mode's breach decides
     return max(1, math.ceil(k * streams / (engine_aim - a)))
@@ -121,8 +129,14 @@ class Forecaster:
     """Holt series of arrival rate, prompt and answer length; `forecast()` sizes both roles `horizon` ahead."""
 
     def __init__(self) -> None:
-        self.rate, self.isl, self.osl = Holt(), Holt(), Holt()
+        self.rate, self.isl, self.osl, self.streams = Holt(), Holt(), Holt(), Holt()
         self.samples = 0
+        self.streams_now = 0.0
+
+    def update_streams(self, streams: float) -> None:
+        """Requests decoding or waiting at the decode pool now (once per evaluation)."""
+        self.streams.update(streams)
+        self.streams_now = streams
 
     def update(self, s: TrafficSample) -> None:
         self.samples += 1
@@ -142,8 +156,11 @@ class Forecaster:
         level = self.rate.ahead(0) or 0.0
         rate = min(AHEAD_MAX * level, max(level, self.rate.ahead(h) or 0.0))
         isl, osl = self.isl.ahead(0) or 0.0, self.osl.ahead(0) or 0.0
-        nums = {"forecast_req_per_s": rate, "rate_level_req_per_s": level, "rate_trend_req_per_s2":
+        # a count, not a noisy rate: read ahead from the latest value on the smoothed trend
+        now = self.streams_now
+        streams = min(AHEAD_MAX * now, now + max(0.0, h * self.streams.trend))
+        nums = {"forecast_streams": streams, "forecast_req_per_s": rate, "rate_level_req_per_s": level, "rate_trend_req_per_s2":
                 self.rate.trend / max(interval_s, 1e-3), "forecast_prompt_tokens": isl,
                 "forecast_answer_tokens": osl, "horizon_s": horizon_s}
-        return Forecast(horizon_s, rate, isl, osl, size_prefill(rate, isl, cap),
-                        size_decode(rate, osl, cap, itl_aim_s), nums)
+        decode = max(size_decode(rate, osl, cap, itl_aim_s), size_streams(streams, cap, itl_aim_s))
+        return Forecast(horizon_s, rate, isl, osl, size_prefill(rate, isl, cap), decode, nums)

@@ -254,6 +254,8 @@ def decide(views: dict[Role, RoleView], memory: dict[Role, RoleMemory], limits: 
     budget blocks takes instances from the other role when that one can spare them. With an outlook, the
     forecast (sized with this evaluation's fitted capacities) scales roles up ahead of the load."""
     itl = outlook.client_itl_s if outlook is not None else None
+    if outlook is not None and Role.DECODE in views:
+        outlook.forecaster.update_streams(float(sum(x.running + x.queued for x in views[Role.DECODE].loads)))
     ests = {role: _estimate(view, memory[role], limits, itl) for role, view in views.items()}
     fc = forecast_for(outlook, memory, limits) if outlook is not None and len(memory) == len(Role) else None
     plans = {role: plan_role(view, memory[role], limits, now, ests[role], fc) for role, view in views.items()}

@@ -144,3 +144,16 @@ def test_a_measured_prefill_breach_takes_the_budget_from_a_forecast() -> None:
                                        Outlook(f, 4.0, 2.0, 0.058))}
     assert plans[P].action == Action.SCALE_UP and plans[P].target > 1
     assert sum(p.target for p in plans.values()) <= 6
+
+
+def test_growing_decode_streams_scale_decode_before_any_answer_length_is_known() -> None:
+    f = Forecaster()
+    cap = Capacity(300.0, (0.05, 0.002))
+    for streams, rate in ((2, 0.5), (5, 1.0), (9, 1.5), (14, 2.0)):
+        f.update(TrafficSample(interval_s=2.0, arrivals_per_s=rate))  # nothing finished yet: no answer length
+        f.update_streams(streams)
+    fc = f.forecast(6.0, 2.0, cap, 0.068)
+    assert fc is not None and fc.answer_tokens == 0
+    # 14 streams now, rising ~4 per interval: ~2x ahead, at 9 streams a piece -> at least 3 instances
+    assert fc.decode_needed >= 3 and fc.numbers["forecast_streams"] > 14
+    assert "streams" in fc.why("decode")
