@@ -121,7 +121,9 @@ def size_streams(streams: float, cap: Capacity, aim_s: float) -> int:
     a, k = cap.itl_line
     engine_aim = aim_s / max(1.0, cap.itl_correction)
     if engine_aim <= a:
-        return 0  # no size reaches the aim: the load mode's breach decides
+        # even one stream per instance misses the aim (the target sits at the step-time floor): spreading the
+        # streams as thin as the bounds allow comes closest
+        return max(1, math.ceil(streams))
     return max(1, math.ceil(k * streams / (engine_aim - a)))
 
 

@@ -2,6 +2,9 @@
 NATS load reports), asks the policy what each role should become, and has the actuator do it. Every decision
 is logged, published on NATS (`pdrelay planner log --follow`) and kept for `pdrelay planner log`.
 
+Each evaluation also scrapes the gateways' /metrics (services/planner/traffic.py) for the throughput mode's
+forecast (services/planner/forecast.py); without a reachable gateway the planner runs in load mode alone.
+
 Several planners may run: one leads (an etcd key under its lease, services/planner/leader.py), the others stand
 by and take over when its lease dies. A planner that stops or dies changes nothing: the cluster keeps its size.
 """

@@ -81,8 +81,8 @@ def sample_between(pairs: list[tuple[GatewayCounters, GatewayCounters]]) -> Traf
 class GatewayScraper:
     """Scrapes the gateways' /metrics (plain HTTP on their API address) once per evaluation."""
 
-    def __init__(self, timeout_s: float = 1.0) -> None:
-        self._http = httpx.AsyncClient(timeout=timeout_s)
+    def __init__(self, timeout_s: float = 1.0, transport: httpx.AsyncBaseTransport | None = None) -> None:
+        self._http = httpx.AsyncClient(timeout=timeout_s, transport=transport)
         self._last: dict[str, GatewayCounters] = {}
         self._warned: set[str] = set()
 

@@ -7,7 +7,14 @@ import pytest
 
 from services.gateway.metrics import GatewayMetrics
 from services.planner.estimate import InstanceLoad, Learned, estimate_decode
-from services.planner.forecast import Capacity, Forecaster, Holt, TrafficSample, size_decode, size_prefill
+from services.planner.forecast import (
+    Capacity,
+    Forecaster,
+    Holt,
+    TrafficSample,
+    size_decode,
+    size_prefill,
+)
 from services.planner.policy import Limits, Outlook, Role, RoleMemory, RoleView, decide
 from services.planner.traffic import GatewayCounters, parse_counters, sample_between
 from shared.cluster.bus.planner import Action
@@ -41,6 +48,9 @@ def test_sizes_follow_the_fitted_capacities() -> None:
     # the client sees 1.2 x the engine's step: the engine has to aim at 56.7 ms -> 3.4 streams a piece -> 10
     assert size_decode(5.0, 96, Capacity(400.0, (0.05, 0.002), 1.2), 0.068) == 10
     assert size_decode(5.0, 96, Capacity(400.0, None), 0.068) == 0  # no fit yet: no forecast size
+    # a target at the step-time floor (50 ms + 2 ms per request vs an aim of 45 ms): as thin as possible
+    assert size_decode(0.5, 20, Capacity(400.0, (0.05, 0.002)), 0.045) == 1
+    assert size_decode(2.0, 20, Capacity(400.0, (0.05, 0.002)), 0.045) == 2
 
 
 def ramp_samples(rates: list[float], isl: float, osl: float) -> Forecaster:
@@ -95,7 +105,7 @@ def test_client_itl_corrects_the_decode_estimate() -> None:
 
 
 def limits(**kw) -> Limits:  # type: ignore[no-untyped-def]
-    base = dict(ttft_target_s=3.0, itl_target_s=0.08, min_count={P: 1, D: 1}, max_count={P: 5, D: 5}, budget=6,
+    base: dict[str, object] = dict(ttft_target_s=3.0, itl_target_s=0.08, min_count={P: 1, D: 1}, max_count={P: 5, D: 5}, budget=6,  # noqa: C408
                 scale_up_cooldown_s=4, scale_down_cooldown_s=8, hysteresis=0.3, idle_threshold=0.5,
                 max_scale_step=3)
     base.update(kw)
@@ -157,3 +167,33 @@ def test_growing_decode_streams_scale_decode_before_any_answer_length_is_known()
     # 14 streams now, rising ~4 per interval: ~2x ahead, at 9 streams a piece -> at least 3 instances
     assert fc.decode_needed >= 3 and fc.numbers["forecast_streams"] > 14
     assert "streams" in fc.why("decode")
+
+
+def test_scraper_skips_an_unreachable_gateway_and_forgets_those_that_left() -> None:
+    import asyncio
+
+    import httpx
+
+    from services.planner.traffic import GatewayScraper
+
+    m = GatewayMetrics()
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        if request.url.host == "10.0.0.9":
+            raise httpx.ConnectError("refused")
+        return httpx.Response(200, text=m.render().decode())
+
+    async def run() -> None:
+        s = GatewayScraper(transport=httpx.MockTransport(handler))
+        gws = {"gw-1": "127.0.0.1:1", "gw-2": "10.0.0.9:1"}
+        assert await s.sample(gws, now=1.0) is None  # first scrape: nothing to compare with
+        for _ in range(4):
+            m.count_request("/v1/chat/completions", 200)
+            m.prompt_tokens.inc(100)
+            m.generation_tokens.inc(10)
+        got = await s.sample(gws, now=3.0)
+        assert got is not None and got.arrivals_per_s == pytest.approx(2.0) and got.prompt_tokens == 100
+        assert await s.sample({}, now=5.0) is None and s._last == {}  # the gateways left: nothing kept
+        await s.close()
+
+    asyncio.run(run())
