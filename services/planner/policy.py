@@ -12,7 +12,12 @@
     retry       a failed scale-up waits a backoff (doubling up to scale_retry_max_s), and the role does not scale
                 down meanwhile: a refused start never turns into flapping
 
-Pure: `decide(views, memory, limits, now)` returns decisions and touches nothing but `memory.learned`.
+    forecast    (throughput mode, services/planner/forecast.py) a role the traffic forecast `horizon` ahead needs
+                more instances for scales up before its target breaks (same bounds, cooldown and budget; it yields
+                the budget to a measured breach), and no role scales down below what the forecast needs
+
+Pure: `decide(views, memory, limits, now)` returns decisions and touches nothing but `memory.learned` (and
+the forecaster it is given).
 """
 
 from __future__ import annotations
@@ -21,6 +26,7 @@ import enum
 from dataclasses import dataclass, field
 
 from services.planner.estimate import Estimate, InstanceLoad, Learned, estimate_decode, estimate_prefill
+from services.planner.forecast import Capacity, Forecast, Forecaster
 from shared.cluster.bus.planner import Action
 
 
@@ -97,22 +103,52 @@ class Plan:
     loads: tuple[InstanceLoad, ...] = ()
 
 
-def _estimate(view: RoleView, mem: RoleMemory, limits: Limits) -> Estimate:
+# A forecast scale-up is less urgent than a measured breach (> 1: estimate / target, >= 1.5 with queueing): the
+# other role gives it only instances it can spare staying calm (under (1 - hysteresis) of its headroom).
+FORECAST_SEVERITY = 1.0
+
+
+@dataclass(frozen=True)
+class Outlook:
+    """The throughput mode's inputs: the forecaster (updated by the caller with the last traffic sample), how far
+    ahead to size (how long a new instance takes to serve), and the client-visible ITL of the last interval."""
+
+    forecaster: Forecaster
+    horizon_s: float
+    interval_s: float
+    client_itl_s: float | None = None
+
+
+def _estimate(view: RoleView, mem: RoleMemory, limits: Limits, client_itl_s: float | None = None) -> Estimate:
     if view.role == Role.PREFILL:
         return estimate_prefill(view.loads, view.current, mem.learned, limits.ttft_target_s)
-    return estimate_decode(view.loads, view.current, mem.learned, limits.itl_target_s, limits.hysteresis)
+    return estimate_decode(view.loads, view.current, mem.learned, limits.itl_target_s, limits.hysteresis,
+                           client_itl_s)
+
+
+def forecast_for(outlook: Outlook, memory: dict[Role, RoleMemory], limits: Limits) -> Forecast | None:
+    """Both roles' sizes for the forecast traffic, with the capacities the estimates fitted."""
+    p, d = memory[Role.PREFILL].learned, memory[Role.DECODE].learned
+    cap = Capacity(p.prefill_rate, d.itl_line, d.itl_correction)
+    return outlook.forecaster.forecast(outlook.horizon_s, outlook.interval_s, cap,
+                                       limits.itl_target_s * (1 - limits.hysteresis / 2))
 
 
 def _what(role: Role) -> str:
     return "TTFT" if role == Role.PREFILL else "ITL"
 
 
-def plan_role(view: RoleView, mem: RoleMemory, limits: Limits, now: float) -> Plan:
+def plan_role(view: RoleView, mem: RoleMemory, limits: Limits, now: float, est: Estimate | None = None,
+              forecast: Forecast | None = None) -> Plan:
     role, n = view.role, view.current
-    est = _estimate(view, mem, limits)
+    est = _estimate(view, mem, limits) if est is None else est
     target = limits.target_s(role)
     lo, hi = limits.min_count[role], limits.max_count[role]
     nums = {**est.numbers, "target_ms": target * 1e3, "instances": float(n), "ready": float(len(view.loads))}
+    ahead = forecast.needed(role) if forecast is not None else 0
+    if forecast is not None:
+        nums.update(forecast.numbers)
+        nums["forecast_needed"] = float(ahead)
 
     def plan(action: Action, to: int, reason: str, **kw: object) -> Plan:
         return Plan(role, action, n, to, reason, nums, estimate=est, loads=view.loads, **kw)  # type: ignore[arg-type]
@@ -133,12 +169,16 @@ def plan_role(view: RoleView, mem: RoleMemory, limits: Limits, now: float) -> Pl
         if now - mem.last_up < limits.scale_up_cooldown_s:
             return plan(Action.HOLD, n, f"{why}; scale-up cooldown ({now - mem.last_up:.0f} s of "
                         f"{limits.scale_up_cooldown_s:.0f} s)")
-        to = min(hi, n + limits.max_scale_step, max(n + 1, est.needed))
+        to = min(hi, n + limits.max_scale_step, max(n + 1, est.needed, ahead))
         severity = (est.now_s / target) if est.now_s is not None else 1.0
         if est.pressure:  # queueing or out of KV pages: as urgent as a breach
             severity = max(severity, 1.5)
         return plan(Action.SCALE_UP, to, f"{why}: {n} -> {to} (the load needs {est.needed})", severity=severity)
-    if n > max(lo, 1) and est.fewer_s is not None and n > est.needed:
+    if ahead > n and n < hi and now >= mem.retry_at and now - mem.last_up >= limits.scale_up_cooldown_s:
+        to = min(hi, n + limits.max_scale_step, ahead)
+        return plan(Action.SCALE_UP, to, f"{forecast.why(role)}: {n} -> {to} ahead of the load "  # type: ignore[union-attr]
+                    f"(now: {_now_text(est, role, target)})", severity=FORECAST_SEVERITY)
+    if n > max(lo, 1) and est.fewer_s is not None and n > max(est.needed, ahead):
         calm = est.calm(n - 1, target, limits.hysteresis)
         # A decode instance is "busy" whenever it holds one request: its ITL says more than its busy share.
         idle = role == Role.DECODE or est.util / (n - 1) <= limits.idle_threshold
@@ -166,6 +206,12 @@ def plan_role(view: RoleView, mem: RoleMemory, limits: Limits, now: float) -> Pl
         return plan(Action.HOLD, n, f"no {_what(role)} measurement yet")
     return plan(Action.HOLD, n, f"estimated {_what(role)} {est.now_s * 1e3:.0f} ms within target "
                 f"{target * 1e3:.0f} ms")
+
+
+def _now_text(est: Estimate, role: Role, target: float) -> str:
+    if est.now_s is None:
+        return f"no {_what(role)} measurement yet"
+    return f"estimated {_what(role)} {est.now_s * 1e3:.0f} ms, target {target * 1e3:.0f} ms"
 
 
 def _idlest(loads: tuple[InstanceLoad, ...], k: int) -> tuple[str, ...]:
@@ -203,10 +249,17 @@ def _rebalance(up: Plan, donor: Plan, limits: Limits, want: int) -> Plan | None:
                 f"ms: draining {', '.join(drain)}", donor.numbers, drain, estimate=est, loads=donor.loads)
 
 
-def decide(views: dict[Role, RoleView], memory: dict[Role, RoleMemory], limits: Limits, now: float) -> list[Plan]:
+def decide(views: dict[Role, RoleView], memory: dict[Role, RoleMemory], limits: Limits, now: float,
+           outlook: Outlook | None = None) -> list[Plan]:
     """One evaluation: a plan per role, scale-ups trimmed to the budget (the worse breach first); a scale-up the
-    budget blocks takes instances from the other role when that one can spare them."""
-    plans = {role: plan_role(view, memory[role], limits, now) for role, view in views.items()}
+    budget blocks takes instances from the other role when that one can spare them. With an outlook, the
+    forecast (sized with this evaluation's fitted capacities) scales roles up ahead of the load."""
+    itl = outlook.client_itl_s if outlook is not None else None
+    if outlook is not None and Role.DECODE in views:
+        outlook.forecaster.update_streams(float(sum(x.running + x.queued for x in views[Role.DECODE].loads)))
+    ests = {role: _estimate(view, memory[role], limits, itl) for role, view in views.items()}
+    fc = forecast_for(outlook, memory, limits) if outlook is not None and len(memory) == len(Role) else None
+    plans = {role: plan_role(view, memory[role], limits, now, ests[role], fc) for role, view in views.items()}
     # a role scaling down frees its instances for the other one in the same evaluation
     total = sum(p.target for p in plans.values())
     for p in sorted((p for p in plans.values() if p.action == Action.SCALE_UP), key=lambda p: p.severity):
