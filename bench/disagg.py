@@ -158,7 +158,22 @@ def _row(r: dict[str, Any]) -> str:
             f"{r['overhead_ms_max']:.0f} ms)  transfer {r['transfer_ms']:6.1f} ms "
             f"({100 * r['transfer_frac']:4.1f}%, {r['kv_bytes'] / 2**20:6.1f} MiB, {r['transfer_gb_s']:5.2f} GB/s)  "
             f"CPU/request {r['cpu_colocated_ms']:.0f} -> {r['cpu_disagg_ms']:.0f} ms "
-            f"({100 * r['extra_cpu_frac']:+.1f}%)")
+            f"({100 * r['extra_cpu_frac']:+.1f}%)"
+            + (f"  bench transfer {r['engine_gb_s']:.2f} GB/s, hand-off at {r['vs_engine']:.2f}x"
+               if "vs_engine" in r else ""))
+
+
+def _engine_reference(rows: list[dict[str, Any]], page_bytes: int) -> None:
+    """Adds what `bench transfer` moves the same bytes at (same pages, same backend, this run) to each row."""
+    from bench.transfer import measure
+
+    for b in sorted({r["backend"] for r in rows}):
+        mine = [r for r in rows if r["backend"] == b]
+        ref = measure([b], sorted({r["kv_bytes"] for r in mine}), page_bytes, 0, "127.0.0.1", 0)
+        gbps = {x["bytes"]: x[f"{b}_gbps"] for x in ref["rows"]}
+        for r in mine:
+            r["engine_gb_s"] = gbps[r["kv_bytes"]]
+            r["vs_engine"] = r["transfer_gb_s"] / r["engine_gb_s"]
 
 
 def _target(rows: list[dict[str, Any]], quick: bool) -> dict[str, Any] | None:
@@ -235,6 +250,7 @@ def run(ns: argparse.Namespace) -> int:
         if ok:
             shutil.rmtree(tmp, ignore_errors=True)  # on failure the service logs stay for a look
     rows = _summarize(raw, backends, lengths, page_bytes, ns.page_size)
+    _engine_reference(rows, page_bytes)
     print(f"model {ns.model}, {ns.threads} thread(s) per service, {reps} rounds, medians; overhead = TTFT_disagg - "
           "TTFT_colocated as a fraction of TTFT_colocated, transfer = prefill-reported KV write time; machine load "
           f"average {load_before:.1f} -> {load_after:.1f} on {os.cpu_count()} CPUs (TTFT differences are noise when "
