@@ -298,8 +298,9 @@ class PrefillServicer(worker_pb2_grpc.PrefillServicer):
         t_write = time.monotonic()
         try:
             # a known peer without a thread hop (a busy box delays to_thread by milliseconds)
-            peer = transfer.connected(ticket.decode_peer) or await asyncio.to_thread(transfer.connect,
-                                                                                      ticket.decode_peer)
+            peer = transfer.connected(ticket.decode_peer)
+            if not peer:
+                peer = await asyncio.to_thread(transfer.connect, ticket.decode_peer)
             handle = transfer.write_pages(peer, src_pages, job.dst, f"{ticket.request_id}:{ticket.epoch}".encode())
             svc.faults.crash_if(Fault.PREFILL_CRASH_MID_TRANSFER)
             await transfer.wait(handle, max(0.05, deadline - time.monotonic()))
