@@ -33,8 +33,11 @@ def _spec(**field: object) -> StructuredSpec:
 def engine(tiny_llama_dir: Path) -> Engine:  # noqa: F811
     from transformers import AutoTokenizer
 
+    from shared.config.groups import CacheConfig, SchedulerConfig
+
     tok = AutoTokenizer.from_pretrained(tiny_llama_dir)
-    return Engine(ModelRunner(tiny_llama_dir, num_pages=128, page_size=16), page_size=16, tokenizer=tok)
+    return Engine(ModelRunner(tiny_llama_dir, num_pages=128, page_size=16), cache=CacheConfig(page_size=16),
+                  scheduler=SchedulerConfig(), tokenizer=tok)
 
 
 @pytest.mark.parametrize("field,check", [
