@@ -24,10 +24,14 @@ from __future__ import annotations
 
 import enum
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from services.planner.estimate import Estimate, InstanceLoad, Learned, estimate_decode, estimate_prefill
 from services.planner.forecast import Capacity, Forecast, Forecaster
 from shared.cluster.bus.planner import Action
+
+if TYPE_CHECKING:
+    from shared.config.groups import PlannerConfig
 
 
 class Role(enum.StrEnum):
@@ -49,17 +53,16 @@ class Limits:
     max_scale_step: int = 2
 
     @classmethod
-    def from_config(cls, p: object) -> Limits:
+    def from_config(cls, c: PlannerConfig) -> Limits:
         """From a PlannerConfig (shared/config/groups.py)."""
-        c = p  # typed loosely: the planner service passes cfg.planner
-        mins = {Role.PREFILL: c.min_prefill, Role.DECODE: c.min_decode}  # type: ignore[attr-defined]
-        maxs = {Role.PREFILL: c.max_prefill, Role.DECODE: c.max_decode}  # type: ignore[attr-defined]
-        return cls(ttft_target_s=c.ttft_target_ms / 1e3, itl_target_s=c.itl_target_ms / 1e3,  # type: ignore[attr-defined]
-                   min_count=mins, max_count=maxs, budget=c.budget or sum(maxs.values()),  # type: ignore[attr-defined]
-                   scale_up_cooldown_s=c.scale_up_cooldown_s,  # type: ignore[attr-defined]
-                   scale_down_cooldown_s=c.scale_down_cooldown_s,  # type: ignore[attr-defined]
-                   hysteresis=c.hysteresis, idle_threshold=c.idle_threshold,  # type: ignore[attr-defined]
-                   max_scale_step=c.max_scale_step)  # type: ignore[attr-defined]
+        mins = {Role.PREFILL: c.min_prefill, Role.DECODE: c.min_decode}
+        maxs = {Role.PREFILL: c.max_prefill, Role.DECODE: c.max_decode}
+        return cls(ttft_target_s=c.ttft_target_ms / 1e3, itl_target_s=c.itl_target_ms / 1e3,
+                   min_count=mins, max_count=maxs, budget=c.budget or sum(maxs.values()),
+                   scale_up_cooldown_s=c.scale_up_cooldown_s,
+                   scale_down_cooldown_s=c.scale_down_cooldown_s,
+                   hysteresis=c.hysteresis, idle_threshold=c.idle_threshold,
+                   max_scale_step=c.max_scale_step)
 
     def target_s(self, role: Role) -> float:
         return self.ttft_target_s if role == Role.PREFILL else self.itl_target_s

@@ -18,7 +18,7 @@ import time
 import uuid
 from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 import grpc
 import msgspec
@@ -246,7 +246,8 @@ class GatewayApi(gateway_pb2_grpc.GatewayServicer):
         except ApiError as e:
             await self._fail(context, ctx, e)
         tap = _TokenTap(ctx.backend)
-        gen = Generation(tap, ctx.tokenizer, breq, skip_special_tokens=plan.skip_special_tokens,  # type: ignore[arg-type]  # Generation calls only generate()
+        gen = Generation(cast("GenerateBackend", tap), ctx.tokenizer, breq,  # Generation calls only generate()
+                         skip_special_tokens=plan.skip_special_tokens,
                          metrics=ctx.metrics, arrival=arrival)
         ctx.metrics.in_flight.inc()
         first = True
