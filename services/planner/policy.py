@@ -154,7 +154,7 @@ def plan_role(view: RoleView, mem: RoleMemory, limits: Limits, now: float, est: 
         nums["forecast_needed"] = float(ahead)
 
     def plan(action: Action, to: int, reason: str, **kw: object) -> Plan:
-        return Plan(role, action, n, to, reason, nums, estimate=est, loads=view.loads, **kw)  # type: ignore[arg-type]
+        return Plan(role, action, n, to, reason, nums, estimate=est, loads=view.loads, **kw)  # type: ignore[arg-type]  # kw: Plan fields
 
     if mem.pin is not None and now < mem.pin_until:
         return plan(Action.PINNED, mem.pin, f"pinned at {mem.pin} by a manual scale; `pdrelay planner unpin "
@@ -163,7 +163,7 @@ def plan_role(view: RoleView, mem: RoleMemory, limits: Limits, now: float, est: 
         return plan(Action.SCALE_UP, lo, f"{n} {role} instances, below --min-{role} {lo}", severity=float("inf"))
     breach = est.now_s is not None and est.now_s > target
     if breach or est.pressure:
-        why = (f"estimated {_what(role)} {est.now_s * 1e3:.0f} ms > target {target * 1e3:.0f} ms"  # type: ignore[operator]
+        why = (f"estimated {_what(role)} {est.now_s * 1e3:.0f} ms > target {target * 1e3:.0f} ms"  # type: ignore[operator]  # breach: set
                if breach else est.pressure)
         if now < mem.retry_at:
             return plan(Action.HOLD, n, f"{why}; retrying the failed scale-up in {mem.retry_at - now:.0f} s")
@@ -179,7 +179,7 @@ def plan_role(view: RoleView, mem: RoleMemory, limits: Limits, now: float, est: 
         return plan(Action.SCALE_UP, to, f"{why}: {n} -> {to} (the load needs {est.needed})", severity=severity)
     if ahead > n and n < hi and now >= mem.retry_at and now - mem.last_up >= limits.scale_up_cooldown_s:
         to = min(hi, n + limits.max_scale_step, ahead)
-        return plan(Action.SCALE_UP, to, f"{forecast.why(role)}: {n} -> {to} ahead of the load "  # type: ignore[union-attr]
+        return plan(Action.SCALE_UP, to, f"{forecast.why(role)}: {n} -> {to} ahead of the load "  # type: ignore[union-attr]  # ahead > 0: set
                     f"(now: {_now_text(est, role, target)})", severity=FORECAST_SEVERITY)
     if n > max(lo, 1) and est.fewer_s is not None and n > max(est.needed, ahead):
         calm = est.calm(n - 1, target, limits.hysteresis)
