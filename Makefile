@@ -1,10 +1,10 @@
 # Quick start: `make up` (install, prepare the bundled model, run the local cluster and answer a request)
-#              `make test` (install, run the test suite)
+#              `make test` (install, run the static checks and the test suite)
 VENV ?= .venv
 PY := $(VENV)/bin/python
 PYTEST_ARGS ?=
 
-.PHONY: install model up down status test test-fast proto bench-engine clean
+.PHONY: install model up down status lint format test test-fast proto bench-engine clean
 
 install:
 	@bash scripts/install.sh
@@ -21,7 +21,15 @@ down:
 status:
 	@$(VENV)/bin/pdrelay status
 
-test: install
+# ruff (lint + format), mypy, import-linter's contracts and deptry; settings in pyproject.toml.
+lint: install
+	@bash scripts/lint.sh
+
+# Applies ruff's safe fixes (import order, modern annotations) and its formatter: what `make lint` then expects.
+format: install
+	@$(VENV)/bin/ruff check --fix --quiet . ; $(VENV)/bin/ruff format --quiet .
+
+test: install lint
 	@bash scripts/test.sh $(PYTEST_ARGS)
 
 # Skip the tests marked slow (bundled model, real clusters): a quick loop while editing.
@@ -35,4 +43,4 @@ bench-engine: model
 	@$(VENV)/bin/pdrelay bench engine
 
 clean:
-	rm -rf $(VENV) .run .pytest_cache
+	rm -rf $(VENV) .run .pytest_cache .mypy_cache .ruff_cache

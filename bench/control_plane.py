@@ -7,7 +7,7 @@ on free loopback ports; the echo service and a bare gRPC server as child process
 ours / raw, so the overhead of each layer reads directly:
 
     discovery propagation   Registrar.update -> Membership event   vs  kv.put -> raw watch event   (latency)
-    bus fan-out             Bus.publish(KVEvent) -> 4 typed subs   vs  nc.publish(bytes) -> 4 subs (msgs/s)
+    bus fan-out             Bus.publish(KVEventBatch) -> 4 typed subs   vs  nc.publish(bytes) -> 4 subs (msgs/s)
     bus request/reply       Bus.request/serve (typed), serial      vs  nc.request/respond           (req/s)
     gRPC unary              echo service Tokenize (drain gate,...) vs  bare grpc.aio server          (req/s)
     gRPC stream             echo service Decode.Generate           vs  bare server-streaming method  (msgs/s)
@@ -33,7 +33,7 @@ import nats
 
 from proto.pdrelay.v1 import common_pb2, gateway_pb2, gateway_pb2_grpc, worker_pb2, worker_pb2_grpc
 from shared.cluster.bus.client import Bus
-from shared.cluster.bus.kv_events import KVEvent, KVOp, KVOpKind
+from shared.cluster.bus.kv_events import KVEventBatch, KVOp, KVOpKind
 from shared.cluster.bus.scale import ScaleReply, ScaleRequest
 from shared.cluster.etcd import connect_etcd
 from shared.cluster.handshake import parse_ready_line
@@ -107,13 +107,13 @@ async def _fanout_ours(nats_url: str, n: int) -> float:
     subs = [await Bus(nats_url, name=f"bench-sub-{i}").connect() for i in range(FANOUT_SUBSCRIBERS)]
     subject, total, count, done = "pdrelay.bench.kv.p-1", n * FANOUT_SUBSCRIBERS, [0], asyncio.Event()
 
-    def on_msg(event: KVEvent, meta: object) -> None:
+    def on_msg(event: KVEventBatch, meta: object) -> None:
         count[0] += 1
         if count[0] == total:
             done.set()
 
     for s in subs:
-        await s.subscribe(subject, KVEvent, on_msg)
+        await s.subscribe(subject, KVEventBatch, on_msg)
     await asyncio.sleep(0.1)  # the SUBs reach the server before the first publish
     t0 = time.perf_counter()
     for _ in range(n):
@@ -183,7 +183,7 @@ async def _request_reply_raw(nats_url: str, n: int) -> float:
     return rate
 
 
-_EVENT = KVEvent(instance_id="p-1", epoch=1, seq=1, page_size=16,
+_EVENT = KVEventBatch(instance_id="p-1", epoch=1, seq=1, page_size=16,
                  ops=(KVOp(KVOpKind.STORED, tuple(range(2**40, 2**40 + 8))),))
 
 
@@ -283,7 +283,7 @@ async def run_all(n: int, etcd_url: str, nats_url: str, rounds: int = 2) -> list
                                lambda: _request_reply_raw(nats_url, n * 5))
     rows.append(Row("bus request/reply, serial", "req/s", ours, raw, "higher"))
     echo, echo_addr = await asyncio.to_thread(_spawn, [
-        sys.executable, "-m", "shared.cluster.testing", "--etcd-endpoints", etcd_url, "--nats-url", nats_url,
+        sys.executable, "-m", "services.echo", "--etcd-endpoints", etcd_url, "--nats-url", nats_url,
         "--cluster", "bench", "--instance-id", "echo-bench", "--log-level", "warning"])
     rawp, raw_addr = await asyncio.to_thread(_spawn, [sys.executable, "-m", "bench.control_plane",
                                                       "--serve-raw-grpc"])

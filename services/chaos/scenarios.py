@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     from services.chaos.cluster import LiveCluster
+    from shared.cluster.localcluster.rundir import ChildState
 
 
 class Scenario(enum.StrEnum):
@@ -70,7 +71,7 @@ class NotApplicable(Exception):
     """The scenario cannot run on this cluster (no such role, an external etcd, ...)."""
 
 
-def _first(cluster: LiveCluster, role: str):  # type: ignore[no-untyped-def]  # -> ChildState
+def _first(cluster: LiveCluster, role: str) -> ChildState:
     live = sorted((c for c in cluster.children(role) if c.state == "ready"), key=lambda c: c.instance_id)
     if not live:
         raise NotApplicable(f"no ready {role} instance")

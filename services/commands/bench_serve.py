@@ -1,5 +1,5 @@
 """`pdrelay bench serve`: TTFT/TPOT/ITL/E2E, throughput and goodput against an OpenAI-compatible endpoint
-(bench/serve.py), optionally side by side with a second endpoint or against the gateway over mock workers."""
+(bench/serve/main.py), optionally side by side with a second endpoint or against the gateway over mock workers."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import sys
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
-    from bench.serve import add_arguments
+    from bench.serve.main import add_arguments
 
     p = sub.add_parser(
         "serve",
@@ -28,6 +28,6 @@ def run(ns: argparse.Namespace, extra: list[str]) -> int:
     if extra:
         print(f"pdrelay bench serve: unknown arguments: {' '.join(extra)}", file=sys.stderr)
         return 2
-    from bench.serve import run as run_bench
+    from bench.serve.main import run as run_bench
 
     return run_bench(ns)

@@ -24,7 +24,7 @@ def run(ns: argparse.Namespace, extra: list[str]) -> int:
     if extra:
         print(f"pdrelay model prepare: unknown arguments: {' '.join(extra)}", file=sys.stderr)
         return 2
-    from shared.engine.bundled import resolve_model_path
+    from shared.modelspec.bundled import resolve_model_path
 
     try:
         path = resolve_model_path(ns.model, ns.model_cache_dir)

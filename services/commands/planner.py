@@ -57,7 +57,7 @@ def run(ns: argparse.Namespace, extra: list[str]) -> int:
             return 1
         url, cluster = state.nats_url, state.cluster
 
-    def show(d) -> None:  # type: ignore[no-untyped-def]
+    def show(d) -> None:
         print(msgspec.json.encode(d).decode() if ns.json else format_decision(d), flush=True)
 
     async def go() -> int:

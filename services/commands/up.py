@@ -8,7 +8,6 @@ Flags it does not know (e.g. `--page-size 32`, `--model DIR`, `--port 8080`) go 
 from __future__ import annotations
 
 import argparse
-import shlex
 import sys
 from pathlib import Path
 
@@ -101,20 +100,10 @@ def _options(ns: argparse.Namespace, extra: list[str]):  # -> UpOptions
 
 
 def parse_role_flags(items: list[str]) -> dict[str, tuple[str, ...]]:
-    """['prefill=--num-pages 160', 'prefill=--page-size 32'] -> {'prefill': ('--num-pages', '160', '--page-size',
-    '32')}; ValueError naming a malformed item or an unknown role."""
-    out: dict[str, tuple[str, ...]] = {}
-    for item in items:
-        role, eq, flags = item.partition("=")
-        role = role.strip()
-        if not eq or role not in DEFAULT_COUNTS:
-            raise ValueError(f"--role-flags {item!r}: write ROLE=FLAGS with ROLE one of {', '.join(DEFAULT_COUNTS)}, "
-                             "e.g. --role-flags 'prefill=--num-pages 160'")
-        words = shlex.split(flags)
-        if not words or not words[0].startswith("--"):
-            raise ValueError(f"--role-flags {item!r}: FLAGS must start with a --flag")
-        out[role] = out.get(role, ()) + tuple(words)
-    return out
+    """--role-flags items -> extra flags per role (see plan.parse_role_flags), roles named in DEFAULT_COUNTS order."""
+    from shared.cluster.localcluster.plan import parse_role_flags as parse
+
+    return parse(items, tuple(DEFAULT_COUNTS))
 
 
 def run(ns: argparse.Namespace, extra: list[str]) -> int:

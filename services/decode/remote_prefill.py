@@ -13,50 +13,83 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import AsyncIterator, Sequence
-from typing import TYPE_CHECKING
+from collections.abc import AsyncIterator, Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
 
 import grpc
 
 from proto.pdrelay.v1 import common_pb2, worker_pb2, worker_pb2_grpc
+from shared.config.choices import Fault
 from shared.cluster.grpc_errors import error_from_rpc
-from shared.cluster.tls import open_channel
+from shared.cluster.membership import Membership
+from shared.cluster.tls import TlsFiles, open_channel
+from shared.config.groups import DisaggConfig
+from shared.engine.async_engine import AsyncEngine
 from shared.engine.errors import InvalidRequest
-from shared.engine.request import MediaInput, RequestOutput
+from shared.engine.request import MediaInput, RequestOutput, TokenLogprobs
+from shared.engine.scheduler.handoff_pages import Reservation
 from shared.engine.sampling_params import SamplingParams
 from shared.serving.convert import layout_to_pb, logprob_from_pb, sampling_to_pb
 from shared.serving.decode_servicer import HandoffFailed
 from services.decode.admission import AdmissionQueue
 from services.decode.liveness import PeerWatch, PrefillSilent
 from services.decode.prefill_choice import PrefillChoice, is_refusal, is_sick
+from shared.serving.faults import Faults
 from shared.serving.handoff import COMPUTED_KEY, EpochClock, accept_response, pages_needed
+from shared.serving.kv_transfer import KVTransfer
 from shared.telemetry import spans
 from shared.telemetry.metrics import CountersCollector, error_label
+from shared.telemetry.service import ServiceTelemetry
 from shared.telemetry.tracing import SpanKind, add_event, current_span, inject, set_error
-
-if TYPE_CHECKING:
-    from services.decode.service import DecodeService
 
 log = logging.getLogger(__name__)
 
 PREFILL_METHOD = "/pdrelay.v1.Prefill/Prefill"
 
 
+@dataclass
+class _Failure:
+    """The last failed attempt of a hand-off (what the final error reports)."""
+
+    code: int = common_pb2.ERROR_CODE_UNAVAILABLE
+    message: str = "no prefill instance is ready"
+
+
+@dataclass(frozen=True)
+class _Delivered:
+    """A verified hand-off: the prompt KV is in decode's pages; what activating the request needs."""
+
+    resp: worker_pb2.PrefillResponse
+    first_logprob: TokenLogprobs | None
+    prompt_logprobs: tuple[TokenLogprobs, ...]
+
+
 class RemotePrefillClient:
-    def __init__(self, svc: DecodeService) -> None:
-        self.svc = svc
+    """Decode's hand-off client. Built with the service (its servicer and load reports use it at once); the engine,
+    the transfer engine and the prefill membership exist only after warm-up and are handed over by attach()."""
+
+    def __init__(self, *, instance_id: str, disagg: DisaggConfig, admission: AdmissionQueue,
+                 telemetry: ServiceTelemetry, faults: Faults) -> None:
+        self.instance_id = instance_id
+        self.disagg = disagg
+        self.admission = admission
+        self.telemetry = telemetry
+        self.faults = faults
         self.epochs = EpochClock()
         self._channels: dict[str, grpc.aio.Channel] = {}
-        d = svc.cfg.disagg
-        self.choice = PrefillChoice(max_timeout_s=d.handoff_timeout_s, min_timeout_s=d.handoff_min_timeout_s)
-        self.admission = AdmissionQueue(svc.cfg.scheduler.max_queued_requests,
-                                        max_wait_s=svc.cfg.scheduler.max_queue_wait_s)
+        self.choice = PrefillChoice(max_timeout_s=disagg.handoff_timeout_s, min_timeout_s=disagg.handoff_min_timeout_s)
         self.watch = PeerWatch(self._channel)
+        self.aengine: AsyncEngine | None = None
+        self.transfer: KVTransfer | None = None
+        self.prefills: Membership | None = None
+        self.tls: TlsFiles | None = None
+        self._instance_epoch: Callable[[], int] = lambda: 0
         self.stale_targets = 0  # gateway choices refused for an older epoch than etcd's
         self.handoffs_ok = 0
         self.handoffs_failed = 0
         self.retries = 0
-        svc.telemetry.metrics.registry.register(CountersCollector(self, [
+        telemetry.metrics.registry.register(CountersCollector(self, [
             ("pdrelay:handoffs", "KV hand-offs that delivered a request's prompt KV", "handoffs_ok"),
             ("pdrelay:handoffs_failed", "KV hand-off attempts that failed (each retried or reported)",
              "handoffs_failed"),
@@ -66,12 +99,19 @@ class RemotePrefillClient:
             ("pdrelay:admission_refused", "Requests refused because the waiting queue was full",
              "admission_refused")]))
 
+    def attach(self, *, aengine: AsyncEngine, transfer: KVTransfer, prefills: Membership, tls: TlsFiles | None,
+               instance_epoch: Callable[[], int]) -> None:
+        """What exists once the service warmed up: its engine, transfer engine over the KV pool, the prefill
+        membership, the cluster's TLS identity and its registration epoch (a new one after a lost lease)."""
+        self.aengine, self.transfer, self.prefills, self.tls = aengine, transfer, prefills, tls
+        self._instance_epoch = instance_epoch
+
     @property
     def admission_refused(self) -> int:
         return self.admission.refused
 
     def wants(self, request: worker_pb2.DecodeRequest) -> bool:
-        threshold = self.svc.cfg.disagg.local_prefill_threshold
+        threshold = self.disagg.local_prefill_threshold
         if threshold and len(request.prompt_token_ids) < threshold:
             return False  # short prompt: computing it here costs less than a hand-off
         # No prefill target: the gateway chose local prefill here (e.g. no prefill instance was ready).
@@ -87,7 +127,7 @@ class RemotePrefillClient:
         gateway saw it (the old incarnation is gone); its current incarnation is used when ready, else none."""
         if not target.grpc_address:
             return None
-        members = self.svc.prefills
+        members = self.prefills
         if members is None or not target.epoch:
             return target.instance_id, target.grpc_address
         current = next((m for m in members.instances("prefill") if m.instance_id == target.instance_id), None)
@@ -95,12 +135,12 @@ class RemotePrefillClient:
             return target.instance_id, target.grpc_address  # our view may lag the gateway's: trust it
         self.stale_targets += 1
         log.warning("%s: prefill %s epoch %d chosen by the gateway is stale (etcd has epoch %d); refused",
-                    self.svc.instance_id, target.instance_id, target.epoch, current.epoch)
+                    self.instance_id, target.instance_id, target.epoch, current.epoch)
         ready = {m.instance_id for m in members.ready("prefill")}
         return (current.instance_id, current.grpc_address) if current.instance_id in ready else None
 
     def _alternates(self, exclude: str) -> list[tuple[str, str]]:
-        members = self.svc.prefills
+        members = self.prefills
         if members is None:
             return []
         return [(m.instance_id, m.grpc_address) for m in members.ready("prefill") if m.instance_id != exclude]
@@ -108,7 +148,7 @@ class RemotePrefillClient:
     def _channel(self, address: str) -> grpc.aio.Channel:
         ch = self._channels.get(address)
         if ch is None:
-            ch = self._channels[address] = open_channel(address, self.svc.tls)
+            ch = self._channels[address] = open_channel(address, self.tls)
         return ch
 
     def _stub(self, address: str) -> worker_pb2_grpc.PrefillStub:
@@ -125,7 +165,7 @@ class RemotePrefillClient:
             PREFILL_METHOD, request_serializer=worker_pb2.HandoffTicket.SerializeToString,
             response_deserializer=worker_pb2.PrefillResponse.FromString)(ticket, timeout=timeout_s)
         loop = asyncio.get_running_loop()
-        write_s = self.svc.cfg.disagg.handoff_min_timeout_s
+        write_s = self.disagg.handoff_min_timeout_s
         async with self.watch.watching(address) as dead:
             resp_task = asyncio.ensure_future(call.read())
             dead_task = asyncio.ensure_future(dead.wait())
@@ -133,7 +173,7 @@ class RemotePrefillClient:
             write_by: float | None = None
             try:
                 while True:
-                    waiting: set[asyncio.Future] = {resp_task, dead_task}  # type: ignore[type-arg]
+                    waiting: set[asyncio.Future[Any]] = {resp_task, dead_task}
                     if write_by is None and not md_task.done():
                         waiting.add(md_task)
                     left = None if write_by is None else max(0.0, write_by - loop.time())
@@ -169,134 +209,182 @@ class RemotePrefillClient:
 
     async def run(self, request: worker_pb2.DecodeRequest, rid: str, params: SamplingParams,
                   head: worker_pb2.DecodeResponse) -> AsyncIterator[RequestOutput]:
-        svc = self.svc
-        aengine, transfer = svc.aengine, svc.transfer
-        assert aengine is not None and transfer is not None
+        """Hand the prompt to a prefill (retrying on others), then stream the request's deltas from the batch."""
+        aengine = self.aengine
+        assert aengine is not None and self.transfer is not None, "run() before attach()"
         engine = aengine.engine
         prompt = list(request.prompt_token_ids)
         if pages_needed(len(prompt), engine.page_size) > engine.runner.num_pages:
-            raise InvalidRequest(f"a {len(prompt)}-token prompt needs more KV pages than {svc.instance_id} has "
+            raise InvalidRequest(f"a {len(prompt)}-token prompt needs more KV pages than {self.instance_id} has "
                                  f"({engine.runner.num_pages} of {engine.page_size} tokens)")
-        targets: list[tuple[str, str]] = []
-        first = self._first_target(request.prefill)
-        if first is not None:
-            targets.append(first)
-        targets += [t for t in self._alternates(request.prefill.instance_id) if t not in targets]
-        targets = self.choice.order(targets)[: 1 + svc.cfg.disagg.handoff_retries]
-        tr = svc.telemetry.tracing
+        targets = self._targets(request.prefill)
         t0 = time.monotonic()
-        last_error = "no prefill instance is ready"
-        last_code = common_pb2.ERROR_CODE_UNAVAILABLE
+        failure = _Failure()
         for attempt, (target_id, address) in enumerate(targets):
             if attempt:
                 self.retries += 1
                 add_event(current_span(), spans.EVENT_RETRY, {
-                    spans.ATTEMPT: attempt, spans.PREFILL_INSTANCE: target_id, spans.ERROR_CODE: error_label(last_code),
-                    "pdrelay.error.message": last_error})
-            t_admit = time.monotonic()
-            try:
-                res = await self.admission.admit(
-                    lambda: aengine.call(lambda: engine.reserve_remote(rid, prompt, params, request.priority,
-                                                                       media_spans(request.media))))
-            except asyncio.CancelledError:
-                aengine.abort(rid)  # queued after the reservation: undoes it if it was made before we left
-                raise
-            if not attempt:
-                head.timings.queue_s = time.monotonic() - t_admit
-            t_slot = time.monotonic()
-            tr.record(spans.DECODE_ADMIT, t_admit, time.monotonic(),
-                      {spans.PAGES: len(res.page_ids), spans.SKIP_TOKENS: res.skip_tokens})
-            epoch = self.epochs.next(svc.epoch)
-            computed = len(prompt) - res.skip_tokens
-            handoff_try = self.choice.attempt(target_id, computed)
-            timeout_s = handoff_try.deadline_s
-            ticket = worker_pb2.HandoffTicket(
-                request_id=request.request_id, epoch=epoch, decode_instance_id=svc.instance_id,
-                decode_instance_epoch=svc.epoch, decode_peer=transfer.peer_pb(),
-                pages=transfer.descriptors(res.page_ids[res.skip_tokens // engine.page_size:]),
-                layout=layout_to_pb(engine.runner.layout), prompt_token_ids=prompt,
-                skip_tokens=res.skip_tokens, sampling=sampling_to_pb(params), trace=request.trace,
-                deadline_s=timeout_s, attempt=request.attempt, media=request.media)
-            handoff = tr.start_span(spans.DECODE_HANDOFF, kind=SpanKind.CLIENT, attributes={
-                spans.PREFILL_INSTANCE: target_id, spans.HANDOFF_EPOCH: epoch, spans.ATTEMPT: attempt,
-                spans.SERVER_ADDRESS: address, spans.RPC_SYSTEM: "grpc",
-                spans.RPC_METHOD: "pdrelay.v1.Prefill/Prefill"})
-            inject(handoff, ticket.trace)  # prefill's spans are children of this call
-            transfer.begin_receive()
-            activated = False
-            refused = False  # the prefill answered that it wrote nothing: no quarantine
-            sick = False  # the attempt failed in a way that counts against the prefill's breaker
-            silent = False  # the prefill stopped answering health probes: its breaker opens at once
-            t_call = time.monotonic()
-            try:
-                resp = await self._await_handoff(address, target_id, ticket, timeout_s)
-                tr.end(handoff)
-                why = accept_response(resp, request.request_id, epoch)
-                if why is not None:
-                    raise HandoffFailed(why, common_pb2.ERROR_CODE_STALE_EPOCH)
-                written = list(res.page_ids[res.skip_tokens // engine.page_size:])
-                t_verify = time.monotonic()
-                mine = await asyncio.to_thread(transfer.checksum, written)
-                tr.record(spans.DECODE_VERIFY, t_verify, time.monotonic(),
-                          {spans.PAGES: len(written), "pdrelay.checksum.ok": mine == resp.checksum})
-                if mine != resp.checksum:
-                    raise HandoffFailed(f"checksum of the {len(written)} pages received from {target_id} is "
-                                        f"{mine:#x}, prefill wrote {resp.checksum:#x}",
-                                        common_pb2.ERROR_CODE_CHECKSUM_MISMATCH)
-                lp = logprob_from_pb(resp.first_logprob) if resp.HasField("first_logprob") else None
-                plps = tuple(logprob_from_pb(x) for x in resp.prompt_logprobs)
-                activated = True
-            except grpc.aio.AioRpcError as e:
-                err = error_from_rpc(e)
-                last_code = err.code if err is not None else common_pb2.ERROR_CODE_UNAVAILABLE
-                refused, sick = is_refusal(last_code, err is not None), is_sick(last_code, err is not None)
-                if e.code() == grpc.StatusCode.DEADLINE_EXCEEDED:
-                    last_code = common_pb2.ERROR_CODE_TIMEOUT
-                last_error = (f"prefill {target_id} at {address}: {err.message if err else e.details()}"
-                              + (f" (hand-off deadline {timeout_s:.1f} s)" if last_code == common_pb2.ERROR_CODE_TIMEOUT
-                                 else ""))
-                set_error(handoff, last_error, {spans.ERROR_CODE: error_label(last_code)})
-                if last_code == common_pb2.ERROR_CODE_INVALID_ARGUMENT:
-                    await aengine.call(lambda: engine.cancel_remote(rid, 0.0))
-                    raise InvalidRequest(last_error) from None
-            except HandoffFailed as e:
-                last_code, last_error, sick = e.code, f"prefill {target_id}: {e}", True
-                silent = isinstance(e, PrefillSilent)
-            finally:
-                tr.end(handoff)  # when the call failed (no-op when it already ended)
-                transfer.end_receive()
-                self.choice.done(handoff_try, time.monotonic() - t_call, ok=activated, sick=sick, silent=silent)
-                if not activated:
-                    # The prefill may still be writing (timeout, cancellation): quarantine, do not reuse yet. One
-                    # that refused the ticket wrote nothing: its pages are free at once.
-                    quarantine_s = 0.0 if refused else timeout_s + 1.0
-                    await asyncio.shield(aengine.call(lambda: engine.cancel_remote(rid, quarantine_s)))
-                    self.admission.freed()
-            if activated:
+                    spans.ATTEMPT: attempt, spans.PREFILL_INSTANCE: target_id,
+                    spans.ERROR_CODE: error_label(failure.code), "pdrelay.error.message": failure.message})
+            res, t_slot = await self._reserve(request, rid, prompt, params, head if not attempt else None)
+            delivered = await self._hand_off(request, rid, prompt, params, res, target_id, address, attempt, failure)
+            if delivered is not None:
                 self.handoffs_ok += 1
                 head.timings.prefill_s = time.monotonic() - t0
-                head.timings.transfer_s = resp.timings.transfer_s
-                head.prefill_instance_id = resp.prefill_instance_id or target_id
-                first_token = resp.first_token_id
-                n = 0
-                t_activate = time.monotonic()
-                try:
-                    async for out in aengine.stream(rid, lambda: engine.activate_remote(rid, first_token, lp, plps),
-                                                    n=params.n):
-                        if not n:
-                            tr.record(spans.DECODE_FIRST_TOKEN, t_activate, time.monotonic())
-                        yield out
-                        n += 1
-                        if n == 2:
-                            svc.faults.crash_if("decode_crash_mid_stream")
-                finally:
-                    # its slot and pages: the next waiting request may fit now (and how long it held them)
-                    self.admission.freed(time.monotonic() - t_slot)
+                head.timings.transfer_s = delivered.resp.timings.transfer_s
+                head.prefill_instance_id = delivered.resp.prefill_instance_id or target_id
+                async for out in self._decode(rid, params, delivered, t_slot):
+                    yield out
                 return
             self.handoffs_failed += 1
-            log.warning("%s: hand-off of %s failed (attempt %d): %s", svc.instance_id, rid, attempt + 1, last_error)
+            log.warning("%s: hand-off of %s failed (attempt %d): %s", self.instance_id, rid, attempt + 1,
+                        failure.message)
         raise HandoffFailed(f"prompt KV of {request.request_id} not obtained after {len(targets)} attempt(s): "
-                            f"{last_error}", last_code)
+                            f"{failure.message}", failure.code)
+
+    def _targets(self, target: worker_pb2.PrefillTarget) -> list[tuple[str, str]]:
+        """Prefills to try, in order: the gateway's choice (fenced by epoch), then the other ready ones, ordered by
+        their breakers and rates, at most 1 + --handoff-retries of them."""
+        targets: list[tuple[str, str]] = []
+        first = self._first_target(target)
+        if first is not None:
+            targets.append(first)
+        targets += [t for t in self._alternates(target.instance_id) if t not in targets]
+        return self.choice.order(targets)[: 1 + self.disagg.handoff_retries]
+
+    async def _reserve(self, request: worker_pb2.DecodeRequest, rid: str, prompt: list[int], params: SamplingParams,
+                       head: worker_pb2.DecodeResponse | None) -> tuple[Reservation, float]:
+        """Wait for a slot and reserve the prompt's pages; (the reservation, when the slot was obtained). head: the
+        first attempt's, which reports the time spent queued."""
+        aengine = self.aengine
+        assert aengine is not None
+        engine = aengine.engine
+        t_admit = time.monotonic()
+        try:
+            res = await self.admission.admit(
+                lambda: aengine.call(lambda: engine.reserve_remote(rid, prompt, params, request.priority,
+                                                                   media_spans(request.media))))
+        except asyncio.CancelledError:
+            aengine.abort(rid)  # queued after the reservation: undoes it if it was made before we left
+            raise
+        if head is not None:
+            head.timings.queue_s = time.monotonic() - t_admit
+        t_slot = time.monotonic()
+        self.telemetry.tracing.record(spans.DECODE_ADMIT, t_admit, time.monotonic(),
+                                      {spans.PAGES: len(res.page_ids), spans.SKIP_TOKENS: res.skip_tokens})
+        return res, t_slot
+
+    def _ticket(self, request: worker_pb2.DecodeRequest, prompt: list[int], params: SamplingParams, res: Reservation,
+                epoch: int, deadline_s: float) -> worker_pb2.HandoffTicket:
+        """What the prefill needs: the prompt, where to write (our pages past the cached prefix) and how."""
+        assert self.aengine is not None and self.transfer is not None
+        engine, transfer = self.aengine.engine, self.transfer
+        return worker_pb2.HandoffTicket(
+            request_id=request.request_id, epoch=epoch, decode_instance_id=self.instance_id,
+            decode_instance_epoch=self._instance_epoch(), decode_peer=transfer.peer_pb(),
+            pages=transfer.descriptors(res.page_ids[res.skip_tokens // engine.page_size:]),
+            layout=layout_to_pb(engine.runner.layout), prompt_token_ids=prompt,
+            skip_tokens=res.skip_tokens, sampling=sampling_to_pb(params), trace=request.trace,
+            deadline_s=deadline_s, attempt=request.attempt, media=request.media)
+
+    async def _hand_off(self, request: worker_pb2.DecodeRequest, rid: str, prompt: list[int], params: SamplingParams,
+                        res: Reservation, target_id: str, address: str, attempt: int,
+                        failure: _Failure) -> _Delivered | None:
+        """One attempt: ticket the prefill, wait for its answer, verify what it wrote. None when it failed (failure
+        says why; the pages are quarantined or freed); InvalidRequest when the prefill refused the request as
+        invalid (no other prefill would take it)."""
+        aengine, transfer = self.aengine, self.transfer
+        assert aengine is not None and transfer is not None
+        engine = aengine.engine
+        tr = self.telemetry.tracing
+        epoch = self.epochs.next(self._instance_epoch())
+        handoff_try = self.choice.attempt(target_id, len(prompt) - res.skip_tokens)
+        timeout_s = handoff_try.deadline_s
+        ticket = self._ticket(request, prompt, params, res, epoch, timeout_s)
+        handoff = tr.start_span(spans.DECODE_HANDOFF, kind=SpanKind.CLIENT, attributes={
+            spans.PREFILL_INSTANCE: target_id, spans.HANDOFF_EPOCH: epoch, spans.ATTEMPT: attempt,
+            spans.SERVER_ADDRESS: address, spans.RPC_SYSTEM: "grpc",
+            spans.RPC_METHOD: "pdrelay.v1.Prefill/Prefill"})
+        inject(handoff, ticket.trace)  # prefill's spans are children of this call
+        transfer.begin_receive()
+        delivered: _Delivered | None = None
+        refused = False  # the prefill answered that it wrote nothing: no quarantine
+        sick = False  # the attempt failed in a way that counts against the prefill's breaker
+        silent = False  # the prefill stopped answering health probes: its breaker opens at once
+        t_call = time.monotonic()
+        try:
+            resp = await self._await_handoff(address, target_id, ticket, timeout_s)
+            tr.end(handoff)
+            await self._verify(resp, request.request_id, epoch, res, target_id)
+            lp = logprob_from_pb(resp.first_logprob) if resp.HasField("first_logprob") else None
+            delivered = _Delivered(resp, lp, tuple(logprob_from_pb(x) for x in resp.prompt_logprobs))
+        except grpc.aio.AioRpcError as e:
+            err = error_from_rpc(e)
+            failure.code = err.code if err is not None else common_pb2.ERROR_CODE_UNAVAILABLE
+            refused, sick = is_refusal(failure.code, err is not None), is_sick(failure.code, err is not None)
+            if e.code() == grpc.StatusCode.DEADLINE_EXCEEDED:
+                failure.code = common_pb2.ERROR_CODE_TIMEOUT
+            failure.message = (f"prefill {target_id} at {address}: {err.message if err else e.details()}"
+                               + (f" (hand-off deadline {timeout_s:.1f} s)"
+                                  if failure.code == common_pb2.ERROR_CODE_TIMEOUT else ""))
+            set_error(handoff, failure.message, {spans.ERROR_CODE: error_label(failure.code)})
+            if failure.code == common_pb2.ERROR_CODE_INVALID_ARGUMENT:
+                await aengine.call(lambda: engine.cancel_remote(rid, 0.0))
+                raise InvalidRequest(failure.message) from None
+        except HandoffFailed as e:
+            failure.code, failure.message, sick = e.code, f"prefill {target_id}: {e}", True
+            silent = isinstance(e, PrefillSilent)
+        finally:
+            tr.end(handoff)  # when the call failed (no-op when it already ended)
+            transfer.end_receive()
+            ok = delivered is not None
+            self.choice.done(handoff_try, time.monotonic() - t_call, ok=ok, sick=sick, silent=silent)
+            if not ok:
+                # The prefill may still be writing (timeout, cancellation): quarantine, do not reuse yet. One
+                # that refused the ticket wrote nothing: its pages are free at once.
+                quarantine_s = 0.0 if refused else timeout_s + 1.0
+                await asyncio.shield(aengine.call(lambda: engine.cancel_remote(rid, quarantine_s)))
+                self.admission.freed()
+        return delivered
+
+    async def _verify(self, resp: worker_pb2.PrefillResponse, request_id: str, epoch: int, res: Reservation,
+                      target_id: str) -> None:
+        """The answer is this attempt's, and the pages hold what the prefill says it wrote (HandoffFailed if not)."""
+        assert self.aengine is not None and self.transfer is not None
+        why = accept_response(resp, request_id, epoch)
+        if why is not None:
+            raise HandoffFailed(why, common_pb2.ERROR_CODE_STALE_EPOCH)
+        written = list(res.page_ids[res.skip_tokens // self.aengine.engine.page_size:])
+        t_verify = time.monotonic()
+        mine = await asyncio.to_thread(self.transfer.checksum, written)
+        self.telemetry.tracing.record(spans.DECODE_VERIFY, t_verify, time.monotonic(),
+                                      {spans.PAGES: len(written), "pdrelay.checksum.ok": mine == resp.checksum})
+        if mine != resp.checksum:
+            raise HandoffFailed(f"checksum of the {len(written)} pages received from {target_id} is "
+                                f"{mine:#x}, prefill wrote {resp.checksum:#x}",
+                                common_pb2.ERROR_CODE_CHECKSUM_MISMATCH)
+
+    async def _decode(self, rid: str, params: SamplingParams, delivered: _Delivered,
+                      t_slot: float) -> AsyncIterator[RequestOutput]:
+        """Activate the request with its first token and stream its deltas from the running batch."""
+        aengine = self.aengine
+        assert aengine is not None
+        engine = aengine.engine
+        first_token, lp, plps = delivered.resp.first_token_id, delivered.first_logprob, delivered.prompt_logprobs
+        n = 0
+        t_activate = time.monotonic()
+        try:
+            async for out in aengine.stream(rid, lambda: engine.activate_remote(rid, first_token, lp, plps),
+                                            n=params.n):
+                if not n:
+                    self.telemetry.tracing.record(spans.DECODE_FIRST_TOKEN, t_activate, time.monotonic())
+                yield out
+                n += 1
+                if n == 2:
+                    self.faults.crash_if(Fault.DECODE_CRASH_MID_STREAM)
+        finally:
+            # its slot and pages: the next waiting request may fit now (and how long it held them)
+            self.admission.freed(time.monotonic() - t_slot)
 
 
 def media_spans(media: Sequence[common_pb2.MediaInput]) -> list[MediaInput]:

@@ -11,9 +11,11 @@ import grpc
 import msgspec
 
 from proto.pdrelay.v1 import worker_pb2_grpc
+from services.decode.admission import AdmissionQueue
 from services.decode.remote_prefill import RemotePrefillClient
 from shared.cluster.bus.load import LoadSnapshot
 from shared.cluster.membership import Membership
+from shared.config.roles import Role
 from shared.serving.decode_servicer import DecodeServicer
 from shared.serving.engine_service import EngineService
 from shared.serving.faults import Faults
@@ -22,15 +24,18 @@ from shared.serving.kvstore_client import KVStoreClient, attach_kvstore
 
 
 class DecodeService(EngineService):
-    role = "decode"
+    role = Role.DECODE
 
     def __init__(self, *args: Any, **kw: Any) -> None:
         super().__init__(*args, **kw)
         self.transfer: KVTransfer | None = None
         self.kvstore: KVStoreClient | None = None
         self.prefills: Membership | None = None
-        self.remote = RemotePrefillClient(self)
         self.faults = Faults(self.cfg.disagg.fault_injection, self.instance_id)
+        sched = self.cfg.scheduler
+        self.remote = RemotePrefillClient(
+            instance_id=self.instance_id, disagg=self.cfg.disagg, telemetry=self.telemetry, faults=self.faults,
+            admission=AdmissionQueue(sched.max_queued_requests, max_wait_s=sched.max_queue_wait_s))
 
     def add_servicers(self, server: grpc.aio.Server) -> Sequence[str]:
         worker_pb2_grpc.add_DecodeServicer_to_server(DecodeServicer(self, self.remote), server)
@@ -45,6 +50,9 @@ class DecodeService(EngineService):
         self.kvstore = await attach_kvstore(self, self.transfer)
         self.prefills = Membership(self.etcd, self.cluster, "prefill")
         await self.prefills.start()
+        assert self.aengine is not None
+        self.remote.attach(aengine=self.aengine, transfer=self.transfer, prefills=self.prefills, tls=self.tls,
+                           instance_epoch=lambda: self.epoch)
 
     def load_snapshot(self) -> LoadSnapshot | None:
         snap = super().load_snapshot()

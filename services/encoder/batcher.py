@@ -172,4 +172,4 @@ class EmbedBatcher:
                 r.rows[j] = row
                 r.left -= 1
                 if r.left == 0 and not r.future.done():
-                    r.future.set_result(torch.stack(r.rows))  # type: ignore[arg-type]
+                    r.future.set_result(torch.stack(r.rows))  # type: ignore[arg-type]  # left == 0: every row is set

@@ -38,7 +38,7 @@ class EmbeddingSpec:
     matryoshka_dims: tuple[int, ...] = ()  # smaller `dimensions` the model was trained for (empty: none)
 
 
-def _read_json(path: Path) -> dict:  # type: ignore[type-arg]
+def _read_json(path: Path) -> dict:
     return json.loads(path.read_text()) if path.is_file() else {}
 
 

@@ -29,8 +29,10 @@ from services.encoder.vision import VisionEncoder, load_vision_encoder
 from shared.cluster.bus.load import LoadSnapshot
 from shared.cluster.errors import StartupError
 from shared.cluster.instance import Capacity, EncoderInfo, Modality
-from shared.cluster.lifecycle import Service, ServiceOptions
-from shared.engine.bundled import BUNDLED_PREFIX, resolve_model_path
+from shared.serving.lifecycle import Service, ServiceOptions
+from shared.config.resolved import ResolvedConfig
+from shared.config.roles import Role
+from shared.modelspec.bundled import BUNDLED_PREFIX, resolve_model_path
 from shared.engine.models.bert import BertConfig
 from shared.serving.faults import Faults
 
@@ -48,9 +50,9 @@ def embedding_model_name(spec: str) -> str:
 
 
 class EncoderService(Service):
-    role = "encoder"
+    role = Role.ENCODER
 
-    def __init__(self, cfg: Any, options: ServiceOptions = ServiceOptions()) -> None:
+    def __init__(self, cfg: ResolvedConfig, options: ServiceOptions = ServiceOptions()) -> None:
         super().__init__(discovery=cfg.discovery, bus=cfg.bus, grpc_cfg=cfg.grpc, options=options,
                          telemetry=cfg.telemetry, tls=cfg.tls)
         self.cfg = cfg
@@ -140,7 +142,7 @@ class EncoderService(Service):
             await self.vision.close()
 
 
-def _vision_requested(cfg: Any) -> bool:
+def _vision_requested(cfg: ResolvedConfig) -> bool:
     from services.encoder.vision import is_vision_language_model
 
     return is_vision_language_model(cfg.model.model)

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
 import grpc
 import numpy as np
@@ -17,19 +17,38 @@ import numpy as np
 from proto.pdrelay.v1 import common_pb2, worker_pb2, worker_pb2_grpc
 from services.encoder.embedding import finish
 from services.encoder.errors import EncoderError
+from shared.config.choices import Fault
 from shared.cluster.grpc_errors import abort, error_metadata, make_error
 from shared.telemetry import spans
 
 if TYPE_CHECKING:
-    from services.encoder.service import EncoderService
+    from services.encoder.batcher import EmbedBatcher
+    from services.encoder.embedding import SentenceEmbedder
+    from services.encoder.metrics import EncoderMetrics
+    from services.encoder.vision import VisionEncoder
+    from shared.serving.faults import Faults
+    from shared.telemetry.service import ServiceTelemetry
 
 EMBED_SPAN = "encoder.embed"
 # How long `encoder_hang` stalls: longer than any caller's deadline, so the caller's timeout is what ends it.
 HANG_S = 3600.0
 
 
+class EncoderHost(Protocol):
+    """What the servicer reads of its service (services/encoder/service.py), declared here so that the servicer
+    does not import the service that constructs it."""
+
+    instance_id: str
+    telemetry: ServiceTelemetry
+    metrics: EncoderMetrics
+    faults: Faults
+    embedder: SentenceEmbedder | None
+    batcher: EmbedBatcher | None
+    vision: VisionEncoder | None
+
+
 class EncoderServicer(worker_pb2_grpc.EncoderServicer):
-    def __init__(self, svc: EncoderService) -> None:
+    def __init__(self, svc: EncoderHost) -> None:
         self.svc = svc
 
     async def Embed(self, request: worker_pb2.EmbedRequest,
@@ -73,8 +92,8 @@ class EncoderServicer(worker_pb2_grpc.EncoderServicer):
                    await asyncio.to_thread(embedder.tokenize, texts, cut))
         else:
             ids = embedder.check_token_inputs([list(t.ids) for t in request.token_inputs], cut)
-        svc.faults.crash_if("encoder_crash")
-        await svc.faults.hang_if("encoder_hang", HANG_S)
+        svc.faults.crash_if(Fault.ENCODER_CRASH)
+        await svc.faults.hang_if(Fault.ENCODER_HANG, HANG_S)
         num_tokens = sum(len(x) for x in ids)
         vectors = await batcher.submit(ids)
         vectors = finish(vectors, dims, request.normalize, spec.normalized)
@@ -99,8 +118,8 @@ class EncoderServicer(worker_pb2_grpc.EncoderServicer):
         with svc.telemetry.server_rpc(spans.ENCODER_ENCODE, request.trace, context, request.request_id,
                                       {"pdrelay.encoder.items": len(request.media)}) as rpc:
             try:
-                svc.faults.crash_if("encoder_crash")
-                await svc.faults.hang_if("encoder_hang", HANG_S)
+                svc.faults.crash_if(Fault.ENCODER_CRASH)
+                await svc.faults.hang_if(Fault.ENCODER_HANG, HANG_S)
                 resp = await vision.encode(request)
             except EncoderError as e:
                 await abort(context, e.code, e.message, instance_id=svc.instance_id)

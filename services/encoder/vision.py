@@ -10,10 +10,11 @@ from __future__ import annotations
 import json
 import logging
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Protocol
 
 from proto.pdrelay.v1 import worker_pb2
-from shared.engine.bundled import is_bundled
+from shared.config.resolved import ResolvedConfig
+from shared.modelspec.bundled import is_bundled
 
 log = logging.getLogger(__name__)
 
@@ -45,7 +46,7 @@ def is_vision_language_model(spec: str) -> bool:
         return False
 
 
-def load_vision_encoder(cfg: Any) -> VisionEncoder | None:
+def load_vision_encoder(cfg: ResolvedConfig) -> VisionEncoder | None:
     """The VisionEncoder of `cfg.model` (a resolved encoder config), or None when it is not a vision-language
     model. Runs in a worker thread (loading weights takes seconds)."""
     if not is_vision_language_model(cfg.model.model):

@@ -81,7 +81,7 @@ class TowerEncoder:
         assert all(e is not None for e in embeds)
         resp = worker_pb2.EncodeResponse()
         remote = request.HasField("destination_peer")
-        blobs = [e.contiguous().view(torch.uint8).reshape(-1) for e in embeds]  # type: ignore[union-attr]
+        blobs = [e.contiguous().view(torch.uint8).reshape(-1) for e in embeds]  # type: ignore[union-attr]  # none is None (asserted)
         if remote:
             await self._write(request, blobs)
         for m, emb, b, hit in zip(request.media, embeds, blobs, cached, strict=True):
@@ -89,7 +89,7 @@ class TowerEncoder:
             t = worker_pb2.Tensor(dtype=_DTYPES[emb.dtype], shape=list(emb.shape), data=b"" if remote else
                                   b.numpy().tobytes())
             resp.embeddings.append(worker_pb2.MediaEmbedding(media_hash=m.media_hash, embedding=t, cache_hit=hit,
-                                                             checksum=zlib.crc32(memoryview(b.numpy()))))
+                                                             checksum=zlib.crc32(b.numpy().data)))
         return resp
 
     async def _write(self, request: worker_pb2.EncodeRequest, blobs: list[torch.Tensor]) -> None:
@@ -139,7 +139,7 @@ class TowerEncoder:
             try:
                 self._writers[backend] = _Writer(create_engine(backend, name=f"{self.name}-enc", host=self.host),
                                                  self.staging_bytes)
-            except Exception as e:  # BackendUnavailable, a UCX error: not fatal for an encoder
+            except Exception as e:  # BackendUnavailable, a UCX error: not fatal for an encoder  # noqa: BLE001
                 log.warning("transfer backend %s not ready at start-up (%s); trying again on first use", backend, e)
 
     async def _writer(self, backend: str) -> _Writer:
@@ -158,5 +158,5 @@ class TowerEncoder:
         self._writers.clear()
 
 
-_DTYPES: dict[Any, int] = {torch.float32: common_pb2.DTYPE_FLOAT32, torch.bfloat16: common_pb2.DTYPE_BFLOAT16,
+_DTYPES: dict[Any, common_pb2.DType] = {torch.float32: common_pb2.DTYPE_FLOAT32, torch.bfloat16: common_pb2.DTYPE_BFLOAT16,
                            torch.float16: common_pb2.DTYPE_FLOAT16}

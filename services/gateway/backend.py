@@ -1,8 +1,9 @@
-"""The seam between the HTTP front door and whatever generates tokens.
+"""The seam between the gateway's front doors (HTTP and gRPC) and whatever generates tokens.
 
 The gateway validates, tokenizes and detokenizes; a `GenerateBackend` turns prompt token ids into a stream of
-token-id deltas. Today that is `MockBackend` (tests, `--mock-workers` benchmarks); the routed gRPC backend
-(discovery, prefill/decode pair selection, retries) plugs in here later without touching the HTTP layer.
+token-id deltas. The product's is `GrpcBackend` (backends/grpc_backend.py: discovery, prefill/decode pair
+selection, retries over the decode / worker instances); `MockBackend` (mock/) stands in for the workers in tests
+and the `--mock-workers` benchmarks. Neither front door knows which one it talks to.
 
 Cancellation is part of the contract: the gateway closes the async generator returned by `generate`
 (`aclose()`, or cancels the task awaiting it) when the client disconnects or a stop string matched. An
@@ -14,14 +15,23 @@ from __future__ import annotations
 
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Literal, Protocol, runtime_checkable
-
-if TYPE_CHECKING:
-    from services.gateway.media.processor import PromptImage
+from typing import Literal, Protocol, runtime_checkable
 
 from shared.grammar.spec import StructuredSpec
+from shared.modelspec.image_processor import RAW_RGB_MIME
 
 FinishReason = Literal["stop", "length", "abort"]
+
+
+@dataclass(frozen=True)
+class PromptImage:
+    """One image of a tokenized prompt: positions [offset, offset + num_tokens), hash, fitted pixels."""
+
+    media_hash: str
+    data: bytes  # uint8 [H, W, 3] (RAW_RGB_MIME)
+    offset: int
+    num_tokens: int
+    mime_type: str = RAW_RGB_MIME
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -84,6 +94,7 @@ class TokenLogprob:
     token_id: int
     logprob: float
     top_logprobs: tuple[TopLogprob, ...] = ()
+    rank: int = 0  # of token_id in the vocabulary, 1 = most likely; 0 = not computed (prompt logprobs have it)
 
 
 @dataclass(frozen=True, slots=True)
@@ -106,7 +117,7 @@ class BackendChunk:
     prompt_logprobs: tuple[TokenLogprob, ...] | None = None  # prompt tokens 1.. (first chunk, when asked for)
 
 
-# ---------------------------------------------------------------- typed errors (mapped to HTTP in errors.py)
+# ----------------------------------------------------------- typed errors (mapped to HTTP in http/errors.py)
 
 
 class BackendError(Exception):

@@ -9,6 +9,7 @@ import ssl
 from typing import Any
 
 from shared.cluster.tls import TlsError, TlsFiles, read_pem
+from shared.config.groups import HttpConfig
 
 
 def _plain_key(pem: bytes, password: str | None) -> bytes:
@@ -24,10 +25,11 @@ def _plain_key(pem: bytes, password: str | None) -> bytes:
                              serialization.NoEncryption())
 
 
-def public_tls(http_cfg: Any) -> TlsFiles | None:
+def public_tls(http_cfg: HttpConfig) -> TlsFiles | None:
     """The TLS identity of the public gRPC API, or None when --ssl-certfile is not set."""
     if http_cfg.ssl_certfile is None:
         return None
+    assert http_cfg.ssl_keyfile is not None, "the config passes pair --ssl-certfile with --ssl-keyfile"
     ca = read_pem(http_cfg.ssl_ca_certs, "--ssl-ca-certs") if http_cfg.ssl_ca_certs else b""
     return TlsFiles(ca=ca, cert=read_pem(http_cfg.ssl_certfile, "--ssl-certfile"),
                     key=_plain_key(read_pem(http_cfg.ssl_keyfile, "--ssl-keyfile"), http_cfg.ssl_keyfile_password),
@@ -35,7 +37,7 @@ def public_tls(http_cfg: Any) -> TlsFiles | None:
                     key_path=http_cfg.ssl_keyfile)
 
 
-def uvicorn_ssl_args(http_cfg: Any) -> dict[str, Any]:
+def uvicorn_ssl_args(http_cfg: HttpConfig) -> dict[str, Any]:
     """uvicorn.Config keyword arguments for HTTPS ({} when --ssl-certfile is not set)."""
     if http_cfg.ssl_certfile is None:
         return {}

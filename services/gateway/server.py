@@ -10,23 +10,24 @@ from __future__ import annotations
 import os
 from typing import Any
 
-from services.gateway.app import GatewayApp
+from services.gateway.http.app import GatewayApp
 from services.gateway.backend import GenerateBackend
 from services.gateway.public_tls import uvicorn_ssl_args
-from services.gateway.media.processor import MediaProcessor
-from services.gateway.tokenizer import GatewayTokenizer
+from services.gateway.http.media.processor import MediaProcessor
+from services.gateway.text.tokenizer import GatewayTokenizer
+from shared.config.resolved import ResolvedConfig
 
 BUNDLED_PREFIX = "bundled:"
 
 
-def model_dir_of(cfg: Any) -> str:
+def model_dir_of(cfg: ResolvedConfig) -> str:
     """The local directory of cfg.model.model (a bundled model is prepared once into the cache)."""
-    from shared.engine.bundled import resolve_model_path
+    from shared.modelspec.bundled import resolve_model_path
 
     return str(resolve_model_path(cfg.model.model, cfg.model.model_cache_dir))
 
 
-def served_names_of(cfg: Any) -> tuple[str, list[str]]:
+def served_names_of(cfg: ResolvedConfig) -> tuple[str, list[str]]:
     """(name listed in /v1/models, other accepted spellings). The config derives served_model_name from --model
     (bundled name, or the directory's name); the --model value as typed is accepted too."""
     spec: str = cfg.model.model
@@ -38,14 +39,14 @@ def served_names_of(cfg: Any) -> tuple[str, list[str]]:
     return primary, aliases
 
 
-def load_tokenizer(cfg: Any, model_dir: str | None = None) -> GatewayTokenizer:
+def load_tokenizer(cfg: ResolvedConfig, model_dir: str | None = None) -> GatewayTokenizer:
     model_dir = model_dir or model_dir_of(cfg)
     return GatewayTokenizer.from_dir(model_dir, tokenizer_dir=cfg.tokenizer.tokenizer,
                                      chat_template_file=cfg.tokenizer.chat_template,
                                      context_length=cfg.model.context_length)
 
 
-def build_app(cfg: Any, backend: GenerateBackend, *, tokenizer: GatewayTokenizer | None = None) -> GatewayApp:
+def build_app(cfg: ResolvedConfig, backend: GenerateBackend, *, tokenizer: GatewayTokenizer | None = None) -> GatewayApp:
     """The ASGI app for `cfg`, generating through `backend`. Pass `tokenizer` to reuse one already loaded."""
     model_dir = None if tokenizer is not None else model_dir_of(cfg)
     tok = tokenizer or load_tokenizer(cfg, model_dir)
@@ -56,15 +57,15 @@ def build_app(cfg: Any, backend: GenerateBackend, *, tokenizer: GatewayTokenizer
                       model_root=cfg.model.model, media=media, media_cfg=cfg.http)
 
 
-def uvicorn_config(cfg: Any, app: GatewayApp, *, access_log: bool = False) -> Any:
+def uvicorn_config(cfg: ResolvedConfig, app: GatewayApp, *, access_log: bool = False) -> Any:
     import uvicorn
 
-    level = getattr(getattr(cfg, "telemetry", None), "log_level", "info")
+    level = cfg.telemetry.log_level
     return uvicorn.Config(app, host=cfg.grpc.host, port=cfg.http.port, access_log=access_log, log_level=level,
                           lifespan="on", timeout_graceful_shutdown=5, server_header=False, **uvicorn_ssl_args(cfg.http))
 
 
-def serve(cfg: Any, backend: GenerateBackend, *, access_log: bool = False) -> None:
+def serve(cfg: ResolvedConfig, backend: GenerateBackend, *, access_log: bool = False) -> None:
     """Serve until SIGINT/SIGTERM (uvicorn; 127.0.0.1 unless --host says otherwise). Access log off by default:
     at a thousand requests per second it costs more than the gateway itself."""
     import uvicorn

@@ -1,6 +1,6 @@
 """The gateway service: the OpenAI HTTP API and the gRPC Gateway API over the routed gRPC backend.
 
-It is a lifecycle Service (shared.cluster.lifecycle) of role "gateway", so it registers in etcd (with its HTTP
+It is a lifecycle Service (shared.serving.lifecycle) of role "gateway", so it registers in etcd (with its HTTP
 address, which `pdrelay status` and the ready line show), answers grpc.health.v1, and drains on SIGTERM:
 
     warm up   tokenizer, etcd membership watch, load table + KV index over NATS, HTTP server (uvicorn on this
@@ -21,21 +21,23 @@ from typing import Any
 import grpc
 
 from proto.pdrelay.v1 import gateway_pb2_grpc
-from services.gateway.app import GatewayApp
-from services.gateway.embeddings import Embeddings, mount_embeddings
-from services.gateway.asgi import Receive, Scope, Send
-from services.gateway.errors import ApiError
-from services.gateway.grpc_api import ApiContext, GatewayApi
-from services.gateway.grpc_auth import ApiKeyInterceptor
+from services.gateway.http.app import GatewayApp
+from services.gateway.http.embeddings import Embeddings, mount_embeddings
+from services.gateway.http.asgi import Receive, Scope, Send
+from services.gateway.http.errors import ApiError
+from services.gateway.grpc.api import ApiContext, GatewayApi
+from services.gateway.grpc.auth import ApiKeyInterceptor
 from services.gateway.public_tls import public_tls, uvicorn_ssl_args
-from services.gateway.grpc_backend import GrpcBackend
-from services.gateway.routing.metrics import BackendCollector
+from services.gateway.backends.grpc_backend import GrpcBackend
+from services.gateway.backends.grpc_metrics import BackendCollector
 from services.gateway.server import build_app, load_tokenizer, served_names_of
 from shared.cluster.bus.load import LoadSnapshot
 from shared.cluster.errors import StartupError
-from shared.cluster.lifecycle import Service, ServiceOptions, advertised_host
+from shared.serving.lifecycle import Service, ServiceOptions, advertised_host
 from shared.cluster.membership import Membership
 from shared.cluster.tls import TlsFiles
+from shared.config.resolved import ResolvedConfig
+from shared.config.roles import Role
 
 log = logging.getLogger(__name__)
 
@@ -80,12 +82,12 @@ class _DrainGateMiddleware:
 
 
 class GatewayService(Service):
-    role = "gateway"
+    role = Role.GATEWAY
     own_metrics_server = False  # /metrics is on the HTTP port (metrics_address = http_address)
 
-    def __init__(self, cfg: Any, options: ServiceOptions = ServiceOptions()) -> None:
+    def __init__(self, cfg: ResolvedConfig, options: ServiceOptions = ServiceOptions()) -> None:
         super().__init__(discovery=cfg.discovery, bus=cfg.bus, grpc_cfg=cfg.grpc, options=options,
-                         telemetry=cfg.telemetry, tls=getattr(cfg, "tls", None))
+                         telemetry=cfg.telemetry, tls=cfg.tls)
         self.cfg = cfg
         self.api = GatewayApi()
         self.membership: Membership | None = None

@@ -26,7 +26,7 @@ from dataclasses import dataclass
 
 import torch
 
-from shared.transfer.hostmem import alloc_host_buffer
+from shared.kernels.hostmem import alloc_host_buffer
 
 
 @dataclass
@@ -76,7 +76,7 @@ class ArenaCounters:
 
 def page_crc(buf: torch.Tensor) -> int:
     """CRC-32 of one page's bytes (a contiguous uint8 CPU tensor); zlib releases the GIL on large buffers."""
-    return zlib.crc32(memoryview(buf.numpy()))
+    return zlib.crc32(buf.numpy().data)
 
 
 class DramArena:

@@ -28,7 +28,7 @@ from pathlib import Path
 
 import torch
 
-from shared.engine.types import KVLayout
+from shared.modelspec.kv_layout import KVLayout
 
 log = logging.getLogger(__name__)
 
@@ -237,7 +237,7 @@ class DiskTier:
                 with open(tmp, "wb") as f:
                     f.write(head + _CRC.pack(zlib.crc32(head)))
                     for _, data, _ in batch:
-                        f.write(memoryview(data.numpy()))
+                        f.write(data.numpy().data)
                 os.replace(tmp, path)  # a chunk appears whole or not at all
             except OSError as e:
                 tmp.unlink(missing_ok=True)

@@ -34,7 +34,7 @@ from typing import Any
 
 import torch
 
-from shared.engine.types import KVLayout
+from shared.modelspec.kv_layout import KVLayout
 
 log = logging.getLogger(__name__)
 

@@ -22,7 +22,10 @@ from services.kvstore.store import Namespace, PageStore
 from shared.cluster.bus.kv_events import KVEventPublisher
 from shared.cluster.bus.load import LoadSnapshot, TierFill
 from shared.cluster.instance import Capacity
-from shared.cluster.lifecycle import Service, ServiceOptions
+from shared.serving.lifecycle import Service, ServiceOptions
+from shared.config.groups import KVStoreConfig
+from shared.config.resolved import ResolvedConfig
+from shared.config.roles import Role
 from shared.telemetry.metrics import CountersCollector
 from shared.telemetry.tracing import SpanKind, extract
 
@@ -31,7 +34,7 @@ log = logging.getLogger(__name__)
 STORE_TIER = "host"  # the KV-event tier of every page the store holds (DRAM or its disk: one transfer away)
 
 
-def open_remote_tier(k: Any, host: str) -> MooncakeTier | None:
+def open_remote_tier(k: KVStoreConfig, host: str) -> MooncakeTier | None:
     """T3 from the config, or None when --kvstore-mooncake-master is unset. ValueError names a bad flag."""
     if not k.kvstore_mooncake_master:
         return None
@@ -48,9 +51,9 @@ def open_remote_tier(k: Any, host: str) -> MooncakeTier | None:
 
 
 class KVStoreService(Service):
-    role = "kvstore"
+    role = Role.KVSTORE
 
-    def __init__(self, cfg: Any, options: ServiceOptions = ServiceOptions()) -> None:
+    def __init__(self, cfg: ResolvedConfig, options: ServiceOptions = ServiceOptions()) -> None:
         super().__init__(discovery=cfg.discovery, bus=cfg.bus, grpc_cfg=cfg.grpc, options=options,
                          telemetry=cfg.telemetry, tls=cfg.tls)
         self.cfg = cfg

@@ -4,12 +4,13 @@ from __future__ import annotations
 
 import time
 import zlib
-from typing import TYPE_CHECKING
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any, Protocol
 
 import grpc
 
 from proto.pdrelay.v1 import common_pb2, worker_pb2, worker_pb2_grpc
-from services.kvstore.store import LayoutMismatch
+from services.kvstore.store import LayoutMismatch, PageStore
 from shared.cluster.grpc_errors import abort
 from shared.serving.convert import BACKEND_FROM_PB, layout_from_pb, layout_to_pb
 from shared.serving.handoff import descs_from_pb
@@ -17,14 +18,26 @@ from shared.telemetry import spans
 from shared.transfer.errors import PeerError, RegionError, TransferError, TransferTimeout
 
 if TYPE_CHECKING:
-    from services.kvstore.service import KVStoreService
-    from shared.engine.types import KVLayout
+    from shared.modelspec.kv_layout import KVLayout
 
 MAX_PAGES_PER_CALL = 65536  # a prompt of 1M tokens at page size 16; bounds the work of one RPC
 
 
+class KVStoreHost(Protocol):
+    """What the servicer reads of its service (services/kvstore/service.py), declared here so that the servicer
+    does not import the service that constructs it."""
+
+    instance_id: str
+    store: PageStore
+
+    def record(self, name: str, start: float, carrier: common_pb2.TraceContext,
+               attributes: Mapping[str, Any]) -> None: ...
+
+    def stats_pb(self) -> worker_pb2.KVStoreStatsResponse: ...
+
+
 class KVStoreServicer(worker_pb2_grpc.KVStoreServicer):
-    def __init__(self, svc: KVStoreService) -> None:
+    def __init__(self, svc: KVStoreHost) -> None:
         self.svc = svc
 
     async def _layout(self, pb: common_pb2.KVLayout, n: int, context: grpc.aio.ServicerContext) -> KVLayout:
@@ -120,7 +133,7 @@ class KVStoreServicer(worker_pb2_grpc.KVStoreServicer):
         return self.svc.stats_pb()
 
 
-def stats_pb(svc: KVStoreService) -> worker_pb2.KVStoreStatsResponse:
+def stats_pb(svc: KVStoreHost) -> worker_pb2.KVStoreStatsResponse:
     store = svc.store
     c = store.counters
     a = store.arena.counters if store.arena is not None else None

@@ -20,14 +20,14 @@ import torch
 
 from proto.pdrelay.v1 import common_pb2, worker_pb2
 from services.kvstore.arena import DramArena, Read, Reservation
-from shared.engine.types import KVLayout
+from shared.modelspec.kv_layout import KVLayout
 from shared.serving.convert import BACKEND_TO_PB
 from shared.serving.handoff import paged_descriptors
 from shared.transfer import create_engine
 from shared.transfer.base import TransferEngine, TransferHandle
 from shared.transfer.descs import PageDesc, RegionHandle
 from shared.transfer.errors import TransferError, TransferTimeout
-from shared.transfer.hostmem import alloc_host_buffer
+from shared.kernels.hostmem import alloc_host_buffer
 
 if TYPE_CHECKING:
     from services.kvstore.disk import DiskTier
@@ -182,14 +182,14 @@ class PageStore:
             self.on_removed(gone)
 
     # ---- operations ----------------------------------------------------------------------------------------------
-    async def lookup(self, model: str, layout: KVLayout, hashes: Sequence[int], lease_s: float) -> list[int]:
+    async def lookup(self, model: str, layout: KVLayout, hashes: Sequence[int], lease_s: float) -> list[worker_pb2.StorageTier]:
         """Tier of each leading held page (DRAM, DISK, PEER for the Mooncake Store). Pages only the Mooncake Store
         holds are promoted into DRAM here (under the lookup's lease), so the Get that follows serves them as usual."""
         arena = self.check(model, layout)
         self.counters.lookups += 1
         self.counters.lookup_pages += len(hashes)
         n = arena.lookup(hashes, lease_s)
-        tiers = [worker_pb2.STORAGE_TIER_DRAM] * n
+        tiers: list[worker_pb2.StorageTier] = [worker_pb2.STORAGE_TIER_DRAM] * n
         if self.disk is not None and n < len(hashes):
             tiers += [worker_pb2.STORAGE_TIER_DISK] * self.disk.lookup(hashes[n:])
         if self.remote is not None and len(tiers) < len(hashes):
@@ -312,7 +312,7 @@ class PageStore:
             delay = min(0.001, delay + 0.0001)
 
     # ---- state ---------------------------------------------------------------------------------------------------
-    def tiers(self) -> list[tuple[int, int, int, int]]:
+    def tiers(self) -> list[tuple[worker_pb2.StorageTier, int, int, int]]:
         """(tier, used bytes, capacity bytes, pages) per tier."""
         out = []
         a = self.arena

@@ -3,8 +3,9 @@ pool and ITL of the decode pool, at the current size and at other sizes, and the
 
     prefill   TTFT(n) = pending prompt tokens / (n x measured prefill rate) + one step
               (the rate is tokens per second of step time, reported by each instance and smoothed here)
-    decode    ITL(n)  = a + k x (running + waiting requests) / n
-              (a and k: an online least-squares line through recent (batch, step time) reports)
+    decode    ITL(n)  = c x (a + k x (running + waiting requests) / n)
+              (a and k: an online least-squares line through recent (batch, step time) reports; c: the client-
+              visible ITL the gateways measured over the engines' step time, smoothed, 1 .. CORRECTION_MAX)
 
 Pure functions over plain data: no I/O, unit-tested without processes.
 """
@@ -15,6 +16,8 @@ import math
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
+
+from services.planner.forecast import CORRECTION_MAX
 
 # A pool busier than this queues: sustained load above it is a reason to grow even before TTFT breaks.
 UTIL_HIGH = 0.85
@@ -45,6 +48,8 @@ class Learned:
 
     prefill_rate: float = 0.0  # tokens per second of step time, one instance
     itl_points: deque[tuple[float, float]] = field(default_factory=lambda: deque(maxlen=ITL_POINTS))
+    itl_line: tuple[float, float] | None = None  # the last fit (a s, k s per request)
+    itl_correction: float = 1.0  # client-visible ITL / engine step time (smoothed)
 
 
 @dataclass(frozen=True)
@@ -120,23 +125,36 @@ def _line(points: deque[tuple[float, float]]) -> tuple[float, float] | None:
 
 
 def estimate_decode(loads: tuple[InstanceLoad, ...], n: int, learned: Learned, target_s: float,
-                    hysteresis: float) -> Estimate:
+                    hysteresis: float, client_itl_s: float | None = None) -> Estimate:
+    """client_itl_s: the mean time between tokens the gateways saw over the last interval (None: unknown)."""
     for x in loads:
         if x.running > 0 and x.step_ms > 0:
             learned.itl_points.append((float(x.running), x.step_ms / 1e3))
     demand = sum(x.running + x.queued for x in loads)
     active = [x for x in loads if x.running > 0 and x.step_ms > 0]
-    measured = (sum(x.step_ms for x in active) / len(active) / 1e3) if active else None
-    line = _line(learned.itl_points)
+    engine = (sum(x.step_ms for x in active) / len(active) / 1e3) if active else None
+    line = learned.itl_line = _line(learned.itl_points)
     util = sum(x.busy for x in loads)
     numbers: dict[str, float] = {"requests": float(demand), "busy_instances": util}
+    if engine is not None:
+        numbers["engine_itl_ms"] = engine * 1e3
+    measured = engine
+    if client_itl_s is not None and engine is not None:
+        # what the engines' step times leave out (hops, queueing behind a busy gateway or servicer) scales with
+        # the step: carried into every size's estimate as a factor
+        ratio = min(CORRECTION_MAX, max(1.0, client_itl_s / engine))
+        learned.itl_correction = RATE_SMOOTHING * ratio + (1 - RATE_SMOOTHING) * learned.itl_correction
+        numbers["client_itl_ms"] = client_itl_s * 1e3
+        measured = max(engine, client_itl_s)
+    corr = learned.itl_correction
+    numbers["itl_correction"] = corr
     if measured is not None:
         numbers["measured_itl_ms"] = measured * 1e3
 
     def itl(m: int) -> float | None:
         if line is None or m < 1:
             return None
-        return line[0] + line[1] * demand / m
+        return corr * (line[0] + line[1] * demand / m)
 
     if line is not None:
         numbers["itl_fit_base_ms"], numbers["itl_fit_per_request_ms"] = line[0] * 1e3, line[1] * 1e3
@@ -151,7 +169,7 @@ def estimate_decode(loads: tuple[InstanceLoad, ...], n: int, learned: Learned, t
         numbers["est_itl_fewer_ms"] = fewer * 1e3
     needed = 1
     if line is not None and demand:
-        aim = target_s * (1 - hysteresis / 2)
+        aim = target_s * (1 - hysteresis / 2) / corr
         needed = math.ceil(line[1] * demand / (aim - line[0])) if aim > line[0] else n + 1
     pressure = ""
     queued = sum(x.queued for x in loads)
@@ -164,5 +182,5 @@ def estimate_decode(loads: tuple[InstanceLoad, ...], n: int, learned: Learned, t
     def itl_or_idle(m: int) -> float | None:
         return itl(m) if line is not None else (measured if not demand and m >= 1 else None)
 
-    floor = line[0] if line is not None else (measured or 0.0)
+    floor = corr * line[0] if line is not None else (measured or 0.0)
     return Estimate(now, fewer, max(1, needed), util, pressure, numbers, itl_or_idle, floor)

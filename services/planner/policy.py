@@ -12,16 +12,26 @@
     retry       a failed scale-up waits a backoff (doubling up to scale_retry_max_s), and the role does not scale
                 down meanwhile: a refused start never turns into flapping
 
-Pure: `decide(views, memory, limits, now)` returns decisions and touches nothing but `memory.learned`.
+    forecast    (throughput mode, services/planner/forecast.py) a role the traffic forecast `horizon` ahead needs
+                more instances for scales up before its target breaks (same bounds, cooldown and budget; it yields
+                the budget to a measured breach), and no role scales down below what the forecast needs
+
+Pure: `decide(views, memory, limits, now)` returns decisions and touches nothing but `memory.learned` (and
+the forecaster it is given).
 """
 
 from __future__ import annotations
 
 import enum
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from services.planner.estimate import Estimate, InstanceLoad, Learned, estimate_decode, estimate_prefill
+from services.planner.forecast import Capacity, Forecast, Forecaster
 from shared.cluster.bus.planner import Action
+
+if TYPE_CHECKING:
+    from shared.config.groups import PlannerConfig
 
 
 class Role(enum.StrEnum):
@@ -43,17 +53,16 @@ class Limits:
     max_scale_step: int = 2
 
     @classmethod
-    def from_config(cls, p: object) -> Limits:
+    def from_config(cls, c: PlannerConfig) -> Limits:
         """From a PlannerConfig (shared/config/groups.py)."""
-        c = p  # typed loosely: the planner service passes cfg.planner
-        mins = {Role.PREFILL: c.min_prefill, Role.DECODE: c.min_decode}  # type: ignore[attr-defined]
-        maxs = {Role.PREFILL: c.max_prefill, Role.DECODE: c.max_decode}  # type: ignore[attr-defined]
-        return cls(ttft_target_s=c.ttft_target_ms / 1e3, itl_target_s=c.itl_target_ms / 1e3,  # type: ignore[attr-defined]
-                   min_count=mins, max_count=maxs, budget=c.budget or sum(maxs.values()),  # type: ignore[attr-defined]
-                   scale_up_cooldown_s=c.scale_up_cooldown_s,  # type: ignore[attr-defined]
-                   scale_down_cooldown_s=c.scale_down_cooldown_s,  # type: ignore[attr-defined]
-                   hysteresis=c.hysteresis, idle_threshold=c.idle_threshold,  # type: ignore[attr-defined]
-                   max_scale_step=c.max_scale_step)  # type: ignore[attr-defined]
+        mins = {Role.PREFILL: c.min_prefill, Role.DECODE: c.min_decode}
+        maxs = {Role.PREFILL: c.max_prefill, Role.DECODE: c.max_decode}
+        return cls(ttft_target_s=c.ttft_target_ms / 1e3, itl_target_s=c.itl_target_ms / 1e3,
+                   min_count=mins, max_count=maxs, budget=c.budget or sum(maxs.values()),
+                   scale_up_cooldown_s=c.scale_up_cooldown_s,
+                   scale_down_cooldown_s=c.scale_down_cooldown_s,
+                   hysteresis=c.hysteresis, idle_threshold=c.idle_threshold,
+                   max_scale_step=c.max_scale_step)
 
     def target_s(self, role: Role) -> float:
         return self.ttft_target_s if role == Role.PREFILL else self.itl_target_s
@@ -97,25 +106,55 @@ class Plan:
     loads: tuple[InstanceLoad, ...] = ()
 
 
-def _estimate(view: RoleView, mem: RoleMemory, limits: Limits) -> Estimate:
+# A forecast scale-up is less urgent than a measured breach (> 1: estimate / target, >= 1.5 with queueing): the
+# other role gives it only instances it can spare staying calm (under (1 - hysteresis) of its headroom).
+FORECAST_SEVERITY = 1.0
+
+
+@dataclass(frozen=True)
+class Outlook:
+    """The throughput mode's inputs: the forecaster (updated by the caller with the last traffic sample), how far
+    ahead to size (how long a new instance takes to serve), and the client-visible ITL of the last interval."""
+
+    forecaster: Forecaster
+    horizon_s: float
+    interval_s: float
+    client_itl_s: float | None = None
+
+
+def _estimate(view: RoleView, mem: RoleMemory, limits: Limits, client_itl_s: float | None = None) -> Estimate:
     if view.role == Role.PREFILL:
         return estimate_prefill(view.loads, view.current, mem.learned, limits.ttft_target_s)
-    return estimate_decode(view.loads, view.current, mem.learned, limits.itl_target_s, limits.hysteresis)
+    return estimate_decode(view.loads, view.current, mem.learned, limits.itl_target_s, limits.hysteresis,
+                           client_itl_s)
+
+
+def forecast_for(outlook: Outlook, memory: dict[Role, RoleMemory], limits: Limits) -> Forecast | None:
+    """Both roles' sizes for the forecast traffic, with the capacities the estimates fitted."""
+    p, d = memory[Role.PREFILL].learned, memory[Role.DECODE].learned
+    cap = Capacity(p.prefill_rate, d.itl_line, d.itl_correction)
+    return outlook.forecaster.forecast(outlook.horizon_s, outlook.interval_s, cap,
+                                       limits.itl_target_s * (1 - limits.hysteresis / 2))
 
 
 def _what(role: Role) -> str:
     return "TTFT" if role == Role.PREFILL else "ITL"
 
 
-def plan_role(view: RoleView, mem: RoleMemory, limits: Limits, now: float) -> Plan:
+def plan_role(view: RoleView, mem: RoleMemory, limits: Limits, now: float, est: Estimate | None = None,
+              forecast: Forecast | None = None) -> Plan:
     role, n = view.role, view.current
-    est = _estimate(view, mem, limits)
+    est = _estimate(view, mem, limits) if est is None else est
     target = limits.target_s(role)
     lo, hi = limits.min_count[role], limits.max_count[role]
     nums = {**est.numbers, "target_ms": target * 1e3, "instances": float(n), "ready": float(len(view.loads))}
+    ahead = forecast.needed(role) if forecast is not None else 0
+    if forecast is not None:
+        nums.update(forecast.numbers)
+        nums["forecast_needed"] = float(ahead)
 
     def plan(action: Action, to: int, reason: str, **kw: object) -> Plan:
-        return Plan(role, action, n, to, reason, nums, estimate=est, loads=view.loads, **kw)  # type: ignore[arg-type]
+        return Plan(role, action, n, to, reason, nums, estimate=est, loads=view.loads, **kw)  # type: ignore[arg-type]  # kw: Plan fields
 
     if mem.pin is not None and now < mem.pin_until:
         return plan(Action.PINNED, mem.pin, f"pinned at {mem.pin} by a manual scale; `pdrelay planner unpin "
@@ -124,7 +163,7 @@ def plan_role(view: RoleView, mem: RoleMemory, limits: Limits, now: float) -> Pl
         return plan(Action.SCALE_UP, lo, f"{n} {role} instances, below --min-{role} {lo}", severity=float("inf"))
     breach = est.now_s is not None and est.now_s > target
     if breach or est.pressure:
-        why = (f"estimated {_what(role)} {est.now_s * 1e3:.0f} ms > target {target * 1e3:.0f} ms"  # type: ignore[operator]
+        why = (f"estimated {_what(role)} {est.now_s * 1e3:.0f} ms > target {target * 1e3:.0f} ms"  # type: ignore[operator]  # breach: set
                if breach else est.pressure)
         if now < mem.retry_at:
             return plan(Action.HOLD, n, f"{why}; retrying the failed scale-up in {mem.retry_at - now:.0f} s")
@@ -133,12 +172,16 @@ def plan_role(view: RoleView, mem: RoleMemory, limits: Limits, now: float) -> Pl
         if now - mem.last_up < limits.scale_up_cooldown_s:
             return plan(Action.HOLD, n, f"{why}; scale-up cooldown ({now - mem.last_up:.0f} s of "
                         f"{limits.scale_up_cooldown_s:.0f} s)")
-        to = min(hi, n + limits.max_scale_step, max(n + 1, est.needed))
+        to = min(hi, n + limits.max_scale_step, max(n + 1, est.needed, ahead))
         severity = (est.now_s / target) if est.now_s is not None else 1.0
         if est.pressure:  # queueing or out of KV pages: as urgent as a breach
             severity = max(severity, 1.5)
         return plan(Action.SCALE_UP, to, f"{why}: {n} -> {to} (the load needs {est.needed})", severity=severity)
-    if n > max(lo, 1) and est.fewer_s is not None and n > est.needed:
+    if ahead > n and n < hi and now >= mem.retry_at and now - mem.last_up >= limits.scale_up_cooldown_s:
+        to = min(hi, n + limits.max_scale_step, ahead)
+        return plan(Action.SCALE_UP, to, f"{forecast.why(role)}: {n} -> {to} ahead of the load "  # type: ignore[union-attr]  # ahead > 0: set
+                    f"(now: {_now_text(est, role, target)})", severity=FORECAST_SEVERITY)
+    if n > max(lo, 1) and est.fewer_s is not None and n > max(est.needed, ahead):
         calm = est.calm(n - 1, target, limits.hysteresis)
         # A decode instance is "busy" whenever it holds one request: its ITL says more than its busy share.
         idle = role == Role.DECODE or est.util / (n - 1) <= limits.idle_threshold
@@ -166,6 +209,12 @@ def plan_role(view: RoleView, mem: RoleMemory, limits: Limits, now: float) -> Pl
         return plan(Action.HOLD, n, f"no {_what(role)} measurement yet")
     return plan(Action.HOLD, n, f"estimated {_what(role)} {est.now_s * 1e3:.0f} ms within target "
                 f"{target * 1e3:.0f} ms")
+
+
+def _now_text(est: Estimate, role: Role, target: float) -> str:
+    if est.now_s is None:
+        return f"no {_what(role)} measurement yet"
+    return f"estimated {_what(role)} {est.now_s * 1e3:.0f} ms, target {target * 1e3:.0f} ms"
 
 
 def _idlest(loads: tuple[InstanceLoad, ...], k: int) -> tuple[str, ...]:
@@ -196,16 +245,24 @@ def _rebalance(up: Plan, donor: Plan, limits: Limits, want: int) -> Plan | None:
         return None
     drain = _idlest(donor.loads, give)
     after_s = est.at(n - give)
+    assert after_s is not None  # give >= 1 and the loop above accepted n - give
     return Plan(donor.role, Action.SCALE_DOWN, n, n - give,
                 f"{up.role} needs the budget ({up.reason.split(':')[0]}); with {n - give} instances {donor.role}'s "
                 f"estimated {_what(donor.role)} is {after_s * 1e3:.0f} ms, within its target of {target * 1e3:.0f} "
                 f"ms: draining {', '.join(drain)}", donor.numbers, drain, estimate=est, loads=donor.loads)
 
 
-def decide(views: dict[Role, RoleView], memory: dict[Role, RoleMemory], limits: Limits, now: float) -> list[Plan]:
+def decide(views: dict[Role, RoleView], memory: dict[Role, RoleMemory], limits: Limits, now: float,
+           outlook: Outlook | None = None) -> list[Plan]:
     """One evaluation: a plan per role, scale-ups trimmed to the budget (the worse breach first); a scale-up the
-    budget blocks takes instances from the other role when that one can spare them."""
-    plans = {role: plan_role(view, memory[role], limits, now) for role, view in views.items()}
+    budget blocks takes instances from the other role when that one can spare them. With an outlook, the
+    forecast (sized with this evaluation's fitted capacities) scales roles up ahead of the load."""
+    itl = outlook.client_itl_s if outlook is not None else None
+    if outlook is not None and Role.DECODE in views:
+        outlook.forecaster.update_streams(float(sum(x.running + x.queued for x in views[Role.DECODE].loads)))
+    ests = {role: _estimate(view, memory[role], limits, itl) for role, view in views.items()}
+    fc = forecast_for(outlook, memory, limits) if outlook is not None and len(memory) == len(Role) else None
+    plans = {role: plan_role(view, memory[role], limits, now, ests[role], fc) for role, view in views.items()}
     # a role scaling down frees its instances for the other one in the same evaluation
     total = sum(p.target for p in plans.values())
     for p in sorted((p for p in plans.values() if p.action == Action.SCALE_UP), key=lambda p: p.severity):

@@ -2,6 +2,9 @@
 NATS load reports), asks the policy what each role should become, and has the actuator do it. Every decision
 is logged, published on NATS (`pdrelay planner log --follow`) and kept for `pdrelay planner log`.
 
+Each evaluation also scrapes the gateways' /metrics (services/planner/traffic.py) for the throughput mode's
+forecast (services/planner/forecast.py); without a reachable gateway the planner runs in load mode alone.
+
 Several planners may run: one leads (an etcd key under its lease, services/planner/leader.py), the others stand
 by and take over when its lease dies. A planner that stops or dies changes nothing: the cluster keeps its size.
 """
@@ -19,22 +22,27 @@ from prometheus_client import Counter, Gauge
 
 from services.planner.actuators.base import Actuator, DrainTarget, ScaleError
 from services.planner.estimate import InstanceLoad
+from services.planner.forecast import Forecaster
 from services.planner.leader import LeaderElection
-from services.planner.policy import Limits, Plan, Role, RoleMemory, RoleView, decide
+from services.planner.policy import Limits, Outlook, Plan, Role, RoleMemory, RoleView, decide
+from services.planner.traffic import GatewayScraper
 from shared.cluster.bus.load import LoadTable
 from shared.cluster.bus.planner import (Action, ControlKind, Decision, PlannerControl, PlannerReply,
                                         publish_decision, serve_control)
 from shared.cluster.bus.admin_auth import AdminAuth
+from shared.cluster.bus.client import Bus
 from shared.cluster.instance import InstanceInfo, InstanceState
-from shared.cluster.lifecycle import Service, ServiceOptions
+from shared.serving.lifecycle import Service, ServiceOptions
 from shared.cluster.membership import Membership
+from shared.config.resolved import ResolvedConfig
+from shared.config.roles import Role as ServiceRole
 
 log = logging.getLogger(__name__)
 
 ROLES = (Role.PREFILL, Role.DECODE)
 
 
-def build_actuator(cfg: Any, bus: Any, cluster: str, auth: AdminAuth | None = None) -> Actuator:
+def build_actuator(cfg: ResolvedConfig, bus: Bus, cluster: str, auth: AdminAuth | None = None) -> Actuator:
     p = cfg.planner
     if p.actuator == "kubernetes":
         from services.planner.actuators.k8s import KubernetesActuator, parse_deployments
@@ -46,9 +54,9 @@ def build_actuator(cfg: Any, bus: Any, cluster: str, auth: AdminAuth | None = No
 
 
 class PlannerService(Service):
-    role = "planner"
+    role = ServiceRole.PLANNER
 
-    def __init__(self, cfg: Any, options: ServiceOptions = ServiceOptions(), actuator: Actuator | None = None) -> None:
+    def __init__(self, cfg: ResolvedConfig, options: ServiceOptions = ServiceOptions(), actuator: Actuator | None = None) -> None:
         super().__init__(discovery=cfg.discovery, bus=cfg.bus, grpc_cfg=cfg.grpc, options=options,
                          telemetry=cfg.telemetry, tls=cfg.tls)
         self.cfg = cfg
@@ -63,7 +71,11 @@ class PlannerService(Service):
         self.decisions: deque[Decision] = deque(maxlen=self.pcfg.planner_log_size)
         self._seq = 0
         self._last_kind: dict[Role, str] = {}
-        self._expect: dict[Role, tuple[int, float]] = {}  # role -> (count being started, deadline)
+        self._expect: dict[Role, tuple[int, float, float]] = {}  # role -> (count being started, deadline, since)
+        # throughput mode: the gateways' traffic, forecast as far ahead as a new instance takes to start serving
+        self.forecaster = Forecaster()
+        self.scraper: GatewayScraper | None = None
+        self.start_s = 2 * self.pcfg.evaluation_interval_s  # learned from the scale-ups seen
         self.members: Membership | None = None
         self.loads = LoadTable()
         self.election: LeaderElection | None = None
@@ -77,10 +89,6 @@ class PlannerService(Service):
         self._m_estimate = Gauge("pdrelay:planner_estimate_ms", "Estimated TTFT (prefill) / ITL (decode)",
                                  ("role",), registry=r)
 
-    @classmethod
-    def from_config(cls, cfg: Any, options: ServiceOptions = ServiceOptions(), **kw: Any) -> PlannerService:
-        return cls(cfg, options, **kw)
-
     # ---- lifecycle hooks ---------------------------------------------------------------------------------------
     def load_snapshot(self) -> None:
         return None  # the planner serves no requests: no load reports
@@ -90,6 +98,7 @@ class PlannerService(Service):
         self.members = Membership(self.etcd, self.cluster)
         await self.members.start()
         await self.loads.subscribe(self.bus, self.cluster)
+        self.scraper = GatewayScraper()
         if self._actuator is None:
             self._actuator = build_actuator(self.cfg, self.bus, self.cluster, self.admin_auth)
         try:
@@ -116,6 +125,8 @@ class PlannerService(Service):
             await self.members.close()
         if self._actuator is not None:
             await self._actuator.close()
+        if self.scraper is not None:
+            await self.scraper.close()
 
     # ---- the loop ----------------------------------------------------------------------------------------------
     async def _run_loop(self) -> None:
@@ -148,11 +159,23 @@ class PlannerService(Service):
                 out += await self._pin(Role(role_name), count, now)
         views, failed = self._views(now)
         out += [await self._record_plan(p) for p in failed]
-        for plan in decide(views, self.memory, self.limits, now):
+        for plan in decide(views, self.memory, self.limits, now, await self._outlook(now)):
             d = await self._apply(plan, views[plan.role], now)
             if d is not None:
                 out.append(d)
         return out
+
+    async def _outlook(self, now: float) -> Outlook | None:
+        """This interval's traffic from the gateways, fed to the forecaster (None: no gateway to read)."""
+        if self.scraper is None or self.members is None:
+            return None
+        gateways = {i.instance_id: i.metrics_address or i.http_address for i in self.members.instances("gateway")
+                    if (i.metrics_address or i.http_address) and i.state == InstanceState.READY}
+        sample = await self.scraper.sample(gateways, time.monotonic())
+        if sample is None:
+            return None
+        self.forecaster.update(sample)
+        return Outlook(self.forecaster, self.start_s, self.pcfg.evaluation_interval_s, sample.itl_s)
 
     def _views(self, now: float) -> tuple[dict[Role, RoleView], list[Plan]]:
         assert self.members is not None
@@ -173,9 +196,15 @@ class PlannerService(Service):
             current = len(infos)
             expect = self._expect.get(role)
             if expect is not None:
-                want, deadline = expect
-                if current >= want:
+                want, deadline, since = expect
+                if len(ready) >= want:
                     del self._expect[role]
+                    # how long instances take to serve: the forecast's horizon (smoothed, within reason)
+                    self.start_s = min(60.0, max(self.pcfg.evaluation_interval_s,
+                                                 0.5 * self.start_s + 0.5 * (now - since)))
+                elif current >= want:
+                    if now >= deadline:  # registered but never ready: the scale-up happened, stop timing it
+                        del self._expect[role]
                 elif now >= deadline:
                     del self._expect[role]
                     failed.append(self._failed(role, want, current, now, f"{want - current} new instances did not "
@@ -230,7 +259,7 @@ class PlannerService(Service):
         if plan.action == Action.SCALE_UP:
             mem.last_up = now
             mem.failures = 0
-            self._expect[role] = (plan.target, now + self.pcfg.scale_up_timeout_s)
+            self._expect[role] = (plan.target, now + self.pcfg.scale_up_timeout_s, now)
         self._last_kind.pop(role, None)
         return await self._record_plan(Plan(role, plan.action, plan.current, plan.target,
                                             f"{plan.reason} [{done}]", plan.numbers, plan.drain))

@@ -13,31 +13,37 @@ import dataclasses
 import logging
 import time
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 import grpc
 
 from proto.pdrelay.v1 import common_pb2, worker_pb2, worker_pb2_grpc
+from shared.config.choices import Fault
 from shared.cluster.grpc_errors import abort
+from shared.config.roles import Role
+from shared.engine.engine import Engine
 from shared.engine.errors import EngineError, InvalidRequest, QueueFull
 from shared.engine.request import MediaInput, RequestOutput
+from shared.engine.sampling_params import SamplingParams
 from shared.serving.convert import BACKEND_FROM_PB, layout_from_pb, logprob_to_pb, sampling_from_pb
 from shared.serving.decode_servicer import local_media
 from shared.serving.engine_service import EngineService
 from shared.serving.faults import Faults
-from shared.serving.handoff import COMPUTED_KEY, FencingLedger, descs_from_pb, pages_needed
+from shared.serving.handoff import COMPUTED_KEY, Fence, FencingLedger, descs_from_pb, pages_needed
 from shared.serving.kv_transfer import KVTransfer
 from shared.serving.kvstore_client import KVStoreClient, attach_kvstore
 from shared.serving.remote_media import RemoteVision
 from shared.telemetry import spans
+from shared.transfer.descs import PageDesc
 from shared.transfer.errors import TransferError
 
 log = logging.getLogger(__name__)
 
 
 class PrefillService(EngineService):
-    role = "prefill"
+    role = Role.PREFILL
 
-    def __init__(self, *args, **kw) -> None:  # type: ignore[no-untyped-def]
+    def __init__(self, *args, **kw) -> None:
         super().__init__(*args, **kw)
         self.transfer: KVTransfer | None = None
         self.kvstore: KVStoreClient | None = None
@@ -46,7 +52,7 @@ class PrefillService(EngineService):
         self.faults = Faults(self.cfg.disagg.fault_injection, self.instance_id)
         self.pages_written = 0
         self.bytes_written = 0
-        self.telemetry.metrics.prefill  # queue / compute / transfer metrics exist (at zero) before the first hand-off
+        self.telemetry.metrics.prefill  # noqa: B018 - queue / compute / transfer metrics exist (at zero) before the first hand-off
 
     def add_servicers(self, server: grpc.aio.Server) -> Sequence[str]:
         worker_pb2_grpc.add_PrefillServicer_to_server(PrefillServicer(self), server)
@@ -65,7 +71,7 @@ class PrefillService(EngineService):
                                               tracing=self.telemetry.tracing, tls=self.tls)
             self.transfer.start_progress()
 
-    def describe(self) -> dict:  # type: ignore[type-arg]
+    def describe(self) -> dict:
         d = super().describe()
         d["transfer_backend"] = self.cfg.transfer.transfer_backend
         return d
@@ -79,6 +85,31 @@ class PrefillService(EngineService):
             await self.remote_vision.close()
         if self.transfer is not None:
             await self.transfer.close()
+
+
+@dataclass(frozen=True)
+class _Job:
+    """A checked ticket: what one hand-off computes and where it writes."""
+
+    ticket: worker_pb2.HandoffTicket
+    prompt: list[int]
+    params: SamplingParams
+    dst: list[PageDesc]  # decode's pages, past the prefix it already holds
+    skip_pages: int
+    n_pages: int
+    t_start: float  # monotonic: when the call arrived
+    deadline: float  # monotonic: the ticket's deadline (or --handoff-timeout-s) from t_start
+
+
+@dataclass(frozen=True)
+class _Sent:
+    """The pages written into decode's and their checksum (monotonic times: compute done, write done)."""
+
+    pages: int
+    nbytes: int
+    checksum: int
+    t_computed: float
+    t_sent: float
 
 
 class PrefillServicer(worker_pb2_grpc.PrefillServicer):
@@ -104,19 +135,46 @@ class PrefillServicer(worker_pb2_grpc.PrefillServicer):
 
     async def _prefill(self, ticket: worker_pb2.HandoffTicket,
                        context: grpc.aio.ServicerContext) -> worker_pb2.PrefillResponse:
+        """Check the ticket, fence it by epoch, run it (or answer a replay as before)."""
         svc = self.svc
         me = svc.instance_id
+        aengine, transfer = svc.aengine, svc.transfer
+        if aengine is None or transfer is None:
+            await abort(context, common_pb2.ERROR_CODE_UNAVAILABLE, f"{me} is still warming up; retry", instance_id=me)
+        assert aengine is not None and transfer is not None
+        job = await self._check(ticket, time.monotonic(), aengine.engine, transfer, context)
+        # ---- fencing -------------------------------------------------------------------------------------------
+        # Epochs are ordered per owner: each decode numbers its own hand-offs, so a request retried on another
+        # decode (gateway failover) is a new transaction, not a stale one.
+        owner_key = f"{ticket.decode_instance_id}/{ticket.request_id}"
+        state, cached = svc.ledger.check(owner_key, ticket.epoch)
+        if state is Fence.STALE:
+            await abort(context, common_pb2.ERROR_CODE_STALE_EPOCH,
+                        f"ticket epoch {ticket.epoch} of {ticket.request_id} is older than one already seen; refused",
+                        instance_id=me)
+        if state is Fence.BUSY:
+            await abort(context, common_pb2.ERROR_CODE_OVERLOADED,
+                        f"hand-off {ticket.request_id} epoch {ticket.epoch} is already running here; retry later",
+                        instance_id=me)
+        if state is Fence.REPLAY:
+            assert cached is not None
+            return cached
+        svc.ledger.begin(owner_key, ticket.epoch)
+        response: worker_pb2.PrefillResponse | None = None
+        try:
+            response = await self._run(job, context)
+            return response
+        finally:
+            svc.ledger.finish(owner_key, ticket.epoch, response)
+
+    async def _check(self, ticket: worker_pb2.HandoffTicket, t_start: float, engine: Engine, transfer: KVTransfer,
+                     context: grpc.aio.ServicerContext) -> _Job:
+        """The ticket as a job, or the call aborted: malformed -> INVALID_ARGUMENT, incompatible -> LAYOUT_MISMATCH."""
+        me = self.svc.instance_id
 
         async def fail(code: int, msg: str) -> None:
             await abort(context, code, msg, instance_id=me)
 
-        aengine, transfer = svc.aengine, svc.transfer
-        if aengine is None or transfer is None:
-            await fail(common_pb2.ERROR_CODE_UNAVAILABLE, f"{me} is still warming up; retry")
-        assert aengine is not None and transfer is not None
-        engine = aengine.engine
-        t_start = time.monotonic()
-        # ---- validate the ticket (malformed -> INVALID_ARGUMENT, incompatible -> LAYOUT_MISMATCH) ----------
         if not ticket.request_id or not ticket.prompt_token_ids:
             await fail(common_pb2.ERROR_CODE_INVALID_ARGUMENT, "ticket needs a request_id and prompt tokens")
         want_backend = BACKEND_FROM_PB.get(ticket.decode_peer.backend)
@@ -153,120 +211,135 @@ class PrefillServicer(worker_pb2_grpc.PrefillServicer):
             params = sampling_from_pb(ticket.sampling).validate(vocab_size=engine.runner.vocab_size)
         except InvalidRequest as e:
             await fail(common_pb2.ERROR_CODE_INVALID_ARGUMENT, str(e))
-        # ---- fencing -------------------------------------------------------------------------------------------
-        # Epochs are ordered per owner: each decode numbers its own hand-offs, so a request retried on another
-        # decode (gateway failover) is a new transaction, not a stale one.
-        owner_key = f"{ticket.decode_instance_id}/{ticket.request_id}"
-        state, cached = svc.ledger.check(owner_key, ticket.epoch)
-        if state == "stale":
-            await fail(common_pb2.ERROR_CODE_STALE_EPOCH,
-                       f"ticket epoch {ticket.epoch} of {ticket.request_id} is older than one already seen; refused")
-        if state == "busy":
-            await fail(common_pb2.ERROR_CODE_OVERLOADED,
-                       f"hand-off {ticket.request_id} epoch {ticket.epoch} is already running here; retry later")
-        if state == "replay":
-            assert cached is not None
-            return cached
-        svc.ledger.begin(owner_key, ticket.epoch)
-        response: worker_pb2.PrefillResponse | None = None
-        try:
-            response = await self._run(ticket, prompt, params, dst, skip_pages, n_pages, t_start, context)
-            return response
-        finally:
-            svc.ledger.finish(owner_key, ticket.epoch, response)
+        deadline = t_start + (ticket.deadline_s or self.svc.cfg.disagg.handoff_timeout_s)
+        return _Job(ticket, prompt, params, dst, skip_pages, n_pages, t_start, deadline)
 
-    async def _run(self, ticket: worker_pb2.HandoffTicket, prompt: list[int], params, dst, skip_pages: int,  # type: ignore[no-untyped-def]
-                   n_pages: int, t_start: float, context: grpc.aio.ServicerContext) -> worker_pb2.PrefillResponse:
+    async def _run(self, job: _Job, context: grpc.aio.ServicerContext) -> worker_pb2.PrefillResponse:
+        """Compute the prompt with its pages held, write them into decode's, release them, answer."""
+        svc = self.svc
+        ticket = job.ticket
+        rid = svc.ids.open(ticket.request_id, int(ticket.epoch))
+        # The store keys pages by text-only page hashes: prompts with images neither load nor store (their pages
+        # depend on the image, which those keys do not see).
+        # The store's part of the prompt, within half the hand-off's time (0 on any miss).
+        if svc.kvstore is not None and not ticket.media:
+            await svc.kvstore.load(rid, job.prompt, budget_s=(job.deadline - time.monotonic()) / 2, trace=ticket.trace)
+        try:
+            first, t_accepted = await self._compute(job, rid, context)
+            sent = await self._send_pages(job, rid, first, t_accepted, context)
+        finally:
+            await self._release(rid, ticket.request_id)
+        kv = svc.kvstore
+        if kv is not None and not ticket.media and kv.wants_store(finished=False,
+                                                                  reused=first.num_cached_tokens > 0):
+            kv.store_later(job.prompt, trace=ticket.trace)  # after the release: the pages sit in the prefix cache
+        svc.pages_written += sent.pages
+        svc.bytes_written += sent.nbytes
+        return self._response(job, first, sent)
+
+    async def _compute(self, job: _Job, rid: str, context: grpc.aio.ServicerContext) -> tuple[RequestOutput, float]:
+        """Run the prompt to its first token, pages held; (its last delta, when the engine took the request)."""
+        svc = self.svc
+        me = svc.instance_id
+        aengine = svc.aengine
+        assert aengine is not None
+        engine = aengine.engine
+        ticket, params = job.ticket, job.params
+        # One token only, sampled with the request's own parameters; stop strings are decode's business.
+        # n > 1 samples fork at decode, after this one prefill.
+        first_params = dataclasses.replace(params, max_tokens=1, min_tokens=min(params.min_tokens, 1), stop=(), n=1)
+        accepted: list[float] = []  # when the engine thread took the request: the end of its queue wait
+
+        def admit() -> list[RequestOutput]:
+            accepted.append(time.monotonic())
+            engine.add_request(rid, job.prompt, first_params, hold_pages=True, media=media)
+            return []
+
+        try:
+            # a third of what is left of the hand-off for the encoders: a hung one leaves time to encode here
+            media = (await prefill_media(svc, rid, ticket.media, budget_s=(job.deadline - time.monotonic()) / 3)
+                     if ticket.media else ())
+            first = None
+            async for out in aengine.stream(rid, admit):  # generate(), but timed where the engine admits it
+                first = out
+        except InvalidRequest as e:
+            await abort(context, common_pb2.ERROR_CODE_INVALID_ARGUMENT, str(e), instance_id=me)
+        except QueueFull as e:
+            await abort(context, common_pb2.ERROR_CODE_OVERLOADED, str(e), instance_id=me)
+        except EngineError as e:
+            await abort(context, common_pb2.ERROR_CODE_INTERNAL, str(e), instance_id=me)
+        assert first is not None and first.new_token_ids
+        if first.finish_reason == "abort":
+            await abort(context, common_pb2.ERROR_CODE_CANCELLED, f"prefill of {rid} was aborted", instance_id=me)
+        return first, accepted[0]
+
+    async def _send_pages(self, job: _Job, rid: str, first: RequestOutput, t_accepted: float,
+                          context: grpc.aio.ServicerContext) -> _Sent:
+        """Tell decode the compute is done, write the held pages into its pages, checksum what was written."""
         svc = self.svc
         me = svc.instance_id
         aengine, transfer = svc.aengine, svc.transfer
         assert aengine is not None and transfer is not None
         engine = aengine.engine
-        deadline = t_start + (ticket.deadline_s or svc.cfg.disagg.handoff_timeout_s)
-        # One token only, sampled with the request's own parameters; stop strings are decode's business.
-        # n > 1 samples fork at decode, after this one prefill.
-        first_params = dataclasses.replace(params, max_tokens=1, min_tokens=min(params.min_tokens, 1), stop=(), n=1)
-        rid = svc.ids.open(ticket.request_id, int(ticket.epoch))
-        accepted: list[float] = []  # when the engine thread took the request: the end of its queue wait
-
-        def admit() -> list[RequestOutput]:
-            accepted.append(time.monotonic())
-            engine.add_request(rid, prompt, first_params, hold_pages=True, media=media)
-            return []
-
-        # The store keys pages by text-only page hashes: prompts with images neither load nor store (their pages
-        # depend on the image, which those keys do not see).
-        # The store's part of the prompt, within half the hand-off's time (0 on any miss).
-        if svc.kvstore is not None and not ticket.media:
-            await svc.kvstore.load(rid, prompt, budget_s=(deadline - time.monotonic()) / 2, trace=ticket.trace)
+        ticket, deadline = job.ticket, job.deadline
+        t_computed = time.monotonic()
+        # Tells decode the compute is done: from here only the write remains, which it waits for only briefly
+        # (a prefill that hangs now is given up on in seconds, whatever the compute deadline was).
+        await context.send_initial_metadata(((COMPUTED_KEY, "1"),))
+        pages = await aengine.call(lambda: engine.held_pages(rid))
+        src_pages = list(pages[job.skip_pages:job.n_pages])
+        t_pinned = time.monotonic()
+        if time.monotonic() >= deadline:
+            await abort(context, common_pb2.ERROR_CODE_TIMEOUT,
+                        f"prefill of {ticket.request_id} finished after its hand-off deadline; not writing",
+                        instance_id=me)
+        svc.faults.crash_if(Fault.PREFILL_CRASH_BEFORE_WRITE)
+        await svc.faults.hang_if(Fault.PREFILL_HANG, deadline - time.monotonic() + 1.0)
+        t_write = time.monotonic()
         try:
-            try:
-                # a third of what is left of the hand-off for the encoders: a hung one leaves time to encode here
-                media = (await prefill_media(svc, rid, ticket.media, budget_s=(deadline - time.monotonic()) / 3)
-                         if ticket.media else ())
-                first = None
-                async for out in aengine.stream(rid, admit):  # generate(), but timed where the engine admits it
-                    first = out
-            except InvalidRequest as e:
-                await abort(context, common_pb2.ERROR_CODE_INVALID_ARGUMENT, str(e), instance_id=me)
-            except QueueFull as e:
-                await abort(context, common_pb2.ERROR_CODE_OVERLOADED, str(e), instance_id=me)
-            except EngineError as e:
-                await abort(context, common_pb2.ERROR_CODE_INTERNAL, str(e), instance_id=me)
-            assert first is not None and first.new_token_ids
-            if first.finish_reason == "abort":
-                await abort(context, common_pb2.ERROR_CODE_CANCELLED, f"prefill of {rid} was aborted", instance_id=me)
-            t_computed = time.monotonic()
-            # Tells decode the compute is done: from here only the write remains, which it waits for only briefly
-            # (a prefill that hangs now is given up on in seconds, whatever the compute deadline was).
-            await context.send_initial_metadata(((COMPUTED_KEY, "1"),))
-            pages = await aengine.call(lambda: engine.held_pages(rid))
-            src_pages = list(pages[skip_pages:n_pages])
-            t_pinned = time.monotonic()
-            if time.monotonic() >= deadline:
-                await abort(context, common_pb2.ERROR_CODE_TIMEOUT,
-                            f"prefill of {ticket.request_id} finished after its hand-off deadline; not writing",
-                            instance_id=me)
-            svc.faults.crash_if("prefill_crash_before_write")
-            await svc.faults.hang_if("prefill_hang", deadline - time.monotonic() + 1.0)
-            t_write = time.monotonic()
-            try:
+            # a known peer without a thread hop (a busy box delays to_thread by milliseconds)
+            peer = transfer.connected(ticket.decode_peer)
+            if not peer:
                 peer = await asyncio.to_thread(transfer.connect, ticket.decode_peer)
-                handle = transfer.write_pages(peer, src_pages, dst, f"{ticket.request_id}:{ticket.epoch}".encode())
-                svc.faults.crash_if("prefill_crash_mid_transfer")
-                await transfer.wait(handle, max(0.05, deadline - time.monotonic()))
-            except TransferError as e:
-                await abort(context, common_pb2.ERROR_CODE_TRANSFER_FAILED, f"KV write to decode failed: {e}",
-                            instance_id=me)
-            t_sent = time.monotonic()
-            checksum = await asyncio.to_thread(transfer.checksum, src_pages)
-            self._observe(first, t_start, accepted[0], t_pinned, t_write, t_sent, len(src_pages), handle.nbytes,
-                          handle.num_descs, ticket.decode_instance_id)
-            if svc.faults.active("prefill_corrupt_checksum"):
-                checksum ^= 1
-        finally:
-            # Always, and shielded: when decode goes away (the RPC is cancelled) the request may have finished in
-            # the engine, its pages held, just before we saw its last delta. stream() queued an abort first, so
-            # this runs after it: a request still running is aborted, a finished one released.
-            t_release = time.monotonic()
-            try:
-                await asyncio.shield(aengine.call(lambda: engine.release_held(rid)))
-            except EngineError:  # the engine is shutting down: its pages go with it
-                pass
-            svc.telemetry.tracing.record(spans.PREFILL_RELEASE, t_release, time.monotonic())
-            svc.ids.close(ticket.request_id, rid)
-        kv = svc.kvstore
-        if kv is not None and not ticket.media and kv.wants_store(finished=False,
-                                                                  reused=first.num_cached_tokens > 0):
-            kv.store_later(prompt, trace=ticket.trace)  # after the release: the pages sit in the prefix cache
-        svc.pages_written += len(src_pages)
-        svc.bytes_written += handle.nbytes
+            handle = transfer.write_pages(peer, src_pages, job.dst, f"{ticket.request_id}:{ticket.epoch}".encode())
+            svc.faults.crash_if(Fault.PREFILL_CRASH_MID_TRANSFER)
+            await transfer.wait(handle, max(0.05, deadline - time.monotonic()))
+        except TransferError as e:
+            await abort(context, common_pb2.ERROR_CODE_TRANSFER_FAILED, f"KV write to decode failed: {e}",
+                        instance_id=me)
+        t_sent = time.monotonic()
+        checksum = await asyncio.to_thread(transfer.checksum, src_pages)
+        self._observe(first, job.t_start, t_accepted, t_pinned, t_write, t_sent, len(src_pages), handle.nbytes,
+                      handle.num_descs, ticket.decode_instance_id)
+        if svc.faults.active(Fault.PREFILL_CORRUPT_CHECKSUM):
+            checksum ^= 1
+        return _Sent(len(src_pages), handle.nbytes, checksum, t_computed, t_sent)
+
+    async def _release(self, rid: str, request_id: str) -> None:
+        """Always, and shielded: when decode goes away (the RPC is cancelled) the request may have finished in the
+        engine, its pages held, just before we saw its last delta. stream() queued an abort first, so this runs
+        after it: a request still running is aborted, a finished one released."""
+        svc = self.svc
+        aengine = svc.aengine
+        assert aengine is not None
+        engine = aengine.engine
+        t_release = time.monotonic()
+        try:
+            await asyncio.shield(aengine.call(lambda: engine.release_held(rid)))
+        except EngineError:  # the engine is shutting down: its pages go with it
+            pass
+        svc.telemetry.tracing.record(spans.PREFILL_RELEASE, t_release, time.monotonic())
+        svc.ids.close(request_id, rid)
+
+    def _response(self, job: _Job, first: RequestOutput, sent: _Sent) -> worker_pb2.PrefillResponse:
+        ticket, t_start = job.ticket, job.t_start
         resp = worker_pb2.PrefillResponse(
             request_id=ticket.request_id, epoch=ticket.epoch, first_token_id=first.new_token_ids[0],
-            checksum_algorithm=worker_pb2.CHECKSUM_ALGORITHM_CRC32, checksum=checksum,
-            pages_written=len(src_pages), bytes_written=handle.nbytes, cached_tokens=first.num_cached_tokens,
-            computed_tokens=len(prompt) - first.num_cached_tokens, prefill_instance_id=me,
-            timings=worker_pb2.PrefillTimings(compute_s=t_computed - t_start, transfer_s=t_sent - t_computed,
+            checksum_algorithm=worker_pb2.CHECKSUM_ALGORITHM_CRC32, checksum=sent.checksum,
+            pages_written=sent.pages, bytes_written=sent.nbytes, cached_tokens=first.num_cached_tokens,
+            computed_tokens=len(job.prompt) - first.num_cached_tokens, prefill_instance_id=self.svc.instance_id,
+            timings=worker_pb2.PrefillTimings(compute_s=sent.t_computed - t_start,
+                                              transfer_s=sent.t_sent - sent.t_computed,
                                               total_s=time.monotonic() - t_start))
         if first.new_logprobs:
             resp.first_logprob.CopyFrom(logprob_to_pb(first.new_logprobs[0]))

@@ -8,13 +8,14 @@ from collections.abc import Sequence
 import grpc
 
 from proto.pdrelay.v1 import worker_pb2_grpc
+from shared.config.roles import Role
 from shared.serving.decode_servicer import DecodeServicer
 from shared.serving.engine_service import EngineService
 from shared.serving.kvstore_client import KVStoreClient, attach_kvstore
 
 
 class WorkerService(EngineService):
-    role = "worker"
+    role = Role.WORKER
     kvstore: KVStoreClient | None = None
 
     def add_servicers(self, server: grpc.aio.Server) -> Sequence[str]:

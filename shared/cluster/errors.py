@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-from shared.cluster.localcluster.servers import etcd_command_hint, nats_command_hint
-
 
 class ControlPlaneUnavailable(ConnectionError):
     """etcd or NATS could not be reached when a process started (later outages are survived, not raised)."""
@@ -28,3 +26,16 @@ def nats_unavailable(url: str, detail: str = "") -> ControlPlaneUnavailable:
 
 class StartupError(ValueError):
     """A service cannot start because of its own settings (a port in use, ...); the message says what to change."""
+
+
+def etcd_command_hint(url: str = "http://127.0.0.1:2379") -> str:
+    """The command line that starts a local etcd on `url` (for error messages)."""
+    peer = "http://127.0.0.1:2380"
+    return (f"etcd --data-dir /tmp/pdrelay-etcd --listen-client-urls {url} --advertise-client-urls {url} "
+            f"--listen-peer-urls {peer} --initial-advertise-peer-urls {peer} --initial-cluster default={peer}")
+
+
+def nats_command_hint(url: str = "nats://127.0.0.1:4222") -> str:
+    hostport = url.split("://", 1)[-1]
+    host, _, port = hostport.rpartition(":")
+    return f"nats-server -a {host or '127.0.0.1'} -p {port or 4222} -js -sd /tmp/pdrelay-nats"

@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Sequence
+from typing import Any, cast
 from urllib.parse import urlsplit
 
 from etcd3aio import Etcd3Client, EtcdError
@@ -61,7 +62,8 @@ async def connect_etcd(endpoints: Sequence[str], *, timeout_s: float = 5.0,
     tls_args = tls.etcd_args() if secure and tls is not None else {}
     # Few fast retries: a service at start should fail in seconds with a clear message, not hang.
     client = Etcd3Client(targets, rpc_max_attempts=2, watch_reconnect_backoff_seconds=0.1,
-                         watch_max_reconnect_backoff_seconds=1.0, **tls_args)
+                         watch_max_reconnect_backoff_seconds=1.0,
+                         **cast("dict[str, Any]", tls_args))  # only **conn_args keys: ca_cert, cert_key, cert_chain
     await client.connect()
     deadline = asyncio.get_running_loop().time() + timeout_s
     last: BaseException | None = None

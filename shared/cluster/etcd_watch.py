@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator, AsyncIterator
 from typing import Any
 
 import grpc
@@ -42,7 +42,7 @@ async def _requests(create: Any, finished: asyncio.Event) -> AsyncIterator[Any]:
 
 
 async def watch_range(client: Etcd3Client, key: str | bytes, range_end: str | bytes, *, start_revision: int = 0,
-                      backoff_s: float = 0.1, max_backoff_s: float = 1.0) -> AsyncIterator[Any]:
+                      backoff_s: float = 0.1, max_backoff_s: float = 1.0) -> AsyncGenerator[Any, None]:
     """WatchResponses for keys in [key, range_end) from `start_revision`, reconnecting on transient errors (each
     new stream answers `created` first). Other errors raise grpc.aio.AioRpcError."""
     stub, watch_request, create_request = _watch_api(client)

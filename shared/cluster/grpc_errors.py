@@ -6,7 +6,7 @@
 
 from __future__ import annotations
 
-from typing import NoReturn
+from typing import NoReturn, cast
 
 import grpc
 
@@ -42,7 +42,8 @@ def status_of(code: int) -> grpc.StatusCode:
 
 
 def make_error(code: int, message: str, *, instance_id: str = "", retryable: bool | None = None) -> common_pb2.Error:
-    return common_pb2.Error(code=code, message=message, instance_id=instance_id,
+    # protoc's stubs type an enum field as its enum class; any int of ErrorCode is what the field holds at run time
+    return common_pb2.Error(code=cast("common_pb2.ErrorCode", code), message=message, instance_id=instance_id,
                             retryable=code in RETRYABLE if retryable is None else retryable)
 
 

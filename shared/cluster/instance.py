@@ -12,7 +12,7 @@ import re
 
 import msgspec
 
-from shared.engine.types import KVLayout
+from shared.modelspec.kv_layout import KVLayout
 
 ROOT = "/pdrelay"
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_-]{0,127}$")

@@ -20,6 +20,7 @@ import logging
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
+from typing import Any
 
 import grpc
 import msgspec
@@ -185,11 +186,11 @@ class Membership:
             if key not in fresh:
                 events.append(MembershipEvent(EventKind.LEAVE, old, None, rev))
         for key, new in fresh.items():
-            old = self._by_key.get(key)
-            if old is None:
+            prev = self._by_key.get(key)
+            if prev is None:
                 events.append(MembershipEvent(EventKind.JOIN, new, None, rev))
-            elif old != new:
-                events.append(MembershipEvent(EventKind.UPDATE, new, old, rev))
+            elif prev != new:
+                events.append(MembershipEvent(EventKind.UPDATE, new, prev, rev))
         self._by_key, self._revision = fresh, rev
         if not initial:
             self.resyncs += 1
@@ -209,11 +210,11 @@ class Membership:
         # Same revision range but a recreated counter: a new store that already took as many writes.
         return await self._counter_create_revision() != self._counter_created
 
-    def _apply(self, ev: object, rev: int) -> MembershipEvent | None:
-        kv = ev.kv  # type: ignore[attr-defined]
+    def _apply(self, ev: Any, rev: int) -> MembershipEvent | None:  # ev: an etcd watch Event (untyped protobuf)
+        kv = ev.kv
         key = kv.key.decode()
         old = self._by_key.get(key)
-        if ev.type == _DELETE:  # type: ignore[attr-defined]
+        if ev.type == _DELETE:
             if old is None:
                 return None
             del self._by_key[key]

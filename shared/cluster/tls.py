@@ -20,6 +20,8 @@ from typing import Any
 
 import grpc
 
+from shared.config.groups import TlsConfig
+
 
 class TlsError(ValueError):
     """A TLS file is missing or unreadable; the message names the flag."""
@@ -54,10 +56,12 @@ class TlsFiles:
                    key=read_pem(keyfile, "--tls-keyfile"), ca_path=ca_file, cert_path=certfile, key_path=keyfile)
 
     @classmethod
-    def from_config(cls, tls_cfg: Any) -> TlsFiles | None:
+    def from_config(cls, tls_cfg: TlsConfig | None) -> TlsFiles | None:
         """From a TlsConfig group (or None / a group with no files: TLS off)."""
-        if tls_cfg is None or not getattr(tls_cfg, "tls_ca_file", None):
+        if tls_cfg is None or not tls_cfg.tls_ca_file:
             return None
+        # the tls passes of shared/config checked that the CA comes with a certificate and its key
+        assert tls_cfg.tls_certfile and tls_cfg.tls_keyfile, "tls_ca_file without tls_certfile / tls_keyfile"
         return cls.load(tls_cfg.tls_ca_file, tls_cfg.tls_certfile, tls_cfg.tls_keyfile)
 
     # ------------------------------------------------------------------ gRPC

@@ -11,7 +11,10 @@ import typing
 from dataclasses import dataclass
 from typing import Annotated, Any
 
-A = Annotated
+# An import alias (not `A = Annotated`): type checkers treat only the import as the Annotated special form.
+from typing import Annotated as A
+
+__all__ = ["A", "ENV_PREFIX", "Arg", "FieldSpec", "env_name", "field_specs", "flag_name"]
 
 ENV_PREFIX = "PDRELAY_"
 

@@ -8,6 +8,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from shared.config.choices import (ENCODER_FAULTS, HANDOFF_FAULTS, AttentionBackend, Fault, LinearBackend,
+                                   SchedulePolicy, TransferBackend)
 from shared.config.fields import A, Arg
 
 BUNDLED_MODEL = "bundled:smollm2-135m-instruct"
@@ -62,7 +64,8 @@ class SchedulerConfig:
     chunked_prefill_size: A[int, Arg("Most prompt tokens per prefill chunk (0: derived from device memory)",
                                      min=0)] = 0
     max_prefill_tokens: A[int, Arg("Most prompt tokens in one step, all requests together", min=16)] = 4096
-    schedule_policy: A[str, Arg("Order of waiting requests", choices=("fcfs", "priority"))] = "fcfs"
+    schedule_policy: A[str, Arg("Order of waiting requests",
+                                choices=tuple(SchedulePolicy))] = SchedulePolicy.FCFS.value
     new_token_ratio: A[float, Arg("Share of max_tokens reserved when admitting (lower admits more, may preempt)",
                                   min=0.0, max=1.0)] = 0.4
 
@@ -88,9 +91,9 @@ class ParallelConfig:
 class KernelConfig:
     attention_backend: A[str, Arg("Attention kernels ('auto': triton on GPU; on CPU native (C decode kernel) for "
                                   "float32 where it builds, else torch)",
-                                  choices=("auto", "torch", "native", "triton"))] = "auto"
+                                  choices=tuple(AttentionBackend))] = AttentionBackend.AUTO.value
     linear_backend: A[str, Arg("Dense projections ('auto': oneDNN over prepacked weights for fp32 on CPU, "
-                               "torch's F.linear elsewhere)", choices=("auto", "torch", "onednn"))] = "auto"
+                               "torch's F.linear elsewhere)", choices=tuple(LinearBackend))] = LinearBackend.AUTO.value
     sampling_backend: A[str, Arg("Sampling implementation", choices=("torch",))] = "torch"
     grammar_backend: A[str, Arg("Structured outputs (response_format json_object / json_schema, guided_*): "
                                 "'xgrammar' constrains sampling with a token bitmask; 'none' refuses them",
@@ -117,14 +120,13 @@ class DisaggConfig:
     handoff_retries: A[int, Arg("Retries of a failed hand-off on another prefill instance", min=0, max=10)] = 1
     # Fault injection is a product feature: operators rehearse failures on a staging cluster with the real code.
     fault_injection: A[str, Arg("Inject one failure into every hand-off (chaos testing; never in production)",
-                                choices=("none", "prefill_crash_before_write", "prefill_crash_mid_transfer",
-                                         "prefill_hang", "prefill_corrupt_checksum",
-                                         "decode_crash_mid_stream"))] = "none"
+                                choices=HANDOFF_FAULTS)] = Fault.NONE.value
 
 
 @dataclass(frozen=True, kw_only=True)
 class TransferConfig:
-    transfer_backend: A[str, Arg("KV transfer engine", choices=("nixl", "mooncake"))] = "nixl"
+    transfer_backend: A[str, Arg("KV transfer engine",
+                                 choices=tuple(TransferBackend))] = TransferBackend.NIXL.value
     transfer_host: A[str, Arg("Address the transfer engine advertises to peers")] = "127.0.0.1"
 
 
@@ -176,7 +178,7 @@ class HttpConfig:
     request_retries: A[int, Arg("Retries of a failed request on another pair", min=0, max=10)] = 2
     encoder_timeout_s: A[float, Arg("Seconds an encoder call may take before it is retried on another encoder",
                                     min=0.1)] = 30.0
-    # images in chat requests: where they may come from and how large they may be (services/gateway/media/)
+    # images in chat requests: where they may come from and how large they may be (services/gateway/http/media/)
     limit_mm_per_prompt: A[int, Arg("Most images in one request", min=0, max=64)] = 4
     allowed_local_media_path: A[str | None, Arg("Directory file:// image URLs may read from (default: file:// "
                                                 "refused)")] = None
@@ -214,7 +216,7 @@ class EncoderConfig:
     encoder_batch_wait_ms: A[float, Arg("How long an idle encoder waits for more requests to batch with the first",
                                         min=0.0, max=1000.0)] = 2.0
     encoder_fault_injection: A[str, Arg("Inject one failure into every encoder request (chaos testing; never in "
-                                        "production)", choices=("none", "encoder_crash", "encoder_hang"))] = "none"
+                                        "production)", choices=ENCODER_FAULTS)] = Fault.NONE.value
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -70,7 +70,7 @@ class _GroupAttr(Generic[T]):
     def __get__(self, obj: ResolvedConfig | None, owner: type) -> T | _GroupAttr[T]:
         if obj is None:
             return self
-        return obj.group(self.name)  # type: ignore[return-value]
+        return obj.group(self.name)  # type: ignore[return-value]  # the group stored under this name is a T
 
 
 @dataclass(frozen=True)
@@ -168,7 +168,7 @@ class ResolvedConfig:
         validate(spec, value, Origin(provenance.source, spec.flag))
         group = self.group(spec.group)
         by_group = dict(self.by_group)
-        by_group[spec.group] = dataclasses.replace(group, **{spec.name: value})  # type: ignore[type-var]
+        by_group[spec.group] = dataclasses.replace(group, **{spec.name: value})  # type: ignore[type-var]  # a group dataclass
         prov = dict(self.provenance)
         prov[key] = provenance
         return ResolvedConfig(self.role, by_group, prov)
@@ -204,8 +204,8 @@ class ResolvedConfig:
             version = data.get("version") if isinstance(data, dict) else None
             raise ConfigError(f"resolved config JSON has version {version!r}, expected {JSON_VERSION}; "
                               "regenerate it with the same pdrelay version")
-        role = data.get("role")
-        catalog.check_role(str(role))
+        role = str(data.get("role"))
+        catalog.check_role(role)
         config, prov_in = data.get("config", {}), data.get("provenance", {})
         by_group: dict[str, Any] = {}
         provenance: dict[str, Provenance] = {}

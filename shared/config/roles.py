@@ -2,19 +2,34 @@
 
 from __future__ import annotations
 
+import enum
+
+
+class Role(enum.StrEnum):
+    """A kind of service process (`pdrelay serve <role>`; the etcd key /pdrelay/<cluster>/instances/<role>/...)."""
+
+    GATEWAY = "gateway"
+    ENCODER = "encoder"
+    PREFILL = "prefill"
+    DECODE = "decode"
+    WORKER = "worker"
+    KVSTORE = "kvstore"
+    PLANNER = "planner"
+
+
 _COMMON = ("device", "discovery", "bus", "grpc", "tls", "telemetry")
 _ENGINE = ("model", "tokenizer", "cache", "scheduler", "engine", "parallel", "kernels", "cuda_graph")
 
 ROLE_GROUPS: dict[str, tuple[str, ...]] = {
-    "gateway": ("model", "tokenizer", "http") + _COMMON,
-    "encoder": ("model", "encoder") + _COMMON,
-    "prefill": _ENGINE + ("disagg", "transfer", "kvstore_client") + _COMMON,
-    "decode": _ENGINE + ("disagg", "transfer", "kvstore_client") + _COMMON,
+    Role.GATEWAY: ("model", "tokenizer", "http") + _COMMON,
+    Role.ENCODER: ("model", "encoder") + _COMMON,
+    Role.PREFILL: _ENGINE + ("disagg", "transfer", "kvstore_client") + _COMMON,
+    Role.DECODE: _ENGINE + ("disagg", "transfer", "kvstore_client") + _COMMON,
     # colocated: prefill and decode in one process, the baseline every disaggregation benchmark compares against
-    "worker": _ENGINE + ("disagg", "kvstore_client") + _COMMON,
-    "kvstore": ("kvstore", "transfer") + _COMMON,
+    Role.WORKER: _ENGINE + ("disagg", "kvstore_client") + _COMMON,
+    Role.KVSTORE: ("kvstore", "transfer") + _COMMON,
     # scales prefill and decode against TTFT / ITL targets (services/planner)
-    "planner": ("planner",) + _COMMON,
+    Role.PLANNER: ("planner",) + _COMMON,
 }
 
-ROLES: tuple[str, ...] = tuple(ROLE_GROUPS)
+ROLES: tuple[str, ...] = tuple(str(r) for r in ROLE_GROUPS)  # plain text: argparse choices, messages

@@ -42,7 +42,7 @@ def kind_of(tp: Any) -> Kind:
     optional = False
     origin = typing.get_origin(tp)
     if origin is types.UnionType or origin is typing.Union:
-        args = [a for a in typing.get_args(tp) if a is not type(None)]
+        args = tuple(a for a in typing.get_args(tp) if a is not type(None))
         assert len(args) == 1, f"unsupported union type {tp!r}: only `X | None` is allowed"
         optional, tp, origin = True, args[0], typing.get_origin(args[0])
     if origin is tuple:

@@ -38,7 +38,7 @@ class AsyncEngine:
 
     def __init__(self, engine: Engine) -> None:
         self.engine = engine
-        self._cmds: queue.SimpleQueue[Callable[[], None]] = queue.SimpleQueue()
+        self._cmds: queue.SimpleQueue[Callable[[], object]] = queue.SimpleQueue()
         self._wake = threading.Event()
         self._streams: dict[str, tuple[asyncio.AbstractEventLoop, asyncio.Queue[RequestOutput | BaseException]]] = {}
         self._stopping = False
@@ -65,7 +65,7 @@ class AsyncEngine:
             try:
                 self.engine.add_request(req_id, prompt_token_ids, params, priority, hold_pages=hold_pages,
                                         media=media)
-            except BaseException as e:  # handed to the caller, the engine keeps serving
+            except BaseException as e:  # handed to the caller, the engine keeps serving  # noqa: BLE001
                 added.set_exception(e)
                 return
             for rid in ids:
@@ -109,7 +109,7 @@ class AsyncEngine:
                 return
             try:
                 result = fn()
-            except BaseException as e:  # handed to the caller, the engine keeps serving
+            except BaseException as e:  # handed to the caller, the engine keeps serving  # noqa: BLE001
                 fut.set_exception(e)
                 return
             fut.set_result(result)
@@ -167,7 +167,7 @@ class AsyncEngine:
         self._thread.join(timeout)
 
     # ---- engine thread -----------------------------------------------------------------------------------------
-    def _submit(self, fn: Callable[[], None]) -> None:
+    def _submit(self, fn: Callable[[], object]) -> None:
         self._cmds.put(fn)
         self._wake.set()
 
@@ -232,7 +232,7 @@ def _coalesce(first: RequestOutput | BaseException,
     while item is not None:
         if isinstance(item, RequestOutput) and item.req_id in open_at:
             j = open_at[item.req_id]
-            merged = merge_deltas(out[j], item)  # type: ignore[arg-type]
+            merged = merge_deltas(out[j], item)  # type: ignore[arg-type]  # open_at points at RequestOutputs only
             out[j] = merged
             if merged.finished:
                 del open_at[item.req_id]

@@ -1,7 +1,7 @@
 """Engine: scheduler + model runner + sampler, one step at a time (shared/engine/async_engine.py runs it on a
 thread for services).
 
-    engine = Engine(runner, page_size=16, max_running_requests=32, ...)
+    engine = Engine(runner, cache=CacheConfig(page_size=16), scheduler=SchedulerConfig(max_running_requests=32))
     engine.add_request("r1", prompt_ids, SamplingParams(max_tokens=64))
     while engine.has_work():
         for delta in engine.step(): ...
@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 import torch
 
+from shared.config.choices import AttentionBackend, LinearBackend
 from shared.engine.errors import EngineError
 from shared.engine.grammar import GrammarBackend, MaskFiller
 from shared.engine.page_allocator import PageAllocator
@@ -27,15 +28,19 @@ from shared.engine.radix_cache import KVEvent, RadixCache
 from shared.engine.request import FinishReason, MediaInput, RequestOutput, TokenLogprobs
 from shared.engine.sampler import Sampler
 from shared.engine.sampler import prompt_logprobs
-from shared.engine.sampler.detokenizer import DecodeFn
+from shared.engine.sampler.text_window import DecodeFn
 from shared.engine.sampling_params import SamplingParams
 from shared.engine.scheduler import Scheduler
-from shared.engine.scheduler.handoff import DEFAULT_QUARANTINE_S, Reservation
-from shared.engine.types import KVLayout, SchedulerOutput, StepStats
+from shared.engine.scheduler.scheduler import max_step_tokens
+from shared.engine.scheduler.handoff_pages import DEFAULT_QUARANTINE_S, Reservation
+from shared.modelspec.kv_layout import KVLayout
+from shared.engine.types import SchedulerOutput, StepStats
 
 if TYPE_CHECKING:
     from shared.config.groups import (CacheConfig, CudaGraphConfig, DeviceConfig, DisaggConfig, KernelConfig,
                                       ModelConfig, SchedulerConfig, TokenizerConfig)
+    from shared.config.resolved import ResolvedConfig
+    from shared.engine.kv_pool import KVPool
 
 
 class Runner(Protocol):
@@ -44,6 +49,8 @@ class Runner(Protocol):
     eos_token_ids: tuple[int, ...]
     context_length: int
     layout: KVLayout
+    kv: KVPool  # the pages the hand-off and the kvstore read and write
+    device: torch.device
 
     def forward(self, out: SchedulerOutput) -> torch.Tensor: ...
 
@@ -123,7 +130,8 @@ def make_decode_fn(tokenizer: Any) -> DecodeFn | None:
     if hasattr(tokenizer, "decode"):
         return lambda ids: tokenizer.decode(list(ids), skip_special_tokens=True)
     if callable(tokenizer):
-        return tokenizer
+        fn: DecodeFn = tokenizer
+        return fn
     raise TypeError(f"tokenizer must have .decode(ids) or be a callable ids -> str (got {type(tokenizer).__name__})")
 
 
@@ -135,19 +143,20 @@ def _graph_sizes(cfg: CudaGraphConfig | None) -> tuple[int, ...]:
 
 
 class Engine:
-    def __init__(self, runner: Runner, *, page_size: int = 16, max_running_requests: int = 64,
-                 chunked_prefill_size: int = 0, max_prefill_tokens: int = 4096, schedule_policy: str = "fcfs",
-                 enable_prefix_cache: bool = True, tokenizer: Any = None, threads: int | None = None,
-                 on_kv_event: Callable[[KVEvent], None] | None = None, max_queued_requests: int = 1024,
-                 new_token_ratio: float = 0.4, context_length: int | None = None,
-                 handoff_quarantine_s: float = DEFAULT_QUARANTINE_S, grammar_backend: str = "xgrammar") -> None:
+    def __init__(self, runner: Runner, *, cache: CacheConfig, scheduler: SchedulerConfig, tokenizer: Any = None,
+                 threads: int | None = None, on_kv_event: Callable[[KVEvent], None] | None = None,
+                 context_length: int | None = None, handoff_quarantine_s: float = DEFAULT_QUARANTINE_S,
+                 grammar_backend: str = "xgrammar") -> None:
+        """cache: page size and prefix sharing (num_pages is the runner's); scheduler: limits and policy. Both are
+        the config groups of shared/config/groups.py, which declares every default once."""
         if threads:
             torch.set_num_threads(threads)  # per-thread OpenMP setting: AsyncEngine repeats it on its thread
         self.threads = threads
+        page_size = cache.page_size
         if runner.layout.page_size != page_size:
             raise ValueError(f"page_size {page_size} differs from the runner's KV layout page size "
                              f"{runner.layout.page_size}; build both with the same --page-size")
-        max_step = max(min(max_prefill_tokens, chunked_prefill_size or max_prefill_tokens), max_running_requests)
+        max_step = max_step_tokens(scheduler)
         runner_cap = getattr(runner, "max_batch_tokens", None)
         if runner_cap is not None and max_step > runner_cap:
             raise ValueError(f"a step may hold {max_step} tokens (max_prefill_tokens / chunked_prefill_size / "
@@ -156,7 +165,8 @@ class Engine:
         self.runner = runner
         self.page_size = page_size
         self.allocator = PageAllocator(runner.num_pages)
-        self.cache = RadixCache(self.allocator, page_size, enabled=enable_prefix_cache, on_event=on_kv_event)
+        self.cache = RadixCache(self.allocator, page_size, enabled=not cache.disable_radix_cache,
+                                on_event=on_kv_event)
         self.decode_fn = make_decode_fn(tokenizer)
         self.tokenizer = tokenizer
         ctx = min(context_length or runner.context_length, runner.context_length)
@@ -170,9 +180,7 @@ class Engine:
         self.masks = MaskFiller(runner.vocab_size)
         self.scheduler = Scheduler(
             allocator=self.allocator, cache=self.cache, page_size=page_size, max_model_len=ctx,
-            max_running_requests=max_running_requests, max_queued_requests=max_queued_requests,
-            max_prefill_tokens=max_prefill_tokens, chunked_prefill_size=chunked_prefill_size,
-            policy=schedule_policy, new_token_ratio=new_token_ratio, eos_token_ids=runner.eos_token_ids,
+            config=scheduler, eos_token_ids=runner.eos_token_ids,
             decode_fn=self.decode_fn, vocab_size=runner.vocab_size, grammar=grammar)
         self.scheduler.handoff.abort_quarantine_s = handoff_quarantine_s
         self.scheduler.forks.can_copy = hasattr(getattr(runner, "kv", None), "copy_pages")
@@ -188,47 +196,42 @@ class Engine:
                     tokenizer: TokenizerConfig | None = None, on_kv_event: Callable[[KVEvent], None] | None = None,
                     disagg: DisaggConfig | None = None, cuda_graph: CudaGraphConfig | None = None) -> Engine:
         """Build the runner (weights + KV pool) and the engine from resolved config groups."""
-        from shared.engine.bundled import resolve_model_path
+        from shared.modelspec.bundled import resolve_model_path
         from shared.engine.model_runner import ModelRunner
 
         dev = device.device if device is not None else "auto"
         if dev == "auto":
             dev = "cuda" if torch.cuda.is_available() else "cpu"
         dtype = model.dtype if model.dtype != "auto" else ("bfloat16" if dev == "cuda" else "float32")
-        backend = kernels.attention_backend if kernels is not None else "auto"  # the runner resolves auto
+        # the runner resolves auto
+        backend = AttentionBackend(kernels.attention_backend) if kernels is not None else AttentionBackend.AUTO
         threads = device.threads if device is not None and device.threads > 0 else None
         if threads:
             torch.set_num_threads(threads)  # before loading: weight conversion uses the intra-op pool too
         path = resolve_model_path(model.model, model.model_cache_dir)
-        chunk = scheduler.chunked_prefill_size
-        max_step = max(min(scheduler.max_prefill_tokens, chunk or scheduler.max_prefill_tokens),
-                       scheduler.max_running_requests)
         runner = ModelRunner(path, dtype=dtype, device=dev, num_pages=cache.num_pages or None,
                              kv_budget_bytes=(cache.kv_cache_memory_bytes or None) if not cache.num_pages else None,
                              page_size=cache.page_size, attention_backend=backend,
-                             linear_backend=kernels.linear_backend if kernels is not None else "auto",
-                             max_batch_tokens=max_step,
+                             linear_backend=LinearBackend(kernels.linear_backend) if kernels is not None
+                             else LinearBackend.AUTO,
+                             max_batch_tokens=max_step_tokens(scheduler),
                              context_length=model.context_length, cuda_graph_bs=_graph_sizes(cuda_graph))
         tok_dir = tokenizer.tokenizer if tokenizer is not None and tokenizer.tokenizer else str(path)
         from transformers import AutoTokenizer
 
         tok = AutoTokenizer.from_pretrained(tok_dir, local_files_only=True)
-        return cls(runner, page_size=cache.page_size, max_running_requests=scheduler.max_running_requests,
-                   chunked_prefill_size=chunk, max_prefill_tokens=scheduler.max_prefill_tokens,
-                   schedule_policy=scheduler.schedule_policy, enable_prefix_cache=not cache.disable_radix_cache,
-                   tokenizer=tok, threads=threads, on_kv_event=on_kv_event,
-                   max_queued_requests=scheduler.max_queued_requests, new_token_ratio=scheduler.new_token_ratio,
+        return cls(runner, cache=cache, scheduler=scheduler, tokenizer=tok, threads=threads, on_kv_event=on_kv_event,
                    context_length=model.context_length,
                    handoff_quarantine_s=disagg.handoff_timeout_s if disagg is not None else DEFAULT_QUARANTINE_S,
                    grammar_backend=kernels.grammar_backend if kernels is not None else "xgrammar")
 
     @classmethod
-    def from_config(cls, cfg: Any, *, on_kv_event: Callable[[KVEvent], None] | None = None) -> Engine:
-        """From a resolved role config (shared.config): uses its model, cache, scheduler, kernels, device and
-        tokenizer groups."""
+    def from_config(cls, cfg: ResolvedConfig, *, on_kv_event: Callable[[KVEvent], None] | None = None) -> Engine:
+        """From the resolved config of an engine role (prefill, decode, worker): its model, cache, scheduler,
+        kernels, device, tokenizer, disagg and cuda_graph groups."""
         return cls.from_groups(model=cfg.model, cache=cfg.cache, scheduler=cfg.scheduler, kernels=cfg.kernels,
                                device=cfg.device, tokenizer=cfg.tokenizer, on_kv_event=on_kv_event,
-                               disagg=getattr(cfg, "disagg", None), cuda_graph=getattr(cfg, "cuda_graph", None))
+                               disagg=cfg.disagg, cuda_graph=cfg.cuda_graph)
 
     # ---- requests ----------------------------------------------------------------------------------------------
     def add_request(self, req_id: str, prompt_token_ids: Sequence[int], params: SamplingParams | None = None,
@@ -238,7 +241,7 @@ class Engine:
         media: the prompt's images with their embeddings (a VisionEncoderRunner's or the encoder service's)."""
         self.scheduler.add_request(req_id, prompt_token_ids, params, priority, hold_pages=hold_pages, media=media)
 
-    # ---- KV hand-off (shared/engine/scheduler/handoff.py) ------------------------------------------------------
+    # ---- KV hand-off (shared/engine/scheduler/handoff_pages.py) ------------------------------------------------------
     def reserve_remote(self, req_id: str, prompt_token_ids: Sequence[int], params: SamplingParams | None = None,
                        priority: int = 0, media: Sequence[MediaInput] = ()) -> Reservation:
         """Decode role: pages for a prompt whose KV another instance computes."""
@@ -282,15 +285,15 @@ class Engine:
         logprobs: list[TokenLogprobs | None] | None = None
         copies = self.scheduler.forks.take_copies()
         if copies:  # n > 1: the partial prompt page of each new fork, before anything writes into it
-            self.runner.kv.copy_pages(copies)  # type: ignore[attr-defined]
+            self.runner.kv.copy_pages(copies)
         if out.seqs:
             try:
                 reqs = [self.scheduler.requests[s.req_id] for s in out.seqs if s.need_logits]
                 pending = self.masks.start(reqs)  # grammar bitmask filled while the forward pass runs
                 if self._split_prepare:
-                    batch = self.runner.prepare(out)  # type: ignore[attr-defined]
+                    batch = self.runner.prepare(out)  # type: ignore[attr-defined]  # optional: _split_prepare says the runner has it
                     t2 = time.perf_counter()
-                    logits = self.runner.forward_batch(batch)  # type: ignore[attr-defined]
+                    logits = self.runner.forward_batch(batch)  # type: ignore[attr-defined]  # optional, as prepare()
                 else:
                     t2 = t1
                     logits = self.runner.forward(out)

@@ -15,7 +15,7 @@ from collections.abc import Sequence
 
 import torch
 
-from shared.engine.types import KVLayout
+from shared.modelspec.kv_layout import KVLayout
 
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
@@ -53,8 +53,8 @@ class KVPool:
         shape = (num_pages, layout.num_layers, 2, layout.page_size, layout.num_kv_heads, layout.head_dim)
         if self.device.type == "cpu":
             # Huge-page-advised anonymous memory: zero without a fill pass (fast start), fewer TLB misses for
-            # attention, and memcpy-speed page writes between processes (see shared/transfer/hostmem.py).
-            from shared.transfer.hostmem import alloc_host_buffer
+            # attention, and memcpy-speed page writes between processes (see shared/kernels/hostmem.py).
+            from shared.kernels.hostmem import alloc_host_buffer
 
             self.buffer = alloc_host_buffer(shape, self.dtype)
         else:
@@ -66,6 +66,8 @@ class KVPool:
         # layer per decode step.
         self._k = [self.buffer[:, i, 0] for i in range(layout.num_layers)]
         self._v = [self.buffer[:, i, 1] for i in range(layout.num_layers)]
+        # Pages known to be backed by memory (populated or written): host pools start unbacked (see prefault()).
+        self._resident = bytearray(num_pages) if self.device.type == "cpu" else bytearray(b"\x01" * num_pages)
 
     @property
     def bytes_per_page(self) -> int:
@@ -109,6 +111,31 @@ class KVPool:
         idx = (slots_pages, slots_offsets)
         self._k[layer].index_put_(idx, k)
         self._v[layer].index_put_(idx, v)
+
+    def prefault(self, page_ids: Sequence[int]) -> int:
+        """Back the pages with memory before a peer writes into them; returns how many pages that newly faulted.
+
+        A host pool is fresh anonymous memory: its first write faults each huge page in, and when that write is a
+        peer's KV transfer the kernel does it inside the transfer (~10x slower than into resident pages here).
+        Each page is populated once in the pool's life (contents untouched, see hostmem.populate); call it from
+        any thread, e.g. while the peer still computes. A no-op on GPU pools.
+        """
+        from shared.kernels.hostmem import populate
+
+        todo = sorted({p for p in page_ids if not self._resident[p]})
+        done = 0
+        i = 0
+        while i < len(todo):  # one madvise per run of consecutive pages
+            j = i
+            while j + 1 < len(todo) and todo[j + 1] == todo[j] + 1:
+                j += 1
+            if not populate(self.page_ptr(todo[i]), (j - i + 1) * self.bytes_per_page):
+                return done  # unsupported here: the transfer faults them in itself
+            for p in todo[i : j + 1]:
+                self._resident[p] = 1
+            done += j - i + 1
+            i = j + 1
+        return done
 
     def page_view(self, page_id: int) -> torch.Tensor:
         """[num_layers, 2, page_size, kv_heads, head_dim]: one page, contiguous (a view, writes go to the pool)."""

@@ -20,7 +20,8 @@ from shared.engine.forward_batch import ForwardBatch, build_forward_batch
 from shared.engine.kv_pool import KVPool, num_pages_for_budget, torch_dtype
 from shared.engine.models import LlamaForCausalLM, build_model, load_model_config
 from shared.engine.models.llava import LlavaWeights, canonical_name, load_llava_config
-from shared.engine.types import KVLayout, SchedulerOutput
+from shared.modelspec.kv_layout import KVLayout
+from shared.engine.types import SchedulerOutput
 from shared.engine.weights import load_weights
 from shared.kernels.dispatch import select_attention_backend
 from shared.kernels.elementwise import elementwise_ops

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 
 import msgspec
 
-from shared.engine.block_hash import ROOT_HASH, page_hash
+from shared.modelspec.block_hash import ROOT_HASH, page_hash
 from shared.engine.page_allocator import PageAllocator
 
 
@@ -151,7 +151,7 @@ class RadixCache:
         if not self.enabled:
             return InsertResult((), (), 0)
         assert start_page == 0 or (hashes is not None and len(hashes) >= start_page)
-        out_hashes: list[int] = list(hashes[:start_page]) if start_page else []
+        out_hashes: list[int] = list(hashes[:start_page]) if start_page and hashes is not None else []
         out_pages: list[int] = [self._nodes[h].page_id for h in out_hashes]
         parent_node = self._nodes[out_hashes[-1]] if out_hashes else None
         self._tick += 1

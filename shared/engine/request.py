@@ -6,14 +6,14 @@ import enum
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Literal
 
-from shared.engine.block_hash import ROOT_HASH, media_key, page_hash
+from shared.modelspec.block_hash import ROOT_HASH, media_key, page_hash
 from shared.engine.sampling_params import SamplingParams
 
 if TYPE_CHECKING:
     import torch
 
     from shared.engine.grammar.backend import RequestGrammar
-    from shared.engine.sampler.detokenizer import IncrementalDetokenizer
+    from shared.engine.sampler.text_window import TextWindow
 
 FinishReason = Literal["stop", "length", "abort"]
 
@@ -32,6 +32,7 @@ class TokenLogprobs:
     token_id: int
     logprob: float
     top: tuple[tuple[int, float], ...] = ()
+    rank: int = 0  # of token_id in the vocabulary, 1 = most likely (vLLM's Logprob.rank); 0 = not computed
 
 
 @dataclass(frozen=True)
@@ -104,7 +105,7 @@ class Request:
     # draws of the seeded generator already made elsewhere (decode role: prefill sampled the first token with the
     # same seed), skipped when the generator is created so the samples continue where prefill's left off
     generator_skip: int = 0
-    detokenizer: IncrementalDetokenizer | None = None
+    detokenizer: TextWindow | None = None
     grammar: RequestGrammar | None = None  # structured output: where the output stands in its grammar
     output_text: str = ""
     num_text_emitted: int = 0

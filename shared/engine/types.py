@@ -14,33 +14,6 @@ if TYPE_CHECKING:
 
 
 @dataclass(frozen=True)
-class KVLayout:
-    """How a KV pool is laid out in memory; the hand-off protocol negotiates on this.
-
-    The pool is one contiguous buffer, page-major, so that one page of one sequence (all layers, K and V) is one
-    contiguous region a transfer engine can move with a single descriptor:
-        buffer: [num_pages, num_layers, 2 (K, V), page_size, num_kv_heads, head_dim]
-    """
-
-    dtype: str  # "float32" | "bfloat16" | "float16"
-    page_size: int
-    num_layers: int
-    num_kv_heads: int
-    head_dim: int
-
-    @property
-    def dtype_bytes(self) -> int:
-        return 4 if self.dtype == "float32" else 2
-
-    @property
-    def page_bytes(self) -> int:
-        return self.num_layers * 2 * self.page_size * self.num_kv_heads * self.head_dim * self.dtype_bytes
-
-    def compatible_with(self, other: KVLayout) -> bool:
-        return self == other
-
-
-@dataclass(frozen=True)
 class EmbedSlice:
     """Input embeddings that replace the token embeddings of part of a chunk (an image's placeholder positions):
     rows [offset, offset + len(values)) of the chunk's token_ids. The scheduler only slices a request's tensors."""

@@ -21,7 +21,7 @@ from shared.engine.models.llava import (
     canonical_name,
     load_llava_config,
 )
-from shared.engine.multimodal.image_processor import ImageSpec
+from shared.modelspec.image_processor import ImageSpec
 from shared.engine.weights import load_weights
 
 

@@ -46,7 +46,7 @@ def iter_checkpoint(model_dir: str | Path) -> Iterator[tuple[str, torch.Tensor]]
     """(name, tensor) for every tensor in the checkpoint, one at a time (memory-mapped, then copied by the caller)."""
     for path in checkpoint_files(model_dir):
         with safe_open(str(path), framework="pt") as f:
-            for name in f.keys():
+            for name in f.keys():  # noqa: SIM118 - safe_open is not a mapping
                 yield name, f.get_tensor(name)
 
 
@@ -88,7 +88,7 @@ def load_weights(
                 continue
             if name in seen:
                 raise ValueError(f"{model_dir}: tensor {name} appears in more than one shard")
-            target = params[slot.param]
+            target: torch.Tensor = params[slot.param]
             if slot.start is not None:
                 target = target[slot.start : slot.end]
             want = target.shape[1:] if slot.broadcast else target.shape

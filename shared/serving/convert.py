@@ -5,7 +5,7 @@ from __future__ import annotations
 from proto.pdrelay.v1 import common_pb2
 from shared.engine.request import RequestOutput, TokenLogprobs
 from shared.engine.sampling_params import SamplingParams
-from shared.engine.types import KVLayout
+from shared.modelspec.kv_layout import KVLayout
 from shared.grammar.spec import GrammarKind, StructuredSpec
 
 _DTYPE_TO_PB = {"float32": common_pb2.DTYPE_FLOAT32, "bfloat16": common_pb2.DTYPE_BFLOAT16,
@@ -107,15 +107,15 @@ def sampling_to_pb(p: SamplingParams) -> common_pb2.SamplingParams:
 
 
 def logprob_to_pb(lp: TokenLogprobs) -> common_pb2.TokenLogprob:
-    return common_pb2.TokenLogprob(token_id=lp.token_id, logprob=lp.logprob,
+    return common_pb2.TokenLogprob(token_id=lp.token_id, logprob=lp.logprob, rank=lp.rank,
                                    top_logprobs=[common_pb2.TopLogprob(token_id=t, logprob=v) for t, v in lp.top])
 
 
 def logprob_from_pb(pb: common_pb2.TokenLogprob) -> TokenLogprobs:
-    return TokenLogprobs(pb.token_id, pb.logprob, tuple((t.token_id, t.logprob) for t in pb.top_logprobs))
+    return TokenLogprobs(pb.token_id, pb.logprob, tuple((t.token_id, t.logprob) for t in pb.top_logprobs), pb.rank)
 
 
-def finish_to_pb(out: RequestOutput) -> int:
+def finish_to_pb(out: RequestOutput) -> common_pb2.FinishReason:
     if not out.finished or out.finish_reason is None:
         return common_pb2.FINISH_REASON_UNSPECIFIED
     return _FINISH_TO_PB[out.finish_reason]

@@ -53,7 +53,7 @@ class DecodeServicer(worker_pb2_grpc.DecodeServicer):
     def __init__(self, svc: EngineService, remote: RemotePrefill | None = None) -> None:
         self.svc = svc
         self.remote = remote
-        svc.telemetry.metrics.requests  # the TTFT / ITL / e2e histograms exist (at zero) before the first request
+        svc.telemetry.metrics.requests  # noqa: B018 - the TTFT / ITL / e2e histograms exist (at zero) before the first request
 
     async def Generate(self, request: worker_pb2.DecodeRequest,
                        context: grpc.aio.ServicerContext) -> AsyncIterator[worker_pb2.DecodeResponse]:

@@ -16,7 +16,9 @@ from shared.cluster.bus.cancel import Cancel, subscribe_cancel
 from shared.cluster.bus.kv_events import KVEventPublisher
 from shared.cluster.bus.load import LoadSnapshot
 from shared.cluster.instance import Capacity
-from shared.cluster.lifecycle import Service, ServiceOptions
+from shared.serving.lifecycle import Service, ServiceOptions
+from shared.config.groups import EncoderConfig
+from shared.config.resolved import ResolvedConfig
 from shared.engine.async_engine import AsyncEngine
 from shared.engine.engine import Engine, EngineStats
 from shared.engine.radix_cache import AllPagesCleared, KVEvent, PagesEvicted, PagesStored
@@ -106,9 +108,9 @@ class _StepWindow:
 class EngineService(Service):
     """Base of the worker, decode and prefill services. Subclasses add their gRPC servicers."""
 
-    def __init__(self, cfg: Any, options: ServiceOptions = ServiceOptions()) -> None:
+    def __init__(self, cfg: ResolvedConfig, options: ServiceOptions = ServiceOptions()) -> None:
         super().__init__(discovery=cfg.discovery, bus=cfg.bus, grpc_cfg=cfg.grpc, options=options,
-                         telemetry=cfg.telemetry, tls=getattr(cfg, "tls", None))
+                         telemetry=cfg.telemetry, tls=cfg.tls)
         self.cfg = cfg
         self.engine: Engine | None = None
         self.aengine: AsyncEngine | None = None
@@ -135,9 +137,11 @@ class EngineService(Service):
         runner = engine.runner
         if getattr(runner, "llava", None) is None:
             return None
-        enc = getattr(self.cfg, "encoder", None)
-        cache = EncoderCache(max_items=enc.encoder_cache_items if enc is not None else 1024,
-                             max_bytes=getattr(enc, "encoder_cache_bytes", 512 << 20))
+        from shared.engine.model_runner import ModelRunner
+
+        assert isinstance(runner, ModelRunner)  # only the model runner loads a vision tower
+        enc = EncoderConfig()  # engine roles have no encoder group: the in-process cache takes its default sizes
+        cache = EncoderCache(max_items=enc.encoder_cache_items, max_bytes=enc.encoder_cache_bytes)
         return LocalVision(VisionEncoderRunner(runner.model_dir, dtype=runner.layout.dtype,
                                                device=str(runner.device)), cache)
 
@@ -146,6 +150,7 @@ class EngineService(Service):
         self.engine = await asyncio.to_thread(self.build_engine)
         self.vision = await asyncio.to_thread(self.build_vision, self.engine)
         self.aengine = AsyncEngine(self.engine)
+        assert self.bus is not None  # connected in start(), before the engine
         self._kv_pub = KVEventPublisher(self.bus, self.cluster, self.instance_id, epoch=self.epoch,
                                         page_size=self.engine.page_size)
         await subscribe_cancel(self.bus, self.cluster, self._on_cancel)

@@ -7,26 +7,32 @@ import asyncio
 import logging
 import os
 
+from shared.config.choices import Fault
+
 log = logging.getLogger(__name__)
 
 CRASH_EXIT_CODE = 137  # what a SIGKILLed process reports
 
 
 class Faults:
-    def __init__(self, name: str, instance_id: str) -> None:
-        self.name = name
+    """The one fault this process injects (--fault-injection / --encoder-fault-injection; Fault.NONE: none).
+
+    Every check takes a Fault: a name that is not one (a typo) raises ValueError instead of never firing."""
+
+    def __init__(self, name: Fault | str, instance_id: str) -> None:
+        self.fault = Fault(name)
         self.instance_id = instance_id
 
-    def active(self, name: str) -> bool:
-        return self.name == name
+    def active(self, fault: Fault) -> bool:
+        return self.fault is Fault(fault)
 
-    def crash_if(self, name: str) -> None:
-        if self.name == name:
-            log.error("%s: fault injection %s: exiting now", self.instance_id, name)
+    def crash_if(self, fault: Fault) -> None:
+        if self.active(fault):
+            log.error("%s: fault injection %s: exiting now", self.instance_id, fault)
             logging.shutdown()
             os._exit(CRASH_EXIT_CODE)
 
-    async def hang_if(self, name: str, seconds: float) -> None:
-        if self.name == name:
-            log.error("%s: fault injection %s: stalling %.1f s", self.instance_id, name, seconds)
+    async def hang_if(self, fault: Fault, seconds: float) -> None:
+        if self.active(fault):
+            log.error("%s: fault injection %s: stalling %.1f s", self.instance_id, fault, seconds)
             await asyncio.sleep(seconds)

@@ -9,13 +9,14 @@ abandoned attempt can only land in quarantined pages, never in pages a request r
 
 from __future__ import annotations
 
+import enum
 import itertools
 import time
 from collections import OrderedDict
 from dataclasses import dataclass
 
 from proto.pdrelay.v1 import common_pb2, worker_pb2
-from shared.engine.types import KVLayout
+from shared.modelspec.kv_layout import KVLayout
 from shared.transfer.descs import PageDesc
 
 # Remember this many request ids per prefill instance for fencing and idempotent replies.
@@ -75,6 +76,15 @@ class _Entry:
     failed: bool = False  # the attempt ended without an answer: the same epoch may run again
 
 
+class Fence(enum.StrEnum):
+    """What FencingLedger.check says about a ticket."""
+
+    NEW = "new"  # run it
+    REPLAY = "replay"  # the same epoch finished before: answer as then
+    STALE = "stale"  # older than an epoch already seen: refuse
+    BUSY = "busy"  # the same epoch is still running here
+
+
 class FencingLedger:
     """Prefill side: the newest epoch seen per hand-off owner and request id ("<decode id>/<request id>"), and the
     answer given for it.
@@ -88,16 +98,16 @@ class FencingLedger:
         self._size = size
         self._entries: OrderedDict[str, _Entry] = OrderedDict()
 
-    def check(self, request_id: str, epoch: int) -> tuple[str, worker_pb2.PrefillResponse | None]:
-        """("new", None) | ("replay", response) | ("stale", None) | ("busy", None) (same epoch still running)."""
+    def check(self, request_id: str, epoch: int) -> tuple[Fence, worker_pb2.PrefillResponse | None]:
+        """(NEW, None) | (REPLAY, response) | (STALE, None) | (BUSY, None) (same epoch still running)."""
         e = self._entries.get(request_id)
         if e is None or epoch > e.epoch:
-            return "new", None
+            return Fence.NEW, None
         if epoch < e.epoch:
-            return "stale", None
+            return Fence.STALE, None
         if e.response is not None:
-            return "replay", e.response
-        return ("new", None) if e.failed else ("busy", None)
+            return Fence.REPLAY, e.response
+        return (Fence.NEW, None) if e.failed else (Fence.BUSY, None)
 
     def begin(self, request_id: str, epoch: int) -> None:
         self._entries[request_id] = _Entry(epoch, None, time.monotonic())

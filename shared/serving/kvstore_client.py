@@ -20,7 +20,7 @@ import logging
 import time
 from collections import OrderedDict
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import grpc
 from etcd3aio import Etcd3Client
@@ -30,7 +30,7 @@ from shared.cluster.instance import InstanceInfo
 from shared.cluster.membership import Membership
 from shared.engine.async_engine import AsyncEngine
 from shared.cluster.tls import TlsFiles, open_channel
-from shared.engine.block_hash import page_hashes
+from shared.modelspec.block_hash import page_hashes
 from shared.serving import kvstore_pages as pages
 from shared.serving.convert import BACKEND_TO_PB, layout_to_pb
 from shared.serving.handoff import descs_from_pb
@@ -38,6 +38,11 @@ from shared.serving.kv_transfer import KVTransfer
 from shared.telemetry import spans
 from shared.telemetry.metrics import CountersCollector
 from shared.transfer.checksum import checksum_pages
+
+if TYPE_CHECKING:
+    from shared.config.groups import KVStoreClientConfig
+    from shared.serving.engine_service import EngineService
+    from shared.telemetry.service import ServiceTelemetry
 from shared.transfer.errors import TransferError
 
 log = logging.getLogger(__name__)
@@ -53,9 +58,9 @@ _KNOWN_STORED = 65536  # hashes this client stored recently (skips re-sending th
 
 
 class KVStoreClient:
-    def __init__(self, cfg: Any, *, instance_id: str, model: str, etcd: Etcd3Client, cluster: str,
+    def __init__(self, cfg: KVStoreClientConfig, *, instance_id: str, model: str, etcd: Etcd3Client, cluster: str,
                  aengine: AsyncEngine, transfer: KVTransfer | None,
-                 make_transfer: Callable[[str], KVTransfer] | None = None, telemetry: Any = None,
+                 make_transfer: Callable[[str], KVTransfer] | None = None, telemetry: ServiceTelemetry | None = None,
                  tls: TlsFiles | None = None) -> None:
         """transfer: the service's own engine over its KV pool (prefill, decode); make_transfer(backend) builds
         one on first use where the service has none (the colocated worker)."""
@@ -395,7 +400,7 @@ def _verified_prefix(transfer: KVTransfer, page_ids: Sequence[int], crcs: Sequen
     return min(len(page_ids), len(crcs))
 
 
-async def attach_kvstore(svc: Any, transfer: KVTransfer | None) -> KVStoreClient | None:
+async def attach_kvstore(svc: EngineService, transfer: KVTransfer | None) -> KVStoreClient | None:
     """The client of an engine service (after its engine and transfer engine exist); None with --kvstore-use off.
     Without a transfer engine of its own (the colocated worker) it builds one over the KV pool on first use, with
     the backend the store advertises."""
@@ -403,7 +408,7 @@ async def attach_kvstore(svc: Any, transfer: KVTransfer | None) -> KVStoreClient
     kc = cfg.kvstore_client
     if kc.kvstore_use == "off" or svc.etcd is None or svc.aengine is None:
         return None
-    from shared.cluster.lifecycle import advertised_host
+    from shared.serving.lifecycle import advertised_host
 
     engine = svc.aengine.engine
     host = cfg.transfer.transfer_host if cfg.has("transfer") else advertised_host(cfg.grpc.host)

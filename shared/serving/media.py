@@ -15,7 +15,7 @@ import numpy as np
 from proto.pdrelay.v1 import common_pb2
 from shared.engine.encoder_cache import EncoderCache
 from shared.engine.errors import InvalidRequest
-from shared.engine.multimodal.image_processor import RAW_RGB_MIME
+from shared.modelspec.image_processor import RAW_RGB_MIME
 from shared.engine.request import MediaInput
 from shared.engine.vision_runner import VisionEncoderRunner
 

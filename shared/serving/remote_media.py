@@ -115,7 +115,7 @@ class RemoteVision:
             out = []
             for m, e, s in zip(items, resp.embeddings, slots, strict=True):
                 raw = self.arena.buffer[s * self.arena.slot_bytes : (s + 1) * self.arena.slot_bytes]
-                if zlib.crc32(memoryview(raw.numpy())) != e.checksum:
+                if zlib.crc32(raw.numpy().data) != e.checksum:
                     raise ValueError(f"embedding of {m.media_hash} arrived with a wrong checksum")
                 # a copy: the slot is reused by the next request
                 emb = raw.clone().view(self.dtype).view(self.num_tokens, self.hidden)

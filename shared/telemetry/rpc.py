@@ -23,13 +23,11 @@ from proto.pdrelay.v1 import common_pb2
 from shared.cluster.grpc_errors import ERROR_METADATA_KEY
 from shared.telemetry import spans
 from shared.telemetry.logs import bind_request_id, unbind_request_id
-from shared.telemetry.metrics import RequestMetrics, error_label
-from shared.telemetry.tracing import extract, set_error
+from shared.telemetry.metrics import RequestMetrics, ServiceMetrics, error_label
+from shared.telemetry.tracing import Tracing, extract, set_error
 
 if TYPE_CHECKING:
     from opentelemetry.trace import Span
-
-    from shared.telemetry.service import ServiceTelemetry
 
 
 def _error_of(context: grpc.aio.ServicerContext) -> tuple[int, str]:
@@ -40,19 +38,22 @@ def _error_of(context: grpc.aio.ServicerContext) -> tuple[int, str]:
                 err = common_pb2.Error.FromString(value)
                 return err.code, err.message
         details = context.details() or ""
-    except Exception:  # reading back a context is best effort; the RPC already ended
+    except Exception:  # reading back a context is best effort; the RPC already ended  # noqa: BLE001
         details = ""
     return common_pb2.ERROR_CODE_INTERNAL, details if isinstance(details, str) else ""
 
 
 class ServerRpc:
-    __slots__ = ("_tel", "_name", "_carrier", "_context", "_request_id", "_attributes", "span", "_token",
+    __slots__ = ("_tracing", "_metrics", "_instance_id", "_name", "_carrier", "_context", "_request_id", "_attributes", "span", "_token",
                  "_rid_token", "failed")
 
-    def __init__(self, tel: ServiceTelemetry, name: str, carrier: common_pb2.TraceContext | None,
-                 context: grpc.aio.ServicerContext | None, request_id: str,
+    def __init__(self, tracing: Tracing, metrics: ServiceMetrics, instance_id: str, name: str,
+                 carrier: common_pb2.TraceContext | None, context: grpc.aio.ServicerContext | None, request_id: str,
                  attributes: Mapping[str, Any] | None = None) -> None:
-        self._tel = tel
+        """tracing, metrics, instance_id: the service's (ServiceTelemetry.server_rpc passes its own)."""
+        self._tracing = tracing
+        self._metrics = metrics
+        self._instance_id = instance_id
         self._name = name
         self._carrier = carrier
         self._context = context
@@ -67,7 +68,7 @@ class ServerRpc:
         from opentelemetry.trace import INVALID_SPAN, SpanKind
 
         self._rid_token = bind_request_id(self._request_id)
-        tr = self._tel.tracing
+        tr = self._tracing
         if not tr.enabled:
             self.span = INVALID_SPAN
             return self
@@ -75,7 +76,7 @@ class ServerRpc:
         if parent is None and self._context is not None:
             parent = extract((k, v) for k, v in (self._context.invocation_metadata() or ())
                              if k in ("traceparent", "tracestate") and isinstance(v, str))
-        attrs = {spans.REQUEST_ID: self._request_id, spans.INSTANCE: self._tel.instance_id,
+        attrs = {spans.REQUEST_ID: self._request_id, spans.INSTANCE: self._instance_id,
                  **(self._attributes or {})}
         self.span = tr.start_span(self._name, parent=parent, kind=SpanKind.SERVER, attributes=attrs)
         self._token = tr.activate(self.span)
@@ -86,7 +87,7 @@ class ServerRpc:
         if self.failed:
             return
         self.failed = True
-        self._tel.metrics.count_error(code)
+        self._metrics.count_error(code)
         if self.span is not None:
             set_error(self.span, message, {spans.ERROR_CODE: error_label(code)})
 
@@ -101,7 +102,7 @@ class ServerRpc:
             elif exc is not None and not isinstance(exc, GeneratorExit):
                 self.fail(common_pb2.ERROR_CODE_INTERNAL, f"{type(exc).__name__}: {exc}")
         finally:
-            self._tel.tracing.deactivate(self._token)
+            self._tracing.deactivate(self._token)
             if self.span is not None and self.span.is_recording():
                 self.span.end()
             unbind_request_id(self._rid_token)

@@ -1,6 +1,6 @@
 """Telemetry of one service process: its tracer, its metrics registry and /metrics server, from TelemetryConfig.
 
-The lifecycle (shared.cluster.lifecycle.Service) owns one `ServiceTelemetry`:
+The lifecycle (shared.serving.lifecycle.Service) owns one `ServiceTelemetry`:
 
     start           `start_metrics()` before registration (the address goes into etcd as metrics_address and into
                     the ready line), `start_tracing(epoch)` right after it (the epoch is a resource attribute)
@@ -22,6 +22,7 @@ from typing import Any
 import grpc
 
 from proto.pdrelay.v1 import common_pb2
+from shared.config.groups import TelemetryConfig
 from shared.telemetry.metrics import ServiceMetrics
 from shared.telemetry.metrics_server import MetricsServer
 from shared.telemetry.rpc import ServerRpc
@@ -31,7 +32,8 @@ log = logging.getLogger(__name__)
 
 
 class ServiceTelemetry:
-    def __init__(self, cfg: Any | None, *, role: str, instance_id: str, cluster: str) -> None:
+    def __init__(self, cfg: TelemetryConfig | None, *, role: str, instance_id: str, cluster: str) -> None:
+        """cfg None: tracing off and no /metrics."""
         self.cfg = cfg
         self.role = role
         self.instance_id = instance_id
@@ -43,22 +45,22 @@ class ServiceTelemetry:
 
     @property
     def endpoint(self) -> str | None:
-        return getattr(self.cfg, "otlp_traces_endpoint", None) or None
+        return (self.cfg.otlp_traces_endpoint or None) if self.cfg is not None else None
 
     @property
     def metrics_enabled(self) -> bool:
-        return bool(getattr(self.cfg, "enable_metrics", False))
+        return self.cfg is not None and self.cfg.enable_metrics
 
     # ---- tracing -------------------------------------------------------------------------------------------------
     def start_tracing(self, epoch: int) -> None:
         """Off unless --otlp-traces-endpoint is set; idempotent."""
         endpoint = self.endpoint
-        if endpoint is None or self.tracing.enabled:
+        if endpoint is None or self.cfg is None or self.tracing.enabled:
             return
+        ratio = self.cfg.trace_sample_ratio
         self.tracing = Tracing.start(endpoint, role=self.role, instance_id=self.instance_id, cluster=self.cluster,
-                                     epoch=epoch, sample_ratio=float(getattr(self.cfg, "trace_sample_ratio", 1.0)))
-        log.info("%s: tracing to %s (sampling %.0f%%)", self.instance_id, endpoint,
-                 100 * float(getattr(self.cfg, "trace_sample_ratio", 1.0)))
+                                     epoch=epoch, sample_ratio=ratio)
+        log.info("%s: tracing to %s (sampling %.0f%%)", self.instance_id, endpoint, 100 * ratio)
 
     def bus_headers_hook(self) -> Callable[[], Mapping[str, str]] | None:
         """For shared.cluster.bus.client.Bus(headers_hook=...): None when tracing is off (no per-publish call)."""
@@ -68,15 +70,15 @@ class ServiceTelemetry:
 
     def server_rpc(self, name: str, carrier: common_pb2.TraceContext | None, context: grpc.aio.ServicerContext | None,
                    request_id: str, attributes: Mapping[str, Any] | None = None) -> ServerRpc:
-        return ServerRpc(self, name, carrier, context, request_id, attributes)
+        return ServerRpc(self.tracing, self.metrics, self.instance_id, name, carrier, context, request_id, attributes)
 
     # ---- metrics -------------------------------------------------------------------------------------------------
     async def start_metrics(self, host: str, port: int | None = None, advertise_host: str | None = None) -> str:
         """Serve /metrics on host:port (default --metrics-port; 0: a free port); returns "host:port" ("" when
         metrics are off). OSError when the port cannot be bound."""
-        if not self.metrics_enabled:
+        if not self.metrics_enabled or self.cfg is None:
             return ""
-        want = int(getattr(self.cfg, "metrics_port", 0)) if port is None else port
+        want = self.cfg.metrics_port if port is None else port
         server = MetricsServer(self.metrics.registry, host, want)
         bound = await server.start()
         self._server = server

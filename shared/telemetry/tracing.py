@@ -197,7 +197,7 @@ class Tracing:
     @staticmethod
     def deactivate(token: object | None) -> None:
         if token is not None:
-            otel_context.detach(token)  # type: ignore[arg-type]
+            otel_context.detach(token)  # type: ignore[arg-type]  # the token activate() returned
 
     def headers(self) -> dict[str, str]:
         """The current span's W3C headers (for NATS messages); {} when there is none."""

@@ -201,6 +201,15 @@ class TransferEngine(ABC):
             self._peers[info.name] = _Peer(info, bytes(peer_endpoint), token, info.region_handles())
             return info.name
 
+    def connected(self, peer_endpoint: bytes) -> PeerId | None:
+        """The peer's name when connect() loaded exactly this endpoint and it is still current, else None: a
+        cheap check (no decoding, no backend call) so callers run only a real connect() off their event loop."""
+        with self._lock:
+            for name, p in self._peers.items():
+                if p.blob == peer_endpoint:
+                    return name
+            return None
+
     def disconnect(self, peer: PeerId) -> None:
         with self._lock:
             p = self._peers.pop(peer, None)

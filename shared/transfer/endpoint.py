@@ -32,7 +32,7 @@ class EndpointInfo(msgspec.Struct, frozen=True):
 
     def region_handles(self) -> list[RegionHandle]:
         # region_id -1: a peer's region is never deregistered through us
-        return [RegionHandle(-1, r.addr, r.nbytes, r.device, r.device_id) for r in self.regions]  # type: ignore[arg-type]
+        return [RegionHandle(-1, r.addr, r.nbytes, r.device, r.device_id) for r in self.regions]  # type: ignore[arg-type]  # device: "cpu"|"cuda" as str on the wire
 
 
 _encoder = msgspec.msgpack.Encoder()

@@ -10,6 +10,7 @@ from collections.abc import Iterator
 from concurrent import futures
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from types import ModuleType
+from typing import ClassVar
 
 import grpc
 import pytest
@@ -46,7 +47,7 @@ def grpc_health() -> Iterator[tuple[str, health.HealthServicer]]:
 
 
 class _Handler(BaseHTTPRequestHandler):
-    codes = {"/health": 200, "/ready": 503}
+    codes: ClassVar[dict[str, int]] = {"/health": 200, "/ready": 503}
 
     def do_GET(self) -> None:  # noqa: N802 (the http.server API)
         code = self.codes.get(self.path, 404)

@@ -44,7 +44,7 @@ class Cluster:
 
     @property
     def http(self) -> str:
-        info = self.procs["gw-1"].info
+        info = self.procs["gw-1"].ready
         assert info is not None
         return f"http://{info.http}"
 
@@ -83,7 +83,7 @@ def reference(minilm_dir: Path) -> SentenceEmbedder:
 
 @pytest.fixture(scope="module")
 def minilm_dir() -> Path:
-    from shared.engine.bundled import resolve_model_path
+    from shared.modelspec.bundled import resolve_model_path
 
     return resolve_model_path(f"bundled:{MODEL}")
 
@@ -156,7 +156,7 @@ def test_bad_input_gets_openai_errors(cluster: Cluster) -> None:
 
 
 def test_grpc_embed(cluster: Cluster, reference: SentenceEmbedder) -> None:
-    info = cluster.procs["gw-1"].info
+    info = cluster.procs["gw-1"].ready
     assert info is not None
 
     async def call() -> gateway_pb2.EmbeddingsResponse:
@@ -174,7 +174,7 @@ def test_grpc_embed(cluster: Cluster, reference: SentenceEmbedder) -> None:
 
 
 def _served(cluster: Cluster, iid: str) -> float:
-    info = cluster.procs[iid].info
+    info = cluster.procs[iid].ready
     assert info is not None and info.metrics
     text = httpx.get(f"http://{info.metrics}/metrics").text
     line = next(ln for ln in text.splitlines() if ln.startswith("pdrelay:encoder_inputs_total"))
@@ -233,7 +233,7 @@ def test_registration_health_load_and_metrics(cluster: Cluster) -> None:
 
     from shared.cluster.status import collect_status
 
-    info = cluster.procs["enc-1"].info
+    info = cluster.procs["enc-1"].ready
     assert info is not None
 
     async def check() -> None:

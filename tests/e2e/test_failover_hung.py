@@ -39,7 +39,8 @@ from shared.cluster.bus.client import Bus
 from shared.cluster.grpc_errors import error_from_rpc
 from shared.cluster.bus.load import LoadTable
 from shared.cluster.localcluster.servers import stop_process
-from tests.e2e.test_gateway_cluster import Proc, _long_context_model, _spawn, _wait_ready
+from shared.cluster.localcluster.service_process import ServiceProcess, wait_all_ready
+from tests.e2e.test_gateway_cluster import _long_context_model, _spawn
 from tests.helpers.servers import start_etcd, start_nats
 from tests.services.disagg.disagg_client import generate
 
@@ -54,7 +55,7 @@ READY_TIMEOUT_S = 240.0  # eight model processes starting together on a shared 2
 class Hung:
     def __init__(self, tmp: Path) -> None:
         self.tmp = tmp
-        self.procs: dict[str, Proc] = {}
+        self.procs: dict[str, ServiceProcess] = {}
         self.etcd = start_etcd(tmp)
         self.nats = start_nats(tmp)
         self.model_dir = _long_context_model(tmp / "models")
@@ -88,7 +89,7 @@ def hung(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Hung]:
             *side, "--instance-id", "prefill-odd", "--threads", "1", "--num-pages", "512", "--page-size", "32"], h.tmp)
         h.procs["gateway"] = _spawn("gateway", "services.gateway", [*common, "--instance-id", "gateway", "--port", "0",
                                                                      "--request-retries", "2"], h.tmp)
-        _wait_ready(list(h.procs.values()), READY_TIMEOUT_S)
+        wait_all_ready(list(h.procs.values()), READY_TIMEOUT_S)
         yield h
     finally:
         for p in h.procs.values():
@@ -117,7 +118,7 @@ def reference(hung: Hung):  # -> Callable[[list[int], int], list[int]]
 
 @pytest.fixture(scope="module")
 def tokenizer(hung: Hung):  # -> GatewayTokenizer
-    from services.gateway.tokenizer import GatewayTokenizer
+    from services.gateway.text.tokenizer import GatewayTokenizer
 
     return GatewayTokenizer.from_dir(hung.model_dir)
 

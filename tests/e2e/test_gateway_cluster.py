@@ -15,8 +15,6 @@ import asyncio
 import json
 import os
 import signal
-import subprocess
-import sys
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -29,10 +27,10 @@ import pytest
 from proto.pdrelay.v1 import common_pb2, gateway_pb2, gateway_pb2_grpc
 from shared.cluster.bus.cancel import Cancel, subscribe_cancel
 from shared.cluster.bus.client import Bus, Meta
-from shared.cluster.bus.kv_events import KVEvent, KVOpKind, subscribe_kv_events
+from shared.cluster.bus.kv_events import KVEventBatch, KVOpKind, subscribe_kv_events
 from shared.cluster.bus.load import LoadTable
-from shared.cluster.handshake import ReadyInfo, read_ready_file
-from shared.cluster.localcluster.servers import EtcdServer, NatsServer, stop_process
+from shared.cluster.localcluster.servers import EtcdServer, NatsServer
+from shared.cluster.localcluster.service_process import ServiceProcess, python_cmd, stop_all, wait_all_ready
 from tests.helpers.servers import start_etcd, start_nats
 from tests.helpers.tiny_models import make_tiny_model
 
@@ -45,26 +43,14 @@ MESSAGES = [{"role": "user", "content": "What is the capital of France? Answer i
 
 
 @dataclass
-class Proc:
-    name: str
-    proc: subprocess.Popen[bytes]
-    log_path: Path
-    ready_file: Path
-    ready: ReadyInfo | None = None
-
-    def log(self) -> str:
-        return self.log_path.read_text(errors="replace") if self.log_path.exists() else ""
-
-
-@dataclass
 class Cluster:
     topology: str
     model_dir: Path
     etcd: EtcdServer
     nats: NatsServer
-    workers: dict[str, Proc]  # the instances the gateway calls (workers, or decodes)
-    others: list[Proc]  # prefill instances
-    gateway: Proc
+    workers: dict[str, ServiceProcess]  # the instances the gateway calls (workers, or decodes)
+    others: list[ServiceProcess]  # prefill instances
+    gateway: ServiceProcess
 
     @property
     def http(self) -> str:
@@ -76,25 +62,8 @@ class Cluster:
                          for p in (*self.workers.values(), *self.others, self.gateway))
 
 
-def _spawn(name: str, module: str, args: list[str], tmp: Path) -> Proc:
-    log_path, ready_file = tmp / f"{name}.log", tmp / f"{name}.ready"
-    env = {**os.environ, "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false"}
-    with open(log_path, "wb") as log:
-        proc = subprocess.Popen([sys.executable, "-m", module, *args, "--ready-file", str(ready_file)], env=env,
-                                stdout=subprocess.DEVNULL, stderr=log, stdin=subprocess.DEVNULL)
-    return Proc(name, proc, log_path, ready_file)
-
-
-def _wait_ready(procs: list[Proc], timeout: float) -> None:
-    deadline = time.monotonic() + timeout
-    for p in procs:
-        while p.ready is None:
-            if p.proc.poll() is not None:
-                raise RuntimeError(f"{p.name} exited with {p.proc.returncode}:\n{p.log()[-4000:]}")
-            if time.monotonic() > deadline:
-                raise TimeoutError(f"{p.name} not ready within {timeout:.0f} s:\n{p.log()[-4000:]}")
-            p.ready = read_ready_file(p.ready_file)
-            time.sleep(0.1)
+def _spawn(name: str, module: str, args: list[str], tmp: Path) -> ServiceProcess:
+    return ServiceProcess(name, python_cmd(module, *args), tmp)
 
 
 def _long_context_model(tmp: Path) -> Path:
@@ -117,10 +86,10 @@ def cluster(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFac
     etcd, nats = start_etcd(tmp), start_nats(tmp)
     common = ["--etcd-endpoints", etcd.url, "--nats-url", nats.url, "--cluster", CLUSTER, "--lease-ttl-s", "2",
               "--model", str(model_dir)]
-    procs: list[Proc] = []
+    procs: list[ServiceProcess] = []
     try:
-        called: dict[str, Proc] = {}
-        others: list[Proc] = []
+        called: dict[str, ServiceProcess] = {}
+        others: list[ServiceProcess] = []
         for role, count in TOPOLOGIES[topology]:
             for i in range(1, count + 1):
                 name = f"{role}-{i}"
@@ -135,11 +104,10 @@ def cluster(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFac
         gateway = _spawn("gateway-1", "services.gateway", [*common, "--instance-id", "gateway-1", "--port", "0",
                                                           "--request-retries", "2"], tmp)
         procs.append(gateway)
-        _wait_ready(procs, READY_TIMEOUT_S)
+        wait_all_ready(procs, READY_TIMEOUT_S)
         yield Cluster(topology, model_dir, etcd, nats, called, others, gateway)
     finally:
-        for p in procs:
-            stop_process(p.proc)
+        stop_all(procs, 5.0)
         etcd.stop()
         nats.stop()
 
@@ -163,7 +131,7 @@ def reference(cluster: Cluster):  # -> Callable[[list[int], int], list[int]]
 
 @pytest.fixture(scope="module")
 def tokenizer(cluster: Cluster):  # -> GatewayTokenizer
-    from services.gateway.tokenizer import GatewayTokenizer
+    from services.gateway.text.tokenizer import GatewayTokenizer
 
     return GatewayTokenizer.from_dir(cluster.model_dir)
 
@@ -183,7 +151,7 @@ async def _watch_bus(cluster: Cluster) -> BusWatch:
     def on_cancel(msg: Cancel, meta: Meta) -> None:
         w.cancels.append(msg)
 
-    def on_kv(ev: KVEvent, meta: Meta) -> None:
+    def on_kv(ev: KVEventBatch, meta: Meta) -> None:
         n = sum(len(op.block_hashes) for op in ev.ops if op.kind == KVOpKind.STORED)
         w.stored_by[ev.instance_id] = w.stored_by.get(ev.instance_id, 0) + n
 
@@ -245,7 +213,6 @@ async def test_repeated_prompt_goes_to_the_worker_holding_its_prefix(cluster: Cl
     messages = [{"role": "system", "content": long_text}, {"role": "user", "content": "Summarize."}]
     assert len(tokenizer.encode_chat(messages)) > 200
     watch = await _watch_bus(cluster)
-    loads = watch.loads
     try:
         async with httpx.AsyncClient(base_url=cluster.http, timeout=30) as c:
             cached = []

@@ -26,9 +26,9 @@ import pytest
 from proto.pdrelay.v1 import common_pb2, worker_pb2, worker_pb2_grpc
 from shared.cluster.etcd import connect_etcd
 from shared.cluster.grpc_errors import abort
-from shared.cluster.handshake import ReadyInfo, parse_ready_line
 from shared.cluster.instance import Capacity, InstanceInfo, InstanceState, decode_instance, instance_key
-from shared.cluster.localcluster.servers import EtcdServer, NatsServer, stop_process
+from shared.cluster.localcluster.servers import EtcdServer, NatsServer
+from shared.cluster.localcluster.service_process import OFFLINE_ENV, ServiceProcess
 from shared.cluster.registration import Registrar
 from tests.helpers.servers import start_etcd, start_nats
 from tests.helpers.tiny_models import make_tiny_model
@@ -40,25 +40,16 @@ TOKENS = [70, 71, 72, 73]  # byte-level alphabet tokens of the tiny tokenizer: e
 
 
 @dataclass
-class Gateway:
-    proc: subprocess.Popen[bytes]
-    log_path: Path
-    ready: ReadyInfo
-
-    def log(self) -> str:
-        return self.log_path.read_text(errors="replace")
-
-
-@dataclass
 class Env:
     etcd: EtcdServer
     nats: NatsServer
     model_dir: Path
     tmp: Path
-    gateway: Gateway
+    gateway: ServiceProcess
 
     @property
     def http(self) -> str:
+        assert self.gateway.ready is not None
         return f"http://{self.gateway.ready.http}"
 
 
@@ -67,21 +58,13 @@ def _gateway_cmd(env_etcd: EtcdServer, nats: NatsServer, model_dir: Path, iid: s
             "--cluster", CLUSTER, "--instance-id", iid, "--model", str(model_dir), "--lease-ttl-s", "2", *extra]
 
 
-def _start_gateway(cmd: list[str], log_path: Path, timeout: float = 60.0) -> Gateway:
-    env = {**os.environ, "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1"}
-    with open(log_path, "wb") as log:
-        proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=log, stdin=subprocess.DEVNULL, env=env)
-    assert proc.stdout is not None
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        line = proc.stdout.readline()  # the ready handshake: one JSON line on stdout
-        if not line:
-            raise RuntimeError(f"gateway exited with {proc.wait()}:\n{log_path.read_text()}")
-        info = parse_ready_line(line)
-        if info is not None:
-            return Gateway(proc, log_path, info)
-    stop_process(proc)
-    raise TimeoutError(f"gateway not ready within {timeout} s:\n{log_path.read_text()}")
+def _start_gateway(name: str, cmd: list[str], tmp: Path, timeout: float = 60.0) -> ServiceProcess:
+    gw = ServiceProcess(name, cmd, tmp)  # the ready handshake: one JSON line on stdout
+    try:
+        return gw.wait_ready(timeout)
+    except BaseException:
+        gw.stop()
+        raise
 
 
 @pytest.fixture(scope="module")
@@ -89,14 +72,14 @@ def env(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Env]:
     tmp = tmp_path_factory.mktemp("gateway-service")
     model_dir = make_tiny_model(tmp / "models", "llama")
     etcd, nats = start_etcd(tmp), start_nats(tmp)
-    gw: Gateway | None = None
+    gw: ServiceProcess | None = None
     try:
-        gw = _start_gateway(_gateway_cmd(etcd, nats, model_dir, "gw-1", "--port", "0", "--drain-timeout-s", "20"),
-                            tmp / "gw-1.log")
+        gw = _start_gateway("gw-1", _gateway_cmd(etcd, nats, model_dir, "gw-1", "--port", "0", "--drain-timeout-s",
+                                                 "20"), tmp)
         yield Env(etcd, nats, model_dir, tmp, gw)
     finally:
         if gw is not None:
-            stop_process(gw.proc)
+            gw.stop()
         etcd.stop()
         nats.stop()
 
@@ -204,7 +187,7 @@ async def test_overloaded_workers_give_429(env: Env, worker: FakeWorker) -> None
 def test_busy_http_port_is_a_clear_startup_error(env: Env) -> None:
     port = env.gateway.ready.http.rsplit(":", 1)[1]
     cmd = _gateway_cmd(env.etcd, env.nats, env.model_dir, "gw-2", "--port", port)
-    proc = subprocess.run(cmd, capture_output=True, timeout=60, env={**os.environ, "HF_HUB_OFFLINE": "1"})
+    proc = subprocess.run(cmd, capture_output=True, timeout=60, env={**os.environ, **OFFLINE_ENV})
     assert proc.returncode == 2, proc.stderr.decode()[-2000:]
     assert f"cannot serve HTTP on 127.0.0.1:{port}" in proc.stderr.decode() and "--port" in proc.stderr.decode()
 

@@ -78,7 +78,7 @@ def reference(model_dir: Path):  # -> Callable[[list[int], StructuredSpec], str]
 
 
 def _prompt_ids(model_dir: Path) -> list[int]:
-    from services.gateway.tokenizer import GatewayTokenizer
+    from services.gateway.text.tokenizer import GatewayTokenizer
 
     return GatewayTokenizer.from_dir(model_dir).encode_chat(MESSAGES)
 
@@ -221,3 +221,123 @@ def test_echo_with_logprobs_gives_the_prompt_logprobs_of_hf(client: openai.OpenA
             assert max(top.values()) == pytest.approx(row.max().item(), abs=1e-4)
         assert all(x is not None for x in lp.token_logprobs[len(ids):])  # then the completion's own
         assert lp.text_offset[len(ids)] == len(prompt)
+
+
+@pytest.fixture(scope="module")
+def hf_logprobs(cluster: ApiCluster):  # -> Callable[[list[int]], torch.Tensor]
+    """log_softmax of HF transformers' logits over a prompt (row p predicts token p + 1): the ground truth."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    hf = AutoModelForCausalLM.from_pretrained(cluster.model_dir, dtype=torch.float32).eval()
+
+    def run(ids: list[int]) -> torch.Tensor:
+        with torch.no_grad():
+            return torch.log_softmax(hf(torch.tensor([ids])).logits[0].float(), dim=-1)
+
+    return run
+
+
+def _check_vllm_prompt_logprobs(entries: list, ids: list[int], ref, k: int) -> None:  # type: ignore[no-untyped-def]
+    """vLLM's shape: one entry per prompt token, None first, then {token id: {logprob, rank, decoded_token}} with
+    the prompt token (its rank in the vocabulary) and the k most likely tokens (ranks 1..k)."""
+    assert len(entries) == len(ids) and entries[0] is None
+    for p, (entry, tid) in enumerate(zip(entries[1:], ids[1:], strict=True)):
+        row = ref[p]
+        own = entry[str(tid)]
+        assert own["logprob"] == pytest.approx(row[tid].item(), abs=1e-4)
+        v = row[tid].item()  # rank: tokens at least as likely (within float noise between the engine and HF)
+        assert int((row > v + 1e-4).sum()) + 1 <= own["rank"] <= int((row >= v - 1e-4).sum())
+        assert isinstance(own["decoded_token"], str)
+        tops = sorted((e for e in entry.values() if e["rank"] <= k), key=lambda e: e["rank"])
+        assert [e["rank"] for e in tops][:k] == list(range(1, k + 1))
+        assert [e["logprob"] for e in tops[:k]] == pytest.approx(row.topk(k).values.tolist(), abs=1e-4)
+        assert len(entry) <= k + 1
+
+
+def test_prompt_logprobs_in_vllm_shape(client: openai.OpenAI, cluster: ApiCluster, hf_logprobs) -> None:
+    prompt = "Numbers: 1 2 3 4"
+    ids = httpx.post(f"{cluster.http}/tokenize", json={"prompt": prompt}).json()["tokens"]
+    plain = client.completions.create(model=openai.NOT_GIVEN, prompt=prompt, max_tokens=5, temperature=0)
+    r = client.completions.create(model=openai.NOT_GIVEN, prompt=prompt, max_tokens=5, temperature=0,
+                                  extra_body={"prompt_logprobs": 2})
+    assert r.choices[0].text == plain.choices[0].text and r.choices[0].logprobs is None  # greedy output unchanged
+    _check_vllm_prompt_logprobs(r.to_dict()["choices"][0]["prompt_logprobs"], ids, hf_logprobs(ids), 2)
+
+    chat_ids = httpx.post(f"{cluster.http}/tokenize", json={"messages": MESSAGES}).json()["tokens"]
+    plain_chat = client.chat.completions.create(model=openai.NOT_GIVEN, messages=MESSAGES, max_tokens=4, temperature=0)
+    c = client.chat.completions.create(model=openai.NOT_GIVEN, messages=MESSAGES, max_tokens=4, temperature=0,
+                                       extra_body={"prompt_logprobs": 1})
+    assert c.choices[0].message.content == plain_chat.choices[0].message.content
+    _check_vllm_prompt_logprobs(c.to_dict()["prompt_logprobs"], chat_ids, hf_logprobs(chat_ids), 1)  # vLLM: top level
+
+    with pytest.raises(openai.BadRequestError, match="prompt_logprobs"):
+        client.completions.create(model=openai.NOT_GIVEN, prompt=prompt, max_tokens=2, stream=True,
+                                  extra_body={"prompt_logprobs": 1})
+    with pytest.raises(openai.BadRequestError, match="prompt_logprobs"):
+        client.completions.create(model=openai.NOT_GIVEN, prompt=prompt, max_tokens=2, extra_body={"prompt_logprobs": 21})
+
+
+def test_prompt_logprobs_over_the_grpc_api(client: openai.OpenAI, cluster: ApiCluster) -> None:
+    import grpc
+
+    from proto.pdrelay.v1 import common_pb2, gateway_pb2, gateway_pb2_grpc
+
+    prompt = "Numbers: 1 2 3 4"
+    http = client.completions.create(model=openai.NOT_GIVEN, prompt=prompt, max_tokens=5, temperature=0, echo=True,
+                                     logprobs=2).to_dict()["choices"][0]
+    with grpc.insecure_channel(cluster.grpc) as ch:
+        stub = gateway_pb2_grpc.GatewayStub(ch)
+        sampling = common_pb2.SamplingParams(temperature=0, max_tokens=5, logprobs=True, top_logprobs=2)
+        msgs = list(stub.Generate(gateway_pb2.GenerateRequest(text=prompt, sampling=sampling, echo=True), timeout=60))
+        only = common_pb2.SamplingParams(temperature=0, max_tokens=5, prompt_logprobs=2)
+        plain = list(stub.Generate(gateway_pb2.GenerateRequest(text=prompt, sampling=only), timeout=60))
+        two = common_pb2.SamplingParams(temperature=1.0, seed=7, max_tokens=4, n=2, prompt_logprobs=0)
+        forked = list(stub.Generate(gateway_pb2.GenerateRequest(text=prompt, sampling=two, echo=True,
+                                                                return_token_ids=True), timeout=60))
+        with pytest.raises(grpc.RpcError) as e:
+            list(stub.Generate(gateway_pb2.GenerateRequest(chat=gateway_pb2.ChatMessages(messages=[
+                gateway_pb2.ChatMessage(role="user", content="hi")]), sampling=only, echo=True), timeout=60))
+        assert e.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert "".join(m.text for m in msgs) == http["text"]  # echo: the prompt, then the same greedy tokens
+    assert "".join(m.text for m in plain) == http["text"][len(prompt):]
+    for got in (msgs, plain):
+        first, rest = got[0], got[1:]
+        assert all(not m.prompt_logprobs and not m.prompt_token_ids for m in rest)  # the first message only
+        assert len(first.prompt_token_ids) == len(first.prompt_logprobs) + 1
+        want = http["prompt_logprobs"]
+        for entry, lp in zip(want[1:], first.prompt_logprobs, strict=True):
+            own = entry[str(lp.token_id)]
+            assert lp.logprob == pytest.approx(own["logprob"], abs=1e-5) and lp.rank == own["rank"]
+            assert len(lp.top_logprobs) == 2
+            assert sorted(t.logprob for t in lp.top_logprobs) == pytest.approx(
+                sorted(v["logprob"] for v in entry.values() if v["rank"] <= 2), abs=1e-5)
+    # n = 2 over gRPC: indexed samples, each echoed and with the prompt logprobs once, as the HTTP API answers
+    want = client.completions.create(model=openai.NOT_GIVEN, prompt=prompt, max_tokens=4, temperature=1.0, seed=7, n=2)
+    for i in (0, 1):
+        mine = [m for m in forked if m.index == i]
+        assert "".join(m.text for m in mine) == prompt + want.choices[i].text
+        assert sum(len(m.token_ids) for m in mine) == 4 and mine[-1].finish_reason == common_pb2.FINISH_REASON_LENGTH
+        assert len(mine[0].prompt_logprobs) == len(mine[0].prompt_token_ids) - 1 > 0
+    assert forked[-1].usage.completion_tokens == 8 and forked[-1].usage.prompt_tokens == want.usage.prompt_tokens
+    # the echoed logprobs of the HTTP answer are the same numbers as the prompt_logprobs list
+    assert http["logprobs"]["token_logprobs"][1:len(msgs[0].prompt_token_ids)] == pytest.approx(
+        [lp.logprob for lp in msgs[0].prompt_logprobs], abs=1e-5)
+
+
+def test_non_ascii_choices_regex_and_schema(client: openai.OpenAI) -> None:
+    words = ["café", "naïve", "日本"]
+    for seed in (1, 2):
+        r = client.chat.completions.create(model=openai.NOT_GIVEN, messages=MESSAGES, max_tokens=12, temperature=1.0,
+                                           seed=seed, extra_body={"structured_outputs": {"choice": words}})
+        assert r.choices[0].message.content in words
+    c = client.completions.create(model=openai.NOT_GIVEN, prompt="Mot:", max_tokens=12, temperature=1.0, seed=3,
+                                  extra_body={"structured_outputs": {"regex": "(café|naïve|日本)!"}})
+    assert c.choices[0].text in [w + "!" for w in words], c.choices[0].text
+    schema = {"type": "object", "properties": {"mot": {"enum": words}, "名前": {"type": "string", "maxLength": 4}},
+              "required": ["mot", "名前"], "additionalProperties": False}
+    s = client.chat.completions.create(
+        model=openai.NOT_GIVEN, messages=MESSAGES, max_tokens=40, temperature=1.0, seed=4, stream=True,
+        response_format={"type": "json_schema", "json_schema": {"name": "w", "schema": schema, "strict": True}})
+    text = "".join(ch.choices[0].delta.content or "" for ch in s if ch.choices)
+    jsonschema.validate(json.loads(text), schema)

@@ -19,11 +19,8 @@ from __future__ import annotations
 import asyncio
 import json
 import math
-import os
 import re
 import statistics
-import subprocess
-import sys
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -34,8 +31,8 @@ import httpx
 import pytest
 
 from proto.pdrelay.v1 import common_pb2, worker_pb2, worker_pb2_grpc
-from shared.cluster.handshake import ReadyInfo, read_ready_file
-from shared.cluster.localcluster.servers import EtcdServer, NatsServer, stop_process
+from shared.cluster.localcluster.servers import EtcdServer, NatsServer
+from shared.cluster.localcluster.service_process import ServiceProcess, python_cmd, stop_all, wait_all_ready
 from shared.telemetry.sink import SpanCollector, SpanRecord
 from shared.telemetry.tree import render
 from tests.helpers.servers import start_etcd, start_nats
@@ -49,28 +46,16 @@ SPAN_WAIT_S = 15.0
 
 
 @dataclass
-class Proc:
-    name: str
-    proc: subprocess.Popen[bytes]
-    log_path: Path
-    ready_file: Path
-    ready: ReadyInfo | None = None
-
-    def log(self) -> str:
-        return self.log_path.read_text(errors="replace") if self.log_path.exists() else ""
-
-
-@dataclass
 class Cluster:
     model_dir: Path
     etcd: EtcdServer
     nats: NatsServer
     collector: SpanCollector
-    gateway: Proc
-    decode: Proc
-    prefill: Proc
-    untraced: Proc  # a colocated worker with tracing off (cluster "trace-off")
-    bad_prefill: Proc  # corrupts its checksums (cluster "trace-bad": the gateway never routes to it)
+    gateway: ServiceProcess
+    decode: ServiceProcess
+    prefill: ServiceProcess
+    untraced: ServiceProcess  # a colocated worker with tracing off (cluster "trace-off")
+    bad_prefill: ServiceProcess  # corrupts its checksums (cluster "trace-bad": the gateway never routes to it)
 
     @property
     def http(self) -> str:
@@ -82,26 +67,8 @@ class Cluster:
                          for p in (self.gateway, self.decode, self.prefill, self.untraced, self.bad_prefill))
 
 
-def _spawn(name: str, role: str, args: list[str], tmp: Path) -> Proc:
-    log_path, ready_file = tmp / f"{name}.log", tmp / f"{name}.ready"
-    env = {**os.environ, "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false"}
-    with open(log_path, "wb") as log:
-        proc = subprocess.Popen([sys.executable, "-m", f"services.{role}", *args, "--instance-id", name,
-                                 "--ready-file", str(ready_file)], env=env, stdout=subprocess.DEVNULL, stderr=log,
-                                stdin=subprocess.DEVNULL)
-    return Proc(name, proc, log_path, ready_file)
-
-
-def _wait_ready(procs: list[Proc]) -> None:
-    deadline = time.monotonic() + READY_TIMEOUT_S
-    for p in procs:
-        while p.ready is None:
-            if p.proc.poll() is not None:
-                raise RuntimeError(f"{p.name} exited with {p.proc.returncode}:\n{p.log()[-4000:]}")
-            if time.monotonic() > deadline:
-                raise TimeoutError(f"{p.name} not ready within {READY_TIMEOUT_S:.0f} s:\n{p.log()[-4000:]}")
-            p.ready = read_ready_file(p.ready_file)
-            time.sleep(0.1)
+def _spawn(name: str, role: str, args: list[str], tmp: Path) -> ServiceProcess:
+    return ServiceProcess(name, python_cmd(f"services.{role}", *args, "--instance-id", name), tmp)
 
 
 @pytest.fixture(scope="module")
@@ -115,7 +82,7 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
     traced = [*base, "--cluster", "trace", "--otlp-traces-endpoint", f"http://{endpoint}"]
     engine = ["--threads", "1", "--num-pages", "512", "--page-size", str(PAGE_SIZE), "--load-report-interval-s",
               "0.05", "--metrics-port", "0"]
-    procs: list[Proc] = []
+    procs: list[ServiceProcess] = []
     try:
         procs += [_spawn("prefill-1", "prefill", [*traced, *engine, "--log-json"], tmp),
                   _spawn("decode-1", "decode", [*traced, *engine], tmp),
@@ -124,12 +91,11 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
                                                     f"http://{endpoint}", *engine, "--fault-injection",
                                                     "prefill_corrupt_checksum"], tmp),
                   _spawn("gateway-1", "gateway", [*traced, "--port", "0"], tmp)]
-        _wait_ready(procs)
+        wait_all_ready(procs, READY_TIMEOUT_S)
         prefill, decode, untraced, bad, gateway = procs
         yield Cluster(model_dir, etcd, nats, collector, gateway, decode, prefill, untraced, bad)
     finally:
-        for p in procs:
-            stop_process(p.proc)
+        stop_all(procs, 5.0)
         collector.stop()
         etcd.stop()
         nats.stop()

@@ -22,7 +22,8 @@ import torch
 from PIL import Image
 
 from shared.cluster.localcluster.servers import stop_process
-from tests.e2e.test_gateway_cluster import Proc, _spawn, _wait_ready
+from shared.cluster.localcluster.service_process import ServiceProcess, wait_all_ready
+from tests.e2e.test_gateway_cluster import _spawn
 from tests.helpers.servers import start_etcd, start_nats
 from tests.helpers.tiny_vlm import make_image, make_tiny_llava
 
@@ -37,7 +38,7 @@ TOPOLOGIES = {"colocated": (("worker", 1),), "epd": (("encoder", 2), ("prefill",
 class Gateway:
     url: str
     topology: str
-    encoders: list[Proc]
+    encoders: list[ServiceProcess]
 MAX_TOKENS = 8
 
 
@@ -53,7 +54,7 @@ def gateway_url(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPat
     etcd, nats = start_etcd(tmp), start_nats(tmp)
     common = ["--etcd-endpoints", etcd.url, "--nats-url", nats.url, "--cluster", CLUSTER, "--lease-ttl-s", "2",
               "--model", str(model_dir)]
-    procs: list[Proc] = []
+    procs: list[ServiceProcess] = []
     try:
         for role, count in TOPOLOGIES[request.param]:
             for i in range(1, count + 1):
@@ -67,7 +68,7 @@ def gateway_url(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPat
                 procs.append(_spawn(f"{role}-{i}", f"services.{role}", args, tmp))
         gateway = _spawn("gateway-1", "services.gateway", [*common, "--instance-id", "gateway-1", "--port", "0"], tmp)
         procs.append(gateway)
-        _wait_ready(procs, 120.0)
+        wait_all_ready(procs, 120.0)
         assert gateway.ready is not None
         yield Gateway(f"http://{gateway.ready.http}", request.param, [p for p in procs if p.name.startswith("encoder")])
     finally:

@@ -16,7 +16,8 @@ from pathlib import Path
 import pytest
 
 from shared.cluster.localcluster.servers import stop_process
-from tests.e2e.test_gateway_cluster import Proc, _spawn, _wait_ready
+from shared.cluster.localcluster.service_process import ServiceProcess, wait_all_ready
+from tests.e2e.test_gateway_cluster import _spawn
 from tests.e2e.test_vlm_cluster import ask, hf, hf_greedy, model_dir  # noqa: F401 (module fixtures)
 from tests.helpers.servers import start_etcd, start_nats
 from tests.helpers.tiny_vlm import make_image
@@ -33,10 +34,10 @@ class Faulty:
     tmp: Path
     common: list[str]
 
-    def encoder(self, name: str, fault: str) -> Proc:
+    def encoder(self, name: str, fault: str) -> ServiceProcess:
         p = _spawn(name, "services.encoder", [*self.common, "--instance-id", name, "--threads", "1",
                                               "--encoder-model", "none", "--encoder-fault-injection", fault], self.tmp)
-        _wait_ready([p], 120.0)
+        wait_all_ready([p], 120.0)
         time.sleep(0.5)  # the gateway's etcd watch sees it
         return p
 
@@ -47,7 +48,7 @@ def cluster(tmp_path_factory: pytest.TempPathFactory, model_dir: Path) -> Iterat
     etcd, nats = start_etcd(tmp), start_nats(tmp)
     common = ["--etcd-endpoints", etcd.url, "--nats-url", nats.url, "--cluster", CLUSTER, "--lease-ttl-s", "2",
               "--model", str(model_dir)]
-    procs: list[Proc] = []
+    procs: list[ServiceProcess] = []
     try:
         for role in ("prefill", "decode"):
             procs.append(_spawn(f"{role}-1", f"services.{role}", [
@@ -56,7 +57,7 @@ def cluster(tmp_path_factory: pytest.TempPathFactory, model_dir: Path) -> Iterat
                 "--handoff-min-timeout-s", str(HANDOFF_S)], tmp))
         gateway = _spawn("gateway-1", "services.gateway", [*common, "--instance-id", "gateway-1", "--port", "0"], tmp)
         procs.append(gateway)
-        _wait_ready(procs, 120.0)
+        wait_all_ready(procs, 120.0)
         assert gateway.ready is not None
         yield Faulty(f"http://{gateway.ready.http}", tmp, common)
     finally:

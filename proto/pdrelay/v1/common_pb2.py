@@ -24,7 +24,7 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x17pdrelay/v1/common.proto\x12\npdrelay.v1\"\xcc\x05\n\x0eSamplingParams\x12\x18\n\x0btemperature\x18\x01 \x01(\x02H\x00\x88\x01\x01\x12\x12\n\x05top_p\x18\x02 \x01(\x02H\x01\x88\x01\x01\x12\x12\n\x05top_k\x18\x03 \x01(\x05H\x02\x88\x01\x01\x12\x12\n\x05min_p\x18\x04 \x01(\x02H\x03\x88\x01\x01\x12\x11\n\x04seed\x18\x05 \x01(\x04H\x04\x88\x01\x01\x12\x0c\n\x04stop\x18\x06 \x03(\t\x12\x16\n\x0estop_token_ids\x18\x07 \x03(\r\x12\x17\n\nmax_tokens\x18\x08 \x01(\rH\x05\x88\x01\x01\x12\x17\n\nmin_tokens\x18\t \x01(\rH\x06\x88\x01\x01\x12\x12\n\nignore_eos\x18\n \x01(\x08\x12\x10\n\x08logprobs\x18\x0b \x01(\x08\x12\x14\n\x0ctop_logprobs\x18\x0c \x01(\r\x12\x18\n\x10presence_penalty\x18\r \x01(\x02\x12\x19\n\x11\x66requency_penalty\x18\x0e \x01(\x02\x12\x1f\n\x12repetition_penalty\x18\x0f \x01(\x02H\x07\x88\x01\x01\x12\x1b\n\x13skip_special_tokens\x18\x10 \x01(\x08\x12\x30\n\nstructured\x18\x11 \x01(\x0b\x32\x1c.pdrelay.v1.StructuredOutput\x12=\n\nlogit_bias\x18\x12 \x03(\x0b\x32).pdrelay.v1.SamplingParams.LogitBiasEntry\x12\t\n\x01n\x18\x13 \x01(\r\x12\x1c\n\x0fprompt_logprobs\x18\x14 \x01(\rH\x08\x88\x01\x01\x1a\x30\n\x0eLogitBiasEntry\x12\x0b\n\x03key\x18\x01 \x01(\r\x12\r\n\x05value\x18\x02 \x01(\x02:\x02\x38\x01\x42\x0e\n\x0c_temperatureB\x08\n\x06_top_pB\x08\n\x06_top_kB\x08\n\x06_min_pB\x07\n\x05_seedB\r\n\x0b_max_tokensB\r\n\x0b_min_tokensB\x15\n\x13_repetition_penaltyB\x12\n\x10_prompt_logprobs\"c\n\x10StructuredOutput\x12%\n\x04kind\x18\x01 \x01(\x0e\x32\x17.pdrelay.v1.GrammarKind\x12\x0c\n\x04spec\x18\x02 \x01(\t\x12\x1a\n\x12\x61\x63\x63\x65pted_token_ids\x18\x03 \x03(\r\"/\n\nTopLogprob\x12\x10\n\x08token_id\x18\x01 \x01(\r\x12\x0f\n\x07logprob\x18\x02 \x01(\x02\"_\n\x0cTokenLogprob\x12\x10\n\x08token_id\x18\x01 \x01(\r\x12\x0f\n\x07logprob\x18\x02 \x01(\x02\x12,\n\x0ctop_logprobs\x18\x03 \x03(\x0b\x32\x16.pdrelay.v1.TopLogprob\"9\n\x0bMatchedStop\x12\x12\n\x08token_id\x18\x01 \x01(\rH\x00\x12\x0e\n\x04text\x18\x02 \x01(\tH\x00\x42\x06\n\x04what\"P\n\x05Usage\x12\x15\n\rprompt_tokens\x18\x01 \x01(\r\x12\x19\n\x11\x63ompletion_tokens\x18\x02 \x01(\r\x12\x15\n\rcached_tokens\x18\x03 \x01(\r\"e\n\x05\x45rror\x12#\n\x04\x63ode\x18\x01 \x01(\x0e\x32\x15.pdrelay.v1.ErrorCode\x12\x0f\n\x07message\x18\x02 \x01(\t\x12\x11\n\tretryable\x18\x03 \x01(\x08\x12\x13\n\x0binstance_id\x18\x04 \x01(\t\"7\n\x0cTraceContext\x12\x13\n\x0btraceparent\x18\x01 \x01(\t\x12\x12\n\ntracestate\x18\x02 \x01(\t\"{\n\x08KVLayout\x12 \n\x05\x64type\x18\x01 \x01(\x0e\x32\x11.pdrelay.v1.DType\x12\x11\n\tpage_size\x18\x02 \x01(\r\x12\x12\n\nnum_layers\x18\x03 \x01(\r\x12\x14\n\x0cnum_kv_heads\x18\x04 \x01(\r\x12\x10\n\x08head_dim\x18\x05 \x01(\r\"z\n\x0cTransferPeer\x12,\n\x07\x62\x61\x63kend\x18\x01 \x01(\x0e\x32\x1b.pdrelay.v1.TransferBackend\x12\x10\n\x08\x65ndpoint\x18\x02 \x01(\t\x12\x12\n\nagent_name\x18\x03 \x01(\t\x12\x16\n\x0e\x61gent_metadata\x18\x04 \x01(\x0c\"0\n\nRegionList\x12\x11\n\taddresses\x18\x01 \x03(\x04\x12\x0f\n\x07lengths\x18\x02 \x03(\x04\"I\n\x0bPagedRegion\x12\x14\n\x0c\x62\x61se_address\x18\x01 \x01(\x04\x12\x12\n\npage_bytes\x18\x02 \x01(\x04\x12\x10\n\x08page_ids\x18\x03 \x03(\r\"\xc7\x01\n\x0fPageDescriptors\x12+\n\x0bmemory_kind\x18\x01 \x01(\x0e\x32\x16.pdrelay.v1.MemoryKind\x12\x11\n\tdevice_id\x18\x02 \x01(\r\x12)\n\x07regions\x18\x03 \x01(\x0b\x32\x16.pdrelay.v1.RegionListH\x00\x12(\n\x05paged\x18\x04 \x01(\x0b\x32\x17.pdrelay.v1.PagedRegionH\x00\x12\x15\n\rbackend_descs\x18\x05 \x01(\x0c\x42\x08\n\x06layout\"\x97\x01\n\nMediaInput\x12\x12\n\nmedia_hash\x18\x01 \x01(\t\x12\x11\n\tmime_type\x18\x02 \x01(\t\x12\x0c\n\x04\x64\x61ta\x18\x03 \x01(\x0c\x12\x14\n\x0ctoken_offset\x18\x04 \x01(\r\x12\x12\n\nnum_tokens\x18\x05 \x01(\r\x12*\n\x07\x65ncoder\x18\x06 \x01(\x0b\x32\x19.pdrelay.v1.EncoderTarget\":\n\rEncoderTarget\x12\x13\n\x0binstance_id\x18\x01 \x01(\t\x12\x14\n\x0cgrpc_address\x18\x02 \x01(\t*\xb2\x01\n\x0bGrammarKind\x12\x1c\n\x18GRAMMAR_KIND_UNSPECIFIED\x10\x00\x12\x1c\n\x18GRAMMAR_KIND_JSON_OBJECT\x10\x01\x12\x1c\n\x18GRAMMAR_KIND_JSON_SCHEMA\x10\x02\x12\x16\n\x12GRAMMAR_KIND_REGEX\x10\x03\x12\x17\n\x13GRAMMAR_KIND_CHOICE\x10\x04\x12\x18\n\x14GRAMMAR_KIND_GRAMMAR\x10\x05*\x91\x01\n\x0c\x46inishReason\x12\x1d\n\x19\x46INISH_REASON_UNSPECIFIED\x10\x00\x12\x16\n\x12\x46INISH_REASON_STOP\x10\x01\x12\x18\n\x14\x46INISH_REASON_LENGTH\x10\x02\x12\x17\n\x13\x46INISH_REASON_ABORT\x10\x03\x12\x17\n\x13\x46INISH_REASON_ERROR\x10\x04*\xfb\x02\n\tErrorCode\x12\x1a\n\x16\x45RROR_CODE_UNSPECIFIED\x10\x00\x12\x1f\n\x1b\x45RROR_CODE_INVALID_ARGUMENT\x10\x01\x12\x18\n\x14\x45RROR_CODE_NOT_FOUND\x10\x02\x12\x19\n\x15\x45RROR_CODE_OVERLOADED\x10\x03\x12\x17\n\x13\x45RROR_CODE_DRAINING\x10\x04\x12\x1a\n\x16\x45RROR_CODE_STALE_EPOCH\x10\x05\x12\x1e\n\x1a\x45RROR_CODE_LAYOUT_MISMATCH\x10\x06\x12\x1e\n\x1a\x45RROR_CODE_TRANSFER_FAILED\x10\x07\x12 \n\x1c\x45RROR_CODE_CHECKSUM_MISMATCH\x10\x08\x12\x16\n\x12\x45RROR_CODE_TIMEOUT\x10\t\x12\x18\n\x14\x45RROR_CODE_CANCELLED\x10\n\x12\x1a\n\x16\x45RROR_CODE_UNAVAILABLE\x10\x0b\x12\x17\n\x13\x45RROR_CODE_INTERNAL\x10\x0c*X\n\x05\x44Type\x12\x15\n\x11\x44TYPE_UNSPECIFIED\x10\x00\x12\x11\n\rDTYPE_FLOAT32\x10\x01\x12\x12\n\x0e\x44TYPE_BFLOAT16\x10\x02\x12\x11\n\rDTYPE_FLOAT16\x10\x03*m\n\x0fTransferBackend\x12 \n\x1cTRANSFER_BACKEND_UNSPECIFIED\x10\x00\x12\x19\n\x15TRANSFER_BACKEND_NIXL\x10\x01\x12\x1d\n\x19TRANSFER_BACKEND_MOONCAKE\x10\x02*U\n\nMemoryKind\x12\x1b\n\x17MEMORY_KIND_UNSPECIFIED\x10\x00\x12\x14\n\x10MEMORY_KIND_DRAM\x10\x01\x12\x14\n\x10MEMORY_KIND_VRAM\x10\x02\x62\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x17pdrelay/v1/common.proto\x12\npdrelay.v1\"\xcc\x05\n\x0eSamplingParams\x12\x18\n\x0btemperature\x18\x01 \x01(\x02H\x00\x88\x01\x01\x12\x12\n\x05top_p\x18\x02 \x01(\x02H\x01\x88\x01\x01\x12\x12\n\x05top_k\x18\x03 \x01(\x05H\x02\x88\x01\x01\x12\x12\n\x05min_p\x18\x04 \x01(\x02H\x03\x88\x01\x01\x12\x11\n\x04seed\x18\x05 \x01(\x04H\x04\x88\x01\x01\x12\x0c\n\x04stop\x18\x06 \x03(\t\x12\x16\n\x0estop_token_ids\x18\x07 \x03(\r\x12\x17\n\nmax_tokens\x18\x08 \x01(\rH\x05\x88\x01\x01\x12\x17\n\nmin_tokens\x18\t \x01(\rH\x06\x88\x01\x01\x12\x12\n\nignore_eos\x18\n \x01(\x08\x12\x10\n\x08logprobs\x18\x0b \x01(\x08\x12\x14\n\x0ctop_logprobs\x18\x0c \x01(\r\x12\x18\n\x10presence_penalty\x18\r \x01(\x02\x12\x19\n\x11\x66requency_penalty\x18\x0e \x01(\x02\x12\x1f\n\x12repetition_penalty\x18\x0f \x01(\x02H\x07\x88\x01\x01\x12\x1b\n\x13skip_special_tokens\x18\x10 \x01(\x08\x12\x30\n\nstructured\x18\x11 \x01(\x0b\x32\x1c.pdrelay.v1.StructuredOutput\x12=\n\nlogit_bias\x18\x12 \x03(\x0b\x32).pdrelay.v1.SamplingParams.LogitBiasEntry\x12\t\n\x01n\x18\x13 \x01(\r\x12\x1c\n\x0fprompt_logprobs\x18\x14 \x01(\rH\x08\x88\x01\x01\x1a\x30\n\x0eLogitBiasEntry\x12\x0b\n\x03key\x18\x01 \x01(\r\x12\r\n\x05value\x18\x02 \x01(\x02:\x02\x38\x01\x42\x0e\n\x0c_temperatureB\x08\n\x06_top_pB\x08\n\x06_top_kB\x08\n\x06_min_pB\x07\n\x05_seedB\r\n\x0b_max_tokensB\r\n\x0b_min_tokensB\x15\n\x13_repetition_penaltyB\x12\n\x10_prompt_logprobs\"c\n\x10StructuredOutput\x12%\n\x04kind\x18\x01 \x01(\x0e\x32\x17.pdrelay.v1.GrammarKind\x12\x0c\n\x04spec\x18\x02 \x01(\t\x12\x1a\n\x12\x61\x63\x63\x65pted_token_ids\x18\x03 \x03(\r\"/\n\nTopLogprob\x12\x10\n\x08token_id\x18\x01 \x01(\r\x12\x0f\n\x07logprob\x18\x02 \x01(\x02\"m\n\x0cTokenLogprob\x12\x10\n\x08token_id\x18\x01 \x01(\r\x12\x0f\n\x07logprob\x18\x02 \x01(\x02\x12,\n\x0ctop_logprobs\x18\x03 \x03(\x0b\x32\x16.pdrelay.v1.TopLogprob\x12\x0c\n\x04rank\x18\x04 \x01(\r\"9\n\x0bMatchedStop\x12\x12\n\x08token_id\x18\x01 \x01(\rH\x00\x12\x0e\n\x04text\x18\x02 \x01(\tH\x00\x42\x06\n\x04what\"P\n\x05Usage\x12\x15\n\rprompt_tokens\x18\x01 \x01(\r\x12\x19\n\x11\x63ompletion_tokens\x18\x02 \x01(\r\x12\x15\n\rcached_tokens\x18\x03 \x01(\r\"e\n\x05\x45rror\x12#\n\x04\x63ode\x18\x01 \x01(\x0e\x32\x15.pdrelay.v1.ErrorCode\x12\x0f\n\x07message\x18\x02 \x01(\t\x12\x11\n\tretryable\x18\x03 \x01(\x08\x12\x13\n\x0binstance_id\x18\x04 \x01(\t\"7\n\x0cTraceContext\x12\x13\n\x0btraceparent\x18\x01 \x01(\t\x12\x12\n\ntracestate\x18\x02 \x01(\t\"{\n\x08KVLayout\x12 \n\x05\x64type\x18\x01 \x01(\x0e\x32\x11.pdrelay.v1.DType\x12\x11\n\tpage_size\x18\x02 \x01(\r\x12\x12\n\nnum_layers\x18\x03 \x01(\r\x12\x14\n\x0cnum_kv_heads\x18\x04 \x01(\r\x12\x10\n\x08head_dim\x18\x05 \x01(\r\"z\n\x0cTransferPeer\x12,\n\x07\x62\x61\x63kend\x18\x01 \x01(\x0e\x32\x1b.pdrelay.v1.TransferBackend\x12\x10\n\x08\x65ndpoint\x18\x02 \x01(\t\x12\x12\n\nagent_name\x18\x03 \x01(\t\x12\x16\n\x0e\x61gent_metadata\x18\x04 \x01(\x0c\"0\n\nRegionList\x12\x11\n\taddresses\x18\x01 \x03(\x04\x12\x0f\n\x07lengths\x18\x02 \x03(\x04\"I\n\x0bPagedRegion\x12\x14\n\x0c\x62\x61se_address\x18\x01 \x01(\x04\x12\x12\n\npage_bytes\x18\x02 \x01(\x04\x12\x10\n\x08page_ids\x18\x03 \x03(\r\"\xc7\x01\n\x0fPageDescriptors\x12+\n\x0bmemory_kind\x18\x01 \x01(\x0e\x32\x16.pdrelay.v1.MemoryKind\x12\x11\n\tdevice_id\x18\x02 \x01(\r\x12)\n\x07regions\x18\x03 \x01(\x0b\x32\x16.pdrelay.v1.RegionListH\x00\x12(\n\x05paged\x18\x04 \x01(\x0b\x32\x17.pdrelay.v1.PagedRegionH\x00\x12\x15\n\rbackend_descs\x18\x05 \x01(\x0c\x42\x08\n\x06layout\"\x97\x01\n\nMediaInput\x12\x12\n\nmedia_hash\x18\x01 \x01(\t\x12\x11\n\tmime_type\x18\x02 \x01(\t\x12\x0c\n\x04\x64\x61ta\x18\x03 \x01(\x0c\x12\x14\n\x0ctoken_offset\x18\x04 \x01(\r\x12\x12\n\nnum_tokens\x18\x05 \x01(\r\x12*\n\x07\x65ncoder\x18\x06 \x01(\x0b\x32\x19.pdrelay.v1.EncoderTarget\":\n\rEncoderTarget\x12\x13\n\x0binstance_id\x18\x01 \x01(\t\x12\x14\n\x0cgrpc_address\x18\x02 \x01(\t*\xb2\x01\n\x0bGrammarKind\x12\x1c\n\x18GRAMMAR_KIND_UNSPECIFIED\x10\x00\x12\x1c\n\x18GRAMMAR_KIND_JSON_OBJECT\x10\x01\x12\x1c\n\x18GRAMMAR_KIND_JSON_SCHEMA\x10\x02\x12\x16\n\x12GRAMMAR_KIND_REGEX\x10\x03\x12\x17\n\x13GRAMMAR_KIND_CHOICE\x10\x04\x12\x18\n\x14GRAMMAR_KIND_GRAMMAR\x10\x05*\x91\x01\n\x0c\x46inishReason\x12\x1d\n\x19\x46INISH_REASON_UNSPECIFIED\x10\x00\x12\x16\n\x12\x46INISH_REASON_STOP\x10\x01\x12\x18\n\x14\x46INISH_REASON_LENGTH\x10\x02\x12\x17\n\x13\x46INISH_REASON_ABORT\x10\x03\x12\x17\n\x13\x46INISH_REASON_ERROR\x10\x04*\xfb\x02\n\tErrorCode\x12\x1a\n\x16\x45RROR_CODE_UNSPECIFIED\x10\x00\x12\x1f\n\x1b\x45RROR_CODE_INVALID_ARGUMENT\x10\x01\x12\x18\n\x14\x45RROR_CODE_NOT_FOUND\x10\x02\x12\x19\n\x15\x45RROR_CODE_OVERLOADED\x10\x03\x12\x17\n\x13\x45RROR_CODE_DRAINING\x10\x04\x12\x1a\n\x16\x45RROR_CODE_STALE_EPOCH\x10\x05\x12\x1e\n\x1a\x45RROR_CODE_LAYOUT_MISMATCH\x10\x06\x12\x1e\n\x1a\x45RROR_CODE_TRANSFER_FAILED\x10\x07\x12 \n\x1c\x45RROR_CODE_CHECKSUM_MISMATCH\x10\x08\x12\x16\n\x12\x45RROR_CODE_TIMEOUT\x10\t\x12\x18\n\x14\x45RROR_CODE_CANCELLED\x10\n\x12\x1a\n\x16\x45RROR_CODE_UNAVAILABLE\x10\x0b\x12\x17\n\x13\x45RROR_CODE_INTERNAL\x10\x0c*X\n\x05\x44Type\x12\x15\n\x11\x44TYPE_UNSPECIFIED\x10\x00\x12\x11\n\rDTYPE_FLOAT32\x10\x01\x12\x12\n\x0e\x44TYPE_BFLOAT16\x10\x02\x12\x11\n\rDTYPE_FLOAT16\x10\x03*m\n\x0fTransferBackend\x12 \n\x1cTRANSFER_BACKEND_UNSPECIFIED\x10\x00\x12\x19\n\x15TRANSFER_BACKEND_NIXL\x10\x01\x12\x1d\n\x19TRANSFER_BACKEND_MOONCAKE\x10\x02*U\n\nMemoryKind\x12\x1b\n\x17MEMORY_KIND_UNSPECIFIED\x10\x00\x12\x14\n\x10MEMORY_KIND_DRAM\x10\x01\x12\x14\n\x10MEMORY_KIND_VRAM\x10\x02\x62\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -33,18 +33,18 @@ if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
   _globals['_SAMPLINGPARAMS_LOGITBIASENTRY']._loaded_options = None
   _globals['_SAMPLINGPARAMS_LOGITBIASENTRY']._serialized_options = b'8\001'
-  _globals['_GRAMMARKIND']._serialized_start=2097
-  _globals['_GRAMMARKIND']._serialized_end=2275
-  _globals['_FINISHREASON']._serialized_start=2278
-  _globals['_FINISHREASON']._serialized_end=2423
-  _globals['_ERRORCODE']._serialized_start=2426
-  _globals['_ERRORCODE']._serialized_end=2805
-  _globals['_DTYPE']._serialized_start=2807
-  _globals['_DTYPE']._serialized_end=2895
-  _globals['_TRANSFERBACKEND']._serialized_start=2897
-  _globals['_TRANSFERBACKEND']._serialized_end=3006
-  _globals['_MEMORYKIND']._serialized_start=3008
-  _globals['_MEMORYKIND']._serialized_end=3093
+  _globals['_GRAMMARKIND']._serialized_start=2111
+  _globals['_GRAMMARKIND']._serialized_end=2289
+  _globals['_FINISHREASON']._serialized_start=2292
+  _globals['_FINISHREASON']._serialized_end=2437
+  _globals['_ERRORCODE']._serialized_start=2440
+  _globals['_ERRORCODE']._serialized_end=2819
+  _globals['_DTYPE']._serialized_start=2821
+  _globals['_DTYPE']._serialized_end=2909
+  _globals['_TRANSFERBACKEND']._serialized_start=2911
+  _globals['_TRANSFERBACKEND']._serialized_end=3020
+  _globals['_MEMORYKIND']._serialized_start=3022
+  _globals['_MEMORYKIND']._serialized_end=3107
   _globals['_SAMPLINGPARAMS']._serialized_start=40
   _globals['_SAMPLINGPARAMS']._serialized_end=756
   _globals['_SAMPLINGPARAMS_LOGITBIASENTRY']._serialized_start=580
@@ -54,27 +54,27 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_TOPLOGPROB']._serialized_start=859
   _globals['_TOPLOGPROB']._serialized_end=906
   _globals['_TOKENLOGPROB']._serialized_start=908
-  _globals['_TOKENLOGPROB']._serialized_end=1003
-  _globals['_MATCHEDSTOP']._serialized_start=1005
-  _globals['_MATCHEDSTOP']._serialized_end=1062
-  _globals['_USAGE']._serialized_start=1064
-  _globals['_USAGE']._serialized_end=1144
-  _globals['_ERROR']._serialized_start=1146
-  _globals['_ERROR']._serialized_end=1247
-  _globals['_TRACECONTEXT']._serialized_start=1249
-  _globals['_TRACECONTEXT']._serialized_end=1304
-  _globals['_KVLAYOUT']._serialized_start=1306
-  _globals['_KVLAYOUT']._serialized_end=1429
-  _globals['_TRANSFERPEER']._serialized_start=1431
-  _globals['_TRANSFERPEER']._serialized_end=1553
-  _globals['_REGIONLIST']._serialized_start=1555
-  _globals['_REGIONLIST']._serialized_end=1603
-  _globals['_PAGEDREGION']._serialized_start=1605
-  _globals['_PAGEDREGION']._serialized_end=1678
-  _globals['_PAGEDESCRIPTORS']._serialized_start=1681
-  _globals['_PAGEDESCRIPTORS']._serialized_end=1880
-  _globals['_MEDIAINPUT']._serialized_start=1883
-  _globals['_MEDIAINPUT']._serialized_end=2034
-  _globals['_ENCODERTARGET']._serialized_start=2036
-  _globals['_ENCODERTARGET']._serialized_end=2094
+  _globals['_TOKENLOGPROB']._serialized_end=1017
+  _globals['_MATCHEDSTOP']._serialized_start=1019
+  _globals['_MATCHEDSTOP']._serialized_end=1076
+  _globals['_USAGE']._serialized_start=1078
+  _globals['_USAGE']._serialized_end=1158
+  _globals['_ERROR']._serialized_start=1160
+  _globals['_ERROR']._serialized_end=1261
+  _globals['_TRACECONTEXT']._serialized_start=1263
+  _globals['_TRACECONTEXT']._serialized_end=1318
+  _globals['_KVLAYOUT']._serialized_start=1320
+  _globals['_KVLAYOUT']._serialized_end=1443
+  _globals['_TRANSFERPEER']._serialized_start=1445
+  _globals['_TRANSFERPEER']._serialized_end=1567
+  _globals['_REGIONLIST']._serialized_start=1569
+  _globals['_REGIONLIST']._serialized_end=1617
+  _globals['_PAGEDREGION']._serialized_start=1619
+  _globals['_PAGEDREGION']._serialized_end=1692
+  _globals['_PAGEDESCRIPTORS']._serialized_start=1695
+  _globals['_PAGEDESCRIPTORS']._serialized_end=1894
+  _globals['_MEDIAINPUT']._serialized_start=1897
+  _globals['_MEDIAINPUT']._serialized_end=2048
+  _globals['_ENCODERTARGET']._serialized_start=2050
+  _globals['_ENCODERTARGET']._serialized_end=2108
 # @@protoc_insertion_point(module_scope)

@@ -311,7 +311,7 @@ class Encoder:
 class KVStoreStub:
     """---------------------------------------------------------------- kvstore control
 
-    Keys are the chained page hashes of shared.engine.block_hash (the ones KV events and the gateway's index use),
+    Keys are the chained page hashes of shared.modelspec.block_hash (the ones KV events and the gateway's index use),
     namespaced by model + KV layout: a store serves one namespace and refuses any other with LAYOUT_MISMATCH.
     Page bytes never travel here: Put hands the caller slots in the store's registered arena to write into
     (two-phase: pages become visible only at CommitPut, after the store checked each page's CRC-32), Get makes the
@@ -355,7 +355,7 @@ class KVStoreStub:
 class KVStoreServicer:
     """---------------------------------------------------------------- kvstore control
 
-    Keys are the chained page hashes of shared.engine.block_hash (the ones KV events and the gateway's index use),
+    Keys are the chained page hashes of shared.modelspec.block_hash (the ones KV events and the gateway's index use),
     namespaced by model + KV layout: a store serves one namespace and refuses any other with LAYOUT_MISMATCH.
     Page bytes never travel here: Put hands the caller slots in the store's registered arena to write into
     (two-phase: pages become visible only at CommitPut, after the store checked each page's CRC-32), Get makes the
@@ -438,7 +438,7 @@ def add_KVStoreServicer_to_server(servicer, server):
 class KVStore:
     """---------------------------------------------------------------- kvstore control
 
-    Keys are the chained page hashes of shared.engine.block_hash (the ones KV events and the gateway's index use),
+    Keys are the chained page hashes of shared.modelspec.block_hash (the ones KV events and the gateway's index use),
     namespaced by model + KV layout: a store serves one namespace and refuses any other with LAYOUT_MISMATCH.
     Page bytes never travel here: Put hands the caller slots in the store's registered arena to write into
     (two-phase: pages become visible only at CommitPut, after the store checked each page's CRC-32), Get makes the

@@ -9,19 +9,18 @@
     discovery.py  the I/O edge: etcd membership + load table + KV events -> Pools for the router
     channels.py   one cached gRPC channel per instance
     wire.py       backend types <-> proto (Decode.Generate), replay of a broken stream
-    metrics.py    Prometheus collector over the backend's counters, breakers, instances and KV index
 
 Everything but discovery.py and channels.py is pure and unit-tested without a cluster.
 """
 
 from services.gateway.routing.breaker import BreakerBoard, BreakerConfig, BreakerState, CircuitBreaker
 from services.gateway.routing.kv_index import KVIndex, PromptHashes
-from services.gateway.routing.policies import POLICIES, KVAware, LeastLoad, RoundRobin, make_policy
-from services.gateway.routing.router import Lease, NoRoute, Router
+from services.gateway.routing.policies import ROUTING_POLICIES, KVAware, LeastLoad, RoundRobin, make_policy
+from services.gateway.routing.router import Lease, NoRoute, NoRouteReason, Router
 from services.gateway.routing.views import Candidate, Load, Mode, Pools, RoutePlan, RouteRequest
 
 __all__ = [
-    "POLICIES", "BreakerBoard", "BreakerConfig", "BreakerState", "Candidate", "CircuitBreaker", "KVAware", "KVIndex",
-    "LeastLoad", "Lease", "Load", "Mode", "NoRoute", "Pools", "PromptHashes", "RoundRobin", "RoutePlan",
+    "ROUTING_POLICIES", "BreakerBoard", "BreakerConfig", "BreakerState", "Candidate", "CircuitBreaker", "KVAware", "KVIndex",
+    "LeastLoad", "Lease", "Load", "Mode", "NoRoute", "NoRouteReason", "Pools", "PromptHashes", "RoundRobin", "RoutePlan",
     "RouteRequest", "Router", "make_policy",
 ]

@@ -8,22 +8,23 @@ the KV index, and cleanup when instances leave. Everything it produces is plain 
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from typing import Protocol
 
 from nats.aio.subscription import Subscription
 
 from shared.cluster.bus.client import Bus, Meta
-from shared.cluster.bus.kv_events import KVEvent, subscribe_kv_events
+from shared.cluster.bus.kv_events import KVEventBatch, subscribe_kv_events
 from shared.cluster.bus.load import LoadTable
 from shared.cluster.instance import InstanceInfo
 from shared.cluster.membership import EventKind, MembershipEvent
+from shared.config.roles import Role
 from services.gateway.routing.router import Router
 from services.gateway.routing.views import Candidate, Load, Pools
 
 log = logging.getLogger(__name__)
 
-DECODE_ROLE, PREFILL_ROLE, WORKER_ROLE = "decode", "prefill", "worker"
+DECODE_ROLE, PREFILL_ROLE, WORKER_ROLE = Role.DECODE, Role.PREFILL, Role.WORKER
 ROUTED_ROLES = (DECODE_ROLE, PREFILL_ROLE, WORKER_ROLE)
 
 
@@ -37,7 +38,7 @@ class MembershipView(Protocol):
 
     def instances(self, role: str | None = None) -> list[InstanceInfo]: ...
 
-    def on_event(self, cb: Callable[[MembershipEvent], object]) -> Callable[[], None]: ...
+    def on_event(self, cb: Callable[[MembershipEvent], Awaitable[None] | None]) -> Callable[[], None]: ...
 
 
 def candidate_of(info: InstanceInfo, loads: LoadTable, max_load_age_s: float) -> Candidate:
@@ -90,7 +91,7 @@ class Discovery:
         for sub in self._subs:
             try:
                 await sub.unsubscribe()
-            except Exception as e:  # NATS already closed: nothing left to unsubscribe from
+            except Exception as e:  # NATS already closed: nothing left to unsubscribe from  # noqa: BLE001
                 log.debug("unsubscribe failed: %s", e)
         self._subs.clear()
 
@@ -110,7 +111,7 @@ class Discovery:
 
     # ------------------------------------------------------------------ events
 
-    def _on_kv_event(self, event: KVEvent, meta: Meta) -> None:
+    def _on_kv_event(self, event: KVEventBatch, meta: Meta) -> None:
         self.router.kv_index.apply(event)
 
     def _on_membership(self, ev: MembershipEvent) -> None:

@@ -16,8 +16,9 @@ from dataclasses import dataclass
 from services.gateway.routing.discovery import MembershipView
 from shared.cluster.bus.load import LoadTable
 from shared.cluster.instance import EncoderInfo, InstanceInfo, Modality
+from shared.config.roles import Role
 
-ENCODER_ROLE = "encoder"
+ENCODER_ROLE = Role.ENCODER
 
 
 @dataclass(frozen=True, slots=True)

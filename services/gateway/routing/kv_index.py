@@ -1,7 +1,7 @@
 """Which KV pages each instance's prefix cache holds, by chained block hash, fed by the NATS KV events.
 
 Routing asks one question: "how many leading pages of this prompt does instance X hold?" Block hashes are chained
-(page i's hash covers every token up to the end of page i, shared.engine.block_hash), so a held page implies its
+(page i's hash covers every token up to the end of page i, shared.modelspec.block_hash), so a held page implies its
 whole prefix was computed, and the answer is the length of the longest run of the prompt's hashes from the start
 that the instance holds.
 
@@ -18,8 +18,8 @@ import logging
 from collections.abc import Container, Iterable, Sequence
 from dataclasses import dataclass, field
 
-from shared.cluster.bus.kv_events import KVEvent, KVOpKind
-from shared.engine.block_hash import MediaSpan, page_hashes
+from shared.cluster.bus.kv_events import KVEventBatch, KVOpKind
+from shared.modelspec.block_hash import MediaSpan, page_hashes
 
 log = logging.getLogger(__name__)
 
@@ -53,7 +53,7 @@ class KVIndex:
 
     # ------------------------------------------------------------------ updates
 
-    def apply(self, event: KVEvent) -> None:
+    def apply(self, event: KVEventBatch) -> None:
         """Apply one KV event (from `pdrelay.<cluster>.kv.<instance>`), checking its epoch and sequence."""
         self.stats.events += 1
         iid = event.instance_id

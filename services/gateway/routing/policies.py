@@ -24,7 +24,7 @@ from typing import Protocol
 
 from services.gateway.routing.views import Candidate, RouteRequest
 
-POLICIES = ("kv_aware", "least_load", "round_robin")
+ROUTING_POLICIES = ("kv_aware", "least_load", "round_robin")
 
 
 class Signals(Protocol):
@@ -110,7 +110,7 @@ def active_kv_tokens(cand: Candidate, sig: Signals) -> int:
     return max(reported, sig.inflight_tokens(cand))
 
 
-class Policy(Protocol):
+class RankingPolicy(Protocol):
     name: str
 
     def rank_decode(self, cands: Sequence[Candidate], req: RouteRequest, sig: Signals) -> list[Candidate]: ...
@@ -193,11 +193,11 @@ def kv_load_score(cand: Candidate, req: RouteRequest, sig: Signals) -> tuple[flo
     return (no_room, float(cost), float(busy_requests(cand, sig)))
 
 
-def make_policy(name: str) -> Policy:
+def make_policy(name: str) -> RankingPolicy:
     if name == "kv_aware":
         return KVAware()
     if name == "least_load":
         return LeastLoad()
     if name == "round_robin":
         return RoundRobin()
-    raise ValueError(f"routing policy {name!r} is not one of {', '.join(POLICIES)}; use --routing-policy kv_aware")
+    raise ValueError(f"routing policy {name!r} is not one of {', '.join(ROUTING_POLICIES)}; use --routing-policy kv_aware")

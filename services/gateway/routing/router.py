@@ -14,6 +14,7 @@ instances' reports. Everything here is synchronous and pure apart from the clock
 
 from __future__ import annotations
 
+import enum
 import math
 import time
 from collections.abc import Callable, Collection
@@ -21,15 +22,20 @@ from dataclasses import dataclass, field
 
 from services.gateway.routing.breaker import BreakerBoard
 from services.gateway.routing.kv_index import KVIndex, PromptHashes, leading_pages
-from services.gateway.routing.policies import Policy
+from services.gateway.routing.policies import RankingPolicy
 from services.gateway.routing.views import Candidate, Mode, Pools, RoutePlan, RouteRequest
 
 
-class NoRoute(Exception):
-    """No instance can take the request now. `reason`: "none_ready" (no servable pool), "breakers_open" (every
-    candidate's circuit breaker is open) or "excluded" (every candidate already failed or refused this request)."""
+class NoRouteReason(enum.StrEnum):
+    NONE_READY = "none_ready"  # no servable pool
+    BREAKERS_OPEN = "breakers_open"  # every candidate's circuit breaker is open
+    EXCLUDED = "excluded"  # every candidate already failed or refused this request
 
-    def __init__(self, message: str, reason: str) -> None:
+
+class NoRoute(Exception):
+    """No instance can take the request now; `reason` says why."""
+
+    def __init__(self, message: str, reason: NoRouteReason) -> None:
         super().__init__(message)
         self.reason = reason
 
@@ -178,7 +184,7 @@ class _RequestSignals:
 
 
 class Router:
-    def __init__(self, policy: Policy, *, kv_index: KVIndex | None = None,
+    def __init__(self, policy: RankingPolicy, *, kv_index: KVIndex | None = None,
                  breakers: BreakerBoard | None = None, clock: Callable[[], float] = time.monotonic) -> None:
         self.policy = policy
         self.clock = clock
@@ -193,7 +199,7 @@ class Router:
         """The best plan for `req` avoiding `exclude`; raises NoRoute when there is none."""
         if not pools.servable:
             raise NoRoute("no decode or worker instance is ready" + (" (only prefill instances are)"
-                                                                      if pools.prefill else ""), "none_ready")
+                                                                      if pools.prefill else ""), NoRouteReason.NONE_READY)
         sig = _RequestSignals(self, hashes or PromptHashes(req.prompt_token_ids), len(req.prompt_token_ids))
         usable_decode = self._usable(pools.decode, exclude)
         usable_prefill = self._usable(pools.prefill, exclude)
@@ -215,9 +221,9 @@ class Router:
         everyone = [c.instance_id for c in (*pools.decode, *pools.worker)]
         if all(iid in exclude for iid in everyone):
             raise NoRoute(f"every instance that could serve the request failed or refused it ({', '.join(everyone)})",
-                          "excluded")
+                          NoRouteReason.EXCLUDED)
         raise NoRoute(f"the circuit breakers of every ready instance are open ({', '.join(everyone)}); they are "
-                      "failing requests", "breakers_open")
+                      "failing requests", NoRouteReason.BREAKERS_OPEN)
 
     def _usable(self, cands: tuple[Candidate, ...], exclude: Collection[str]) -> list[Candidate]:
         return [c for c in cands if c.instance_id not in exclude and self.breakers.allows(c.instance_id)]

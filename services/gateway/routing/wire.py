@@ -76,8 +76,8 @@ def decode_request(req: BackendRequest, plan: RoutePlan, sent: Sequence[int], at
 
 
 def logprobs_from_pb(entries: Sequence[common_pb2.TokenLogprob]) -> tuple[TokenLogprob, ...]:
-    return tuple(TokenLogprob(e.token_id, e.logprob, tuple(TopLogprob(t.token_id, t.logprob) for t in e.top_logprobs))
-                 for e in entries)
+    return tuple(TokenLogprob(e.token_id, e.logprob, tuple(TopLogprob(t.token_id, t.logprob) for t in e.top_logprobs),
+                              e.rank) for e in entries)
 
 
 def stop_reason_of(resp: worker_pb2.DecodeResponse) -> int | str | None:

@@ -77,7 +77,7 @@ class KubernetesActuator:
         try:
             scale = await asyncio.to_thread(self._apps.read_namespaced_deployment_scale, name, self.namespace,
                                             _request_timeout=_TIMEOUT_S)
-        except Exception as e:  # ApiException, connection errors: the platform said no
+        except Exception as e:  # ApiException, connection errors: the platform said no  # noqa: BLE001
             raise ScaleError(f"reading deployment {self.namespace}/{name}: {_why(e)}") from None
         return int(scale.spec.replicas or 0)
 
@@ -94,7 +94,7 @@ class KubernetesActuator:
         try:
             await asyncio.to_thread(self._apps.patch_namespaced_deployment_scale, name, self.namespace,
                                     {"spec": {"replicas": target}}, _request_timeout=_TIMEOUT_S)
-        except Exception as e:
+        except Exception as e:  # noqa: BLE001 - ApiException, connection errors: the platform said no
             raise ScaleError(f"scaling deployment {self.namespace}/{name} to {target}: {_why(e)}") from None
         self._desired[role] = target
         return f"deployment {self.namespace}/{name}: replicas {current} -> {target}" + (
@@ -106,7 +106,7 @@ class KubernetesActuator:
             await asyncio.to_thread(self._core.patch_namespaced_pod, pod, self.namespace, body,
                                     _request_timeout=_TIMEOUT_S)
             return True
-        except Exception as e:  # without the annotation the ReplicaSet still removes some pod, which drains too
+        except Exception as e:  # noqa: BLE001 - without the annotation the ReplicaSet still drains some pod
             log.warning("could not mark pod %s/%s for deletion first: %s", self.namespace, pod, _why(e))
             return False
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import enum
+
 import msgspec
 from nats.aio.subscription import Subscription
 
@@ -9,13 +11,23 @@ from shared.cluster.bus import subjects
 from shared.cluster.bus.client import Bus, Handler
 
 
+class CancelReason(enum.StrEnum):
+    """Why a request was cancelled (on the wire as its value, "" when the sender gave none)."""
+
+    UNSPECIFIED = ""
+    CLIENT_DISCONNECTED = "client_disconnected"
+    DEADLINE = "deadline"
+    OPERATOR = "operator"
+
+
 class Cancel(msgspec.Struct, frozen=True, kw_only=True):
     request_id: str
-    reason: str = ""  # "client_disconnected" | "deadline" | "operator" | ...
+    reason: CancelReason = CancelReason.UNSPECIFIED
     origin: str = ""  # instance id of the sender
 
 
-async def publish_cancel(bus: Bus, cluster: str, request_id: str, *, reason: str = "", origin: str = "") -> bool:
+async def publish_cancel(bus: Bus, cluster: str, request_id: str, *,
+                         reason: CancelReason = CancelReason.UNSPECIFIED, origin: str = "") -> bool:
     if not request_id:
         raise ValueError("cancel needs a request id (got an empty string)")
     return await bus.publish(subjects.cancel(cluster), Cancel(request_id=request_id, reason=reason, origin=origin))

@@ -35,6 +35,7 @@ from nats.errors import Error as NatsError
 
 from shared.cluster.errors import nats_unavailable
 from shared.cluster.tls import TlsFiles
+from shared.config.groups import BusConfig
 
 log = logging.getLogger(__name__)
 
@@ -108,7 +109,7 @@ class Bus:
         self.stats = BusStats()
 
     @classmethod
-    def from_config(cls, bus_cfg: Any, name: str, **kw: Any) -> Bus:
+    def from_config(cls, bus_cfg: BusConfig, name: str, **kw: Any) -> Bus:
         """From a BusConfig group (nats_url, bus_outage_policy)."""
         return cls(bus_cfg.nats_url, name=name, outage_policy=bus_cfg.bus_outage_policy, **kw)
 
@@ -125,14 +126,15 @@ class Bus:
         try:
             await asyncio.wait_for(nc.connect(
                 servers=[self.url], name=self.name, connect_timeout=max(1, int(timeout_s)),
-                reconnect_time_wait=self._reconnect_wait_s, max_reconnect_attempts=-1,
+                reconnect_time_wait=self._reconnect_wait_s,  # type: ignore[arg-type]  # annotated int, used as seconds
+                max_reconnect_attempts=-1,
                 pending_size=self._pending_bytes, flush_timeout=2.0,
                 error_cb=self._on_error, disconnected_cb=self._on_disconnected, reconnected_cb=self._on_reconnected,
                 tls=tls), timeout_s)
         except (asyncio.TimeoutError, OSError, NatsError) as e:
             try:
                 await nc.close()
-            except Exception:  # closing a never-connected client may fail in several ways; nothing to keep
+            except Exception:  # noqa: BLE001 - closing a never-connected client fails variously; nothing to keep
                 pass
             raise nats_unavailable(self.url, f"no answer within {timeout_s:g} s ({type(e).__name__})") from None
         self._nc = nc

@@ -2,7 +2,7 @@
 
 The gateway's KV index (prefix-overlap credit for routing) is fed by these. The engine's radix-cache callback
 calls `stored()` / `evicted()` / `cleared()` (from any thread); the publisher batches what arrives within a few
-milliseconds into one KVEvent, keeping the order of operations, and numbers events per (instance, epoch) so a
+milliseconds into one KVEventBatch, keeping the order of operations, and numbers events per (instance, epoch) so a
 consumer notices a gap (a lost message during an outage) and can drop that instance's entries until the next
 `cleared` or a resync.
 """
@@ -30,10 +30,10 @@ class KVOpKind(enum.StrEnum):
 
 class KVOp(msgspec.Struct, frozen=True, array_like=True):
     kind: KVOpKind
-    block_hashes: tuple[int, ...] = ()  # chained page hashes (shared.engine.block_hash), uint64
+    block_hashes: tuple[int, ...] = ()  # chained page hashes (shared.modelspec.block_hash), uint64
 
 
-class KVEvent(msgspec.Struct, frozen=True, kw_only=True):
+class KVEventBatch(msgspec.Struct, frozen=True, kw_only=True):
     instance_id: str
     epoch: int  # registration epoch of the publisher; a new epoch starts a new sequence
     seq: int  # 1, 2, 3, ... per (instance_id, epoch)
@@ -126,7 +126,7 @@ class KVEventPublisher:
             if not ops:
                 return
             self._seq += 1
-            event = KVEvent(instance_id=self._instance_id, epoch=self._epoch, seq=self._seq, ops=tuple(ops),
+            event = KVEventBatch(instance_id=self._instance_id, epoch=self._epoch, seq=self._seq, ops=tuple(ops),
                             page_size=self._page_size, tier=self._tier, ts=time.time())
         await self._bus.publish(self._subject, event)
 
@@ -136,6 +136,6 @@ class KVEventPublisher:
             t.cancel()
 
 
-async def subscribe_kv_events(bus: Bus, cluster: str, handler: Handler[KVEvent],
+async def subscribe_kv_events(bus: Bus, cluster: str, handler: Handler[KVEventBatch],
                               instance_id: str = subjects.ANY) -> Subscription:
-    return await bus.subscribe(subjects.kv_events(cluster, instance_id), KVEvent, handler)
+    return await bus.subscribe(subjects.kv_events(cluster, instance_id), KVEventBatch, handler)

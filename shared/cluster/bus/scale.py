@@ -55,6 +55,6 @@ async def serve_scale(bus: Bus, cluster: str, responder: Responder[ScaleRequest,
         if why is not None:
             return ScaleReply(ok=False, message=f"refused: {why}")
         res = responder(req, meta)
-        return await res if inspect.isawaitable(res) else res  # type: ignore[no-any-return]
+        return await res if inspect.isawaitable(res) else res
 
     return await bus.serve(subjects.supervisor_scale(cluster), ScaleRequest, verified)

@@ -4,13 +4,14 @@ Each real role runs as `python -m services.<role> --resolved-config FILE --ready
 resolved here (defaults < --config < PDRELAY_* env < the user's flags < per-instance settings) and written to
 `<run-dir>/config/<id>.json`, so the child does not resolve again and `pdrelay config show` tells no other story.
 A role whose `services.<role>.__main__` does not exist in this build is skipped with a note. The `echo` role is
-the control-plane test service (shared.cluster.testing), started with raw flags.
+the control-plane test service (services.echo), started with raw flags.
 """
 
 from __future__ import annotations
 
 import importlib.util
 import os
+import shlex
 import sys
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -20,7 +21,7 @@ import msgspec
 # Start order; stop order is the reverse (the gateway stops taking requests before the workers go). The planner
 # starts last, once there is a cluster to plan for.
 ROLE_ORDER = ("kvstore", "encoder", "prefill", "decode", "worker", "echo", "gateway", "planner")
-ECHO_MODULE = "shared.cluster.testing"
+ECHO_MODULE = "services.echo"
 # Roles whose processes run a model engine: `--threads 0` splits the host's cores among their instances.
 ENGINE_ROLES = ("prefill", "decode", "worker", "encoder")
 # Set by `pdrelay up` for every instance; a user flag for them would fight the per-instance value.
@@ -158,3 +159,21 @@ def plan(opts: UpOptions, etcd_url: str, nats_url: str) -> tuple[list[InstanceSp
 
 def known_roles() -> tuple[str, ...]:
     return ROLE_ORDER
+
+
+def parse_role_flags(items: Sequence[str], roles: Sequence[str] = ROLE_ORDER) -> dict[str, tuple[str, ...]]:
+    """['prefill=--num-pages 160', 'prefill=--page-size 32'] -> {'prefill': ('--num-pages', '160', '--page-size',
+    '32')}; ValueError naming a malformed item or an unknown role. Used by `pdrelay up --role-flags` and by the
+    benchmarks that start a cluster of their own."""
+    out: dict[str, tuple[str, ...]] = {}
+    for item in items:
+        role, eq, flags = item.partition("=")
+        role = role.strip()
+        if not eq or role not in roles:
+            raise ValueError(f"--role-flags {item!r}: write ROLE=FLAGS with ROLE one of {', '.join(roles)}, "
+                             "e.g. --role-flags 'prefill=--num-pages 160'")
+        words = shlex.split(flags)
+        if not words or not words[0].startswith("--"):
+            raise ValueError(f"--role-flags {item!r}: FLAGS must start with a --flag")
+        out[role] = out.get(role, ()) + tuple(words)
+    return out

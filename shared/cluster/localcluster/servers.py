@@ -268,16 +268,3 @@ class MooncakeMaster(_ServerProcess):
 
     def ready(self) -> bool:
         return port_open(self.host, self.port) and port_open(self.host, self.metadata_port)
-
-
-def etcd_command_hint(url: str = "http://127.0.0.1:2379") -> str:
-    """The command line that starts a local etcd on `url` (for error messages)."""
-    peer = "http://127.0.0.1:2380"
-    return (f"etcd --data-dir /tmp/pdrelay-etcd --listen-client-urls {url} --advertise-client-urls {url} "
-            f"--listen-peer-urls {peer} --initial-advertise-peer-urls {peer} --initial-cluster default={peer}")
-
-
-def nats_command_hint(url: str = "nats://127.0.0.1:4222") -> str:
-    hostport = url.split("://", 1)[-1]
-    host, _, port = hostport.rpartition(":")
-    return f"nats-server -a {host or '127.0.0.1'} -p {port or 4222} -js -sd /tmp/pdrelay-nats"

@@ -25,7 +25,7 @@ import signal
 import sys
 import time
 from pathlib import Path
-from typing import TextIO
+from typing import BinaryIO, TextIO
 
 import msgspec
 
@@ -296,7 +296,7 @@ class Supervisor:
         child.restarts = self.restarts.count(spec.instance_id)
         self.restarts.started(spec.instance_id)
         self.children.append(child)
-        logf = open(child.log_path, "ab")  # noqa: SIM115 - closed by the waiter task
+        logf = open(child.log_path, "ab")  # noqa: SIM115, ASYNC230 - a local log file, closed by the waiter task
         assert proc.stdout is not None and proc.stderr is not None
         child.tasks = [asyncio.create_task(self._pump(child, proc.stdout, logf, True)),
                        asyncio.create_task(self._pump(child, proc.stderr, logf, False))]
@@ -304,7 +304,7 @@ class Supervisor:
         self._save()
         return child
 
-    async def _pump(self, child: _Child, stream: asyncio.StreamReader, logf: object, is_stdout: bool) -> None:
+    async def _pump(self, child: _Child, stream: asyncio.StreamReader, logf: BinaryIO, is_stdout: bool) -> None:
         prefix = f"{child.iid:<12}| "
         while True:
             try:
@@ -313,8 +313,8 @@ class Supervisor:
                 line = await stream.read(1 << 16)  # an over-long line: pass it on in pieces
             if not line:
                 return
-            logf.write(line)  # type: ignore[attr-defined]
-            logf.flush()  # type: ignore[attr-defined]
+            logf.write(line)
+            logf.flush()
             if is_stdout and child.ready is None:
                 info = parse_ready_line(line)
                 if info is not None:
@@ -325,10 +325,10 @@ class Supervisor:
                 self.out.write(prefix + line.decode(errors="replace").rstrip("\n") + "\n")
                 self.out.flush()
 
-    async def _reap(self, child: _Child, logf: object) -> None:
+    async def _reap(self, child: _Child, logf: BinaryIO) -> None:
         rc = await child.proc.wait()
         await asyncio.gather(*child.tasks[:2], return_exceptions=True)
-        logf.close()  # type: ignore[attr-defined]
+        logf.close()
         was = child.state
         child.state = "exited"
         child.exited.set()
@@ -366,7 +366,7 @@ class Supervisor:
 
     # ------------------------------------------------------------------ restarts
 
-    def _in_background(self, coro) -> None:  # type: ignore[no-untyped-def]
+    def _in_background(self, coro) -> None:
         task = asyncio.ensure_future(coro)
         self._background.add(task)
         task.add_done_callback(self._background.discard)
@@ -512,10 +512,11 @@ class Supervisor:
         import httpx
 
         scheme = "https" if self.opts.tls_dir else "http"
-        base = f"{scheme}://{gw.ready.http}"  # type: ignore[union-attr]
-        verify: object = str(Path(self.opts.tls_dir) / "ca.pem") if self.opts.tls_dir else True
+        assert gw.ready is not None  # the search above only takes a ready gateway
+        base = f"{scheme}://{gw.ready.http}"
+        verify: str | bool = str(Path(self.opts.tls_dir) / "ca.pem") if self.opts.tls_dir else True
         try:
-            async with httpx.AsyncClient(timeout=120, verify=verify) as client:  # type: ignore[arg-type]
+            async with httpx.AsyncClient(timeout=120, verify=verify) as client:
                 models = (await client.get(f"{base}/v1/models")).json()["data"]
                 body = {"model": models[0]["id"], "max_tokens": 32, "temperature": 0,
                         "messages": [{"role": "user", "content": "What is the capital of France?"}]}

@@ -3,7 +3,7 @@
 A matcher is the request's position in its grammar: it accepts each output token after sampling and, before the
 next sampling, says which tokens may follow (the bitmask, see mask.py). Disaggregated serving rebuilds it from the
 spec on every instance: prefill samples the first token under a fresh matcher; decode builds its own from the same
-spec and feeds it that first token (scheduler/handoff.py), so both ends agree without shipping matcher state.
+spec and feeds it that first token (scheduler/handoff_pages.py), so both ends agree without shipping matcher state.
 """
 
 from __future__ import annotations

@@ -4,30 +4,30 @@ the real engine's step times, for cluster-scale tests of routing, the planner an
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING
 
 from shared.engine.mock.runner import MockRunner, next_token
 from shared.engine.mock.timing import DEFAULT_TABLE, TimingTable
 
+if TYPE_CHECKING:
+    from shared.config.resolved import ResolvedConfig
+    from shared.engine.engine import Engine
+    from shared.engine.radix_cache import KVEvent
+
 __all__ = ["DEFAULT_TABLE", "MockRunner", "TimingTable", "build_mock_engine", "next_token"]
 
 
-def build_mock_engine(cfg: Any, *, on_kv_event: Callable[..., None] | None = None) -> Any:
-    """An Engine over a MockRunner from a resolved role config (its cache, scheduler, model and engine groups)."""
+def build_mock_engine(cfg: ResolvedConfig, *, on_kv_event: Callable[[KVEvent], None] | None = None) -> Engine:
+    """An Engine over a MockRunner from the resolved config of an engine role (its cache, scheduler, model, engine
+    and disagg groups)."""
     from shared.engine.engine import Engine
+    from shared.engine.scheduler.scheduler import max_step_tokens
 
     sim = cfg.engine
     table = TimingTable.load(sim.mock_timing_table)
-    sched, cache = cfg.scheduler, cfg.cache
-    chunk = sched.chunked_prefill_size
-    max_step = max(min(sched.max_prefill_tokens, chunk or sched.max_prefill_tokens), sched.max_running_requests)
-    runner = MockRunner(table, page_size=cache.page_size, num_pages=cache.num_pages or None,
-                        context_length=cfg.model.context_length, max_batch_tokens=max_step,
+    runner = MockRunner(table, page_size=cfg.cache.page_size, num_pages=cfg.cache.num_pages or None,
+                        context_length=cfg.model.context_length, max_batch_tokens=max_step_tokens(cfg.scheduler),
                         speedup=sim.mock_speedup)
-    disagg = getattr(cfg, "disagg", None)
-    extra = {"handoff_quarantine_s": disagg.handoff_timeout_s} if disagg is not None else {}
-    return Engine(runner, page_size=cache.page_size, max_running_requests=sched.max_running_requests,
-                  chunked_prefill_size=chunk, max_prefill_tokens=sched.max_prefill_tokens,
-                  schedule_policy=sched.schedule_policy, enable_prefix_cache=not cache.disable_radix_cache,
-                  tokenizer=None, threads=1, on_kv_event=on_kv_event, max_queued_requests=sched.max_queued_requests,
-                  new_token_ratio=sched.new_token_ratio, context_length=cfg.model.context_length, **extra)
+    return Engine(runner, cache=cfg.cache, scheduler=cfg.scheduler, tokenizer=None, threads=1,
+                  on_kv_event=on_kv_event, context_length=cfg.model.context_length,
+                  handoff_quarantine_s=cfg.disagg.handoff_timeout_s)

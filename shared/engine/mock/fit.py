@@ -25,7 +25,7 @@ DECODE_BATCH = (1, 4, 16, 32, 64)
 DECODE_CONTEXT = (64, 512, 2048)
 
 
-def _best_s(fn, reps: int) -> float:  # type: ignore[no-untyped-def]
+def _best_s(fn, reps: int) -> float:
     fn()  # warm: first calls pay for lazy kernel setup
     times = []
     for _ in range(reps):
@@ -36,11 +36,11 @@ def _best_s(fn, reps: int) -> float:  # type: ignore[no-untyped-def]
 
 
 def measure(model: str, threads: int, reps: int, prefill: Sequence[int], batch: Sequence[int],
-            context: Sequence[int], progress=print) -> TimingTable:  # type: ignore[no-untyped-def]
+            context: Sequence[int], progress=print) -> TimingTable:
     import torch
 
     from shared.config import resolve
-    from shared.engine.bundled import resolve_model_path
+    from shared.modelspec.bundled import resolve_model_path
     from shared.engine.kv_pool import num_pages_for_budget
     from shared.engine.model_runner import ModelRunner
     from shared.engine.types import ScheduledSeq, SchedulerOutput

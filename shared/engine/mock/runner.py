@@ -17,7 +17,8 @@ import torch
 
 from shared.engine.kv_pool import KVPool
 from shared.engine.mock.timing import TimingTable
-from shared.engine.types import KVLayout, SchedulerOutput
+from shared.modelspec.kv_layout import KVLayout
+from shared.engine.types import SchedulerOutput
 
 # Generated ids come from [TOKEN_LOW, TOKEN_LOW + TOKEN_SPAN): ordinary BPE pieces in the bundled vocabulary,
 # away from the special tokens at the start of it.

@@ -46,7 +46,7 @@ class BertConfig:
         return self.hidden_size // self.num_heads
 
     @classmethod
-    def from_dict(cls, d: dict, where: str = "config.json") -> BertConfig:  # type: ignore[type-arg]
+    def from_dict(cls, d: dict, where: str = "config.json") -> BertConfig:
         if d.get("model_type") != "bert":
             raise ValueError(f"{where}: model_type {d.get('model_type')!r} is not 'bert'; the encoder serves "
                              "BERT-family embedding models (e.g. bundled:all-minilm-l6-v2)")
@@ -154,7 +154,7 @@ class BertLayer(nn.Module):
 
     def forward(self, x: torch.Tensor, batch: PackedBatch) -> torch.Tensor:
         # x: [N, H] packed tokens
-        N, H = x.shape
+        H = x.shape[1]
         B, T, nh, hd = batch.batch_size, batch.max_len, self.num_heads, self.head_dim
         qkv = self._proj("qkv", x)  # [N, 3H]
         if batch.mask is not None or B > 1:
@@ -181,7 +181,7 @@ class BertModel(nn.Module):
 
     def prepare(self, linear: LinearBackend) -> BertModel:
         for layer in self.layers:
-            layer.prepare(linear)  # type: ignore[operator]
+            layer.prepare(linear)  # type: ignore[operator]  # nn.ModuleList types its items as Module
         return self
 
     @torch.inference_mode()

@@ -20,7 +20,7 @@ from torch import nn
 from shared.engine.models.config import ModelArchConfig
 from shared.engine.models.llama import LlamaForCausalLM, WeightSlot
 from shared.engine.models.vit import VisionTower, activation, param
-from shared.engine.multimodal.vlm_config import LlavaConfig, load_llava_config
+from shared.modelspec.vlm_config import LlavaConfig, load_llava_config
 
 __all__ = ["LlavaConfig", "LlavaVisionEncoder", "LlavaWeights", "canonical_name", "expand_image_tokens",
            "load_llava_config"]

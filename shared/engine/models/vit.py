@@ -10,7 +10,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from shared.engine.models.llama import WeightSlot
-from shared.engine.multimodal.vlm_config import VisionConfig
+from shared.modelspec.vlm_config import VisionConfig
 
 
 def activation(name: str, x: torch.Tensor) -> torch.Tensor:

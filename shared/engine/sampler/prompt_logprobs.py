@@ -46,11 +46,14 @@ def _append(req: Request, raw: torch.Tensor, start: int) -> None:
         return
     rows = raw[first:last]
     targets = torch.tensor(req.prompt_token_ids[start + 1 + first:start + 1 + last], device=raw.device)
-    chosen = rows.gather(1, targets.unsqueeze(1)).squeeze(1).tolist()
+    chosen_col = rows.gather(1, targets.unsqueeze(1))  # [R, 1]
+    chosen = chosen_col.squeeze(1).tolist()
+    # vLLM's rank: how many tokens are at least as likely as the prompt token (ties count against it)
+    ranks = (rows >= chosen_col).sum(dim=1).tolist()
     top_v: list[list[float]] = []
     top_i: list[list[int]] = []
     if k > 0:
         v, ix = rows.topk(k, dim=-1)
         top_v, top_i = v.tolist(), ix.tolist()
-    for j, (t, lp) in enumerate(zip(targets.tolist(), chosen, strict=True)):
-        req.prompt_logprobs.append(TokenLogprobs(t, lp, tuple(zip(top_i[j], top_v[j])) if k else ()))
+    for j, (t, lp, rank) in enumerate(zip(targets.tolist(), chosen, ranks, strict=True)):
+        req.prompt_logprobs.append(TokenLogprobs(t, lp, tuple(zip(top_i[j], top_v[j])) if k else (), rank))

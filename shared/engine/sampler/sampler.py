@@ -97,7 +97,7 @@ class Sampler:
             r = reqs[j]
             if r.generator is None:
                 r.generator = torch.Generator(device=dev)
-                r.generator.manual_seed(r.params.seed)  # type: ignore[arg-type]
+                r.generator.manual_seed(r.params.seed)  # type: ignore[arg-type]  # seeded: seed is set
                 for _ in range(r.generator_skip):
                     torch.empty_like(q[j]).exponential_(generator=r.generator)
             q[j].exponential_(generator=r.generator)

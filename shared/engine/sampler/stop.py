@@ -11,7 +11,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 
 from shared.engine.request import FinishReason, Request
-from shared.engine.sampler.detokenizer import DecodeFn, IncrementalDetokenizer
+from shared.engine.sampler.text_window import DecodeFn, TextWindow
 
 
 @dataclass(frozen=True)
@@ -35,7 +35,7 @@ class StopChecker:
         prev_len = len(req.output_text)
         if self.decode_fn is not None:
             if req.detokenizer is None:
-                req.detokenizer = IncrementalDetokenizer(self.decode_fn, req.prompt_token_ids)
+                req.detokenizer = TextWindow(self.decode_fn, req.prompt_token_ids)
             req.output_text += req.detokenizer.step(tok)
 
         reason: FinishReason | None = None

@@ -6,6 +6,7 @@ import heapq
 from collections.abc import Callable, Iterator
 from typing import Literal
 
+from shared.config.choices import SchedulePolicy
 from shared.engine.request import Request
 
 Policy = Literal["fcfs", "priority"]
@@ -14,12 +15,12 @@ POLICIES: tuple[str, ...] = ("fcfs", "priority")
 SortKey = Callable[[Request], tuple[int, ...]]
 
 
-def sort_key(policy: str) -> SortKey:
+def sort_key(policy: SchedulePolicy) -> SortKey:
     """Smaller key = served first = preempted last. fcfs: arrival order; priority: lower `priority` value first,
     then arrival. A preempted request keeps its arrival, so it goes back to the front of its class."""
-    if policy == "fcfs":
+    if policy is SchedulePolicy.FCFS:
         return lambda r: (r.arrival,)
-    if policy == "priority":
+    if policy is SchedulePolicy.PRIORITY:
         return lambda r: (r.priority, r.arrival)
     raise ValueError(f"schedule_policy must be one of {POLICIES} (got {policy!r})")
 
@@ -27,7 +28,7 @@ def sort_key(policy: str) -> SortKey:
 class WaitingQueue:
     """Requests waiting for admission, best first; removal by id is O(1) (stale heap entries are skipped)."""
 
-    def __init__(self, policy: str) -> None:
+    def __init__(self, policy: SchedulePolicy) -> None:
         self.key = sort_key(policy)
         self._heap: list[tuple[tuple[int, ...], int, Request]] = []
         self._live: dict[str, Request] = {}

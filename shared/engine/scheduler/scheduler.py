@@ -17,16 +17,18 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
+from shared.config.choices import SchedulePolicy
+from shared.config.groups import SchedulerConfig
 from shared.engine.errors import InvalidRequest, QueueFull
 from shared.engine.grammar.backend import GrammarBackend
 from shared.engine.page_allocator import PageAllocator
 from shared.engine.radix_cache import RadixCache
 from shared.engine.request import FinishReason, MediaInput, Request, RequestOutput, RequestStatus, TokenLogprobs
-from shared.engine.sampler.detokenizer import DecodeFn
+from shared.engine.sampler.text_window import DecodeFn
 from shared.engine.sampler.stop import StopChecker, StopResult
 from shared.engine.sampling_params import SamplingParams
 from shared.engine.scheduler.forks import Forks, fork_id
-from shared.engine.scheduler.handoff import HandoffPages
+from shared.engine.scheduler.handoff_pages import HandoffPages
 from shared.engine.scheduler.kv import KVManager
 from shared.engine.scheduler.policy import WaitingQueue, sort_key
 from shared.engine.types import EmbedSlice, ScheduledSeq, SchedulerOutput
@@ -51,30 +53,40 @@ class SchedulerCounters:
     num_generated_tokens: int = 0
 
 
+def token_budget(config: SchedulerConfig) -> int:
+    """Tokens per step, decodes included (vLLM's max_num_batched_tokens); a longer prompt runs in chunks."""
+    return min(config.max_prefill_tokens, config.chunked_prefill_size or config.max_prefill_tokens)
+
+
+def max_step_tokens(config: SchedulerConfig) -> int:
+    """Most tokens one forward pass may hold: the token budget, or one per running request when that is more
+    (what a runner's max_batch_tokens must cover)."""
+    return max(token_budget(config), config.max_running_requests)
+
+
 class Scheduler:
     def __init__(self, *, allocator: PageAllocator, cache: RadixCache, page_size: int, max_model_len: int,
-                 max_running_requests: int = 64, max_queued_requests: int = 1024, max_prefill_tokens: int = 4096,
-                 chunked_prefill_size: int = 0, policy: str = "fcfs", new_token_ratio: float = 0.4,
-                 eos_token_ids: Sequence[int] = (), decode_fn: DecodeFn | None = None,
+                 config: SchedulerConfig, eos_token_ids: Sequence[int] = (), decode_fn: DecodeFn | None = None,
                  vocab_size: int | None = None, grammar: GrammarBackend | None = None) -> None:
-        if max_running_requests < 1:
-            raise ValueError(f"max_running_requests must be >= 1 (got {max_running_requests})")
-        if max_prefill_tokens < 1:
-            raise ValueError(f"max_prefill_tokens must be >= 1 (got {max_prefill_tokens})")
-        if chunked_prefill_size < 0:
-            raise ValueError(f"chunked_prefill_size must be >= 0 (got {chunked_prefill_size}); 0 means "
+        """config: the limits and the policy (shared/config/groups.py declares their defaults)."""
+        if config.max_running_requests < 1:
+            raise ValueError(f"max_running_requests must be >= 1 (got {config.max_running_requests})")
+        if config.max_prefill_tokens < 1:
+            raise ValueError(f"max_prefill_tokens must be >= 1 (got {config.max_prefill_tokens})")
+        if config.chunked_prefill_size < 0:
+            raise ValueError(f"chunked_prefill_size must be >= 0 (got {config.chunked_prefill_size}); 0 means "
                              "max_prefill_tokens")
-        if not 0.0 <= new_token_ratio <= 1.0:
-            raise ValueError(f"new_token_ratio must be in [0, 1] (got {new_token_ratio})")
+        if not 0.0 <= config.new_token_ratio <= 1.0:
+            raise ValueError(f"new_token_ratio must be in [0, 1] (got {config.new_token_ratio})")
+        policy = SchedulePolicy(config.schedule_policy)
         self.page_size = page_size
         self.kv = KVManager(allocator, cache, page_size)
         # A request must fit in the pool on its own, or it could never finish: cap the context at the pool size.
         self.max_model_len = min(max_model_len, allocator.capacity * page_size)
-        self.max_running_requests = max_running_requests
-        self.max_queued_requests = max_queued_requests
-        # Tokens per step, decodes included (vLLM's max_num_batched_tokens); a longer prompt runs in chunks.
-        self.token_budget = min(max_prefill_tokens, chunked_prefill_size or max_prefill_tokens)
-        self.new_token_ratio = new_token_ratio
+        self.max_running_requests = config.max_running_requests
+        self.max_queued_requests = config.max_queued_requests
+        self.token_budget = token_budget(config)
+        self.new_token_ratio = config.new_token_ratio
         self.key = sort_key(policy)
         self.policy = policy
         self.vocab_size = vocab_size
@@ -83,11 +95,11 @@ class Scheduler:
         self.stop_checker = StopChecker(eos_token_ids=eos_token_ids, max_model_len=self.max_model_len,
                                         decode_fn=decode_fn)
         self.waiting = WaitingQueue(policy)
-        self.handoff = HandoffPages(self)
         self.forks = Forks(self)
         self.running: list[Request] = []
         self.requests: dict[str, Request] = {}
         self.counters = SchedulerCounters()
+        self.handoff = HandoffPages(self, self.kv, self.forks, self.counters)
         self._arrival = itertools.count()
         self._inflight: dict[str, Request] = {}
         self._pending: list[RequestOutput] = []  # abort deltas not yet handed out
@@ -222,6 +234,13 @@ class Scheduler:
                    *, finished: bool) -> RequestOutput:
         return self._delta(req, toks, text, lps, finished=finished)
 
+    def knows(self, req_id: str) -> bool:
+        return req_id in self.requests
+
+    def join_running(self, req: Request) -> None:
+        self.requests[req.req_id] = req
+        self.running.append(req)
+
     # ---- schedule ----------------------------------------------------------------------------------------------
     def schedule(self) -> SchedulerOutput:
         assert not self._inflight, "schedule() called twice without update_from_output()"
@@ -324,7 +343,7 @@ class Scheduler:
     def _preempt_for(self, cand: Request, plan: _Plan) -> bool:
         """Priority policy only: make room for a waiting request by preempting a running one of strictly lower
         priority (higher value). Requests preempted this step are not readmitted in it."""
-        if self.policy != "priority" or cand.req_id in plan.preempted or not self.running:
+        if self.policy is not SchedulePolicy.PRIORITY or cand.req_id in plan.preempted or not self.running:
             return False
         victim = max(self.running, key=self.key)
         if victim.priority <= cand.priority:

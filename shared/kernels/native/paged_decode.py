@@ -14,7 +14,7 @@ from shared.kernels.native.build import load_library
 
 def check_cache(cache: torch.Tensor) -> None:
     """[num_pages, page_size, kv_heads, head_dim] fp32 on CPU; one page of one layer contiguous (the pool's views)."""
-    _, page_size, kv_heads, head_dim = cache.shape
+    _, _, kv_heads, head_dim = cache.shape
     if cache.dtype != torch.float32 or cache.device.type != "cpu":
         raise ValueError(f"native decode attention reads fp32 CPU caches, got {cache.dtype} on {cache.device}")
     if cache.stride(3) != 1 or cache.stride(2) != head_dim or cache.stride(1) != kv_heads * head_dim:

@@ -126,7 +126,7 @@ def extend_attention(
     for name, t in (("q", q), ("k_cache", k_cache), ("v_cache", v_cache)):
         check_float(name, t)
     tokens, heads, head_dim = q.shape
-    num_pages, page_size, kv_heads, kd = k_cache.shape
+    _, page_size, kv_heads, kd = k_cache.shape
     if kd != head_dim or v_cache.shape != k_cache.shape or k_cache.dtype != v_cache.dtype:
         raise ValueError(f"k_cache {tuple(k_cache.shape)} / v_cache {tuple(v_cache.shape)} do not fit q "
                          f"{tuple(q.shape)}: want [num_pages, page_size, kv_heads, {head_dim}] each")

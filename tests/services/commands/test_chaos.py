@@ -18,10 +18,11 @@ from services.chaos.report import ChaosReport, ScenarioResult, format_table, tal
 from services.chaos.scenarios import ALL, Scenario, parse_scenarios
 from shared.cluster.localcluster.rundir import ChildState, RunState, write_state
 from shared.cluster.localcluster.servers import free_port
+from shared.cluster.localcluster.service_process import OFFLINE_ENV
 
 
 def pdrelay(*args: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
-    env = dict(os.environ, HF_HUB_OFFLINE="1", TOKENIZERS_PARALLELISM="false")
+    env = {**os.environ, **OFFLINE_ENV}
     return subprocess.run([sys.executable, "-m", "services.cli", *args], capture_output=True, text=True,
                           timeout=timeout, env=env)
 

@@ -4,25 +4,20 @@
     ...
     stop_services(procs)            # SIGTERM (SIGKILL after a grace period), by PID; returns exit codes
 
-Each service's stdout (where the one JSON ready line goes, and NIXL's INFO logs) and stderr go to files in tmp,
-so a chatty service never blocks on a full pipe. Services are started all at once and waited for together:
-start-up is mostly imports and model loading, so they overlap.
+Each is a ServiceProcess (shared.cluster.localcluster.service_process): stdout (the ready line, NIXL's INFO
+logs) and stderr in files in tmp, started all at once and waited for together.
 """
 
 from __future__ import annotations
 
-import os
-import signal
-import subprocess
 import sys
-import time
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
 from proto.pdrelay.v1 import worker_pb2
-from shared.cluster.handshake import ReadyInfo, parse_ready_line
 from shared.cluster.localcluster.servers import EtcdServer, NatsServer
+from shared.cluster.localcluster.service_process import ServiceProcess, stop_all, wait_all_ready
 
 READY_TIMEOUT_S = 120.0  # several model processes starting together on a busy 2-core box
 BACKENDS = ("nixl", "mooncake")
@@ -59,72 +54,38 @@ class BackendCluster:
         return self.procs[f"{name}-{self.backend}"]
 
 
-class ServiceProc:
+class ServiceProc(ServiceProcess):
+    """One engine service of a test cluster; its name is the instance id."""
+
     def __init__(self, spec: Spec, tmp: Path, etcd: EtcdServer, nats: NatsServer, model: str | Path) -> None:
         self.spec = spec
         self.instance_id = spec.instance_id
-        self.out_path = tmp / f"{spec.instance_id}.out"
-        self.err_path = tmp / f"{spec.instance_id}.err"
         cmd = [sys.executable, "-m", f"services.{spec.role}", "--etcd-endpoints", etcd.url, "--nats-url", nats.url,
                "--cluster", spec.cluster, "--instance-id", spec.instance_id, "--model", str(model), "--threads", "1",
                "--lease-ttl-s", "5", "--load-report-interval-s", "0.1", *spec.args]
-        env = dict(os.environ, HF_HUB_OFFLINE="1", OMP_NUM_THREADS="1", TOKENIZERS_PARALLELISM="false")
-        with open(self.out_path, "wb") as out, open(self.err_path, "wb") as err:
-            self.proc = subprocess.Popen(cmd, stdout=out, stderr=err, stdin=subprocess.DEVNULL, env=env)
-        self.info: ReadyInfo | None = None
+        super().__init__(spec.instance_id, cmd, tmp)
 
-    # ---- readiness -------------------------------------------------------------------------------------------------
-    def poll_ready(self) -> ReadyInfo | None:
-        if self.info is None:
-            for line in self.out_path.read_bytes().splitlines():
-                info = parse_ready_line(line)
-                if info is not None:
-                    assert info.instance_id == self.instance_id and info.role == self.spec.role, info
-                    self.info = info
-                    break
-        return self.info
+    def poll_ready(self) -> bool:
+        ready = super().poll_ready()
+        if ready:
+            assert self.ready is not None
+            assert self.ready.instance_id == self.instance_id and self.ready.role == self.spec.role, self.ready
+        return ready
 
     @property
     def grpc(self) -> str:
-        assert self.info is not None, f"{self.instance_id} is not ready"
-        return self.info.grpc
+        assert self.ready is not None, f"{self.instance_id} is not ready"
+        return self.ready.grpc
 
     def target(self) -> worker_pb2.PrefillTarget:
         """How a client routes a request to this prefill instance (DecodeRequest.prefill)."""
-        assert self.info is not None and self.spec.role == "prefill"
-        return worker_pb2.PrefillTarget(instance_id=self.instance_id, grpc_address=self.info.grpc,
-                                        epoch=self.info.epoch)
-
-    # ---- logs and ending -------------------------------------------------------------------------------------------
-    def log(self) -> str:
-        return self.err_path.read_text(errors="replace") if self.err_path.exists() else ""
-
-    def log_tail(self, lines: int = 30) -> str:
-        return "\n".join(self.log().splitlines()[-lines:])
-
-    def alive(self) -> bool:
-        return self.proc.poll() is None
-
-    def kill(self) -> int:
-        """SIGKILL, like a crash or an OOM kill."""
-        if self.alive():
-            self.proc.send_signal(signal.SIGKILL)
-        return self.proc.wait(10)
+        assert self.ready is not None and self.spec.role == "prefill"
+        return worker_pb2.PrefillTarget(instance_id=self.instance_id, grpc_address=self.ready.grpc,
+                                        epoch=self.ready.epoch)
 
 
-def wait_ready(procs: Sequence[ServiceProc], timeout: float = READY_TIMEOUT_S) -> None:
-    deadline = time.monotonic() + timeout
-    pending = list(procs)
-    while pending:
-        for p in list(pending):
-            if p.poll_ready() is not None:
-                pending.remove(p)
-            elif not p.alive():
-                raise RuntimeError(f"{p.instance_id} exited with {p.proc.returncode} before ready:\n{p.log_tail()}")
-        if pending and time.monotonic() > deadline:
-            raise TimeoutError(f"not ready within {timeout:.0f} s: {[p.instance_id for p in pending]}\n"
-                               + "\n".join(p.log_tail(10) for p in pending))
-        time.sleep(0.1)
+def wait_ready(procs: Sequence[ServiceProcess], timeout: float = READY_TIMEOUT_S) -> None:
+    wait_all_ready(procs, timeout)
 
 
 def start_services(tmp: Path, etcd: EtcdServer, nats: NatsServer, model: str | Path,
@@ -139,18 +100,6 @@ def start_services(tmp: Path, etcd: EtcdServer, nats: NatsServer, model: str | P
     return procs
 
 
-def stop_services(procs: Iterable[ServiceProc], timeout: float = 20.0) -> dict[str, int | None]:
-    """One SIGTERM each (so they drain in parallel; a second one means "stop now"), then wait; SIGKILL what has
-    not exited after `timeout`. Returns the exit codes (negative: killed by that signal)."""
-    plist = list(procs)
-    for p in plist:
-        if p.alive():
-            p.proc.send_signal(signal.SIGTERM)
-    deadline = time.monotonic() + timeout
-    codes: dict[str, int | None] = {}
-    for p in plist:
-        try:
-            codes[p.instance_id] = p.proc.wait(max(0.1, deadline - time.monotonic()))
-        except subprocess.TimeoutExpired:
-            codes[p.instance_id] = p.kill()
-    return codes
+def stop_services(procs: Iterable[ServiceProcess], timeout: float = 20.0) -> dict[str, int | None]:
+    """One SIGTERM each, then SIGKILL what has not exited after `timeout`; the exit codes by instance id."""
+    return stop_all(procs, timeout)

@@ -9,6 +9,6 @@ import pytest
 
 @pytest.fixture(scope="session")
 def minilm_dir() -> Path:
-    from shared.engine.bundled import resolve_model_path
+    from shared.modelspec.bundled import resolve_model_path
 
     return resolve_model_path("bundled:all-minilm-l6-v2")

@@ -8,9 +8,9 @@ from pathlib import Path
 import httpx
 import pytest
 
-from services.gateway.app import GatewayApp
-from services.gateway.mock_backend import MockBackend
-from services.gateway.tokenizer import GatewayTokenizer
+from services.gateway.http.app import GatewayApp
+from services.gateway.mock.backend import MockBackend
+from services.gateway.text.tokenizer import GatewayTokenizer
 from tests.helpers.tiny_models import tiny_llama_dir  # noqa: F401  (session fixture)
 
 MODEL = "tiny"

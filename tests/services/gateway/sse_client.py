@@ -25,7 +25,7 @@ def parse_sse(body: str) -> tuple[list[dict[str, Any]], bool]:
 
 def byte_token_ids(tokenizer: Any, data: bytes) -> list[int]:
     """One token per byte, through the byte-level BPE alphabet (every byte-level vocabulary has these 256)."""
-    from services.gateway.tokenizer import _byte_level_table
+    from services.gateway.text.tokenizer import _byte_level_table
 
     char_of = {b: c for c, b in _byte_level_table().items()}
     return [tokenizer.fast.token_to_id(char_of[b]) for b in data]

@@ -8,9 +8,9 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from services.gateway.detokenizer import IncrementalDetokenizer, _WindowDecoder
-from services.gateway.stop_strings import StopStringMatcher
-from services.gateway.tokenizer import GatewayTokenizer
+from services.gateway.text.detokenizer import IncrementalDetokenizer, _WindowDecoder
+from services.gateway.text.stop_strings import StopStringMatcher
+from services.gateway.text.tokenizer import GatewayTokenizer
 from tests.services.gateway.sse_client import byte_token_ids
 
 MULTIBYTE = "Héllo wörld: 你好, emoji 🙂👍🏽 and ∑ ok"

@@ -9,7 +9,7 @@ import httpx
 import msgspec
 import pytest
 
-from services.gateway.api_responses import ErrorResponse
+from services.gateway.http.api_responses import ErrorResponse
 from services.gateway.backend import (
     BackendError,
     BackendOverloaded,
@@ -18,7 +18,7 @@ from services.gateway.backend import (
     InvalidRequest,
     ModelNotFound,
 )
-from services.gateway.mock_backend import MockBackend
+from services.gateway.mock.backend import MockBackend
 from tests.services.gateway.conftest import AppFactory, client_for
 from tests.services.gateway.sse_client import parse_sse
 

@@ -12,9 +12,9 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from tokenizers import AddedToken, Tokenizer, normalizers, processors
 
-from services.gateway import fast_encode
-from services.gateway.fast_encode import ByteLevelEncoder
-from services.gateway.tokenizer import GatewayTokenizer
+from services.gateway.text import fast_encode
+from services.gateway.text.fast_encode import ByteLevelEncoder
+from services.gateway.text.tokenizer import GatewayTokenizer
 
 # Llama 3's pre-tokenization pattern (Split, Isolated), for the Sequence[Split, ByteLevel] shape.
 LLAMA3_PATTERN = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*"
@@ -56,7 +56,7 @@ def test_ids_match_the_rust_pipeline(bundled_tokenizer: Tokenizer, warm: ByteLev
 
 
 def test_random_word_prompts_match(bundled_tokenizer: Tokenizer, warm: ByteLevelEncoder) -> None:
-    from bench.serve_datasets import BenchTokenizer, random_dataset
+    from bench.serve.datasets import BenchTokenizer, random_dataset
 
     bench_tok = BenchTokenizer(bundled_tokenizer)
     for req in random_dataset(bench_tok, num_prompts=40, input_len=200, output_len=1, seed=3):

@@ -14,8 +14,8 @@ import msgspec
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from services.gateway.api_responses import ErrorResponse
-from services.gateway.app import GatewayApp
+from services.gateway.http.api_responses import ErrorResponse
+from services.gateway.http.app import GatewayApp
 from tests.services.gateway.conftest import client_for
 
 FIELDS = ["model", "messages", "prompt", "max_tokens", "max_completion_tokens", "temperature", "top_p", "top_k",

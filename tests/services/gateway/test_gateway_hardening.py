@@ -6,7 +6,7 @@ from __future__ import annotations
 import httpx
 import pytest
 
-from services.gateway.app import GatewayApp
+from services.gateway.http.app import GatewayApp
 from tests.services.gateway.conftest import client_for
 
 CHAT = "/v1/chat/completions"

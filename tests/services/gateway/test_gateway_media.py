@@ -13,12 +13,12 @@ import httpx
 import pytest
 from PIL import Image
 
-from services.gateway.app import GatewayApp
-from services.gateway.media.images import decode_image
-from services.gateway.media.processor import MediaProcessor
-from services.gateway.media.sources import MediaError, load_bytes
-from services.gateway.mock_backend import MockBackend
-from services.gateway.tokenizer import GatewayTokenizer
+from services.gateway.http.app import GatewayApp
+from services.gateway.http.media.images import decode_image
+from services.gateway.http.media.processor import MediaProcessor
+from services.gateway.http.media.sources import MediaError, load_bytes
+from services.gateway.mock.backend import MockBackend
+from services.gateway.text.tokenizer import GatewayTokenizer
 from shared.config.groups import HttpConfig
 from tests.helpers.tiny_vlm import make_image, make_tiny_llava
 from tests.services.gateway.conftest import client_for

@@ -1,7 +1,7 @@
 """Gateway overhead over mock workers: p50 latency at concurrency 1 and server CPU per request.
 
 A raw-socket keep-alive client (an HTTP client library would cost more than the gateway) sends sequential
-requests to `python -m services.gateway.mock_main`; the server's CPU time comes from /proc. Targets on a quiet
+requests to `python -m services.gateway.mock`; the server's CPU time comes from /proc. Targets on a quiet
 2-core box: p50 <= ~1 ms and CPU <= ~850 us per request including tokenization. The asserted bounds are looser,
 because the box is shared; run with `-s` to see the numbers.
 """
@@ -79,7 +79,7 @@ def mock_gateway(tiny_llama_dir: Path) -> Iterator[tuple[int, int, str]]:
     port = s.getsockname()[1]
     s.close()
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false"}
-    proc = subprocess.Popen([sys.executable, "-m", "services.gateway.mock_main", "--port", str(port), "--model",
+    proc = subprocess.Popen([sys.executable, "-m", "services.gateway.mock", "--port", str(port), "--model",
                              str(tiny_llama_dir), "--log-level", "warning"], env=env,
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:

@@ -21,9 +21,9 @@ from schemathesis.checks import (
     status_code_conformance,
 )
 
-from services.gateway.app import GatewayApp
-from services.gateway.embeddings import Embeddings
-from services.gateway.encoder_backend import EmbedCall, EmbedResult
+from services.gateway.http.app import GatewayApp
+from services.gateway.http.embeddings import Embeddings
+from services.gateway.backends.encoder_backend import EmbedCall, EmbedResult
 from shared.cluster.instance import EncoderInfo
 
 EXAMPLES = 40
@@ -33,7 +33,8 @@ CHECKS = [not_a_server_error, status_code_conformance, content_type_conformance,
 def _cross_field_refusal(response: Any) -> bool:
     """A 400 for one of the rules the schema can only describe in words: prompt + max_tokens within the context,
     min_tokens <= max_tokens, a JSON schema / regex / grammar that does not compile (whether one does is the
-    grammar compiler's call), unique tool names, and a named tool_choice naming one of the tools."""
+    grammar compiler's call), unique tool names, a named tool_choice naming one of the tools, and prompt_logprobs
+    without stream=true."""
     if response.status_code != 400:
         return False
     error = response.json()["error"]
@@ -41,7 +42,8 @@ def _cross_field_refusal(response: Any) -> bool:
     return error.get("code") in ("context_length_exceeded", "invalid_schema", "invalid_grammar") or (
         error.get("param") == "min_tokens" and "max_tokens" in message) or (
         error.get("param") == "tools" and "names must be unique" in message) or (
-        error.get("param") == "tool_choice" and "which is not in tools" in message)
+        error.get("param") == "tool_choice" and "which is not in tools" in message) or (
+        error.get("param") == "prompt_logprobs" and "stream=true" in message)
 
 
 class _Encoders:

@@ -18,9 +18,9 @@ import httpx
 import pytest
 import uvicorn
 
-from services.gateway.app import GatewayApp
-from services.gateway.mock_backend import MockBackend
-from services.gateway.tokenizer import GatewayTokenizer
+from services.gateway.http.app import GatewayApp
+from services.gateway.mock.backend import MockBackend
+from services.gateway.text.tokenizer import GatewayTokenizer
 from tests.services.gateway.conftest import MODEL, AppFactory
 from tests.services.gateway.sse_client import parse_sse
 
@@ -127,7 +127,7 @@ def test_mock_main_serves_over_http(tiny_llama_dir: Path) -> None:
     port = sock.getsockname()[1]
     sock.close()
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1"}
-    proc = subprocess.Popen([sys.executable, "-m", "services.gateway.mock_main", "--port", str(port), "--model",
+    proc = subprocess.Popen([sys.executable, "-m", "services.gateway.mock", "--port", str(port), "--model",
                              str(tiny_llama_dir), "--api-key", "k", "--token-delay-ms", "1"],
                             env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
     try:

@@ -8,7 +8,7 @@ import json
 
 import httpx
 
-from services.gateway.mock_backend import MockBackend
+from services.gateway.mock.backend import MockBackend
 from shared.grammar.spec import GrammarKind
 
 CHAT, COMPLETIONS = "/v1/chat/completions", "/v1/completions"
@@ -77,7 +77,7 @@ def test_wire_carries_priority_structured_and_replayed_tokens():
 
     from proto.pdrelay.v1 import common_pb2, gateway_pb2
     from services.gateway.backend import BackendRequest, BackendSamplingParams
-    from services.gateway.grpc_api import plan_of
+    from services.gateway.grpc.api import plan_of
     from services.gateway.routing.wire import decode_request
     from shared.grammar.spec import StructuredSpec
     from shared.serving.convert import sampling_from_pb

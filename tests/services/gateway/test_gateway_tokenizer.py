@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from services.gateway.tokenizer import ChatTemplateError, GatewayTokenizer
+from services.gateway.text.tokenizer import ChatTemplateError, GatewayTokenizer
 
 MESSAGES = [{"role": "system", "content": "You are terse."}, {"role": "user", "content": "Grüße! 2+2=?"},
             {"role": "assistant", "content": "4"}, {"role": "user", "content": "and 3+3?"}]

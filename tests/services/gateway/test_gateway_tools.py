@@ -10,13 +10,13 @@ import jsonschema
 import msgspec
 import pytest
 
-from services.gateway.api_responses import Usage
-from services.gateway.errors import ApiError
-from services.gateway.generation import Delta
-from services.gateway.tools.formatter import ToolChatFormatter
-from services.gateway.tools.parse import parse_output
-from services.gateway.tools.render import render_messages
-from services.gateway.tools.spec import ToolChoiceMode, plan_tools
+from services.gateway.http.api_responses import Usage
+from services.gateway.http.errors import ApiError
+from services.gateway.text.generation import Delta
+from services.gateway.http.tools.formatter import ToolChatFormatter
+from services.gateway.http.tools.parse import parse_output
+from services.gateway.http.tools.render import render_messages
+from services.gateway.http.tools.spec import ToolChoiceMode, plan_tools
 from shared.grammar.check import build_grammar
 
 WEATHER = {"type": "function", "function": {"name": "get_weather", "description": "Weather in a city",

@@ -11,10 +11,10 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_health.v1._async import HealthServicer
 
 from proto.pdrelay.v1 import gateway_pb2, gateway_pb2_grpc
-from services.gateway.grpc_api import ApiContext, GatewayApi
-from services.gateway.grpc_auth import ApiKeyInterceptor, bearer_token_matches
-from services.gateway.mock_backend import MockBackend
-from services.gateway.tokenizer import GatewayTokenizer
+from services.gateway.grpc.api import ApiContext, GatewayApi
+from services.gateway.grpc.auth import ApiKeyInterceptor, bearer_token_matches
+from services.gateway.mock.backend import MockBackend
+from services.gateway.text.tokenizer import GatewayTokenizer
 
 KEY = "s3cret-key"
 

@@ -15,7 +15,7 @@ import pytest
 from proto.pdrelay.v1 import common_pb2, worker_pb2, worker_pb2_grpc
 from services.gateway.backend import (BackendChunk, BackendOverloaded, BackendRequest, BackendSamplingParams,
                                       BackendUnavailable, InvalidRequest)
-from services.gateway.grpc_backend import GrpcBackend
+from services.gateway.backends.grpc_backend import GrpcBackend
 from services.gateway.routing.breaker import BreakerConfig
 from shared.cluster.bus.cancel import Cancel
 from shared.cluster.grpc_errors import abort
@@ -419,7 +419,7 @@ async def test_leaving_instance_loses_its_channel(cluster: Cluster) -> None:
 async def test_metrics_collector_reports_retries_and_breakers(cluster: Cluster) -> None:
     from prometheus_client import CollectorRegistry, generate_latest
 
-    from services.gateway.routing.metrics import BackendCollector
+    from services.gateway.backends.grpc_metrics import BackendCollector
 
     await cluster.add("w1", crash_after=2)
     await cluster.add("w2")

@@ -1,4 +1,4 @@
-"""The public gRPC Gateway API (services.gateway.grpc_api) in-process over the mock backend: generation, the same
+"""The public gRPC Gateway API (services.gateway.grpc.api) in-process over the mock backend: generation, the same
 validation as the HTTP API, typed errors, cancellation, Tokenize / ListModels / Health."""
 
 from __future__ import annotations
@@ -11,9 +11,9 @@ import pytest
 
 from proto.pdrelay.v1 import common_pb2, gateway_pb2, gateway_pb2_grpc
 from services.gateway.backend import BackendChunk, BackendOverloaded, BackendRequest, BackendUnavailable
-from services.gateway.grpc_api import ApiContext, GatewayApi
-from services.gateway.mock_backend import MockBackend
-from services.gateway.tokenizer import GatewayTokenizer
+from services.gateway.grpc.api import ApiContext, GatewayApi
+from services.gateway.mock.backend import MockBackend
+from services.gateway.text.tokenizer import GatewayTokenizer
 from shared.cluster.grpc_errors import error_from_rpc
 from shared.cluster.instance import InstanceInfo, InstanceState
 

@@ -2,15 +2,15 @@
 
 from __future__ import annotations
 
-from shared.cluster.bus.kv_events import KVEvent, KVOp, KVOpKind
-from shared.engine.block_hash import page_hashes
+from shared.cluster.bus.kv_events import KVEventBatch, KVOp, KVOpKind
+from shared.modelspec.block_hash import page_hashes
 from services.gateway.routing.kv_index import KVIndex, PromptHashes
 
 P = 4  # page size
 
 
-def ev(seq: int, *ops: KVOp, iid: str = "p1", epoch: int = 1) -> KVEvent:
-    return KVEvent(instance_id=iid, epoch=epoch, seq=seq, ops=ops, page_size=P)
+def ev(seq: int, *ops: KVOp, iid: str = "p1", epoch: int = 1) -> KVEventBatch:
+    return KVEventBatch(instance_id=iid, epoch=epoch, seq=seq, ops=ops, page_size=P)
 
 
 def stored(hashes: list[int]) -> KVOp:

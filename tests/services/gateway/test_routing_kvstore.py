@@ -5,8 +5,8 @@ from __future__ import annotations
 from services.gateway.routing import Candidate, Load, Pools, RouteRequest, Router, make_policy
 from services.gateway.routing.kv_index import KVIndex
 from services.gateway.routing.policies import STORE_TOKEN_COST
-from shared.cluster.bus.kv_events import KVEvent, KVOp, KVOpKind
-from shared.engine.block_hash import page_hashes
+from shared.cluster.bus.kv_events import KVEventBatch, KVOp, KVOpKind
+from shared.modelspec.block_hash import page_hashes
 
 PROMPT = tuple(range(3, 3 + 160))  # 10 pages of 16
 HASHES = page_hashes(PROMPT, 16)
@@ -18,8 +18,8 @@ def _cand(iid: str, queued: int = 0) -> Candidate:
                                               known=True))
 
 
-def _event(iid: str, hashes: list[int], tier: str, seq: int = 1) -> KVEvent:
-    return KVEvent(instance_id=iid, epoch=1, seq=seq, ops=(KVOp(KVOpKind.STORED, tuple(hashes)),), page_size=16,
+def _event(iid: str, hashes: list[int], tier: str, seq: int = 1) -> KVEventBatch:
+    return KVEventBatch(instance_id=iid, epoch=1, seq=seq, ops=(KVOp(KVOpKind.STORED, tuple(hashes)),), page_size=16,
                    tier=tier)
 
 

@@ -6,9 +6,9 @@ from collections import Counter
 
 import pytest
 
-from shared.cluster.bus.kv_events import KVEvent, KVOp, KVOpKind
-from shared.engine.block_hash import page_hashes
-from services.gateway.routing import (Candidate, KVIndex, Load, Mode, Pools, RouteRequest, Router, make_policy)
+from shared.cluster.bus.kv_events import KVEventBatch, KVOp, KVOpKind
+from shared.modelspec.block_hash import page_hashes
+from services.gateway.routing import (Candidate, Load, Mode, Pools, RouteRequest, Router, make_policy)
 
 P = 16
 PROMPT = tuple(range(1, 1 + 10 * P))  # 10 full pages
@@ -28,7 +28,7 @@ def req(prompt: tuple[int, ...] = PROMPT, max_tokens: int = 16) -> RouteRequest:
 
 def held(router: Router, iid: str, prompt: tuple[int, ...], pages: int, seq: int = 1) -> None:
     hashes = tuple(page_hashes(prompt, P)[:pages])
-    router.kv_index.apply(KVEvent(instance_id=iid, epoch=1, seq=seq, ops=(KVOp(KVOpKind.STORED, hashes),),
+    router.kv_index.apply(KVEventBatch(instance_id=iid, epoch=1, seq=seq, ops=(KVOp(KVOpKind.STORED, hashes),),
                                   page_size=P))
 
 

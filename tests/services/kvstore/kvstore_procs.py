@@ -4,8 +4,6 @@ disaggregation tests start them (tests/services/disagg/disagg_procs.py)."""
 from __future__ import annotations
 
 import asyncio
-import os
-import subprocess
 import sys
 from pathlib import Path
 
@@ -13,6 +11,7 @@ import grpc
 
 from proto.pdrelay.v1 import worker_pb2, worker_pb2_grpc
 from shared.cluster.localcluster.servers import EtcdServer, NatsServer
+from shared.cluster.localcluster.service_process import ServiceProcess
 from tests.services.disagg.disagg_procs import ServiceProc, Spec, stop_services, wait_ready
 
 # Several engine processes start and stop together on a small shared box: generous bounds (they are not timings).
@@ -26,18 +25,14 @@ class KVStoreProc(ServiceProc):
     def __init__(self, spec: Spec, tmp: Path, etcd: EtcdServer, nats: NatsServer) -> None:
         self.spec = spec
         self.instance_id = spec.instance_id
-        self.out_path = tmp / f"{spec.instance_id}.out"
-        self.err_path = tmp / f"{spec.instance_id}.err"
         cmd = [sys.executable, "-m", "services.kvstore", "--etcd-endpoints", etcd.url, "--nats-url", nats.url,
                "--cluster", spec.cluster, "--instance-id", spec.instance_id, "--lease-ttl-s", "5",
                "--load-report-interval-s", "0.1", *spec.args]
-        env = dict(os.environ, OMP_NUM_THREADS="1")
-        with open(self.out_path, "wb") as out, open(self.err_path, "wb") as err:
-            self.proc = subprocess.Popen(cmd, stdout=out, stderr=err, stdin=subprocess.DEVNULL, env=env)
-        self.info = None
+        ServiceProcess.__init__(self, spec.instance_id, cmd, tmp)
 
-    def ready(self) -> None:
-        wait_ready([self], timeout=READY_TIMEOUT_S)
+    def wait_ready(self, timeout_s: float = READY_TIMEOUT_S) -> KVStoreProc:
+        super().wait_ready(timeout_s)
+        return self
 
 
 def start_engines(tmp: Path, etcd: EtcdServer, nats: NatsServer, model: str | Path,

@@ -56,7 +56,7 @@ def cluster(tmp_path_factory: pytest.TempPathFactory, tiny_llama_dir: Path) -> I
     kv = KVStoreProc(Spec("kvstore", "kv", CLUSTER, ("--kvstore-dram-bytes", "64MiB")), tmp, etcd, nats)
     procs: dict[str, ServiceProc] = {}
     try:
-        kv.ready()
+        kv.wait_ready()
         procs = start_engines(tmp, etcd, nats, tiny_llama_dir, [
             Spec("worker", "wa", CLUSTER, ENGINE), Spec("worker", "wb", CLUSTER, ENGINE),
             Spec("worker", "w-off", CLUSTER, (*ENGINE, "--kvstore-use", "off")),

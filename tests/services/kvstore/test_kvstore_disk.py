@@ -11,7 +11,7 @@ import torch
 
 from services.kvstore.arena import DramArena, page_crc
 from services.kvstore.disk import DiskTier, open_disk_tier
-from shared.engine.types import KVLayout
+from shared.modelspec.kv_layout import KVLayout
 
 LAYOUT = KVLayout(dtype="float32", page_size=4, num_layers=1, num_kv_heads=1, head_dim=8)  # 256-byte pages
 PB = LAYOUT.page_bytes

@@ -45,7 +45,7 @@ class Env:
 
     def start_store(self) -> KVStoreProc:
         kv = KVStoreProc(self.spec, self.tmp, self.etcd, self.nats)
-        kv.ready()
+        kv.wait_ready()
         return kv
 
     def run(self, rid: str, prompt: list[int]):  # type: ignore[no-untyped-def]

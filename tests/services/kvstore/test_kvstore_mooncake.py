@@ -17,7 +17,7 @@ import torch
 
 from services.kvstore.remote import MooncakeTier, decode_chunk, encode_chunk
 from shared.cluster.localcluster.servers import MooncakeMaster, free_port
-from shared.engine.types import KVLayout
+from shared.modelspec.kv_layout import KVLayout
 
 LAYOUT = KVLayout("float32", 4, 2, 1, 8)  # 256-byte pages
 PB = LAYOUT.page_bytes

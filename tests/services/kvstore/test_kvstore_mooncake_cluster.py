@@ -66,7 +66,7 @@ def env(tmp_path_factory: pytest.TempPathFactory, tiny_llama_dir: Path) -> Itera
         "--kvstore-mooncake-segment-bytes", "16MiB", "--kvstore-mooncake-timeout-s", "1")), tmp, etcd, nats)
     procs: dict[str, ServiceProc] = {}
     try:
-        kv.ready()
+        kv.wait_ready()
         procs = start_engines(tmp, etcd, nats, tiny_llama_dir, [Spec("worker", "wmc", CLUSTER, (
             "--num-pages", "16", "--kvstore-load-timeout-s", "3"))])
         yield Env(master, kv, procs["wmc"])

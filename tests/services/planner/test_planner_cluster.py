@@ -82,7 +82,7 @@ def test_standby_planner_takes_over_when_the_leader_dies(cluster: MockCluster) -
     leader, _ = decisions(cluster)
     pid = next(c.pid for c in cluster.state.children if c.instance_id == leader)
     os.kill(pid, signal.SIGKILL)
-    other = cluster.wait("the standby leads", lambda: (lambda got: got if got not in (None, leader) else None)(
+    other = cluster.wait("the standby leads", lambda: (lambda got: got if got not in (None, leader) else None)(  # noqa: PLC3002
         leader_now(cluster)), timeout=30)
     assert other.startswith("planner-") and other != leader
     # the cluster kept serving at its size meanwhile

@@ -13,7 +13,7 @@ from shared.cluster.bus import subjects
 from shared.cluster.bus.cancel import Cancel, publish_cancel, subscribe_cancel
 from shared.cluster.bus.client import Bus, Meta
 from shared.cluster.bus.drain import DrainCommand, send_drain, subscribe_drain
-from shared.cluster.bus.kv_events import KVEvent, KVEventPublisher, KVOpKind, subscribe_kv_events
+from shared.cluster.bus.kv_events import KVEventBatch, KVEventPublisher, KVOpKind, subscribe_kv_events
 from shared.cluster.bus.load import LoadReport, LoadReporter, LoadSnapshot, LoadTable
 from shared.cluster.bus.scale import ScaleReply, ScaleRequest, request_scale, serve_scale
 from shared.cluster.errors import ControlPlaneUnavailable
@@ -117,7 +117,7 @@ async def test_handler_exceptions_do_not_stop_the_subscription(nats_server) -> N
 
 async def test_kv_event_batches_keep_order_and_accept_other_threads(nats_server) -> None:
     async with Bus(nats_server.url) as a, Bus(nats_server.url) as b:
-        events: list[KVEvent] = []
+        events: list[KVEventBatch] = []
         await subscribe_kv_events(b, "c", lambda e, meta: events.append(e))
         await asyncio.sleep(0.05)
         pub = KVEventPublisher(a, "c", "p-1", epoch=4, page_size=16, batch_window_s=0.01)

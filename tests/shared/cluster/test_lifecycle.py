@@ -20,7 +20,7 @@ from shared.cluster.bus.load import LoadTable
 from shared.cluster.etcd import connect_etcd
 from shared.cluster.grpc_errors import error_from_rpc
 from shared.cluster.instance import InstanceState
-from shared.cluster.lifecycle import service_args, split_lifecycle_args
+from shared.serving.lifecycle import service_args, split_lifecycle_args
 from shared.cluster.localcluster.servers import free_port
 from shared.cluster.membership import Membership
 from tests.helpers.servers import EchoProcess
@@ -183,7 +183,7 @@ def test_unreachable_control_plane_at_start_is_a_clear_error(etcd_server, nats_s
     etcd = dead if which == "etcd" else etcd_server.url
     nats = dead if which == "nats" else nats_server.url
     t0 = time.monotonic()
-    r = subprocess.run([sys.executable, "-m", "shared.cluster.testing", "--etcd-endpoints", etcd, "--nats-url", nats,
+    r = subprocess.run([sys.executable, "-m", "services.echo", "--etcd-endpoints", etcd, "--nats-url", nats,
                         "--connect-timeout-s", "1"], capture_output=True, text=True, timeout=30,
                        env={**os.environ, "PYTHONWARNINGS": "ignore"})
     assert r.returncode == 2
@@ -202,7 +202,7 @@ def test_port_in_use_is_a_clear_error(etcd_server, nats_server) -> None:
         s.bind(("127.0.0.1", 0))
         s.listen()
         port = s.getsockname()[1]
-        r = subprocess.run([sys.executable, "-m", "shared.cluster.testing", "--etcd-endpoints", etcd_server.url,
+        r = subprocess.run([sys.executable, "-m", "services.echo", "--etcd-endpoints", etcd_server.url,
                             "--nats-url", nats_server.url, "--grpc-port", str(port)],
                            capture_output=True, text=True, timeout=30)
     assert r.returncode == 2 and f"127.0.0.1:{port}" in r.stderr and "--grpc-port" in r.stderr, r.stderr

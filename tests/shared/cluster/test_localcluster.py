@@ -119,7 +119,7 @@ def test_roles_missing_from_the_build_are_skipped_with_a_note(tmp_path: Path, mo
     specs, notes = plan(opts, "http://127.0.0.1:1", "nats://127.0.0.1:2")
     assert [s.instance_id for s in specs] == ["echo-1", "echo-2"]
     assert len(notes) == 2 and any("prefill" in n and "2 instance" in n for n in notes)
-    assert specs[0].argv[1:3] == ("-m", "shared.cluster.testing")
+    assert specs[0].argv[1:3] == ("-m", "services.echo")
 
 
 def test_scale_targets_are_validated() -> None:

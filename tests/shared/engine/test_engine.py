@@ -9,7 +9,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from shared.engine.block_hash import page_hashes
+from shared.config.groups import CacheConfig, SchedulerConfig
+from shared.modelspec.block_hash import page_hashes
 from shared.engine.engine import Engine
 from shared.engine.errors import InvalidRequest
 from shared.engine.model_runner import ModelRunner
@@ -65,8 +66,8 @@ def check_parity(model_dir: Path, engine: Engine) -> None:
 def test_continuous_batch_matches_hf_generate(arch_dir: str, request: pytest.FixtureRequest):
     model_dir = request.getfixturevalue(arch_dir)
     runner = ModelRunner(model_dir, num_pages=256, page_size=PAGE)
-    engine = Engine(runner, page_size=PAGE, max_running_requests=8, chunked_prefill_size=16,
-                    max_prefill_tokens=64, enable_prefix_cache=True)
+    engine = Engine(runner, cache=CacheConfig(page_size=PAGE, disable_radix_cache=False),
+                    scheduler=SchedulerConfig(max_running_requests=8, chunked_prefill_size=16, max_prefill_tokens=64))
     check_parity(model_dir, engine)
     s = engine.stats
     assert s.num_cached_prompt_tokens > 0 and s.num_preemptions == 0 and s.num_running == 0
@@ -75,8 +76,9 @@ def test_continuous_batch_matches_hf_generate(arch_dir: str, request: pytest.Fix
 def test_matches_hf_after_forced_preemption(tiny_llama_dir: Path):  # noqa: F811
     # 8 x (up to 122 tokens) do not fit in 60 pages of 4: requests are preempted and recomputed
     runner = ModelRunner(tiny_llama_dir, num_pages=60, page_size=PAGE)
-    engine = Engine(runner, page_size=PAGE, max_running_requests=8, chunked_prefill_size=16,
-                    max_prefill_tokens=64, new_token_ratio=0.0)
+    engine = Engine(runner, cache=CacheConfig(page_size=PAGE),
+                    scheduler=SchedulerConfig(max_running_requests=8, chunked_prefill_size=16, max_prefill_tokens=64,
+                                              new_token_ratio=0.0))
     check_parity(tiny_llama_dir, engine)
     assert engine.stats.num_preemptions > 0
     assert engine.allocator.num_used == engine.cache.num_pages == engine.cache.num_evictable
@@ -84,7 +86,7 @@ def test_matches_hf_after_forced_preemption(tiny_llama_dir: Path):  # noqa: F811
 
 def test_bad_input_is_refused_and_the_engine_keeps_serving(tiny_llama_dir: Path):  # noqa: F811
     runner = ModelRunner(tiny_llama_dir, num_pages=64, page_size=PAGE, context_length=64)
-    engine = Engine(runner, page_size=PAGE)
+    engine = Engine(runner, cache=CacheConfig(page_size=PAGE), scheduler=SchedulerConfig())
     ok = SamplingParams(max_tokens=8, temperature=0.0, ignore_eos=True)
     engine.add_request("good", [5, 6, 7], ok)
     toks = [t for o in engine.step() for t in o.new_token_ids]
@@ -109,7 +111,7 @@ def test_stop_string_through_the_real_tokenizer(tiny_llama_dir: Path):  # noqa: 
 
     tok = AutoTokenizer.from_pretrained(tiny_llama_dir)
     runner = ModelRunner(tiny_llama_dir, num_pages=64, page_size=PAGE)
-    engine = Engine(runner, page_size=PAGE, tokenizer=tok)
+    engine = Engine(runner, cache=CacheConfig(page_size=PAGE), scheduler=SchedulerConfig(), tokenizer=tok)
     prompt = tok.encode("The capital of France")
     free = engine.generate([prompt], SamplingParams(max_tokens=24, temperature=0.0, ignore_eos=True))[0]
     assert free.text == tok.decode(list(free.token_ids), skip_special_tokens=True)
@@ -131,7 +133,7 @@ def test_stop_string_through_the_real_tokenizer(tiny_llama_dir: Path):  # noqa: 
 def test_kv_events_carry_the_gateway_hashes(tiny_llama_dir: Path):  # noqa: F811
     events: list = []
     runner = ModelRunner(tiny_llama_dir, num_pages=64, page_size=PAGE)
-    engine = Engine(runner, page_size=PAGE, on_kv_event=events.append)
+    engine = Engine(runner, cache=CacheConfig(page_size=PAGE), scheduler=SchedulerConfig(), on_kv_event=events.append)
     prompt = list(range(10, 23))  # 3 full pages + 1 token
     engine.generate([prompt], SamplingParams(max_tokens=1, temperature=0.0))
     stored = [h for e in events if isinstance(e, PagesStored) for h in e.hashes]

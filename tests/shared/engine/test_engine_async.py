@@ -10,6 +10,7 @@ import pytest
 import torch
 from test_engine_fakes import FakeRunner, reference_greedy
 
+from shared.config.groups import CacheConfig, SchedulerConfig
 from shared.engine.async_engine import AsyncEngine
 from shared.engine.engine import Engine, EngineStepError
 from shared.engine.errors import InvalidRequest, QueueFull
@@ -36,8 +37,9 @@ def greedy(n: int) -> SamplingParams:
 def aengine():
     engines: list[AsyncEngine] = []
 
-    def make(runner: FakeRunner | None = None, **kw) -> AsyncEngine:
-        e = AsyncEngine(Engine(runner or SlowRunner(64, P), page_size=P, **kw))
+    def make(runner: FakeRunner | None = None, **sched) -> AsyncEngine:
+        e = AsyncEngine(Engine(runner or SlowRunner(64, P), cache=CacheConfig(page_size=P),
+                               scheduler=SchedulerConfig(**sched)))
         engines.append(e)
         return e
 
@@ -140,7 +142,7 @@ async def test_a_failing_step_fails_its_requests_only(aengine):
 
 
 def test_sync_engine_step_error_aborts_the_step_and_keeps_going():
-    engine = Engine(FakeRunner(32, P, fail_on_token=66), page_size=P)
+    engine = Engine(FakeRunner(32, P, fail_on_token=66), cache=CacheConfig(page_size=P), scheduler=SchedulerConfig())
     engine.add_request("boom", [66, 1], greedy(3))
     with pytest.raises(EngineStepError) as e:
         engine.step()

@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from shared.config.groups import CacheConfig, SchedulerConfig
 from shared.engine.engine import Engine
 from shared.engine.model_runner import ModelRunner
 from shared.engine.sampling_params import SamplingParams
@@ -44,8 +45,10 @@ def setup(bundled_model_dir: Path):
 def test_bundled_model_matches_hf_generate(setup, bundled_model_dir: Path, num_pages: int):
     tok, prompts, ref = setup
     runner = ModelRunner(bundled_model_dir, num_pages=num_pages, page_size=16)
-    engine = Engine(runner, page_size=16, max_running_requests=8, chunked_prefill_size=64, max_prefill_tokens=64,
-                    tokenizer=tok, new_token_ratio=0.0 if num_pages < 512 else 0.4)
+    engine = Engine(runner, cache=CacheConfig(page_size=16),
+                    scheduler=SchedulerConfig(max_running_requests=8, chunked_prefill_size=64, max_prefill_tokens=64,
+                                              new_token_ratio=0.0 if num_pages < 512 else 0.4),
+                    tokenizer=tok)
     got = engine.generate(prompts, SamplingParams(max_tokens=64, temperature=0.0, ignore_eos=True))
     for i, c in enumerate(got):
         assert list(c.token_ids) == ref[i], f"{QUESTIONS[i]!r}: {c.text!r} vs {tok.decode(ref[i])!r}"

@@ -14,7 +14,8 @@ import numpy as np
 import pytest
 import torch
 
-from shared.engine.types import KVLayout, ScheduledSeq, SchedulerOutput
+from shared.modelspec.kv_layout import KVLayout
+from shared.engine.types import ScheduledSeq, SchedulerOutput
 
 VOCAB = 97
 

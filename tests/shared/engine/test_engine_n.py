@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 
+from shared.config.groups import CacheConfig, SchedulerConfig
 from shared.engine.engine import Engine
 from shared.engine.model_runner import ModelRunner
 from shared.engine.sampling_params import SamplingParams
@@ -24,7 +25,7 @@ def runner(tiny_llama_dir: Path) -> ModelRunner:  # noqa: F811
 
 def _engine(runner: ModelRunner) -> Engine:
     runner.kv.buffer.zero_()
-    return Engine(runner, page_size=PAGE, max_running_requests=16)
+    return Engine(runner, cache=CacheConfig(page_size=PAGE), scheduler=SchedulerConfig(max_running_requests=16))
 
 
 def _run(engine: Engine, req_id: str, prompt: list[int], params: SamplingParams) -> dict[int, list[int]]:
@@ -78,7 +79,7 @@ def test_decode_role_forks_after_the_hand_off(runner: ModelRunner):
             first = o.new_token_ids[0]
     pages = src.held_pages("p")
     saved = runner.kv.buffer[list(pages)].clone()
-    dst = Engine(runner, page_size=PAGE, max_running_requests=16)
+    dst = Engine(runner, cache=CacheConfig(page_size=PAGE), scheduler=SchedulerConfig(max_running_requests=16))
     res = dst.reserve_remote("d", prompt, SamplingParams(max_tokens=10, temperature=0.0, ignore_eos=True, n=3))
     runner.kv.buffer[list(res.page_ids)] = saved
     out: dict[int, list[int]] = defaultdict(list)
@@ -120,7 +121,7 @@ def test_seeded_sampling_after_a_hand_off_continues_the_seed(runner: ModelRunner
         for o in src.step():
             first = o.new_token_ids[0]
     saved = runner.kv.buffer[list(src.held_pages("p"))].clone()
-    dst = Engine(runner, page_size=PAGE, max_running_requests=16)
+    dst = Engine(runner, cache=CacheConfig(page_size=PAGE), scheduler=SchedulerConfig(max_running_requests=16))
     res = dst.reserve_remote("d", prompt, params)
     runner.kv.buffer[list(res.page_ids)] = saved
     got = [t for o in dst.activate_remote("d", first) for t in o.new_token_ids]

@@ -10,6 +10,7 @@ from pathlib import Path
 import jsonschema
 import pytest
 
+from shared.config.groups import CacheConfig, SchedulerConfig
 from shared.engine.engine import Engine
 from shared.engine.model_runner import ModelRunner
 from shared.engine.sampling_params import SamplingParams
@@ -27,7 +28,8 @@ def _engine(model_dir: Path) -> tuple[Engine, object]:
 
     tok = AutoTokenizer.from_pretrained(model_dir)
     runner = ModelRunner(model_dir, num_pages=1024, page_size=16)
-    return Engine(runner, page_size=16, max_running_requests=64, max_prefill_tokens=2048, tokenizer=tok), tok
+    return Engine(runner, cache=CacheConfig(page_size=16),
+                  scheduler=SchedulerConfig(max_running_requests=64, max_prefill_tokens=2048), tokenizer=tok), tok
 
 
 def test_corpus_is_large_and_every_schema_is_valid():

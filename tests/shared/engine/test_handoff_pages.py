@@ -1,4 +1,4 @@
-"""The two ends of a KV hand-off inside the engine (shared/engine/scheduler/handoff.py), without a model.
+"""The two ends of a KV hand-off inside the engine (shared/engine/scheduler/handoff_pages.py), without a model.
 
 Two Engines over FakeRunner (its "KV" is the token ids written into page slots, and its next token hashes the
 context read back from the pages): a prefill engine computes a prompt with hold_pages, the test copies the
@@ -18,6 +18,7 @@ from collections import Counter
 import pytest
 from test_engine_fakes import FakeRunner, reference_greedy
 
+from shared.config.groups import CacheConfig, SchedulerConfig
 from shared.engine.async_engine import AsyncEngine
 from shared.engine.engine import Engine
 from shared.engine.errors import InvalidRequest, QueueFull, UnknownRequest
@@ -27,8 +28,12 @@ P = 4
 GREEDY = SamplingParams(max_tokens=6, temperature=0.0, ignore_eos=True)
 
 
-def make_engine(num_pages: int = 64, **kw) -> Engine:  # type: ignore[no-untyped-def]
-    return Engine(FakeRunner(num_pages, P), page_size=P, max_prefill_tokens=64, **kw)
+def make_engine(num_pages: int = 64, *, max_running_requests: int | None = None,  # type: ignore[no-untyped-def]
+                **kw) -> Engine:
+    sched = SchedulerConfig(max_prefill_tokens=64)
+    if max_running_requests is not None:
+        sched = dataclasses.replace(sched, max_running_requests=max_running_requests)
+    return Engine(FakeRunner(num_pages, P), cache=CacheConfig(page_size=P), scheduler=sched, **kw)
 
 
 def prefill(pre: Engine, rid: str, prompt: list[int], params: SamplingParams = GREEDY) -> tuple[int, tuple[int, ...]]:
@@ -134,7 +139,8 @@ def test_first_token_can_end_the_request_at_activation():
     assert idle_and_clean(dec)
     # EOS as the first token: reference's first token declared as EOS ends it with "stop"
     eos = reference_greedy(prompt, 1)[0]
-    dec2 = Engine(FakeRunner(32, P, eos_token_ids=(eos,)), page_size=P, max_prefill_tokens=64)
+    dec2 = Engine(FakeRunner(32, P, eos_token_ids=(eos,)), cache=CacheConfig(page_size=P),
+                  scheduler=SchedulerConfig(max_prefill_tokens=64))
     res = dec2.reserve_remote("e", prompt, SamplingParams(max_tokens=5, temperature=0.0))
     first, held = prefill(pre, "e", prompt)
     copy_pages(pre, dec2, held, res.page_ids)

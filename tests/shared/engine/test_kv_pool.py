@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from shared.engine.kv_pool import KVPool, num_pages_for_budget
-from shared.engine.types import KVLayout
+from shared.modelspec.kv_layout import KVLayout
 
 LAYOUT = KVLayout(dtype="float32", page_size=4, num_layers=3, num_kv_heads=2, head_dim=8)
 
@@ -69,3 +69,17 @@ def test_bf16_pool_and_bad_dtype() -> None:
     assert pool.buffer.dtype == torch.bfloat16 and pool.bytes_per_page == 1 * 2 * 4 * 1 * 8 * 2
     with pytest.raises(ValueError, match="float8"):
         KVPool(KVLayout("float8", 4, 1, 1, 8), 2)
+
+
+def test_prefault_populates_each_page_once_and_keeps_contents() -> None:
+    from shared.kernels.hostmem import populate
+
+    pool = KVPool(LAYOUT, num_pages=8)
+    pool.page_view(2).fill_(3.0)
+    if not populate(pool.page_ptr(0), pool.bytes_per_page):
+        pytest.skip("MADV_POPULATE_WRITE needs Linux >= 5.14")
+    assert pool.prefault([2, 3, 5, 3]) == 3  # two runs (2-3 and 5), duplicates once
+    assert pool.prefault([2, 3, 5]) == 0  # already resident
+    assert pool.prefault([1, 2, 3, 4, 5, 6]) == 3
+    assert float(pool.page_view(2).min()) == 3.0 and float(pool.page_view(2).max()) == 3.0
+    assert not pool.page_view(4).any()

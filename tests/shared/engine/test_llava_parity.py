@@ -13,7 +13,8 @@ import pytest
 import torch
 from PIL import Image
 
-from shared.engine.block_hash import page_hashes
+from shared.config.groups import CacheConfig, SchedulerConfig
+from shared.modelspec.block_hash import page_hashes
 from shared.engine.engine import Engine
 from shared.engine.model_runner import ModelRunner
 from shared.engine.request import MediaInput
@@ -123,7 +124,7 @@ def test_greedy_tokens_and_media_keyed_prefix_cache(models) -> None:
     emb = vision.encode(pixels)
     ids, offs = prompt_with(vision, 1, seed=6)
     n = vision.num_image_tokens
-    engine = Engine(runner, page_size=PAGE, max_running_requests=8)
+    engine = Engine(runner, cache=CacheConfig(page_size=PAGE), scheduler=SchedulerConfig(max_running_requests=8))
     greedy = SamplingParams(max_tokens=8, temperature=0.0, ignore_eos=True)
 
     def run(tag: str, k: int):

@@ -6,6 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+from shared.config.groups import SchedulerConfig
 from shared.engine.encoder_cache import EncoderCache
 from shared.engine.errors import InvalidRequest
 from shared.engine.page_allocator import PageAllocator
@@ -41,7 +42,8 @@ def test_encoder_cache_is_lru_within_items_and_bytes() -> None:
 
 def make_scheduler() -> Scheduler:
     alloc = PageAllocator(64)
-    return Scheduler(allocator=alloc, cache=RadixCache(alloc, P), page_size=P, max_model_len=256, vocab_size=100)
+    return Scheduler(allocator=alloc, cache=RadixCache(alloc, P), page_size=P, max_model_len=256,
+                     config=SchedulerConfig(), vocab_size=100)
 
 
 def test_scheduler_checks_media_and_slices_embeddings_per_chunk() -> None:

@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from shared.config.groups import CacheConfig, SchedulerConfig
 from shared.engine.engine import Engine
 from shared.engine.model_runner import ModelRunner
 from shared.engine.sampling_params import SamplingParams
@@ -30,7 +31,7 @@ def _hf_logprobs(model_dir: Path, prompt: list[int]) -> torch.Tensor:
 def test_prompt_logprobs_match_hf_and_greedy_is_unchanged(tiny_llama_dir: Path, chunk: int):  # noqa: F811
     ref = _hf_logprobs(tiny_llama_dir, PROMPT)
     runner = ModelRunner(tiny_llama_dir, num_pages=64, page_size=PAGE)
-    engine = Engine(runner, page_size=PAGE, chunked_prefill_size=chunk)
+    engine = Engine(runner, cache=CacheConfig(page_size=PAGE), scheduler=SchedulerConfig(chunked_prefill_size=chunk))
     plain = SamplingParams(max_tokens=8, temperature=0.0, ignore_eos=True)
     asked = SamplingParams(max_tokens=8, temperature=0.0, ignore_eos=True, prompt_logprobs=3)
     base = engine.generate([PROMPT], plain, prefix="plain")[0]  # also fills the prefix cache

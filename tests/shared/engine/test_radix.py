@@ -7,7 +7,7 @@ import struct
 import pytest
 import torch
 
-from shared.engine.block_hash import ROOT_HASH, page_hash, page_hashes
+from shared.modelspec.block_hash import ROOT_HASH, page_hash, page_hashes
 from shared.engine.page_allocator import PageAllocator
 from shared.engine.radix_cache import AllPagesCleared, PagesEvicted, PagesStored, RadixCache
 

@@ -8,7 +8,7 @@ import torch
 from shared.engine.errors import InvalidRequest
 from shared.engine.request import Request
 from shared.engine.sampler import Sampler, StopChecker
-from shared.engine.sampler.detokenizer import IncrementalDetokenizer
+from shared.engine.sampler.text_window import TextWindow
 from shared.engine.sampler.penalties import apply_penalties
 from shared.engine.sampling_params import SamplingParams
 
@@ -181,7 +181,7 @@ def test_text_without_a_stop_flows_out_in_full():
 
 def test_detokenizer_waits_for_a_whole_utf8_character():
     byte_pieces = {0: b"caf", 1: b"\xc3", 2: b"\xa9", 3: b"!"}
-    dec = IncrementalDetokenizer(lambda ids: b"".join(byte_pieces[i] for i in ids).decode("utf-8", "replace"))
+    dec = TextWindow(lambda ids: b"".join(byte_pieces[i] for i in ids).decode("utf-8", "replace"))
     assert [dec.step(t) for t in (0, 1, 2, 3)] == ["caf", "", "\u00e9", "!"]
 
 

@@ -10,6 +10,7 @@ import time
 import pytest
 import torch
 
+from shared.config.groups import CacheConfig, SchedulerConfig
 from shared.engine.errors import InvalidRequest
 from shared.engine.grammar.mask import MaskFiller
 from shared.engine.request import Request
@@ -107,7 +108,8 @@ def tiny_engine_factory(tiny_llama_dir):  # noqa: F811
     from shared.engine.model_runner import ModelRunner
 
     def make() -> Engine:
-        return Engine(ModelRunner(tiny_llama_dir, num_pages=64, page_size=16), page_size=16)
+        return Engine(ModelRunner(tiny_llama_dir, num_pages=64, page_size=16), cache=CacheConfig(page_size=16),
+                      scheduler=SchedulerConfig())
 
     return make
 

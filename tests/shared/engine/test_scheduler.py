@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 from test_engine_fakes import FakeRunner, reference_greedy
 
+from shared.config.groups import SchedulerConfig
 from shared.engine.errors import InvalidRequest, QueueFull
 from shared.engine.page_allocator import PageAllocator
 from shared.engine.radix_cache import RadixCache
@@ -16,12 +17,13 @@ from shared.engine.types import SchedulerOutput
 P = 4
 
 
-def make(num_pages: int = 64, *, prefix_cache: bool = True, **kw) -> tuple[Scheduler, FakeRunner]:
+def make(num_pages: int = 64, *, prefix_cache: bool = True, max_model_len: int = 4096,
+         **sched) -> tuple[Scheduler, FakeRunner]:
     runner = FakeRunner(num_pages, P)
     alloc = PageAllocator(num_pages)
     cache = RadixCache(alloc, P, enabled=prefix_cache)
-    kw.setdefault("max_model_len", 4096)
-    return Scheduler(allocator=alloc, cache=cache, page_size=P, vocab_size=runner.vocab_size, **kw), runner
+    return Scheduler(allocator=alloc, cache=cache, page_size=P, max_model_len=max_model_len,
+                     config=SchedulerConfig(**sched), vocab_size=runner.vocab_size), runner
 
 
 def step(s: Scheduler, r: FakeRunner) -> tuple[SchedulerOutput, list[RequestOutput]]:
@@ -127,7 +129,7 @@ def test_newest_request_is_preempted_first():
 
 
 def test_priority_policy_orders_waiting_and_preempts_lower_priority():
-    s, r = make(policy="priority", max_running_requests=1)
+    s, r = make(schedule_policy="priority", max_running_requests=1)
     s.add_request("low", [1, 2, 3], greedy(50), priority=5)
     step(s, r)
     s.add_request("mid", [4, 5, 6], greedy(2), priority=3)
@@ -143,7 +145,7 @@ def test_priority_policy_orders_waiting_and_preempts_lower_priority():
 
 
 def test_fcfs_never_preempts_for_a_waiting_request():
-    s, r = make(policy="fcfs", max_running_requests=1)
+    s, r = make(schedule_policy="fcfs", max_running_requests=1)
     s.add_request("first", [1, 2, 3], greedy(5), priority=9)
     step(s, r)
     s.add_request("second", [4, 5, 6], greedy(2), priority=0)

@@ -11,6 +11,7 @@ from collections import Counter
 import pytest
 from test_engine_fakes import FakeRunner, reference_greedy
 
+from shared.config.groups import SchedulerConfig
 from shared.engine.page_allocator import PageAllocator
 from shared.engine.radix_cache import RadixCache
 from shared.engine.sampling_params import SamplingParams
@@ -39,8 +40,9 @@ def test_random_requests_leak_no_pages(policy: str):
     runner = FakeRunner(40, P)
     alloc = PageAllocator(40)
     cache = RadixCache(alloc, P)
-    s = Scheduler(allocator=alloc, cache=cache, page_size=P, max_model_len=4096, max_running_requests=12,
-                  max_prefill_tokens=32, policy=policy, new_token_ratio=0.2, vocab_size=runner.vocab_size)
+    s = Scheduler(allocator=alloc, cache=cache, page_size=P, max_model_len=4096,
+                  config=SchedulerConfig(max_running_requests=12, max_prefill_tokens=32, schedule_policy=policy,
+                                         new_token_ratio=0.2), vocab_size=runner.vocab_size)
     prefixes = [[rng.randrange(1, 97) for _ in range(rng.randrange(0, 25))] for _ in range(8)]
     prompts: dict[str, list[int]] = {}
     max_toks: dict[str, int] = {}

@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from shared.engine.kv_pool import KVPool
-from shared.engine.types import KVLayout
+from shared.modelspec.kv_layout import KVLayout
 from shared.kernels.triton import kv_pack
 
 

@@ -18,6 +18,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from shared.config.groups import CacheConfig, SchedulerConfig
 from shared.engine.engine import Engine
 from shared.engine.model_runner import ModelRunner
 from shared.engine.sampling_params import SamplingParams
@@ -33,7 +34,8 @@ PARAMS = SamplingParams(max_tokens=NEW, temperature=0.0, ignore_eos=True)
 
 def make_engine(model_dir: Path) -> Engine:
     runner = ModelRunner(model_dir, num_pages=96, page_size=P, max_batch_tokens=64)
-    return Engine(runner, page_size=P, max_running_requests=4, max_prefill_tokens=64)
+    return Engine(runner, cache=CacheConfig(page_size=P),
+                  scheduler=SchedulerConfig(max_running_requests=4, max_prefill_tokens=64))
 
 
 @dataclasses.dataclass

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from proto.pdrelay.v1 import common_pb2, worker_pb2
-from shared.engine.types import KVLayout
+from shared.modelspec.kv_layout import KVLayout
 from shared.serving.convert import layout_from_pb, layout_to_pb
 from shared.serving.handoff import (EpochClock, FencingLedger, accept_response, descs_from_pb, pages_needed,
                                     paged_descriptors)

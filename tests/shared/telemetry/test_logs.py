@@ -27,7 +27,7 @@ def test_json_lines_carry_request_and_trace_ids():
         rid = bind_request_id("chatcmpl-42")
         try:
             assert current_request_id() == "chatcmpl-42"
-            inside = json.loads(fmt.format(_record("inside %s" % 1)))
+            inside = json.loads(fmt.format(_record("inside 1")))
         finally:
             unbind_request_id(rid)
             tr.deactivate(token)

@@ -10,6 +10,7 @@ import pytest
 from prometheus_client import CollectorRegistry, Counter, generate_latest
 
 from proto.pdrelay.v1 import common_pb2
+from shared.config.groups import TelemetryConfig
 from shared.engine.types import StepStats
 from shared.telemetry.metrics import EngineCollector, ServiceMetrics, error_label
 from shared.telemetry.metrics_server import MetricsServer
@@ -47,13 +48,13 @@ async def test_service_telemetry_binds_the_configured_port_or_says_so():
     busy = MetricsServer(CollectorRegistry())
     port = await busy.start()
     try:
-        cfg = SimpleNamespace(enable_metrics=True, metrics_port=port, otlp_traces_endpoint=None)
+        cfg = TelemetryConfig(enable_metrics=True, metrics_port=port, otlp_traces_endpoint=None)
         tel = ServiceTelemetry(cfg, role="decode", instance_id="d", cluster="c")
         with pytest.raises(OSError):
             await tel.start_metrics("127.0.0.1")
-        off = ServiceTelemetry(SimpleNamespace(enable_metrics=False), role="decode", instance_id="d", cluster="c")
+        off = ServiceTelemetry(TelemetryConfig(enable_metrics=False), role="decode", instance_id="d", cluster="c")
         assert await off.start_metrics("127.0.0.1") == "" and off.metrics_address == ""
-        free = ServiceTelemetry(SimpleNamespace(enable_metrics=True, metrics_port=0), role="decode",
+        free = ServiceTelemetry(TelemetryConfig(enable_metrics=True, metrics_port=0), role="decode",
                                 instance_id="d", cluster="c")
         address = await free.start_metrics("127.0.0.1", advertise_host="10.1.2.3")
         assert address.startswith("10.1.2.3:") and int(address.split(":")[1]) > 0

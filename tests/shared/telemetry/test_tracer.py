@@ -12,6 +12,7 @@ from opentelemetry.trace import set_span_in_context
 from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 
 from proto.pdrelay.v1 import common_pb2
+from shared.config.groups import TelemetryConfig
 from shared.telemetry.service import ServiceTelemetry
 from shared.telemetry.tracing import Tracing, add_event, check_endpoint, extract, inject, mono_ns, traceparent_of
 
@@ -50,13 +51,10 @@ def test_off_is_a_no_op_without_threads():
 
 
 def test_on_starts_one_exporter_thread_and_shutdown_stops_it():
-    class Cfg:
-        otlp_traces_endpoint = "127.0.0.1:9"  # nothing listens; nothing is exported in this test
-        trace_sample_ratio = 1.0
-        enable_metrics = False
-
+    # nothing listens on the endpoint; nothing is exported in this test
+    cfg = TelemetryConfig(otlp_traces_endpoint="127.0.0.1:9", trace_sample_ratio=1.0, enable_metrics=False)
     before = _otel_threads()
-    tel = ServiceTelemetry(Cfg(), role="prefill", instance_id="p-1", cluster="c")
+    tel = ServiceTelemetry(cfg, role="prefill", instance_id="p-1", cluster="c")
     assert tel.bus_headers_hook() is not None
     tel.start_tracing(epoch=1)
     assert tel.tracing.enabled

@@ -98,13 +98,17 @@ def test_connect_is_cached_and_refreshed_when_the_peer_registers_more(pair, pool
     src, _ = pools
     peer = w.connect(r.endpoint())
     assert w.connect(r.endpoint()) == peer
+    old_endpoint = r.endpoint()
+    assert w.connected(old_endpoint) == peer and w.connected(b"never-loaded") is None
     extra = torch.zeros(4, PAGE_FLOATS)
     extra_region = r.register(extra)  # not in the endpoint the writer loaded: refused until it reconnects
+    assert w.connected(r.endpoint()) is None  # a changed endpoint needs a real connect()
     dst = r.describe_pages(extra_region, [3], PAGE_BYTES)
     src_desc = w.describe_pages(w.regions()[0], [8], PAGE_BYTES)
     with pytest.raises(RegionError, match="outside the memory peer"):
         w.write(peer, src_desc, dst)
     assert w.connect(r.endpoint()) == peer  # the changed endpoint replaces the old one
+    assert w.connected(r.endpoint()) == peer and w.connected(old_endpoint) is None
     h = w.write(peer, src_desc, dst)
     assert drive(w, r, h) == "done"
     w.wait(h, 1)
