@@ -22,13 +22,16 @@ and turns the stream into BackendChunks. Then:
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import time
 from collections.abc import AsyncIterator, Collection, Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import grpc
 
-from proto.pdrelay.v1 import common_pb2, worker_pb2_grpc
+from proto.pdrelay.v1 import common_pb2, worker_pb2, worker_pb2_grpc
 from services.gateway.backend import (BackendChunk, BackendError, BackendOverloaded, BackendRequest,
                                       BackendUnavailable, InvalidRequest, ModelNotFound)
 from services.gateway.routing.breaker import BreakerBoard, BreakerConfig
@@ -51,7 +54,27 @@ from shared.cluster.instance import InstanceInfo, InstanceState
 from shared.telemetry import spans
 from shared.telemetry.tracing import SpanKind, Tracing, add_event, current_span, inject, set_error
 
+if TYPE_CHECKING:
+    from opentelemetry.trace import Span
+
 log = logging.getLogger(__name__)
+
+
+@dataclass
+class _Progress:
+    """One request over its attempts."""
+
+    sent: list[int] = field(default_factory=list)  # output tokens already handed to the client, over all attempts
+    done_samples: set[int] = field(default_factory=set)  # n > 1: samples finished (the stream ends with the last)
+    streamed: bool = False  # n > 1: some tokens went to the client (such a stream cannot be replayed)
+    completed: bool = False
+    exclude: set[str] = field(default_factory=set)
+    verdicts: list[Verdict] = field(default_factory=list)
+    verdict: Verdict | None = None  # how the current attempt failed (None: it did not, or not yet)
+    failures: int = 0
+    attempt: int = 0
+    call: grpc.aio.UnaryStreamCall | None = None  # the current attempt's call
+    plans: list[RoutePlan] = field(default_factory=list)
 
 
 def _route_attributes(plan: RoutePlan, policy: str, attempt: int, excluded: Collection[str],
@@ -157,131 +180,150 @@ class GrpcBackend:
     # ------------------------------------------------------------------ one request
 
     async def _generate(self, req: BackendRequest) -> AsyncIterator[BackendChunk]:
-        prompt_len = len(req.prompt_token_ids)
-        want_logprobs = req.sampling.logprobs is not None
+        """Attempts until the request completes: route, stream from the chosen decode, and after a failure retry
+        (or, once tokens were sent, continue the stream) elsewhere within --request-retries."""
         hashes = PromptHashes(req.prompt_token_ids, [(m.offset, m.num_tokens, m.media_hash) for m in req.media])
-        sent: list[int] = []  # output tokens already handed to the client, over all attempts
-        n = req.sampling.n
-        done_samples: set[int] = set()  # n > 1: samples finished so far (the stream ends with the last one)
-        streamed = False  # n > 1: some tokens went to the client (such a stream cannot be replayed)
-        exclude: set[str] = set()
-        verdicts: list[Verdict] = []
-        failures = 0
-        attempt = 0
-        call: grpc.aio.UnaryStreamCall | None = None
-        plans: list[RoutePlan] = []
-        completed = False
-        tr = self.tracing
+        p = _Progress()
         request_span = current_span()  # the HTTP layer's gateway.request (retries and migrations are its events)
         try:
             while True:
-                left = remaining_max_tokens(req.sampling, len(sent))
+                left = remaining_max_tokens(req.sampling, len(p.sent))
                 if left == 0:
                     # Every token was streamed; only the last message got lost with its instance.
-                    completed = True
-                    yield BackendChunk((), None, "length", None, prompt_len, None)
+                    p.completed = True
+                    yield BackendChunk((), None, "length", None, len(req.prompt_token_ids), None)
                     return
-                route_req = RouteRequest(req.request_id, (*req.prompt_token_ids, *sent), left)
-                t_route = time.monotonic()
-                try:
-                    plan = self.router.plan(route_req, self.discovery.pools(req.model), exclude,
-                                            hashes if not sent else None)
-                except NoRoute as e:
-                    raise self._no_route_error(req, e, verdicts, bool(sent)) from None
-                if tr.enabled:
-                    policy = getattr(self.router.policy, "name", type(self.router.policy).__name__)
-                    tr.record(spans.GATEWAY_ROUTE, t_route, time.monotonic(), _route_attributes(
-                        plan, policy, attempt, exclude, len(route_req.prompt_token_ids)))
-                plans.append(plan)
-                msg = decode_request(req, plan, sent, attempt)
-                if msg.media and plan.prefill is not None:  # disaggregated: images go to encoders (EPD)
-                    self.media_affinity.assign(msg.media, req.model)
-                call_span = tr.start_span(spans.GATEWAY_DECODE_CALL, kind=SpanKind.CLIENT, attributes={
-                    spans.INSTANCE: plan.decode.instance_id, spans.ATTEMPT: attempt, spans.RPC_SYSTEM: "grpc",
-                    spans.RPC_METHOD: "pdrelay.v1.Decode/Generate", spans.SERVER_ADDRESS: plan.decode.grpc_address})
-                inject(call_span, msg.trace)  # decode's spans are children of this call
-                channel = self.channels.get(plan.decode.instance_id, plan.decode.grpc_address)
-                lease = self.router.begin(plan, len(msg.prompt_token_ids))
-                started = False
-                verdict: Verdict | None = None
-                try:
-                    call = worker_pb2_grpc.DecodeStub(channel).Generate(msg)
-                    async for resp in call:
-                        if resp.finish_reason == common_pb2.FINISH_REASON_ERROR:
-                            verdict = classify(grpc.StatusCode.INTERNAL, resp.error, plan, started=started)
-                            break
-                        if not started and (resp.token_ids or resp.finish_reason):
-                            started = True
-                            lease.first_token()
-                            add_event(call_span, spans.EVENT_FIRST_TOKEN)
-                            self.router.succeeded(plan.instance_ids)
-                        chunk = chunk_from_pb(resp, want_logprobs=want_logprobs, num_prompt_tokens=prompt_len,
-                                              first=not sent and not streamed)
-                        if n == 1:
-                            sent.extend(chunk.token_ids)
-                        streamed = streamed or bool(chunk.token_ids)
-                        if chunk.finish_reason is not None:
-                            done_samples.add(chunk.index)
-                            completed = len(done_samples) >= n
-                        if chunk.token_ids or chunk.finish_reason is not None:
-                            yield chunk
-                        if completed:
-                            return
-                    else:
-                        verdict = classify_stream_end(plan)
-                except grpc.aio.AioRpcError as e:
-                    verdict = classify(e.code(), error_from_rpc(e), plan, details=e.details() or "", started=started)
-                except asyncio.CancelledError:
-                    if _cancelled_by_us():
-                        raise
-                    verdict = classify_lost(plan)
-                finally:
-                    lease.release()
-                    if not completed and verdict is None:
-                        self.router.abandoned(plan.instance_ids)  # closed by the client: no verdict on anyone
-                    if verdict is not None:
-                        set_error(call_span, verdict.message, {"pdrelay.failure": str(verdict.kind)})
-                    tr.end(call_span)
-                assert verdict is not None
-                call.cancel()  # a stream ended by an error message may still be open
-                call = None
-                self.router.failed(verdict.blame, plan.instance_ids)
-                verdicts.append(verdict)
-                log.warning("request %s attempt %d on %s failed (%s): %s", req.request_id, attempt, plan.describe(),
-                            verdict.kind, verdict.message)
-                if not verdict.retryable:
-                    raise self._final_error(verdict)
-                if streamed and n > 1:
-                    raise BackendUnavailable(f"the stream of {n} samples broke after tokens were sent ({verdict.message});"
-                                             " n > 1 streams are not replayed, retry the request",
-                                             retry_after_s=self._retry_after_s)
-                exclude |= verdict.exclude
-                if verdict.uses_retry_budget:
-                    failures += 1
-                    if failures > self.request_retries:
-                        raise BackendUnavailable(
-                            f"request failed {failures} times (last on {plan.describe()}: {verdict.message}); "
-                            f"the gateway retries {self.request_retries} times (--request-retries)",
-                            retry_after_s=self._retry_after_s)
-                    self.retries += 1
-                    if sent:
-                        self.replays += 1
-                add_event(request_span, spans.EVENT_MIGRATION if sent else spans.EVENT_RETRY, {
-                    spans.ATTEMPT: attempt, "pdrelay.failed_on": plan.describe(), "pdrelay.failure": str(verdict.kind),
-                    "pdrelay.error.message": verdict.message, spans.OUTPUT_TOKENS: len(sent)})
-                attempt += 1
+                plan, msg = self._plan_attempt(req, p, left, hashes)
+                # closed explicitly: a client that goes away closes this generator, and the attempt's lease and span
+                # must end then, not whenever the inner generator is collected
+                async with contextlib.aclosing(self._attempt(req, p, plan, msg)) as chunks:
+                    async for chunk in chunks:
+                        yield chunk
+                if p.completed:
+                    return
+                self._after_failure(req, p, plan, request_span)
+                p.attempt += 1
         except (GeneratorExit, asyncio.CancelledError):
             # The client went away (or a stop string matched): stop every attempt's work, here and on NATS. A request
             # that completed is only being closed after its last chunk: nothing to stop anywhere.
-            if plans and not completed:
+            if p.plans and not p.completed:
                 self._publish_cancel(req.request_id)
             raise
         finally:
-            if call is not None:
-                if completed:
-                    self._reap(call)
+            if p.call is not None:
+                if p.completed:
+                    self._reap(p.call)
                 else:
-                    call.cancel()
+                    p.call.cancel()
+
+    def _plan_attempt(self, req: BackendRequest, p: _Progress, left: int,
+                      hashes: PromptHashes) -> tuple[RoutePlan, worker_pb2.DecodeRequest]:
+        """Route the next attempt (the prompt plus what was already sent, excluding instances that failed it) and
+        build its decode request; the typed error when no instance can take it."""
+        route_req = RouteRequest(req.request_id, (*req.prompt_token_ids, *p.sent), left)
+        t_route = time.monotonic()
+        try:
+            plan = self.router.plan(route_req, self.discovery.pools(req.model), p.exclude,
+                                    hashes if not p.sent else None)
+        except NoRoute as e:
+            raise self._no_route_error(req, e, p.verdicts, bool(p.sent)) from None
+        tr = self.tracing
+        if tr.enabled:
+            policy = getattr(self.router.policy, "name", type(self.router.policy).__name__)
+            tr.record(spans.GATEWAY_ROUTE, t_route, time.monotonic(), _route_attributes(
+                plan, policy, p.attempt, p.exclude, len(route_req.prompt_token_ids)))
+        p.plans.append(plan)
+        msg = decode_request(req, plan, p.sent, p.attempt)
+        if msg.media and plan.prefill is not None:  # disaggregated: images go to encoders (EPD)
+            self.media_affinity.assign(msg.media, req.model)
+        return plan, msg
+
+    async def _attempt(self, req: BackendRequest, p: _Progress, plan: RoutePlan,
+                       msg: worker_pb2.DecodeRequest) -> AsyncIterator[BackendChunk]:
+        """One Decode.Generate call: its chunks, until the request completes (p.completed) or the call fails
+        (p.verdict says how)."""
+        tr = self.tracing
+        prompt_len, n = len(req.prompt_token_ids), req.sampling.n
+        want_logprobs = req.sampling.logprobs is not None
+        call_span = tr.start_span(spans.GATEWAY_DECODE_CALL, kind=SpanKind.CLIENT, attributes={
+            spans.INSTANCE: plan.decode.instance_id, spans.ATTEMPT: p.attempt, spans.RPC_SYSTEM: "grpc",
+            spans.RPC_METHOD: "pdrelay.v1.Decode/Generate", spans.SERVER_ADDRESS: plan.decode.grpc_address})
+        inject(call_span, msg.trace)  # decode's spans are children of this call
+        channel = self.channels.get(plan.decode.instance_id, plan.decode.grpc_address)
+        lease = self.router.begin(plan, len(msg.prompt_token_ids))
+        started = False
+        p.verdict = None
+        try:
+            p.call = call = worker_pb2_grpc.DecodeStub(channel).Generate(msg)
+            async for resp in call:
+                if resp.finish_reason == common_pb2.FINISH_REASON_ERROR:
+                    p.verdict = classify(grpc.StatusCode.INTERNAL, resp.error, plan, started=started)
+                    break
+                if not started and (resp.token_ids or resp.finish_reason):
+                    started = True
+                    lease.first_token()
+                    add_event(call_span, spans.EVENT_FIRST_TOKEN)
+                    self.router.succeeded(plan.instance_ids)
+                chunk = chunk_from_pb(resp, want_logprobs=want_logprobs, num_prompt_tokens=prompt_len,
+                                      first=not p.sent and not p.streamed)
+                if n == 1:
+                    p.sent.extend(chunk.token_ids)
+                p.streamed = p.streamed or bool(chunk.token_ids)
+                if chunk.finish_reason is not None:
+                    p.done_samples.add(chunk.index)
+                    p.completed = len(p.done_samples) >= n
+                if chunk.token_ids or chunk.finish_reason is not None:
+                    yield chunk
+                if p.completed:
+                    return
+            else:
+                p.verdict = classify_stream_end(plan)
+        except grpc.aio.AioRpcError as e:
+            p.verdict = classify(e.code(), error_from_rpc(e), plan, details=e.details() or "", started=started)
+        except asyncio.CancelledError:
+            if _cancelled_by_us():
+                raise
+            p.verdict = classify_lost(plan)
+        finally:
+            lease.release()
+            if not p.completed and p.verdict is None:
+                self.router.abandoned(plan.instance_ids)  # closed by the client: no verdict on anyone
+            if p.verdict is not None:
+                set_error(call_span, p.verdict.message, {"pdrelay.failure": str(p.verdict.kind)})
+            tr.end(call_span)
+
+    def _after_failure(self, req: BackendRequest, p: _Progress, plan: RoutePlan, request_span: Span) -> None:
+        """A failed attempt: blame, count, and raise the request's error unless it may be retried (or continued)."""
+        verdict = p.verdict
+        assert verdict is not None
+        if p.call is not None:
+            p.call.cancel()  # a stream ended by an error message may still be open
+            p.call = None
+        self.router.failed(verdict.blame, plan.instance_ids)
+        p.verdicts.append(verdict)
+        log.warning("request %s attempt %d on %s failed (%s): %s", req.request_id, p.attempt, plan.describe(),
+                    verdict.kind, verdict.message)
+        if not verdict.retryable:
+            raise self._final_error(verdict)
+        n = req.sampling.n
+        if p.streamed and n > 1:
+            raise BackendUnavailable(f"the stream of {n} samples broke after tokens were sent ({verdict.message});"
+                                     " n > 1 streams are not replayed, retry the request",
+                                     retry_after_s=self._retry_after_s)
+        p.exclude |= verdict.exclude
+        if verdict.uses_retry_budget:
+            p.failures += 1
+            if p.failures > self.request_retries:
+                raise BackendUnavailable(
+                    f"request failed {p.failures} times (last on {plan.describe()}: {verdict.message}); "
+                    f"the gateway retries {self.request_retries} times (--request-retries)",
+                    retry_after_s=self._retry_after_s)
+            self.retries += 1
+            if p.sent:
+                self.replays += 1
+        add_event(request_span, spans.EVENT_MIGRATION if p.sent else spans.EVENT_RETRY, {
+            spans.ATTEMPT: p.attempt, "pdrelay.failed_on": plan.describe(), "pdrelay.failure": str(verdict.kind),
+            "pdrelay.error.message": verdict.message, spans.OUTPUT_TOKENS: len(p.sent)})
 
     # ------------------------------------------------------------------ errors
 
@@ -327,6 +369,7 @@ class GrpcBackend:
             return
         self.cancels_published += 1
         task: asyncio.Task[object] = asyncio.ensure_future(
-            publish_cancel(self._bus, self._cluster, request_id, reason=CancelReason.CLIENT_DISCONNECTED, origin=self._origin))
+            publish_cancel(self._bus, self._cluster, request_id, reason=CancelReason.CLIENT_DISCONNECTED,
+                           origin=self._origin))
         self._background.add(task)
         task.add_done_callback(self._background.discard)
