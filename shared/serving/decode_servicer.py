@@ -101,43 +101,19 @@ class DecodeServicer(worker_pb2_grpc.DecodeServicer):
     async def _generate(self, request: worker_pb2.DecodeRequest,
                         context: grpc.aio.ServicerContext) -> AsyncIterator[worker_pb2.DecodeResponse]:
         svc = self.svc
-        aengine = svc.aengine
-        if aengine is None:
-            await abort(context, common_pb2.ERROR_CODE_UNAVAILABLE, f"{svc.instance_id} is still warming up; retry",
-                        instance_id=svc.instance_id)
-        if not request.request_id:
-            await abort(context, common_pb2.ERROR_CODE_INVALID_ARGUMENT, "request_id is empty; set a unique id",
-                        instance_id=svc.instance_id)
-        try:
-            params = sampling_from_pb(request.sampling).validate(vocab_size=aengine.engine.runner.vocab_size)
-        except InvalidRequest as e:
-            await abort(context, common_pb2.ERROR_CODE_INVALID_ARGUMENT, str(e), instance_id=svc.instance_id)
+        params = await self._checked_params(request, context)
         rid = svc.ids.open(request.request_id, request.attempt)
         t0 = time.monotonic()
         head = worker_pb2.DecodeResponse()  # what only the first message carries
         try:
-            kv = getattr(svc, "kvstore", None)  # shared.serving.kvstore_client: loads before, stores after
-            if self.remote is not None and self.remote.wants(request):
-                stream = self.remote.run(request, rid, params, head)
-            else:
-                media = await local_media(svc, request.media) if request.media else ()
-                if kv is not None and not media:  # the store's keys are text-only page hashes: no images
-                    await kv.load(rid, list(request.prompt_token_ids), trace=request.trace)
-                stream = aengine.generate(rid, list(request.prompt_token_ids), params, priority=request.priority,
-                                          media=media)
+            stream = await self._stream(request, rid, params, head)
             first = True
             num_out: dict[int, int] = {}  # per sample (n > 1)
             out_ids: dict[int, list[int]] = {}  # per sample: what the kvstore keeps of a finished conversation
             async for out in stream:
                 num_out[out.index] = num_out.get(out.index, 0) + len(out.new_token_ids)
                 out_ids.setdefault(out.index, []).extend(out.new_token_ids)
-                msg = worker_pb2.DecodeResponse(
-                    request_id=request.request_id, token_ids=list(out.new_token_ids),
-                    finish_reason=finish_to_pb(out), index=out.index)
-                if out.new_logprobs:
-                    msg.logprobs.extend(logprob_to_pb(lp) for lp in out.new_logprobs)
-                if out.prompt_logprobs:
-                    msg.prompt_logprobs.extend(logprob_to_pb(lp) for lp in out.prompt_logprobs)
+                msg = _message(request.request_id, out, num_out[out.index])
                 if first:
                     if not head.timings.prefill_s:
                         head.timings.prefill_s = time.monotonic() - t0
@@ -145,16 +121,7 @@ class DecodeServicer(worker_pb2_grpc.DecodeServicer):
                     msg.prefill_instance_id = head.prefill_instance_id
                     first = False
                 if out.finished:
-                    stop = matched_stop_to_pb(out.stop_reason)
-                    if stop is not None:
-                        msg.matched_stop.CopyFrom(stop)
-                    msg.usage.CopyFrom(common_pb2.Usage(prompt_tokens=out.num_prompt_tokens,
-                                                        completion_tokens=num_out[out.index],
-                                                        cached_tokens=out.num_cached_tokens))
-                    if kv is not None and not request.media and kv.wants_store(finished=True,
-                                                                               reused=out.num_cached_tokens > 0):
-                        # the whole conversation so far, so its next turn finds its history
-                        kv.store_later([*request.prompt_token_ids, *out_ids[out.index]], trace=request.trace)
+                    self._store_conversation(request, out, out_ids[out.index])
                 yield msg
         except InvalidRequest as e:
             await abort(context, common_pb2.ERROR_CODE_INVALID_ARGUMENT, str(e), instance_id=svc.instance_id)
@@ -171,6 +138,64 @@ class DecodeServicer(worker_pb2_grpc.DecodeServicer):
                                  retryable=True))
         finally:
             svc.ids.close(request.request_id, rid)
+
+    async def _checked_params(self, request: worker_pb2.DecodeRequest,
+                              context: grpc.aio.ServicerContext) -> SamplingParams:
+        """The request's sampling parameters, or the call aborted (still warming up, no id, invalid parameters)."""
+        svc = self.svc
+        aengine = svc.aengine
+        if aengine is None:
+            await abort(context, common_pb2.ERROR_CODE_UNAVAILABLE, f"{svc.instance_id} is still warming up; retry",
+                        instance_id=svc.instance_id)
+        assert aengine is not None
+        if not request.request_id:
+            await abort(context, common_pb2.ERROR_CODE_INVALID_ARGUMENT, "request_id is empty; set a unique id",
+                        instance_id=svc.instance_id)
+        try:
+            return sampling_from_pb(request.sampling).validate(vocab_size=aengine.engine.runner.vocab_size)
+        except InvalidRequest as e:
+            await abort(context, common_pb2.ERROR_CODE_INVALID_ARGUMENT, str(e), instance_id=svc.instance_id)
+            raise  # not reached: abort raises
+
+    async def _stream(self, request: worker_pb2.DecodeRequest, rid: str, params: SamplingParams,
+                      head: worker_pb2.DecodeResponse) -> AsyncIterator[RequestOutput]:
+        """The request's deltas: through a prefill instance (the decode role's hand-off) or prefilled here (after
+        loading what the kvstore has of the prompt)."""
+        svc = self.svc
+        aengine = svc.aengine
+        assert aengine is not None
+        if self.remote is not None and self.remote.wants(request):
+            return self.remote.run(request, rid, params, head)
+        media = await local_media(svc, request.media) if request.media else ()
+        kv = svc.kvstore
+        if kv is not None and not media:  # the store's keys are text-only page hashes: no images
+            await kv.load(rid, list(request.prompt_token_ids), trace=request.trace)
+        return aengine.generate(rid, list(request.prompt_token_ids), params, priority=request.priority, media=media)
+
+    def _store_conversation(self, request: worker_pb2.DecodeRequest, out: RequestOutput,
+                            output_ids: list[int]) -> None:
+        """A finished sample: the whole conversation so far goes to the kvstore, so its next turn finds its
+        history (text-only prompts: the store's keys do not see images)."""
+        kv = self.svc.kvstore
+        if kv is not None and not request.media and kv.wants_store(finished=True, reused=out.num_cached_tokens > 0):
+            kv.store_later([*request.prompt_token_ids, *output_ids], trace=request.trace)
+
+
+def _message(request_id: str, out: RequestOutput, num_output_tokens: int) -> worker_pb2.DecodeResponse:
+    """One delta as a stream message; a finished sample's carries its matched stop and usage."""
+    msg = worker_pb2.DecodeResponse(request_id=request_id, token_ids=list(out.new_token_ids),
+                                    finish_reason=finish_to_pb(out), index=out.index)
+    if out.new_logprobs:
+        msg.logprobs.extend(logprob_to_pb(lp) for lp in out.new_logprobs)
+    if out.prompt_logprobs:
+        msg.prompt_logprobs.extend(logprob_to_pb(lp) for lp in out.prompt_logprobs)
+    if out.finished:
+        stop = matched_stop_to_pb(out.stop_reason)
+        if stop is not None:
+            msg.matched_stop.CopyFrom(stop)
+        msg.usage.CopyFrom(common_pb2.Usage(prompt_tokens=out.num_prompt_tokens, completion_tokens=num_output_tokens,
+                                            cached_tokens=out.num_cached_tokens))
+    return msg
 
 
 async def local_media(svc: EngineService, media: Sequence[common_pb2.MediaInput]) -> list[MediaInput]:

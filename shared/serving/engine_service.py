@@ -10,7 +10,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from shared.cluster.bus.cancel import Cancel, subscribe_cancel
 from shared.cluster.bus.kv_events import KVEventPublisher
@@ -29,6 +29,9 @@ from shared.serving.media import LocalVision
 from shared.telemetry import spans
 from shared.telemetry.metrics import EngineCollector
 from shared.telemetry.tracing import SpanKind, extract
+
+if TYPE_CHECKING:
+    from shared.serving.kvstore_client import KVStoreClient
 
 log = logging.getLogger(__name__)
 
@@ -116,6 +119,7 @@ class EngineService(Service):
         self.aengine: AsyncEngine | None = None
         self.vision: LocalVision | None = None  # this process's own vision tower (vision-language models)
         self.ids = RequestIds()
+        self.kvstore: KVStoreClient | None = None  # the cluster's kvstore, once attached (engine roles that use one)
         self._kv_pub: KVEventPublisher | None = None
         self._rate = _Rate()
         self._steps = _StepWindow()
