@@ -87,7 +87,8 @@ class Forecast:
 
     def why(self, role: str) -> str:
         what = (f"{self.prompt_tokens:.0f}-token prompts" if role == "prefill" else
-                f"{self.answer_tokens:.0f}-token answers, {self.numbers.get('forecast_streams', 0):.0f} streams")
+                (f"{self.answer_tokens:.0f}-token answers, " if self.answer_tokens else "")
+                + f"{self.numbers.get('forecast_streams', 0):.0f} streams")
         return (f"forecast {self.arrivals_per_s:.1f} req/s of {what} in {self.horizon_s:.0f} s needs "
                 f"{self.needed(role)} {role} instances")
 

@@ -256,6 +256,8 @@ class PlannerService(Service):
             return await self._record_plan(Plan(role, Action.FAILED, plan.current, plan.target,
                                                 f"scale-down failed: {e}", plan.numbers))
         mem.last_change = now
+        if plan.action == Action.SCALE_DOWN:
+            self._expect.pop(role, None)  # a smaller size replaces a scale-up still under way
         if plan.action == Action.SCALE_UP:
             mem.last_up = now
             mem.failures = 0
