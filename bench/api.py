@@ -25,8 +25,12 @@ from shared.engine.grammar.mask import MaskStats
 from shared.engine.sampling_params import SamplingParams
 from shared.grammar.spec import GrammarKind, StructuredSpec
 
-SCHEMA = {"type": "object", "properties": {"story": {"type": "string", "minLength": 600, "maxLength": 800}},
-          "required": ["story"], "additionalProperties": False}
+SCHEMA = {
+    "type": "object",
+    "properties": {"story": {"type": "string", "minLength": 600, "maxLength": 800}},
+    "required": ["story"],
+    "additionalProperties": False,
+}
 BUNDLED = "bundled:smollm2-135m-instruct"
 
 
@@ -34,15 +38,20 @@ def _engine(threads: int, model: str = BUNDLED, num_pages: int = 2048):  # -> (E
     from transformers import AutoTokenizer
 
     from shared.config.groups import CacheConfig, SchedulerConfig
-    from shared.modelspec.bundled import resolve_model_path
     from shared.engine.engine import Engine
     from shared.engine.model_runner import ModelRunner
+    from shared.modelspec.bundled import resolve_model_path
 
     path = resolve_model_path(model)
     tok = AutoTokenizer.from_pretrained(path)
     runner = ModelRunner(path, num_pages=num_pages, page_size=16)
-    return Engine(runner, cache=CacheConfig(page_size=16), scheduler=SchedulerConfig(max_running_requests=64),
-                  tokenizer=tok, threads=threads), tok
+    return Engine(
+        runner,
+        cache=CacheConfig(page_size=16),
+        scheduler=SchedulerConfig(max_running_requests=64),
+        tokenizer=tok,
+        threads=threads,
+    ), tok
 
 
 def _step_s(engine) -> float:
@@ -60,8 +69,11 @@ def paired_ratios(free: list[float], grammar: list[float]) -> list[float]:
     return [g / f for f, g in zip(free, grammar, strict=False) if f > 0]
 
 
-def _interleaved(engines: list, prompts: list[list[int]], params: list[list[SamplingParams]],
-                 ) -> tuple[list[list[tuple[float, float]]], list[int]]:
+def _interleaved(
+    engines: list,
+    prompts: list[list[int]],
+    params: list[list[SamplingParams]],
+) -> tuple[list[list[tuple[float, float]]], list[int]]:
     """Add params[k] to engines[k], then step the engines in turn until both are done. -> ((wall s, CPU s) of each
     engine's full decode steps, tokens each generated). CPU time is this process's (all its threads, the grammar
     helper included): what a step cost, whatever else the machine ran meanwhile."""
@@ -121,16 +133,24 @@ def bench_grammar(engines: list, tok, batch: int, tokens: int, rounds: int) -> d
     fill = sum(m.fill_s for m in masks) / max(mask_steps, 1)
     q = statistics.quantiles(ratios, n=4) if len(ratios) >= 2 else [ratios[0]] * 3
     med_free = statistics.median(free_s)
-    return {"batch": batch, "tokens": tokens, "rounds": rounds, "pairs": len(ratios),
-            "overhead_median": round(statistics.median(ratios) - 1.0, 4),
-            "overhead_iqr": [round(q[0] - 1.0, 4), round(q[2] - 1.0, 4)],
-            "overhead_cpu_median": round(statistics.median(cpu_ratios) - 1.0, 4) if cpu_ratios else None,
-            "overhead_per_round": [round(x - 1.0, 4) for x in per_round],
-            "step_ms_free_median": round(1e3 * med_free, 2), "step_ms_grammar_median": round(1e3 * statistics.median(gram_s), 2),
-            "mask_critical_ms_per_step": round(1e3 * critical, 3), "mask_fill_ms_per_step": round(1e3 * fill, 3),
-            "mask_critical_share": round(critical / med_free, 4) if med_free else None,
-            "inline_fill_steps_share": None if not mask_steps else round(
-                sum(m.inline_fill_s for m in masks) / max(sum(m.fill_s for m in masks), 1e-12), 3)}
+    return {
+        "batch": batch,
+        "tokens": tokens,
+        "rounds": rounds,
+        "pairs": len(ratios),
+        "overhead_median": round(statistics.median(ratios) - 1.0, 4),
+        "overhead_iqr": [round(q[0] - 1.0, 4), round(q[2] - 1.0, 4)],
+        "overhead_cpu_median": round(statistics.median(cpu_ratios) - 1.0, 4) if cpu_ratios else None,
+        "overhead_per_round": [round(x - 1.0, 4) for x in per_round],
+        "step_ms_free_median": round(1e3 * med_free, 2),
+        "step_ms_grammar_median": round(1e3 * statistics.median(gram_s), 2),
+        "mask_critical_ms_per_step": round(1e3 * critical, 3),
+        "mask_fill_ms_per_step": round(1e3 * fill, 3),
+        "mask_critical_share": round(critical / med_free, 4) if med_free else None,
+        "inline_fill_steps_share": None
+        if not mask_steps
+        else round(sum(m.inline_fill_s for m in masks) / max(sum(m.fill_s for m in masks), 1e-12), 3),
+    }
 
 
 def bench_n(engine, n: int = 4, prompt_len: int = 256, tokens: int = 16) -> dict[str, Any]:
@@ -151,16 +171,31 @@ def bench_n(engine, n: int = 4, prompt_len: int = 256, tokens: int = 16) -> dict
         s = engine.stats
         # every sampled token but each sample's last is fed back as a decode input; the rest is prompt work
         computed = s.totals.num_tokens - (out - n)
-        return {"wall_s": round(wall, 3), "output_tokens": out, "tok_s": round(out / wall, 1),
-                "prompt_tokens_computed": computed, "steps": s.num_steps}
+        return {
+            "wall_s": round(wall, 3),
+            "output_tokens": out,
+            "tok_s": round(out / wall, 1),
+            "prompt_tokens_computed": computed,
+            "steps": s.num_steps,
+        }
 
     tag = time.monotonic_ns()
-    together = run([(f"sep{tag}-{i}", SamplingParams(max_tokens=tokens, temperature=1.0, seed=i, ignore_eos=True))
-                    for i in range(n)])
+    together = run(
+        [
+            (f"sep{tag}-{i}", SamplingParams(max_tokens=tokens, temperature=1.0, seed=i, ignore_eos=True))
+            for i in range(n)
+        ]
+    )
     forked = run([(f"n{tag}", SamplingParams(max_tokens=tokens, temperature=1.0, seed=0, ignore_eos=True, n=n))])
-    return {"n": n, "prompt_len": prompt_len, "tokens": tokens, "separate": together, "n_request": forked,
-            "prefill_saved": round(1 - forked["prompt_tokens_computed"] / together["prompt_tokens_computed"], 3),
-            "tok_s_ratio": round(forked["tok_s"] / together["tok_s"], 3)}
+    return {
+        "n": n,
+        "prompt_len": prompt_len,
+        "tokens": tokens,
+        "separate": together,
+        "n_request": forked,
+        "prefill_saved": round(1 - forked["prompt_tokens_computed"] / together["prompt_tokens_computed"], 3),
+        "tok_s_ratio": round(forked["tok_s"] / together["tok_s"], 3),
+    }
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -179,23 +214,27 @@ def main(argv: list[str] | None = None) -> int:
     (engine, tok), (other, _) = _engine(args.threads, args.model, pages), _engine(args.threads, args.model, pages)
     g = bench_grammar([engine, other], tok, args.batch, args.tokens, args.rounds)
     lo, hi = g["overhead_iqr"]
-    print(f"grammar, batch {g['batch']}, {g['tokens']} tokens, {g['pairs']} interleaved step pairs: overhead "
-          f"{100 * g['overhead_median']:+.1f}% median (IQR {100 * lo:+.1f}% .. {100 * hi:+.1f}%; per round "
-          f"{', '.join(f'{100 * x:+.1f}%' for x in g['overhead_per_round'])}), CPU time "
-          f"{100 * g['overhead_cpu_median']:+.1f}% median (target <= 10%); step "
-          f"{g['step_ms_free_median']} ms free, {g['step_ms_grammar_median']} ms grammar (medians); mask on the step's "
-          f"path {g['mask_critical_ms_per_step']} ms/step ({100 * (g['mask_critical_share'] or 0):.1f}% of a free "
-          f"step), fill {g['mask_fill_ms_per_step']} ms/step (overlapped with the forward pass; inline share "
-          f"{g['inline_fill_steps_share']})")
+    print(
+        f"grammar, batch {g['batch']}, {g['tokens']} tokens, {g['pairs']} interleaved step pairs: overhead "
+        f"{100 * g['overhead_median']:+.1f}% median (IQR {100 * lo:+.1f}% .. {100 * hi:+.1f}%; per round "
+        f"{', '.join(f'{100 * x:+.1f}%' for x in g['overhead_per_round'])}), CPU time "
+        f"{100 * g['overhead_cpu_median']:+.1f}% median (target <= 10%); step "
+        f"{g['step_ms_free_median']} ms free, {g['step_ms_grammar_median']} ms grammar (medians); mask on the step's "
+        f"path {g['mask_critical_ms_per_step']} ms/step ({100 * (g['mask_critical_share'] or 0):.1f}% of a free "
+        f"step), fill {g['mask_fill_ms_per_step']} ms/step (overlapped with the forward pass; inline share "
+        f"{g['inline_fill_steps_share']})"
+    )
     out: dict[str, Any] = {"grammar": g}
     del engine, other  # their KV memory, before the n = 4 engine takes its own
     if not args.skip_n:
         big, _ = _engine(args.threads, args.model)
         nres = bench_n(big)
         s, f = nres["separate"], nres["n_request"]
-        print(f"n=4 vs 4 requests (prompt {nres['prompt_len']}, {nres['tokens']} tokens each): prompt tokens "
-              f"computed {f['prompt_tokens_computed']} vs {s['prompt_tokens_computed']} "
-              f"({100 * nres['prefill_saved']:.0f}% saved), {f['tok_s']} vs {s['tok_s']} tok/s ({nres['tok_s_ratio']}x)")
+        print(
+            f"n=4 vs 4 requests (prompt {nres['prompt_len']}, {nres['tokens']} tokens each): prompt tokens "
+            f"computed {f['prompt_tokens_computed']} vs {s['prompt_tokens_computed']} "
+            f"({100 * nres['prefill_saved']:.0f}% saved), {f['tok_s']} vs {s['tok_s']} tok/s ({nres['tok_s_ratio']}x)"
+        )
         out["n"] = nres
     if args.json_out:
         with open(args.json_out, "w") as fh:

@@ -60,6 +60,7 @@ class Row:
 
 # ---------------------------------------------------------------- discovery
 
+
 async def discovery_latency(etcd_url: str, n: int) -> tuple[float, float]:
     """Median ms from a registration update to the watcher's event: ours vs raw put -> watch."""
     from etcd3aio import prefix_range_end
@@ -101,6 +102,7 @@ async def discovery_latency(etcd_url: str, n: int) -> tuple[float, float]:
 
 
 # ---------------------------------------------------------------- bus
+
 
 async def _fanout_ours(nats_url: str, n: int) -> float:
     pub = await Bus(nats_url, name="bench-pub", pending_bytes=64 << 20).connect()
@@ -167,7 +169,7 @@ async def _request_reply_ours(nats_url: str, n: int) -> float:
 async def _request_reply_raw(nats_url: str, n: int) -> float:
     server, client = await nats.connect(nats_url), await nats.connect(nats_url)
 
-    async def respond(msg) -> None:  # noqa: ANN001 - nats Msg
+    async def respond(msg) -> None:
         await msg.respond(msg.data)
 
     await server.subscribe("bench.raw.rr", cb=respond)
@@ -183,11 +185,13 @@ async def _request_reply_raw(nats_url: str, n: int) -> float:
     return rate
 
 
-_EVENT = KVEventBatch(instance_id="p-1", epoch=1, seq=1, page_size=16,
-                 ops=(KVOp(KVOpKind.STORED, tuple(range(2**40, 2**40 + 8))),))
+_EVENT = KVEventBatch(
+    instance_id="p-1", epoch=1, seq=1, page_size=16, ops=(KVOp(KVOpKind.STORED, tuple(range(2**40, 2**40 + 8))),)
+)
 
 
 # ---------------------------------------------------------------- gRPC
+
 
 def _spawn(argv: list[str]) -> tuple[subprocess.Popen, str]:
     """Start a child that prints a ready line with its gRPC address; return (process, address)."""
@@ -210,16 +214,19 @@ async def _grpc_rates(address: str, n: int, stream_len: int, raw: bool) -> tuple
         if raw:
             unary = ch.unary_unary("/bench.Raw/Echo")
             stream = ch.unary_stream("/bench.Raw/Stream")
-            unary_call: Callable[[], Awaitable[object]] = lambda: unary(b"hello")  # noqa: E731
+            unary_call: Callable[[], Awaitable[object]] = lambda: unary(b"hello")
             stream_req = stream_len.to_bytes(4, "little")
-            stream_call = lambda: stream(stream_req)  # noqa: E731
+            stream_call = lambda: stream(stream_req)
         else:
             gw, dec = gateway_pb2_grpc.GatewayStub(ch), worker_pb2_grpc.DecodeStub(ch)
             tok_req = gateway_pb2.TokenizeRequest(text="hello")
-            unary_call = lambda: gw.Tokenize(tok_req)  # noqa: E731
-            gen_req = worker_pb2.DecodeRequest(request_id="b", prompt_token_ids=list(range(stream_len)),
-                                               sampling=common_pb2.SamplingParams(max_tokens=stream_len))
-            stream_call = lambda: dec.Generate(gen_req)  # noqa: E731
+            unary_call = lambda: gw.Tokenize(tok_req)
+            gen_req = worker_pb2.DecodeRequest(
+                request_id="b",
+                prompt_token_ids=list(range(stream_len)),
+                sampling=common_pb2.SamplingParams(max_tokens=stream_len),
+            )
+            stream_call = lambda: dec.Generate(gen_req)
         for _ in range(20):  # warm the connection
             await unary_call()
         t0 = time.perf_counter()
@@ -241,19 +248,33 @@ def serve_raw_grpc() -> int:
     async def echo(req: bytes, ctx: grpc.aio.ServicerContext) -> bytes:
         return req
 
-    async def stream(req: bytes, ctx: grpc.aio.ServicerContext):  # noqa: ANN202
+    async def stream(req: bytes, ctx: grpc.aio.ServicerContext):
         for i in range(int.from_bytes(req, "little")):
             yield i.to_bytes(4, "little")
 
     async def main() -> None:
         server = grpc.aio.server()
-        handlers = {"Echo": grpc.unary_unary_rpc_method_handler(echo),
-                    "Stream": grpc.unary_stream_rpc_method_handler(stream)}
+        handlers = {
+            "Echo": grpc.unary_unary_rpc_method_handler(echo),
+            "Stream": grpc.unary_stream_rpc_method_handler(stream),
+        }
         server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler("bench.Raw", handlers),))
         port = server.add_insecure_port("127.0.0.1:0")
         await server.start()
-        print(json.dumps({"event": "ready", "role": "raw", "instance_id": "raw", "cluster": "", "grpc":
-                          f"127.0.0.1:{port}", "epoch": 0, "pid": 0}), flush=True)
+        print(
+            json.dumps(
+                {
+                    "event": "ready",
+                    "role": "raw",
+                    "instance_id": "raw",
+                    "cluster": "",
+                    "grpc": f"127.0.0.1:{port}",
+                    "epoch": 0,
+                    "pid": 0,
+                }
+            ),
+            flush=True,
+        )
         await server.wait_for_termination()
 
     asyncio.run(main())
@@ -262,8 +283,10 @@ def serve_raw_grpc() -> int:
 
 # ---------------------------------------------------------------- main
 
-async def _best_of(rounds: int, ours: Callable[[], Awaitable[float]], raw: Callable[[], Awaitable[float]]
-                   ) -> tuple[float, float]:
+
+async def _best_of(
+    rounds: int, ours: Callable[[], Awaitable[float]], raw: Callable[[], Awaitable[float]]
+) -> tuple[float, float]:
     """Interleave ours and raw `rounds` times and keep each one's best rate: other load on a shared box
     then hurts both sides alike instead of whichever happened to run during it."""
     best_ours = best_raw = 0.0
@@ -279,14 +302,29 @@ async def run_all(n: int, etcd_url: str, nats_url: str, rounds: int = 2) -> list
     rows.append(Row("discovery propagation (median)", "ms", ours, raw, "lower"))
     ours, raw = await _best_of(rounds, lambda: _fanout_ours(nats_url, n * 25), lambda: _fanout_raw(nats_url, n * 25))
     rows.append(Row(f"bus fan-out to {FANOUT_SUBSCRIBERS} subscribers", "msgs/s", ours, raw, "higher"))
-    ours, raw = await _best_of(rounds, lambda: _request_reply_ours(nats_url, n * 5),
-                               lambda: _request_reply_raw(nats_url, n * 5))
+    ours, raw = await _best_of(
+        rounds, lambda: _request_reply_ours(nats_url, n * 5), lambda: _request_reply_raw(nats_url, n * 5)
+    )
     rows.append(Row("bus request/reply, serial", "req/s", ours, raw, "higher"))
-    echo, echo_addr = await asyncio.to_thread(_spawn, [
-        sys.executable, "-m", "services.echo", "--etcd-endpoints", etcd_url, "--nats-url", nats_url,
-        "--cluster", "bench", "--instance-id", "echo-bench", "--log-level", "warning"])
-    rawp, raw_addr = await asyncio.to_thread(_spawn, [sys.executable, "-m", "bench.control_plane",
-                                                      "--serve-raw-grpc"])
+    echo, echo_addr = await asyncio.to_thread(
+        _spawn,
+        [
+            sys.executable,
+            "-m",
+            "services.echo",
+            "--etcd-endpoints",
+            etcd_url,
+            "--nats-url",
+            nats_url,
+            "--cluster",
+            "bench",
+            "--instance-id",
+            "echo-bench",
+            "--log-level",
+            "warning",
+        ],
+    )
+    rawp, raw_addr = await asyncio.to_thread(_spawn, [sys.executable, "-m", "bench.control_plane", "--serve-raw-grpc"])
     try:
         best = {"ou": 0.0, "os": 0.0, "ru": 0.0, "rs": 0.0}
         for _ in range(rounds):
@@ -305,8 +343,7 @@ async def run_all(n: int, etcd_url: str, nats_url: str, rounds: int = 2) -> list
 def format_rows(rows: list[Row]) -> str:
     out = [f"{'metric':<38} {'unit':<7} {'pdrelay':>10} {'raw':>10} {'ours/raw':>9}"]
     for r in rows:
-        out.append(f"{r.metric:<38} {r.unit:<7} {r.ours:>10.2f} {r.raw:>10.2f} {r.ratio:>9.2f}  ({r.better} is "
-                   "better)")
+        out.append(f"{r.metric:<38} {r.unit:<7} {r.ours:>10.2f} {r.raw:>10.2f} {r.ratio:>9.2f}  ({r.better} is better)")
     return "\n".join(out)
 
 
@@ -332,8 +369,14 @@ def main(argv: list[str] | None = None) -> int:
             nats = NatsServer(data_dir=Path(tmp) / "nats", port=free_port())
             nats.start()
         try:
-            rows = asyncio.run(run_all(ns.n, ns.etcd or etcd.url, ns.nats or nats.url,  # type: ignore[union-attr]
-                                      max(1, ns.rounds)))
+            rows = asyncio.run(
+                run_all(
+                    ns.n,
+                    ns.etcd or etcd.url,
+                    ns.nats or nats.url,  # type: ignore[union-attr]
+                    max(1, ns.rounds),
+                )
+            )
         finally:
             for server in (nats, etcd):
                 if server is not None:

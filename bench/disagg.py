@@ -44,8 +44,11 @@ READY_TIMEOUT_S = 180.0
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--model", default="bundled:smollm2-135m-instruct",
-                   help="model of every service: 'bundled:smollm2-135m-instruct' or a local model directory")
+    p.add_argument(
+        "--model",
+        default="bundled:smollm2-135m-instruct",
+        help="model of every service: 'bundled:smollm2-135m-instruct' or a local model directory",
+    )
     p.add_argument("--backends", default="nixl,mooncake", help="comma-separated transfer backends (nixl, mooncake)")
     p.add_argument("--lengths", default="256,1024,2048", help="comma-separated prompt lengths in tokens")
     p.add_argument("--reps", type=int, default=3, help="measured rounds per length (each mode once per round)")
@@ -57,12 +60,27 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 # ---- processes --------------------------------------------------------------------------------------------------
-def _service(role: str, name: str, cluster: str, args: Sequence[str], tmp: Path, etcd: str,
-             nats: str) -> ServiceProcess:
+def _service(
+    role: str, name: str, cluster: str, args: Sequence[str], tmp: Path, etcd: str, nats: str
+) -> ServiceProcess:
     """One pdrelay service as a child process: its output in tmp, ended by the kernel if this process dies."""
-    return ServiceProcess(name, python_cmd(f"services.{role}", "--etcd-endpoints", etcd, "--nats-url", nats,
-                                           "--cluster", cluster, "--instance-id", name, *args), tmp,
-                          tie_to_parent=True)
+    return ServiceProcess(
+        name,
+        python_cmd(
+            f"services.{role}",
+            "--etcd-endpoints",
+            etcd,
+            "--nats-url",
+            nats,
+            "--cluster",
+            cluster,
+            "--instance-id",
+            name,
+            *args,
+        ),
+        tmp,
+        tie_to_parent=True,
+    )
 
 
 # ---- measurement ------------------------------------------------------------------------------------------------
@@ -72,8 +90,11 @@ async def _ttft(address: str, rid: str, prompt: list[int], prefill: Any | None) 
 
     from proto.pdrelay.v1 import common_pb2, worker_pb2, worker_pb2_grpc
 
-    req = worker_pb2.DecodeRequest(request_id=rid, prompt_token_ids=prompt,
-                                   sampling=common_pb2.SamplingParams(temperature=0.0, max_tokens=1, ignore_eos=True))
+    req = worker_pb2.DecodeRequest(
+        request_id=rid,
+        prompt_token_ids=prompt,
+        sampling=common_pb2.SamplingParams(temperature=0.0, max_tokens=1, ignore_eos=True),
+    )
     if prefill is not None:
         req.prefill.CopyFrom(prefill)
     async with grpc.aio.insecure_channel(address) as ch:
@@ -99,8 +120,9 @@ def _cpu_s(pids: Sequence[int]) -> float:
     return sum(process_cpu(pid).best_s for pid in pids)
 
 
-async def _measure(modes: dict[str, tuple[str, Any, list[int]]], lengths: list[int], reps: int, vocab: int,
-                   seed: int) -> dict[tuple[str, int], list[tuple[float, float, float]]]:
+async def _measure(
+    modes: dict[str, tuple[str, Any, list[int]]], lengths: list[int], reps: int, vocab: int, seed: int
+) -> dict[tuple[str, int], list[tuple[float, float, float]]]:
     """(TTFT s, transfer s, CPU s of the mode's processes) per request, keyed by (mode, prompt length)."""
     rng = random.Random(seed)
     lo = min(100, vocab // 4)  # above the special tokens
@@ -121,8 +143,13 @@ async def _measure(modes: dict[str, tuple[str, Any, list[int]]], lengths: list[i
     return out
 
 
-def _summarize(raw: dict[tuple[str, int], list[tuple[float, float, float]]], backends: list[str],
-               lengths: list[int], page_bytes: int, page_size: int) -> list[dict[str, Any]]:
+def _summarize(
+    raw: dict[tuple[str, int], list[tuple[float, float, float]]],
+    backends: list[str],
+    lengths: list[int],
+    page_bytes: int,
+    page_size: int,
+) -> list[dict[str, Any]]:
     rows = []
     for n in lengths:
         colo = [t for t, _, _ in raw[("colocated", n)]]
@@ -134,33 +161,47 @@ def _summarize(raw: dict[tuple[str, int], list[tuple[float, float, float]]], bac
             transfer = statistics.median(x for _, x, _ in pd)
             pd_cpu = statistics.median(c for _, _, c in pd)
             colo_med, pd_med, over = statistics.median(colo), statistics.median(ttft), statistics.median(diffs)
-            rows.append({
-                "prompt_tokens": n, "backend": b, "rounds": len(pd),
-                "ttft_colocated_ms": 1e3 * colo_med, "ttft_disagg_ms": 1e3 * pd_med,
-                "overhead_ms": 1e3 * over, "overhead_frac": over / colo_med,
-                # the spread of the per-round differences: compute noise of a shared box shows up here
-                "overhead_ms_min": 1e3 * min(diffs), "overhead_ms_max": 1e3 * max(diffs),
-                "transfer_ms": 1e3 * transfer, "transfer_frac": transfer / pd_med,
-                # CPU seconds the mode's processes spent per request (worker; prefill + decode): unlike TTFT
-                # differences, barely moved by other load on the machine
-                "cpu_colocated_ms": 1e3 * colo_cpu, "cpu_disagg_ms": 1e3 * pd_cpu,
-                "extra_cpu_frac": (pd_cpu - colo_cpu) / colo_cpu if colo_cpu else 0.0,
-                "kv_bytes": -(-n // page_size) * page_bytes,
-                "transfer_gb_s": -(-n // page_size) * page_bytes / transfer / 1e9 if transfer else 0.0,
-            })
+            rows.append(
+                {
+                    "prompt_tokens": n,
+                    "backend": b,
+                    "rounds": len(pd),
+                    "ttft_colocated_ms": 1e3 * colo_med,
+                    "ttft_disagg_ms": 1e3 * pd_med,
+                    "overhead_ms": 1e3 * over,
+                    "overhead_frac": over / colo_med,
+                    # the spread of the per-round differences: compute noise of a shared box shows up here
+                    "overhead_ms_min": 1e3 * min(diffs),
+                    "overhead_ms_max": 1e3 * max(diffs),
+                    "transfer_ms": 1e3 * transfer,
+                    "transfer_frac": transfer / pd_med,
+                    # CPU seconds the mode's processes spent per request (worker; prefill + decode): unlike TTFT
+                    # differences, barely moved by other load on the machine
+                    "cpu_colocated_ms": 1e3 * colo_cpu,
+                    "cpu_disagg_ms": 1e3 * pd_cpu,
+                    "extra_cpu_frac": (pd_cpu - colo_cpu) / colo_cpu if colo_cpu else 0.0,
+                    "kv_bytes": -(-n // page_size) * page_bytes,
+                    "transfer_gb_s": -(-n // page_size) * page_bytes / transfer / 1e9 if transfer else 0.0,
+                }
+            )
     return rows
 
 
 def _row(r: dict[str, Any]) -> str:
-    return (f"{r['prompt_tokens']:>6} {r['backend']:>9}  TTFT colocated {r['ttft_colocated_ms']:8.1f} ms  "
-            f"disagg {r['ttft_disagg_ms']:8.1f} ms  overhead {r['overhead_ms']:7.1f} ms "
-            f"({100 * r['overhead_frac']:5.1f}% of TTFT; rounds {r['overhead_ms_min']:.0f}.."
-            f"{r['overhead_ms_max']:.0f} ms)  transfer {r['transfer_ms']:6.1f} ms "
-            f"({100 * r['transfer_frac']:4.1f}%, {r['kv_bytes'] / 2**20:6.1f} MiB, {r['transfer_gb_s']:5.2f} GB/s)  "
-            f"CPU/request {r['cpu_colocated_ms']:.0f} -> {r['cpu_disagg_ms']:.0f} ms "
-            f"({100 * r['extra_cpu_frac']:+.1f}%)"
-            + (f"  bench transfer {r['engine_gb_s']:.2f} GB/s, hand-off at {r['vs_engine']:.2f}x"
-               if "vs_engine" in r else ""))
+    return (
+        f"{r['prompt_tokens']:>6} {r['backend']:>9}  TTFT colocated {r['ttft_colocated_ms']:8.1f} ms  "
+        f"disagg {r['ttft_disagg_ms']:8.1f} ms  overhead {r['overhead_ms']:7.1f} ms "
+        f"({100 * r['overhead_frac']:5.1f}% of TTFT; rounds {r['overhead_ms_min']:.0f}.."
+        f"{r['overhead_ms_max']:.0f} ms)  transfer {r['transfer_ms']:6.1f} ms "
+        f"({100 * r['transfer_frac']:4.1f}%, {r['kv_bytes'] / 2**20:6.1f} MiB, {r['transfer_gb_s']:5.2f} GB/s)  "
+        f"CPU/request {r['cpu_colocated_ms']:.0f} -> {r['cpu_disagg_ms']:.0f} ms "
+        f"({100 * r['extra_cpu_frac']:+.1f}%)"
+        + (
+            f"  bench transfer {r['engine_gb_s']:.2f} GB/s, hand-off at {r['vs_engine']:.2f}x"
+            if "vs_engine" in r
+            else ""
+        )
+    )
 
 
 def _engine_reference(rows: list[dict[str, Any]], page_bytes: int) -> None:
@@ -188,14 +229,16 @@ def _target(rows: list[dict[str, Any]], quick: bool) -> dict[str, Any] | None:
 
 def run(ns: argparse.Namespace) -> int:
     from shared.cluster.localcluster.servers import EtcdServer, NatsServer, free_port
-    from shared.modelspec.bundled import resolve_model_path
     from shared.engine.models import load_model_config
+    from shared.modelspec.bundled import resolve_model_path
 
     backends = [b.strip() for b in ns.backends.split(",") if b.strip()]
     bad = [b for b in backends if b not in ("nixl", "mooncake")]
     if bad or not backends:
-        print(f"bench handoff: --backends {ns.backends!r}: use nixl and/or mooncake, e.g. --backends nixl,mooncake",
-              file=sys.stderr)
+        print(
+            f"bench handoff: --backends {ns.backends!r}: use nixl and/or mooncake, e.g. --backends nixl,mooncake",
+            file=sys.stderr,
+        )
         return 2
     lengths = [64, 256] if ns.quick else [int(x) for x in ns.lengths.split(",") if x.strip()]
     reps = 2 if ns.quick else ns.reps
@@ -205,8 +248,11 @@ def run(ns: argparse.Namespace) -> int:
     model = str(resolve_model_path(ns.model))
     arch = load_model_config(model)
     if max(lengths) >= arch.max_position_embeddings:
-        print(f"bench handoff: --lengths up to {max(lengths)} tokens do not fit the model's context of "
-              f"{arch.max_position_embeddings}; use shorter prompts", file=sys.stderr)
+        print(
+            f"bench handoff: --lengths up to {max(lengths)} tokens do not fit the model's context of "
+            f"{arch.max_position_embeddings}; use shorter prompts",
+            file=sys.stderr,
+        )
         return 2
     page_bytes = arch.num_layers * 2 * ns.page_size * arch.num_kv_heads * arch.head_dim * 4  # fp32 KV on CPU
     pages = str(2 * (-(-max(lengths) // ns.page_size)) + 8)  # the longest prompt twice over: never short of pages
@@ -236,9 +282,11 @@ def run(ns: argparse.Namespace) -> int:
         for b in backends:
             pre, dec = by[f"bench-prefill-{b}"], by[f"bench-decode-{b}"]
             p = pre.ready
-            modes[b] = (dec.ready.grpc,
-                        worker_pb2.PrefillTarget(instance_id=p.instance_id, grpc_address=p.grpc, epoch=p.epoch),
-                        [pre.proc.pid, dec.proc.pid])
+            modes[b] = (
+                dec.ready.grpc,
+                worker_pb2.PrefillTarget(instance_id=p.instance_id, grpc_address=p.grpc, epoch=p.epoch),
+                [pre.proc.pid, dec.proc.pid],
+            )
         load_before = os.getloadavg()[0]
         raw = asyncio.run(_measure(modes, lengths, reps, arch.vocab_size, ns.seed))
         load_after = os.getloadavg()[0]
@@ -251,20 +299,31 @@ def run(ns: argparse.Namespace) -> int:
             shutil.rmtree(tmp, ignore_errors=True)  # on failure the service logs stay for a look
     rows = _summarize(raw, backends, lengths, page_bytes, ns.page_size)
     _engine_reference(rows, page_bytes)
-    print(f"model {ns.model}, {ns.threads} thread(s) per service, {reps} rounds, medians; overhead = TTFT_disagg - "
-          "TTFT_colocated as a fraction of TTFT_colocated, transfer = prefill-reported KV write time; machine load "
-          f"average {load_before:.1f} -> {load_after:.1f} on {os.cpu_count()} CPUs (TTFT differences are noise when "
-          "it exceeds the CPU count; CPU/request is not)")
+    print(
+        f"model {ns.model}, {ns.threads} thread(s) per service, {reps} rounds, medians; overhead = TTFT_disagg - "
+        "TTFT_colocated as a fraction of TTFT_colocated, transfer = prefill-reported KV write time; machine load "
+        f"average {load_before:.1f} -> {load_after:.1f} on {os.cpu_count()} CPUs (TTFT differences are noise when "
+        "it exceeds the CPU count; CPU/request is not)"
+    )
     for r in rows:
         print(_row(r))
     target = _target(rows, ns.quick)
     if target is not None:
-        print(f"target overhead at {TARGET_TOKENS} tokens with nixl: {100 * target['value']:.1f}% "
-              f"(<= {100 * TARGET_OVERHEAD:.0f}%) {'met' if target['met'] else 'NOT met'}"
-              + (f" [{target['note']}]" if "note" in target else ""))
+        print(
+            f"target overhead at {TARGET_TOKENS} tokens with nixl: {100 * target['value']:.1f}% "
+            f"(<= {100 * TARGET_OVERHEAD:.0f}%) {'met' if target['met'] else 'NOT met'}"
+            + (f" [{target['note']}]" if "note" in target else "")
+        )
     if ns.json_out:
-        summary = {"model": ns.model, "threads": ns.threads, "rounds": reps, "quick": ns.quick, "results": rows,
-                   "load_average": [load_before, load_after], "target_overhead_1024_nixl": target}
+        summary = {
+            "model": ns.model,
+            "threads": ns.threads,
+            "rounds": reps,
+            "quick": ns.quick,
+            "results": rows,
+            "load_average": [load_before, load_after],
+            "target_overhead_1024_nixl": target,
+        }
         Path(ns.json_out).write_text(json.dumps(summary, indent=2))
     return 0
 

@@ -43,16 +43,51 @@ TARGET_RATIO = 2.0
 TARGET_CONCURRENCY = 16
 MODEL = "bundled:all-minilm-l6-v2"
 READY_TIMEOUT_S = 180.0
-_WORDS = ("the quick brown fox jumps over a lazy dog while the serving system batches requests of many lengths "
-          "embedding vectors for search ranking retrieval and clustering of documents in several languages").split()
+_WORDS = [
+    "the",
+    "quick",
+    "brown",
+    "fox",
+    "jumps",
+    "over",
+    "a",
+    "lazy",
+    "dog",
+    "while",
+    "the",
+    "serving",
+    "system",
+    "batches",
+    "requests",
+    "of",
+    "many",
+    "lengths",
+    "embedding",
+    "vectors",
+    "for",
+    "search",
+    "ranking",
+    "retrieval",
+    "and",
+    "clustering",
+    "of",
+    "documents",
+    "in",
+    "several",
+    "languages",
+]
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--concurrency", default="1,16,64", help="comma-separated client concurrency levels")
     p.add_argument("--requests", type=int, default=256, help="requests per side and concurrency level")
     p.add_argument("--threads", type=int, default=1, help="torch threads of the encoder and of sentence-transformers")
-    p.add_argument("--st-workers", type=int, default=1,
-                   help="threads running sentence-transformers encode calls at once (each with --threads)")
+    p.add_argument(
+        "--st-workers",
+        type=int,
+        default=1,
+        help="threads running sentence-transformers encode calls at once (each with --threads)",
+    )
     p.add_argument("--min-words", type=int, default=6, help="shortest sentence, in words")
     p.add_argument("--max-words", type=int, default=40, help="longest sentence, in words")
     p.add_argument("--seed", type=int, default=0, help="seed of the sentences")
@@ -67,13 +102,15 @@ def sentences(n: int, lo: int, hi: int, seed: int) -> list[str]:
 
 def _summary(latencies: Sequence[float], wall_s: float) -> dict[str, Any]:
     lat = sorted(latencies)
-    return {"requests": len(lat), "request_throughput": len(lat) / wall_s,
-            "median_latency_ms": statistics.median(lat) * 1e3,
-            "p99_latency_ms": lat[min(len(lat) - 1, int(0.99 * len(lat)))] * 1e3}
+    return {
+        "requests": len(lat),
+        "request_throughput": len(lat) / wall_s,
+        "median_latency_ms": statistics.median(lat) * 1e3,
+        "p99_latency_ms": lat[min(len(lat) - 1, int(0.99 * len(lat)))] * 1e3,
+    }
 
 
-async def _closed_loop(texts: Sequence[str], concurrency: int,
-                       one: Callable[[str], Any]) -> tuple[list[float], float]:
+async def _closed_loop(texts: Sequence[str], concurrency: int, one: Callable[[str], Any]) -> tuple[list[float], float]:
     """`concurrency` clients, each sending the next text when its previous answer arrived."""
     it = iter(texts)
     latencies: list[float] = []
@@ -118,9 +155,23 @@ class PdrelaySide:
 
 def _service(role: str, name: str, args: Sequence[str], tmp: Path, etcd: str, nats: str) -> ServiceProcess:
     """One pdrelay service of the benchmark's cluster: its output in tmp, ended by the kernel if this one dies."""
-    return ServiceProcess(name, python_cmd(f"services.{role}", "--etcd-endpoints", etcd, "--nats-url", nats,
-                                           "--cluster", "bench-embed", "--instance-id", name, *args), tmp,
-                          tie_to_parent=True)
+    return ServiceProcess(
+        name,
+        python_cmd(
+            f"services.{role}",
+            "--etcd-endpoints",
+            etcd,
+            "--nats-url",
+            nats,
+            "--cluster",
+            "bench-embed",
+            "--instance-id",
+            name,
+            *args,
+        ),
+        tmp,
+        tie_to_parent=True,
+    )
 
 
 # ---- run ----------------------------------------------------------------------------------------------------------
@@ -146,8 +197,11 @@ def run(ns: argparse.Namespace) -> int:
         print(f"pdrelay bench embed: {e}", file=sys.stderr)
         return 2
     except ImportError:
-        print("pdrelay bench embed: the reference side needs sentence-transformers: pip install "
-              "'sentence-transformers>=5,<7' (the project's test extra)", file=sys.stderr)
+        print(
+            "pdrelay bench embed: the reference side needs sentence-transformers: pip install "
+            "'sentence-transformers>=5,<7' (the project's test extra)",
+            file=sys.stderr,
+        )
         return 2
     return asyncio.run(_run(ns, levels))
 
@@ -169,9 +223,17 @@ async def _run(ns: argparse.Namespace, levels: list[int]) -> int:
         etcd.start()
         nats.start()
         common = ("--threads", str(ns.threads), "--grpc-port", "0")
-        procs = [_service("encoder", "encoder-1", (*common, "--encoder-model", MODEL, *ns.encoder_flags.split()),
-                          tmp, etcd.url, nats.url),
-                 _service("gateway", "gateway-1", (*common, "--port", "0"), tmp, etcd.url, nats.url)]
+        procs = [
+            _service(
+                "encoder",
+                "encoder-1",
+                (*common, "--encoder-model", MODEL, *ns.encoder_flags.split()),
+                tmp,
+                etcd.url,
+                nats.url,
+            ),
+            _service("gateway", "gateway-1", (*common, "--port", "0"), tmp, etcd.url, nats.url),
+        ]
         st = StSide(model_dir, ns.threads, ns.st_workers)  # loads while the services start
         wait_all_ready(procs, READY_TIMEOUT_S)
         encoder, gateway = (p.ready for p in procs)
@@ -183,8 +245,13 @@ async def _run(ns: argparse.Namespace, levels: list[int]) -> int:
         diffs = [float(np.abs(await ours.one(t) - st.encode(t)).max()) for t in warm[:8]]
         for side in (st, ours):  # warm-up: first calls, connection pool, oneDNN / MKL primitives
             await _closed_loop(warm, 4, side.one)
-        results: dict[str, Any] = {"model": MODEL, "threads": ns.threads, "st_workers": ns.st_workers,
-                                   "max_abs_diff_vs_st": max(diffs), "levels": {}}
+        results: dict[str, Any] = {
+            "model": MODEL,
+            "threads": ns.threads,
+            "st_workers": ns.st_workers,
+            "max_abs_diff_vs_st": max(diffs),
+            "levels": {},
+        }
         metrics = encoder.metrics
         for c in levels:
             st_cpu0 = time.process_time()
@@ -197,15 +264,19 @@ async def _run(ns: argparse.Namespace, levels: list[int]) -> int:
             after = _batch_counts(metrics)
             a, b = _summary(our_lat, our_wall), _summary(st_lat, st_wall)
             n = len(our_lat)
-            a["cpu_ms_per_request"] = {name: (y - x) / n * 1e3 for name, x, y in
-                                       zip(("encoder", "gateway", "client"), cpu0, cpu1, strict=True)}
+            a["cpu_ms_per_request"] = {
+                name: (y - x) / n * 1e3 for name, x, y in zip(("encoder", "gateway", "client"), cpu0, cpu1, strict=True)
+            }
             b["cpu_ms_per_request"] = st_cpu
             forwards = after[1] - before[1]
             a["encoder_forwards"] = forwards
             a["mean_batch_size"] = (after[0] - before[0]) / forwards if forwards else 0.0
-            results["levels"][str(c)] = {"pdrelay": a, "sentence_transformers": b,
-                                         "throughput_ratio": a["request_throughput"] / b["request_throughput"],
-                                         "cpu_ratio": st_cpu / sum(a["cpu_ms_per_request"].values())}
+            results["levels"][str(c)] = {
+                "pdrelay": a,
+                "sentence_transformers": b,
+                "throughput_ratio": a["request_throughput"] / b["request_throughput"],
+                "cpu_ratio": st_cpu / sum(a["cpu_ms_per_request"].values()),
+            }
         await http.aclose()
     finally:
         stop_all(reversed(procs), 20.0)
@@ -246,26 +317,35 @@ async def _wait_for_encoder(side: PdrelaySide, timeout_s: float = 30.0) -> None:
 
 
 def _report(r: dict[str, Any]) -> str:
-    lines = [f"embeddings: {r['model']}, torch threads {r['threads']} on each side, sentence-transformers "
-             f"workers {r['st_workers']}; max |pdrelay - sentence-transformers| = {r['max_abs_diff_vs_st']:.1e}",
-             f"{'c':>4}  {'pdrelay req/s':>14} {'p50 ms':>8} {'p99 ms':>8}   {'s-t req/s':>10} {'p50 ms':>8} "
-             f"{'p99 ms':>8}   {'ratio':>6}   {'batch':>5}"]
+    lines = [
+        f"embeddings: {r['model']}, torch threads {r['threads']} on each side, sentence-transformers "
+        f"workers {r['st_workers']}; max |pdrelay - sentence-transformers| = {r['max_abs_diff_vs_st']:.1e}",
+        f"{'c':>4}  {'pdrelay req/s':>14} {'p50 ms':>8} {'p99 ms':>8}   {'s-t req/s':>10} {'p50 ms':>8} "
+        f"{'p99 ms':>8}   {'ratio':>6}   {'batch':>5}",
+    ]
     for c, lv in r["levels"].items():
         a, b = lv["pdrelay"], lv["sentence_transformers"]
-        lines.append(f"{c:>4}  {a['request_throughput']:>14.1f} {a['median_latency_ms']:>8.1f} "
-                     f"{a['p99_latency_ms']:>8.1f}   {b['request_throughput']:>10.1f} {b['median_latency_ms']:>8.1f} "
-                     f"{b['p99_latency_ms']:>8.1f}   {lv['throughput_ratio']:>5.2f}x   {a['mean_batch_size']:>5.1f}")
-    lines.append("CPU ms per request, pdrelay (encoder + gateway + client) vs sentence-transformers (this process): "
-                 + ", ".join(f"c={c} {lv['pdrelay']['cpu_ms_per_request']['encoder']:.1f} + "
-                             f"{lv['pdrelay']['cpu_ms_per_request']['gateway']:.1f} + "
-                             f"{lv['pdrelay']['cpu_ms_per_request']['client']:.1f} vs "
-                             f"{lv['sentence_transformers']['cpu_ms_per_request']:.1f} ({lv['cpu_ratio']:.2f}x)"
-                             for c, lv in r["levels"].items()))
+        lines.append(
+            f"{c:>4}  {a['request_throughput']:>14.1f} {a['median_latency_ms']:>8.1f} "
+            f"{a['p99_latency_ms']:>8.1f}   {b['request_throughput']:>10.1f} {b['median_latency_ms']:>8.1f} "
+            f"{b['p99_latency_ms']:>8.1f}   {lv['throughput_ratio']:>5.2f}x   {a['mean_batch_size']:>5.1f}"
+        )
+    lines.append(
+        "CPU ms per request, pdrelay (encoder + gateway + client) vs sentence-transformers (this process): "
+        + ", ".join(
+            f"c={c} {lv['pdrelay']['cpu_ms_per_request']['encoder']:.1f} + "
+            f"{lv['pdrelay']['cpu_ms_per_request']['gateway']:.1f} + "
+            f"{lv['pdrelay']['cpu_ms_per_request']['client']:.1f} vs "
+            f"{lv['sentence_transformers']['cpu_ms_per_request']:.1f} ({lv['cpu_ratio']:.2f}x)"
+            for c, lv in r["levels"].items()
+        )
+    )
     t = r["levels"].get(str(TARGET_CONCURRENCY))
     if t is not None:
         ok = "met" if t["throughput_ratio"] >= TARGET_RATIO else "NOT met"
-        lines.append(f"target: >= {TARGET_RATIO:g}x throughput at c={TARGET_CONCURRENCY}: {ok} "
-                     f"({t['throughput_ratio']:.2f}x)")
+        lines.append(
+            f"target: >= {TARGET_RATIO:g}x throughput at c={TARGET_CONCURRENCY}: {ok} ({t['throughput_ratio']:.2f}x)"
+        )
     return "\n".join(lines)
 
 

@@ -56,7 +56,15 @@ def make_workloads(vocab: int, *, quick: bool, seed: int, concurrency: Sequence[
     if quick:
         isl, osl, concs, n_var, p_rng, o_rng, c_var = 32, 8, concurrency or (1, 4), 8, (16, 64), (4, 16), 4
     else:
-        isl, osl, concs, n_var, p_rng, o_rng, c_var = 128, 64, concurrency or (1, 8, 16, 32), 64, (32, 512), (16, 256), 16
+        isl, osl, concs, n_var, p_rng, o_rng, c_var = (
+            128,
+            64,
+            concurrency or (1, 8, 16, 32),
+            64,
+            (32, 512),
+            (16, 256),
+            16,
+        )
     out = [Workload(f"uniform-{isl}/{osl}", c, tuple((prompt(isl), osl) for _ in range(max(2 * c, 2)))) for c in concs]
     varied = tuple((prompt(rng.randint(*p_rng)), rng.randint(*o_rng)) for _ in range(n_var))
     out.append(Workload("varied", c_var, varied))
@@ -167,14 +175,22 @@ def run_engine(engine: Any, meter: StepMeter, w: Workload, tag: str) -> dict[str
     tot = engine.stats.totals
     step_sum = sum(steps)
     return {
-        "output_tok_s": produced / elapsed, "elapsed_s": elapsed, "steps": len(steps),
-        "step_ms_mean": 1e3 * step_sum / len(steps), "step_ms_p50": 1e3 * statistics.median(steps),
+        "output_tok_s": produced / elapsed,
+        "elapsed_s": elapsed,
+        "steps": len(steps),
+        "step_ms_mean": 1e3 * step_sum / len(steps),
+        "step_ms_p50": 1e3 * statistics.median(steps),
         "step_ms_p99": 1e3 * sorted(steps)[min(len(steps) - 1, int(0.99 * len(steps)))],
         "overhead_share": (tot.schedule_s + tot.prepare_s + tot.update_s) / step_sum,
-        "schedule_share": tot.schedule_s / step_sum, "batching_share": tot.prepare_s / step_sum,
-        "update_share": tot.update_s / step_sum, "sample_share": tot.sample_s / step_sum,
-        "forward_share": tot.forward_s / step_sum, "preemptions": engine.stats.num_preemptions,
-        "flops": sum(meter.flops), "bytes": sum(meter.bytes), "_meter": (list(meter.flops), list(meter.bytes)),
+        "schedule_share": tot.schedule_s / step_sum,
+        "batching_share": tot.prepare_s / step_sum,
+        "update_share": tot.update_s / step_sum,
+        "sample_share": tot.sample_s / step_sum,
+        "forward_share": tot.forward_s / step_sum,
+        "preemptions": engine.stats.num_preemptions,
+        "flops": sum(meter.flops),
+        "bytes": sum(meter.bytes),
+        "_meter": (list(meter.flops), list(meter.bytes)),
     }
 
 
@@ -207,6 +223,7 @@ def run_server(url: str, model: str, w: Workload, tokenizer: Any | None) -> dict
     async def main() -> tuple[int, float]:
         sem = asyncio.Semaphore(w.concurrency)
         async with httpx.AsyncClient(base_url=url, timeout=3600) as client:
+
             async def one(p: tuple[int, ...], n: int) -> int:
                 prompt: Any = tokenizer.decode(list(p)) if tokenizer is not None else list(p)
                 body = {"model": model, "prompt": prompt, "max_tokens": n, "temperature": 0.0, "ignore_eos": True}
@@ -222,8 +239,9 @@ def run_server(url: str, model: str, w: Workload, tokenizer: Any | None) -> dict
     try:
         produced, elapsed = asyncio.run(main())
     except httpx.HTTPStatusError as e:
-        raise ValueError(f"--url {url}: POST /v1/completions answered {e.response.status_code}: "
-                         f"{e.response.text[:200]}") from None
+        raise ValueError(
+            f"--url {url}: POST /v1/completions answered {e.response.status_code}: {e.response.text[:200]}"
+        ) from None
     except httpx.HTTPError as e:
         raise ValueError(f"--url {url}: the server stopped answering ({type(e).__name__}: {e})") from None
     return {"output_tok_s": produced / elapsed, "elapsed_s": elapsed, "output_tokens": produced}
@@ -235,8 +253,11 @@ def roofline(res: dict[str, Any], machine: dict[str, float]) -> dict[str, float]
     rate, bw = machine["matmul_gflops"] * 1e9, machine["copy_gbps"] * 1e9
     floor_s = sum(max(f / rate, b / bw) for f, b in zip(flops, nbytes, strict=True))
     compute_bound = sum(1 for f, b in zip(flops, nbytes, strict=True) if f / rate >= b / bw)
-    return {"roofline_s": floor_s, "roofline_fraction": floor_s / res["elapsed_s"],
-            "compute_bound_steps": compute_bound / max(1, len(flops))}
+    return {
+        "roofline_s": floor_s,
+        "roofline_fraction": floor_s / res["elapsed_s"],
+        "compute_bound_steps": compute_bound / max(1, len(flops)),
+    }
 
 
 # ---- driver -------------------------------------------------------------------------------------------------------
@@ -250,14 +271,26 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--url", default=None, help="also drive an OpenAI-compatible server at this base URL")
     p.add_argument("--url-model", default=None, help="model name for --url (default: the server's first model)")
     p.add_argument("--url-text", action="store_true", help="send prompts to --url as text, not token ids")
-    p.add_argument("--dtype", default="float32", choices=("float32", "bfloat16"),
-                   help="weights and activations of BOTH the engine and the HF baseline (bfloat16: the same "
-                        "comparison where the CPU has bf16 matmuls; the roofline's matmul rate stays fp32)")
-    p.add_argument("--attention-backend", default="auto", choices=("auto", "torch", "native"),
-                   help="the engine's attention kernels on CPU (auto: native where it builds)")
-    p.add_argument("--linear-backend", default="auto", choices=("auto", "torch", "onednn"),
-                   help="the engine's dense projections (auto: prepacked oneDNN for float32 on CPU); HF always "
-                        "runs torch's F.linear")
+    p.add_argument(
+        "--dtype",
+        default="float32",
+        choices=("float32", "bfloat16"),
+        help="weights and activations of BOTH the engine and the HF baseline (bfloat16: the same "
+        "comparison where the CPU has bf16 matmuls; the roofline's matmul rate stays fp32)",
+    )
+    p.add_argument(
+        "--attention-backend",
+        default="auto",
+        choices=("auto", "torch", "native"),
+        help="the engine's attention kernels on CPU (auto: native where it builds)",
+    )
+    p.add_argument(
+        "--linear-backend",
+        default="auto",
+        choices=("auto", "torch", "onednn"),
+        help="the engine's dense projections (auto: prepacked oneDNN for float32 on CPU); HF always "
+        "runs torch's F.linear",
+    )
     p.add_argument("--page-size", type=int, default=16)
     p.add_argument("--kv-budget-mb", type=int, default=1024, help="KV pool size in MiB")
     p.add_argument("--chunked-prefill-size", type=int, default=512)
@@ -271,9 +304,9 @@ def run(ns: argparse.Namespace) -> int:
     import torch
 
     from shared.config.groups import CacheConfig, SchedulerConfig
-    from shared.modelspec.bundled import resolve_model_path
     from shared.engine.engine import Engine
     from shared.engine.model_runner import ModelRunner
+    from shared.modelspec.bundled import resolve_model_path
 
     threads = ns.threads or os.cpu_count() or 1
     torch.set_num_threads(threads)
@@ -297,18 +330,33 @@ def run(ns: argparse.Namespace) -> int:
             print(f"pdrelay bench engine: {e}", file=sys.stderr)
             return 2
     model_dir = resolve_model_path(ns.model)
-    workloads = [w for w in make_workloads(_vocab_size(model_dir), quick=ns.quick, seed=ns.seed,
-                                           concurrency=concs) if w.name.split("-")[0] in wanted]
+    workloads = [
+        w
+        for w in make_workloads(_vocab_size(model_dir), quick=ns.quick, seed=ns.seed, concurrency=concs)
+        if w.name.split("-")[0] in wanted
+    ]
     max_conc = max(w.concurrency for w in workloads)
-    runner = ModelRunner(model_dir, dtype=ns.dtype, page_size=ns.page_size, kv_budget_bytes=ns.kv_budget_mb << 20,
-                         attention_backend=ns.attention_backend, linear_backend=ns.linear_backend,
-                         max_batch_tokens=max(ns.chunked_prefill_size, max_conc))
+    runner = ModelRunner(
+        model_dir,
+        dtype=ns.dtype,
+        page_size=ns.page_size,
+        kv_budget_bytes=ns.kv_budget_mb << 20,
+        attention_backend=ns.attention_backend,
+        linear_backend=ns.linear_backend,
+        max_batch_tokens=max(ns.chunked_prefill_size, max_conc),
+    )
     metered = MeteredRunner(runner)
-    engine = Engine(metered, cache=CacheConfig(page_size=ns.page_size),
-                    scheduler=SchedulerConfig(max_running_requests=max_conc,
-                                              chunked_prefill_size=ns.chunked_prefill_size,
-                                              max_prefill_tokens=ns.chunked_prefill_size, max_queued_requests=1 << 20),
-                    threads=threads)
+    engine = Engine(
+        metered,
+        cache=CacheConfig(page_size=ns.page_size),
+        scheduler=SchedulerConfig(
+            max_running_requests=max_conc,
+            chunked_prefill_size=ns.chunked_prefill_size,
+            max_prefill_tokens=ns.chunked_prefill_size,
+            max_queued_requests=1 << 20,
+        ),
+        threads=threads,
+    )
     a = runner.arch
     machine = measure_machine(a.hidden_size, a.intermediate_size, batch=256)
     machine["threads"] = threads
@@ -331,11 +379,18 @@ def run(ns: argparse.Namespace) -> int:
         run_hf(hf, warm)
 
     results: list[dict[str, Any]] = []
-    print(f"model {ns.model}  {ns.dtype}  attention {runner.attn.name}  linear {runner.linear.name}  threads {threads}  matmul {machine['matmul_gflops']:.0f} GFLOPS  "
-          f"copy {machine['copy_gbps']:.1f} GB/s  weights {metered._weight_bytes / 1e6:.0f} MB", flush=True)
+    print(
+        f"model {ns.model}  {ns.dtype}  attention {runner.attn.name}  linear {runner.linear.name}  threads {threads}  matmul {machine['matmul_gflops']:.0f} GFLOPS  "
+        f"copy {machine['copy_gbps']:.1f} GB/s  weights {metered._weight_bytes / 1e6:.0f} MB",
+        flush=True,
+    )
     for i, w in enumerate(workloads):
-        res: dict[str, Any] = {"workload": w.name, "concurrency": w.concurrency, "requests": len(w.requests),
-                               "output_tokens": w.output_tokens}
+        res: dict[str, Any] = {
+            "workload": w.name,
+            "concurrency": w.concurrency,
+            "requests": len(w.requests),
+            "output_tokens": w.output_tokens,
+        }
         # Engine and HF alternate, best of --repeat each: load from other processes drifts, so both sides see it.
         eng: dict[str, Any] = {}
         base: dict[str, Any] = {}
@@ -359,9 +414,17 @@ def run(ns: argparse.Namespace) -> int:
             res["ratio_vs_server"] = eng["output_tok_s"] / res["server"]["output_tok_s"]
         results.append(res)
         print(_row(res), flush=True)
-    summary = {"model": ns.model, "dtype": ns.dtype, "attention_backend": runner.attn.name, "linear_backend": runner.linear.name, "quick": ns.quick, "repeat": ns.repeat, "machine": machine,
-               "results": results,
-               "targets": _targets(results, ns.quick)}
+    summary = {
+        "model": ns.model,
+        "dtype": ns.dtype,
+        "attention_backend": runner.attn.name,
+        "linear_backend": runner.linear.name,
+        "quick": ns.quick,
+        "repeat": ns.repeat,
+        "machine": machine,
+        "results": results,
+        "targets": _targets(results, ns.quick),
+    }
     for line in _target_lines(summary["targets"]):
         print(line)
     if ns.json_out:
@@ -386,27 +449,33 @@ def _first_model(url: str) -> str:
         r.raise_for_status()
         return str(r.json()["data"][0]["id"])
     except httpx.HTTPStatusError as e:
-        raise ValueError(f"--url {url}: GET /v1/models answered {e.response.status_code}; is it an OpenAI "
-                         "server (write its base URL, e.g. http://127.0.0.1:8000 or .../v1)?") from None
+        raise ValueError(
+            f"--url {url}: GET /v1/models answered {e.response.status_code}; is it an OpenAI "
+            "server (write its base URL, e.g. http://127.0.0.1:8000 or .../v1)?"
+        ) from None
     except httpx.HTTPError as e:
-        raise ValueError(f"--url {url}: cannot reach the server ({type(e).__name__}: {e}); start it or fix "
-                         "the URL") from None
+        raise ValueError(
+            f"--url {url}: cannot reach the server ({type(e).__name__}: {e}); start it or fix the URL"
+        ) from None
     except (ValueError, KeyError, IndexError, TypeError):
         raise ValueError(f"--url {url}: GET /v1/models listed no model; pass --url-model NAME") from None
 
 
 def _row(res: dict[str, Any]) -> str:
     e = res["engine"]
-    parts = [f"{res['workload']:>16} c={res['concurrency']:<3} n={res['requests']:<3}",
-             f"engine {e['output_tok_s']:7.1f} tok/s"]
+    parts = [
+        f"{res['workload']:>16} c={res['concurrency']:<3} n={res['requests']:<3}",
+        f"engine {e['output_tok_s']:7.1f} tok/s",
+    ]
     if "hf" in res:
         parts.append(f"hf {res['hf']['output_tok_s']:7.1f} tok/s ({res['ratio_vs_hf']:.2f}x)")
     if "server" in res:
         parts.append(f"server {res['server']['output_tok_s']:7.1f} tok/s ({res['ratio_vs_server']:.2f}x)")
     parts.append(f"step {e['step_ms_mean']:.1f}/{e['step_ms_p50']:.1f}/{e['step_ms_p99']:.1f} ms mean/p50/p99")
     parts.append(f"sched+batch {100 * e['overhead_share']:.1f}% sample {100 * e['sample_share']:.1f}%")
-    parts.append(f"roofline {100 * e['roofline_fraction']:.0f}% ({100 * e['compute_bound_steps']:.0f}% of steps "
-                 "compute-bound)")
+    parts.append(
+        f"roofline {100 * e['roofline_fraction']:.0f}% ({100 * e['compute_bound_steps']:.0f}% of steps compute-bound)"
+    )
     return "  ".join(parts)
 
 
@@ -421,8 +490,11 @@ def _targets(results: list[dict[str, Any]], quick: bool) -> dict[str, Any]:
     if var is not None and "ratio_vs_hf" in var:
         out["varied_vs_hf"] = {"value": var["ratio_vs_hf"], "target": TARGETS["varied_vs_hf"]}
     if u16 is not None:
-        out["overhead_c16"] = {"value": u16["engine"]["overhead_share"], "target": TARGETS["overhead_c16_max"],
-                               "max": True}
+        out["overhead_c16"] = {
+            "value": u16["engine"]["overhead_share"],
+            "target": TARGETS["overhead_c16_max"],
+            "max": True,
+        }
     for v in out.values():
         v["met"] = v["value"] <= v["target"] if v.get("max") else v["value"] >= v["target"]
     if quick:
@@ -431,8 +503,11 @@ def _targets(results: list[dict[str, Any]], quick: bool) -> dict[str, Any]:
 
 
 def _target_lines(targets: dict[str, Any]) -> list[str]:
-    return [f"target {k}: {v['value']:.3f} ({'<=' if v.get('max') else '>='} {v['target']}) "
-            f"{'met' if v['met'] else 'NOT met'}" for k, v in targets.items()]
+    return [
+        f"target {k}: {v['value']:.3f} ({'<=' if v.get('max') else '>='} {v['target']}) "
+        f"{'met' if v['met'] else 'NOT met'}"
+        for k, v in targets.items()
+    ]
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -441,4 +516,3 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 if __name__ == "__main__":
     sys.exit(main())
-

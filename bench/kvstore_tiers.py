@@ -93,9 +93,15 @@ async def bench_mooncake(pages: list[tuple[int, torch.Tensor, int]], chunk_pages
     with tempfile.TemporaryDirectory(prefix="kvstore-mc-") as d:
         master = MooncakeMaster(Path(d), free_port(), start_timeout_s=60.0)
         master.start()
-        tier = MooncakeTier(master=master.address, metadata_url=master.metadata_url, host="127.0.0.1",
-                            segment_bytes=2 * nbytes + (64 << 20), budget_bytes=2 * nbytes, chunk_pages=chunk_pages,
-                            timeout_s=10.0)
+        tier = MooncakeTier(
+            master=master.address,
+            metadata_url=master.metadata_url,
+            host="127.0.0.1",
+            segment_bytes=2 * nbytes + (64 << 20),
+            budget_bytes=2 * nbytes,
+            chunk_pages=chunk_pages,
+            timeout_s=10.0,
+        )
         tier.bind("bench", LAYOUT)
         tier.start()
         try:
@@ -128,15 +134,19 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--mooncake", action="store_true", help="also measure T3 (starts a local mooncake_master)")
     a = ap.parse_args()
-    print("| size | pages | T2 cold GB/s | raw cold GB/s | T2/raw cold | T2 warm GB/s | raw warm GB/s | T2/raw warm |"
-          + (" T3 GB/s |" if a.mooncake else ""))
+    print(
+        "| size | pages | T2 cold GB/s | raw cold GB/s | T2/raw cold | T2 warm GB/s | raw warm GB/s | T2/raw warm |"
+        + (" T3 GB/s |" if a.mooncake else "")
+    )
     for mib in a.mib:
         n = max(a.chunk_pages, (mib << 20) // LAYOUT.page_bytes)
         pages = _pages(n)
         r = bench_disk(pages, a.chunk_pages, a.rounds)
-        row = (f"| {mib} MiB | {n} | {r['tier_cold']:.2f} | {r['raw_cold']:.2f} "
-               f"| {r['tier_cold'] / r['raw_cold']:.2f}x | {r['tier_warm']:.2f} | {r['raw_warm']:.2f} "
-               f"| {r['tier_warm'] / r['raw_warm']:.2f}x |")
+        row = (
+            f"| {mib} MiB | {n} | {r['tier_cold']:.2f} | {r['raw_cold']:.2f} "
+            f"| {r['tier_cold'] / r['raw_cold']:.2f}x | {r['tier_warm']:.2f} | {r['raw_warm']:.2f} "
+            f"| {r['tier_warm'] / r['raw_warm']:.2f}x |"
+        )
         if a.mooncake:
             row += f" {asyncio.run(bench_mooncake(pages, a.chunk_pages, a.rounds)):.2f} |"
         print(row, flush=True)

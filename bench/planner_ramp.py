@@ -22,7 +22,7 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 
-from bench.scale_cluster import MockCluster, Phase, poisson_load, pdrelay
+from bench.scale_cluster import MockCluster, Phase, pdrelay, poisson_load
 
 # short prompts, long answers (decode-heavy: ~1 prefill + 3-4 decode) -> long prompts, short answers (prefill-heavy:
 # ~5 prefill + 1 decode) -> back. With a budget of 6 no fixed split serves both halves. Rates are for engines at
@@ -37,8 +37,10 @@ DEFAULT_RAMP = (
 
 
 def compressed(ramp: Sequence[Phase], speedup: float) -> tuple[Phase, ...]:
-    return tuple(Phase(p.seconds, p.rate * speedup, p.isl, p.osl,
-                       None if p.rate_end is None else p.rate_end * speedup) for p in ramp)
+    return tuple(
+        Phase(p.seconds, p.rate * speedup, p.isl, p.osl, None if p.rate_end is None else p.rate_end * speedup)
+        for p in ramp
+    )
 
 
 # The same shape, scaled down for real engines on the bundled model (two CPU cores): the smoke check that the
@@ -50,8 +52,15 @@ SMOKE_RAMP = (
 )
 
 
-def run_planner(cluster: MockCluster, ramp: Sequence[Phase], seed: int, flags: Sequence[str], interval_s: float,
-                ttft_ms: float, itl_ms: float) -> dict:  # type: ignore[type-arg]
+def run_planner(
+    cluster: MockCluster,
+    ramp: Sequence[Phase],
+    seed: int,
+    flags: Sequence[str],
+    interval_s: float,
+    ttft_ms: float,
+    itl_ms: float,
+) -> dict:  # type: ignore[type-arg]
     """The ramp with a planner on the cluster (from its current size); the planner runs for this ramp only."""
     planner = start_planner(cluster, flags, cluster.run_dir / "planner-bench.log")
     try:
@@ -65,23 +74,46 @@ def run_planner(cluster: MockCluster, ramp: Sequence[Phase], seed: int, flags: S
         planner.terminate()
         planner.wait(30)
     acts = [d for d in decisions if d["action"] in ("scale_up", "scale_down", "failed")]
-    return {**goodput(res, ttft_ms, itl_ms), "instance_s": inst.total,
-            "decisions": [{k: d[k] for k in ("role", "action", "current", "target", "reason")}
-                          | {"t": round(d["ts"] - t0, 1)} for d in acts],
-            "all_decisions": [{k: d[k] for k in ("role", "action", "current", "target", "reason", "numbers")}
-                              | {"t": round(d["ts"] - t0, 1)} for d in decisions],
-            "reaction_intervals": reaction_intervals(res, decisions, t0, interval_s, ttft_ms, itl_ms),
-            "t0_unix": t0, "requests_detail": [(round(at, 3), r.success, round(r.ttft_s, 4), round(r.tpot_s, 5))
-                                               for at, r in res],
-            "sizes": inst.samples}
+    return {
+        **goodput(res, ttft_ms, itl_ms),
+        "instance_s": inst.total,
+        "decisions": [
+            {k: d[k] for k in ("role", "action", "current", "target", "reason")} | {"t": round(d["ts"] - t0, 1)}
+            for d in acts
+        ],
+        "all_decisions": [
+            {k: d[k] for k in ("role", "action", "current", "target", "reason", "numbers")}
+            | {"t": round(d["ts"] - t0, 1)}
+            for d in decisions
+        ],
+        "reaction_intervals": reaction_intervals(res, decisions, t0, interval_s, ttft_ms, itl_ms),
+        "t0_unix": t0,
+        "requests_detail": [(round(at, 3), r.success, round(r.ttft_s, 4), round(r.tpot_s, 5)) for at, r in res],
+        "sizes": inst.samples,
+    }
 
 
 def smoke(ns: argparse.Namespace) -> int:
     """The scaled-down ramp with the planner on real engines, then on mock engines (no speedup): both decision
     sequences side by side."""
-    flags = ("--ttft-target-ms", str(ns.ttft_ms), "--itl-target-ms", str(ns.itl_ms), "--budget", "4",
-             "--max-prefill", "3", "--max-decode", "2", "--evaluation-interval-s", str(ns.interval_s),
-             "--scale-up-cooldown-s", str(2 * ns.interval_s), "--scale-down-cooldown-s", str(4 * ns.interval_s))
+    flags = (
+        "--ttft-target-ms",
+        str(ns.ttft_ms),
+        "--itl-target-ms",
+        str(ns.itl_ms),
+        "--budget",
+        "4",
+        "--max-prefill",
+        "3",
+        "--max-decode",
+        "2",
+        "--evaluation-interval-s",
+        str(ns.interval_s),
+        "--scale-up-cooldown-s",
+        str(2 * ns.interval_s),
+        "--scale-down-cooldown-s",
+        str(4 * ns.interval_s),
+    )
     report: dict = {}
     for engine in ("real", "mock"):
         run_dir = Path(ns.run_dir + "-" + engine)
@@ -92,11 +124,16 @@ def smoke(ns: argparse.Namespace) -> int:
         finally:
             cluster.down()
         r = report[engine]
-        print(f"{engine}: {r['requests']} requests, {r['failed']} failed, good {r['good']}, "
-              f"mean TTFT {r['mean_ttft_ms']:.0f} ms, TPOT {r['mean_tpot_ms']:.0f} ms", flush=True)
+        print(
+            f"{engine}: {r['requests']} requests, {r['failed']} failed, good {r['good']}, "
+            f"mean TTFT {r['mean_ttft_ms']:.0f} ms, TPOT {r['mean_tpot_ms']:.0f} ms",
+            flush=True,
+        )
         for d in r["decisions"]:
-            print(f"  t={d['t']:6.1f}s {d['role']:8} {d['action']:10} {d['current']}->{d['target']}  "
-                  f"{d['reason'][:140]}", flush=True)
+            print(
+                f"  t={d['t']:6.1f}s {d['role']:8} {d['action']:10} {d['current']}->{d['target']}  {d['reason'][:140]}",
+                flush=True,
+            )
     if ns.out:
         Path(ns.out).write_text(json.dumps(report, indent=1))
     return 0
@@ -105,10 +142,15 @@ def smoke(ns: argparse.Namespace) -> int:
 def goodput(results, ttft_ms: float, itl_ms: float) -> dict[str, float]:  # type: ignore[no-untyped-def]
     ok = [r for _, r in results if r.success]
     good = [r for r in ok if r.ttft_s * 1e3 <= ttft_ms and r.tpot_s * 1e3 <= itl_ms]
-    return {"requests": len(results), "failed": len(results) - len(ok), "good": len(good),
-            "ttft_ok": sum(r.ttft_s * 1e3 <= ttft_ms for r in ok), "itl_ok": sum(r.tpot_s * 1e3 <= itl_ms for r in ok),
-            "mean_ttft_ms": 1e3 * sum(r.ttft_s for r in ok) / max(1, len(ok)),
-            "mean_tpot_ms": 1e3 * sum(r.tpot_s for r in ok) / max(1, len(ok))}
+    return {
+        "requests": len(results),
+        "failed": len(results) - len(ok),
+        "good": len(good),
+        "ttft_ok": sum(r.ttft_s * 1e3 <= ttft_ms for r in ok),
+        "itl_ok": sum(r.tpot_s * 1e3 <= itl_ms for r in ok),
+        "mean_ttft_ms": 1e3 * sum(r.ttft_s for r in ok) / max(1, len(ok)),
+        "mean_tpot_ms": 1e3 * sum(r.tpot_s for r in ok) / max(1, len(ok)),
+    }
 
 
 class InstanceSeconds:
@@ -128,8 +170,9 @@ class InstanceSeconds:
             except AssertionError:
                 return
             live = [c for c in s.children if c.state in ("starting", "ready")]
-            self.samples.append((time.monotonic() - t0, sum(c.role == "prefill" for c in live),
-                                 sum(c.role == "decode" for c in live)))
+            self.samples.append(
+                (time.monotonic() - t0, sum(c.role == "prefill" for c in live), sum(c.role == "decode" for c in live))
+            )
 
     def __enter__(self) -> InstanceSeconds:
         self._t.start()
@@ -162,15 +205,32 @@ def set_split(cluster: MockCluster, prefill: int, decode: int) -> None:
 
 def start_planner(cluster: MockCluster, flags: Sequence[str], log: Path) -> subprocess.Popen[bytes]:
     s = cluster.state
-    cmd = [sys.executable, "-m", "services.planner", "--etcd-endpoints", s.etcd_url, "--nats-url", s.nats_url,
-           "--cluster", s.cluster, "--instance-id", "planner-bench", "--lease-ttl-s", "2", *flags]
+    cmd = [
+        sys.executable,
+        "-m",
+        "services.planner",
+        "--etcd-endpoints",
+        s.etcd_url,
+        "--nats-url",
+        s.nats_url,
+        "--cluster",
+        s.cluster,
+        "--instance-id",
+        "planner-bench",
+        "--lease-ttl-s",
+        "2",
+        *flags,
+    ]
     if s.admin_secret_file:  # the supervisor obeys only signed scale commands
         cmd += ["--admin-secret-file", s.admin_secret_file]
     with open(log, "wb") as f:
         proc = subprocess.Popen(cmd, stdout=f, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
     deadline = time.monotonic() + 60
-    while time.monotonic() < deadline and b'"role": "planner"' not in log.read_bytes() \
-            and b'"role":"planner"' not in log.read_bytes():
+    while (
+        time.monotonic() < deadline
+        and b'"role": "planner"' not in log.read_bytes()
+        and b'"role":"planner"' not in log.read_bytes()
+    ):
         if proc.poll() is not None:
             raise RuntimeError(f"the planner exited: {log.read_text()[-2000:]}")
         time.sleep(0.3)
@@ -182,8 +242,14 @@ def planner_decisions(cluster: MockCluster) -> list[dict]:  # type: ignore[type-
     return [json.loads(line) for line in out.stdout.splitlines()[1:]] if out.returncode == 0 else []
 
 
-def reaction_intervals(results, decisions, t0_unix: float, interval_s: float, ttft_ms: float,  # type: ignore[no-untyped-def]
-                       itl_ms: float) -> dict[str, float | None]:
+def reaction_intervals(
+    results,
+    decisions,
+    t0_unix: float,
+    interval_s: float,
+    ttft_ms: float,  # type: ignore[no-untyped-def]
+    itl_ms: float,
+) -> dict[str, float | None]:
     """Per role, worst case, in evaluation intervals: from the moment a request was observably late to the
     planner's response. Observably late: prefill, arrival + the TTFT target (no first token by then); decode,
     first token + two ITL targets (its first gaps were slow). Response (`<role>`): the planner is acting on a
@@ -192,12 +258,23 @@ def reaction_intervals(results, decisions, t0_unix: float, interval_s: float, tt
     once); a request late while it acts counts 0. `<role>_scale_up`: to the next scale-up of the role."""
     out: dict[str, float | None] = {}
     for role in ("prefill", "decode"):
-        late = sorted((at + ttft_ms / 1e3) if role == "prefill" else (at + r.ttft_s + 2 * itl_ms / 1e3)
-                      for at, r in results if r.success and (
-                          r.ttft_s * 1e3 > ttft_ms if role == "prefill" else r.tpot_s * 1e3 > itl_ms))
+        late = sorted(
+            (at + ttft_ms / 1e3) if role == "prefill" else (at + r.ttft_s + 2 * itl_ms / 1e3)
+            for at, r in results
+            if r.success and (r.ttft_s * 1e3 > ttft_ms if role == "prefill" else r.tpot_s * 1e3 > itl_ms)
+        )
         mine = sorted((d for d in decisions if d["role"] == role), key=lambda d: d["ts"])
-        acting = [(d["ts"] - t0_unix, d["action"] == "scale_up" or (d["action"] == "hold" and any(
-            w in d["reason"] for w in ("> target", "wait for admission", "busy", "KV pages")))) for d in mine]
+        acting = [
+            (
+                d["ts"] - t0_unix,
+                d["action"] == "scale_up"
+                or (
+                    d["action"] == "hold"
+                    and any(w in d["reason"] for w in ("> target", "wait for admission", "busy", "KV pages"))
+                ),
+            )
+            for d in mine
+        ]
         ups = [t for t, _ in acting if t in {d["ts"] - t0_unix for d in mine if d["action"] == "scale_up"}]
         worst: float | None = None
         for t in late:
@@ -225,12 +302,20 @@ def main(argv: Sequence[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m bench.planner_ramp", description=__doc__.splitlines()[0])
     p.add_argument("--budget", type=int, default=6, help="instances (prefill + decode) of every fixed split")
     p.add_argument("--splits", default="1,2,3,4,5", help="prefill counts of the fixed splits swept")
-    p.add_argument("--speedup", type=float, default=1.0,
-                   help="--mock-speedup of the engines (time compression: rates x S, targets / S)")
+    p.add_argument(
+        "--speedup",
+        type=float,
+        default=1.0,
+        help="--mock-speedup of the engines (time compression: rates x S, targets / S)",
+    )
     p.add_argument("--ttft-ms", type=float, default=3000.0, help="TTFT target at --speedup 1")
     p.add_argument("--itl-ms", type=float, default=80.0, help="ITL (TPOT) target at --speedup 1")
-    p.add_argument("--max-running", type=int, default=128,
-                   help="--max-running-requests of the engines (decode admits up to this many streams)")
+    p.add_argument(
+        "--max-running",
+        type=int,
+        default=128,
+        help="--max-running-requests of the engines (decode admits up to this many streams)",
+    )
     p.add_argument("--interval-s", type=float, default=2.0, help="the planner's --evaluation-interval-s")
     p.add_argument("--max-scale-step", type=int, default=4, help="the planner's --max-scale-step")
     p.add_argument("--seed", type=int, default=7)
@@ -238,8 +323,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--planner-only", action="store_true", help="only the planner's run (no fixed splits, no ratios)")
     p.add_argument("--run-dir", default="/tmp/pdrelay-planner-ramp")
     p.add_argument("--out", default=None, help="write the JSON report here")
-    p.add_argument("--smoke-real", action="store_true",
-                   help="the scaled-down ramp with the planner on real engines (bundled model), then on mock ones")
+    p.add_argument(
+        "--smoke-real",
+        action="store_true",
+        help="the scaled-down ramp with the planner on real engines (bundled model), then on mock ones",
+    )
     ns = p.parse_args(argv)
     if ns.smoke_real:
         return smoke(ns)
@@ -251,9 +339,16 @@ def main(argv: Sequence[str] | None = None) -> int:
     pdrelay("down", "--run-dir", str(run_dir))
     engine_flags = ("--mock-speedup", str(ns.speedup), "--max-running-requests", str(ns.max_running))
     cluster = MockCluster(run_dir, "--prefill", "1", "--decode", "1", *engine_flags)
-    report: dict = {"budget": ns.budget, "speedup": ns.speedup, "ttft_ms": ns.ttft_ms, "itl_ms": ns.itl_ms,
-                    "ramp": [list(ph) for ph in (tuple(x) for x in (
-                        (ph.seconds, ph.rate, ph.rate_end, ph.isl, ph.osl) for ph in ramp))], "runs": {}}
+    report: dict = {
+        "budget": ns.budget,
+        "speedup": ns.speedup,
+        "ttft_ms": ns.ttft_ms,
+        "itl_ms": ns.itl_ms,
+        "ramp": [
+            list(ph) for ph in (tuple(x) for x in ((ph.seconds, ph.rate, ph.rate_end, ph.isl, ph.osl) for ph in ramp))
+        ],
+        "runs": {},
+    }
     try:
         configs = [("fixed 1P1D", 1, 1)] + [(f"fixed {s}P{ns.budget - s}D", s, ns.budget - s) for s in splits]
         configs = [] if ns.planner_only else configs
@@ -264,10 +359,26 @@ def main(argv: Sequence[str] | None = None) -> int:
             report["runs"][name] = {**goodput(res, ns.ttft_ms, ns.itl_ms), "instance_s": inst.total}
             print(name, report["runs"][name], flush=True)
         set_split(cluster, 1, 1)
-        flags = ("--ttft-target-ms", str(ns.ttft_ms), "--itl-target-ms", str(ns.itl_ms), "--budget",
-                 str(ns.budget), "--max-prefill", str(ns.budget - 1), "--max-decode", str(ns.budget - 1),
-                 "--evaluation-interval-s", str(ns.interval_s), "--scale-up-cooldown-s", str(2 * ns.interval_s),
-                 "--scale-down-cooldown-s", str(4 * ns.interval_s), "--max-scale-step", str(ns.max_scale_step))
+        flags = (
+            "--ttft-target-ms",
+            str(ns.ttft_ms),
+            "--itl-target-ms",
+            str(ns.itl_ms),
+            "--budget",
+            str(ns.budget),
+            "--max-prefill",
+            str(ns.budget - 1),
+            "--max-decode",
+            str(ns.budget - 1),
+            "--evaluation-interval-s",
+            str(ns.interval_s),
+            "--scale-up-cooldown-s",
+            str(2 * ns.interval_s),
+            "--scale-down-cooldown-s",
+            str(4 * ns.interval_s),
+            "--max-scale-step",
+            str(ns.max_scale_step),
+        )
         runs = report["runs"]
         runs["planner"] = run_planner(cluster, ramp, ns.seed, flags, ns.interval_s, ns.ttft_ms, ns.itl_ms)
         if ns.planner_only:
@@ -275,22 +386,27 @@ def main(argv: Sequence[str] | None = None) -> int:
                 Path(ns.out).write_text(json.dumps(report, indent=1))
             print({k: v for k, v in runs["planner"].items() if k not in ("decisions", "sizes", "all_decisions")})
             for d in runs["planner"]["decisions"]:
-                print(f"  t={d['t']:6.1f}s {d['role']:8} {d['action']:10} {d['current']}->{d['target']}  "
-                      f"{d['reason'][:200]}")
+                print(
+                    f"  t={d['t']:6.1f}s {d['role']:8} {d['action']:10} {d['current']}->{d['target']}  "
+                    f"{d['reason'][:200]}"
+                )
             return 0
         best = max((n for n in runs if n.startswith("fixed ") and n != "fixed 1P1D"), key=lambda n: runs[n]["good"])
         g = runs["planner"]["good"]
         share = {n: r["good"] / max(1, r["requests"]) for n, r in runs.items()}
         report["summary"] = {
-            "best_fixed": best, "planner_vs_1p1d": g / max(1, runs["fixed 1P1D"]["good"]),
+            "best_fixed": best,
+            "planner_vs_1p1d": g / max(1, runs["fixed 1P1D"]["good"]),
             "planner_vs_best_fixed": g / max(1, runs[best]["good"]),
             "good_share": share,  # good / offered: the same ratio, insensitive to how many arrivals a run got
             "planner_failed_requests": runs["planner"]["failed"],
-            "instance_s_planner_vs_best": runs["planner"]["instance_s"] / max(1.0, runs[best]["instance_s"])}
+            "instance_s_planner_vs_best": runs["planner"]["instance_s"] / max(1.0, runs[best]["instance_s"]),
+        }
         print(json.dumps(report["summary"], indent=1))
         for d in runs["planner"]["decisions"]:
-            print(f"  t={d['t']:6.1f}s {d['role']:8} {d['action']:10} {d['current']}->{d['target']}  "
-                  f"{d['reason'][:150]}")
+            print(
+                f"  t={d['t']:6.1f}s {d['role']:8} {d['action']:10} {d['current']}->{d['target']}  {d['reason'][:150]}"
+            )
         print("reaction (evaluation intervals):", runs["planner"]["reaction_intervals"])
     finally:
         cluster.down()

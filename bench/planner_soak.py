@@ -47,16 +47,44 @@ def main(argv: Sequence[str] | None = None) -> int:
     run_dir = Path(ns.run_dir)
     pdrelay("down", "--run-dir", str(run_dir))
     t_start = time.monotonic()
-    cluster = MockCluster(run_dir, "--prefill", str(ns.prefill), "--decode", str(ns.decode), "--mock-speedup",
-                          str(ns.speedup), "--load-report-interval-s", "0.2")
+    cluster = MockCluster(
+        run_dir,
+        "--prefill",
+        str(ns.prefill),
+        "--decode",
+        str(ns.decode),
+        "--mock-speedup",
+        str(ns.speedup),
+        "--load-report-interval-s",
+        "0.2",
+    )
     startup_s = time.monotonic() - t_start
     n = ns.prefill + ns.decode
     lo_p, lo_d = max(1, ns.prefill * 3 // 4), max(1, ns.decode * 3 // 4)  # scale within the top quarter
-    planner = start_planner(cluster, ("--evaluation-interval-s", "2", "--min-prefill", str(lo_p),
-                                      "--min-decode", str(lo_d),
-                                      "--max-prefill", str(ns.prefill), "--max-decode", str(ns.decode),
-                                      "--budget", str(n), "--ttft-target-ms", "2000", "--itl-target-ms", "100",
-                                      "--planner-log-size", "1000"), run_dir / "planner-soak.log")
+    planner = start_planner(
+        cluster,
+        (
+            "--evaluation-interval-s",
+            "2",
+            "--min-prefill",
+            str(lo_p),
+            "--min-decode",
+            str(lo_d),
+            "--max-prefill",
+            str(ns.prefill),
+            "--max-decode",
+            str(ns.decode),
+            "--budget",
+            str(n),
+            "--ttft-target-ms",
+            "2000",
+            "--itl-target-ms",
+            "100",
+            "--planner-log-size",
+            "1000",
+        ),
+        run_dir / "planner-soak.log",
+    )
     gateway = next(c.pid for c in cluster.state.children if c.role == "gateway")
     samples: list[dict[str, float]] = []
     stop = threading.Event()
@@ -64,8 +92,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     def sample() -> None:
         t0 = time.monotonic()
         while True:
-            samples.append({"t_s": round(time.monotonic() - t0, 1), "gateway_rss_mb": round(rss_mb(gateway), 1),
-                            "planner_rss_mb": round(rss_mb(planner.pid), 1)})
+            samples.append(
+                {
+                    "t_s": round(time.monotonic() - t0, 1),
+                    "gateway_rss_mb": round(rss_mb(gateway), 1),
+                    "planner_rss_mb": round(rss_mb(planner.pid), 1),
+                }
+            )
             if stop.wait(ns.sample_s):
                 return
 
@@ -85,11 +118,19 @@ def main(argv: Sequence[str] | None = None) -> int:
         cluster.down()
     ok = sum(r.success for _, r in results)
     first, last = samples[1] if len(samples) > 1 else samples[0], samples[-1]
-    report = {"instances": n, "speedup": ns.speedup, "wall_minutes": ns.minutes,
-              "simulated_minutes": ns.minutes * ns.speedup, "cluster_startup_s": round(startup_s, 1),
-              "requests": len(results), "succeeded": ok, "decisions_logged": len(decisions), "samples": samples,
-              "gateway_rss_growth_mb": round(last["gateway_rss_mb"] - first["gateway_rss_mb"], 1),
-              "planner_rss_growth_mb": round(last["planner_rss_mb"] - first["planner_rss_mb"], 1)}
+    report = {
+        "instances": n,
+        "speedup": ns.speedup,
+        "wall_minutes": ns.minutes,
+        "simulated_minutes": ns.minutes * ns.speedup,
+        "cluster_startup_s": round(startup_s, 1),
+        "requests": len(results),
+        "succeeded": ok,
+        "decisions_logged": len(decisions),
+        "samples": samples,
+        "gateway_rss_growth_mb": round(last["gateway_rss_mb"] - first["gateway_rss_mb"], 1),
+        "planner_rss_growth_mb": round(last["planner_rss_mb"] - first["planner_rss_mb"], 1),
+    }
     print(json.dumps({k: v for k, v in report.items() if k != "samples"}, indent=1))
     for s in samples:
         print(f"  t={s['t_s']:6.0f}s gateway {s['gateway_rss_mb']:7.1f} MB  planner {s['planner_rss_mb']:7.1f} MB")

@@ -23,17 +23,36 @@ MODEL = "smollm2-135m-instruct"
 
 
 def pdrelay(*args: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "services.cli", *args], capture_output=True, text=True,
-                          timeout=timeout)
+    return subprocess.run(
+        [sys.executable, "-m", "services.cli", *args], capture_output=True, text=True, timeout=timeout
+    )
 
 
 class MockCluster:
     def __init__(self, run_dir: Path, *args: str, engine: str = "mock") -> None:
         self.run_dir = run_dir
         self.http_port = free_port()
-        up = pdrelay("up", "--detach", "--quiet", "--run-dir", str(run_dir), "--lease-ttl-s", "2",
-                     "--port", str(self.http_port), "--etcd-port", str(free_port()), "--nats-port", str(free_port()),
-                     "--engine", engine, "--load-report-interval-s", "0.1", *args, timeout=300)
+        up = pdrelay(
+            "up",
+            "--detach",
+            "--quiet",
+            "--run-dir",
+            str(run_dir),
+            "--lease-ttl-s",
+            "2",
+            "--port",
+            str(self.http_port),
+            "--etcd-port",
+            str(free_port()),
+            "--nats-port",
+            str(free_port()),
+            "--engine",
+            engine,
+            "--load-report-interval-s",
+            "0.1",
+            *args,
+            timeout=300,
+        )
         if up.returncode != 0:
             self.down()
             raise RuntimeError(f"pdrelay up failed ({up.returncode}):\n{up.stdout}\n{up.stderr}")
@@ -73,9 +92,16 @@ class MockCluster:
 
 def completion_body(isl: int, osl: int, rng: random.Random) -> bytes:
     # token-id prompts: an exact prompt length, and ids random enough that prefixes do not repeat
-    return msgspec.json.encode({"model": MODEL, "prompt": [rng.randrange(1000, 20000) for _ in range(isl)],
-                                "max_tokens": osl, "stream": True, "ignore_eos": True,
-                                "stream_options": {"include_usage": True}})
+    return msgspec.json.encode(
+        {
+            "model": MODEL,
+            "prompt": [rng.randrange(1000, 20000) for _ in range(isl)],
+            "max_tokens": osl,
+            "stream": True,
+            "ignore_eos": True,
+            "stream_options": {"include_usage": True},
+        }
+    )
 
 
 class Phase(msgspec.Struct, frozen=True):
@@ -88,8 +114,10 @@ class Phase(msgspec.Struct, frozen=True):
     rate_end: float | None = None
 
 
-def arrival_schedule(phases: Sequence[tuple[float, float, int, int] | Phase], seed: int = 0,
-                     ) -> list[tuple[float, int, int]]:
+def arrival_schedule(
+    phases: Sequence[tuple[float, float, int, int] | Phase],
+    seed: int = 0,
+) -> list[tuple[float, int, int]]:
     """(offset s, prompt tokens, output tokens) of every arrival, fixed by the seed alone: every run of the same
     phases and seed sends the same requests at the same offsets, however busy the machine is."""
     rng = random.Random(seed)
@@ -107,8 +135,9 @@ def arrival_schedule(phases: Sequence[tuple[float, float, int, int] | Phase], se
     return out
 
 
-async def poisson_load(url: str, phases: Sequence[tuple[float, float, int, int] | Phase], *, seed: int = 0,
-                       prompt_seed: int | None = None) -> list[tuple[float, RequestResult]]:
+async def poisson_load(
+    url: str, phases: Sequence[tuple[float, float, int, int] | Phase], *, seed: int = 0, prompt_seed: int | None = None
+) -> list[tuple[float, RequestResult]]:
     """phases: Phase, or (seconds, requests/s, prompt tokens, output tokens). Returns (scheduled offset, result)
     per request, in arrival order (the schedule: arrival_schedule). prompt_seed: the prompts' token ids (default
     from seed); runs on one cluster that must not hit each other's prefix caches give each its own."""
@@ -121,8 +150,9 @@ async def poisson_load(url: str, phases: Sequence[tuple[float, float, int, int] 
         if wait > 0:
             await asyncio.sleep(wait)
         body = completion_body(isl, osl, rng)
-        tasks.append((at, asyncio.create_task(send_request(http, "/v1/completions", body, prompt_len=isl,
-                                                           count_tokens=len))))
+        tasks.append(
+            (at, asyncio.create_task(send_request(http, "/v1/completions", body, prompt_len=isl, count_tokens=len)))
+        )
     results = [(at, await t) for at, t in tasks]
     await http.aclose()
     return results

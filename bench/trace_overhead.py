@@ -34,8 +34,11 @@ MODES = ("untraced", "traced")
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--model", default="bundled:smollm2-135m-instruct",
-                   help="model of every service: 'bundled:smollm2-135m-instruct' or a local model directory")
+    p.add_argument(
+        "--model",
+        default="bundled:smollm2-135m-instruct",
+        help="model of every service: 'bundled:smollm2-135m-instruct' or a local model directory",
+    )
     p.add_argument("--num-prompts", type=int, default=24, help="requests per mode per round")
     p.add_argument("--input-len", type=int, default=128, help="prompt tokens (random dataset)")
     p.add_argument("--output-len", type=int, default=32, help="generated tokens per request")
@@ -54,13 +57,14 @@ def _service(role: str, name: str, args: Sequence[str], tmp: Path) -> ServicePro
     return ServiceProcess(name, python_cmd(f"services.{role}", *args, "--instance-id", name), tmp, tie_to_parent=True)
 
 
-def _cluster(mode: str, common: Sequence[str], engine: Sequence[str], endpoint: str,
-             tmp: Path) -> list[ServiceProcess]:
+def _cluster(mode: str, common: Sequence[str], engine: Sequence[str], endpoint: str, tmp: Path) -> list[ServiceProcess]:
     traced = ["--otlp-traces-endpoint", endpoint, "--trace-sample-ratio", "1"] if mode == "traced" else []
     args = [*common, "--cluster", f"bench-{mode}", *traced]
-    return [_service("prefill", f"{mode}-prefill", [*args, *engine], tmp),
-            _service("decode", f"{mode}-decode", [*args, *engine], tmp),
-            _service("gateway", f"{mode}-gateway", [*args, "--port", "0"], tmp)]
+    return [
+        _service("prefill", f"{mode}-prefill", [*args, *engine], tmp),
+        _service("decode", f"{mode}-decode", [*args, *engine], tmp),
+        _service("gateway", f"{mode}-gateway", [*args, "--port", "0"], tmp),
+    ]
 
 
 # ---- workload ---------------------------------------------------------------------------------------------------
@@ -76,21 +80,31 @@ async def _measure(gateways: dict[str, str], ns: argparse.Namespace, model_dir: 
         model = await served_model(https["untraced"])
         opts = RequestOptions(endpoint="/v1/completions", model=model)
         for mode in MODES:
-            warm = random_dataset(tok, num_prompts=ns.max_concurrency, input_len=ns.input_len,
-                                  output_len=ns.output_len, seed=ns.seed + 999)
-            await warm_up(https[mode], opts, warm, max_concurrency=ns.max_concurrency, timeout_s=120,
-                          count_tokens=tok.count)
+            warm = random_dataset(
+                tok,
+                num_prompts=ns.max_concurrency,
+                input_len=ns.input_len,
+                output_len=ns.output_len,
+                seed=ns.seed + 999,
+            )
+            await warm_up(
+                https[mode], opts, warm, max_concurrency=ns.max_concurrency, timeout_s=120, count_tokens=tok.count
+            )
         outcomes: dict[str, list[RunOutcome]] = {m: [] for m in MODES}
         for r in range(ns.rounds):
             # fresh prompts every round (no prefix-cache hits across rounds), the same ones for both modes
-            reqs = random_dataset(tok, num_prompts=ns.num_prompts, input_len=ns.input_len, output_len=ns.output_len,
-                                  seed=ns.seed + r)
+            reqs = random_dataset(
+                tok, num_prompts=ns.num_prompts, input_len=ns.input_len, output_len=ns.output_len, seed=ns.seed + r
+            )
             workload = Workload(tuple(reqs), max_concurrency=ns.max_concurrency, timeout_s=300)
-            for mode in (MODES if r % 2 == 0 else MODES[::-1]):
+            for mode in MODES if r % 2 == 0 else MODES[::-1]:
                 out = await run_workload(https[mode], opts, workload, count_tokens=tok.count)
                 outcomes[mode].append(out)
-                print(f"  round {r + 1}/{ns.rounds} {mode:>9}: {len([x for x in out.results if x.success])} ok in "
-                      f"{out.duration_s:.1f} s", file=sys.stderr)
+                print(
+                    f"  round {r + 1}/{ns.rounds} {mode:>9}: {len([x for x in out.results if x.success])} ok in "
+                    f"{out.duration_s:.1f} s",
+                    file=sys.stderr,
+                )
         return outcomes
     finally:
         for h in https.values():
@@ -128,8 +142,18 @@ def run(ns: argparse.Namespace) -> int:
     try:
         for server in (etcd, nats, sink):
             server.start()
-        common = ["--etcd-endpoints", etcd.url, "--nats-url", nats.url, "--model", str(model_dir), "--threads",
-                  str(ns.threads), "--lease-ttl-s", "5"]
+        common = [
+            "--etcd-endpoints",
+            etcd.url,
+            "--nats-url",
+            nats.url,
+            "--model",
+            str(model_dir),
+            "--threads",
+            str(ns.threads),
+            "--lease-ttl-s",
+            "5",
+        ]
         engine = ["--transfer-backend", ns.transfer_backend]
         print(f"starting two clusters (untraced, traced) on {model_dir.name} ...", file=sys.stderr)
         for mode in MODES:
@@ -155,17 +179,35 @@ def _report(ns: argparse.Namespace, summaries: dict[str, dict[str, float | int]]
     traced_requests = [r for r in requests(records) if r.request_id]
     per_request = len(records) / len(traced_requests) if traced_requests else 0.0
     overhead = 1.0 - float(traced["request_throughput"]) / float(untraced["request_throughput"])
-    print(format_table("Tracing overhead (same workload, one run)", traced, (50, 99), compare=untraced,
-                       labels=("traced", "untraced")))
-    print(f"spans received: {len(records)} for {len(traced_requests)} traced requests ({per_request:.1f} per "
-          f"request); from the untraced cluster: {sum(1 for r in records if r.instance.startswith('untraced-'))}")
+    print(
+        format_table(
+            "Tracing overhead (same workload, one run)",
+            traced,
+            (50, 99),
+            compare=untraced,
+            labels=("traced", "untraced"),
+        )
+    )
+    print(
+        f"spans received: {len(records)} for {len(traced_requests)} traced requests ({per_request:.1f} per "
+        f"request); from the untraced cluster: {sum(1 for r in records if r.instance.startswith('untraced-'))}"
+    )
     verdict = "OK" if overhead <= TARGET_OVERHEAD else "ABOVE TARGET"
     print(f"request throughput overhead of tracing: {overhead:+.1%} (target <= {TARGET_OVERHEAD:.0%}): {verdict}")
     if ns.json_out:
-        Path(ns.json_out).write_text(json.dumps({"settings": {k: v for k, v in vars(ns).items() if k != "func"},
-                                                 "untraced": untraced, "traced": traced, "overhead": overhead,
-                                                 "spans": len(records), "traced_requests": len(traced_requests)},
-                                                indent=2))
+        Path(ns.json_out).write_text(
+            json.dumps(
+                {
+                    "settings": {k: v for k, v in vars(ns).items() if k != "func"},
+                    "untraced": untraced,
+                    "traced": traced,
+                    "overhead": overhead,
+                    "spans": len(records),
+                    "traced_requests": len(traced_requests),
+                },
+                indent=2,
+            )
+        )
     return 0
 
 

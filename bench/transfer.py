@@ -63,9 +63,13 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     """The benchmark's flags (shared by `python -m bench.transfer` and `pdrelay bench transfer`)."""
     p.add_argument("--backends", default="nixl,mooncake", help="comma-separated backends (default: nixl,mooncake)")
     p.add_argument("--sizes", default=DEFAULT_SIZES, help=f"batch sizes, K/M suffixes (default: {DEFAULT_SIZES})")
-    p.add_argument("--page-kib", type=int, default=64,
-                   help="page size in KiB; a batch is the whole pages that fit in its size (default 64; the bundled "
-                   "model's KV page is 720)")
+    p.add_argument(
+        "--page-kib",
+        type=int,
+        default=64,
+        help="page size in KiB; a batch is the whole pages that fit in its size (default 64; the bundled "
+        "model's KV page is 720)",
+    )
     p.add_argument("--iters", type=int, default=0, help="repetitions per size (default: adaptive, 3-30)")
     p.add_argument("--host", default="127.0.0.1", help="address the engines advertise (default 127.0.0.1)")
     p.add_argument("--json", default=None, metavar="PATH", help="also write the results as JSON to PATH")
@@ -125,9 +129,9 @@ def measure(
 ) -> dict[str, Any]:
     import torch
 
+    from shared.kernels.hostmem import alloc_host_buffer
     from shared.transfer import PageDesc, create_engine
     from shared.transfer.descs import coalesce_pairs
-    from shared.kernels.hostmem import alloc_host_buffer
 
     torch.set_num_threads(1)  # memcpy on one core, like the single-threaded transfer it is compared with
     max_pages = max(sizes) // page_bytes
@@ -313,8 +317,8 @@ class _Reader:
 def reader_main(backend: str, pool_bytes: int, host: str, huge_pages: bool) -> int:
     import torch
 
-    from shared.transfer import create_engine
     from shared.kernels.hostmem import alloc_host_buffer
+    from shared.transfer import create_engine
 
     torch.set_num_threads(1)
     pool = alloc_host_buffer([pool_bytes // 4], huge_pages=huge_pages)

@@ -9,8 +9,8 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 
-import pytest  # noqa: E402
-import torch  # noqa: E402
+import pytest
+import torch
 
 # Several test processes and services share a 2-core box; two OpenMP threads on a busy box are 10x slower.
 torch.set_num_threads(int(os.environ.get("PDRELAY_TEST_THREADS", "1")))

@@ -13,8 +13,10 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 
-_RUN = ("import sys; from importlinter.cli import lint_imports; "
-        "sys.exit(lint_imports(config_filename='.importlinter', no_cache=True, no_logo=True))")
+_RUN = (
+    "import sys; from importlinter.cli import lint_imports; "
+    "sys.exit(lint_imports(config_filename='.importlinter', no_cache=True, no_logo=True))"
+)
 
 
 def test_import_contracts_are_kept() -> None:

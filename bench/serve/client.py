@@ -64,17 +64,23 @@ class RequestOptions:
         return self.endpoint.endswith("/chat/completions")
 
 
-def build_body(req: BenchRequest, opts: RequestOptions,
-               history: Sequence[tuple[str, str]] = ()) -> bytes:
+def build_body(req: BenchRequest, opts: RequestOptions, history: Sequence[tuple[str, str]] = ()) -> bytes:
     """The JSON body for `req`. `history` holds the (user, assistant) turns before this one (multi-turn)."""
-    body: dict[str, Any] = {"model": opts.model, "max_tokens": req.output_len, "stream": True,
-                            "stream_options": {"include_usage": True}, "temperature": opts.temperature}
+    body: dict[str, Any] = {
+        "model": opts.model,
+        "max_tokens": req.output_len,
+        "stream": True,
+        "stream_options": {"include_usage": True},
+        "temperature": opts.temperature,
+    }
     if opts.ignore_eos:
         body["ignore_eos"] = True
     if opts.chat:
         if not isinstance(req.prompt, str):
-            raise ValueError("token-id prompts need --endpoint /v1/completions (chat messages are text); "
-                             "use --random-prompt-format text for chat")
+            raise ValueError(
+                "token-id prompts need --endpoint /v1/completions (chat messages are text); "
+                "use --random-prompt-format text for chat"
+            )
         messages: list[dict[str, Any]] = []
         if req.system is not None:
             messages.append({"role": "system", "content": req.system})
@@ -104,8 +110,9 @@ def prompt_text(req: BenchRequest, history: Sequence[tuple[str, str]] = ()) -> s
     return (req.system or "") + "".join(u + a for u, a in history) + req.prompt
 
 
-async def send_request(http: StreamingHttp, path: str, body: bytes, *, prompt_len: int,
-                       count_tokens: Callable[[str], int]) -> RequestResult:
+async def send_request(
+    http: StreamingHttp, path: str, body: bytes, *, prompt_len: int, count_tokens: Callable[[str], int]
+) -> RequestResult:
     """Send one streaming request and time its chunks. Never raises for server or network errors (they are
     recorded in the result); cancellation (timeouts, Ctrl-C) propagates."""
     ttft = latency = 0.0
@@ -129,8 +136,11 @@ async def send_request(http: StreamingHttp, path: str, body: bytes, *, prompt_le
                     if not chunk.choices:
                         continue
                     choice = chunk.choices[0]
-                    text = choice.text if choice.delta is None else (
-                        choice.delta.content or choice.delta.reasoning_content)
+                    text = (
+                        choice.text
+                        if choice.delta is None
+                        else (choice.delta.content or choice.delta.reasoning_content)
+                    )
                     if not saw_choices:
                         saw_choices = True
                         ttft = now - start  # provisional: replaced by the first chunk with text
@@ -152,8 +162,15 @@ async def send_request(http: StreamingHttp, path: str, body: bytes, *, prompt_le
     else:
         output_tokens = count_tokens(text)
     prompt_tokens = usage.prompt_tokens if usage is not None and usage.prompt_tokens is not None else prompt_len
-    return RequestResult(True, ttft_s=ttft, itl_s=tuple(itl), latency_s=latency, prompt_tokens=prompt_tokens,
-                         output_tokens=output_tokens, generated_text=text)
+    return RequestResult(
+        True,
+        ttft_s=ttft,
+        itl_s=tuple(itl),
+        latency_s=latency,
+        prompt_tokens=prompt_tokens,
+        output_tokens=output_tokens,
+        generated_text=text,
+    )
 
 
 async def served_model(http: StreamingHttp) -> str:

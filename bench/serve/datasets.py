@@ -57,8 +57,10 @@ class BenchTokenizer:
 
         path = Path(model_dir) / "tokenizer.json"
         if not path.is_file():
-            raise ValueError(f"--tokenizer {model_dir}: no tokenizer.json there; pass the served model's directory "
-                             f"(a Hugging Face model dir with a fast tokenizer)")
+            raise ValueError(
+                f"--tokenizer {model_dir}: no tokenizer.json there; pass the served model's directory "
+                f"(a Hugging Face model dir with a fast tokenizer)"
+            )
         return cls(Tokenizer.from_file(str(path)))
 
     def encode(self, text: str) -> list[int]:
@@ -91,8 +93,10 @@ class BenchTokenizer:
             encoded = self.tok.encode_batch([w for _, w in cands], add_special_tokens=False)
             self._words = tuple(w for (i, w), e in zip(cands, encoded) if list(e.ids) == [i])
             if len(self._words) < _MIN_WORDS:
-                raise ValueError(f"the tokenizer has only {len(self._words)} single-token words; text prompts need "
-                                 f"a byte-level BPE or SentencePiece tokenizer (or use --random-prompt-format ids)")
+                raise ValueError(
+                    f"the tokenizer has only {len(self._words)} single-token words; text prompts need "
+                    f"a byte-level BPE or SentencePiece tokenizer (or use --random-prompt-format ids)"
+                )
         return self._words
 
 
@@ -126,8 +130,16 @@ def _check(name: str, value: int, minimum: int = 1) -> None:
         raise ValueError(f"--{name} must be >= {minimum} (got {value})")
 
 
-def random_dataset(tok: BenchTokenizer, *, num_prompts: int, input_len: int, output_len: int, seed: int,
-                   range_ratio: float = 0.0, token_ids: bool = False) -> list[BenchRequest]:
+def random_dataset(
+    tok: BenchTokenizer,
+    *,
+    num_prompts: int,
+    input_len: int,
+    output_len: int,
+    seed: int,
+    range_ratio: float = 0.0,
+    token_ids: bool = False,
+) -> list[BenchRequest]:
     """`random`: independent prompts of input_len tokens (text, or token ids), each asking for output_len."""
     _check("num-prompts", num_prompts)
     _check("random-input-len", input_len)
@@ -148,8 +160,16 @@ def random_dataset(tok: BenchTokenizer, *, num_prompts: int, input_len: int, out
     return out
 
 
-def shared_prefix_dataset(tok: BenchTokenizer, *, groups: int, prompts_per_group: int, system_len: int,
-                          question_len: int, output_len: int, seed: int) -> list[BenchRequest]:
+def shared_prefix_dataset(
+    tok: BenchTokenizer,
+    *,
+    groups: int,
+    prompts_per_group: int,
+    system_len: int,
+    question_len: int,
+    output_len: int,
+    seed: int,
+) -> list[BenchRequest]:
     """`shared-prefix`: `groups` system prompts of system_len tokens, each followed by prompts_per_group
     questions of question_len tokens; shuffled (seeded), so consecutive requests rarely share a prefix and a
     prefix-aware router has something to do."""
@@ -169,8 +189,9 @@ def shared_prefix_dataset(tok: BenchTokenizer, *, groups: int, prompts_per_group
     return out
 
 
-def multi_turn_dataset(tok: BenchTokenizer, *, num_prompts: int, turns: int, user_len: int, output_len: int,
-                       seed: int) -> list[BenchRequest]:
+def multi_turn_dataset(
+    tok: BenchTokenizer, *, num_prompts: int, turns: int, user_len: int, output_len: int, seed: int
+) -> list[BenchRequest]:
     """`multi-turn`: ceil(num_prompts / turns) conversations of `turns` user messages (user_len tokens each);
     turn k is sent after the answer to turn k-1, with the whole conversation so far. The list is in arrival
     order: round-robin over conversations (turn 0 of all, then turn 1 of all, ...), cut at num_prompts."""
@@ -181,6 +202,9 @@ def multi_turn_dataset(tok: BenchTokenizer, *, num_prompts: int, turns: int, use
     rng = random.Random(seed)
     n_conv = math.ceil(num_prompts / turns)
     texts = [[exact_text(tok, rng, user_len) for _ in range(turns)] for _ in range(n_conv)]
-    out = [BenchRequest(texts[c][t][0], texts[c][t][1], output_len, conversation=c, turn=t)
-           for t in range(turns) for c in range(n_conv)]
+    out = [
+        BenchRequest(texts[c][t][0], texts[c][t][1], output_len, conversation=c, turn=t)
+        for t in range(turns)
+        for c in range(n_conv)
+    ]
     return out[:num_prompts]

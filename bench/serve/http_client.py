@@ -103,8 +103,14 @@ class _Conn:
 class RawHttp:
     """Minimal HTTP/1.1 client with a keep-alive pool (at most `max_connections` idle connections kept)."""
 
-    def __init__(self, base_url: str, *, headers: Mapping[str, str] | None = None, max_connections: int = 256,
-                 quickack: bool = False) -> None:
+    def __init__(
+        self,
+        base_url: str,
+        *,
+        headers: Mapping[str, str] | None = None,
+        max_connections: int = 256,
+        quickack: bool = False,
+    ) -> None:
         scheme, self.host, self.port, self.prefix = _split_base_url(base_url)
         self._quickack = quickack
         self._ssl = ssl.create_default_context() if scheme == "https" else None
@@ -121,9 +127,11 @@ class RawHttp:
     async def _send(self, method: str, path: str, body: bytes) -> tuple[_Conn, int, dict[str, str]]:
         """Send on an idle connection (or a new one); retry once on a fresh one if the idle one was closed by
         the server before it answered a single byte (the usual keep-alive race)."""
-        head = (f"{method} {self.prefix}{path} HTTP/1.1\r\n{self._head}"
-                + (f"Content-Type: application/json\r\nContent-Length: {len(body)}\r\n" if method == "POST" else "")
-                + "\r\n").encode("latin-1")
+        head = (
+            f"{method} {self.prefix}{path} HTTP/1.1\r\n{self._head}"
+            + (f"Content-Type: application/json\r\nContent-Length: {len(body)}\r\n" if method == "POST" else "")
+            + "\r\n"
+        ).encode("latin-1")
         for attempt in (0, 1):
             conn = self._idle.pop() if self._idle and attempt == 0 else await self._connect()
             try:
@@ -178,7 +186,12 @@ class RawHttp:
 
     def _release(self, conn: _Conn, headers: dict[str, str], complete: bool) -> None:
         framed = "chunked" in headers.get("transfer-encoding", "").lower() or "content-length" in headers
-        if complete and framed and headers.get("connection", "").lower() != "close" and len(self._idle) < self._max_idle:
+        if (
+            complete
+            and framed
+            and headers.get("connection", "").lower() != "close"
+            and len(self._idle) < self._max_idle
+        ):
             conn.reused = True
             self._idle.append(conn)
         else:
@@ -236,12 +249,14 @@ class HttpxHttp:
 
         _split_base_url(base_url)
         limits = httpx.Limits(max_connections=max_connections, max_keepalive_connections=max_connections)
-        self._client = httpx.AsyncClient(base_url=base_url.rstrip("/"), headers=dict(headers or {}), limits=limits,
-                                         timeout=None)
+        self._client = httpx.AsyncClient(
+            base_url=base_url.rstrip("/"), headers=dict(headers or {}), limits=limits, timeout=None
+        )
 
     async def stream(self, path: str, body: bytes) -> AsyncIterator[tuple[float, list[bytes]]]:
-        async with self._client.stream("POST", path, content=body,
-                                       headers={"content-type": "application/json"}) as resp:
+        async with self._client.stream(
+            "POST", path, content=body, headers={"content-type": "application/json"}
+        ) as resp:
             if resp.status_code // 100 != 2:
                 raise HttpError(resp.status_code, await resp.aread())
             sse = SseSplitter()
@@ -261,8 +276,9 @@ class HttpxHttp:
         await self._client.aclose()
 
 
-def make_http(kind: str, base_url: str, *, api_key: str | None = None, max_connections: int = 256,
-              quickack: bool = False) -> StreamingHttp:
+def make_http(
+    kind: str, base_url: str, *, api_key: str | None = None, max_connections: int = 256, quickack: bool = False
+) -> StreamingHttp:
     headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
     if kind == "raw":
         return RawHttp(base_url, headers=headers, max_connections=max_connections, quickack=quickack)

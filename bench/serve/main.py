@@ -27,7 +27,7 @@ import math
 import signal
 import sys
 import time
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -43,11 +43,11 @@ from bench.serve.datasets import (
     shared_prefix_dataset,
 )
 from bench.serve.http_client import HTTP_CLIENTS
+from bench.serve.kvstore import add_kvstore_arguments, run_kvstore_comparison
 from bench.serve.measure import Target, _log, _new_loop, measure
 from bench.serve.metrics import Slo, parse_percentiles, parse_slo
 from bench.serve.mm import random_mm_dataset
 from bench.serve.peer import PeerProcess
-from bench.serve.kvstore import add_kvstore_arguments, run_kvstore_comparison
 from bench.serve.policies import add_policy_arguments, run_policies
 from bench.serve.procs import MockGateway
 from bench.serve.report import detailed, format_table, headline, ratios
@@ -69,74 +69,138 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     t.add_argument("--base-url", default=None, help="the endpoint to measure (default http://127.0.0.1:8000)")
     t.add_argument("--endpoint", default="/v1/completions", choices=ENDPOINTS, help="API to call")
     t.add_argument("--model", default=None, help="model name to send (default: the first GET /v1/models lists)")
-    t.add_argument("--tokenizer", default=None, metavar="DIR",
-                   help=f"the served model's directory, for building prompts (default: {DEFAULT_MODEL})")
+    t.add_argument(
+        "--tokenizer",
+        default=None,
+        metavar="DIR",
+        help=f"the served model's directory, for building prompts (default: {DEFAULT_MODEL})",
+    )
     t.add_argument("--api-key", default=None, help="sent as 'Authorization: Bearer KEY'")
-    t.add_argument("--http-client", default="raw", choices=HTTP_CLIENTS,
-                   help="raw: lean asyncio HTTP/1.1 client (default); httpx: the reference client")
-    t.add_argument("--tcp-quickack", action="store_true",
-                   help="raw client: ACK every read at once (servers that leave Nagle on, like Dynamo's frontend, "
-                        "otherwise stall ~40 ms on the client's delayed ACK)")
-    t.add_argument("--target-pid", type=int, default=None,
-                   help="pid of the target's front process, to report its CPU per request")
+    t.add_argument(
+        "--http-client",
+        default="raw",
+        choices=HTTP_CLIENTS,
+        help="raw: lean asyncio HTTP/1.1 client (default); httpx: the reference client",
+    )
+    t.add_argument(
+        "--tcp-quickack",
+        action="store_true",
+        help="raw client: ACK every read at once (servers that leave Nagle on, like Dynamo's frontend, "
+        "otherwise stall ~40 ms on the client's delayed ACK)",
+    )
+    t.add_argument(
+        "--target-pid", type=int, default=None, help="pid of the target's front process, to report its CPU per request"
+    )
     d = p.add_argument_group("workload")
     d.add_argument("--dataset", "--dataset-name", dest="dataset", default="random", choices=DATASETS)
     d.add_argument("--num-prompts", type=int, default=200, help="requests in the measured run")
-    d.add_argument("--random-input-len", type=int, default=256,
-                   help="prompt tokens (random), question tokens (shared-prefix), user tokens per turn (multi-turn)")
+    d.add_argument(
+        "--random-input-len",
+        type=int,
+        default=256,
+        help="prompt tokens (random), question tokens (shared-prefix), user tokens per turn (multi-turn)",
+    )
     d.add_argument("--random-output-len", type=int, default=64, help="output tokens per request (ignore_eos)")
-    d.add_argument("--random-range-ratio", type=float, default=0.0,
-                   help="random: lengths uniform in [len*(1-r), len*(1+r)] (0: fixed)")
-    d.add_argument("--random-prompt-format", default="text", choices=("text", "ids"),
-                   help="random: text of exactly N tokens, or N token ids (completions only)")
+    d.add_argument(
+        "--random-range-ratio",
+        type=float,
+        default=0.0,
+        help="random: lengths uniform in [len*(1-r), len*(1+r)] (0: fixed)",
+    )
+    d.add_argument(
+        "--random-prompt-format",
+        default="text",
+        choices=("text", "ids"),
+        help="random: text of exactly N tokens, or N token ids (completions only)",
+    )
     d.add_argument("--shared-prefix-groups", type=int, default=8, help="shared-prefix: system prompts")
-    d.add_argument("--shared-prefix-prompts-per-group", type=int, default=None,
-                   help="shared-prefix: questions per system prompt (default: num-prompts / groups)")
+    d.add_argument(
+        "--shared-prefix-prompts-per-group",
+        type=int,
+        default=None,
+        help="shared-prefix: questions per system prompt (default: num-prompts / groups)",
+    )
     d.add_argument("--shared-prefix-system-len", type=int, default=512, help="shared-prefix: system prompt tokens")
     d.add_argument("--multi-turn-turns", type=int, default=4, help="multi-turn: user turns per conversation")
     d.add_argument("--mm-images-per-request", type=int, default=1, help="random-mm: images per request")
-    d.add_argument("--mm-repeat-ratio", type=float, default=0.0,
-                   help="random-mm: share of images drawn from a small reused pool (the rest are unique)")
+    d.add_argument(
+        "--mm-repeat-ratio",
+        type=float,
+        default=0.0,
+        help="random-mm: share of images drawn from a small reused pool (the rest are unique)",
+    )
     d.add_argument("--mm-pool-size", type=int, default=4, help="random-mm: distinct images in the reused pool")
     d.add_argument("--mm-image-size", type=int, default=64, help="random-mm: image width and height (pixels)")
     d.add_argument("--seed", type=int, default=0, help="seeds prompts, lengths and arrival times")
     r = p.add_argument_group("load")
-    r.add_argument("--request-rate", type=_rate, default=math.inf,
-                   help="requests/s, Poisson arrivals (default inf: all at once)")
+    r.add_argument(
+        "--request-rate", type=_rate, default=math.inf, help="requests/s, Poisson arrivals (default inf: all at once)"
+    )
     r.add_argument("--burstiness", type=float, default=1.0, help="gamma shape of the arrival gaps (1: Poisson)")
     r.add_argument("--max-concurrency", type=int, default=None, help="cap on requests in flight")
     r.add_argument("--num-warmups", type=int, default=2, help="requests sent and discarded before measuring")
     r.add_argument("--timeout-s", type=float, default=120.0, help="per-request limit (a late request fails)")
-    r.add_argument("--total-timeout-s", type=float, default=1800.0,
-                   help="limit for the whole benchmark; results so far are printed, marked partial")
-    r.add_argument("--no-ignore-eos", dest="ignore_eos", action="store_false",
-                   help="let the model stop at EOS (output lengths then vary)")
+    r.add_argument(
+        "--total-timeout-s",
+        type=float,
+        default=1800.0,
+        help="limit for the whole benchmark; results so far are printed, marked partial",
+    )
+    r.add_argument(
+        "--no-ignore-eos",
+        dest="ignore_eos",
+        action="store_false",
+        help="let the model stop at EOS (output lengths then vary)",
+    )
     r.add_argument("--temperature", type=float, default=0.0)
     r.add_argument("--extra-body", default=None, metavar="JSON", help="fields merged into every request body")
     m = p.add_argument_group("metrics and output")
-    m.add_argument("--slo", default=None, metavar="ttft_ms=..,tpot_ms=..",
-                   help="objectives for goodput (request_goodput): ttft_ms, tpot_ms, e2el_ms")
+    m.add_argument(
+        "--slo",
+        default=None,
+        metavar="ttft_ms=..,tpot_ms=..",
+        help="objectives for goodput (request_goodput): ttft_ms, tpot_ms, e2el_ms",
+    )
     m.add_argument("--metric-percentiles", default="99", help="percentiles to report, e.g. 50,90,99")
-    m.add_argument("--output-json", "--result-file", dest="output_json", default=None, metavar="PATH",
-                   help="write the results as JSON (vLLM's keys)")
+    m.add_argument(
+        "--output-json",
+        "--result-file",
+        dest="output_json",
+        default=None,
+        metavar="PATH",
+        help="write the results as JSON (vLLM's keys)",
+    )
     m.add_argument("--save-detailed", action="store_true", help="add per-request lists (ttfts, itls, texts, ...)")
     c = p.add_argument_group("mock workers and comparison")
-    c.add_argument("--mock-workers", action="store_true",
-                   help="start pdrelay's gateway over mock workers on a free port and measure it")
+    c.add_argument(
+        "--mock-workers",
+        action="store_true",
+        help="start pdrelay's gateway over mock workers on a free port and measure it",
+    )
     c.add_argument("--mock-token-delay-ms", type=float, default=0.0, help="mock: delay between tokens")
     c.add_argument("--mock-first-token-delay-ms", type=float, default=0.0, help="mock: delay before the first")
     c.add_argument("--compare-url", default=None, help="run the same workload against this endpoint too")
     c.add_argument("--compare-model", default=None, help="model name at --compare-url (default: its first)")
     c.add_argument("--compare-pid", type=int, default=None, help="pid of the compare endpoint's front process")
-    c.add_argument("--peer-cmd", default=None, metavar="CMD",
-                   help="start the compare endpoint with this shell command ({port}: its HTTP port; {pid_file}: "
-                        "where it may write 'front PID' / 'worker PID' lines), e.g. "
-                        "'bench/dynamo_peer.sh {port} {pid_file}'")
+    c.add_argument(
+        "--peer-cmd",
+        default=None,
+        metavar="CMD",
+        help="start the compare endpoint with this shell command ({port}: its HTTP port; {pid_file}: "
+        "where it may write 'front PID' / 'worker PID' lines), e.g. "
+        "'bench/dynamo_peer.sh {port} {pid_file}'",
+    )
     c.add_argument("--peer-label", default="peer", help="name of the compare endpoint in the table")
-    c.add_argument("--peer-start-timeout-s", type=float, default=180.0,
-                   help="how long --peer-cmd may take to list a model")
-    c.add_argument("--throughput-concurrency", type=int, default=None, metavar="N",
-                   help="after the main run, run the same workload at concurrency N against every endpoint")
+    c.add_argument(
+        "--peer-start-timeout-s", type=float, default=180.0, help="how long --peer-cmd may take to list a model"
+    )
+    c.add_argument(
+        "--throughput-concurrency",
+        type=int,
+        default=None,
+        metavar="N",
+        help="after the main run, run the same workload at concurrency N against every endpoint",
+    )
     add_policy_arguments(p)
     add_compare_arguments(p)
     add_kvstore_arguments(p)
@@ -149,28 +213,53 @@ def build_requests(ns: argparse.Namespace, tok: BenchTokenizer) -> list[BenchReq
         if ns.endpoint != "/v1/completions":
             raise ValueError("--random-prompt-format ids needs --endpoint /v1/completions (chat takes text)")
     if ns.dataset == "random":
-        return random_dataset(tok, num_prompts=ns.num_prompts, input_len=ns.random_input_len,
-                              output_len=ns.random_output_len, seed=ns.seed, range_ratio=ns.random_range_ratio,
-                              token_ids=ns.random_prompt_format == "ids")
+        return random_dataset(
+            tok,
+            num_prompts=ns.num_prompts,
+            input_len=ns.random_input_len,
+            output_len=ns.random_output_len,
+            seed=ns.seed,
+            range_ratio=ns.random_range_ratio,
+            token_ids=ns.random_prompt_format == "ids",
+        )
     if ns.dataset == "shared-prefix":
         per_group = ns.shared_prefix_prompts_per_group or max(1, math.ceil(ns.num_prompts / ns.shared_prefix_groups))
-        return shared_prefix_dataset(tok, groups=ns.shared_prefix_groups, prompts_per_group=per_group,
-                                     system_len=ns.shared_prefix_system_len, question_len=ns.random_input_len,
-                                     output_len=ns.random_output_len, seed=ns.seed)
+        return shared_prefix_dataset(
+            tok,
+            groups=ns.shared_prefix_groups,
+            prompts_per_group=per_group,
+            system_len=ns.shared_prefix_system_len,
+            question_len=ns.random_input_len,
+            output_len=ns.random_output_len,
+            seed=ns.seed,
+        )
     if ns.dataset == "random-mm":
         if ns.endpoint != "/v1/chat/completions":
             raise ValueError("--dataset random-mm needs --endpoint /v1/chat/completions (images are chat parts)")
-        return random_mm_dataset(tok, num_prompts=ns.num_prompts, input_len=ns.random_input_len,
-                                 output_len=ns.random_output_len, seed=ns.seed,
-                                 images_per_request=ns.mm_images_per_request, repeat_ratio=ns.mm_repeat_ratio,
-                                 pool_size=ns.mm_pool_size, image_size=ns.mm_image_size)
-    return multi_turn_dataset(tok, num_prompts=ns.num_prompts, turns=ns.multi_turn_turns,
-                              user_len=ns.random_input_len, output_len=ns.random_output_len, seed=ns.seed)
+        return random_mm_dataset(
+            tok,
+            num_prompts=ns.num_prompts,
+            input_len=ns.random_input_len,
+            output_len=ns.random_output_len,
+            seed=ns.seed,
+            images_per_request=ns.mm_images_per_request,
+            repeat_ratio=ns.mm_repeat_ratio,
+            pool_size=ns.mm_pool_size,
+            image_size=ns.mm_image_size,
+        )
+    return multi_turn_dataset(
+        tok,
+        num_prompts=ns.num_prompts,
+        turns=ns.multi_turn_turns,
+        user_len=ns.random_input_len,
+        output_len=ns.random_output_len,
+        seed=ns.seed,
+    )
 
 
 def _settings(ns: argparse.Namespace, tokenizer_dir: Path, slo: Slo | None) -> dict[str, Any]:
     return {
-        "date": datetime.now(timezone.utc).strftime("%Y%m%d-%H%M%S"),
+        "date": datetime.now(UTC).strftime("%Y%m%d-%H%M%S"),
         "backend": "openai-chat" if ns.endpoint.endswith("chat/completions") else "openai",
         "endpoint": ns.endpoint,
         "tokenizer_id": str(tokenizer_dir),
@@ -223,9 +312,14 @@ def _validate(ns: argparse.Namespace) -> tuple[Slo | None, tuple[float, ...]]:
     return slo, parse_percentiles(ns.metric_percentiles)
 
 
-async def _bench(ns: argparse.Namespace, targets: list[Target], requests: list[BenchRequest],
-                 tok: BenchTokenizer, slo: Slo | None,
-                 percentiles: tuple[float, ...]) -> list[list[tuple[dict[str, Any], RunOutcome]]]:
+async def _bench(
+    ns: argparse.Namespace,
+    targets: list[Target],
+    requests: list[BenchRequest],
+    tok: BenchTokenizer,
+    slo: Slo | None,
+    percentiles: tuple[float, ...],
+) -> list[list[tuple[dict[str, Any], RunOutcome]]]:
     """One phase per concurrency (the main one, then --throughput-concurrency); every target in each phase,
     back to back, so that the endpoints see the same box load as nearly as possible."""
     stop = asyncio.Event()
@@ -255,8 +349,19 @@ async def _bench(ns: argparse.Namespace, targets: list[Target], requests: list[B
             for target in targets:
                 if stop.is_set() or time.monotonic() >= deadline:
                     break
-                phase.append(await measure(target, requests, ns, tok=tok, stop=stop, deadline=deadline, slo=slo,
-                                           percentiles=percentiles, max_concurrency=concurrency))
+                phase.append(
+                    await measure(
+                        target,
+                        requests,
+                        ns,
+                        tok=tok,
+                        stop=stop,
+                        deadline=deadline,
+                        slo=slo,
+                        percentiles=percentiles,
+                        max_concurrency=concurrency,
+                    )
+                )
             if phase:
                 out.append(phase)
     finally:
@@ -287,17 +392,20 @@ def run(ns: argparse.Namespace) -> int:
         if ns.compare_policies:
             return run_policies(ns, requests, tok, tokenizer_dir, _settings(ns, tokenizer_dir, slo), slo, percentiles)
         if ns.compare_kvstore:
-            return run_kvstore_comparison(ns, requests, tok, tokenizer_dir, _settings(ns, tokenizer_dir, slo), slo,
-                                          percentiles)
+            return run_kvstore_comparison(
+                ns, requests, tok, tokenizer_dir, _settings(ns, tokenizer_dir, slo), slo, percentiles
+            )
         if ns.mock_workers:
-            gateway = MockGateway(tokenizer_dir, token_delay_ms=ns.mock_token_delay_ms,
-                                  first_token_delay_ms=ns.mock_first_token_delay_ms)
+            gateway = MockGateway(
+                tokenizer_dir, token_delay_ms=ns.mock_token_delay_ms, first_token_delay_ms=ns.mock_first_token_delay_ms
+            )
             _log(f"mock gateway pid {gateway.pid} on {gateway.base_url}")
             gateway.wait_ready()
             targets = [Target("pdrelay-mock", gateway.base_url, ns.model, gateway.pid)]
         else:
-            targets = [Target("target", ns.base_url or "http://127.0.0.1:8000", ns.model, ns.target_pid,
-                              flag="--base-url")]
+            targets = [
+                Target("target", ns.base_url or "http://127.0.0.1:8000", ns.model, ns.target_pid, flag="--base-url")
+            ]
         if ns.compare_url:
             targets.append(Target("compare", ns.compare_url, ns.compare_model, ns.compare_pid, flag="--compare-url"))
         if ns.peer_cmd:
@@ -305,12 +413,15 @@ def run(ns: argparse.Namespace) -> int:
             _log(f"peer: {peer.command}")
             model = peer.wait_ready(ns.peer_start_timeout_s)
             pids = peer.pids()
-            _log(f"peer {ns.peer_label} on {peer.base_url} ({model}): front pids {pids['front']}, "
-                 f"worker pids {pids['worker']}")
+            _log(
+                f"peer {ns.peer_label} on {peer.base_url} ({model}): front pids {pids['front']}, "
+                f"worker pids {pids['worker']}"
+            )
             if len(pids["front"]) != 1:
                 raise ValueError(f"the peer wrote {len(pids['front'])} front pids; one front process is measured")
-            targets.append(Target(ns.peer_label, peer.base_url, ns.compare_model or model, pids["front"][0],
-                                  pids["worker"]))
+            targets.append(
+                Target(ns.peer_label, peer.base_url, ns.compare_model or model, pids["front"][0], pids["worker"])
+            )
         with asyncio.Runner(loop_factory=_new_loop) as runner:
             runs = runner.run(_bench(ns, targets, requests, tok, slo, percentiles))
     except ValueError as e:
@@ -327,8 +438,9 @@ def run(ns: argparse.Namespace) -> int:
     return report(ns, runs, tokenizer_dir, slo, percentiles)
 
 
-def _phase_doc(ns: argparse.Namespace, phase: list[tuple[dict[str, Any], RunOutcome]], title: str,
-               percentiles: tuple[float, ...]) -> dict[str, Any]:
+def _phase_doc(
+    ns: argparse.Namespace, phase: list[tuple[dict[str, Any], RunOutcome]], title: str, percentiles: tuple[float, ...]
+) -> dict[str, Any]:
     """Print one phase's table (side by side when there is a compare endpoint); its part of the JSON."""
     (target, target_run), rest = phase[0], phase[1:]
     doc: dict[str, Any] = {**target}
@@ -344,16 +456,24 @@ def _phase_doc(ns: argparse.Namespace, phase: list[tuple[dict[str, Any], RunOutc
     return doc
 
 
-def report(ns: argparse.Namespace, runs: list[list[tuple[dict[str, Any], RunOutcome]]], tokenizer_dir: Path,
-           slo: Slo | None, percentiles: tuple[float, ...]) -> int:
+def report(
+    ns: argparse.Namespace,
+    runs: list[list[tuple[dict[str, Any], RunOutcome]]],
+    tokenizer_dir: Path,
+    slo: Slo | None,
+    percentiles: tuple[float, ...],
+) -> int:
     if not runs:
         print("pdrelay bench serve: stopped before any measured request", file=sys.stderr)
         return 130
     flat = [r for phase in runs for r in phase]
     with_compare = ns.compare_url is not None or ns.peer_cmd is not None
     expected = 1 + (ns.throughput_concurrency is not None)
-    partial = (any(s["partial"] for s, _ in flat) or len(runs) < expected
-               or (with_compare and any(len(phase) < 2 for phase in runs)))
+    partial = (
+        any(s["partial"] for s, _ in flat)
+        or len(runs) < expected
+        or (with_compare and any(len(phase) < 2 for phase in runs))
+    )
     suffix = " (partial)" if partial else ""
     doc: dict[str, Any] = {**_settings(ns, tokenizer_dir, slo), "partial": partial}
     doc.update(_phase_doc(ns, runs[0], "Serving Benchmark Result" + suffix, percentiles))
@@ -361,7 +481,8 @@ def report(ns: argparse.Namespace, runs: list[list[tuple[dict[str, Any], RunOutc
     if len(runs) > 1:
         print()
         doc["throughput_phase"] = _phase_doc(
-            ns, runs[1], f"Concurrency {ns.throughput_concurrency}{suffix}", percentiles)
+            ns, runs[1], f"Concurrency {ns.throughput_concurrency}{suffix}", percentiles
+        )
     if "ratios" in doc:
         print(headline(doc))
     if ns.output_json:

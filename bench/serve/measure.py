@@ -48,44 +48,73 @@ def _cpu_sum(pids: tuple[int, ...]) -> CpuSample | None:
     return CpuSample(sum(s.stat_s for s in samples), None if None in sched else sum(s for s in sched if s is not None))
 
 
-async def measure(target: Target, requests: list[BenchRequest], ns: argparse.Namespace, *, tok: BenchTokenizer,
-                  stop: asyncio.Event, deadline: float, slo: Slo | None, percentiles: tuple[float, ...],
-                  max_concurrency: int | None,
-                  on_start: Callable[[], None] | None = None) -> tuple[dict[str, Any], RunOutcome]:
+async def measure(
+    target: Target,
+    requests: list[BenchRequest],
+    ns: argparse.Namespace,
+    *,
+    tok: BenchTokenizer,
+    stop: asyncio.Event,
+    deadline: float,
+    slo: Slo | None,
+    percentiles: tuple[float, ...],
+    max_concurrency: int | None,
+    on_start: Callable[[], None] | None = None,
+) -> tuple[dict[str, Any], RunOutcome]:
     """Warm up, then run the workload against one target; the summary dict has vLLM's keys plus CPU figures.
     on_start runs after the warm-up, right before the measured run (e.g. to snapshot server counters)."""
-    workload = Workload(tuple(requests), request_rate=ns.request_rate, burstiness=ns.burstiness,
-                        max_concurrency=max_concurrency, seed=ns.seed, timeout_s=ns.timeout_s)
+    workload = Workload(
+        tuple(requests),
+        request_rate=ns.request_rate,
+        burstiness=ns.burstiness,
+        max_concurrency=max_concurrency,
+        seed=ns.seed,
+        timeout_s=ns.timeout_s,
+    )
     conns = min(len(requests), max_concurrency or len(requests))
-    http = make_http(ns.http_client, target.base_url, api_key=ns.api_key, max_connections=max(conns, 1),
-                     quickack=ns.tcp_quickack)
+    http = make_http(
+        ns.http_client, target.base_url, api_key=ns.api_key, max_connections=max(conns, 1), quickack=ns.tcp_quickack
+    )
     count: Callable[[str], int] = tok.count
     try:
         try:
             async with asyncio.timeout(max(1.0, min(30.0, deadline - time.monotonic()))):
                 model = target.model or await served_model(http)
         except (OSError, TimeoutError, HttpError) as e:
-            raise ValueError(f"{target.flag + ' ' if target.flag else ''}cannot reach {target.base_url} (GET /v1/models: {type(e).__name__}: {e}); start "
-                             f"the server, fix the URL, or pass --model if it has no /v1/models") from None
+            raise ValueError(
+                f"{target.flag + ' ' if target.flag else ''}cannot reach {target.base_url} (GET /v1/models: {type(e).__name__}: {e}); start "
+                f"the server, fix the URL, or pass --model if it has no /v1/models"
+            ) from None
         extra = json.loads(ns.extra_body) if ns.extra_body else {}
-        opts = RequestOptions(ns.endpoint, model, ignore_eos=ns.ignore_eos, temperature=ns.temperature,
-                              extra_body=extra)
+        opts = RequestOptions(
+            ns.endpoint, model, ignore_eos=ns.ignore_eos, temperature=ns.temperature, extra_body=extra
+        )
         if ns.num_warmups > 0:
             _log(f"{target.label}: {ns.num_warmups} warm-up requests to {target.base_url} ({model})")
-            warm = await warm_up(http, opts, requests[: ns.num_warmups], max_concurrency=max_concurrency,
-                                 timeout_s=ns.timeout_s, count_tokens=count, stop=stop,
-                                 deadline_s=max(0.0, deadline - time.monotonic()))
+            warm = await warm_up(
+                http,
+                opts,
+                requests[: ns.num_warmups],
+                max_concurrency=max_concurrency,
+                timeout_s=ns.timeout_s,
+                count_tokens=count,
+                stop=stop,
+                deadline_s=max(0.0, deadline - time.monotonic()),
+            )
             # (stopped during warm-up: the measured run below returns at once, reported as partial)
             bad = [r.error for r in warm.results if not r.success]
             if bad:
                 raise RuntimeError(f"{target.label}: warm-up requests to {target.base_url} failed: {bad[0]}")
-        _log(f"{target.label}: {len(requests)} requests, rate {ns.request_rate:g}/s, "
-             f"concurrency {max_concurrency or 'unlimited'}")
+        _log(
+            f"{target.label}: {len(requests)} requests, rate {ns.request_rate:g}/s, "
+            f"concurrency {max_concurrency or 'unlimited'}"
+        )
         if on_start is not None:
             on_start()
         cpu0, work0, client0 = _cpu(target.pid), _cpu_sum(target.worker_pids), time.process_time()
-        outcome = await run_workload(http, opts, workload, count_tokens=count, stop=stop,
-                                     deadline_s=max(0.0, deadline - time.monotonic()))
+        outcome = await run_workload(
+            http, opts, workload, count_tokens=count, stop=stop, deadline_s=max(0.0, deadline - time.monotonic())
+        )
         cpu1, work1, client1 = _cpu(target.pid), _cpu_sum(target.worker_pids), time.process_time()
     finally:
         await http.aclose()

@@ -69,8 +69,11 @@ class Slo:
         )
 
     def as_dict(self) -> dict[str, float]:
-        return {k: v for k, v in (("ttft_ms", self.ttft_ms), ("tpot_ms", self.tpot_ms), ("e2el_ms", self.e2el_ms))
-                if v is not None}
+        return {
+            k: v
+            for k, v in (("ttft_ms", self.ttft_ms), ("tpot_ms", self.tpot_ms), ("e2el_ms", self.e2el_ms))
+            if v is not None
+        }
 
 
 def parse_slo(spec: str) -> Slo:
@@ -82,8 +85,10 @@ def parse_slo(spec: str) -> Slo:
         key, sep, value = item.replace(":", "=").partition("=")
         name = key.strip().lower().removesuffix("_ms")
         if not sep or name not in ("ttft", "tpot", "e2el"):
-            raise ValueError(f"--slo {spec!r}: {item!r} is not KEY=MS with KEY one of ttft_ms, tpot_ms, e2el_ms; "
-                             f"try --slo ttft_ms=500,tpot_ms=50")
+            raise ValueError(
+                f"--slo {spec!r}: {item!r} is not KEY=MS with KEY one of ttft_ms, tpot_ms, e2el_ms; "
+                f"try --slo ttft_ms=500,tpot_ms=50"
+            )
         try:
             ms = float(value)
         except ValueError:
@@ -117,6 +122,7 @@ def percentile_key(p: float) -> str:
 
 # ------------------------------------------------------------ statistics (numpy's definitions, no numpy import)
 
+
 def mean(xs: Sequence[float]) -> float:
     return math.fsum(xs) / len(xs) if xs else 0.0
 
@@ -148,8 +154,9 @@ def _describe(prefix_ms: dict[str, float], name: str, xs_s: Sequence[float], per
         prefix_ms[f"{percentile_key(p)}_{name}_ms"] = percentile(xs_s, p) * 1e3
 
 
-def compute_metrics(results: Sequence[RequestResult], duration_s: float, *, percentiles: Sequence[float] = (99,),
-                    slo: Slo | None = None) -> dict[str, float | int]:
+def compute_metrics(
+    results: Sequence[RequestResult], duration_s: float, *, percentiles: Sequence[float] = (99,), slo: Slo | None = None
+) -> dict[str, float | int]:
     """vLLM's summary keys from per-request results. `duration_s` is the wall time of the measured phase."""
     if duration_s <= 0:
         raise ValueError(f"duration_s must be > 0 (got {duration_s})")

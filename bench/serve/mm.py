@@ -24,9 +24,18 @@ def png_data_uri(rng: random.Random, size: int) -> str:
     return "data:image/png;base64," + base64.b64encode(buf.getvalue()).decode()
 
 
-def random_mm_dataset(tok: BenchTokenizer, *, num_prompts: int, input_len: int, output_len: int, seed: int,
-                      images_per_request: int, repeat_ratio: float, pool_size: int,
-                      image_size: int) -> list[BenchRequest]:
+def random_mm_dataset(
+    tok: BenchTokenizer,
+    *,
+    num_prompts: int,
+    input_len: int,
+    output_len: int,
+    seed: int,
+    images_per_request: int,
+    repeat_ratio: float,
+    pool_size: int,
+    image_size: int,
+) -> list[BenchRequest]:
     if images_per_request < 1:
         raise ValueError(f"--mm-images-per-request must be >= 1 (got {images_per_request})")
     if not 0.0 <= repeat_ratio <= 1.0:
@@ -38,7 +47,9 @@ def random_mm_dataset(tok: BenchTokenizer, *, num_prompts: int, input_len: int, 
     out: list[BenchRequest] = []
     for _ in range(num_prompts):
         text, n = exact_text(tok, rng, input_len)
-        images = tuple(rng.choice(pool) if rng.random() < repeat_ratio else png_data_uri(rng, image_size)
-                       for _ in range(images_per_request))
+        images = tuple(
+            rng.choice(pool) if rng.random() < repeat_ratio else png_data_uri(rng, image_size)
+            for _ in range(images_per_request)
+        )
         out.append(BenchRequest(text, n, output_len, images=images))
     return out

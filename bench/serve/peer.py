@@ -49,8 +49,14 @@ class PeerProcess:
         self.pid_file = Path(pid_file)
         self.command = command.replace("{port}", str(self.port)).replace("{pid_file}", str(self.pid_file))
         self._model: list[str] = []  # what GET /v1/models listed first, once it lists one
-        self.service = ServiceProcess("peer", ["bash", "-c", self.command], probe=self._lists_a_model,
-                                      tie_to_parent=True, new_session=True, merge_output=True)
+        self.service = ServiceProcess(
+            "peer",
+            ["bash", "-c", self.command],
+            probe=self._lists_a_model,
+            tie_to_parent=True,
+            new_session=True,
+            merge_output=True,
+        )
         self.proc = self.service.proc
 
     def log_tail(self, n: int = 3000) -> str:
@@ -71,12 +77,15 @@ class PeerProcess:
         try:
             self.service.wait_ready(timeout_s)
         except RuntimeError:
-            raise RuntimeError(f"the peer ({self.command}) exited with code {self.proc.returncode}:\n"
-                               f"{self.log_tail()}") from None
+            raise RuntimeError(
+                f"the peer ({self.command}) exited with code {self.proc.returncode}:\n{self.log_tail()}"
+            ) from None
         except TimeoutError:
-            raise TimeoutError(f"the peer ({self.command}) listed no model at {self.base_url}/v1/models within "
-                               f"{timeout_s:g} s (raise --peer-start-timeout-s if it is slow to start):\n"
-                               f"{self.log_tail()}") from None
+            raise TimeoutError(
+                f"the peer ({self.command}) listed no model at {self.base_url}/v1/models within "
+                f"{timeout_s:g} s (raise --peer-start-timeout-s if it is slow to start):\n"
+                f"{self.log_tail()}"
+            ) from None
         return self._model[0]
 
     def pids(self) -> dict[str, tuple[int, ...]]:

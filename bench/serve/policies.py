@@ -43,16 +43,29 @@ WARMUP_INPUT_LEN = 48  # warm-up prompts: short, random, no prefix shared with t
 
 def add_policy_arguments(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("routing policies (one local cluster per policy)")
-    g.add_argument("--compare-policies", default=None, metavar="P1,P2",
-                   help="start a local cluster per gateway --routing-policy (e.g. kv_aware,round_robin), back to "
-                        "back, run the same workload on each, print the TTFT ratios and prefix hit rates")
+    g.add_argument(
+        "--compare-policies",
+        default=None,
+        metavar="P1,P2",
+        help="start a local cluster per gateway --routing-policy (e.g. kv_aware,round_robin), back to "
+        "back, run the same workload on each, print the TTFT ratios and prefix hit rates",
+    )
     g.add_argument("--prefill-instances", type=int, default=2, help="prefill instances per cluster (default 2)")
     g.add_argument("--decode-instances", type=int, default=2, help="decode instances per cluster (default 2)")
-    g.add_argument("--prefill-num-pages", type=int, default=0, metavar="N",
-                   help="KV pages of each prefill instance (0: derived from memory); small pools make the "
-                        "instances' prefix caches compete")
-    g.add_argument("--cluster-flags", default="", metavar="FLAGS",
-                   help="more service flags for every instance, e.g. '--transfer-backend mooncake'")
+    g.add_argument(
+        "--prefill-num-pages",
+        type=int,
+        default=0,
+        metavar="N",
+        help="KV pages of each prefill instance (0: derived from memory); small pools make the "
+        "instances' prefix caches compete",
+    )
+    g.add_argument(
+        "--cluster-flags",
+        default="",
+        metavar="FLAGS",
+        help="more service flags for every instance, e.g. '--transfer-backend mooncake'",
+    )
 
 
 def parse_policies(text: str) -> tuple[str, ...]:
@@ -65,20 +78,29 @@ def parse_policies(text: str) -> tuple[str, ...]:
     names = tuple(n.strip() for n in text.split(",") if n.strip())
     bad = [n for n in names if n not in policies]
     if bad:
-        raise ValueError(f"--compare-policies: {', '.join(bad)} is not a routing policy; use some of "
-                         f"{', '.join(policies)}")
+        raise ValueError(
+            f"--compare-policies: {', '.join(bad)} is not a routing policy; use some of {', '.join(policies)}"
+        )
     if len(names) < 2 or len(set(names)) != len(names):
-        raise ValueError(f"--compare-policies {text!r}: name at least two different policies, e.g. "
-                         "kv_aware,round_robin")
+        raise ValueError(
+            f"--compare-policies {text!r}: name at least two different policies, e.g. kv_aware,round_robin"
+        )
     return names
 
 
 def validate(ns: argparse.Namespace) -> tuple[str, ...]:
     """The policies to compare; ValueError for flags that do not go with --compare-policies."""
     policies = parse_policies(ns.compare_policies)
-    clash = [flag for flag, given in (("--base-url", ns.base_url), ("--mock-workers", ns.mock_workers),
-                                      ("--compare-url", ns.compare_url),
-                                      ("--peer-cmd", getattr(ns, "peer_cmd", None))) if given]
+    clash = [
+        flag
+        for flag, given in (
+            ("--base-url", ns.base_url),
+            ("--mock-workers", ns.mock_workers),
+            ("--compare-url", ns.compare_url),
+            ("--peer-cmd", getattr(ns, "peer_cmd", None)),
+        )
+        if given
+    ]
     if clash:
         raise ValueError(f"--compare-policies starts its own clusters; drop {', '.join(clash)}")
     if ns.prefill_instances < 1 or ns.decode_instances < 1:
@@ -99,8 +121,10 @@ class Topology:
     def describe(self) -> str:
         pool = f"{self.prefill_num_pages} KV pages each" if self.prefill_num_pages else "KV pool derived"
         more = f"; service flags: {' '.join(self.extra)}" if self.extra else ""
-        return (f"1 gateway, {self.prefill} prefill ({pool}), {self.decode} decode (KV pool derived), etcd + NATS, "
-                f"every service --threads 1, model {Path(self.model).name}{more}")
+        return (
+            f"1 gateway, {self.prefill} prefill ({pool}), {self.decode} decode (KV pool derived), etcd + NATS, "
+            f"every service --threads 1, model {Path(self.model).name}{more}"
+        )
 
 
 def _up_options(policy: str, topo: Topology, run_dir: Path):  # -> UpOptions
@@ -108,11 +132,28 @@ def _up_options(policy: str, topo: Topology, run_dir: Path):  # -> UpOptions
     from shared.cluster.localcluster.servers import free_port
 
     role_extra = {"prefill": ("--num-pages", str(topo.prefill_num_pages))} if topo.prefill_num_pages else {}
-    extra = ("--model", topo.model, "--threads", "1", "--routing-policy", policy, "--port", str(free_port()),
-             *topo.extra)
-    return UpOptions(run_dir=str(run_dir), cluster=f"bench-{policy}", etcd_port=free_port(), nats_port=free_port(),
-                     counts={"gateway": 1, "prefill": topo.prefill, "decode": topo.decode}, extra=extra,
-                     role_extra=role_extra, ready_timeout_s=READY_TIMEOUT_S, echo_log=False)
+    extra = (
+        "--model",
+        topo.model,
+        "--threads",
+        "1",
+        "--routing-policy",
+        policy,
+        "--port",
+        str(free_port()),
+        *topo.extra,
+    )
+    return UpOptions(
+        run_dir=str(run_dir),
+        cluster=f"bench-{policy}",
+        etcd_port=free_port(),
+        nats_port=free_port(),
+        counts={"gateway": 1, "prefill": topo.prefill, "decode": topo.decode},
+        extra=extra,
+        role_extra=role_extra,
+        ready_timeout_s=READY_TIMEOUT_S,
+        echo_log=False,
+    )
 
 
 def scrape_counters(address: str, names: tuple[str, ...]) -> dict[str, float]:
@@ -140,34 +181,61 @@ def prefix_stats(before: dict[str, dict[str, float]], after: dict[str, dict[str,
         per[iid] = {"prompt_tokens": q, "cached_tokens": h}
     queries = sum(v["prompt_tokens"] for v in per.values())
     hits = sum(v["cached_tokens"] for v in per.values())
-    return {"prefill_prompt_tokens": queries, "prefill_cached_tokens": hits,
-            "prefill_prefix_hit_rate": hits / queries if queries else 0.0, "per_prefill": per}
+    return {
+        "prefill_prompt_tokens": queries,
+        "prefill_cached_tokens": hits,
+        "prefill_prefix_hit_rate": hits / queries if queries else 0.0,
+        "per_prefill": per,
+    }
 
 
-async def _measure(base_url: str, requests: list[BenchRequest], ns: argparse.Namespace, tok: BenchTokenizer,
-                   prefills: dict[str, str], slo: Slo | None, percentiles: tuple[float, ...],
-                   deadline: float) -> dict[str, Any]:
+async def _measure(
+    base_url: str,
+    requests: list[BenchRequest],
+    ns: argparse.Namespace,
+    tok: BenchTokenizer,
+    prefills: dict[str, str],
+    slo: Slo | None,
+    percentiles: tuple[float, ...],
+    deadline: float,
+) -> dict[str, Any]:
     conns = max(1, min(len(requests), ns.max_concurrency or len(requests)))
     http = make_http(ns.http_client, base_url, api_key=ns.api_key, max_connections=conns)
     try:
         model = ns.model or await served_model(http)
         extra = json.loads(ns.extra_body) if ns.extra_body else {}
-        opts = RequestOptions(ns.endpoint, model, ignore_eos=ns.ignore_eos, temperature=ns.temperature,
-                              extra_body=extra)
+        opts = RequestOptions(
+            ns.endpoint, model, ignore_eos=ns.ignore_eos, temperature=ns.temperature, extra_body=extra
+        )
         if ns.num_warmups > 0:
-            warm = random_dataset(tok, num_prompts=ns.num_warmups, input_len=WARMUP_INPUT_LEN, output_len=4,
-                                  seed=ns.seed + 7919)
-            out = await warm_up(http, opts, warm, max_concurrency=ns.max_concurrency, timeout_s=ns.timeout_s,
-                                count_tokens=tok.count, deadline_s=max(0.0, deadline - time.monotonic()))
+            warm = random_dataset(
+                tok, num_prompts=ns.num_warmups, input_len=WARMUP_INPUT_LEN, output_len=4, seed=ns.seed + 7919
+            )
+            out = await warm_up(
+                http,
+                opts,
+                warm,
+                max_concurrency=ns.max_concurrency,
+                timeout_s=ns.timeout_s,
+                count_tokens=tok.count,
+                deadline_s=max(0.0, deadline - time.monotonic()),
+            )
             bad = [r.error for r in out.results if not r.success]
             if bad:
                 raise RuntimeError(f"warm-up requests to {base_url} failed: {bad[0]}")
-        snap = lambda: {iid: scrape_counters(addr, PREFIX_COUNTERS) for iid, addr in prefills.items()}  # noqa: E731
+        snap = lambda: {iid: scrape_counters(addr, PREFIX_COUNTERS) for iid, addr in prefills.items()}
         before = await asyncio.to_thread(snap)
-        workload = Workload(tuple(requests), request_rate=ns.request_rate, burstiness=ns.burstiness,
-                            max_concurrency=ns.max_concurrency, seed=ns.seed, timeout_s=ns.timeout_s)
-        outcome = await run_workload(http, opts, workload, count_tokens=tok.count,
-                                     deadline_s=max(0.0, deadline - time.monotonic()))
+        workload = Workload(
+            tuple(requests),
+            request_rate=ns.request_rate,
+            burstiness=ns.burstiness,
+            max_concurrency=ns.max_concurrency,
+            seed=ns.seed,
+            timeout_s=ns.timeout_s,
+        )
+        outcome = await run_workload(
+            http, opts, workload, count_tokens=tok.count, deadline_s=max(0.0, deadline - time.monotonic())
+        )
         after = await asyncio.to_thread(snap)
     finally:
         await http.aclose()
@@ -186,8 +254,9 @@ def _log(msg: str) -> None:
 
 
 @contextmanager
-def detached_cluster(label: str, opts: Any, run_dir: Path, about: str = "",
-                     ready_note: str = "") -> Iterator[tuple[str, dict[str, tuple[str, Any]]]]:
+def detached_cluster(
+    label: str, opts: Any, run_dir: Path, about: str = "", ready_note: str = ""
+) -> Iterator[tuple[str, dict[str, tuple[str, Any]]]]:
     """`pdrelay up` in the background (opts: UpOptions) for one side of a comparison: yields the gateway's base
     URL and, by instance id, each child's (role, ReadyInfo or None from run_dir/ready); stops it on the way out."""
     from shared.cluster.handshake import read_ready_file
@@ -198,21 +267,33 @@ def detached_cluster(label: str, opts: Any, run_dir: Path, about: str = "",
     try:
         state = detached.start(opts)
         gateway = next(c for c in state.children if c.role == "gateway")
-        ready = {c.instance_id: (c.role, read_ready_file(run_dir / "ready" / f"{c.instance_id}.json"))
-                 for c in state.children}
+        ready = {
+            c.instance_id: (c.role, read_ready_file(run_dir / "ready" / f"{c.instance_id}.json"))
+            for c in state.children
+        }
         _log(f"{label}: ready in {time.monotonic() - t0:.0f} s; gateway http://{gateway.http}{ready_note}")
         yield f"http://{gateway.http}", ready
     finally:
         detached.stop(run_dir, timeout_s=30.0, say=lambda m: _log(f"{label}: {m}"))
 
 
-def _run_one(policy: str, topo: Topology, requests: list[BenchRequest], ns: argparse.Namespace,
-             tok: BenchTokenizer, slo: Slo | None, percentiles: tuple[float, ...], tmp: Path,
-             deadline: float) -> dict[str, Any]:
+def _run_one(
+    policy: str,
+    topo: Topology,
+    requests: list[BenchRequest],
+    ns: argparse.Namespace,
+    tok: BenchTokenizer,
+    slo: Slo | None,
+    percentiles: tuple[float, ...],
+    tmp: Path,
+    deadline: float,
+) -> dict[str, Any]:
     run_dir = tmp / policy
     note = f"; {len(requests)} requests, concurrency {ns.max_concurrency or 'unlimited'}"
-    with detached_cluster(policy, _up_options(policy, topo, run_dir), run_dir, f" ({topo.describe()})",
-                          note) as (url, ready):
+    with detached_cluster(policy, _up_options(policy, topo, run_dir), run_dir, f" ({topo.describe()})", note) as (
+        url,
+        ready,
+    ):
         prefills = {}
         for iid, (role, info) in ready.items():
             if role == "prefill":
@@ -221,8 +302,10 @@ def _run_one(policy: str, topo: Topology, requests: list[BenchRequest], ns: argp
                 prefills[iid] = info.metrics
         summary = asyncio.run(_measure(url, requests, ns, tok, prefills, slo, percentiles, deadline))
     summary["label"] = policy
-    _log(f"{policy}: mean TTFT {summary['mean_ttft_ms']:.0f} ms, prefill prefix hit rate "
-         f"{summary['prefill_prefix_hit_rate']:.1%}")
+    _log(
+        f"{policy}: mean TTFT {summary['mean_ttft_ms']:.0f} ms, prefill prefix hit rate "
+        f"{summary['prefill_prefix_hit_rate']:.1%}"
+    )
     return summary
 
 
@@ -232,8 +315,10 @@ def policy_lines(summaries: list[dict[str, Any]]) -> list[str]:
     lines = [f"{'policy':<12} {'mean TTFT':>10} {'median TTFT':>12} {'prefix hit rate':>16}  prompt tokens per prefill"]
     for s in summaries:
         split = " / ".join(f"{iid} {v['prompt_tokens']:.0f}" for iid, v in s["per_prefill"].items())
-        lines.append(f"{s['label']:<12} {s['mean_ttft_ms']:>7.0f} ms {s['median_ttft_ms']:>9.0f} ms "
-                     f"{s['prefill_prefix_hit_rate']:>16.1%}  {split}")
+        lines.append(
+            f"{s['label']:<12} {s['mean_ttft_ms']:>7.0f} ms {s['median_ttft_ms']:>9.0f} ms "
+            f"{s['prefill_prefix_hit_rate']:>16.1%}  {split}"
+        )
     first = summaries[0]
     for s in summaries[1:]:
         mean, median = ttft_ratios(s, first)
@@ -244,6 +329,7 @@ def policy_lines(summaries: list[dict[str, Any]]) -> list[str]:
 def ttft_ratios(other: dict[str, Any], first: dict[str, Any]) -> tuple[float | None, float | None]:
     def r(key: str) -> float | None:
         return other[key] / first[key] if first.get(key) else None
+
     return r("mean_ttft_ms"), r("median_ttft_ms")
 
 
@@ -254,21 +340,37 @@ def _x(v: float | None) -> str:
 def workload_line(ns: argparse.Namespace) -> str:
     rate = "all at once" if math.isinf(ns.request_rate) else f"{ns.request_rate:g} req/s"
     if ns.dataset == "shared-prefix":
-        what = (f"shared-prefix: {ns.shared_prefix_groups} groups x {ns.shared_prefix_system_len}-token system "
-                f"prompts + {ns.random_input_len}-token questions")
+        what = (
+            f"shared-prefix: {ns.shared_prefix_groups} groups x {ns.shared_prefix_system_len}-token system "
+            f"prompts + {ns.random_input_len}-token questions"
+        )
     else:
         what = f"{ns.dataset}: {ns.random_input_len}-token prompts"
-    return (f"{what}, {ns.random_output_len} output tokens, {ns.num_prompts} requests, concurrency "
-            f"{ns.max_concurrency or 'unlimited'}, {rate}, seed {ns.seed}")
+    return (
+        f"{what}, {ns.random_output_len} output tokens, {ns.num_prompts} requests, concurrency "
+        f"{ns.max_concurrency or 'unlimited'}, {rate}, seed {ns.seed}"
+    )
 
 
-def run_policies(ns: argparse.Namespace, requests: list[BenchRequest], tok: BenchTokenizer, tokenizer_dir: Path,
-                 settings: dict[str, Any], slo: Slo | None, percentiles: tuple[float, ...]) -> int:
+def run_policies(
+    ns: argparse.Namespace,
+    requests: list[BenchRequest],
+    tok: BenchTokenizer,
+    tokenizer_dir: Path,
+    settings: dict[str, Any],
+    slo: Slo | None,
+    percentiles: tuple[float, ...],
+) -> int:
     policies = validate(ns)
     import shlex
 
-    topo = Topology(ns.prefill_instances, ns.decode_instances, ns.prefill_num_pages, str(tokenizer_dir),
-                    tuple(shlex.split(ns.cluster_flags)))
+    topo = Topology(
+        ns.prefill_instances,
+        ns.decode_instances,
+        ns.prefill_num_pages,
+        str(tokenizer_dir),
+        tuple(shlex.split(ns.cluster_flags)),
+    )
     summaries: list[dict[str, Any]] = []
     deadline = time.monotonic() + ns.total_timeout_s  # a late policy's run stops there, reported as partial
     with tempfile.TemporaryDirectory(prefix="pdrelay-bench-policies-") as tmp:
@@ -278,14 +380,28 @@ def run_policies(ns: argparse.Namespace, requests: list[BenchRequest], tok: Benc
     print(f"Topology (each policy): {topo.describe()}")
     print(f"Workload: {workload_line(ns)}; fresh cluster per policy, in this order: {', '.join(policies)}")
     title = "Routing policies (same workload, one run)" + (" (partial)" if partial else "")
-    print(format_table(title, summaries[0], percentiles, compare=summaries[1],
-                       labels=(summaries[0]["label"], summaries[1]["label"])))
+    print(
+        format_table(
+            title,
+            summaries[0],
+            percentiles,
+            compare=summaries[1],
+            labels=(summaries[0]["label"], summaries[1]["label"]),
+        )
+    )
     for line in policy_lines(summaries):
         print(line)
     if ns.output_json:
-        doc = {**settings, "topology": topo.describe(), "policies": summaries, "partial": partial,
-               "ttft_ratios": {s["label"]: dict(zip(("mean", "median"), ttft_ratios(s, summaries[0]), strict=True))
-                               for s in summaries[1:]}}
+        doc = {
+            **settings,
+            "topology": topo.describe(),
+            "policies": summaries,
+            "partial": partial,
+            "ttft_ratios": {
+                s["label"]: dict(zip(("mean", "median"), ttft_ratios(s, summaries[0]), strict=True))
+                for s in summaries[1:]
+            },
+        }
         Path(ns.output_json).write_text(json.dumps(doc, indent=2) + "\n")
         _log(f"wrote {ns.output_json}")
     if partial:

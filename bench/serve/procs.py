@@ -39,8 +39,9 @@ def process_cpu(pid: int) -> CpuSample:
     try:
         stat = Path(f"/proc/{pid}/stat").read_text()
     except OSError:
-        raise ValueError(f"process {pid} does not exist (or /proc is not readable); pass the pid of the server "
-                         f"process to measure") from None
+        raise ValueError(
+            f"process {pid} does not exist (or /proc is not readable); pass the pid of the server process to measure"
+        ) from None
     fields = stat.rsplit(")", 1)[1].split()  # the command name may contain spaces: split after it
     stat_s = (int(fields[11]) + int(fields[12])) * _TICK_S  # fields 14 and 15 of proc(5): utime, stime
     sched_ns = 0
@@ -58,17 +59,37 @@ def process_cpu(pid: int) -> CpuSample:
 class MockGateway:
     """`python -m services.gateway.mock` as a child process on a free 127.0.0.1 port."""
 
-    def __init__(self, model_dir: str | Path, *, token_delay_ms: float = 0.0, first_token_delay_ms: float = 0.0,
-                 extra_args: tuple[str, ...] = ()) -> None:
+    def __init__(
+        self,
+        model_dir: str | Path,
+        *,
+        token_delay_ms: float = 0.0,
+        first_token_delay_ms: float = 0.0,
+        extra_args: tuple[str, ...] = (),
+    ) -> None:
         self.model_dir = Path(model_dir)
         self.port = free_port()
         self.base_url = f"http://127.0.0.1:{self.port}"
-        cmd = [sys.executable, "-m", "services.gateway.mock", "--host", "127.0.0.1", "--port", str(self.port),
-               "--model", str(self.model_dir), "--token-delay-ms", str(token_delay_ms),
-               "--first-token-delay-ms", str(first_token_delay_ms), *extra_args]
+        cmd = [
+            sys.executable,
+            "-m",
+            "services.gateway.mock",
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(self.port),
+            "--model",
+            str(self.model_dir),
+            "--token-delay-ms",
+            str(token_delay_ms),
+            "--first-token-delay-ms",
+            str(first_token_delay_ms),
+            *extra_args,
+        ]
         # One OpenMP thread (service_env) for anything numeric in the gateway: it shares the cores with this client.
-        self.service = ServiceProcess("mock-gateway", cmd, probe=http_ok(f"{self.base_url}/health"),
-                                      tie_to_parent=True, merge_output=True)
+        self.service = ServiceProcess(
+            "mock-gateway", cmd, probe=http_ok(f"{self.base_url}/health"), tie_to_parent=True, merge_output=True
+        )
 
     @property
     def pid(self) -> int:

@@ -29,12 +29,19 @@ _CPU_ROWS: tuple[tuple[str, str, str], ...] = (
     ("Client CPU per request (us)", "client_cpu_us_per_request", "{:.1f}"),
 )
 # Keys whose target/compare ratio is printed and saved (counts and durations are not comparable quantities).
-RATIO_KEYS_FIXED = ("request_throughput", "request_goodput", "output_throughput", "total_token_throughput",
-                    "gateway_cpu_us_per_request", "client_cpu_us_per_request")
+RATIO_KEYS_FIXED = (
+    "request_throughput",
+    "request_goodput",
+    "output_throughput",
+    "total_token_throughput",
+    "gateway_cpu_us_per_request",
+    "client_cpu_us_per_request",
+)
 
 
-def _rows(summary: Summary, percentiles: Sequence[float],
-          compare: Summary | None = None) -> list[tuple[str, str, str] | str]:
+def _rows(
+    summary: Summary, percentiles: Sequence[float], compare: Summary | None = None
+) -> list[tuple[str, str, str] | str]:
     rows: list[tuple[str, str, str] | str] = [r for r in _HEAD_ROWS if r[1] in summary]
     for m in METRICS:
         rows.append(METRIC_TITLES[m])
@@ -72,8 +79,14 @@ def _fmt(fmt: str, v: Any) -> str:
     return fmt.format(v) if isinstance(v, (int, float)) and math.isfinite(v) else str(v)
 
 
-def format_table(title: str, target: Summary, percentiles: Sequence[float], *, compare: Summary | None = None,
-                 labels: tuple[str, str] = ("target", "compare")) -> str:
+def format_table(
+    title: str,
+    target: Summary,
+    percentiles: Sequence[float],
+    *,
+    compare: Summary | None = None,
+    labels: tuple[str, str] = ("target", "compare"),
+) -> str:
     """vLLM's result block; with `compare`, two value columns and their ratio (target/compare)."""
     rows = _rows(target, percentiles, compare)
     if compare is None:
@@ -88,19 +101,19 @@ def format_table(title: str, target: Summary, percentiles: Sequence[float], *, c
         return "\n".join(lines)
     width = 40 + 3 * 14
     rat = ratios(target, compare, percentiles)
-    lines = [f"{' ' + title + ' ':=^{width}}",
-             f"{'':<40}{labels[0][:13]:>14}{labels[1][:13]:>14}{'ratio':>14}"]
+    lines = [f"{' ' + title + ' ':=^{width}}", f"{'':<40}{labels[0][:13]:>14}{labels[1][:13]:>14}{'ratio':>14}"]
     for row in rows:
         if isinstance(row, str):
             lines.append(f"{' ' + row + ' ':-^{width}}")
         else:
             label, key, fmt = row
             r = rat.get(key)
-            lines.append(f"{label + ':':<40}{_fmt(fmt, target.get(key)):>14}{_fmt(fmt, compare.get(key)):>14}"
-                         f"{_fmt('{:.3f}', r) if key in rat else '':>14}")
+            lines.append(
+                f"{label + ':':<40}{_fmt(fmt, target.get(key)):>14}{_fmt(fmt, compare.get(key)):>14}"
+                f"{_fmt('{:.3f}', r) if key in rat else '':>14}"
+            )
     lines.append("=" * width)
-    lines.append(f"ratio = {labels[0]} / {labels[1]}: below 1 is better for latencies and CPU, above 1 for "
-                 f"throughput")
+    lines.append(f"ratio = {labels[0]} / {labels[1]}: below 1 is better for latencies and CPU, above 1 for throughput")
     return "\n".join(lines)
 
 
@@ -117,15 +130,27 @@ def headline(doc: Mapping[str, Any]) -> str:
     conc = doc.get("max_concurrency") or "unlimited"
     line(f"p50 E2E (ms), concurrency {conc}", doc.get("median_e2el_ms"), cmp.get("median_e2el_ms"), "{:.3f}")
     line(f"p99 E2E (ms), concurrency {conc}", doc.get("p99_e2el_ms"), cmp.get("p99_e2el_ms"), "{:.3f}")
-    line(f"gateway CPU/request (us), concurrency {conc}", doc.get("gateway_cpu_us_per_request"),
-         cmp.get("gateway_cpu_us_per_request"), "{:.1f}")
+    line(
+        f"gateway CPU/request (us), concurrency {conc}",
+        doc.get("gateway_cpu_us_per_request"),
+        cmp.get("gateway_cpu_us_per_request"),
+        "{:.1f}",
+    )
     tp = doc.get("throughput_phase")
     if tp and "compare" in tp:
         c = tp.get("max_concurrency")
-        line(f"throughput (req/s), concurrency {c}", tp.get("request_throughput"),
-             tp["compare"].get("request_throughput"), "{:.1f}")
-        line(f"gateway CPU/request (us), concurrency {c}", tp.get("gateway_cpu_us_per_request"),
-             tp["compare"].get("gateway_cpu_us_per_request"), "{:.1f}")
+        line(
+            f"throughput (req/s), concurrency {c}",
+            tp.get("request_throughput"),
+            tp["compare"].get("request_throughput"),
+            "{:.1f}",
+        )
+        line(
+            f"gateway CPU/request (us), concurrency {c}",
+            tp.get("gateway_cpu_us_per_request"),
+            tp["compare"].get("gateway_cpu_us_per_request"),
+            "{:.1f}",
+        )
     return "\n".join(lines)
 
 

@@ -80,15 +80,20 @@ class _Conversations:
         return self.done.setdefault((conv, turn), asyncio.Event())
 
 
-async def run_workload(http: StreamingHttp, opts: RequestOptions, workload: Workload, *,
-                       count_tokens: Callable[[str], int], stop: asyncio.Event | None = None,
-                       deadline_s: float | None = None) -> RunOutcome:
+async def run_workload(
+    http: StreamingHttp,
+    opts: RequestOptions,
+    workload: Workload,
+    *,
+    count_tokens: Callable[[str], int],
+    stop: asyncio.Event | None = None,
+    deadline_s: float | None = None,
+) -> RunOutcome:
     """Run every request of `workload`; return early (cancelling what is in flight) when `stop` is set or
     `deadline_s` passes."""
     reqs = workload.requests
     # Bodies of requests without history are encoded before the clock starts (client work off the hot path).
-    bodies: list[bytes | None] = [build_body(r, opts) if r.conversation is None or r.turn == 0 else None
-                                  for r in reqs]
+    bodies: list[bytes | None] = [build_body(r, opts) if r.conversation is None or r.turn == 0 else None for r in reqs]
     offsets = arrival_offsets(len(reqs), workload.request_rate, workload.burstiness, workload.seed)
     sem = asyncio.Semaphore(workload.max_concurrency) if workload.max_concurrency else None
     convs = _Conversations()
@@ -120,8 +125,7 @@ async def run_workload(http: StreamingHttp, opts: RequestOptions, workload: Work
             await sem.acquire()
         try:
             async with asyncio.timeout(workload.timeout_s):
-                result = await send_request(http, opts.endpoint, body, prompt_len=prompt_len,
-                                            count_tokens=count_tokens)
+                result = await send_request(http, opts.endpoint, body, prompt_len=prompt_len, count_tokens=count_tokens)
         except TimeoutError:
             result = RequestResult(False, error=f"no complete answer within --timeout-s {workload.timeout_s:g}")
         finally:
@@ -164,9 +168,17 @@ async def run_workload(http: StreamingHttp, opts: RequestOptions, workload: Work
     return RunOutcome(done, end - start, len(reqs), stopped)
 
 
-async def warm_up(http: StreamingHttp, opts: RequestOptions, requests: Sequence[BenchRequest], *,
-                  max_concurrency: int | None, timeout_s: float, count_tokens: Callable[[str], int],
-                  stop: asyncio.Event | None = None, deadline_s: float | None = None) -> RunOutcome:
+async def warm_up(
+    http: StreamingHttp,
+    opts: RequestOptions,
+    requests: Sequence[BenchRequest],
+    *,
+    max_concurrency: int | None,
+    timeout_s: float,
+    count_tokens: Callable[[str], int],
+    stop: asyncio.Event | None = None,
+    deadline_s: float | None = None,
+) -> RunOutcome:
     """Send `requests` (as independent single-turn requests) and wait for them: connections, caches and the
     server's first-request costs are paid before the measured run."""
     single = tuple(dataclasses.replace(r, conversation=None, turn=0) for r in requests)

@@ -52,8 +52,9 @@ def check_grpc(address: str, service: str, timeout_s: float) -> tuple[int, str]:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="pdrelay-healthcheck",
-                                     description="Exit 0 when a pdrelay service answers healthy, 1 when not.")
+    parser = argparse.ArgumentParser(
+        prog="pdrelay-healthcheck", description="Exit 0 when a pdrelay service answers healthy, 1 when not."
+    )
     parser.add_argument("--timeout", type=float, default=3.0, help="seconds to wait for an answer (default 3)")
     sub = parser.add_subparsers(dest="kind", required=True)
     http = sub.add_parser("http", help="GET a URL; healthy on 2xx")

@@ -46,8 +46,10 @@ class LiveCluster:
     def state(self) -> RunState:
         state = running_supervisor(self.run_dir)
         if state is None:
-            raise ValueError(f"no cluster is running from {self.run_dir}; start one with `pdrelay up` "
-                             "(or pass --run-dir of a running one)")
+            raise ValueError(
+                f"no cluster is running from {self.run_dir}; start one with `pdrelay up` "
+                "(or pass --run-dir of a running one)"
+            )
         return state
 
     def children(self, role: str | None = None) -> list[ChildState]:
@@ -62,8 +64,12 @@ class LiveCluster:
     def remote_endpoints(self) -> list[str]:
         """Endpoints of the cluster that are not on this machine's loopback."""
         s = self.state()
-        urls = [s.etcd_url, s.nats_url, *(c.http for c in s.children if c.http),
-                *(c.grpc for c in s.children if c.grpc)]
+        urls = [
+            s.etcd_url,
+            s.nats_url,
+            *(c.http for c in s.children if c.http),
+            *(c.grpc for c in s.children if c.grpc),
+        ]
         return [u for u in urls if u and not is_loopback(u)]
 
     # ---- the control plane -----------------------------------------------------------------------------------
@@ -112,8 +118,12 @@ class LiveCluster:
             raise ValueError("the cluster has no prefill instance to copy the configuration of")
         cfg = ResolvedConfig.from_json(Path(base.config).read_text())
         why = Provenance("cli", "pdrelay chaos")
-        for key, value in (("disagg.fault_injection", fault), ("discovery.instance_id", instance_id),
-                           ("grpc.grpc_port", 0), ("telemetry.metrics_port", 0)):
+        for key, value in (
+            ("disagg.fault_injection", fault),
+            ("discovery.instance_id", instance_id),
+            ("grpc.grpc_port", 0),
+            ("telemetry.metrics_port", 0),
+        ):
             cfg = cfg.with_value(key, value, why)
         out = self.run_dir / "chaos"
         out.mkdir(parents=True, exist_ok=True)
@@ -121,9 +131,21 @@ class LiveCluster:
         cfg_path.write_text(cfg.to_json())
         ready.unlink(missing_ok=True)
         with open(out / f"{instance_id}.log", "ab") as log:
-            proc = subprocess.Popen([sys.executable, "-m", "services.prefill", "--resolved-config", str(cfg_path),
-                                     "--ready-file", str(ready)], stdout=log, stderr=log,
-                                    stdin=subprocess.DEVNULL, start_new_session=True)
+            proc = subprocess.Popen(
+                [
+                    sys.executable,
+                    "-m",
+                    "services.prefill",
+                    "--resolved-config",
+                    str(cfg_path),
+                    "--ready-file",
+                    str(ready),
+                ],
+                stdout=log,
+                stderr=log,
+                stdin=subprocess.DEVNULL,
+                start_new_session=True,
+            )
         deadline = time.monotonic() + 300
         while read_ready_file(ready) is None:
             if proc.poll() is not None or time.monotonic() > deadline:

@@ -22,8 +22,28 @@ from dataclasses import dataclass
 
 import httpx
 
-_WORDS = ("river", "engine", "paper", "cloud", "seven", "garden", "signal", "quiet", "orange", "bridge", "market",
-          "winter", "silver", "window", "planet", "letter", "forest", "number", "summer", "motion")
+_WORDS = (
+    "river",
+    "engine",
+    "paper",
+    "cloud",
+    "seven",
+    "garden",
+    "signal",
+    "quiet",
+    "orange",
+    "bridge",
+    "market",
+    "winter",
+    "silver",
+    "window",
+    "planet",
+    "letter",
+    "forest",
+    "number",
+    "summer",
+    "motion",
+)
 
 
 # A client pauses this long after a clear error before its next request (as one honouring Retry-After would),
@@ -63,12 +83,14 @@ def _error_detail(status: int, body: bytes) -> tuple[bool, str]:
 
 
 class LoadClient:
-    def __init__(self, base_url: str, model: str, *, max_tokens: int, timeout_s: float,
-                 api_key: str | None = None) -> None:
+    def __init__(
+        self, base_url: str, model: str, *, max_tokens: int, timeout_s: float, api_key: str | None = None
+    ) -> None:
         headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
         limits = httpx.Limits(max_connections=1024, max_keepalive_connections=64)
-        self.http = httpx.AsyncClient(base_url=base_url, headers=headers, limits=limits,
-                                      timeout=httpx.Timeout(timeout_s, connect=5.0))
+        self.http = httpx.AsyncClient(
+            base_url=base_url, headers=headers, limits=limits, timeout=httpx.Timeout(timeout_s, connect=5.0)
+        )
         self.model = model
         self.max_tokens = max_tokens
         self.timeout_s = timeout_s
@@ -77,8 +99,14 @@ class LoadClient:
         await self.http.aclose()
 
     def _body(self, prompt: str, stream: bool, max_tokens: int | None) -> dict[str, object]:
-        return {"model": self.model, "prompt": prompt, "max_tokens": max_tokens or self.max_tokens,
-                "temperature": 0, "ignore_eos": True, "stream": stream}
+        return {
+            "model": self.model,
+            "prompt": prompt,
+            "max_tokens": max_tokens or self.max_tokens,
+            "temperature": 0,
+            "ignore_eos": True,
+            "stream": stream,
+        }
 
     async def text(self, prompt: str, max_tokens: int | None = None) -> str:
         """The answer's text (for the baseline); raises RuntimeError when there is none."""
@@ -93,7 +121,7 @@ class LoadClient:
         text = None
         try:
             text, verdict, detail = await asyncio.wait_for(self._one(prompt, stream, max_tokens), self.timeout_s)
-        except (asyncio.TimeoutError, httpx.TimeoutException):
+        except (TimeoutError, httpx.TimeoutException):
             verdict, detail = Verdict.HUNG, f"no answer within {self.timeout_s:.0f} s"
         except httpx.TransportError as e:
             verdict, detail = Verdict.CLEAR, f"connection: {type(e).__name__}: {e}"[:160]
@@ -129,12 +157,20 @@ def rejudge(o: Outcome, want: str) -> Outcome:
     """An answer against its baseline text."""
     if o.verdict != Verdict.CORRECT or o.text == want:
         return o
-    return Outcome(Verdict.WRONG, o.started, o.ended, f"text differs from the baseline: {str(o.text)[:60]!r}",
-                   o.prompt, o.text)
+    return Outcome(
+        Verdict.WRONG, o.started, o.ended, f"text differs from the baseline: {str(o.text)[:60]!r}", o.prompt, o.text
+    )
 
 
-async def run_load(client: LoadClient, prompts: Sequence[str], baseline: Sequence[str] | None, *,
-                   concurrency: int, duration_s: float, seed: int) -> list[Outcome]:
+async def run_load(
+    client: LoadClient,
+    prompts: Sequence[str],
+    baseline: Sequence[str] | None,
+    *,
+    concurrency: int,
+    duration_s: float,
+    seed: int,
+) -> list[Outcome]:
     """`concurrency` clients, each sending one request after the other until `duration_s` is over (requests in
     flight then are waited for). Prompt order and streaming are drawn from `seed`. Without a baseline, every
     prompt is used once, in order (no prefix cache anywhere holds it yet), and the answers are judged later."""
@@ -158,8 +194,9 @@ async def run_load(client: LoadClient, prompts: Sequence[str], baseline: Sequenc
     return outcomes
 
 
-async def burst(client: LoadClient, prompts: Sequence[str], baseline: Sequence[str], *, count: int,
-                seed: int) -> list[Outcome]:
+async def burst(
+    client: LoadClient, prompts: Sequence[str], baseline: Sequence[str], *, count: int, seed: int
+) -> list[Outcome]:
     """`count` requests at once (the overload scenario)."""
     rng = random.Random(seed)
     picks = [rng.randrange(len(prompts)) for _ in range(count)]

@@ -60,8 +60,19 @@ def tally(result: ScenarioResult, outcomes: Sequence[Outcome], fault_at: float |
     return result
 
 
-_COLUMNS = ("scenario", "target", "sent", "correct", "clear err", "hung", "wrong", "leaked", "recovery s",
-            "slowest s", "result")
+_COLUMNS = (
+    "scenario",
+    "target",
+    "sent",
+    "correct",
+    "clear err",
+    "hung",
+    "wrong",
+    "leaked",
+    "recovery s",
+    "slowest s",
+    "result",
+)
 
 
 def format_table(report: ChaosReport) -> str:
@@ -72,16 +83,37 @@ def format_table(report: ChaosReport) -> str:
             continue
         rec = f"{s.recovery_s:.1f}" if s.recovery_s is not None else "never"
         slow = f"{s.slowest_after_fault_s:.1f}" + (f" (<= {s.answer_within_s:.0f})" if s.answer_within_s else "")
-        rows.append((s.scenario, s.target, str(s.sent), str(s.correct), str(s.clear_errors), str(s.hung),
-                     str(s.wrong), str(s.leaked_pages), rec, slow, "ok" if s.ok else "FAIL"))
+        rows.append(
+            (
+                s.scenario,
+                s.target,
+                str(s.sent),
+                str(s.correct),
+                str(s.clear_errors),
+                str(s.hung),
+                str(s.wrong),
+                str(s.leaked_pages),
+                rec,
+                slow,
+                "ok" if s.ok else "FAIL",
+            )
+        )
     widths = [max(len(r[i]) for r in rows) for i in range(len(_COLUMNS) - 1)]
-    lines = [f"pdrelay chaos: cluster '{report.cluster}', seed {report.seed}, {report.duration_s:.0f} s per "
-             f"scenario, {report.concurrency} clients, {report.max_tokens} greedy tokens per request (healthy: "
-             f"{report.baseline_median_s:.2f} s each, one at a time)"]
+    lines = [
+        f"pdrelay chaos: cluster '{report.cluster}', seed {report.seed}, {report.duration_s:.0f} s per "
+        f"scenario, {report.concurrency} clients, {report.max_tokens} greedy tokens per request (healthy: "
+        f"{report.baseline_median_s:.2f} s each, one at a time)"
+    ]
     lines += ["  ".join([*(c.ljust(w) for c, w in zip(r[:-1], widths)), r[-1]]) for r in rows]
     for s in report.scenarios:
         for msg, n in s.errors.items():
             lines.append(f"  {s.scenario}: {n} x {msg}")
-    lines.append("result: " + ("every scenario: 0 wrong, 0 hung, 0 leaked pages, recovered" if report.ok
-                               else "FAILED (see the rows marked FAIL)"))
+    lines.append(
+        "result: "
+        + (
+            "every scenario: 0 wrong, 0 hung, 0 leaked pages, recovered"
+            if report.ok
+            else "FAILED (see the rows marked FAIL)"
+        )
+    )
     return "\n".join(lines)

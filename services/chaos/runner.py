@@ -54,8 +54,9 @@ def _say(text: str) -> None:
 async def run_chaos(opts: ChaosOptions) -> ChaosReport:
     cluster = LiveCluster(opts.run_dir)
     state = cluster.state()
-    client = LoadClient(cluster.gateway_url(), "", max_tokens=opts.max_tokens, timeout_s=opts.request_timeout_s,
-                        api_key=opts.api_key)
+    client = LoadClient(
+        cluster.gateway_url(), "", max_tokens=opts.max_tokens, timeout_s=opts.request_timeout_s, api_key=opts.api_key
+    )
     await cluster.connect()
     try:
         models = (await client.http.get("/v1/models")).json()["data"]
@@ -67,26 +68,38 @@ async def run_chaos(opts: ChaosOptions) -> ChaosReport:
             baseline.append(await client.text(p))
             took.append(time.monotonic() - t0)
         median_s = round(sorted(took)[len(took) // 2], 2)
-        _say(f"pdrelay chaos: baseline of {len(prompts)} prompts from the healthy cluster ({client.model}), "
-             f"median {median_s:.2f} s per request one at a time")
+        _say(
+            f"pdrelay chaos: baseline of {len(prompts)} prompts from the healthy cluster ({client.model}), "
+            f"median {median_s:.2f} s per request one at a time"
+        )
         results = []
         for sc in opts.scenarios:
             _say(f"pdrelay chaos: {sc} ...")
             r = await _scenario(sc, opts, cluster, client, prompts, baseline)
-            _say(f"pdrelay chaos: {sc}: {r.sent} sent, {r.correct} correct, {r.clear_errors} clear errors, "
-                 f"{r.hung} hung, {r.wrong} wrong, {r.leaked_pages} pages leaked" if not r.skipped
-                 else f"pdrelay chaos: {sc}: skipped ({r.skipped})")
+            _say(
+                f"pdrelay chaos: {sc}: {r.sent} sent, {r.correct} correct, {r.clear_errors} clear errors, "
+                f"{r.hung} hung, {r.wrong} wrong, {r.leaked_pages} pages leaked"
+                if not r.skipped
+                else f"pdrelay chaos: {sc}: skipped ({r.skipped})"
+            )
             results.append(r)
-        return ChaosReport(cluster=state.cluster, seed=opts.seed, duration_s=opts.duration_s,
-                           concurrency=opts.concurrency, max_tokens=opts.max_tokens, baseline_median_s=median_s,
-                           scenarios=results)
+        return ChaosReport(
+            cluster=state.cluster,
+            seed=opts.seed,
+            duration_s=opts.duration_s,
+            concurrency=opts.concurrency,
+            max_tokens=opts.max_tokens,
+            baseline_median_s=median_s,
+            scenarios=results,
+        )
     finally:
         await client.close()
         await cluster.close()
 
 
-async def _scenario(sc: Scenario, opts: ChaosOptions, cluster: LiveCluster, client: LoadClient,
-                    prompts: list[str], baseline: list[str]) -> ScenarioResult:
+async def _scenario(
+    sc: Scenario, opts: ChaosOptions, cluster: LiveCluster, client: LoadClient, prompts: list[str], baseline: list[str]
+) -> ScenarioResult:
     result = ScenarioResult(scenario=str(sc), answer_within_s=opts.answer_within_s if sc in HANG_SCENARIOS else None)
     before = await cluster.ready_epochs()
     if before is None:
@@ -100,8 +113,16 @@ async def _scenario(sc: Scenario, opts: ChaosOptions, cluster: LiveCluster, clie
         # With a faulty prefill in the tier, prompts no cache has seen yet: cache-aware routing would otherwise keep
         # the baseline's prompts on the prefills that cached them, and the faulty one would get no work.
         fresh = seeded_prompts(seed + 1, 4096, prefix="Fresh") if injected is not None else None
-        load = asyncio.ensure_future(run_load(client, fresh or prompts, None if fresh else baseline,
-                                              concurrency=opts.concurrency, duration_s=opts.duration_s, seed=seed))
+        load = asyncio.ensure_future(
+            run_load(
+                client,
+                fresh or prompts,
+                None if fresh else baseline,
+                concurrency=opts.concurrency,
+                duration_s=opts.duration_s,
+                seed=seed,
+            )
+        )
         if injected is None:
             await asyncio.sleep(opts.fault_after_s)
         fault_at = time.monotonic()
@@ -117,8 +138,9 @@ async def _scenario(sc: Scenario, opts: ChaosOptions, cluster: LiveCluster, clie
         result.target = injected.target
         # a killed or stopped instance is back only once it registered again (a new epoch)
         renewed = {injected.target} if sc.value.startswith(("kill-", "stop-")) else set()
-        recovery = asyncio.ensure_future(_recovered(cluster, client, before, renewed, prompts[0], baseline[0],
-                                                    fault_at, opts.recovery_timeout_s))
+        recovery = asyncio.ensure_future(
+            _recovered(cluster, client, before, renewed, prompts[0], baseline[0], fault_at, opts.recovery_timeout_s)
+        )
         if sc == Scenario.OVERLOAD:
             extra = await burst(client, prompts, baseline, count=opts.overload_requests, seed=seed)
         if injected.heal is not None:
@@ -151,8 +173,16 @@ async def _judge_later(client: LoadClient, outcomes: list[Outcome], concurrency:
     return [rejudge(o, want[o.prompt]) if o.prompt in want else o for o in outcomes]
 
 
-async def _recovered(cluster: LiveCluster, client: LoadClient, before: dict[str, int], renewed: set[str],
-                     prompt: str, want: str, fault_at: float, timeout_s: float) -> float | None:
+async def _recovered(
+    cluster: LiveCluster,
+    client: LoadClient,
+    before: dict[str, int],
+    renewed: set[str],
+    prompt: str,
+    want: str,
+    fault_at: float,
+    timeout_s: float,
+) -> float | None:
     """Seconds from the fault until every instance ready before is ready again (those in `renewed` with a new
     epoch) and a probe gets the baseline answer; None after `timeout_s`."""
     deadline = fault_at + timeout_s

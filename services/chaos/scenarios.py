@@ -1,11 +1,11 @@
 """The chaos scenarios: what each one breaks, and how it is put right again (by itself, or by `pdrelay up`).
 
-    kill-<role>            SIGKILL one instance (the supervisor restarts it)
-    stop-<role>            SIGSTOP one instance for --hang-s, then SIGCONT (a hung process: alive, silent)
-    etcd-outage            SIGKILL etcd (the supervisor restarts it with its data directory)
-    nats-outage            SIGKILL nats-server (restarted the same way)
-    fault-prefill-<fault>  one more prefill with --fault-injection prefill_<fault> joins for the scenario
-    overload               a burst of --overload-requests at once on top of the load
+kill-<role>            SIGKILL one instance (the supervisor restarts it)
+stop-<role>            SIGSTOP one instance for --hang-s, then SIGCONT (a hung process: alive, silent)
+etcd-outage            SIGKILL etcd (the supervisor restarts it with its data directory)
+nats-outage            SIGKILL nats-server (restarted the same way)
+fault-prefill-<fault>  one more prefill with --fault-injection prefill_<fault> joins for the scenario
+overload               a burst of --overload-requests at once on top of the load
 """
 
 from __future__ import annotations
@@ -40,8 +40,11 @@ class Scenario(enum.StrEnum):
 ALL = tuple(Scenario)
 # Hangs: every request must still be answered (served elsewhere, or refused clearly) soon after the fault.
 HANG_SCENARIOS = frozenset({Scenario.STOP_DECODE, Scenario.STOP_PREFILL, Scenario.FAULT_PREFILL_HANG})
-_FAULTS = {Scenario.FAULT_PREFILL_HANG: "prefill_hang", Scenario.FAULT_PREFILL_CORRUPT: "prefill_corrupt_checksum",
-           Scenario.FAULT_PREFILL_CRASH: "prefill_crash_mid_transfer"}
+_FAULTS = {
+    Scenario.FAULT_PREFILL_HANG: "prefill_hang",
+    Scenario.FAULT_PREFILL_CORRUPT: "prefill_corrupt_checksum",
+    Scenario.FAULT_PREFILL_CRASH: "prefill_crash_mid_transfer",
+}
 
 
 def parse_scenarios(text: str) -> list[Scenario]:
@@ -53,8 +56,7 @@ def parse_scenarios(text: str) -> list[Scenario]:
         try:
             out.append(Scenario(name))
         except ValueError:
-            raise ValueError(f"--scenarios: unknown scenario {name!r}; choose from all, "
-                             f"{', '.join(ALL)}") from None
+            raise ValueError(f"--scenarios: unknown scenario {name!r}; choose from all, {', '.join(ALL)}") from None
     if not out:
         raise ValueError("--scenarios is empty; name at least one (or 'all')")
     return out

@@ -7,8 +7,12 @@ import sys
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("control-plane", help="etcd/NATS/gRPC control-plane latencies", add_help=False,
-                       description="All flags go to bench/control_plane.py (see --help).")
+    p = sub.add_parser(
+        "control-plane",
+        help="etcd/NATS/gRPC control-plane latencies",
+        add_help=False,
+        description="All flags go to bench/control_plane.py (see --help).",
+    )
     p.set_defaults(_run=run)
 
 

@@ -6,8 +6,12 @@ import argparse
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("trace", help="tracing overhead: throughput with tracing off vs on", add_help=False,
-                       description="All flags go to bench/trace_overhead.py (see --help).")
+    p = sub.add_parser(
+        "trace",
+        help="tracing overhead: throughput with tracing off vs on",
+        add_help=False,
+        description="All flags go to bench/trace_overhead.py (see --help).",
+    )
     p.set_defaults(_run=run)
 
 

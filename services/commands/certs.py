@@ -17,13 +17,28 @@ from pathlib import Path
 def add_parser(sub: argparse._SubParsersAction) -> None:
     from shared.cluster.certs import DEFAULT_NAMES
 
-    p = sub.add_parser("certs", help="make a local CA and per-service certificates (mutual TLS)", description=__doc__,
-                       allow_abbrev=False, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = sub.add_parser(
+        "certs",
+        help="make a local CA and per-service certificates (mutual TLS)",
+        description=__doc__,
+        allow_abbrev=False,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     p.add_argument("--out", required=True, help="directory for the CA and the certificates")
-    p.add_argument("--name", action="append", default=None, metavar="NAME",
-                   help=f"a certificate to issue (repeatable; default: {', '.join(DEFAULT_NAMES)})")
-    p.add_argument("--san", action="append", default=[], metavar="HOST",
-                   help="an extra DNS name or IP address in every certificate (repeatable)")
+    p.add_argument(
+        "--name",
+        action="append",
+        default=None,
+        metavar="NAME",
+        help=f"a certificate to issue (repeatable; default: {', '.join(DEFAULT_NAMES)})",
+    )
+    p.add_argument(
+        "--san",
+        action="append",
+        default=[],
+        metavar="HOST",
+        help="an extra DNS name or IP address in every certificate (repeatable)",
+    )
     p.add_argument("--days", type=int, default=365, help="validity of the CA and certificates (default 365)")
     p.add_argument("--force", action="store_true", help="make a new CA even if --out has one")
     p.set_defaults(_run=run)

@@ -14,18 +14,25 @@ from shared.config.roles import ROLES
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
     """Registers `config` with its `show` subcommand on the top-level subparsers."""
-    config = sub.add_parser("config", help="show the resolved configuration of a role",
-                            description="Inspect pdrelay's role-aware configuration.", allow_abbrev=False)
+    config = sub.add_parser(
+        "config",
+        help="show the resolved configuration of a role",
+        description="Inspect pdrelay's role-aware configuration.",
+        allow_abbrev=False,
+    )
     config_sub = config.add_subparsers(dest="config_command", metavar="<subcommand>")
     config_sub.required = True
     show = config_sub.add_parser(
-        "show", allow_abbrev=False,  # no prefix matching: `--j` must not silently mean --json
+        "show",
+        allow_abbrev=False,  # no prefix matching: `--j` must not silently mean --json
         help="print a role's resolved config with provenance: pdrelay config show --role decode [flags]",
         description="Print the resolved config of a role as a table (group, flag, value, source). Flags after "
-                    "--role are the role's own flags (and --config FILE), resolved exactly as the service would.")
+        "--role are the role's own flags (and --config FILE), resolved exactly as the service would.",
+    )
     show.add_argument("--role", required=True, choices=ROLES, help="which service's config to resolve")
-    show.add_argument("--json", action="store_true",
-                      help="print JSON with the provenance of every field (secrets redacted)")
+    show.add_argument(
+        "--json", action="store_true", help="print JSON with the provenance of every field (secrets redacted)"
+    )
     show.set_defaults(_run=run)
 
 

@@ -8,11 +8,13 @@ from pathlib import Path
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("down", help="stop the local cluster started by `pdrelay up`", description=__doc__,
-                       allow_abbrev=False)
+    p = sub.add_parser(
+        "down", help="stop the local cluster started by `pdrelay up`", description=__doc__, allow_abbrev=False
+    )
     p.add_argument("--run-dir", default=None, help="the run dir given to `pdrelay up` (default: .run)")
-    p.add_argument("--timeout-s", type=float, default=60.0,
-                   help="wait this long for a clean stop, then SIGKILL whatever is left")
+    p.add_argument(
+        "--timeout-s", type=float, default=60.0, help="wait this long for a clean stop, then SIGKILL whatever is left"
+    )
     p.set_defaults(_run=run)
 
 

@@ -15,8 +15,11 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     model_sub.required = True
     prep = model_sub.add_parser("prepare", help="prepare a model directory (idempotent) and print its path")
     prep.add_argument("--model", default=BUNDLED_MODEL, help=f"model to prepare (default: {BUNDLED_MODEL})")
-    prep.add_argument("--model-cache-dir", default=os.environ.get("PDRELAY_MODEL_CACHE_DIR") or None,
-                      help="cache folder (default: $PDRELAY_MODEL_CACHE_DIR, else $XDG_CACHE_HOME/pdrelay/models)")
+    prep.add_argument(
+        "--model-cache-dir",
+        default=os.environ.get("PDRELAY_MODEL_CACHE_DIR") or None,
+        help="cache folder (default: $PDRELAY_MODEL_CACHE_DIR, else $XDG_CACHE_HOME/pdrelay/models)",
+    )
     prep.set_defaults(_run=run)
 
 

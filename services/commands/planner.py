@@ -10,8 +10,9 @@ from pathlib import Path
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("planner", help="the planner's decisions (log) and manual pins (unpin)", description=__doc__,
-                       allow_abbrev=False)
+    p = sub.add_parser(
+        "planner", help="the planner's decisions (log) and manual pins (unpin)", description=__doc__, allow_abbrev=False
+    )
     p.add_argument("action", choices=("log", "unpin"))
     p.add_argument("role", nargs="?", default="", help="unpin: prefill or decode (default: both)")
     p.add_argument("--run-dir", default=None, help="the run dir of `pdrelay up` (default: .run)")
@@ -27,7 +28,8 @@ def format_decision(d) -> str:  # d: Decision
     when = time.strftime("%H:%M:%S", time.localtime(d.ts))
     nums = " ".join(f"{k}={v:g}" for k, v in sorted(d.numbers.items()))
     return f"{when} #{d.seq:<4} {d.role:<8} {d.action.value:<10} {d.current}->{d.target}  {d.reason}" + (
-        f"\n{'':21}{nums}" if nums else "")
+        f"\n{'':21}{nums}" if nums else ""
+    )
 
 
 def run(ns: argparse.Namespace, extra: list[str]) -> int:
@@ -52,8 +54,9 @@ def run(ns: argparse.Namespace, extra: list[str]) -> int:
         run_dir = Path(ns.run_dir) if ns.run_dir else default_run_dir()
         state = running_supervisor(run_dir)
         if state is None:
-            print(f"pdrelay planner: no cluster is running from {run_dir}; give --run-dir or --nats-url",
-                  file=sys.stderr)
+            print(
+                f"pdrelay planner: no cluster is running from {run_dir}; give --run-dir or --nats-url", file=sys.stderr
+            )
             return 1
         url, cluster = state.nats_url, state.cluster
 
@@ -66,8 +69,11 @@ def run(ns: argparse.Namespace, extra: list[str]) -> int:
             try:
                 reply = await request_control(bus, cluster, PlannerControl(kind=kind, role=ns.role, last=ns.last))
             except TimeoutError:
-                print("pdrelay planner: no planner is leading this cluster (start one: `pdrelay up --planner` or "
-                      "`pdrelay serve planner`)", file=sys.stderr)
+                print(
+                    "pdrelay planner: no planner is leading this cluster (start one: `pdrelay up --planner` or "
+                    "`pdrelay serve planner`)",
+                    file=sys.stderr,
+                )
                 return 1
             if not reply.ok:
                 print(f"pdrelay planner: {reply.message}", file=sys.stderr)

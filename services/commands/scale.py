@@ -9,8 +9,12 @@ from pathlib import Path
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("scale", help="add or drain instances: pdrelay scale prefill=2 decode=3", description=__doc__,
-                       allow_abbrev=False)
+    p = sub.add_parser(
+        "scale",
+        help="add or drain instances: pdrelay scale prefill=2 decode=3",
+        description=__doc__,
+        allow_abbrev=False,
+    )
     p.add_argument("targets", nargs="+", metavar="ROLE=N", help="wanted number of instances per role")
     p.add_argument("--run-dir", default=None, help="the run dir of `pdrelay up` (default: .run)")
     p.add_argument("--timeout-s", type=float, default=300.0, help="how long to wait for the new size")
@@ -43,10 +47,10 @@ def _settled(state, targets: dict[str, int]) -> bool:  # state: RunState
 def run(ns: argparse.Namespace, extra: list[str]) -> int:
     import asyncio
 
+    from shared.cluster.bus.admin_auth import AdminAuth
     from shared.cluster.bus.client import Bus
     from shared.cluster.bus.scale import request_scale
     from shared.cluster.errors import ControlPlaneUnavailable
-    from shared.cluster.bus.admin_auth import AdminAuth
     from shared.cluster.localcluster.rundir import client_tls, default_run_dir, read_state, running_supervisor
 
     if extra:
@@ -76,9 +80,11 @@ def run(ns: argparse.Namespace, extra: list[str]) -> int:
     if not reply.ok:
         print(f"pdrelay scale: refused: {reply.message}", file=sys.stderr)
         return 2
-    print(f"pdrelay scale: {reply.message}"
-          + (f"; starting {', '.join(reply.started)}" if reply.started else "")
-          + (f"; draining {', '.join(reply.draining)}" if reply.draining else ""))
+    print(
+        f"pdrelay scale: {reply.message}"
+        + (f"; starting {', '.join(reply.started)}" if reply.started else "")
+        + (f"; draining {', '.join(reply.draining)}" if reply.draining else "")
+    )
     if ns.no_wait:
         return 0
     deadline = time.monotonic() + ns.timeout_s
@@ -92,6 +98,8 @@ def run(ns: argparse.Namespace, extra: list[str]) -> int:
             print(f"pdrelay scale: done ({sizes})")
             return 0
         time.sleep(0.2)
-    print(f"pdrelay scale: not settled after {ns.timeout_s:.0f} s; see `pdrelay status --run-dir {run_dir}`",
-          file=sys.stderr)
+    print(
+        f"pdrelay scale: not settled after {ns.timeout_s:.0f} s; see `pdrelay status --run-dir {run_dir}`",
+        file=sys.stderr,
+    )
     return 1

@@ -10,8 +10,11 @@ from shared.config.roles import ROLES
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("serve", help="run one service in the foreground: pdrelay serve <role> [flags]",
-                       description="Run one service; every flag after the role goes to that role's config.")
+    p = sub.add_parser(
+        "serve",
+        help="run one service in the foreground: pdrelay serve <role> [flags]",
+        description="Run one service; every flag after the role goes to that role's config.",
+    )
     p.add_argument("role", choices=ROLES, help="which service to run")
     p.set_defaults(_run=run)
 

@@ -8,8 +8,9 @@ from pathlib import Path
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("status", help="list the instances of a running cluster", description=__doc__,
-                       allow_abbrev=False)
+    p = sub.add_parser(
+        "status", help="list the instances of a running cluster", description=__doc__, allow_abbrev=False
+    )
     p.add_argument("--run-dir", default=None, help="the run dir of `pdrelay up` (default: .run)")
     p.add_argument("--etcd", dest="etcd_url", default=None, metavar="URL", help="query this etcd instead")
     p.add_argument("--nats", dest="nats_url", default=None, metavar="URL", help="load reports from this NATS")
@@ -42,14 +43,24 @@ def run(ns: argparse.Namespace, extra: list[str]) -> int:
             print(f"pdrelay status: {e}", file=sys.stderr)
             return 1
         if state is None:
-            print(f"pdrelay status: no cluster is running from {run_dir}; start one with `pdrelay up`, or pass "
-                  "--etcd URL (and --nats URL) of a running cluster", file=sys.stderr)
+            print(
+                f"pdrelay status: no cluster is running from {run_dir}; start one with `pdrelay up`, or pass "
+                "--etcd URL (and --nats URL) of a running cluster",
+                file=sys.stderr,
+            )
             return 1
         etcd_url, nats_url, cluster = state.etcd_url, nats_url or state.nats_url, cluster or state.cluster
         tls = client_tls(state)
     try:
-        status = asyncio.run(collect_status(etcd_url, nats_url or "nats://127.0.0.1:4222", cluster or "default",
-                                            load_window_s=ns.load_window_s, tls=tls))
+        status = asyncio.run(
+            collect_status(
+                etcd_url,
+                nats_url or "nats://127.0.0.1:4222",
+                cluster or "default",
+                load_window_s=ns.load_window_s,
+                tls=tls,
+            )
+        )
     except ControlPlaneUnavailable as e:
         print(f"pdrelay status: {e}", file=sys.stderr)
         return 1
@@ -57,7 +68,10 @@ def run(ns: argparse.Namespace, extra: list[str]) -> int:
         print(f"pdrelay status: {e}", file=sys.stderr)
         return 2
     if state is not None:  # what the supervisor restarted, etcd and NATS first
-        status.restarts = {"etcd": state.etcd_restarts, "nats": state.nats_restarts,
-                           **{c.instance_id: c.restarts for c in state.children}}
+        status.restarts = {
+            "etcd": state.etcd_restarts,
+            "nats": state.nats_restarts,
+            **{c.instance_id: c.restarts for c in state.children},
+        }
     print(msgspec.json.format(msgspec.json.encode(status)).decode() if ns.json else format_table(status))
     return 0

@@ -18,8 +18,13 @@ from pathlib import Path
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("trace", help="print one request's span tree (needs `pdrelay up --trace`)", description=__doc__,
-                       allow_abbrev=False, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = sub.add_parser(
+        "trace",
+        help="print one request's span tree (needs `pdrelay up --trace`)",
+        description=__doc__,
+        allow_abbrev=False,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     p.add_argument("request_id", nargs="?", default=None, help="request id (omit to list the latest requests)")
     p.add_argument("--run-dir", default=None, help="the run dir of `pdrelay up --trace` (default: .run)")
     p.add_argument("--spans", default=None, metavar="FILE", help="span file to read instead of the run dir's")
@@ -46,12 +51,15 @@ def run(ns: argparse.Namespace, extra: list[str]) -> int:
         return 2
     path = spans_file(ns.run_dir, ns.spans)
     if not path.exists():
-        print(f"pdrelay trace: no span file at {path}; start the cluster with `pdrelay up --trace` (or pass --spans "
-              "FILE / --run-dir DIR)", file=sys.stderr)
+        print(
+            f"pdrelay trace: no span file at {path}; start the cluster with `pdrelay up --trace` (or pass --spans "
+            "FILE / --run-dir DIR)",
+            file=sys.stderr,
+        )
         return 1
     records = tree.load(path)
     if ns.request_id is None:
-        rows = tree.requests(records)[-max(1, ns.last):]
+        rows = tree.requests(records)[-max(1, ns.last) :]
         if not rows:
             print(f"no traced requests in {path} yet")
             return 0
@@ -59,13 +67,18 @@ def run(ns: argparse.Namespace, extra: list[str]) -> int:
         for r in rows:
             ttft = f"{r.ttft_ns / 1e6:8.2f}" if r.ttft_ns is not None else f"{'-':>8}"
             started = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(r.start_ns / 1e9))
-            print(f"{started:<19} {r.duration_ns / 1e6:9.2f} {ttft} {r.num_spans:5d}  {r.request_id or r.trace_id}"
-                  + ("  ERROR" if r.error else ""))
+            print(
+                f"{started:<19} {r.duration_ns / 1e6:9.2f} {ttft} {r.num_spans:5d}  {r.request_id or r.trace_id}"
+                + ("  ERROR" if r.error else "")
+            )
         return 0
     trace_ids = tree.traces_of_request(records, ns.request_id)
     if not trace_ids:
-        print(f"pdrelay trace: no spans of request {ns.request_id!r} in {path} (spans arrive within about a second "
-              "of the request; `pdrelay trace` without an id lists the traced requests)", file=sys.stderr)
+        print(
+            f"pdrelay trace: no spans of request {ns.request_id!r} in {path} (spans arrive within about a second "
+            "of the request; `pdrelay trace` without an id lists the traced requests)",
+            file=sys.stderr,
+        )
         return 1
     traces = tree.by_trace(records)
     for i, tid in enumerate(trace_ids):

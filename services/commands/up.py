@@ -12,53 +12,93 @@ import sys
 from pathlib import Path
 
 # role -> default number of instances; the order is the order of --help
-DEFAULT_COUNTS = {"gateway": 1, "prefill": 1, "decode": 1, "encoder": 1, "kvstore": 1, "worker": 0, "echo": 0,
-                  "planner": 0}
+DEFAULT_COUNTS = {
+    "gateway": 1,
+    "prefill": 1,
+    "decode": 1,
+    "encoder": 1,
+    "kvstore": 1,
+    "worker": 0,
+    "echo": 0,
+    "planner": 0,
+}
 # Roles whose default count applies only when engine roles run: a control-plane-only cluster (echo, a gateway on
 # its own) starts no kvstore and no embedding encoder unless asked (--encoder 1 serves embeddings on its own).
 _WITH_ENGINES = ("encoder", "kvstore")
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("up", help="start a local cluster (etcd, NATS, gateway, prefill, decode, encoder)",
-                       description=__doc__, allow_abbrev=False,
-                       formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = sub.add_parser(
+        "up",
+        help="start a local cluster (etcd, NATS, gateway, prefill, decode, encoder)",
+        description=__doc__,
+        allow_abbrev=False,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     p.add_argument("--run-dir", default=None, help="state, logs and configs (default: .run, or $PDRELAY_RUN_DIR)")
     p.add_argument("--cluster", default="default", help="cluster name (etcd prefix, NATS subjects)")
-    p.add_argument("--etcd", "--etcd-endpoints", dest="etcd_url", default=None, metavar="URL",
-                   help="use this etcd; start none")
-    p.add_argument("--nats", "--nats-url", dest="nats_url", default=None, metavar="URL",
-                   help="use this NATS server; start none")
+    p.add_argument(
+        "--etcd", "--etcd-endpoints", dest="etcd_url", default=None, metavar="URL", help="use this etcd; start none"
+    )
+    p.add_argument(
+        "--nats", "--nats-url", dest="nats_url", default=None, metavar="URL", help="use this NATS server; start none"
+    )
     p.add_argument("--etcd-port", type=int, default=0, help="port of the etcd we start (0: 2379 if free)")
     p.add_argument("--nats-port", type=int, default=0, help="port of the nats-server we start (0: 4222 if free)")
     for role, n in DEFAULT_COUNTS.items():
         what = "the control-plane test service" if role == "echo" else f"{role} instances"
         if role == "planner":  # `--planner` alone: one planner scaling prefill and decode (services/planner)
-            p.add_argument("--planner", type=int, nargs="?", const=1, default=n, metavar="N",
-                           help="planners that scale prefill and decode against TTFT / ITL targets (--planner "
-                                "alone: 1; planner flags such as --ttft-target-ms go to them)")
+            p.add_argument(
+                "--planner",
+                type=int,
+                nargs="?",
+                const=1,
+                default=n,
+                metavar="N",
+                help="planners that scale prefill and decode against TTFT / ITL targets (--planner "
+                "alone: 1; planner flags such as --ttft-target-ms go to them)",
+            )
             continue
         if role in _WITH_ENGINES:  # serves engines only: none by default in a cluster without any
-            p.add_argument(f"--{role}", type=int, default=None, metavar="N",
-                           help=f"{what} (default {n} when prefill, decode or worker instances run, else 0)")
+            p.add_argument(
+                f"--{role}",
+                type=int,
+                default=None,
+                metavar="N",
+                help=f"{what} (default {n} when prefill, decode or worker instances run, else 0)",
+            )
             continue
         p.add_argument(f"--{role}", type=int, default=n, metavar="N", help=f"{what} (default {n})")
-    p.add_argument("--role-flags", action="append", default=[], metavar="ROLE=FLAGS",
-                   help="service flags for one role only, after the shared ones (repeatable), e.g. "
-                        "--role-flags 'prefill=--num-pages 160'")
+    p.add_argument(
+        "--role-flags",
+        action="append",
+        default=[],
+        metavar="ROLE=FLAGS",
+        help="service flags for one role only, after the shared ones (repeatable), e.g. "
+        "--role-flags 'prefill=--num-pages 160'",
+    )
     p.add_argument("--lease-ttl-s", type=int, default=5, help="etcd lease TTL of every instance")
     p.add_argument("--ready-timeout-s", type=float, default=300.0, help="give up when not ready by then")
     p.add_argument("--stop-timeout-s", type=float, default=30.0, help="SIGKILL what has not stopped by then")
-    p.add_argument("--no-restart", action="store_true",
-                   help="report crashed services, etcd and NATS but do not restart them (default: restart with backoff)")
+    p.add_argument(
+        "--no-restart",
+        action="store_true",
+        help="report crashed services, etcd and NATS but do not restart them (default: restart with backoff)",
+    )
     p.add_argument("--detach", action="store_true", help="run in the background; return once ready")
     p.add_argument("--demo", action="store_true", help="once ready, ask the gateway one question and print the answer")
     p.add_argument("--quiet", action="store_true", help="do not stream the services' logs (they stay in the run dir)")
-    p.add_argument("--trace", action="store_true",
-                   help="trace every request into <run-dir>/traces/ (a local OTLP sink); read with `pdrelay trace`")
-    p.add_argument("--tls", action="store_true",
-                   help="mutual TLS on every hop (gRPC, etcd, NATS) and HTTPS on the gateway, with a local CA and "
-                        "certificates made in <run-dir>/certs (`pdrelay certs`)")
+    p.add_argument(
+        "--trace",
+        action="store_true",
+        help="trace every request into <run-dir>/traces/ (a local OTLP sink); read with `pdrelay trace`",
+    )
+    p.add_argument(
+        "--tls",
+        action="store_true",
+        help="mutual TLS on every hop (gRPC, etcd, NATS) and HTTPS on the gateway, with a local CA and "
+        "certificates made in <run-dir>/certs (`pdrelay certs`)",
+    )
     p.set_defaults(_run=run)
 
 
@@ -81,22 +121,40 @@ def _options(ns: argparse.Namespace, extra: list[str]):  # -> UpOptions
         if flag[0].split("=", 1)[0] in PER_INSTANCE_FLAGS:
             raise ValueError(f"{flag[0]}: pdrelay up sets it for each instance itself; drop it")
         if ns.tls and flag[0].split("=", 1)[0] in TLS_FLAGS:
-            raise ValueError(f"{flag[0]}: --tls makes a certificate for every instance; drop it (or --tls, to bring "
-                             "your own certificates)")
+            raise ValueError(
+                f"{flag[0]}: --tls makes a certificate for every instance; drop it (or --tls, to bring "
+                "your own certificates)"
+            )
         if ns.trace and flag[0].split("=", 1)[0] == "--otlp-traces-endpoint":
-            raise ValueError("--trace points the services at a local trace sink; drop --otlp-traces-endpoint (or "
-                             "--trace to send traces to your own collector)")
+            raise ValueError(
+                "--trace points the services at a local trace sink; drop --otlp-traces-endpoint (or "
+                "--trace to send traces to your own collector)"
+            )
     role_extra = parse_role_flags(ns.role_flags)
     for flags in role_extra.values():
         for flag in split_flags(flags):
             if flag[0].split("=", 1)[0] in PER_INSTANCE_FLAGS:
                 raise ValueError(f"{flag[0]}: pdrelay up sets it for each instance itself; drop it")
     run_dir = Path(ns.run_dir) if ns.run_dir else default_run_dir()
-    return UpOptions(run_dir=str(run_dir.resolve()), cluster=ns.cluster, etcd_url=ns.etcd_url, nats_url=ns.nats_url,
-                     etcd_port=ns.etcd_port, nats_port=ns.nats_port, counts=counts, extra=tuple(extra),
-                     role_extra=role_extra, ready_timeout_s=ns.ready_timeout_s, stop_timeout_s=ns.stop_timeout_s,
-                     lease_ttl_s=ns.lease_ttl_s, demo=ns.demo, echo_log=not ns.quiet, trace=ns.trace, tls=ns.tls,
-                     restart=not ns.no_restart)
+    return UpOptions(
+        run_dir=str(run_dir.resolve()),
+        cluster=ns.cluster,
+        etcd_url=ns.etcd_url,
+        nats_url=ns.nats_url,
+        etcd_port=ns.etcd_port,
+        nats_port=ns.nats_port,
+        counts=counts,
+        extra=tuple(extra),
+        role_extra=role_extra,
+        ready_timeout_s=ns.ready_timeout_s,
+        stop_timeout_s=ns.stop_timeout_s,
+        lease_ttl_s=ns.lease_ttl_s,
+        demo=ns.demo,
+        echo_log=not ns.quiet,
+        trace=ns.trace,
+        tls=ns.tls,
+        restart=not ns.no_restart,
+    )
 
 
 def parse_role_flags(items: list[str]) -> dict[str, tuple[str, ...]]:

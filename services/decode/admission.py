@@ -24,8 +24,14 @@ T = TypeVar("T")
 
 
 class AdmissionQueue:
-    def __init__(self, max_queued: int, *, max_wait_s: float = 0.0, poll_s: float = 0.05,
-                 clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(
+        self,
+        max_queued: int,
+        *,
+        max_wait_s: float = 0.0,
+        poll_s: float = 0.05,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
         if max_queued < 0:
             raise ValueError(f"max_queued must be >= 0 (got {max_queued})")
         self.max_queued = max_queued
@@ -72,12 +78,15 @@ class AdmissionQueue:
             first_refusal = None
         why = f"{first_refusal}; " if first_refusal is not None else ""
         if len(self._waiters) >= self.max_queued:
-            raise self._refuse(f"{why}{len(self._waiters)} requests already wait for a slot "
-                               f"(--max-queued-requests {self.max_queued})")
+            raise self._refuse(
+                f"{why}{len(self._waiters)} requests already wait for a slot (--max-queued-requests {self.max_queued})"
+            )
         wait = self.estimated_wait_s(len(self._waiters))
         if self.max_wait_s and wait is not None and wait > self.max_wait_s:
-            raise self._refuse(f"{why}the wait for a slot behind {len(self._waiters)} requests is estimated at "
-                               f"{wait:.0f} s (--max-queue-wait-s {self.max_wait_s:g})")
+            raise self._refuse(
+                f"{why}the wait for a slot behind {len(self._waiters)} requests is estimated at "
+                f"{wait:.0f} s (--max-queue-wait-s {self.max_wait_s:g})"
+            )
         give_up = self._clock() + self.max_wait_s if self.max_wait_s else None
         turn: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         if not self._waiters:

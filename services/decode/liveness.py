@@ -44,8 +44,14 @@ class _Watch:
 
 
 class PeerWatch:
-    def __init__(self, channel_for: Callable[[str], grpc.aio.Channel], *, interval_s: float = 1.0,
-                 timeout_s: float = 1.5, misses: int = 2) -> None:
+    def __init__(
+        self,
+        channel_for: Callable[[str], grpc.aio.Channel],
+        *,
+        interval_s: float = 1.0,
+        timeout_s: float = 1.5,
+        misses: int = 2,
+    ) -> None:
         self._channel_for = channel_for
         self.interval_s, self.timeout_s, self.misses = interval_s, timeout_s, misses
         self._watches: dict[str, _Watch] = {}
@@ -86,7 +92,8 @@ class PeerWatch:
                 missed += 1
                 if missed >= self.misses:
                     self.found_dead += 1
-                    log.warning("prefill at %s missed %d health probes in a row: failing its hand-offs over",
-                                address, missed)
+                    log.warning(
+                        "prefill at %s missed %d health probes in a row: failing its hand-offs over", address, missed
+                    )
                     w.dead.set()
                     return

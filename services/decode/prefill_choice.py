@@ -28,12 +28,26 @@ from shared.cluster.breaker import BreakerBoard, BreakerConfig, Clock
 _E = common_pb2
 
 # Typed refusals a prefill answers before it touches decode's pages (validation, fencing, admission, drain).
-REFUSED_BEFORE_WRITE = frozenset({_E.ERROR_CODE_INVALID_ARGUMENT, _E.ERROR_CODE_LAYOUT_MISMATCH,
-                                  _E.ERROR_CODE_STALE_EPOCH, _E.ERROR_CODE_OVERLOADED, _E.ERROR_CODE_DRAINING,
-                                  _E.ERROR_CODE_UNAVAILABLE})
+REFUSED_BEFORE_WRITE = frozenset(
+    {
+        _E.ERROR_CODE_INVALID_ARGUMENT,
+        _E.ERROR_CODE_LAYOUT_MISMATCH,
+        _E.ERROR_CODE_STALE_EPOCH,
+        _E.ERROR_CODE_OVERLOADED,
+        _E.ERROR_CODE_DRAINING,
+        _E.ERROR_CODE_UNAVAILABLE,
+    }
+)
 # Refusals that are the protocol working (busy, draining, fenced), not a sick prefill: no breaker failure.
-_NOT_SICK = frozenset({_E.ERROR_CODE_OVERLOADED, _E.ERROR_CODE_DRAINING, _E.ERROR_CODE_STALE_EPOCH,
-                       _E.ERROR_CODE_INVALID_ARGUMENT, _E.ERROR_CODE_CANCELLED})
+_NOT_SICK = frozenset(
+    {
+        _E.ERROR_CODE_OVERLOADED,
+        _E.ERROR_CODE_DRAINING,
+        _E.ERROR_CODE_STALE_EPOCH,
+        _E.ERROR_CODE_INVALID_ARGUMENT,
+        _E.ERROR_CODE_CANCELLED,
+    }
+)
 
 # Deadline = FIXED_S + SLACK x (expected prefill time of the prompt and of the queue ahead of it).
 FIXED_S = 1.0  # connection, scheduling and transfer overhead of any hand-off
@@ -61,8 +75,14 @@ class Attempt:
 
 
 class PrefillChoice:
-    def __init__(self, *, max_timeout_s: float, min_timeout_s: float, breaker: BreakerConfig = BreakerConfig(
-            failure_threshold=2), clock: Clock = time.monotonic) -> None:
+    def __init__(
+        self,
+        *,
+        max_timeout_s: float,
+        min_timeout_s: float,
+        breaker: BreakerConfig = BreakerConfig(failure_threshold=2),
+        clock: Clock = time.monotonic,
+    ) -> None:
         self.max_timeout_s = max_timeout_s
         self.min_timeout_s = min(min_timeout_s, max_timeout_s)
         self.breakers = BreakerBoard(breaker, clock)

@@ -20,21 +20,21 @@ from typing import Any
 import grpc
 
 from proto.pdrelay.v1 import common_pb2, worker_pb2, worker_pb2_grpc
-from shared.config.choices import Fault
+from services.decode.admission import AdmissionQueue
+from services.decode.liveness import PeerWatch, PrefillSilent
+from services.decode.prefill_choice import PrefillChoice, is_refusal, is_sick
 from shared.cluster.grpc_errors import error_from_rpc
 from shared.cluster.membership import Membership
 from shared.cluster.tls import TlsFiles, open_channel
+from shared.config.choices import Fault
 from shared.config.groups import DisaggConfig
 from shared.engine.async_engine import AsyncEngine
 from shared.engine.errors import InvalidRequest
 from shared.engine.request import MediaInput, RequestOutput, TokenLogprobs
-from shared.engine.scheduler.handoff_pages import Reservation
 from shared.engine.sampling_params import SamplingParams
+from shared.engine.scheduler.handoff_pages import Reservation
 from shared.serving.convert import layout_to_pb, logprob_from_pb, sampling_to_pb
 from shared.serving.decode_servicer import HandoffFailed
-from services.decode.admission import AdmissionQueue
-from services.decode.liveness import PeerWatch, PrefillSilent
-from services.decode.prefill_choice import PrefillChoice, is_refusal, is_sick
 from shared.serving.faults import Faults
 from shared.serving.handoff import COMPUTED_KEY, EpochClock, accept_response, pages_needed
 from shared.serving.kv_transfer import KVTransfer
@@ -69,8 +69,15 @@ class RemotePrefillClient:
     """Decode's hand-off client. Built with the service (its servicer and load reports use it at once); the engine,
     the transfer engine and the prefill membership exist only after warm-up and are handed over by attach()."""
 
-    def __init__(self, *, instance_id: str, disagg: DisaggConfig, admission: AdmissionQueue,
-                 telemetry: ServiceTelemetry, faults: Faults) -> None:
+    def __init__(
+        self,
+        *,
+        instance_id: str,
+        disagg: DisaggConfig,
+        admission: AdmissionQueue,
+        telemetry: ServiceTelemetry,
+        faults: Faults,
+    ) -> None:
         self.instance_id = instance_id
         self.disagg = disagg
         self.admission = admission
@@ -89,18 +96,40 @@ class RemotePrefillClient:
         self.handoffs_ok = 0
         self.handoffs_failed = 0
         self.retries = 0
-        telemetry.metrics.registry.register(CountersCollector(self, [
-            ("pdrelay:handoffs", "KV hand-offs that delivered a request's prompt KV", "handoffs_ok"),
-            ("pdrelay:handoffs_failed", "KV hand-off attempts that failed (each retried or reported)",
-             "handoffs_failed"),
-            ("pdrelay:handoff_retries", "Hand-off attempts on another prefill after a failed one", "retries"),
-            ("pdrelay:handoff_stale_targets", "Prefill choices of the gateway refused for a stale epoch",
-             "stale_targets"),
-            ("pdrelay:admission_refused", "Requests refused because the waiting queue was full",
-             "admission_refused")]))
+        telemetry.metrics.registry.register(
+            CountersCollector(
+                self,
+                [
+                    ("pdrelay:handoffs", "KV hand-offs that delivered a request's prompt KV", "handoffs_ok"),
+                    (
+                        "pdrelay:handoffs_failed",
+                        "KV hand-off attempts that failed (each retried or reported)",
+                        "handoffs_failed",
+                    ),
+                    ("pdrelay:handoff_retries", "Hand-off attempts on another prefill after a failed one", "retries"),
+                    (
+                        "pdrelay:handoff_stale_targets",
+                        "Prefill choices of the gateway refused for a stale epoch",
+                        "stale_targets",
+                    ),
+                    (
+                        "pdrelay:admission_refused",
+                        "Requests refused because the waiting queue was full",
+                        "admission_refused",
+                    ),
+                ],
+            )
+        )
 
-    def attach(self, *, aengine: AsyncEngine, transfer: KVTransfer, prefills: Membership, tls: TlsFiles | None,
-               instance_epoch: Callable[[], int]) -> None:
+    def attach(
+        self,
+        *,
+        aengine: AsyncEngine,
+        transfer: KVTransfer,
+        prefills: Membership,
+        tls: TlsFiles | None,
+        instance_epoch: Callable[[], int],
+    ) -> None:
         """What exists once the service warmed up: its engine, transfer engine over the KV pool, the prefill
         membership, the cluster's TLS identity and its registration epoch (a new one after a lost lease)."""
         self.aengine, self.transfer, self.prefills, self.tls = aengine, transfer, prefills, tls
@@ -134,8 +163,13 @@ class RemotePrefillClient:
         if current is None or current.epoch <= target.epoch:
             return target.instance_id, target.grpc_address  # our view may lag the gateway's: trust it
         self.stale_targets += 1
-        log.warning("%s: prefill %s epoch %d chosen by the gateway is stale (etcd has epoch %d); refused",
-                    self.instance_id, target.instance_id, target.epoch, current.epoch)
+        log.warning(
+            "%s: prefill %s epoch %d chosen by the gateway is stale (etcd has epoch %d); refused",
+            self.instance_id,
+            target.instance_id,
+            target.epoch,
+            current.epoch,
+        )
         ready = {m.instance_id for m in members.ready("prefill")}
         return (current.instance_id, current.grpc_address) if current.instance_id in ready else None
 
@@ -154,16 +188,19 @@ class RemotePrefillClient:
     def _stub(self, address: str) -> worker_pb2_grpc.PrefillStub:
         return worker_pb2_grpc.PrefillStub(self._channel(address))
 
-    async def _await_handoff(self, address: str, target_id: str, ticket: worker_pb2.HandoffTicket,
-                             timeout_s: float) -> worker_pb2.PrefillResponse:
+    async def _await_handoff(
+        self, address: str, target_id: str, ticket: worker_pb2.HandoffTicket, timeout_s: float
+    ) -> worker_pb2.PrefillResponse:
         """The Prefill call, given up on before its deadline when the prefill stops answering health probes or,
         once it said the prompt is computed, does not finish the write within `--handoff-min-timeout-s`
         (liveness.py). Raises what the call raises, or HandoffFailed(TIMEOUT) when given up on."""
         # Called as unary-stream (the same bytes on the wire as the unary Prefill): a unary call's initial metadata
         # only arrives with its response, a streaming call's as soon as the prefill sends it.
         call = self._channel(address).unary_stream(
-            PREFILL_METHOD, request_serializer=worker_pb2.HandoffTicket.SerializeToString,
-            response_deserializer=worker_pb2.PrefillResponse.FromString)(ticket, timeout=timeout_s)
+            PREFILL_METHOD,
+            request_serializer=worker_pb2.HandoffTicket.SerializeToString,
+            response_deserializer=worker_pb2.PrefillResponse.FromString,
+        )(ticket, timeout=timeout_s)
         loop = asyncio.get_running_loop()
         write_s = self.disagg.handoff_min_timeout_s
         async with self.watch.watching(address) as dead:
@@ -181,8 +218,10 @@ class RemotePrefillClient:
                     if resp_task in done:
                         resp = resp_task.result()
                         if not isinstance(resp, worker_pb2.PrefillResponse):  # EOF without a response
-                            raise HandoffFailed(f"prefill {target_id} at {address} ended the call without an answer",
-                                                common_pb2.ERROR_CODE_UNAVAILABLE)
+                            raise HandoffFailed(
+                                f"prefill {target_id} at {address} ended the call without an answer",
+                                common_pb2.ERROR_CODE_UNAVAILABLE,
+                            )
                         return resp
                     if dead_task in done:
                         raise PrefillSilent(f"prefill {target_id} at {address} stopped answering health probes")
@@ -192,8 +231,11 @@ class RemotePrefillClient:
                             write_by = loop.time() + write_s
                         continue
                     if not done:
-                        raise HandoffFailed(f"prefill {target_id} at {address} computed the prompt but did not "
-                                            f"write its pages within {write_s:.1f} s", common_pb2.ERROR_CODE_TIMEOUT)
+                        raise HandoffFailed(
+                            f"prefill {target_id} at {address} computed the prompt but did not "
+                            f"write its pages within {write_s:.1f} s",
+                            common_pb2.ERROR_CODE_TIMEOUT,
+                        )
             finally:
                 if not call.done():
                     call.cancel()
@@ -207,25 +249,35 @@ class RemotePrefillClient:
         for ch in self._channels.values():
             await ch.close()
 
-    async def run(self, request: worker_pb2.DecodeRequest, rid: str, params: SamplingParams,
-                  head: worker_pb2.DecodeResponse) -> AsyncIterator[RequestOutput]:
+    async def run(
+        self, request: worker_pb2.DecodeRequest, rid: str, params: SamplingParams, head: worker_pb2.DecodeResponse
+    ) -> AsyncIterator[RequestOutput]:
         """Hand the prompt to a prefill (retrying on others), then stream the request's deltas from the batch."""
         aengine = self.aengine
         assert aengine is not None and self.transfer is not None, "run() before attach()"
         engine = aengine.engine
         prompt = list(request.prompt_token_ids)
         if pages_needed(len(prompt), engine.page_size) > engine.runner.num_pages:
-            raise InvalidRequest(f"a {len(prompt)}-token prompt needs more KV pages than {self.instance_id} has "
-                                 f"({engine.runner.num_pages} of {engine.page_size} tokens)")
+            raise InvalidRequest(
+                f"a {len(prompt)}-token prompt needs more KV pages than {self.instance_id} has "
+                f"({engine.runner.num_pages} of {engine.page_size} tokens)"
+            )
         targets = self._targets(request.prefill)
         t0 = time.monotonic()
         failure = _Failure()
         for attempt, (target_id, address) in enumerate(targets):
             if attempt:
                 self.retries += 1
-                add_event(current_span(), spans.EVENT_RETRY, {
-                    spans.ATTEMPT: attempt, spans.PREFILL_INSTANCE: target_id,
-                    spans.ERROR_CODE: error_label(failure.code), "pdrelay.error.message": failure.message})
+                add_event(
+                    current_span(),
+                    spans.EVENT_RETRY,
+                    {
+                        spans.ATTEMPT: attempt,
+                        spans.PREFILL_INSTANCE: target_id,
+                        spans.ERROR_CODE: error_label(failure.code),
+                        "pdrelay.error.message": failure.message,
+                    },
+                )
             res, t_slot = await self._reserve(request, rid, prompt, params, head if not attempt else None)
             delivered = await self._hand_off(request, rid, prompt, params, res, target_id, address, attempt, failure)
             if delivered is not None:
@@ -237,10 +289,13 @@ class RemotePrefillClient:
                     yield out
                 return
             self.handoffs_failed += 1
-            log.warning("%s: hand-off of %s failed (attempt %d): %s", self.instance_id, rid, attempt + 1,
-                        failure.message)
-        raise HandoffFailed(f"prompt KV of {request.request_id} not obtained after {len(targets)} attempt(s): "
-                            f"{failure.message}", failure.code)
+            log.warning(
+                "%s: hand-off of %s failed (attempt %d): %s", self.instance_id, rid, attempt + 1, failure.message
+            )
+        raise HandoffFailed(
+            f"prompt KV of {request.request_id} not obtained after {len(targets)} attempt(s): {failure.message}",
+            failure.code,
+        )
 
     def _targets(self, target: worker_pb2.PrefillTarget) -> list[tuple[str, str]]:
         """Prefills to try, in order: the gateway's choice (fenced by epoch), then the other ready ones, ordered by
@@ -252,8 +307,14 @@ class RemotePrefillClient:
         targets += [t for t in self._alternates(target.instance_id) if t not in targets]
         return self.choice.order(targets)[: 1 + self.disagg.handoff_retries]
 
-    async def _reserve(self, request: worker_pb2.DecodeRequest, rid: str, prompt: list[int], params: SamplingParams,
-                       head: worker_pb2.DecodeResponse | None) -> tuple[Reservation, float]:
+    async def _reserve(
+        self,
+        request: worker_pb2.DecodeRequest,
+        rid: str,
+        prompt: list[int],
+        params: SamplingParams,
+        head: worker_pb2.DecodeResponse | None,
+    ) -> tuple[Reservation, float]:
         """Wait for a slot and reserve the prompt's pages; (the reservation, when the slot was obtained). head: the
         first attempt's, which reports the time spent queued."""
         aengine = self.aengine
@@ -262,34 +323,65 @@ class RemotePrefillClient:
         t_admit = time.monotonic()
         try:
             res = await self.admission.admit(
-                lambda: aengine.call(lambda: engine.reserve_remote(rid, prompt, params, request.priority,
-                                                                   media_spans(request.media))))
+                lambda: aengine.call(
+                    lambda: engine.reserve_remote(rid, prompt, params, request.priority, media_spans(request.media))
+                )
+            )
         except asyncio.CancelledError:
             aengine.abort(rid)  # queued after the reservation: undoes it if it was made before we left
             raise
         if head is not None:
             head.timings.queue_s = time.monotonic() - t_admit
         t_slot = time.monotonic()
-        self.telemetry.tracing.record(spans.DECODE_ADMIT, t_admit, time.monotonic(),
-                                      {spans.PAGES: len(res.page_ids), spans.SKIP_TOKENS: res.skip_tokens})
+        self.telemetry.tracing.record(
+            spans.DECODE_ADMIT,
+            t_admit,
+            time.monotonic(),
+            {spans.PAGES: len(res.page_ids), spans.SKIP_TOKENS: res.skip_tokens},
+        )
         return res, t_slot
 
-    def _ticket(self, request: worker_pb2.DecodeRequest, prompt: list[int], params: SamplingParams, res: Reservation,
-                epoch: int, deadline_s: float) -> worker_pb2.HandoffTicket:
+    def _ticket(
+        self,
+        request: worker_pb2.DecodeRequest,
+        prompt: list[int],
+        params: SamplingParams,
+        res: Reservation,
+        epoch: int,
+        deadline_s: float,
+    ) -> worker_pb2.HandoffTicket:
         """What the prefill needs: the prompt, where to write (our pages past the cached prefix) and how."""
         assert self.aengine is not None and self.transfer is not None
         engine, transfer = self.aengine.engine, self.transfer
         return worker_pb2.HandoffTicket(
-            request_id=request.request_id, epoch=epoch, decode_instance_id=self.instance_id,
-            decode_instance_epoch=self._instance_epoch(), decode_peer=transfer.peer_pb(),
-            pages=transfer.descriptors(res.page_ids[res.skip_tokens // engine.page_size:]),
-            layout=layout_to_pb(engine.runner.layout), prompt_token_ids=prompt,
-            skip_tokens=res.skip_tokens, sampling=sampling_to_pb(params), trace=request.trace,
-            deadline_s=deadline_s, attempt=request.attempt, media=request.media)
+            request_id=request.request_id,
+            epoch=epoch,
+            decode_instance_id=self.instance_id,
+            decode_instance_epoch=self._instance_epoch(),
+            decode_peer=transfer.peer_pb(),
+            pages=transfer.descriptors(res.page_ids[res.skip_tokens // engine.page_size :]),
+            layout=layout_to_pb(engine.runner.layout),
+            prompt_token_ids=prompt,
+            skip_tokens=res.skip_tokens,
+            sampling=sampling_to_pb(params),
+            trace=request.trace,
+            deadline_s=deadline_s,
+            attempt=request.attempt,
+            media=request.media,
+        )
 
-    async def _hand_off(self, request: worker_pb2.DecodeRequest, rid: str, prompt: list[int], params: SamplingParams,
-                        res: Reservation, target_id: str, address: str, attempt: int,
-                        failure: _Failure) -> _Delivered | None:
+    async def _hand_off(
+        self,
+        request: worker_pb2.DecodeRequest,
+        rid: str,
+        prompt: list[int],
+        params: SamplingParams,
+        res: Reservation,
+        target_id: str,
+        address: str,
+        attempt: int,
+        failure: _Failure,
+    ) -> _Delivered | None:
         """One attempt: ticket the prefill, wait for its answer, verify what it wrote. None when it failed (failure
         says why; the pages are quarantined or freed); InvalidRequest when the prefill refused the request as
         invalid (no other prefill would take it)."""
@@ -301,10 +393,18 @@ class RemotePrefillClient:
         handoff_try = self.choice.attempt(target_id, len(prompt) - res.skip_tokens)
         timeout_s = handoff_try.deadline_s
         ticket = self._ticket(request, prompt, params, res, epoch, timeout_s)
-        handoff = tr.start_span(spans.DECODE_HANDOFF, kind=SpanKind.CLIENT, attributes={
-            spans.PREFILL_INSTANCE: target_id, spans.HANDOFF_EPOCH: epoch, spans.ATTEMPT: attempt,
-            spans.SERVER_ADDRESS: address, spans.RPC_SYSTEM: "grpc",
-            spans.RPC_METHOD: "pdrelay.v1.Prefill/Prefill"})
+        handoff = tr.start_span(
+            spans.DECODE_HANDOFF,
+            kind=SpanKind.CLIENT,
+            attributes={
+                spans.PREFILL_INSTANCE: target_id,
+                spans.HANDOFF_EPOCH: epoch,
+                spans.ATTEMPT: attempt,
+                spans.SERVER_ADDRESS: address,
+                spans.RPC_SYSTEM: "grpc",
+                spans.RPC_METHOD: "pdrelay.v1.Prefill/Prefill",
+            },
+        )
         inject(handoff, ticket.trace)  # prefill's spans are children of this call
         transfer.begin_receive()
         delivered: _Delivered | None = None
@@ -324,9 +424,9 @@ class RemotePrefillClient:
             refused, sick = is_refusal(failure.code, err is not None), is_sick(failure.code, err is not None)
             if e.code() == grpc.StatusCode.DEADLINE_EXCEEDED:
                 failure.code = common_pb2.ERROR_CODE_TIMEOUT
-            failure.message = (f"prefill {target_id} at {address}: {err.message if err else e.details()}"
-                               + (f" (hand-off deadline {timeout_s:.1f} s)"
-                                  if failure.code == common_pb2.ERROR_CODE_TIMEOUT else ""))
+            failure.message = f"prefill {target_id} at {address}: {err.message if err else e.details()}" + (
+                f" (hand-off deadline {timeout_s:.1f} s)" if failure.code == common_pb2.ERROR_CODE_TIMEOUT else ""
+            )
             set_error(handoff, failure.message, {spans.ERROR_CODE: error_label(failure.code)})
             if failure.code == common_pb2.ERROR_CODE_INVALID_ARGUMENT:
                 await aengine.call(lambda: engine.cancel_remote(rid, 0.0))
@@ -347,25 +447,33 @@ class RemotePrefillClient:
                 self.admission.freed()
         return delivered
 
-    async def _verify(self, resp: worker_pb2.PrefillResponse, request_id: str, epoch: int, res: Reservation,
-                      target_id: str) -> None:
+    async def _verify(
+        self, resp: worker_pb2.PrefillResponse, request_id: str, epoch: int, res: Reservation, target_id: str
+    ) -> None:
         """The answer is this attempt's, and the pages hold what the prefill says it wrote (HandoffFailed if not)."""
         assert self.aengine is not None and self.transfer is not None
         why = accept_response(resp, request_id, epoch)
         if why is not None:
             raise HandoffFailed(why, common_pb2.ERROR_CODE_STALE_EPOCH)
-        written = list(res.page_ids[res.skip_tokens // self.aengine.engine.page_size:])
+        written = list(res.page_ids[res.skip_tokens // self.aengine.engine.page_size :])
         t_verify = time.monotonic()
         mine = await asyncio.to_thread(self.transfer.checksum, written)
-        self.telemetry.tracing.record(spans.DECODE_VERIFY, t_verify, time.monotonic(),
-                                      {spans.PAGES: len(written), "pdrelay.checksum.ok": mine == resp.checksum})
+        self.telemetry.tracing.record(
+            spans.DECODE_VERIFY,
+            t_verify,
+            time.monotonic(),
+            {spans.PAGES: len(written), "pdrelay.checksum.ok": mine == resp.checksum},
+        )
         if mine != resp.checksum:
-            raise HandoffFailed(f"checksum of the {len(written)} pages received from {target_id} is "
-                                f"{mine:#x}, prefill wrote {resp.checksum:#x}",
-                                common_pb2.ERROR_CODE_CHECKSUM_MISMATCH)
+            raise HandoffFailed(
+                f"checksum of the {len(written)} pages received from {target_id} is "
+                f"{mine:#x}, prefill wrote {resp.checksum:#x}",
+                common_pb2.ERROR_CODE_CHECKSUM_MISMATCH,
+            )
 
-    async def _decode(self, rid: str, params: SamplingParams, delivered: _Delivered,
-                      t_slot: float) -> AsyncIterator[RequestOutput]:
+    async def _decode(
+        self, rid: str, params: SamplingParams, delivered: _Delivered, t_slot: float
+    ) -> AsyncIterator[RequestOutput]:
         """Activate the request with its first token and stream its deltas from the running batch."""
         aengine = self.aengine
         assert aengine is not None
@@ -374,8 +482,9 @@ class RemotePrefillClient:
         n = 0
         t_activate = time.monotonic()
         try:
-            async for out in aengine.stream(rid, lambda: engine.activate_remote(rid, first_token, lp, plps),
-                                            n=params.n):
+            async for out in aengine.stream(
+                rid, lambda: engine.activate_remote(rid, first_token, lp, plps), n=params.n
+            ):
                 if not n:
                     self.telemetry.tracing.record(spans.DECODE_FIRST_TOKEN, t_activate, time.monotonic())
                 yield out

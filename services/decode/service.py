@@ -34,8 +34,12 @@ class DecodeService(EngineService):
         self.faults = Faults(self.cfg.disagg.fault_injection, self.instance_id)
         sched = self.cfg.scheduler
         self.remote = RemotePrefillClient(
-            instance_id=self.instance_id, disagg=self.cfg.disagg, telemetry=self.telemetry, faults=self.faults,
-            admission=AdmissionQueue(sched.max_queued_requests, max_wait_s=sched.max_queue_wait_s))
+            instance_id=self.instance_id,
+            disagg=self.cfg.disagg,
+            telemetry=self.telemetry,
+            faults=self.faults,
+            admission=AdmissionQueue(sched.max_queued_requests, max_wait_s=sched.max_queue_wait_s),
+        )
 
     def add_servicers(self, server: grpc.aio.Server) -> Sequence[str]:
         worker_pb2_grpc.add_DecodeServicer_to_server(DecodeServicer(self, self.remote), server)
@@ -44,15 +48,21 @@ class DecodeService(EngineService):
     async def after_engine(self) -> None:
         assert self.engine is not None and self.etcd is not None
         t = self.cfg.transfer
-        self.transfer = await asyncio.to_thread(KVTransfer, t.transfer_backend, self.instance_id, t.transfer_host,
-                                                self.engine.runner.kv)
+        self.transfer = await asyncio.to_thread(
+            KVTransfer, t.transfer_backend, self.instance_id, t.transfer_host, self.engine.runner.kv
+        )
         self.transfer.start_progress()
         self.kvstore = await attach_kvstore(self, self.transfer)
         self.prefills = Membership(self.etcd, self.cluster, "prefill")
         await self.prefills.start()
         assert self.aengine is not None
-        self.remote.attach(aengine=self.aengine, transfer=self.transfer, prefills=self.prefills, tls=self.tls,
-                           instance_epoch=lambda: self.epoch)
+        self.remote.attach(
+            aengine=self.aengine,
+            transfer=self.transfer,
+            prefills=self.prefills,
+            tls=self.tls,
+            instance_epoch=lambda: self.epoch,
+        )
 
     def load_snapshot(self) -> LoadSnapshot | None:
         snap = super().load_snapshot()

@@ -19,8 +19,8 @@ import grpc
 
 from proto.pdrelay.v1 import common_pb2, gateway_pb2, gateway_pb2_grpc, worker_pb2, worker_pb2_grpc
 from shared.cluster.bus.load import LoadSnapshot
-from shared.serving.lifecycle import Service, ServiceOptions, add_lifecycle_args, options_from_namespace, run_service
 from shared.config.groups import BusConfig, DiscoveryConfig, GrpcConfig
+from shared.serving.lifecycle import Service, ServiceOptions, add_lifecycle_args, options_from_namespace, run_service
 
 ECHO_MODEL = "echo"
 
@@ -53,8 +53,9 @@ class _EchoDecode(worker_pb2_grpc.DecodeServicer):
     def __init__(self, svc: EchoService) -> None:
         self.svc = svc
 
-    async def Generate(self, request: worker_pb2.DecodeRequest,
-                       context: grpc.aio.ServicerContext) -> AsyncIterator[worker_pb2.DecodeResponse]:
+    async def Generate(
+        self, request: worker_pb2.DecodeRequest, context: grpc.aio.ServicerContext
+    ) -> AsyncIterator[worker_pb2.DecodeResponse]:
         tokens = list(request.prompt_token_ids)
         if request.sampling.HasField("max_tokens"):
             tokens = tokens[: request.sampling.max_tokens]
@@ -63,23 +64,30 @@ class _EchoDecode(worker_pb2_grpc.DecodeServicer):
                 await asyncio.sleep(self.svc.token_delay_s)
             self.svc.tokens_out += 1
             yield worker_pb2.DecodeResponse(request_id=request.request_id, token_ids=[tok])
-        reason = (common_pb2.FINISH_REASON_LENGTH if len(tokens) < len(request.prompt_token_ids)
-                  else common_pb2.FINISH_REASON_STOP)
+        reason = (
+            common_pb2.FINISH_REASON_LENGTH
+            if len(tokens) < len(request.prompt_token_ids)
+            else common_pb2.FINISH_REASON_STOP
+        )
         yield worker_pb2.DecodeResponse(
-            request_id=request.request_id, finish_reason=reason,
-            usage=common_pb2.Usage(prompt_tokens=len(request.prompt_token_ids), completion_tokens=len(tokens)))
+            request_id=request.request_id,
+            finish_reason=reason,
+            usage=common_pb2.Usage(prompt_tokens=len(request.prompt_token_ids), completion_tokens=len(tokens)),
+        )
 
 
 class _EchoGateway(gateway_pb2_grpc.GatewayServicer):
     def __init__(self, svc: EchoService) -> None:
         self.svc = svc
 
-    async def Tokenize(self, request: gateway_pb2.TokenizeRequest,
-                       context: grpc.aio.ServicerContext) -> gateway_pb2.TokenizeResponse:
+    async def Tokenize(
+        self, request: gateway_pb2.TokenizeRequest, context: grpc.aio.ServicerContext
+    ) -> gateway_pb2.TokenizeResponse:
         return gateway_pb2.TokenizeResponse(token_ids=list(request.text.encode()), max_model_len=1 << 16)
 
-    async def ListModels(self, request: gateway_pb2.ListModelsRequest,
-                         context: grpc.aio.ServicerContext) -> gateway_pb2.ListModelsResponse:
+    async def ListModels(
+        self, request: gateway_pb2.ListModelsRequest, context: grpc.aio.ServicerContext
+    ) -> gateway_pb2.ListModelsResponse:
         return gateway_pb2.ListModelsResponse(models=[gateway_pb2.ModelCard(id=ECHO_MODEL, owned_by="pdrelay")])
 
 
@@ -105,17 +113,29 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: Sequence[str] | None = None) -> int:
     ns = build_parser().parse_args(list(sys.argv[1:] if argv is None else argv))
-    logging.basicConfig(level=ns.log_level.upper(), stream=sys.stderr,
-                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    logging.basicConfig(
+        level=ns.log_level.upper(), stream=sys.stderr, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
+    )
     try:
         opts: ServiceOptions = options_from_namespace(ns)
         svc = EchoService(
-            discovery=DiscoveryConfig(etcd_endpoints=tuple(ns.etcd_endpoints), cluster=ns.cluster,
-                                      instance_id=ns.instance_id, lease_ttl_s=ns.lease_ttl_s),
-            bus=BusConfig(nats_url=ns.nats_url, load_report_interval_s=ns.load_report_interval_s,
-                          bus_outage_policy=ns.bus_outage_policy, admin_secret_file=ns.admin_secret_file),
+            discovery=DiscoveryConfig(
+                etcd_endpoints=tuple(ns.etcd_endpoints),
+                cluster=ns.cluster,
+                instance_id=ns.instance_id,
+                lease_ttl_s=ns.lease_ttl_s,
+            ),
+            bus=BusConfig(
+                nats_url=ns.nats_url,
+                load_report_interval_s=ns.load_report_interval_s,
+                bus_outage_policy=ns.bus_outage_policy,
+                admin_secret_file=ns.admin_secret_file,
+            ),
             grpc_cfg=GrpcConfig(host=ns.host, grpc_port=ns.grpc_port),
-            options=opts, token_delay_s=ns.token_delay_s, warmup_s=ns.warmup_s)
+            options=opts,
+            token_delay_s=ns.token_delay_s,
+            warmup_s=ns.warmup_s,
+        )
     except ValueError as e:
         print(f"pdrelay echo: {e}", file=sys.stderr)
         return 2

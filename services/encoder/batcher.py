@@ -56,16 +56,26 @@ def plan_batches(lengths: Sequence[int], max_batch_size: int, max_batch_tokens: 
 
 
 class EmbedBatcher:
-    def __init__(self, embed: EmbedFn, *, threads: int = 1, max_batch_size: int = 64, max_batch_tokens: int = 8192,
-                 wait_s: float = 0.002, on_batch: BatchObserver | None = None) -> None:
+    def __init__(
+        self,
+        embed: EmbedFn,
+        *,
+        threads: int = 1,
+        max_batch_size: int = 64,
+        max_batch_tokens: int = 8192,
+        wait_s: float = 0.002,
+        on_batch: BatchObserver | None = None,
+    ) -> None:
         if max_batch_size < 1 or max_batch_tokens < 1:
-            raise ValueError(f"max_batch_size ({max_batch_size}) and max_batch_tokens ({max_batch_tokens}) must be "
-                             ">= 1")
+            raise ValueError(
+                f"max_batch_size ({max_batch_size}) and max_batch_tokens ({max_batch_tokens}) must be >= 1"
+            )
         self._embed = embed
         self.max_batch_size, self.max_batch_tokens, self.wait_s = max_batch_size, max_batch_tokens, wait_s
         self._on_batch = on_batch
-        self._pool = ThreadPoolExecutor(1, thread_name_prefix="encoder-compute",
-                                        initializer=torch.set_num_threads, initargs=(max(1, threads),))
+        self._pool = ThreadPoolExecutor(
+            1, thread_name_prefix="encoder-compute", initializer=torch.set_num_threads, initargs=(max(1, threads),)
+        )
         self._pending: list[_Request] = []
         self._wakeup = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
@@ -144,7 +154,7 @@ class EmbedBatcher:
             self._wakeup.clear()
             try:
                 await asyncio.wait_for(self._wakeup.wait(), left)
-            except asyncio.TimeoutError:
+            except TimeoutError:
                 return
 
     async def _run(self, reqs: list[_Request]) -> None:

@@ -18,10 +18,10 @@ import torch
 import torch.nn.functional as F
 from tokenizers import Tokenizer
 
+from proto.pdrelay.v1 import common_pb2
 from services.encoder.errors import EncoderError
 from services.encoder.pooling import Pooling, pool
 from shared.engine.models.bert import BertModel, PackedBatch, load_bert
-from proto.pdrelay.v1 import common_pb2
 
 _ST_NORMALIZE = "sentence_transformers.models.Normalize"
 
@@ -45,8 +45,9 @@ def _read_json(path: Path) -> dict:
 class SentenceEmbedder:
     """One embedding model, loaded from a sentence-transformers (or plain BERT) Hugging Face directory."""
 
-    def __init__(self, model_dir: str | Path, name: str, dtype: torch.dtype = torch.float32,
-                 device: torch.device | str = "cpu") -> None:
+    def __init__(
+        self, model_dir: str | Path, name: str, dtype: torch.dtype = torch.float32, device: torch.device | str = "cpu"
+    ) -> None:
         d = Path(model_dir)
         self.device = torch.device(device)
         self.model: BertModel = load_bert(d, dtype, device=self.device)
@@ -58,9 +59,14 @@ class SentenceEmbedder:
         max_len = int(st.get("max_seq_length") or cfg.max_position_embeddings)
         max_len = min(max_len, cfg.max_position_embeddings)
         dims = _read_json(d / "config_sentence_transformers.json").get("matryoshka_dims") or ()
-        self.spec = EmbeddingSpec(name=name, dim=cfg.hidden_size, max_seq_len=max_len, vocab_size=cfg.vocab_size,
-                                  normalized=normalized,
-                                  matryoshka_dims=tuple(sorted(int(x) for x in dims if 0 < int(x) < cfg.hidden_size)))
+        self.spec = EmbeddingSpec(
+            name=name,
+            dim=cfg.hidden_size,
+            max_seq_len=max_len,
+            vocab_size=cfg.vocab_size,
+            normalized=normalized,
+            matryoshka_dims=tuple(sorted(int(x) for x in dims if 0 < int(x) < cfg.hidden_size)),
+        )
         tok_path = d / "tokenizer.json"
         if not tok_path.is_file():
             raise ValueError(f"{d} has no tokenizer.json; the encoder needs a fast (tokenizers) tokenizer")
@@ -77,13 +83,17 @@ class SentenceEmbedder:
         """Tokens kept per input: 0 -> no cutting (over-long inputs are refused); N -> N, at most the model's."""
         limit = self.spec.max_seq_len
         if truncate_prompt_tokens > limit:
-            raise EncoderError(common_pb2.ERROR_CODE_INVALID_ARGUMENT,
-                               f"truncate_prompt_tokens {truncate_prompt_tokens} is more than {self.spec.name}'s max "
-                               f"sequence length of {limit} tokens; use at most {limit} (or -1 for the max)")
+            raise EncoderError(
+                common_pb2.ERROR_CODE_INVALID_ARGUMENT,
+                f"truncate_prompt_tokens {truncate_prompt_tokens} is more than {self.spec.name}'s max "
+                f"sequence length of {limit} tokens; use at most {limit} (or -1 for the max)",
+            )
         if 0 < truncate_prompt_tokens <= self._specials:
-            raise EncoderError(common_pb2.ERROR_CODE_INVALID_ARGUMENT,
-                               f"truncate_prompt_tokens {truncate_prompt_tokens} leaves no room for text next to the "
-                               f"model's {self._specials} special tokens; use at least {self._specials + 1}")
+            raise EncoderError(
+                common_pb2.ERROR_CODE_INVALID_ARGUMENT,
+                f"truncate_prompt_tokens {truncate_prompt_tokens} leaves no room for text next to the "
+                f"model's {self._specials} special tokens; use at least {self._specials + 1}",
+            )
         return truncate_prompt_tokens
 
     def tokenize(self, texts: Sequence[str], truncate_to: int = 0) -> list[list[int]]:
@@ -108,9 +118,10 @@ class SentenceEmbedder:
                 raise EncoderError(common_pb2.ERROR_CODE_INVALID_ARGUMENT, f"input[{i}] is an empty list of token ids")
             bad = next((t for t in ids if t >= V), None)
             if bad is not None:
-                raise EncoderError(common_pb2.ERROR_CODE_INVALID_ARGUMENT,
-                                   f"input[{i}] has token id {bad}, outside the vocabulary of {self.spec.name} "
-                                   f"(0..{V - 1})")
+                raise EncoderError(
+                    common_pb2.ERROR_CODE_INVALID_ARGUMENT,
+                    f"input[{i}] has token id {bad}, outside the vocabulary of {self.spec.name} (0..{V - 1})",
+                )
             out.append(list(ids[:truncate_to]) if truncate_to else list(ids))
         self._check_lengths(out, "input")
         return out
@@ -119,9 +130,11 @@ class SentenceEmbedder:
         limit = self.spec.max_seq_len
         for i, seq in enumerate(ids):
             if len(seq) > limit:
-                raise EncoderError(common_pb2.ERROR_CODE_INVALID_ARGUMENT,
-                                   f"{what}[{i}] is {len(seq)} tokens, but {self.spec.name} takes at most {limit} "
-                                   f"tokens per input; shorten it, or set truncate_prompt_tokens (-1: cut to the max)")
+                raise EncoderError(
+                    common_pb2.ERROR_CODE_INVALID_ARGUMENT,
+                    f"{what}[{i}] is {len(seq)} tokens, but {self.spec.name} takes at most {limit} "
+                    f"tokens per input; shorten it, or set truncate_prompt_tokens (-1: cut to the max)",
+                )
 
     def check_dimensions(self, dimensions: int) -> int:
         """The output size a request asks for (0: the model's); others are refused unless trained for them."""
@@ -131,9 +144,11 @@ class SentenceEmbedder:
         if dimensions in spec.matryoshka_dims:
             return dimensions
         allowed = ", ".join(str(d) for d in (*spec.matryoshka_dims, spec.dim))
-        raise EncoderError(common_pb2.ERROR_CODE_INVALID_ARGUMENT,
-                           f"dimensions {dimensions} is not supported by {spec.name}: it makes {allowed}-dimensional "
-                           "embeddings only" + ("" if spec.matryoshka_dims else " (it is not a Matryoshka model)"))
+        raise EncoderError(
+            common_pb2.ERROR_CODE_INVALID_ARGUMENT,
+            f"dimensions {dimensions} is not supported by {spec.name}: it makes {allowed}-dimensional "
+            "embeddings only" + ("" if spec.matryoshka_dims else " (it is not a Matryoshka model)"),
+        )
 
     # ---- compute ------------------------------------------------------------------------------------------------
     def embed(self, batch: Sequence[Sequence[int]]) -> torch.Tensor:

@@ -1,8 +1,8 @@
 """Sentence pooling of a sentence-transformers model (its `1_Pooling/config.json`), over padded batches.
 
-    mean   average of the real tokens' hidden states (what all-MiniLM-L6-v2 uses)
-    cls    the first token's state
-    max    per-dimension maximum over the real tokens
+mean   average of the real tokens' hidden states (what all-MiniLM-L6-v2 uses)
+cls    the first token's state
+max    per-dimension maximum over the real tokens
 """
 
 from __future__ import annotations
@@ -28,13 +28,25 @@ class Pooling(enum.StrEnum):
         if not path.is_file():
             return cls.MEAN
         d = json.loads(path.read_text())
-        modes = [m for m, key in ((cls.MEAN, "pooling_mode_mean_tokens"), (cls.CLS, "pooling_mode_cls_token"),
-                                  (cls.MAX, "pooling_mode_max_tokens")) if d.get(key)]
-        unsupported = [k for k in ("pooling_mode_mean_sqrt_len_tokens", "pooling_mode_weightedmean_tokens",
-                                   "pooling_mode_lasttoken") if d.get(k)]
+        modes = [
+            m
+            for m, key in (
+                (cls.MEAN, "pooling_mode_mean_tokens"),
+                (cls.CLS, "pooling_mode_cls_token"),
+                (cls.MAX, "pooling_mode_max_tokens"),
+            )
+            if d.get(key)
+        ]
+        unsupported = [
+            k
+            for k in ("pooling_mode_mean_sqrt_len_tokens", "pooling_mode_weightedmean_tokens", "pooling_mode_lasttoken")
+            if d.get(k)
+        ]
         if unsupported or len(modes) != 1:
-            raise ValueError(f"{path}: pooling {', '.join(unsupported) or modes or 'none'} is not supported; the "
-                             "encoder pools with exactly one of mean, cls or max")
+            raise ValueError(
+                f"{path}: pooling {', '.join(unsupported) or modes or 'none'} is not supported; the "
+                "encoder pools with exactly one of mean, cls or max"
+            )
         return modes[0]
 
 

@@ -1,10 +1,10 @@
 """The encoder service: sentence embeddings (Embed) and, with a vision-language --model, its vision tower (Encode).
 
-    warm up   the embedding model (--encoder-model; a bundled one is prepared once into the model cache), its
-              dynamic batcher and one warm-up forward; the vision tower when --model is a vision-language model;
-              then the registration says model, modalities and capacity, and the instance turns "ready"
-    load      in-flight RPCs and inputs waiting for a forward, over NATS like every role
-    drain     the lifecycle's: refuse new RPCs, let the running ones finish, then stop the batcher
+warm up   the embedding model (--encoder-model; a bundled one is prepared once into the model cache), its
+          dynamic batcher and one warm-up forward; the vision tower when --model is a vision-language model;
+          then the registration says model, modalities and capacity, and the instance turns "ready"
+load      in-flight RPCs and inputs waiting for a forward, over NATS like every role
+drain     the lifecycle's: refuse new RPCs, let the running ones finish, then stop the batcher
 """
 
 from __future__ import annotations
@@ -29,12 +29,12 @@ from services.encoder.vision import VisionEncoder, load_vision_encoder
 from shared.cluster.bus.load import LoadSnapshot
 from shared.cluster.errors import StartupError
 from shared.cluster.instance import Capacity, EncoderInfo, Modality
-from shared.serving.lifecycle import Service, ServiceOptions
 from shared.config.resolved import ResolvedConfig
 from shared.config.roles import Role
-from shared.modelspec.bundled import BUNDLED_PREFIX, resolve_model_path
 from shared.engine.models.bert import BertConfig
+from shared.modelspec.bundled import BUNDLED_PREFIX, resolve_model_path
 from shared.serving.faults import Faults
+from shared.serving.lifecycle import Service, ServiceOptions
 
 log = logging.getLogger(__name__)
 
@@ -45,7 +45,7 @@ NO_EMBEDDING_MODEL = "none"
 def embedding_model_name(spec: str) -> str:
     """Served name of --encoder-model: the bundled name without 'bundled:', else the directory's name."""
     if spec.startswith(BUNDLED_PREFIX):
-        return spec[len(BUNDLED_PREFIX):]
+        return spec[len(BUNDLED_PREFIX) :]
     return os.path.basename(os.path.normpath(spec))
 
 
@@ -53,14 +53,22 @@ class EncoderService(Service):
     role = Role.ENCODER
 
     def __init__(self, cfg: ResolvedConfig, options: ServiceOptions = ServiceOptions()) -> None:
-        super().__init__(discovery=cfg.discovery, bus=cfg.bus, grpc_cfg=cfg.grpc, options=options,
-                         telemetry=cfg.telemetry, tls=cfg.tls)
+        super().__init__(
+            discovery=cfg.discovery,
+            bus=cfg.bus,
+            grpc_cfg=cfg.grpc,
+            options=options,
+            telemetry=cfg.telemetry,
+            tls=cfg.tls,
+        )
         self.cfg = cfg
         enc = cfg.encoder
         if enc.encoder_model == NO_EMBEDDING_MODEL and not _vision_requested(cfg):
-            raise ValueError(f"--encoder-model {NO_EMBEDDING_MODEL} and a text-only --model {cfg.model.model}: "
-                             "this encoder would serve nothing; give it an embedding model or a vision-language "
-                             "--model")
+            raise ValueError(
+                f"--encoder-model {NO_EMBEDDING_MODEL} and a text-only --model {cfg.model.model}: "
+                "this encoder would serve nothing; give it an embedding model or a vision-language "
+                "--model"
+            )
         # Checked before anything starts, so a wrong --encoder-model is one line and exit 2, not a failed warm-up.
         self.embedding_dir: Path | None = None
         if enc.encoder_model != NO_EMBEDDING_MODEL:
@@ -70,8 +78,10 @@ class EncoderService(Service):
             except ValueError as e:
                 raise ValueError(f"--encoder-model {enc.encoder_model}: {e}") from None
             except OSError as e:
-                raise ValueError(f"--encoder-model {enc.encoder_model}: cannot read {e.filename}: {e.strerror}; "
-                                 "point it at a sentence-transformers model directory (or 'none')") from None
+                raise ValueError(
+                    f"--encoder-model {enc.encoder_model}: cannot read {e.filename}: {e.strerror}; "
+                    "point it at a sentence-transformers model directory (or 'none')"
+                ) from None
         self.faults = Faults(enc.encoder_fault_injection, self.instance_id)
         self.metrics = EncoderMetrics(self.telemetry.metrics.registry)
         self.embedder: SentenceEmbedder | None = None
@@ -90,26 +100,37 @@ class EncoderService(Service):
         torch.set_num_threads(threads)  # loading (and the vision tower's own thread, if any) use this process's
         if enc.encoder_model != NO_EMBEDDING_MODEL:
             self.embedder = await asyncio.to_thread(self._load_embedder)
-            self.batcher = EmbedBatcher(self.embedder.embed, threads=threads,
-                                        max_batch_size=enc.encoder_max_batch_size,
-                                        max_batch_tokens=enc.encoder_max_batch_tokens,
-                                        wait_s=enc.encoder_batch_wait_ms / 1e3,
-                                        on_batch=self.metrics.observe_batch).start()
+            self.batcher = EmbedBatcher(
+                self.embedder.embed,
+                threads=threads,
+                max_batch_size=enc.encoder_max_batch_size,
+                max_batch_tokens=enc.encoder_max_batch_tokens,
+                wait_s=enc.encoder_batch_wait_ms / 1e3,
+                on_batch=self.metrics.observe_batch,
+            ).start()
             await self.batcher.submit([[0, 1, 2, 3]])  # first forward: lazy initialisation off the request path
         self.vision = await asyncio.to_thread(load_vision_encoder, cfg)
         assert self.registrar is not None
         await self.registrar.update(**self.describe())
         spec = self.embedder.spec if self.embedder is not None else None
-        log.info("%s: ready in %.1f s: embeddings %s, vision %s", self.instance_id, time.monotonic() - t0,
-                 f"{spec.name} ({spec.dim}-d, {spec.max_seq_len} tokens)" if spec else "off",
-                 self.vision.model if self.vision is not None else "off")
+        log.info(
+            "%s: ready in %.1f s: embeddings %s, vision %s",
+            self.instance_id,
+            time.monotonic() - t0,
+            f"{spec.name} ({spec.dim}-d, {spec.max_seq_len} tokens)" if spec else "off",
+            self.vision.model if self.vision is not None else "off",
+        )
 
     def _load_embedder(self) -> SentenceEmbedder:
         cfg = self.cfg
         assert self.embedding_dir is not None
         try:
-            return SentenceEmbedder(self.embedding_dir, embedding_model_name(cfg.encoder.encoder_model),
-                                    _DTYPES.get(cfg.model.dtype, torch.float32), device=cfg.device.device)
+            return SentenceEmbedder(
+                self.embedding_dir,
+                embedding_model_name(cfg.encoder.encoder_model),
+                _DTYPES.get(cfg.model.dtype, torch.float32),
+                device=cfg.device.device,
+            )
         except ValueError as e:  # weights that do not fit the config, an unsupported pooling, no tokenizer
             raise StartupError(f"--encoder-model {cfg.encoder.encoder_model}: {e}") from None
 
@@ -123,8 +144,10 @@ class EncoderService(Service):
         if self.vision is not None:
             modalities.append(Modality.IMAGE)
             info["vision_model"] = self.vision.model
-        d: dict[str, Any] = {"encoder": EncoderInfo(modalities=tuple(modalities), **info),
-                             "capacity": Capacity(max_running_requests=self.cfg.encoder.encoder_max_batch_size)}
+        d: dict[str, Any] = {
+            "encoder": EncoderInfo(modalities=tuple(modalities), **info),
+            "capacity": Capacity(max_running_requests=self.cfg.encoder.encoder_max_batch_size),
+        }
         # The registration's model: what this instance serves first (the embedding model, else the VLM).
         model = info.get("embedding_model") or info.get("vision_model")
         if model:

@@ -17,8 +17,8 @@ import numpy as np
 from proto.pdrelay.v1 import common_pb2, worker_pb2, worker_pb2_grpc
 from services.encoder.embedding import finish
 from services.encoder.errors import EncoderError
-from shared.config.choices import Fault
 from shared.cluster.grpc_errors import abort, error_metadata, make_error
+from shared.config.choices import Fault
 from shared.telemetry import spans
 
 if TYPE_CHECKING:
@@ -51,13 +51,19 @@ class EncoderServicer(worker_pb2_grpc.EncoderServicer):
     def __init__(self, svc: EncoderHost) -> None:
         self.svc = svc
 
-    async def Embed(self, request: worker_pb2.EmbedRequest,
-                    context: grpc.aio.ServicerContext) -> worker_pb2.EmbedResponse:
+    async def Embed(
+        self, request: worker_pb2.EmbedRequest, context: grpc.aio.ServicerContext
+    ) -> worker_pb2.EmbedResponse:
         svc = self.svc
         t0 = time.monotonic()
         n = len(request.texts) or len(request.token_inputs)
-        with svc.telemetry.server_rpc(EMBED_SPAN, request.trace, context, request.request_id,
-                                      {spans.MODEL: request.model, "pdrelay.embed.inputs": n}) as rpc:
+        with svc.telemetry.server_rpc(
+            EMBED_SPAN,
+            request.trace,
+            context,
+            request.request_id,
+            {spans.MODEL: request.model, "pdrelay.embed.inputs": n},
+        ) as rpc:
             try:
                 resp = await self._embed(request)
             except EncoderError as e:
@@ -73,12 +79,16 @@ class EncoderServicer(worker_pb2_grpc.EncoderServicer):
         embedder, batcher = svc.embedder, svc.batcher
         if embedder is None or batcher is None:
             code = common_pb2.ERROR_CODE_UNAVAILABLE if svc.vision is None else common_pb2.ERROR_CODE_NOT_FOUND
-            raise EncoderError(code, f"{me} serves no embedding model" if svc.vision is not None
-                               else f"{me} is still warming up; retry")
+            raise EncoderError(
+                code,
+                f"{me} serves no embedding model" if svc.vision is not None else f"{me} is still warming up; retry",
+            )
         spec = embedder.spec
         if request.model and request.model != spec.name:
-            raise EncoderError(common_pb2.ERROR_CODE_NOT_FOUND,
-                               f"model {request.model!r} is not served by {me}; it serves {spec.name!r}")
+            raise EncoderError(
+                common_pb2.ERROR_CODE_NOT_FOUND,
+                f"model {request.model!r} is not served by {me}; it serves {spec.name!r}",
+            )
         if request.texts and request.token_inputs:
             raise EncoderError(common_pb2.ERROR_CODE_INVALID_ARGUMENT, "send texts or token_inputs, not both")
         if not request.texts and not request.token_inputs:
@@ -88,8 +98,11 @@ class EncoderServicer(worker_pb2_grpc.EncoderServicer):
         if request.texts:
             # Tokenizing is quick (Rust) next to a forward; off the loop anyway for large requests.
             texts = list(request.texts)
-            ids = (embedder.tokenize(texts, cut) if len(texts) <= 8 else
-                   await asyncio.to_thread(embedder.tokenize, texts, cut))
+            ids = (
+                embedder.tokenize(texts, cut)
+                if len(texts) <= 8
+                else await asyncio.to_thread(embedder.tokenize, texts, cut)
+            )
         else:
             ids = embedder.check_token_inputs([list(t.ids) for t in request.token_inputs], cut)
         svc.faults.crash_if(Fault.ENCODER_CRASH)
@@ -101,22 +114,31 @@ class EncoderServicer(worker_pb2_grpc.EncoderServicer):
         arr = np.ascontiguousarray(vectors.numpy(), dtype="<f4")
         return worker_pb2.EmbedResponse(
             embeddings=worker_pb2.Tensor(dtype=common_pb2.DTYPE_FLOAT32, shape=list(arr.shape), data=arr.tobytes()),
-            prompt_tokens=num_tokens, instance_id=me)
+            prompt_tokens=num_tokens,
+            instance_id=me,
+        )
 
-    async def Encode(self, request: worker_pb2.EncodeRequest,
-                     context: grpc.aio.ServicerContext) -> worker_pb2.EncodeResponse:
+    async def Encode(
+        self, request: worker_pb2.EncodeRequest, context: grpc.aio.ServicerContext
+    ) -> worker_pb2.EncodeResponse:
         svc = self.svc
         vision = svc.vision
         if vision is None:
-            msg = (f"{svc.instance_id} runs no vision tower: start the encoder with a vision-language --model to "
-                   "encode images")
-            err = make_error(common_pb2.ERROR_CODE_INVALID_ARGUMENT, msg, instance_id=svc.instance_id,
-                             retryable=False)
+            msg = (
+                f"{svc.instance_id} runs no vision tower: start the encoder with a vision-language --model to "
+                "encode images"
+            )
+            err = make_error(common_pb2.ERROR_CODE_INVALID_ARGUMENT, msg, instance_id=svc.instance_id, retryable=False)
             await context.abort(grpc.StatusCode.UNIMPLEMENTED, msg, trailing_metadata=error_metadata(err))
         assert vision is not None
         t0 = time.monotonic()
-        with svc.telemetry.server_rpc(spans.ENCODER_ENCODE, request.trace, context, request.request_id,
-                                      {"pdrelay.encoder.items": len(request.media)}) as rpc:
+        with svc.telemetry.server_rpc(
+            spans.ENCODER_ENCODE,
+            request.trace,
+            context,
+            request.request_id,
+            {"pdrelay.encoder.items": len(request.media)},
+        ) as rpc:
             try:
                 svc.faults.crash_if(Fault.ENCODER_CRASH)
                 await svc.faults.hang_if(Fault.ENCODER_HANG, HANG_S)

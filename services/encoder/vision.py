@@ -58,7 +58,12 @@ def load_vision_encoder(cfg: ResolvedConfig) -> VisionEncoder | None:
     enc = cfg.encoder
     runner = VisionEncoderRunner(cfg.model.model, dtype="float32" if cfg.model.dtype == "auto" else cfg.model.dtype)
     name = cfg.model.served_model_name or Path(cfg.model.model).name
-    tower = TowerEncoder(name, runner, EncoderCache(enc.encoder_cache_items, enc.encoder_cache_bytes),
-                         name=cfg.discovery.instance_id or f"encoder-{id(runner):x}", host=cfg.grpc.host)
+    tower = TowerEncoder(
+        name,
+        runner,
+        EncoderCache(enc.encoder_cache_items, enc.encoder_cache_bytes),
+        name=cfg.discovery.instance_id or f"encoder-{id(runner):x}",
+        host=cfg.grpc.host,
+    )
     tower.prewarm("nixl")  # the default --transfer-backend of prefill
     return tower

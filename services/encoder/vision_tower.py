@@ -55,8 +55,16 @@ class _Writer:
 class TowerEncoder:
     """VisionEncoder (services/encoder/vision.py) over a VisionEncoderRunner."""
 
-    def __init__(self, model: str, runner: VisionEncoderRunner, cache: EncoderCache, *, name: str, host: str,
-                 staging_bytes: int = 64 << 20) -> None:
+    def __init__(
+        self,
+        model: str,
+        runner: VisionEncoderRunner,
+        cache: EncoderCache,
+        *,
+        name: str,
+        host: str,
+        staging_bytes: int = 64 << 20,
+    ) -> None:
         self.model = model
         self.local = LocalVision(runner, cache)
         self.name = name
@@ -86,10 +94,14 @@ class TowerEncoder:
             await self._write(request, blobs)
         for m, emb, b, hit in zip(request.media, embeds, blobs, cached, strict=True):
             assert emb is not None
-            t = worker_pb2.Tensor(dtype=_DTYPES[emb.dtype], shape=list(emb.shape), data=b"" if remote else
-                                  b.numpy().tobytes())
-            resp.embeddings.append(worker_pb2.MediaEmbedding(media_hash=m.media_hash, embedding=t, cache_hit=hit,
-                                                             checksum=zlib.crc32(b.numpy().data)))
+            t = worker_pb2.Tensor(
+                dtype=_DTYPES[emb.dtype], shape=list(emb.shape), data=b"" if remote else b.numpy().tobytes()
+            )
+            resp.embeddings.append(
+                worker_pb2.MediaEmbedding(
+                    media_hash=m.media_hash, embedding=t, cache_hit=hit, checksum=zlib.crc32(b.numpy().data)
+                )
+            )
         return resp
 
     async def _write(self, request: worker_pb2.EncodeRequest, blobs: list[torch.Tensor]) -> None:
@@ -98,16 +110,22 @@ class TowerEncoder:
             raise EncoderError(common_pb2.ERROR_CODE_INVALID_ARGUMENT, "destination_peer names no transfer backend")
         regions = request.destination.regions
         if request.destination.WhichOneof("layout") != "regions" or len(regions.addresses) != len(blobs):
-            raise EncoderError(common_pb2.ERROR_CODE_INVALID_ARGUMENT,
-                               f"destination must list one region per media item ({len(blobs)})")
+            raise EncoderError(
+                common_pb2.ERROR_CODE_INVALID_ARGUMENT,
+                f"destination must list one region per media item ({len(blobs)})",
+            )
         for i, (n, b) in enumerate(zip(regions.lengths, blobs, strict=True)):
             if n != b.numel():
-                raise EncoderError(common_pb2.ERROR_CODE_INVALID_ARGUMENT,
-                                   f"destination region {i} is {n} bytes but the embedding is {b.numel()}")
+                raise EncoderError(
+                    common_pb2.ERROR_CODE_INVALID_ARGUMENT,
+                    f"destination region {i} is {n} bytes but the embedding is {b.numel()}",
+                )
         total = sum(b.numel() for b in blobs)
         if total > self.staging_bytes:
-            raise EncoderError(common_pb2.ERROR_CODE_OVERLOADED,
-                               f"{total} bytes of embeddings exceed the {self.staging_bytes}-byte staging buffer")
+            raise EncoderError(
+                common_pb2.ERROR_CODE_OVERLOADED,
+                f"{total} bytes of embeddings exceed the {self.staging_bytes}-byte staging buffer",
+            )
         async with self._lock:
             try:
                 w = await self._writer(backend)
@@ -137,8 +155,9 @@ class TowerEncoder:
         cannot load here is left for the first request to report."""
         if backend not in self._writers:
             try:
-                self._writers[backend] = _Writer(create_engine(backend, name=f"{self.name}-enc", host=self.host),
-                                                 self.staging_bytes)
+                self._writers[backend] = _Writer(
+                    create_engine(backend, name=f"{self.name}-enc", host=self.host), self.staging_bytes
+                )
             except Exception as e:  # BackendUnavailable, a UCX error: not fatal for an encoder  # noqa: BLE001
                 log.warning("transfer backend %s not ready at start-up (%s); trying again on first use", backend, e)
 
@@ -158,5 +177,8 @@ class TowerEncoder:
         self._writers.clear()
 
 
-_DTYPES: dict[Any, common_pb2.DType] = {torch.float32: common_pb2.DTYPE_FLOAT32, torch.bfloat16: common_pb2.DTYPE_BFLOAT16,
-                           torch.float16: common_pb2.DTYPE_FLOAT16}
+_DTYPES: dict[Any, common_pb2.DType] = {
+    torch.float32: common_pb2.DTYPE_FLOAT32,
+    torch.bfloat16: common_pb2.DTYPE_BFLOAT16,
+    torch.float16: common_pb2.DTYPE_FLOAT16,
+}

@@ -10,10 +10,10 @@ from __future__ import annotations
 import os
 from typing import Any
 
-from services.gateway.http.app import GatewayApp
 from services.gateway.backend import GenerateBackend
-from services.gateway.public_tls import uvicorn_ssl_args
+from services.gateway.http.app import GatewayApp
 from services.gateway.http.media.processor import MediaProcessor
+from services.gateway.public_tls import uvicorn_ssl_args
 from services.gateway.text.tokenizer import GatewayTokenizer
 from shared.config.resolved import ResolvedConfig
 
@@ -33,36 +33,59 @@ def served_names_of(cfg: ResolvedConfig) -> tuple[str, list[str]]:
     spec: str = cfg.model.model
     primary = cfg.model.served_model_name
     if primary is None:  # a hand-built config that skipped the resolution passes
-        primary = spec[len(BUNDLED_PREFIX):] if spec.startswith(BUNDLED_PREFIX) else \
-            os.path.basename(os.path.normpath(spec))
+        primary = (
+            spec[len(BUNDLED_PREFIX) :] if spec.startswith(BUNDLED_PREFIX) else os.path.basename(os.path.normpath(spec))
+        )
     aliases = [spec] if spec != primary else []
     return primary, aliases
 
 
 def load_tokenizer(cfg: ResolvedConfig, model_dir: str | None = None) -> GatewayTokenizer:
     model_dir = model_dir or model_dir_of(cfg)
-    return GatewayTokenizer.from_dir(model_dir, tokenizer_dir=cfg.tokenizer.tokenizer,
-                                     chat_template_file=cfg.tokenizer.chat_template,
-                                     context_length=cfg.model.context_length)
+    return GatewayTokenizer.from_dir(
+        model_dir,
+        tokenizer_dir=cfg.tokenizer.tokenizer,
+        chat_template_file=cfg.tokenizer.chat_template,
+        context_length=cfg.model.context_length,
+    )
 
 
-def build_app(cfg: ResolvedConfig, backend: GenerateBackend, *, tokenizer: GatewayTokenizer | None = None) -> GatewayApp:
+def build_app(
+    cfg: ResolvedConfig, backend: GenerateBackend, *, tokenizer: GatewayTokenizer | None = None
+) -> GatewayApp:
     """The ASGI app for `cfg`, generating through `backend`. Pass `tokenizer` to reuse one already loaded."""
     model_dir = None if tokenizer is not None else model_dir_of(cfg)
     tok = tokenizer or load_tokenizer(cfg, model_dir)
     primary, aliases = served_names_of(cfg)
     media = MediaProcessor.for_model(model_dir or model_dir_of(cfg), tok.hf)  # None: a text-only model
-    return GatewayApp(backend=backend, tokenizer=tok, served_model_names=[primary], model_aliases=aliases,
-                      api_key=cfg.http.api_key, max_request_bytes=cfg.http.max_request_bytes,
-                      model_root=cfg.model.model, media=media, media_cfg=cfg.http)
+    return GatewayApp(
+        backend=backend,
+        tokenizer=tok,
+        served_model_names=[primary],
+        model_aliases=aliases,
+        api_key=cfg.http.api_key,
+        max_request_bytes=cfg.http.max_request_bytes,
+        model_root=cfg.model.model,
+        media=media,
+        media_cfg=cfg.http,
+    )
 
 
 def uvicorn_config(cfg: ResolvedConfig, app: GatewayApp, *, access_log: bool = False) -> Any:
     import uvicorn
 
     level = cfg.telemetry.log_level
-    return uvicorn.Config(app, host=cfg.grpc.host, port=cfg.http.port, access_log=access_log, log_level=level,
-                          lifespan="on", timeout_graceful_shutdown=5, server_header=False, **uvicorn_ssl_args(cfg.http))
+    return uvicorn.Config(
+        app,
+        host=cfg.grpc.host,
+        port=cfg.http.port,
+        access_log=access_log,
+        log_level=level,
+        lifespan="on",
+        timeout_graceful_shutdown=5,
+        server_header=False,
+        **uvicorn_ssl_args(cfg.http),
+    )
 
 
 def serve(cfg: ResolvedConfig, backend: GenerateBackend, *, access_log: bool = False) -> None:

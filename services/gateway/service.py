@@ -21,23 +21,23 @@ from typing import Any
 import grpc
 
 from proto.pdrelay.v1 import gateway_pb2_grpc
-from services.gateway.http.app import GatewayApp
-from services.gateway.http.embeddings import Embeddings, mount_embeddings
-from services.gateway.http.asgi import Receive, Scope, Send
-from services.gateway.http.errors import ApiError
-from services.gateway.grpc.api import ApiContext, GatewayApi
-from services.gateway.grpc.auth import ApiKeyInterceptor
-from services.gateway.public_tls import public_tls, uvicorn_ssl_args
 from services.gateway.backends.grpc_backend import GrpcBackend
 from services.gateway.backends.grpc_metrics import BackendCollector
+from services.gateway.grpc.api import ApiContext, GatewayApi
+from services.gateway.grpc.auth import ApiKeyInterceptor
+from services.gateway.http.app import GatewayApp
+from services.gateway.http.asgi import Receive, Scope, Send
+from services.gateway.http.embeddings import Embeddings, mount_embeddings
+from services.gateway.http.errors import ApiError
+from services.gateway.public_tls import public_tls, uvicorn_ssl_args
 from services.gateway.server import build_app, load_tokenizer, served_names_of
 from shared.cluster.bus.load import LoadSnapshot
 from shared.cluster.errors import StartupError
-from shared.serving.lifecycle import Service, ServiceOptions, advertised_host
 from shared.cluster.membership import Membership
 from shared.cluster.tls import TlsFiles
 from shared.config.resolved import ResolvedConfig
 from shared.config.roles import Role
+from shared.serving.lifecycle import Service, ServiceOptions, advertised_host
 
 log = logging.getLogger(__name__)
 
@@ -68,13 +68,25 @@ class _DrainGateMiddleware:
             return
         gate = self.svc.gate
         if gate.draining:
-            err = ApiError(503, f"gateway {self.svc.instance_id} is shutting down; retry on another gateway",
-                           code="draining", retry_after_s=1)
+            err = ApiError(
+                503,
+                f"gateway {self.svc.instance_id} is shutting down; retry on another gateway",
+                code="draining",
+                retry_after_s=1,
+            )
             body = err.body()
-            await send({"type": "http.response.start", "status": 503,
-                        "headers": [(b"content-type", b"application/json"),
-                                    (b"content-length", str(len(body)).encode()), (b"connection", b"close"),
-                                    *err.headers]})
+            await send(
+                {
+                    "type": "http.response.start",
+                    "status": 503,
+                    "headers": [
+                        (b"content-type", b"application/json"),
+                        (b"content-length", str(len(body)).encode()),
+                        (b"connection", b"close"),
+                        *err.headers,
+                    ],
+                }
+            )
             await send({"type": "http.response.body", "body": body, "more_body": False})
             return
         async with gate.hold():
@@ -86,8 +98,14 @@ class GatewayService(Service):
     own_metrics_server = False  # /metrics is on the HTTP port (metrics_address = http_address)
 
     def __init__(self, cfg: ResolvedConfig, options: ServiceOptions = ServiceOptions()) -> None:
-        super().__init__(discovery=cfg.discovery, bus=cfg.bus, grpc_cfg=cfg.grpc, options=options,
-                         telemetry=cfg.telemetry, tls=cfg.tls)
+        super().__init__(
+            discovery=cfg.discovery,
+            bus=cfg.bus,
+            grpc_cfg=cfg.grpc,
+            options=options,
+            telemetry=cfg.telemetry,
+            tls=cfg.tls,
+        )
         self.cfg = cfg
         self.api = GatewayApi()
         self.membership: Membership | None = None
@@ -134,25 +152,46 @@ class GatewayService(Service):
         self.membership = Membership(self.etcd, self.cluster)
         await self.membership.start()
         primary, aliases = served_names_of(cfg)
-        self.backend = GrpcBackend.create(self.membership, models=[primary], policy=cfg.http.routing_policy,
-                                          request_retries=cfg.http.request_retries, bus=self.bus,
-                                          cluster=self.cluster, origin=self.instance_id, tls=self.tls)
+        self.backend = GrpcBackend.create(
+            self.membership,
+            models=[primary],
+            policy=cfg.http.routing_policy,
+            request_retries=cfg.http.request_retries,
+            bus=self.bus,
+            cluster=self.cluster,
+            origin=self.instance_id,
+            tls=self.tls,
+        )
         self.backend.tracing = self.telemetry.tracing
         await self.backend.start()
         self.app = build_app(cfg, self.backend, tokenizer=tokenizer)
         self.app.tracing = self.telemetry.tracing
         self.app.metrics.registry.register(BackendCollector(self.backend))
-        self.embeddings = mount_embeddings(self.app, self.membership, self.backend.discovery.loads, cfg.http,
-                                           self.tls)
-        self.api.attach(ApiContext(backend=self.backend, tokenizer=tokenizer, served_model_names=(primary,),
-                                   aliases=tuple(aliases), model_root=cfg.model.model, metrics=self.app.metrics,
-                                   membership=self.membership, instance_id=self.instance_id,
-                                   embeddings=self.embeddings))
+        self.embeddings = mount_embeddings(self.app, self.membership, self.backend.discovery.loads, cfg.http, self.tls)
+        self.api.attach(
+            ApiContext(
+                backend=self.backend,
+                tokenizer=tokenizer,
+                served_model_names=(primary,),
+                aliases=tuple(aliases),
+                model_root=cfg.model.model,
+                metrics=self.app.metrics,
+                membership=self.membership,
+                instance_id=self.instance_id,
+                embeddings=self.embeddings,
+            )
+        )
         await self._start_http(self.app)
         assert self.registrar is not None
         await self.registrar.update(**self.describe())
-        log.info("gateway %s: HTTP on %s, gRPC API on %s, routing %s, %d instances known", self.instance_id,
-                 self.http_address, self.grpc_address, cfg.http.routing_policy, len(self.membership.instances()))
+        log.info(
+            "gateway %s: HTTP on %s, gRPC API on %s, routing %s, %d instances known",
+            self.instance_id,
+            self.http_address,
+            self.grpc_address,
+            cfg.http.routing_policy,
+            len(self.membership.instances()),
+        )
 
     async def _start_http(self, app: GatewayApp) -> None:
         import uvicorn
@@ -160,10 +199,18 @@ class GatewayService(Service):
         cfg = self.cfg
         level = cfg.telemetry.log_level
         # lifespan off: the service starts and closes the backend itself (the gRPC API shares it).
-        config = uvicorn.Config(_DrainGateMiddleware(app, self), host=cfg.grpc.host, port=cfg.http.port,
-                                access_log=False, log_level=level, log_config=None, lifespan="off", server_header=False,
-                                timeout_graceful_shutdown=max(1, int(self.options.drain_timeout_s)),
-                                **uvicorn_ssl_args(cfg.http))
+        config = uvicorn.Config(
+            _DrainGateMiddleware(app, self),
+            host=cfg.grpc.host,
+            port=cfg.http.port,
+            access_log=False,
+            log_level=level,
+            log_config=None,
+            lifespan="off",
+            server_header=False,
+            timeout_graceful_shutdown=max(1, int(self.options.drain_timeout_s)),
+            **uvicorn_ssl_args(cfg.http),
+        )
         server = _embedded_server_class()(config)
         self._http = server
 
@@ -177,8 +224,10 @@ class GatewayService(Service):
         while not server.started:
             if self._http_task.done():
                 self._http = None
-                raise StartupError(f"cannot serve HTTP on {cfg.grpc.host}:{cfg.http.port} (--host/--port; see the "
-                                   "error above); pick another port, or --port 0 for a free one")
+                raise StartupError(
+                    f"cannot serve HTTP on {cfg.grpc.host}:{cfg.http.port} (--host/--port; see the "
+                    "error above); pick another port, or --port 0 for a free one"
+                )
             await asyncio.sleep(0.02)
         port = server.servers[0].sockets[0].getsockname()[1]
         self.http_address = f"{advertised_host(cfg.grpc.host)}:{port}"
@@ -204,7 +253,7 @@ class GatewayService(Service):
         self._http.should_exit = True
         try:
             await asyncio.wait_for(asyncio.shield(self._http_task), 2.0)
-        except (asyncio.TimeoutError, SystemExit):
+        except (TimeoutError, SystemExit):
             self._http.force_exit = True
             self._http_task.cancel()
         except Exception:  # the HTTP server failing on the way out must not stop the rest of the shutdown

@@ -80,17 +80,25 @@ def page_crc(buf: torch.Tensor) -> int:
 
 
 class DramArena:
-    def __init__(self, capacity_bytes: int, page_bytes: int, *, lease_s: float = 10.0,
-                 evict_hook: Callable[[int, torch.Tensor, int], None] | None = None,
-                 buffer: torch.Tensor | None = None) -> None:
+    def __init__(
+        self,
+        capacity_bytes: int,
+        page_bytes: int,
+        *,
+        lease_s: float = 10.0,
+        evict_hook: Callable[[int, torch.Tensor, int], None] | None = None,
+        buffer: torch.Tensor | None = None,
+    ) -> None:
         """buffer: a flat uint8 host buffer of capacity_bytes to carve the slots from (the store allocates and
         registers it with the transfer engine at start, before any layout is known); None: allocate one."""
         if page_bytes <= 0:
             raise ValueError(f"page_bytes must be > 0 (got {page_bytes})")
         num_slots = capacity_bytes // page_bytes
         if num_slots < 1:
-            raise ValueError(f"--kvstore-dram-bytes {capacity_bytes} holds no page of {page_bytes} bytes; give the "
-                             f"DRAM tier at least {page_bytes} bytes (e.g. 1GiB)")
+            raise ValueError(
+                f"--kvstore-dram-bytes {capacity_bytes} holds no page of {page_bytes} bytes; give the "
+                f"DRAM tier at least {page_bytes} bytes (e.g. 1GiB)"
+            )
         self.page_bytes = page_bytes
         self.num_slots = num_slots
         self.lease_s = lease_s
@@ -278,4 +286,3 @@ class DramArena:
     def entries(self) -> list[tuple[int, Entry]]:
         """(hash, entry), least recently used first (tests, demotion)."""
         return list(self._index.items())
-

@@ -67,12 +67,19 @@ def open_disk_tier(directory: str | None, capacity_bytes: int, chunk_pages: int)
         probe.write_bytes(b"ok")
         probe.unlink()
     except OSError as e:
-        raise ValueError(f"--kvstore-disk-dir {directory} is not a writable directory ({e.strerror or e}); "
-                         "point it at one the service may write, or drop the flag") from None
+        raise ValueError(
+            f"--kvstore-disk-dir {directory} is not a writable directory ({e.strerror or e}); "
+            "point it at one the service may write, or drop the flag"
+        ) from None
     free = shutil.disk_usage(path).free
     if free < capacity_bytes:
-        log.warning("kvstore: --kvstore-disk-bytes %d exceeds the %d bytes free in %s; the disk tier may fill "
-                    "up early (demotion then stops with a warning)", capacity_bytes, free, directory)
+        log.warning(
+            "kvstore: --kvstore-disk-bytes %d exceeds the %d bytes free in %s; the disk tier may fill "
+            "up early (demotion then stops with a warning)",
+            capacity_bytes,
+            free,
+            directory,
+        )
     return DiskTier(path, capacity_bytes, chunk_pages)
 
 
@@ -148,8 +155,12 @@ class DiskTier:
             self._chunks[cid] = _Chunk(p, hashes, len(hashes), p.stat().st_size)
             self._next_chunk = max(self._next_chunk, cid + 1)
         if self._chunks:
-            log.info("kvstore: disk tier rebuilt from %s: %d pages in %d chunks", self.dir, len(self._index),
-                     len(self._chunks))
+            log.info(
+                "kvstore: disk tier rebuilt from %s: %d pages in %d chunks",
+                self.dir,
+                len(self._index),
+                len(self._chunks),
+            )
 
     def _read_header(self, p: Path) -> list[tuple[int, int]]:
         with open(p, "rb") as f:
@@ -236,15 +247,18 @@ class DiskTier:
             try:
                 with open(tmp, "wb") as f:
                     f.write(head + _CRC.pack(zlib.crc32(head)))
-                    for _, data, _ in batch:
-                        f.write(data.numpy().data)
+                    f.writelines(data.numpy().data for _, data, _ in batch)
                 os.replace(tmp, path)  # a chunk appears whole or not at all
             except OSError as e:
                 tmp.unlink(missing_ok=True)
                 self.counters.write_errors += 1
                 self._stopped = True
-                log.warning("kvstore: cannot write to --kvstore-disk-dir %s (%s); demotion to disk stopped, "
-                            "evicted pages are dropped", self.dir, e.strerror or e)
+                log.warning(
+                    "kvstore: cannot write to --kvstore-disk-dir %s (%s); demotion to disk stopped, "
+                    "evicted pages are dropped",
+                    self.dir,
+                    e.strerror or e,
+                )
                 with self._lock:
                     self._removed.extend(h for h, _, _ in batch)
                     del self._staged[:n]
@@ -294,8 +308,11 @@ class DiskTier:
                 data = b""
             if len(data) != self.page_bytes or zlib.crc32(data) != crc:
                 self.counters.corrupt += 1
-                log.warning("kvstore: page %d of %s failed its checksum; dropped", pos,
-                            chunk.path.name if chunk else f"chunk {cid}")
+                log.warning(
+                    "kvstore: page %d of %s failed its checksum; dropped",
+                    pos,
+                    chunk.path.name if chunk else f"chunk {cid}",
+                )
                 self.forget([h])
                 with self._lock:
                     self._removed.append(h)

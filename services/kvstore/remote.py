@@ -89,7 +89,7 @@ def decode_chunk(blob: bytes, page_bytes: int) -> list[tuple[int, int, memoryvie
     out = []
     for i in range(n):
         h, c = _ENTRY.unpack_from(blob, _HEAD.size + i * _ENTRY.size)
-        out.append((h, c, view[base + i * page_bytes: base + (i + 1) * page_bytes]))
+        out.append((h, c, view[base + i * page_bytes : base + (i + 1) * page_bytes]))
     return out
 
 
@@ -97,9 +97,18 @@ class MooncakeTier:
     """Chunks of pages in a Mooncake Store. Call from one event loop; the blocking client calls run in a small
     thread pool, each awaited with a timeout."""
 
-    def __init__(self, *, master: str, metadata_url: str, host: str, segment_bytes: int, budget_bytes: int,
-                 chunk_pages: int, timeout_s: float,
-                 client_factory: Callable[[], Any] | None = None) -> None:
+    def __init__(
+        self,
+        *,
+        master: str,
+        metadata_url: str,
+        host: str,
+        segment_bytes: int,
+        budget_bytes: int,
+        chunk_pages: int,
+        timeout_s: float,
+        client_factory: Callable[[], Any] | None = None,
+    ) -> None:
         self.master = master
         self.metadata_url = metadata_url
         self.host = host
@@ -182,9 +191,15 @@ class MooncakeTier:
             client, rc = None, -1
             try:
                 client = self._factory()
-                rc = client.setup(self.host, self.metadata_url, self.segment_bytes,
-                                  max(32 << 20, 4 * self.chunk_pages * max(self.page_bytes, 1)), "tcp", "",
-                                  self.master)
+                rc = client.setup(
+                    self.host,
+                    self.metadata_url,
+                    self.segment_bytes,
+                    max(32 << 20, 4 * self.chunk_pages * max(self.page_bytes, 1)),
+                    "tcp",
+                    "",
+                    self.master,
+                )
             except Exception as e:  # noqa: BLE001 - a client that cannot start leaves the tier off, never the store
                 log.warning("kvstore: Mooncake Store client setup failed: %s", e)
             loop.call_soon_threadsafe(_settle, done, client if rc == 0 else None)

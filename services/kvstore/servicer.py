@@ -30,8 +30,9 @@ class KVStoreHost(Protocol):
     instance_id: str
     store: PageStore
 
-    def record(self, name: str, start: float, carrier: common_pb2.TraceContext,
-               attributes: Mapping[str, Any]) -> None: ...
+    def record(
+        self, name: str, start: float, carrier: common_pb2.TraceContext, attributes: Mapping[str, Any]
+    ) -> None: ...
 
     def stats_pb(self) -> worker_pb2.KVStoreStatsResponse: ...
 
@@ -43,8 +44,12 @@ class KVStoreServicer(worker_pb2_grpc.KVStoreServicer):
     async def _layout(self, pb: common_pb2.KVLayout, n: int, context: grpc.aio.ServicerContext) -> KVLayout:
         me = self.svc.instance_id
         if n > MAX_PAGES_PER_CALL:
-            await abort(context, common_pb2.ERROR_CODE_INVALID_ARGUMENT,
-                        f"{n} block hashes in one call exceed {MAX_PAGES_PER_CALL}; split the call", instance_id=me)
+            await abort(
+                context,
+                common_pb2.ERROR_CODE_INVALID_ARGUMENT,
+                f"{n} block hashes in one call exceed {MAX_PAGES_PER_CALL}; split the call",
+                instance_id=me,
+            )
         try:
             return layout_from_pb(pb)
         except ValueError as e:
@@ -54,8 +59,9 @@ class KVStoreServicer(worker_pb2_grpc.KVStoreServicer):
     async def _mismatch(self, e: LayoutMismatch, context: grpc.aio.ServicerContext) -> None:
         await abort(context, common_pb2.ERROR_CODE_LAYOUT_MISMATCH, str(e), instance_id=self.svc.instance_id)
 
-    async def Lookup(self, request: worker_pb2.LookupRequest,
-                     context: grpc.aio.ServicerContext) -> worker_pb2.LookupResponse:
+    async def Lookup(
+        self, request: worker_pb2.LookupRequest, context: grpc.aio.ServicerContext
+    ) -> worker_pb2.LookupResponse:
         svc = self.svc
         layout = await self._layout(request.layout, len(request.block_hashes), context)
         try:
@@ -64,34 +70,41 @@ class KVStoreServicer(worker_pb2_grpc.KVStoreServicer):
             await self._mismatch(e, context)
         return worker_pb2.LookupResponse(num_hit_pages=len(tiers), tiers=tiers)
 
-    async def Put(self, request: worker_pb2.PutPagesRequest,
-                  context: grpc.aio.ServicerContext) -> worker_pb2.PutPagesResponse:
+    async def Put(
+        self, request: worker_pb2.PutPagesRequest, context: grpc.aio.ServicerContext
+    ) -> worker_pb2.PutPagesResponse:
         svc = self.svc
         layout = await self._layout(request.layout, len(request.block_hashes), context)
         backend = BACKEND_FROM_PB.get(request.backend)
         if backend != svc.store.backend:
-            await abort(context, common_pb2.ERROR_CODE_LAYOUT_MISMATCH,
-                        f"caller uses transfer backend {backend or 'unspecified'!r} but this kvstore uses "
-                        f"{svc.store.backend!r}; run both with the same --transfer-backend",
-                        instance_id=svc.instance_id)
+            await abort(
+                context,
+                common_pb2.ERROR_CODE_LAYOUT_MISMATCH,
+                f"caller uses transfer backend {backend or 'unspecified'!r} but this kvstore uses "
+                f"{svc.store.backend!r}; run both with the same --transfer-backend",
+                instance_id=svc.instance_id,
+            )
         try:
             res = svc.store.reserve(request.model, layout, list(request.block_hashes))
         except LayoutMismatch as e:
             await self._mismatch(e, context)
-        resp = worker_pb2.PutPagesResponse(pages_present=res.present, put_id=res.put_id, indexes=list(res.indexes),
-                                           expires_s=svc.store.lease_s)
+        resp = worker_pb2.PutPagesResponse(
+            pages_present=res.present, put_id=res.put_id, indexes=list(res.indexes), expires_s=svc.store.lease_s
+        )
         if res.put_id:
             resp.store_peer.CopyFrom(svc.store.peer_pb())
             resp.slots.CopyFrom(svc.store.slots_pb(res.slots))
         return resp
 
-    async def CommitPut(self, request: worker_pb2.CommitPutRequest,
-                        context: grpc.aio.ServicerContext) -> worker_pb2.CommitPutResponse:
+    async def CommitPut(
+        self, request: worker_pb2.CommitPutRequest, context: grpc.aio.ServicerContext
+    ) -> worker_pb2.CommitPutResponse:
         stored, rejected = self.svc.store.commit(request.put_id, list(request.page_checksums), request.abort)
         return worker_pb2.CommitPutResponse(pages_stored=stored, pages_rejected=rejected)
 
-    async def Get(self, request: worker_pb2.GetPagesRequest,
-                  context: grpc.aio.ServicerContext) -> worker_pb2.GetPagesResponse:
+    async def Get(
+        self, request: worker_pb2.GetPagesRequest, context: grpc.aio.ServicerContext
+    ) -> worker_pb2.GetPagesResponse:
         svc = self.svc
         me = svc.instance_id
         t0 = time.monotonic()
@@ -101,14 +114,19 @@ class KVStoreServicer(worker_pb2_grpc.KVStoreServicer):
         except ValueError as e:
             await abort(context, common_pb2.ERROR_CODE_INVALID_ARGUMENT, f"malformed Get: {e}", instance_id=me)
         if len(dst) != len(request.block_hashes):
-            await abort(context, common_pb2.ERROR_CODE_INVALID_ARGUMENT,
-                        f"Get names {len(dst)} destination pages for {len(request.block_hashes)} block hashes; "
-                        "send one page per hash", instance_id=me)
+            await abort(
+                context,
+                common_pb2.ERROR_CODE_INVALID_ARGUMENT,
+                f"Get names {len(dst)} destination pages for {len(request.block_hashes)} block hashes; "
+                "send one page per hash",
+                instance_id=me,
+            )
         budget = request.deadline_s if request.deadline_s > 0 else svc.store.lease_s
         deadline = t0 + min(budget, svc.store.lease_s)
         try:
-            read, took = await svc.store.get(request.model, layout, list(request.block_hashes),
-                                             request.destination_peer, dst, deadline)
+            read, took = await svc.store.get(
+                request.model, layout, list(request.block_hashes), request.destination_peer, dst, deadline
+            )
         except LayoutMismatch as e:
             await self._mismatch(e, context)
         except TransferTimeout as e:
@@ -121,15 +139,29 @@ class KVStoreServicer(worker_pb2_grpc.KVStoreServicer):
         for c in read.crcs:
             crc = zlib.crc32(c.to_bytes(4, "little"), crc)
         nbytes = len(read.hashes) * layout.page_bytes
-        svc.record(spans.KVSTORE_GET, t0, request.trace, {
-            spans.PAGES: len(read.hashes), spans.TRANSFER_BYTES: nbytes, spans.TRANSFER_BACKEND: svc.store.backend,
-            spans.KVSTORE_CORRUPT_PAGES: read.corrupt})
-        return worker_pb2.GetPagesResponse(pages_written=len(read.hashes), page_checksums=list(read.crcs),
-                                           checksum_algorithm=worker_pb2.CHECKSUM_ALGORITHM_CRC32, checksum=crc,
-                                           transfer_s=took, pages_corrupt=read.corrupt)
+        svc.record(
+            spans.KVSTORE_GET,
+            t0,
+            request.trace,
+            {
+                spans.PAGES: len(read.hashes),
+                spans.TRANSFER_BYTES: nbytes,
+                spans.TRANSFER_BACKEND: svc.store.backend,
+                spans.KVSTORE_CORRUPT_PAGES: read.corrupt,
+            },
+        )
+        return worker_pb2.GetPagesResponse(
+            pages_written=len(read.hashes),
+            page_checksums=list(read.crcs),
+            checksum_algorithm=worker_pb2.CHECKSUM_ALGORITHM_CRC32,
+            checksum=crc,
+            transfer_s=took,
+            pages_corrupt=read.corrupt,
+        )
 
-    async def Stats(self, request: worker_pb2.KVStoreStatsRequest,
-                    context: grpc.aio.ServicerContext) -> worker_pb2.KVStoreStatsResponse:
+    async def Stats(
+        self, request: worker_pb2.KVStoreStatsRequest, context: grpc.aio.ServicerContext
+    ) -> worker_pb2.KVStoreStatsResponse:
         return self.svc.stats_pb()
 
 
@@ -138,9 +170,13 @@ def stats_pb(svc: KVStoreHost) -> worker_pb2.KVStoreStatsResponse:
     c = store.counters
     a = store.arena.counters if store.arena is not None else None
     resp = worker_pb2.KVStoreStatsResponse(
-        lookups=c.lookups, hit_pages=c.hit_pages, get_pages=c.get_pages,
-        stored_pages=a.stored if a else 0, evicted_pages=a.evicted if a else 0,
-        corrupt_pages=(a.corrupt if a else 0) + (store.disk.counters.corrupt if store.disk is not None else 0))
+        lookups=c.lookups,
+        hit_pages=c.hit_pages,
+        get_pages=c.get_pages,
+        stored_pages=a.stored if a else 0,
+        evicted_pages=a.evicted if a else 0,
+        corrupt_pages=(a.corrupt if a else 0) + (store.disk.counters.corrupt if store.disk is not None else 0),
+    )
     for tier, used, cap, pages in store.tiers():
         resp.tiers.append(worker_pb2.TierStats(tier=tier, used_bytes=used, capacity_bytes=cap, pages=pages))
     if store.namespace is not None:

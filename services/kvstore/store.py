@@ -20,6 +20,7 @@ import torch
 
 from proto.pdrelay.v1 import common_pb2, worker_pb2
 from services.kvstore.arena import DramArena, Read, Reservation
+from shared.kernels.hostmem import alloc_host_buffer
 from shared.modelspec.kv_layout import KVLayout
 from shared.serving.convert import BACKEND_TO_PB
 from shared.serving.handoff import paged_descriptors
@@ -27,7 +28,6 @@ from shared.transfer import create_engine
 from shared.transfer.base import TransferEngine, TransferHandle
 from shared.transfer.descs import PageDesc, RegionHandle
 from shared.transfer.errors import TransferError, TransferTimeout
-from shared.kernels.hostmem import alloc_host_buffer
 
 if TYPE_CHECKING:
     from services.kvstore.disk import DiskTier
@@ -47,8 +47,10 @@ class Namespace:
 
     def describe(self) -> str:
         lay = self.layout
-        return (f"model {self.model!r} ({lay.dtype}, page size {lay.page_size}, {lay.num_layers} layers, "
-                f"{lay.num_kv_heads} KV heads, head dim {lay.head_dim})")
+        return (
+            f"model {self.model!r} ({lay.dtype}, page size {lay.page_size}, {lay.num_layers} layers, "
+            f"{lay.num_kv_heads} KV heads, head dim {lay.head_dim})"
+        )
 
 
 @dataclass
@@ -65,10 +67,20 @@ class StoreCounters:
 class PageStore:
     """Tiers + transfer engine. Call from one event loop; the engine's own lock covers its threads."""
 
-    def __init__(self, *, name: str, backend: str, host: str, dram_bytes: int, lease_s: float,
-                 high_watermark: float, disk: DiskTier | None = None, remote: MooncakeTier | None = None,
-                 on_stored: Callable[[Sequence[int]], None] | None = None,
-                 on_removed: Callable[[Sequence[int]], None] | None = None) -> None:
+    def __init__(
+        self,
+        *,
+        name: str,
+        backend: str,
+        host: str,
+        dram_bytes: int,
+        lease_s: float,
+        high_watermark: float,
+        disk: DiskTier | None = None,
+        remote: MooncakeTier | None = None,
+        on_stored: Callable[[Sequence[int]], None] | None = None,
+        on_removed: Callable[[Sequence[int]], None] | None = None,
+    ) -> None:
         self.backend = backend
         self.dram_bytes = dram_bytes
         self.lease_s = lease_s
@@ -98,8 +110,10 @@ class PageStore:
         if self.namespace is None:
             self._bind(ns)
         elif ns != self.namespace:
-            raise LayoutMismatch(f"this kvstore holds pages of {self.namespace.describe()}, not of {ns.describe()}; "
-                                 "run one kvstore per model and KV layout")
+            raise LayoutMismatch(
+                f"this kvstore holds pages of {self.namespace.describe()}, not of {ns.describe()}; "
+                "run one kvstore per model and KV layout"
+            )
         assert self.arena is not None
         return self.arena
 
@@ -117,8 +131,9 @@ class PageStore:
         evict_hook = self._demote if (self.disk is not None or self.remote is not None) else None
         if self._buffer is None:
             self.allocate()
-        self.arena = DramArena(self.dram_bytes, page_bytes, lease_s=self.lease_s, evict_hook=evict_hook,
-                               buffer=self._buffer)
+        self.arena = DramArena(
+            self.dram_bytes, page_bytes, lease_s=self.lease_s, evict_hook=evict_hook, buffer=self._buffer
+        )
         self.namespace = ns
         if self.disk is not None:
             self.disk.bind(ns.model, ns.layout)
@@ -130,8 +145,9 @@ class PageStore:
 
     # ---- peers ---------------------------------------------------------------------------------------------------
     def peer_pb(self) -> common_pb2.TransferPeer:
-        return common_pb2.TransferPeer(backend=BACKEND_TO_PB[self.backend], agent_name=self.engine.name,
-                                       agent_metadata=self._endpoint)
+        return common_pb2.TransferPeer(
+            backend=BACKEND_TO_PB[self.backend], agent_name=self.engine.name, agent_metadata=self._endpoint
+        )
 
     def slots_pb(self, slots: Sequence[int]) -> common_pb2.PageDescriptors:
         assert self.region is not None and self.arena is not None
@@ -176,13 +192,18 @@ class PageStore:
             gone.extend(self.disk.take_removed())
         if self.remote is not None:
             gone = [h for h in gone if h not in self.remote]
-            gone.extend(h for h in self.remote.take_removed()
-                        if h not in self.arena and (self.disk is None or h not in self.disk))
+            gone.extend(
+                h
+                for h in self.remote.take_removed()
+                if h not in self.arena and (self.disk is None or h not in self.disk)
+            )
         if gone and self.on_removed is not None:
             self.on_removed(gone)
 
     # ---- operations ----------------------------------------------------------------------------------------------
-    async def lookup(self, model: str, layout: KVLayout, hashes: Sequence[int], lease_s: float) -> list[worker_pb2.StorageTier]:
+    async def lookup(
+        self, model: str, layout: KVLayout, hashes: Sequence[int], lease_s: float
+    ) -> list[worker_pb2.StorageTier]:
         """Tier of each leading held page (DRAM, DISK, PEER for the Mooncake Store). Pages only the Mooncake Store
         holds are promoted into DRAM here (under the lookup's lease), so the Get that follows serves them as usual."""
         arena = self.check(model, layout)
@@ -193,7 +214,7 @@ class PageStore:
         if self.disk is not None and n < len(hashes):
             tiers += [worker_pb2.STORAGE_TIER_DISK] * self.disk.lookup(hashes[n:])
         if self.remote is not None and len(tiers) < len(hashes):
-            got = await self._promote_remote(hashes[len(tiers):], lease_s)
+            got = await self._promote_remote(hashes[len(tiers) :], lease_s)
             tiers += [worker_pb2.STORAGE_TIER_PEER] * got
         self.counters.hit_pages += len(tiers)
         return tiers
@@ -242,8 +263,15 @@ class PageStore:
             self.disk.forget(stored)  # a fresher copy is in DRAM now
         return len(stored), rejected
 
-    async def get(self, model: str, layout: KVLayout, hashes: Sequence[int], peer: common_pb2.TransferPeer,
-                  dst: Sequence[PageDesc], deadline: float) -> tuple[Read, float]:
+    async def get(
+        self,
+        model: str,
+        layout: KVLayout,
+        hashes: Sequence[int],
+        peer: common_pb2.TransferPeer,
+        dst: Sequence[PageDesc],
+        deadline: float,
+    ) -> tuple[Read, float]:
         """Write the leading held pages into the caller's pages; returns the verified read and the transfer time.
         Raises TransferError / TransferTimeout (nothing is written after the deadline starts a new write)."""
         arena = self.check(model, layout)
@@ -306,8 +334,9 @@ class PageStore:
             if status == "error":
                 raise TransferError(f"kvstore write of {handle.nbytes} bytes to {handle.peer!r} failed")
             if time.monotonic() >= deadline:
-                raise TransferTimeout(f"kvstore write of {handle.nbytes} bytes to {handle.peer!r} not done by its "
-                                      "deadline")
+                raise TransferTimeout(
+                    f"kvstore write of {handle.nbytes} bytes to {handle.peer!r} not done by its deadline"
+                )
             await asyncio.sleep(delay)
             delay = min(0.001, delay + 0.0001)
 
@@ -316,9 +345,18 @@ class PageStore:
         """(tier, used bytes, capacity bytes, pages) per tier."""
         out = []
         a = self.arena
-        out.append((worker_pb2.STORAGE_TIER_DRAM, a.used_bytes if a else 0, a.capacity_bytes if a else self.dram_bytes, a.num_pages if a else 0))
+        out.append(
+            (
+                worker_pb2.STORAGE_TIER_DRAM,
+                a.used_bytes if a else 0,
+                a.capacity_bytes if a else self.dram_bytes,
+                a.num_pages if a else 0,
+            )
+        )
         if self.disk is not None:
-            out.append((worker_pb2.STORAGE_TIER_DISK, self.disk.used_bytes, self.disk.capacity_bytes, self.disk.num_pages))
+            out.append(
+                (worker_pb2.STORAGE_TIER_DISK, self.disk.used_bytes, self.disk.capacity_bytes, self.disk.num_pages)
+            )
         if self.remote is not None:
             r = self.remote
             out.append((worker_pb2.STORAGE_TIER_PEER, r.used_bytes, r.capacity_bytes, r.num_pages))

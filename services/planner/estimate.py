@@ -80,15 +80,20 @@ def estimate_prefill(loads: tuple[InstanceLoad, ...], n: int, learned: Learned, 
     rates = [x.compute_tokens_per_s for x in loads if x.compute_tokens_per_s > 0]
     if rates:
         mean = sum(rates) / len(rates)
-        learned.prefill_rate = mean if not learned.prefill_rate else (
-            RATE_SMOOTHING * mean + (1 - RATE_SMOOTHING) * learned.prefill_rate)
+        learned.prefill_rate = (
+            mean if not learned.prefill_rate else (RATE_SMOOTHING * mean + (1 - RATE_SMOOTHING) * learned.prefill_rate)
+        )
     rate = learned.prefill_rate
     pending = sum(x.pending_prefill_tokens for x in loads)
     steps = [x.step_ms for x in loads if x.step_ms > 0]
     base = (sum(steps) / len(steps) / 1e3) if steps else 0.0
     util = sum(x.busy for x in loads)
-    numbers = {"pending_prompt_tokens": float(pending), "prefill_tokens_per_s": rate, "step_ms": base * 1e3,
-               "busy_instances": util}
+    numbers = {
+        "pending_prompt_tokens": float(pending),
+        "prefill_tokens_per_s": rate,
+        "step_ms": base * 1e3,
+        "busy_instances": util,
+    }
 
     def ttft(m: int) -> float | None:
         if not rate:
@@ -124,8 +129,14 @@ def _line(points: deque[tuple[float, float]]) -> tuple[float, float] | None:
     return max(0.0, ms - k * mb), k
 
 
-def estimate_decode(loads: tuple[InstanceLoad, ...], n: int, learned: Learned, target_s: float,
-                    hysteresis: float, client_itl_s: float | None = None) -> Estimate:
+def estimate_decode(
+    loads: tuple[InstanceLoad, ...],
+    n: int,
+    learned: Learned,
+    target_s: float,
+    hysteresis: float,
+    client_itl_s: float | None = None,
+) -> Estimate:
     """client_itl_s: the mean time between tokens the gateways saw over the last interval (None: unknown)."""
     for x in loads:
         if x.running > 0 and x.step_ms > 0:
@@ -179,6 +190,7 @@ def estimate_decode(loads: tuple[InstanceLoad, ...], n: int, learned: Learned, t
     elif tight and len(tight) == len(loads):
         pressure = f"every decode instance has < {KV_LOW:.0%} of its KV pages free"
     numbers["waiting_requests"] = float(queued)
+
     def itl_or_idle(m: int) -> float | None:
         return itl(m) if line is not None else (measured if not demand and m >= 1 else None)
 

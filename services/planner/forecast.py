@@ -86,11 +86,16 @@ class Forecast:
         return self.prefill_needed if role == "prefill" else self.decode_needed
 
     def why(self, role: str) -> str:
-        what = (f"{self.prompt_tokens:.0f}-token prompts" if role == "prefill" else
-                (f"{self.answer_tokens:.0f}-token answers, " if self.answer_tokens else "")
-                + f"{self.numbers.get('forecast_streams', 0):.0f} streams")
-        return (f"forecast {self.arrivals_per_s:.1f} req/s of {what} in {self.horizon_s:.0f} s needs "
-                f"{self.needed(role)} {role} instances")
+        what = (
+            f"{self.prompt_tokens:.0f}-token prompts"
+            if role == "prefill"
+            else (f"{self.answer_tokens:.0f}-token answers, " if self.answer_tokens else "")
+            + f"{self.numbers.get('forecast_streams', 0):.0f} streams"
+        )
+        return (
+            f"forecast {self.arrivals_per_s:.1f} req/s of {what} in {self.horizon_s:.0f} s needs "
+            f"{self.needed(role)} {role} instances"
+        )
 
 
 @dataclass(frozen=True)
@@ -162,8 +167,14 @@ class Forecaster:
         # a count, not a noisy rate: read ahead from the latest value on the smoothed trend
         now = self.streams_now
         streams = min(AHEAD_MAX * now, now + max(0.0, h * self.streams.trend))
-        nums = {"forecast_streams": streams, "forecast_req_per_s": rate, "rate_level_req_per_s": level, "rate_trend_req_per_s2":
-                self.rate.trend / max(interval_s, 1e-3), "forecast_prompt_tokens": isl,
-                "forecast_answer_tokens": osl, "horizon_s": horizon_s}
+        nums = {
+            "forecast_streams": streams,
+            "forecast_req_per_s": rate,
+            "rate_level_req_per_s": level,
+            "rate_trend_req_per_s2": self.rate.trend / max(interval_s, 1e-3),
+            "forecast_prompt_tokens": isl,
+            "forecast_answer_tokens": osl,
+            "horizon_s": horizon_s,
+        }
         decode = max(size_decode(rate, osl, cap, itl_aim_s), size_streams(streams, cap, itl_aim_s))
         return Forecast(horizon_s, rate, isl, osl, size_prefill(rate, isl, cap), decode, nums)

@@ -45,7 +45,9 @@ class LeaderElection:
             resp = await kv.txn(
                 [KVService.txn_compare_create_revision(self.key, 0)],
                 [KVService.txn_op_put(self.key, self.me, lease=lease)],
-                [KVService.txn_op_get(self.key)], timeout=_RPC_TIMEOUT_S)
+                [KVService.txn_op_get(self.key)],
+                timeout=_RPC_TIMEOUT_S,
+            )
         except (EtcdError, TimeoutError, OSError) as e:
             if self.is_leader:
                 log.warning("%s: cannot confirm leadership (%s); standing by", self.me, e)
@@ -61,8 +63,11 @@ class LeaderElection:
             # our own key under our current lease (we led before this call) still counts
             self.is_leader = holder is not None and self.leader == self.me and holder.lease == lease
         if self.is_leader != was:
-            log.info("%s: %s", self.me, "now the leading planner" if self.is_leader
-                     else f"standing by (leader: {self.leader or 'none'})")
+            log.info(
+                "%s: %s",
+                self.me,
+                "now the leading planner" if self.is_leader else f"standing by (leader: {self.leader or 'none'})",
+            )
         return self.is_leader
 
     async def resign(self) -> None:
@@ -70,7 +75,10 @@ class LeaderElection:
             return
         self.is_leader = False
         try:
-            await self._client.kv.txn([KVService.txn_compare_value(self.key, self.me)],
-                                      [KVService.txn_op_delete(self.key)], timeout=_RPC_TIMEOUT_S)
+            await self._client.kv.txn(
+                [KVService.txn_compare_value(self.key, self.me)],
+                [KVService.txn_op_delete(self.key)],
+                timeout=_RPC_TIMEOUT_S,
+            )
         except (EtcdError, TimeoutError, OSError) as e:
             log.warning("%s: could not resign (%s); the key goes with the lease", self.me, e)

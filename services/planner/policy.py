@@ -57,12 +57,18 @@ class Limits:
         """From a PlannerConfig (shared/config/groups.py)."""
         mins = {Role.PREFILL: c.min_prefill, Role.DECODE: c.min_decode}
         maxs = {Role.PREFILL: c.max_prefill, Role.DECODE: c.max_decode}
-        return cls(ttft_target_s=c.ttft_target_ms / 1e3, itl_target_s=c.itl_target_ms / 1e3,
-                   min_count=mins, max_count=maxs, budget=c.budget or sum(maxs.values()),
-                   scale_up_cooldown_s=c.scale_up_cooldown_s,
-                   scale_down_cooldown_s=c.scale_down_cooldown_s,
-                   hysteresis=c.hysteresis, idle_threshold=c.idle_threshold,
-                   max_scale_step=c.max_scale_step)
+        return cls(
+            ttft_target_s=c.ttft_target_ms / 1e3,
+            itl_target_s=c.itl_target_ms / 1e3,
+            min_count=mins,
+            max_count=maxs,
+            budget=c.budget or sum(maxs.values()),
+            scale_up_cooldown_s=c.scale_up_cooldown_s,
+            scale_down_cooldown_s=c.scale_down_cooldown_s,
+            hysteresis=c.hysteresis,
+            idle_threshold=c.idle_threshold,
+            max_scale_step=c.max_scale_step,
+        )
 
     def target_s(self, role: Role) -> float:
         return self.ttft_target_s if role == Role.PREFILL else self.itl_target_s
@@ -125,24 +131,30 @@ class Outlook:
 def _estimate(view: RoleView, mem: RoleMemory, limits: Limits, client_itl_s: float | None = None) -> Estimate:
     if view.role == Role.PREFILL:
         return estimate_prefill(view.loads, view.current, mem.learned, limits.ttft_target_s)
-    return estimate_decode(view.loads, view.current, mem.learned, limits.itl_target_s, limits.hysteresis,
-                           client_itl_s)
+    return estimate_decode(view.loads, view.current, mem.learned, limits.itl_target_s, limits.hysteresis, client_itl_s)
 
 
 def forecast_for(outlook: Outlook, memory: dict[Role, RoleMemory], limits: Limits) -> Forecast | None:
     """Both roles' sizes for the forecast traffic, with the capacities the estimates fitted."""
     p, d = memory[Role.PREFILL].learned, memory[Role.DECODE].learned
     cap = Capacity(p.prefill_rate, d.itl_line, d.itl_correction)
-    return outlook.forecaster.forecast(outlook.horizon_s, outlook.interval_s, cap,
-                                       limits.itl_target_s * (1 - limits.hysteresis / 2))
+    return outlook.forecaster.forecast(
+        outlook.horizon_s, outlook.interval_s, cap, limits.itl_target_s * (1 - limits.hysteresis / 2)
+    )
 
 
 def _what(role: Role) -> str:
     return "TTFT" if role == Role.PREFILL else "ITL"
 
 
-def plan_role(view: RoleView, mem: RoleMemory, limits: Limits, now: float, est: Estimate | None = None,
-              forecast: Forecast | None = None) -> Plan:
+def plan_role(
+    view: RoleView,
+    mem: RoleMemory,
+    limits: Limits,
+    now: float,
+    est: Estimate | None = None,
+    forecast: Forecast | None = None,
+) -> Plan:
     role, n = view.role, view.current
     est = _estimate(view, mem, limits) if est is None else est
     target = limits.target_s(role)
@@ -157,21 +169,30 @@ def plan_role(view: RoleView, mem: RoleMemory, limits: Limits, now: float, est: 
         return Plan(role, action, n, to, reason, nums, estimate=est, loads=view.loads, **kw)  # type: ignore[arg-type]  # kw: Plan fields
 
     if mem.pin is not None and now < mem.pin_until:
-        return plan(Action.PINNED, mem.pin, f"pinned at {mem.pin} by a manual scale; `pdrelay planner unpin "
-                    f"{role}` hands it back")
+        return plan(
+            Action.PINNED,
+            mem.pin,
+            f"pinned at {mem.pin} by a manual scale; `pdrelay planner unpin {role}` hands it back",
+        )
     if n < lo:
         return plan(Action.SCALE_UP, lo, f"{n} {role} instances, below --min-{role} {lo}", severity=float("inf"))
     breach = est.now_s is not None and est.now_s > target
     if breach or est.pressure:
-        why = (f"estimated {_what(role)} {est.now_s * 1e3:.0f} ms > target {target * 1e3:.0f} ms"  # type: ignore[operator]  # breach: set
-               if breach else est.pressure)
+        why = (
+            f"estimated {_what(role)} {est.now_s * 1e3:.0f} ms > target {target * 1e3:.0f} ms"  # type: ignore[operator]  # breach: set
+            if breach
+            else est.pressure
+        )
         if now < mem.retry_at:
             return plan(Action.HOLD, n, f"{why}; retrying the failed scale-up in {mem.retry_at - now:.0f} s")
         if n >= hi:
             return plan(Action.HOLD, n, f"{why}; already at --max-{role} {hi}")
         if now - mem.last_up < limits.scale_up_cooldown_s:
-            return plan(Action.HOLD, n, f"{why}; scale-up cooldown ({now - mem.last_up:.0f} s of "
-                        f"{limits.scale_up_cooldown_s:.0f} s)")
+            return plan(
+                Action.HOLD,
+                n,
+                f"{why}; scale-up cooldown ({now - mem.last_up:.0f} s of {limits.scale_up_cooldown_s:.0f} s)",
+            )
         to = min(hi, n + limits.max_scale_step, max(n + 1, est.needed, ahead))
         severity = (est.now_s / target) if est.now_s is not None else 1.0
         if est.pressure:  # queueing or out of KV pages: as urgent as a breach
@@ -179,8 +200,13 @@ def plan_role(view: RoleView, mem: RoleMemory, limits: Limits, now: float, est: 
         return plan(Action.SCALE_UP, to, f"{why}: {n} -> {to} (the load needs {est.needed})", severity=severity)
     if ahead > n and n < hi and now >= mem.retry_at and now - mem.last_up >= limits.scale_up_cooldown_s:
         to = min(hi, n + limits.max_scale_step, ahead)
-        return plan(Action.SCALE_UP, to, f"{forecast.why(role)}: {n} -> {to} ahead of the load "  # type: ignore[union-attr]  # ahead > 0: set
-                    f"(now: {_now_text(est, role, target)})", severity=FORECAST_SEVERITY)
+        return plan(
+            Action.SCALE_UP,
+            to,
+            f"{forecast.why(role)}: {n} -> {to} ahead of the load "  # type: ignore[union-attr]  # ahead > 0: set
+            f"(now: {_now_text(est, role, target)})",
+            severity=FORECAST_SEVERITY,
+        )
     if n > max(lo, 1) and est.fewer_s is not None and n > max(est.needed, ahead):
         calm = est.calm(n - 1, target, limits.hysteresis)
         # A decode instance is "busy" whenever it holds one request: its ITL says more than its busy share.
@@ -188,27 +214,35 @@ def plan_role(view: RoleView, mem: RoleMemory, limits: Limits, now: float, est: 
         if calm and idle:
             silent = (view.ready if view.ready is not None else len(view.loads)) - len(view.loads)
             if silent > 0:  # a busy engine can delay its reports: missing numbers are not an idle instance
-                return plan(Action.HOLD, n, f"could drain one, but {silent} ready instances sent no recent load "
-                            "report")
+                return plan(Action.HOLD, n, f"could drain one, but {silent} ready instances sent no recent load report")
             if view.starting:
                 return plan(Action.HOLD, n, f"could drain one, but {view.starting} instances are still starting")
             if now - mem.last_change < limits.scale_down_cooldown_s:
-                return plan(Action.HOLD, n, f"could drain one; scale-down cooldown ({now - mem.last_change:.0f} s "
-                            f"of {limits.scale_down_cooldown_s:.0f} s)")
+                return plan(
+                    Action.HOLD,
+                    n,
+                    f"could drain one; scale-down cooldown ({now - mem.last_change:.0f} s "
+                    f"of {limits.scale_down_cooldown_s:.0f} s)",
+                )
             if now < mem.retry_at:
                 return plan(Action.HOLD, n, "could drain one, but a failed scale-up is being retried")
             drain = _idlest(view.loads, 1)
-            busy = (f" and they would be busy {est.util / (n - 1):.0%} (<= {limits.idle_threshold:.0%})"
-                    if role == Role.PREFILL else "")
-            return plan(Action.SCALE_DOWN, n - 1,
-                        f"with {n - 1} instances the estimated {_what(role)} is {est.fewer_s * 1e3:.0f} ms, "
-                        f"{limits.hysteresis:.0%} of the headroom under the target{busy}: draining "
-                        f"{', '.join(drain) or 'one'}",
-                        drain=drain)
+            busy = (
+                f" and they would be busy {est.util / (n - 1):.0%} (<= {limits.idle_threshold:.0%})"
+                if role == Role.PREFILL
+                else ""
+            )
+            return plan(
+                Action.SCALE_DOWN,
+                n - 1,
+                f"with {n - 1} instances the estimated {_what(role)} is {est.fewer_s * 1e3:.0f} ms, "
+                f"{limits.hysteresis:.0%} of the headroom under the target{busy}: draining "
+                f"{', '.join(drain) or 'one'}",
+                drain=drain,
+            )
     if est.now_s is None:
         return plan(Action.HOLD, n, f"no {_what(role)} measurement yet")
-    return plan(Action.HOLD, n, f"estimated {_what(role)} {est.now_s * 1e3:.0f} ms within target "
-                f"{target * 1e3:.0f} ms")
+    return plan(Action.HOLD, n, f"estimated {_what(role)} {est.now_s * 1e3:.0f} ms within target {target * 1e3:.0f} ms")
 
 
 def _now_text(est: Estimate, role: Role, target: float) -> str:
@@ -246,14 +280,28 @@ def _rebalance(up: Plan, donor: Plan, limits: Limits, want: int) -> Plan | None:
     drain = _idlest(donor.loads, give)
     after_s = est.at(n - give)
     assert after_s is not None  # give >= 1 and the loop above accepted n - give
-    return Plan(donor.role, Action.SCALE_DOWN, n, n - give,
-                f"{up.role} needs the budget ({up.reason.split(':')[0]}); with {n - give} instances {donor.role}'s "
-                f"estimated {_what(donor.role)} is {after_s * 1e3:.0f} ms, within its target of {target * 1e3:.0f} "
-                f"ms: draining {', '.join(drain)}", donor.numbers, drain, estimate=est, loads=donor.loads)
+    return Plan(
+        donor.role,
+        Action.SCALE_DOWN,
+        n,
+        n - give,
+        f"{up.role} needs the budget ({up.reason.split(':')[0]}); with {n - give} instances {donor.role}'s "
+        f"estimated {_what(donor.role)} is {after_s * 1e3:.0f} ms, within its target of {target * 1e3:.0f} "
+        f"ms: draining {', '.join(drain)}",
+        donor.numbers,
+        drain,
+        estimate=est,
+        loads=donor.loads,
+    )
 
 
-def decide(views: dict[Role, RoleView], memory: dict[Role, RoleMemory], limits: Limits, now: float,
-           outlook: Outlook | None = None) -> list[Plan]:
+def decide(
+    views: dict[Role, RoleView],
+    memory: dict[Role, RoleMemory],
+    limits: Limits,
+    now: float,
+    outlook: Outlook | None = None,
+) -> list[Plan]:
     """One evaluation: a plan per role, scale-ups trimmed to the budget (the worse breach first); a scale-up the
     budget blocks takes instances from the other role when that one can spare them. With an outlook, the
     forecast (sized with this evaluation's fitted capacities) scales roles up ahead of the load."""
@@ -281,11 +329,26 @@ def decide(views: dict[Role, RoleView], memory: dict[Role, RoleMemory], limits: 
         room = max(p.current, p.target - short)
         total -= p.target - room
         if room <= p.current:
-            plans[p.role] = Plan(p.role, Action.HOLD, p.current, p.current,
-                                 f"{p.reason}; held: the budget of {limits.budget} instances is used up",
-                                 p.numbers, estimate=p.estimate, loads=p.loads)
+            plans[p.role] = Plan(
+                p.role,
+                Action.HOLD,
+                p.current,
+                p.current,
+                f"{p.reason}; held: the budget of {limits.budget} instances is used up",
+                p.numbers,
+                estimate=p.estimate,
+                loads=p.loads,
+            )
         else:
-            plans[p.role] = Plan(p.role, p.action, p.current, room,
-                                 f"{p.reason}; capped at {room} by the budget of {limits.budget}", p.numbers,
-                                 severity=p.severity, estimate=p.estimate, loads=p.loads)
+            plans[p.role] = Plan(
+                p.role,
+                p.action,
+                p.current,
+                room,
+                f"{p.reason}; capped at {room} by the budget of {limits.budget}",
+                p.numbers,
+                severity=p.severity,
+                estimate=p.estimate,
+                loads=p.loads,
+            )
     return [plans[r] for r in views]

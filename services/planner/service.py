@@ -26,16 +26,23 @@ from services.planner.forecast import Forecaster
 from services.planner.leader import LeaderElection
 from services.planner.policy import Limits, Outlook, Plan, Role, RoleMemory, RoleView, decide
 from services.planner.traffic import GatewayScraper
-from shared.cluster.bus.load import LoadTable
-from shared.cluster.bus.planner import (Action, ControlKind, Decision, PlannerControl, PlannerReply,
-                                        publish_decision, serve_control)
 from shared.cluster.bus.admin_auth import AdminAuth
 from shared.cluster.bus.client import Bus
+from shared.cluster.bus.load import LoadTable
+from shared.cluster.bus.planner import (
+    Action,
+    ControlKind,
+    Decision,
+    PlannerControl,
+    PlannerReply,
+    publish_decision,
+    serve_control,
+)
 from shared.cluster.instance import InstanceInfo, InstanceState
-from shared.serving.lifecycle import Service, ServiceOptions
 from shared.cluster.membership import Membership
 from shared.config.resolved import ResolvedConfig
 from shared.config.roles import Role as ServiceRole
+from shared.serving.lifecycle import Service, ServiceOptions
 
 log = logging.getLogger(__name__)
 
@@ -56,9 +63,17 @@ def build_actuator(cfg: ResolvedConfig, bus: Bus, cluster: str, auth: AdminAuth 
 class PlannerService(Service):
     role = ServiceRole.PLANNER
 
-    def __init__(self, cfg: ResolvedConfig, options: ServiceOptions = ServiceOptions(), actuator: Actuator | None = None) -> None:
-        super().__init__(discovery=cfg.discovery, bus=cfg.bus, grpc_cfg=cfg.grpc, options=options,
-                         telemetry=cfg.telemetry, tls=cfg.tls)
+    def __init__(
+        self, cfg: ResolvedConfig, options: ServiceOptions = ServiceOptions(), actuator: Actuator | None = None
+    ) -> None:
+        super().__init__(
+            discovery=cfg.discovery,
+            bus=cfg.bus,
+            grpc_cfg=cfg.grpc,
+            options=options,
+            telemetry=cfg.telemetry,
+            tls=cfg.tls,
+        )
         self.cfg = cfg
         self.pcfg = cfg.planner
         self.limits = Limits.from_config(self.pcfg)
@@ -81,13 +96,16 @@ class PlannerService(Service):
         self.election: LeaderElection | None = None
         self._loop: asyncio.Task[None] | None = None
         r = self.telemetry.metrics.registry
-        self._m_decisions = Counter("pdrelay:planner_decisions", "Planner decisions by role and action",
-                                    ("role", "action"), registry=r)
+        self._m_decisions = Counter(
+            "pdrelay:planner_decisions", "Planner decisions by role and action", ("role", "action"), registry=r
+        )
         self._m_leader = Gauge("pdrelay:planner_leader", "1 while this planner leads", registry=r)
-        self._m_target = Gauge("pdrelay:planner_target_instances", "Instances the planner wants per role",
-                               ("role",), registry=r)
-        self._m_estimate = Gauge("pdrelay:planner_estimate_ms", "Estimated TTFT (prefill) / ITL (decode)",
-                                 ("role",), registry=r)
+        self._m_target = Gauge(
+            "pdrelay:planner_target_instances", "Instances the planner wants per role", ("role",), registry=r
+        )
+        self._m_estimate = Gauge(
+            "pdrelay:planner_estimate_ms", "Estimated TTFT (prefill) / ITL (decode)", ("role",), registry=r
+        )
 
     # ---- lifecycle hooks ---------------------------------------------------------------------------------------
     def load_snapshot(self) -> None:
@@ -169,8 +187,11 @@ class PlannerService(Service):
         """This interval's traffic from the gateways, fed to the forecaster (None: no gateway to read)."""
         if self.scraper is None or self.members is None:
             return None
-        gateways = {i.instance_id: i.metrics_address or i.http_address for i in self.members.instances("gateway")
-                    if (i.metrics_address or i.http_address) and i.state == InstanceState.READY}
+        gateways = {
+            i.instance_id: i.metrics_address or i.http_address
+            for i in self.members.instances("gateway")
+            if (i.metrics_address or i.http_address) and i.state == InstanceState.READY
+        }
         sample = await self.scraper.sample(gateways, time.monotonic())
         if sample is None:
             return None
@@ -191,8 +212,11 @@ class PlannerService(Service):
         for role in ROLES:
             infos = [i for i in self.members.instances(role) if i.state != InstanceState.DRAINING]
             ready = [i for i in infos if i.state == InstanceState.READY]
-            loads = tuple(_load(i, fresh[i.instance_id].load) for i in ready
-                          if i.instance_id in fresh and fresh[i.instance_id].epoch >= i.epoch)
+            loads = tuple(
+                _load(i, fresh[i.instance_id].load)
+                for i in ready
+                if i.instance_id in fresh and fresh[i.instance_id].epoch >= i.epoch
+            )
             current = len(infos)
             expect = self._expect.get(role)
             if expect is not None:
@@ -200,15 +224,24 @@ class PlannerService(Service):
                 if len(ready) >= want:
                     del self._expect[role]
                     # how long instances take to serve: the forecast's horizon (smoothed, within reason)
-                    self.start_s = min(60.0, max(self.pcfg.evaluation_interval_s,
-                                                 0.5 * self.start_s + 0.5 * (now - since)))
+                    self.start_s = min(
+                        60.0, max(self.pcfg.evaluation_interval_s, 0.5 * self.start_s + 0.5 * (now - since))
+                    )
                 elif current >= want:
                     if now >= deadline:  # registered but never ready: the scale-up happened, stop timing it
                         del self._expect[role]
                 elif now >= deadline:
                     del self._expect[role]
-                    failed.append(self._failed(role, want, current, now, f"{want - current} new instances did not "
-                                               f"register within {self.pcfg.scale_up_timeout_s:.0f} s"))
+                    failed.append(
+                        self._failed(
+                            role,
+                            want,
+                            current,
+                            now,
+                            f"{want - current} new instances did not "
+                            f"register within {self.pcfg.scale_up_timeout_s:.0f} s",
+                        )
+                    )
                 else:
                     current = want
             views[role] = RoleView(role, current, loads, starting=len(infos) - len(ready), ready=len(ready))
@@ -217,10 +250,16 @@ class PlannerService(Service):
     def _failed(self, role: Role, want: int, have: int, now: float, why: str) -> Plan:
         mem = self.memory[role]
         mem.failures += 1
-        wait = min(self.pcfg.scale_retry_max_s, 2.0 ** mem.failures)
+        wait = min(self.pcfg.scale_retry_max_s, 2.0**mem.failures)
         mem.retry_at = now + wait
-        return Plan(role, Action.FAILED, have, want, f"scale-up to {want} failed: {why}; retry {mem.failures} in "
-                    f"{wait:.0f} s", {"failures": float(mem.failures), "retry_in_s": wait})
+        return Plan(
+            role,
+            Action.FAILED,
+            have,
+            want,
+            f"scale-up to {want} failed: {why}; retry {mem.failures} in {wait:.0f} s",
+            {"failures": float(mem.failures), "retry_in_s": wait},
+        )
 
     async def _pin(self, role: Role, count: int, now: float) -> list[Decision]:
         mem = self.memory[role]
@@ -229,8 +268,9 @@ class PlannerService(Service):
         mem.pin_until = now + pin_s if pin_s else float("inf")
         self._expect.pop(role, None)
         how_long = f"for {pin_s:.0f} s" if pin_s else f"until `pdrelay planner unpin {role}`"
-        d = await self._record_plan(Plan(role, Action.PINNED, count, count,
-                                         f"an operator scaled {role} to {count} by hand: pinned {how_long}"))
+        d = await self._record_plan(
+            Plan(role, Action.PINNED, count, count, f"an operator scaled {role} to {count} by hand: pinned {how_long}")
+        )
         return [d]
 
     async def _apply(self, plan: Plan, view: RoleView, now: float) -> Decision | None:
@@ -253,8 +293,9 @@ class PlannerService(Service):
         except ScaleError as e:
             if plan.action == Action.SCALE_UP:
                 return await self._record_plan(self._failed(role, plan.target, plan.current, now, str(e)))
-            return await self._record_plan(Plan(role, Action.FAILED, plan.current, plan.target,
-                                                f"scale-down failed: {e}", plan.numbers))
+            return await self._record_plan(
+                Plan(role, Action.FAILED, plan.current, plan.target, f"scale-down failed: {e}", plan.numbers)
+            )
         mem.last_change = now
         if plan.action == Action.SCALE_DOWN:
             self._expect.pop(role, None)  # a smaller size replaces a scale-up still under way
@@ -263,14 +304,24 @@ class PlannerService(Service):
             mem.failures = 0
             self._expect[role] = (plan.target, now + self.pcfg.scale_up_timeout_s, now)
         self._last_kind.pop(role, None)
-        return await self._record_plan(Plan(role, plan.action, plan.current, plan.target,
-                                            f"{plan.reason} [{done}]", plan.numbers, plan.drain))
+        return await self._record_plan(
+            Plan(role, plan.action, plan.current, plan.target, f"{plan.reason} [{done}]", plan.numbers, plan.drain)
+        )
 
     async def _record_plan(self, plan: Plan) -> Decision:
         self._seq += 1
-        d = Decision(seq=self._seq, ts=time.time(), planner=self.instance_id, role=plan.role.value,
-                     action=plan.action, current=plan.current, target=plan.target, reason=plan.reason,
-                     numbers={k: round(v, 3) for k, v in plan.numbers.items()}, drain=plan.drain)
+        d = Decision(
+            seq=self._seq,
+            ts=time.time(),
+            planner=self.instance_id,
+            role=plan.role.value,
+            action=plan.action,
+            current=plan.current,
+            target=plan.target,
+            reason=plan.reason,
+            numbers={k: round(v, 3) for k, v in plan.numbers.items()},
+            drain=plan.drain,
+        )
         self.decisions.append(d)
         self._m_decisions.labels(d.role, d.action.value).inc()
         log.info("planner decision %d: %s %s %d -> %d: %s", d.seq, d.role, d.action, d.current, d.target, d.reason)
@@ -284,27 +335,39 @@ class PlannerService(Service):
             return None  # the leader answers
         pins = {r.value: m.pin for r, m in self.memory.items() if m.pin is not None}
         if req.kind == ControlKind.LOG:
-            last = tuple(self.decisions)[-req.last:] if req.last > 0 else ()
+            last = tuple(self.decisions)[-req.last :] if req.last > 0 else ()
             return PlannerReply(ok=True, planner=self.instance_id, decisions=last, pins=pins)
         roles = [r for r in ROLES if req.role in ("", r.value)]
         if not roles:
-            return PlannerReply(ok=False, planner=self.instance_id,
-                                message=f"unknown role {req.role!r}; choose from {', '.join(ROLES)}")
+            return PlannerReply(
+                ok=False, planner=self.instance_id, message=f"unknown role {req.role!r}; choose from {', '.join(ROLES)}"
+            )
         freed = [r.value for r in roles if self.memory[r].pin is not None]
         for r in roles:
             self.memory[r].pin = None
             self.memory[r].pin_until = float("inf")
             self._last_kind.pop(r, None)
         left = {k: v for k, v in pins.items() if k not in freed}
-        return PlannerReply(ok=True, planner=self.instance_id, pins=left,
-                            message=f"unpinned {', '.join(freed)}" if freed else "nothing was pinned")
+        return PlannerReply(
+            ok=True,
+            planner=self.instance_id,
+            pins=left,
+            message=f"unpinned {', '.join(freed)}" if freed else "nothing was pinned",
+        )
 
 
 def _load(info: InstanceInfo, s: Any) -> InstanceLoad:
-    return InstanceLoad(instance_id=info.instance_id, running=s.running, queued=s.queued,
-                        pending_prefill_tokens=s.pending_prefill_tokens, free_pages=s.free_pages,
-                        total_pages=s.total_pages, step_ms=s.step_ms, busy=s.busy,
-                        compute_tokens_per_s=s.compute_tokens_per_s)
+    return InstanceLoad(
+        instance_id=info.instance_id,
+        running=s.running,
+        queued=s.queued,
+        pending_prefill_tokens=s.pending_prefill_tokens,
+        free_pages=s.free_pages,
+        total_pages=s.total_pages,
+        step_ms=s.step_ms,
+        busy=s.busy,
+        compute_tokens_per_s=s.compute_tokens_per_s,
+    )
 
 
 def _host(info: InstanceInfo | None) -> str:

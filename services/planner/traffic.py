@@ -51,12 +51,17 @@ def parse_counters(text: str, at: float) -> GatewayCounters:
                     v["finished"] = v.get("finished", 0.0) + s.value
             else:
                 v[s.name] = s.value
-    return GatewayCounters(at, v.get("finished", 0.0), v.get("pdrelay:http_requests_in_flight", 0.0),
-                           v.get("pdrelay:prompt_tokens_total", 0.0), v.get("pdrelay:generation_tokens_total", 0.0),
-                           v.get("pdrelay:inter_token_latency_seconds_sum", 0.0),
-                           v.get("pdrelay:inter_token_latency_seconds_count", 0.0),
-                           v.get("pdrelay:time_to_first_token_seconds_sum", 0.0),
-                           v.get("pdrelay:time_to_first_token_seconds_count", 0.0))
+    return GatewayCounters(
+        at,
+        v.get("finished", 0.0),
+        v.get("pdrelay:http_requests_in_flight", 0.0),
+        v.get("pdrelay:prompt_tokens_total", 0.0),
+        v.get("pdrelay:generation_tokens_total", 0.0),
+        v.get("pdrelay:inter_token_latency_seconds_sum", 0.0),
+        v.get("pdrelay:inter_token_latency_seconds_count", 0.0),
+        v.get("pdrelay:time_to_first_token_seconds_sum", 0.0),
+        v.get("pdrelay:time_to_first_token_seconds_count", 0.0),
+    )
 
 
 def sample_between(pairs: list[tuple[GatewayCounters, GatewayCounters]]) -> TrafficSample | None:
@@ -66,16 +71,29 @@ def sample_between(pairs: list[tuple[GatewayCounters, GatewayCounters]]) -> Traf
     dt = max(c.at - p.at for p, c in pairs)
     if dt <= 0:
         return None
-    d = {k: sum(getattr(c, k) - getattr(p, k) for p, c in pairs) for k in (
-        "finished", "in_flight", "prompt_tokens", "generation_tokens", "itl_sum", "itl_count", "ttft_sum",
-        "ttft_count")}
+    d = {
+        k: sum(getattr(c, k) - getattr(p, k) for p, c in pairs)
+        for k in (
+            "finished",
+            "in_flight",
+            "prompt_tokens",
+            "generation_tokens",
+            "itl_sum",
+            "itl_count",
+            "ttft_sum",
+            "ttft_count",
+        )
+    }
     arrivals = max(0.0, d["finished"] + d["in_flight"])
     done = d["finished"]
-    return TrafficSample(interval_s=dt, arrivals_per_s=arrivals / dt,
-                         prompt_tokens=d["prompt_tokens"] / done if done > 0 else 0.0,
-                         answer_tokens=d["generation_tokens"] / done if done > 0 else 0.0,
-                         itl_s=d["itl_sum"] / d["itl_count"] if d["itl_count"] > 0 else None,
-                         ttft_s=d["ttft_sum"] / d["ttft_count"] if d["ttft_count"] > 0 else None)
+    return TrafficSample(
+        interval_s=dt,
+        arrivals_per_s=arrivals / dt,
+        prompt_tokens=d["prompt_tokens"] / done if done > 0 else 0.0,
+        answer_tokens=d["generation_tokens"] / done if done > 0 else 0.0,
+        itl_s=d["itl_sum"] / d["itl_count"] if d["itl_count"] > 0 else None,
+        ttft_s=d["ttft_sum"] / d["ttft_count"] if d["ttft_count"] > 0 else None,
+    )
 
 
 class GatewayScraper:

@@ -18,8 +18,8 @@ from dataclasses import dataclass
 import grpc
 
 from proto.pdrelay.v1 import common_pb2, worker_pb2, worker_pb2_grpc
-from shared.config.choices import Fault
 from shared.cluster.grpc_errors import abort
+from shared.config.choices import Fault
 from shared.config.roles import Role
 from shared.engine.engine import Engine
 from shared.engine.errors import EngineError, InvalidRequest, QueueFull
@@ -61,14 +61,19 @@ class PrefillService(EngineService):
     async def after_engine(self) -> None:
         assert self.engine is not None
         t = self.cfg.transfer
-        self.transfer = await asyncio.to_thread(KVTransfer, t.transfer_backend, self.instance_id, t.transfer_host,
-                                                self.engine.runner.kv)
+        self.transfer = await asyncio.to_thread(
+            KVTransfer, t.transfer_backend, self.instance_id, t.transfer_host, self.engine.runner.kv
+        )
         self.kvstore = await attach_kvstore(self, self.transfer)
         if self.vision is not None:  # a vision-language model: encoders write image embeddings into an arena here
             # a third of the hand-off deadline: an encoder that hangs leaves time to encode here instead
-            self.remote_vision = RemoteVision(self.transfer, self.vision,
-                                              timeout_s=self.cfg.disagg.handoff_timeout_s / 3,
-                                              tracing=self.telemetry.tracing, tls=self.tls)
+            self.remote_vision = RemoteVision(
+                self.transfer,
+                self.vision,
+                timeout_s=self.cfg.disagg.handoff_timeout_s / 3,
+                tracing=self.telemetry.tracing,
+                tls=self.tls,
+            )
             self.transfer.start_progress()
 
     def describe(self) -> dict:
@@ -116,25 +121,36 @@ class PrefillServicer(worker_pb2_grpc.PrefillServicer):
     def __init__(self, svc: PrefillService) -> None:
         self.svc = svc
 
-    async def Prefill(self, ticket: worker_pb2.HandoffTicket,
-                      context: grpc.aio.ServicerContext) -> worker_pb2.PrefillResponse:
+    async def Prefill(
+        self, ticket: worker_pb2.HandoffTicket, context: grpc.aio.ServicerContext
+    ) -> worker_pb2.PrefillResponse:
         """`_prefill`, observed: the prefill.handoff span (a child of decode's hand-off call, from ticket.trace),
         errors by code, the request id in the logs."""
         svc = self.svc
-        attrs = {spans.HANDOFF_EPOCH: ticket.epoch, spans.DECODE_INSTANCE: ticket.decode_instance_id,
-                 spans.ATTEMPT: ticket.attempt, spans.EPOCH: svc.epoch,
-                 spans.PROMPT_TOKENS: len(ticket.prompt_token_ids), spans.SKIP_TOKENS: ticket.skip_tokens}
+        attrs = {
+            spans.HANDOFF_EPOCH: ticket.epoch,
+            spans.DECODE_INSTANCE: ticket.decode_instance_id,
+            spans.ATTEMPT: ticket.attempt,
+            spans.EPOCH: svc.epoch,
+            spans.PROMPT_TOKENS: len(ticket.prompt_token_ids),
+            spans.SKIP_TOKENS: ticket.skip_tokens,
+        }
         with svc.telemetry.server_rpc(spans.PREFILL_HANDOFF, ticket.trace, context, ticket.request_id, attrs) as rpc:
             resp = await self._prefill(ticket, context)
             if rpc.span is not None and rpc.span.is_recording():
-                rpc.span.set_attributes({spans.CACHED_TOKENS: resp.cached_tokens,
-                                         spans.COMPUTED_TOKENS: resp.computed_tokens,
-                                         spans.TRANSFER_PAGES: resp.pages_written,
-                                         spans.TRANSFER_BYTES: resp.bytes_written})
+                rpc.span.set_attributes(
+                    {
+                        spans.CACHED_TOKENS: resp.cached_tokens,
+                        spans.COMPUTED_TOKENS: resp.computed_tokens,
+                        spans.TRANSFER_PAGES: resp.pages_written,
+                        spans.TRANSFER_BYTES: resp.bytes_written,
+                    }
+                )
             return resp
 
-    async def _prefill(self, ticket: worker_pb2.HandoffTicket,
-                       context: grpc.aio.ServicerContext) -> worker_pb2.PrefillResponse:
+    async def _prefill(
+        self, ticket: worker_pb2.HandoffTicket, context: grpc.aio.ServicerContext
+    ) -> worker_pb2.PrefillResponse:
         """Check the ticket, fence it by epoch, run it (or answer a replay as before)."""
         svc = self.svc
         me = svc.instance_id
@@ -149,13 +165,19 @@ class PrefillServicer(worker_pb2_grpc.PrefillServicer):
         owner_key = f"{ticket.decode_instance_id}/{ticket.request_id}"
         state, cached = svc.ledger.check(owner_key, ticket.epoch)
         if state is Fence.STALE:
-            await abort(context, common_pb2.ERROR_CODE_STALE_EPOCH,
-                        f"ticket epoch {ticket.epoch} of {ticket.request_id} is older than one already seen; refused",
-                        instance_id=me)
+            await abort(
+                context,
+                common_pb2.ERROR_CODE_STALE_EPOCH,
+                f"ticket epoch {ticket.epoch} of {ticket.request_id} is older than one already seen; refused",
+                instance_id=me,
+            )
         if state is Fence.BUSY:
-            await abort(context, common_pb2.ERROR_CODE_OVERLOADED,
-                        f"hand-off {ticket.request_id} epoch {ticket.epoch} is already running here; retry later",
-                        instance_id=me)
+            await abort(
+                context,
+                common_pb2.ERROR_CODE_OVERLOADED,
+                f"hand-off {ticket.request_id} epoch {ticket.epoch} is already running here; retry later",
+                instance_id=me,
+            )
         if state is Fence.REPLAY:
             assert cached is not None
             return cached
@@ -167,8 +189,14 @@ class PrefillServicer(worker_pb2_grpc.PrefillServicer):
         finally:
             svc.ledger.finish(owner_key, ticket.epoch, response)
 
-    async def _check(self, ticket: worker_pb2.HandoffTicket, t_start: float, engine: Engine, transfer: KVTransfer,
-                     context: grpc.aio.ServicerContext) -> _Job:
+    async def _check(
+        self,
+        ticket: worker_pb2.HandoffTicket,
+        t_start: float,
+        engine: Engine,
+        transfer: KVTransfer,
+        context: grpc.aio.ServicerContext,
+    ) -> _Job:
         """The ticket as a job, or the call aborted: malformed -> INVALID_ARGUMENT, incompatible -> LAYOUT_MISMATCH."""
         me = self.svc.instance_id
 
@@ -179,24 +207,30 @@ class PrefillServicer(worker_pb2_grpc.PrefillServicer):
             await fail(common_pb2.ERROR_CODE_INVALID_ARGUMENT, "ticket needs a request_id and prompt tokens")
         want_backend = BACKEND_FROM_PB.get(ticket.decode_peer.backend)
         if want_backend != transfer.backend:
-            await fail(common_pb2.ERROR_CODE_LAYOUT_MISMATCH,
-                       f"decode uses transfer backend {want_backend or 'unspecified'!r} but {me} uses "
-                       f"{transfer.backend!r}; run both with the same --transfer-backend")
+            await fail(
+                common_pb2.ERROR_CODE_LAYOUT_MISMATCH,
+                f"decode uses transfer backend {want_backend or 'unspecified'!r} but {me} uses "
+                f"{transfer.backend!r}; run both with the same --transfer-backend",
+            )
         try:
             layout = layout_from_pb(ticket.layout)
         except ValueError as e:
             await fail(common_pb2.ERROR_CODE_INVALID_ARGUMENT, f"malformed ticket: {e}")
         mine = engine.runner.layout
         if not mine.compatible_with(layout):
-            await fail(common_pb2.ERROR_CODE_LAYOUT_MISMATCH,
-                       f"decode's KV layout {layout} differs from {me}'s {mine}; run both with the same model, "
-                       "--dtype/--kv-cache-dtype and --page-size")
+            await fail(
+                common_pb2.ERROR_CODE_LAYOUT_MISMATCH,
+                f"decode's KV layout {layout} differs from {me}'s {mine}; run both with the same model, "
+                "--dtype/--kv-cache-dtype and --page-size",
+            )
         P = layout.page_size
         prompt = list(ticket.prompt_token_ids)
         if ticket.skip_tokens % P or ticket.skip_tokens >= len(prompt):
-            await fail(common_pb2.ERROR_CODE_INVALID_ARGUMENT,
-                       f"skip_tokens {ticket.skip_tokens} must be a multiple of the page size {P} and shorter "
-                       f"than the prompt ({len(prompt)} tokens)")
+            await fail(
+                common_pb2.ERROR_CODE_INVALID_ARGUMENT,
+                f"skip_tokens {ticket.skip_tokens} must be a multiple of the page size {P} and shorter "
+                f"than the prompt ({len(prompt)} tokens)",
+            )
         skip_pages = ticket.skip_tokens // P
         n_pages = pages_needed(len(prompt), P)
         try:
@@ -204,9 +238,11 @@ class PrefillServicer(worker_pb2_grpc.PrefillServicer):
         except ValueError as e:
             await fail(common_pb2.ERROR_CODE_INVALID_ARGUMENT, f"malformed ticket: {e}")
         if len(dst) != n_pages - skip_pages:
-            await fail(common_pb2.ERROR_CODE_INVALID_ARGUMENT,
-                       f"ticket names {len(dst)} pages but a {len(prompt)}-token prompt needs "
-                       f"{n_pages - skip_pages} after skipping {skip_pages}")
+            await fail(
+                common_pb2.ERROR_CODE_INVALID_ARGUMENT,
+                f"ticket names {len(dst)} pages but a {len(prompt)}-token prompt needs "
+                f"{n_pages - skip_pages} after skipping {skip_pages}",
+            )
         try:
             params = sampling_from_pb(ticket.sampling).validate(vocab_size=engine.runner.vocab_size)
         except InvalidRequest as e:
@@ -230,8 +266,7 @@ class PrefillServicer(worker_pb2_grpc.PrefillServicer):
         finally:
             await self._release(rid, ticket.request_id)
         kv = svc.kvstore
-        if kv is not None and not ticket.media and kv.wants_store(finished=False,
-                                                                  reused=first.num_cached_tokens > 0):
+        if kv is not None and not ticket.media and kv.wants_store(finished=False, reused=first.num_cached_tokens > 0):
             kv.store_later(job.prompt, trace=ticket.trace)  # after the release: the pages sit in the prefix cache
         svc.pages_written += sent.pages
         svc.bytes_written += sent.nbytes
@@ -257,8 +292,11 @@ class PrefillServicer(worker_pb2_grpc.PrefillServicer):
 
         try:
             # a third of what is left of the hand-off for the encoders: a hung one leaves time to encode here
-            media = (await prefill_media(svc, rid, ticket.media, budget_s=(job.deadline - time.monotonic()) / 3)
-                     if ticket.media else ())
+            media = (
+                await prefill_media(svc, rid, ticket.media, budget_s=(job.deadline - time.monotonic()) / 3)
+                if ticket.media
+                else ()
+            )
             first = None
             async for out in aengine.stream(rid, admit):  # generate(), but timed where the engine admits it
                 first = out
@@ -273,8 +311,9 @@ class PrefillServicer(worker_pb2_grpc.PrefillServicer):
             await abort(context, common_pb2.ERROR_CODE_CANCELLED, f"prefill of {rid} was aborted", instance_id=me)
         return first, accepted[0]
 
-    async def _send_pages(self, job: _Job, rid: str, first: RequestOutput, t_accepted: float,
-                          context: grpc.aio.ServicerContext) -> _Sent:
+    async def _send_pages(
+        self, job: _Job, rid: str, first: RequestOutput, t_accepted: float, context: grpc.aio.ServicerContext
+    ) -> _Sent:
         """Tell decode the compute is done, write the held pages into its pages, checksum what was written."""
         svc = self.svc
         me = svc.instance_id
@@ -287,12 +326,15 @@ class PrefillServicer(worker_pb2_grpc.PrefillServicer):
         # (a prefill that hangs now is given up on in seconds, whatever the compute deadline was).
         await context.send_initial_metadata(((COMPUTED_KEY, "1"),))
         pages = await aengine.call(lambda: engine.held_pages(rid))
-        src_pages = list(pages[job.skip_pages:job.n_pages])
+        src_pages = list(pages[job.skip_pages : job.n_pages])
         t_pinned = time.monotonic()
         if time.monotonic() >= deadline:
-            await abort(context, common_pb2.ERROR_CODE_TIMEOUT,
-                        f"prefill of {ticket.request_id} finished after its hand-off deadline; not writing",
-                        instance_id=me)
+            await abort(
+                context,
+                common_pb2.ERROR_CODE_TIMEOUT,
+                f"prefill of {ticket.request_id} finished after its hand-off deadline; not writing",
+                instance_id=me,
+            )
         svc.faults.crash_if(Fault.PREFILL_CRASH_BEFORE_WRITE)
         await svc.faults.hang_if(Fault.PREFILL_HANG, deadline - time.monotonic() + 1.0)
         t_write = time.monotonic()
@@ -305,12 +347,23 @@ class PrefillServicer(worker_pb2_grpc.PrefillServicer):
             svc.faults.crash_if(Fault.PREFILL_CRASH_MID_TRANSFER)
             await transfer.wait(handle, max(0.05, deadline - time.monotonic()))
         except TransferError as e:
-            await abort(context, common_pb2.ERROR_CODE_TRANSFER_FAILED, f"KV write to decode failed: {e}",
-                        instance_id=me)
+            await abort(
+                context, common_pb2.ERROR_CODE_TRANSFER_FAILED, f"KV write to decode failed: {e}", instance_id=me
+            )
         t_sent = time.monotonic()
         checksum = await asyncio.to_thread(transfer.checksum, src_pages)
-        self._observe(first, job.t_start, t_accepted, t_pinned, t_write, t_sent, len(src_pages), handle.nbytes,
-                      handle.num_descs, ticket.decode_instance_id)
+        self._observe(
+            first,
+            job.t_start,
+            t_accepted,
+            t_pinned,
+            t_write,
+            t_sent,
+            len(src_pages),
+            handle.nbytes,
+            handle.num_descs,
+            ticket.decode_instance_id,
+        )
         if svc.faults.active(Fault.PREFILL_CORRUPT_CHECKSUM):
             checksum ^= 1
         return _Sent(len(src_pages), handle.nbytes, checksum, t_computed, t_sent)
@@ -334,21 +387,41 @@ class PrefillServicer(worker_pb2_grpc.PrefillServicer):
     def _response(self, job: _Job, first: RequestOutput, sent: _Sent) -> worker_pb2.PrefillResponse:
         ticket, t_start = job.ticket, job.t_start
         resp = worker_pb2.PrefillResponse(
-            request_id=ticket.request_id, epoch=ticket.epoch, first_token_id=first.new_token_ids[0],
-            checksum_algorithm=worker_pb2.CHECKSUM_ALGORITHM_CRC32, checksum=sent.checksum,
-            pages_written=sent.pages, bytes_written=sent.nbytes, cached_tokens=first.num_cached_tokens,
-            computed_tokens=len(job.prompt) - first.num_cached_tokens, prefill_instance_id=self.svc.instance_id,
-            timings=worker_pb2.PrefillTimings(compute_s=sent.t_computed - t_start,
-                                              transfer_s=sent.t_sent - sent.t_computed,
-                                              total_s=time.monotonic() - t_start))
+            request_id=ticket.request_id,
+            epoch=ticket.epoch,
+            first_token_id=first.new_token_ids[0],
+            checksum_algorithm=worker_pb2.CHECKSUM_ALGORITHM_CRC32,
+            checksum=sent.checksum,
+            pages_written=sent.pages,
+            bytes_written=sent.nbytes,
+            cached_tokens=first.num_cached_tokens,
+            computed_tokens=len(job.prompt) - first.num_cached_tokens,
+            prefill_instance_id=self.svc.instance_id,
+            timings=worker_pb2.PrefillTimings(
+                compute_s=sent.t_computed - t_start,
+                transfer_s=sent.t_sent - sent.t_computed,
+                total_s=time.monotonic() - t_start,
+            ),
+        )
         if first.new_logprobs:
             resp.first_logprob.CopyFrom(logprob_to_pb(first.new_logprobs[0]))
         if first.prompt_logprobs:
             resp.prompt_logprobs.extend(logprob_to_pb(lp) for lp in first.prompt_logprobs)
         return resp
 
-    def _observe(self, first: RequestOutput, t_start: float, t_accepted: float, t_pinned: float, t_write: float,
-                 t_sent: float, pages: int, nbytes: int, descs: int, decode_id: str) -> None:
+    def _observe(
+        self,
+        first: RequestOutput,
+        t_start: float,
+        t_accepted: float,
+        t_pinned: float,
+        t_write: float,
+        t_sent: float,
+        pages: int,
+        nbytes: int,
+        descs: int,
+        decode_id: str,
+    ) -> None:
         """Metrics and spans of one hand-off's phases (monotonic times), the checksum ending now."""
         tel = self.svc.telemetry
         m = tel.metrics.prefill
@@ -363,19 +436,36 @@ class PrefillServicer(worker_pb2_grpc.PrefillServicer):
             return
         prompt = first.num_prompt_tokens
         tr.record(spans.PREFILL_QUEUE_WAIT, t_start, t_accepted)
-        tr.record(spans.PREFILL_COMPUTE, t_accepted, t_pinned, {
-            spans.PROMPT_TOKENS: prompt, spans.CACHED_TOKENS: first.num_cached_tokens,
-            spans.COMPUTED_TOKENS: prompt - first.num_cached_tokens})
+        tr.record(
+            spans.PREFILL_COMPUTE,
+            t_accepted,
+            t_pinned,
+            {
+                spans.PROMPT_TOKENS: prompt,
+                spans.CACHED_TOKENS: first.num_cached_tokens,
+                spans.COMPUTED_TOKENS: prompt - first.num_cached_tokens,
+            },
+        )
         took = max(t_sent - t_write, 1e-9)
-        tr.record(spans.KV_TRANSFER, t_write, t_sent, {
-            spans.TRANSFER_BACKEND: self.svc.transfer.backend if self.svc.transfer else "", spans.TRANSFER_BYTES:
-            nbytes, spans.TRANSFER_PAGES: pages, spans.TRANSFER_DESCS: descs, spans.TRANSFER_GBPS: nbytes / took / 1e9,
-            spans.DECODE_INSTANCE: decode_id})
+        tr.record(
+            spans.KV_TRANSFER,
+            t_write,
+            t_sent,
+            {
+                spans.TRANSFER_BACKEND: self.svc.transfer.backend if self.svc.transfer else "",
+                spans.TRANSFER_BYTES: nbytes,
+                spans.TRANSFER_PAGES: pages,
+                spans.TRANSFER_DESCS: descs,
+                spans.TRANSFER_GBPS: nbytes / took / 1e9,
+                spans.DECODE_INSTANCE: decode_id,
+            },
+        )
         tr.record(spans.PREFILL_CHECKSUM, t_sent, time.monotonic(), {spans.PAGES: pages})
 
 
-async def prefill_media(svc: PrefillService, rid: str, media: Sequence[common_pb2.MediaInput], *,
-                        budget_s: float | None = None) -> list[MediaInput]:
+async def prefill_media(
+    svc: PrefillService, rid: str, media: Sequence[common_pb2.MediaInput], *, budget_s: float | None = None
+) -> list[MediaInput]:
     """Embeddings from the encoders the gateway picked (written into our arena, each call within `budget_s`), else
     from our own tower."""
     if svc.remote_vision is not None:

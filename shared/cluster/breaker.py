@@ -41,8 +41,10 @@ class BreakerConfig:
         if self.failure_threshold < 1:
             raise ValueError(f"breaker failure_threshold must be >= 1 (got {self.failure_threshold}); try 3")
         if not 0 < self.cooldown_s <= self.max_cooldown_s:
-            raise ValueError(f"breaker cooldown_s must be in (0, max_cooldown_s={self.max_cooldown_s}] "
-                             f"(got {self.cooldown_s}); try 2")
+            raise ValueError(
+                f"breaker cooldown_s must be in (0, max_cooldown_s={self.max_cooldown_s}] "
+                f"(got {self.cooldown_s}); try 2"
+            )
 
 
 class CircuitBreaker:

@@ -62,16 +62,20 @@ class DrainGate(grpc.aio.ServerInterceptor):
         try:
             await asyncio.wait_for(self._idle.wait(), timeout_s)
             return True
-        except asyncio.TimeoutError:
+        except TimeoutError:
             return False
 
     # ------------------------------------------------------------------ interceptor
 
     async def _refuse(self, context: grpc.aio.ServicerContext) -> None:
         self.refused += 1
-        await abort(context, common_pb2.ERROR_CODE_DRAINING,
-                    f"draining: instance {self.instance_id or '?'} is shutting down and takes no new work; "
-                    "retry on another instance", instance_id=self.instance_id)
+        await abort(
+            context,
+            common_pb2.ERROR_CODE_DRAINING,
+            f"draining: instance {self.instance_id or '?'} is shutting down and takes no new work; "
+            "retry on another instance",
+            instance_id=self.instance_id,
+        )
 
     def _wrap_unary(self, fn: Callable[..., Any]) -> Callable[..., Any]:
         async def wrapped(request_or_iterator: Any, context: grpc.aio.ServicerContext) -> Any:
@@ -102,8 +106,9 @@ class DrainGate(grpc.aio.ServerInterceptor):
 
         return wrapped
 
-    async def intercept_service(self, continuation: Callable[..., Any],
-                                handler_call_details: grpc.HandlerCallDetails) -> grpc.RpcMethodHandler:
+    async def intercept_service(
+        self, continuation: Callable[..., Any], handler_call_details: grpc.HandlerCallDetails
+    ) -> grpc.RpcMethodHandler:
         handler = await continuation(handler_call_details)
         if handler is None or handler_call_details.method.startswith(EXEMPT_PREFIXES):
             return handler

@@ -9,10 +9,12 @@ class ControlPlaneUnavailable(ConnectionError):
     def __init__(self, what: str, url: str, flag: str, detail: str = "") -> None:
         self.what, self.url, self.flag = what, url, flag
         hint = etcd_command_hint(url) if what == "etcd" else nats_command_hint(url)
-        msg = (f"cannot reach {what} at {url} (set by {flag})"
-               + (f": {detail}" if detail else "")
-               + f". Start a local cluster with `pdrelay up`, or run {what} yourself: `{hint}`, "
-               f"or point {flag} at a running one.")
+        msg = (
+            f"cannot reach {what} at {url} (set by {flag})"
+            + (f": {detail}" if detail else "")
+            + f". Start a local cluster with `pdrelay up`, or run {what} yourself: `{hint}`, "
+            f"or point {flag} at a running one."
+        )
         super().__init__(msg)
 
 
@@ -31,8 +33,10 @@ class StartupError(ValueError):
 def etcd_command_hint(url: str = "http://127.0.0.1:2379") -> str:
     """The command line that starts a local etcd on `url` (for error messages)."""
     peer = "http://127.0.0.1:2380"
-    return (f"etcd --data-dir /tmp/pdrelay-etcd --listen-client-urls {url} --advertise-client-urls {url} "
-            f"--listen-peer-urls {peer} --initial-advertise-peer-urls {peer} --initial-cluster default={peer}")
+    return (
+        f"etcd --data-dir /tmp/pdrelay-etcd --listen-client-urls {url} --advertise-client-urls {url} "
+        f"--listen-peer-urls {peer} --initial-advertise-peer-urls {peer} --initial-cluster default={peer}"
+    )
 
 
 def nats_command_hint(url: str = "nats://127.0.0.1:4222") -> str:

@@ -28,8 +28,10 @@ def etcd_target(url: str) -> str:
     raw = url.strip()
     parts = urlsplit(raw if "://" in raw else f"http://{raw}")
     if parts.scheme not in ("http", "https", ""):
-        raise ValueError(f"etcd endpoint {url!r}: only http:// and https:// are supported (got scheme "
-                         f"{parts.scheme!r}); use e.g. http://127.0.0.1:2379")
+        raise ValueError(
+            f"etcd endpoint {url!r}: only http:// and https:// are supported (got scheme "
+            f"{parts.scheme!r}); use e.g. http://127.0.0.1:2379"
+        )
     try:
         port = parts.port
     except ValueError:
@@ -47,8 +49,7 @@ def uses_tls(endpoints: Sequence[str]) -> bool:
     return secure == {True}
 
 
-async def connect_etcd(endpoints: Sequence[str], *, timeout_s: float = 5.0,
-                       tls: TlsFiles | None = None) -> Etcd3Client:
+async def connect_etcd(endpoints: Sequence[str], *, timeout_s: float = 5.0, tls: TlsFiles | None = None) -> Etcd3Client:
     """A connected client, after one successful read; ControlPlaneUnavailable naming the URLs otherwise.
 
     https:// endpoints need `tls` (the CA that signed etcd's certificate, and our client certificate)."""
@@ -57,13 +58,19 @@ async def connect_etcd(endpoints: Sequence[str], *, timeout_s: float = 5.0,
     targets = [etcd_target(u) for u in endpoints]
     secure = uses_tls(endpoints)
     if secure and tls is None:
-        raise ValueError(f"etcd endpoint {endpoints[0]} is https://: give --tls-ca-file, --tls-certfile and "
-                         "--tls-keyfile (or use an http:// endpoint)")
+        raise ValueError(
+            f"etcd endpoint {endpoints[0]} is https://: give --tls-ca-file, --tls-certfile and "
+            "--tls-keyfile (or use an http:// endpoint)"
+        )
     tls_args = tls.etcd_args() if secure and tls is not None else {}
     # Few fast retries: a service at start should fail in seconds with a clear message, not hang.
-    client = Etcd3Client(targets, rpc_max_attempts=2, watch_reconnect_backoff_seconds=0.1,
-                         watch_max_reconnect_backoff_seconds=1.0,
-                         **cast("dict[str, Any]", tls_args))  # only **conn_args keys: ca_cert, cert_key, cert_chain
+    client = Etcd3Client(
+        targets,
+        rpc_max_attempts=2,
+        watch_reconnect_backoff_seconds=0.1,
+        watch_max_reconnect_backoff_seconds=1.0,
+        **cast("dict[str, Any]", tls_args),
+    )  # only **conn_args keys: ca_cert, cert_key, cert_chain
     await client.connect()
     deadline = asyncio.get_running_loop().time() + timeout_s
     last: BaseException | None = None

@@ -41,8 +41,15 @@ async def _requests(create: Any, finished: asyncio.Event) -> AsyncIterator[Any]:
     await finished.wait()  # keep the stream open until the call is over, then end (and so gRPC's task drains it)
 
 
-async def watch_range(client: Etcd3Client, key: str | bytes, range_end: str | bytes, *, start_revision: int = 0,
-                      backoff_s: float = 0.1, max_backoff_s: float = 1.0) -> AsyncGenerator[Any, None]:
+async def watch_range(
+    client: Etcd3Client,
+    key: str | bytes,
+    range_end: str | bytes,
+    *,
+    start_revision: int = 0,
+    backoff_s: float = 0.1,
+    max_backoff_s: float = 1.0,
+) -> AsyncGenerator[Any, None]:
     """WatchResponses for keys in [key, range_end) from `start_revision`, reconnecting on transient errors (each
     new stream answers `created` first). Other errors raise grpc.aio.AioRpcError."""
     stub, watch_request, create_request = _watch_api(client)
@@ -50,8 +57,9 @@ async def watch_range(client: Etcd3Client, key: str | bytes, range_end: str | by
     delay = backoff_s
     while True:
         finished = asyncio.Event()
-        create = watch_request(create_request=create_request(key=_bytes(key), range_end=_bytes(range_end),
-                                                             start_revision=next_revision))
+        create = watch_request(
+            create_request=create_request(key=_bytes(key), range_end=_bytes(range_end), start_revision=next_revision)
+        )
 
         call = stub.Watch(_requests(create, finished))
         try:

@@ -1,7 +1,7 @@
 """Typed errors over gRPC: a status code for generic clients plus a pdrelay `Error` in the trailing metadata.
 
-    server:  await abort(context, ErrorCode.ERROR_CODE_DRAINING, "instance d-1 is draining; retry elsewhere")
-    client:  except grpc.aio.AioRpcError as e: err = error_from_rpc(e)  # -> common_pb2.Error | None
+server:  await abort(context, ErrorCode.ERROR_CODE_DRAINING, "instance d-1 is draining; retry elsewhere")
+client:  except grpc.aio.AioRpcError as e: err = error_from_rpc(e)  # -> common_pb2.Error | None
 """
 
 from __future__ import annotations
@@ -31,10 +31,17 @@ _STATUS: dict[int, grpc.StatusCode] = {
 }
 
 # Retrying (same request id, new epoch, another instance) is safe and useful for these.
-RETRYABLE = frozenset({common_pb2.ERROR_CODE_OVERLOADED, common_pb2.ERROR_CODE_DRAINING,
-                       common_pb2.ERROR_CODE_STALE_EPOCH, common_pb2.ERROR_CODE_TRANSFER_FAILED,
-                       common_pb2.ERROR_CODE_CHECKSUM_MISMATCH, common_pb2.ERROR_CODE_TIMEOUT,
-                       common_pb2.ERROR_CODE_UNAVAILABLE})
+RETRYABLE = frozenset(
+    {
+        common_pb2.ERROR_CODE_OVERLOADED,
+        common_pb2.ERROR_CODE_DRAINING,
+        common_pb2.ERROR_CODE_STALE_EPOCH,
+        common_pb2.ERROR_CODE_TRANSFER_FAILED,
+        common_pb2.ERROR_CODE_CHECKSUM_MISMATCH,
+        common_pb2.ERROR_CODE_TIMEOUT,
+        common_pb2.ERROR_CODE_UNAVAILABLE,
+    }
+)
 
 
 def status_of(code: int) -> grpc.StatusCode:
@@ -43,16 +50,21 @@ def status_of(code: int) -> grpc.StatusCode:
 
 def make_error(code: int, message: str, *, instance_id: str = "", retryable: bool | None = None) -> common_pb2.Error:
     # protoc's stubs type an enum field as its enum class; any int of ErrorCode is what the field holds at run time
-    return common_pb2.Error(code=cast("common_pb2.ErrorCode", code), message=message, instance_id=instance_id,
-                            retryable=code in RETRYABLE if retryable is None else retryable)
+    return common_pb2.Error(
+        code=cast("common_pb2.ErrorCode", code),
+        message=message,
+        instance_id=instance_id,
+        retryable=code in RETRYABLE if retryable is None else retryable,
+    )
 
 
 def error_metadata(err: common_pb2.Error) -> tuple[tuple[str, bytes], ...]:
     return ((ERROR_METADATA_KEY, err.SerializeToString()),)
 
 
-async def abort(context: grpc.aio.ServicerContext, code: int, message: str, *, instance_id: str = "",
-                retryable: bool | None = None) -> NoReturn:
+async def abort(
+    context: grpc.aio.ServicerContext, code: int, message: str, *, instance_id: str = "", retryable: bool | None = None
+) -> NoReturn:
     """End the RPC with the status matching `code` and the typed Error in the trailers."""
     err = make_error(code, message, instance_id=instance_id, retryable=retryable)
     await context.abort(status_of(code), message, trailing_metadata=error_metadata(err))

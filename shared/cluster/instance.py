@@ -80,8 +80,10 @@ class InstanceInfo(msgspec.Struct, frozen=True, kw_only=True):
 def check_name(what: str, value: str) -> None:
     """Names become etcd path segments and NATS subject tokens: letters, digits, '_' and '-'."""
     if not _NAME.match(value):
-        raise ValueError(f"{what} {value!r} may only contain letters, digits, '_' and '-' (at most 128, starting "
-                         f"with a letter or digit); e.g. 'decode-1'")
+        raise ValueError(
+            f"{what} {value!r} may only contain letters, digits, '_' and '-' (at most 128, starting "
+            f"with a letter or digit); e.g. 'decode-1'"
+        )
 
 
 def cluster_prefix(cluster: str) -> str:

@@ -28,8 +28,7 @@ from etcd3aio import Etcd3Client, EtcdError, prefix_range_end
 
 from shared.cluster.etcd import etcd_reachable
 from shared.cluster.etcd_watch import watch_range
-from shared.cluster.instance import (InstanceInfo, InstanceState, decode_instance, epoch_counter_key,
-                                     instances_prefix)
+from shared.cluster.instance import InstanceInfo, InstanceState, decode_instance, epoch_counter_key, instances_prefix
 
 log = logging.getLogger(__name__)
 
@@ -56,8 +55,15 @@ EventCallback = Callable[[MembershipEvent], Awaitable[None] | None]
 class Membership:
     """Instances of one cluster (optionally one role), kept current by an etcd watch."""
 
-    def __init__(self, client: Etcd3Client, cluster: str, role: str | None = None, *,
-                 probe_interval_s: float = 0.5, probe_timeout_s: float = 1.0) -> None:
+    def __init__(
+        self,
+        client: Etcd3Client,
+        cluster: str,
+        role: str | None = None,
+        *,
+        probe_interval_s: float = 0.5,
+        probe_timeout_s: float = 1.0,
+    ) -> None:
         self._client = client
         self.cluster = cluster
         self.role = role
@@ -96,8 +102,9 @@ class Membership:
 
     def instances(self, role: str | None = None, *, state: InstanceState | None = None) -> list[InstanceInfo]:
         """Known instances, sorted by (role, instance id)."""
-        out = [i for i in self._by_key.values()
-               if (role is None or i.role == role) and (state is None or i.state == state)]
+        out = [
+            i for i in self._by_key.values() if (role is None or i.role == role) and (state is None or i.state == state)
+        ]
         return sorted(out, key=lambda i: (i.role, i.instance_id))
 
     def ready(self, role: str | None = None) -> list[InstanceInfo]:
@@ -194,8 +201,9 @@ class Membership:
         self._by_key, self._revision = fresh, rev
         if not initial:
             self.resyncs += 1
-            log.info("membership of %s resynced by a full read at revision %d (%d changes)", self._prefix, rev,
-                     len(events))
+            log.info(
+                "membership of %s resynced by a full read at revision %d (%d changes)", self._prefix, rev, len(events)
+            )
         await self._emit(events)
 
     async def _counter_create_revision(self) -> int:
@@ -244,14 +252,16 @@ class Membership:
                     continue
             created_seen = False
             restart = False
-            stream = watch_range(self._client, self._prefix, prefix_range_end(self._prefix),
-                                 start_revision=self._revision + 1)
+            stream = watch_range(
+                self._client, self._prefix, prefix_range_end(self._prefix), start_revision=self._revision + 1
+            )
             try:
                 async for resp in stream:
                     if resp.canceled or resp.compact_revision > 0:
                         # start was compacted away: the history we missed is gone, read everything instead
-                        log.warning("watch on %s canceled (compacted at %d); resyncing", self._prefix,
-                                    resp.compact_revision)
+                        log.warning(
+                            "watch on %s canceled (compacted at %d); resyncing", self._prefix, resp.compact_revision
+                        )
                         self._need_snapshot = restart = True
                         break
                     if resp.created:
@@ -262,8 +272,11 @@ class Membership:
                             break
                         created_seen = True
                         if await self._store_replaced(int(resp.header.revision)):
-                            log.warning("etcd came back as a different store (revision %d, ours %d); resyncing",
-                                        resp.header.revision, self._revision)
+                            log.warning(
+                                "etcd came back as a different store (revision %d, ours %d); resyncing",
+                                resp.header.revision,
+                                self._revision,
+                            )
                             self._need_snapshot = restart = True
                             break
                         await self._set_fresh()
@@ -293,8 +306,13 @@ class Membership:
 
     async def _set_fresh(self) -> None:
         if self._stale:
-            log.info("membership of %s is current again after %.1f s (revision %d, %d instances)", self._prefix,
-                     self.stale_for_s, self._revision, len(self._by_key))
+            log.info(
+                "membership of %s is current again after %.1f s (revision %d, %d instances)",
+                self._prefix,
+                self.stale_for_s,
+                self._revision,
+                len(self._by_key),
+            )
             self._stale, self._stale_since = False, None
             await self._notify_changed()
 
@@ -304,8 +322,12 @@ class Membership:
             ok = await etcd_reachable(self._client, self._probe_timeout_s)
             if not ok and not self._stale:
                 self._stale, self._stale_since = True, time.monotonic()
-                log.warning("etcd unreachable: serving the last known membership of %s (%d instances, revision %d)",
-                            self._prefix, len(self._by_key), self._revision)
+                log.warning(
+                    "etcd unreachable: serving the last known membership of %s (%d instances, revision %d)",
+                    self._prefix,
+                    len(self._by_key),
+                    self._revision,
+                )
                 await self._notify_changed()
             elif ok and self._stale and time.monotonic() - self._last_restart > 1.0:
                 # Reopen the watch from our own last revision instead of waiting out the client's backoff;
@@ -325,8 +347,14 @@ class Membership:
 
     async def _emit(self, events: list[MembershipEvent]) -> None:
         for ev in events:
-            log.debug("membership %s %s/%s epoch %d state %s", ev.kind, ev.instance.role, ev.instance.instance_id,
-                      ev.instance.epoch, ev.instance.state)
+            log.debug(
+                "membership %s %s/%s epoch %d state %s",
+                ev.kind,
+                ev.instance.role,
+                ev.instance.instance_id,
+                ev.instance.epoch,
+                ev.instance.state,
+            )
             for q in self._queues:
                 q.put_nowait(ev)
             for cb in list(self._callbacks):

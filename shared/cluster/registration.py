@@ -1,12 +1,12 @@
 """An instance's registration in etcd: a key under a lease, kept alive, with an epoch that grows on re-registration.
 
-    register():  grant a lease; one transaction bumps the cluster epoch counter and writes the instance key
-                 under the lease, so the epoch and the key appear atomically.
-    keep-alive:  a background task renews the lease every ttl/3 s. While etcd is unreachable it keeps trying
-                 (the key stays as long as etcd does not expire the lease). When etcd answers that the lease is
-                 gone (expired during a partition, or a replaced etcd), it registers again with a new lease and a
-                 higher epoch, so peers can fence work from the old incarnation.
-    deregister(): revoke the lease: the key disappears at once instead of after the TTL.
+register():  grant a lease; one transaction bumps the cluster epoch counter and writes the instance key
+             under the lease, so the epoch and the key appear atomically.
+keep-alive:  a background task renews the lease every ttl/3 s. While etcd is unreachable it keeps trying
+             (the key stays as long as etcd does not expire the lease). When etcd answers that the lease is
+             gone (expired during a partition, or a replaced etcd), it registers again with a new lease and a
+             higher epoch, so peers can fence work from the old incarnation.
+deregister(): revoke the lease: the key disappears at once instead of after the TTL.
 """
 
 from __future__ import annotations
@@ -35,8 +35,9 @@ _RETRY_S = 0.5  # keep-alive / re-registration retry interval while etcd is unre
 class Registrar:
     """Registers one instance and keeps it registered until `deregister()`."""
 
-    def __init__(self, client: Etcd3Client, info: InstanceInfo, *, ttl_s: int = 5,
-                 on_epoch: EpochCallback | None = None) -> None:
+    def __init__(
+        self, client: Etcd3Client, info: InstanceInfo, *, ttl_s: int = 5, on_epoch: EpochCallback | None = None
+    ) -> None:
         if ttl_s < 1:
             raise ValueError(f"lease TTL must be >= 1 s (got {ttl_s}); etcd rounds small TTLs up to ~2 s anyway")
         self._client = client
@@ -88,8 +89,9 @@ class Registrar:
             if not self._lease_id:
                 return
             try:
-                await self._kv().put(self.key, encode_instance(self._info), lease=self._lease_id,
-                                     timeout=_RPC_TIMEOUT_S)
+                await self._kv().put(
+                    self.key, encode_instance(self._info), lease=self._lease_id, timeout=_RPC_TIMEOUT_S
+                )
             except (EtcdError, TimeoutError) as e:
                 log.warning("could not update %s in etcd (%s); it is written again once etcd answers", self.key, e)
 
@@ -134,8 +136,10 @@ class Registrar:
             info = msgspec.structs.replace(self._info, epoch=epoch)
             txn = await kv.txn(
                 compare=[KVService.txn_compare_version(counter, version)],
-                success=[KVService.txn_op_put(counter, str(epoch)),
-                         KVService.txn_op_put(info.key, encode_instance(info), lease=grant.ID)],
+                success=[
+                    KVService.txn_op_put(counter, str(epoch)),
+                    KVService.txn_op_put(info.key, encode_instance(info), lease=grant.ID),
+                ],
                 timeout=_RPC_TIMEOUT_S,
             )
             if txn.succeeded:
@@ -172,8 +176,11 @@ class Registrar:
                         ttl = await self._keepalive_once()
                         if ttl <= 0:
                             self.lease_losses += 1
-                            log.warning("lease of %s is gone (expired while etcd was unreachable, or etcd was "
-                                        "replaced); registering again with a new epoch", self.key)
+                            log.warning(
+                                "lease of %s is gone (expired while etcd was unreachable, or etcd was "
+                                "replaced); registering again with a new epoch",
+                                self.key,
+                            )
                             self._lease_id = 0
                     if not self._lease_id:
                         await self._register_locked()
@@ -182,16 +189,25 @@ class Registrar:
                         registered = False
                 self.last_keepalive = time.monotonic()
                 if outage_since is not None:
-                    log.warning("etcd answers again after %.1f s; %s is registered (epoch %d)",
-                                time.monotonic() - outage_since, self.key, self._info.epoch)
+                    log.warning(
+                        "etcd answers again after %.1f s; %s is registered (epoch %d)",
+                        time.monotonic() - outage_since,
+                        self.key,
+                        self._info.epoch,
+                    )
                     outage_since = None
                 if registered:
                     await self._notify_epoch()
             except (EtcdError, TimeoutError, ConnectionError, grpc.aio.AioRpcError) as e:
                 if outage_since is None:
                     outage_since = time.monotonic()
-                    log.warning("etcd unreachable from %s (%s: %s); retrying every %.1f s", self.key,
-                                type(e).__name__, e, _RETRY_S)
+                    log.warning(
+                        "etcd unreachable from %s (%s: %s); retrying every %.1f s",
+                        self.key,
+                        type(e).__name__,
+                        e,
+                        _RETRY_S,
+                    )
 
     async def _notify_epoch(self) -> None:
         if self._on_epoch is None:

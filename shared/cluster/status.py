@@ -40,8 +40,15 @@ class ClusterStatus(msgspec.Struct, kw_only=True):
     restarts: dict[str, int] = msgspec.field(default_factory=dict)
 
 
-async def collect_status(etcd_url: str, nats_url: str, cluster: str, *, load_window_s: float = 0.6,
-                         timeout_s: float = 3.0, tls: TlsFiles | None = None) -> ClusterStatus:
+async def collect_status(
+    etcd_url: str,
+    nats_url: str,
+    cluster: str,
+    *,
+    load_window_s: float = 0.6,
+    timeout_s: float = 3.0,
+    tls: TlsFiles | None = None,
+) -> ClusterStatus:
     """Raises ControlPlaneUnavailable when etcd does not answer (NATS being down only empties the load columns).
     `tls`: the client identity for https:// etcd and TLS NATS."""
     client = await connect_etcd([etcd_url], timeout_s=timeout_s, tls=tls)
@@ -72,11 +79,24 @@ async def collect_status(etcd_url: str, nats_url: str, cluster: str, *, load_win
         report = table.latest.get(i.instance_id)
         if report is not None and report.epoch != i.epoch:
             report = None  # from an older incarnation
-        rows.append(StatusRow(role=i.role, instance_id=i.instance_id, state=str(i.state), epoch=i.epoch,
-                              grpc=i.grpc_address, http=i.http_address, model=i.model, pid=i.pid, load=report,
-                              load_age_s=table.age_s(i.instance_id) if report else None, serves=_serves(i)))
-    return ClusterStatus(cluster=cluster, etcd_url=etcd_url, nats_url=nats_url, rows=rows, nats_error=nats_error,
-                         skipped_keys=skipped)
+        rows.append(
+            StatusRow(
+                role=i.role,
+                instance_id=i.instance_id,
+                state=str(i.state),
+                epoch=i.epoch,
+                grpc=i.grpc_address,
+                http=i.http_address,
+                model=i.model,
+                pid=i.pid,
+                load=report,
+                load_age_s=table.age_s(i.instance_id) if report else None,
+                serves=_serves(i),
+            )
+        )
+    return ClusterStatus(
+        cluster=cluster, etcd_url=etcd_url, nats_url=nats_url, rows=rows, nats_error=nats_error, skipped_keys=skipped
+    )
 
 
 def format_table(status: ClusterStatus) -> str:
@@ -84,11 +104,20 @@ def format_table(status: ClusterStatus) -> str:
     rows: list[tuple[str, ...]] = [head]
     for r in status.rows:
         ld = r.load.load if r.load else None
-        rows.append((r.role, r.instance_id, r.state, str(r.epoch), r.grpc,
-                     str(ld.running) if ld else "-", str(ld.queued) if ld else "-",
-                     f"{ld.free_pages}/{ld.total_pages}" if ld and ld.total_pages else "-",
-                     f"{ld.tokens_per_s:.1f}" if ld else "-",
-                     f"{r.load_age_s:.1f}s" if r.load_age_s is not None else "-"))
+        rows.append(
+            (
+                r.role,
+                r.instance_id,
+                r.state,
+                str(r.epoch),
+                r.grpc,
+                str(ld.running) if ld else "-",
+                str(ld.queued) if ld else "-",
+                f"{ld.free_pages}/{ld.total_pages}" if ld and ld.total_pages else "-",
+                f"{ld.tokens_per_s:.1f}" if ld else "-",
+                f"{r.load_age_s:.1f}s" if r.load_age_s is not None else "-",
+            )
+        )
     widths = [max(len(row[i]) for row in rows) for i in range(len(head))]
     lines = [f"cluster '{status.cluster}'  etcd {status.etcd_url}  nats {status.nats_url}"]
     lines += ["  ".join(cell.ljust(w) for cell, w in zip(row, widths)).rstrip() for row in rows]

@@ -31,8 +31,9 @@ def read_pem(path: str, flag: str) -> bytes:
     try:
         data = Path(path).read_bytes()
     except OSError as e:
-        raise TlsError(f"{flag} {path}: cannot read it ({e.strerror}); make certificates with `pdrelay certs`") \
-            from None
+        raise TlsError(
+            f"{flag} {path}: cannot read it ({e.strerror}); make certificates with `pdrelay certs`"
+        ) from None
     if b"-----BEGIN " not in data:
         raise TlsError(f"{flag} {path}: not a PEM file (no '-----BEGIN' line)")
     return data
@@ -52,8 +53,14 @@ class TlsFiles:
 
     @classmethod
     def load(cls, ca_file: str, certfile: str, keyfile: str) -> TlsFiles:
-        return cls(ca=read_pem(ca_file, "--tls-ca-file"), cert=read_pem(certfile, "--tls-certfile"),
-                   key=read_pem(keyfile, "--tls-keyfile"), ca_path=ca_file, cert_path=certfile, key_path=keyfile)
+        return cls(
+            ca=read_pem(ca_file, "--tls-ca-file"),
+            cert=read_pem(certfile, "--tls-certfile"),
+            key=read_pem(keyfile, "--tls-keyfile"),
+            ca_path=ca_file,
+            cert_path=certfile,
+            key_path=keyfile,
+        )
 
     @classmethod
     def from_config(cls, tls_cfg: TlsConfig | None) -> TlsFiles | None:
@@ -67,12 +74,16 @@ class TlsFiles:
     # ------------------------------------------------------------------ gRPC
 
     def server_credentials(self, *, require_client_cert: bool = True) -> grpc.ServerCredentials:
-        return grpc.ssl_server_credentials([(self.key, self.cert)], root_certificates=self.ca or None,
-                                           require_client_auth=require_client_cert and bool(self.ca))
+        return grpc.ssl_server_credentials(
+            [(self.key, self.cert)],
+            root_certificates=self.ca or None,
+            require_client_auth=require_client_cert and bool(self.ca),
+        )
 
     def channel_credentials(self) -> grpc.ChannelCredentials:
-        return grpc.ssl_channel_credentials(root_certificates=self.ca, private_key=self.key,
-                                            certificate_chain=self.cert)
+        return grpc.ssl_channel_credentials(
+            root_certificates=self.ca, private_key=self.key, certificate_chain=self.cert
+        )
 
     # ------------------------------------------------------------------ etcd / NATS
 
@@ -87,16 +98,14 @@ class TlsFiles:
         return ctx
 
 
-def listen(server: grpc.aio.Server, address: str, tls: TlsFiles | None, *,
-           require_client_cert: bool = True) -> int:
+def listen(server: grpc.aio.Server, address: str, tls: TlsFiles | None, *, require_client_cert: bool = True) -> int:
     """Add a listening port (TLS when `tls` is given) and return the port number bound."""
     if tls is None:
         return server.add_insecure_port(address)
     return server.add_secure_port(address, tls.server_credentials(require_client_cert=require_client_cert))
 
 
-def open_channel(address: str, tls: TlsFiles | None,
-                 options: Sequence[tuple[str, Any]] = ()) -> grpc.aio.Channel:
+def open_channel(address: str, tls: TlsFiles | None, options: Sequence[tuple[str, Any]] = ()) -> grpc.aio.Channel:
     """A channel to a pdrelay service: mutual TLS when `tls` is given, plaintext otherwise."""
     if tls is None:
         return grpc.aio.insecure_channel(address, options=list(options))

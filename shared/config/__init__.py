@@ -12,10 +12,26 @@ Options are declared once in groups.py; roles.py says which groups each role use
 from __future__ import annotations
 
 from shared.config.errors import ConfigError
-from shared.config.groups import (GROUPS, BusConfig, CacheConfig, CudaGraphConfig, DeviceConfig, DisaggConfig,
-                                  DiscoveryConfig, EncoderConfig, GrpcConfig, HttpConfig, KernelConfig,
-                                  KVStoreConfig, ModelConfig, ParallelConfig, SchedulerConfig, TelemetryConfig,
-                                  TokenizerConfig, TransferConfig)
+from shared.config.groups import (
+    GROUPS,
+    BusConfig,
+    CacheConfig,
+    CudaGraphConfig,
+    DeviceConfig,
+    DisaggConfig,
+    DiscoveryConfig,
+    EncoderConfig,
+    GrpcConfig,
+    HttpConfig,
+    KernelConfig,
+    KVStoreConfig,
+    ModelConfig,
+    ParallelConfig,
+    SchedulerConfig,
+    TelemetryConfig,
+    TokenizerConfig,
+    TransferConfig,
+)
 from shared.config.passes import PASSES, PassContext
 from shared.config.probe import HostProbe, StaticProbe
 from shared.config.resolve import defaults, exit_on_config_error, parse_role_args, resolve, role_help
@@ -23,10 +39,36 @@ from shared.config.resolved import Provenance, ResolvedConfig
 from shared.config.roles import ROLE_GROUPS, ROLES
 
 __all__ = [
-    "GROUPS", "PASSES", "ROLES", "ROLE_GROUPS",
-    "BusConfig", "CacheConfig", "ConfigError", "CudaGraphConfig", "DeviceConfig", "DisaggConfig", "DiscoveryConfig",
-    "EncoderConfig", "GrpcConfig", "HostProbe", "HttpConfig", "KVStoreConfig", "KernelConfig", "ModelConfig",
-    "ParallelConfig", "PassContext", "Provenance", "ResolvedConfig", "SchedulerConfig", "StaticProbe",
-    "TelemetryConfig", "TokenizerConfig", "TransferConfig",
-    "defaults", "exit_on_config_error", "parse_role_args", "resolve", "role_help",
+    "GROUPS",
+    "PASSES",
+    "ROLES",
+    "ROLE_GROUPS",
+    "BusConfig",
+    "CacheConfig",
+    "ConfigError",
+    "CudaGraphConfig",
+    "DeviceConfig",
+    "DisaggConfig",
+    "DiscoveryConfig",
+    "EncoderConfig",
+    "GrpcConfig",
+    "HostProbe",
+    "HttpConfig",
+    "KVStoreConfig",
+    "KernelConfig",
+    "ModelConfig",
+    "ParallelConfig",
+    "PassContext",
+    "Provenance",
+    "ResolvedConfig",
+    "SchedulerConfig",
+    "StaticProbe",
+    "TelemetryConfig",
+    "TokenizerConfig",
+    "TransferConfig",
+    "defaults",
+    "exit_on_config_error",
+    "parse_role_args",
+    "resolve",
+    "role_help",
 ]

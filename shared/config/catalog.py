@@ -80,8 +80,9 @@ def role_spellings(role: str) -> list[str]:
 
 def foreign_flag_error(role: str, spec: FieldSpec, shown: str) -> ConfigError:
     """`--api-key is not accepted by role 'decode'; roles that accept it: gateway`."""
-    return ConfigError(f"{shown} is not accepted by role {role!r}; roles that accept it: "
-                       f"{', '.join(roles_using(spec.group))}")
+    return ConfigError(
+        f"{shown} is not accepted by role {role!r}; roles that accept it: {', '.join(roles_using(spec.group))}"
+    )
 
 
 def suggest(word: str, candidates: list[str]) -> str:

@@ -49,7 +49,12 @@ class Fault(enum.StrEnum):
     ENCODER_HANG = "encoder_hang"
 
 
-HANDOFF_FAULTS: tuple[Fault, ...] = (Fault.NONE, Fault.PREFILL_CRASH_BEFORE_WRITE, Fault.PREFILL_CRASH_MID_TRANSFER,
-                                     Fault.PREFILL_HANG, Fault.PREFILL_CORRUPT_CHECKSUM,
-                                     Fault.DECODE_CRASH_MID_STREAM)
+HANDOFF_FAULTS: tuple[Fault, ...] = (
+    Fault.NONE,
+    Fault.PREFILL_CRASH_BEFORE_WRITE,
+    Fault.PREFILL_CRASH_MID_TRANSFER,
+    Fault.PREFILL_HANG,
+    Fault.PREFILL_CORRUPT_CHECKSUM,
+    Fault.DECODE_CRASH_MID_STREAM,
+)
 ENCODER_FAULTS: tuple[Fault, ...] = (Fault.NONE, Fault.ENCODER_CRASH, Fault.ENCODER_HANG)

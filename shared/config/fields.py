@@ -14,7 +14,7 @@ from typing import Annotated, Any
 # An import alias (not `A = Annotated`): type checkers treat only the import as the Annotated special form.
 from typing import Annotated as A
 
-__all__ = ["A", "ENV_PREFIX", "Arg", "FieldSpec", "env_name", "field_specs", "flag_name"]
+__all__ = ["ENV_PREFIX", "A", "Arg", "FieldSpec", "env_name", "field_specs", "flag_name"]
 
 ENV_PREFIX = "PDRELAY_"
 

@@ -63,8 +63,9 @@ def resolve_device(cfg: ResolvedConfig, ctx: PassContext) -> ResolvedConfig:
             return cfg.derive("device.device", "cuda", "auto: torch.cuda.is_available() is true")
         return cfg.derive("device.device", "cpu", "auto: no CUDA device visible to torch")
     if device == "cuda" and not ctx.probe.cuda_available():
-        raise cfg.origin("device.device").fail("cuda", "but torch sees no CUDA device",
-                                               "use --device cpu (or auto), or run on a GPU host")
+        raise cfg.origin("device.device").fail(
+            "cuda", "but torch sees no CUDA device", "use --device cpu (or auto), or run on a GPU host"
+        )
     return cfg
 
 
@@ -74,11 +75,13 @@ def check_parallel_fits(cfg: ResolvedConfig, ctx: PassContext) -> ResolvedConfig
         return cfg
     tp, dp = cfg.parallel.tp_size, cfg.parallel.dp_size
     if cfg.device.device == "cpu" and tp > 1:
-        raise cfg.origin("parallel.tp_size").fail(str(tp), "needs CUDA devices (device is cpu)",
-                                                  "use --tp-size 1 on cpu; --dp-size adds engine replicas")
+        raise cfg.origin("parallel.tp_size").fail(
+            str(tp), "needs CUDA devices (device is cpu)", "use --tp-size 1 on cpu; --dp-size adds engine replicas"
+        )
     if cfg.device.device == "cuda" and tp * dp > (gpus := ctx.probe.cuda_device_count()):
-        raise ConfigError(f"--tp-size {tp} x --dp-size {dp} needs {tp * dp} GPUs but {gpus} are visible; "
-                          "lower --tp-size or --dp-size")
+        raise ConfigError(
+            f"--tp-size {tp} x --dp-size {dp} needs {tp * dp} GPUs but {gpus} are visible; lower --tp-size or --dp-size"
+        )
     return cfg
 
 
@@ -112,8 +115,11 @@ def resolve_threads(cfg: ResolvedConfig, ctx: PassContext) -> ResolvedConfig:
     if ctx.engines_on_host > 0:
         cores = ctx.probe.cpu_count()
         n = max(1, cores // ctx.engines_on_host)
-        return cfg.derive("device.threads", n, f"{ctx.engines_on_host} engine process(es) share {cores} cores; "
-                                               "set --threads N to override")
+        return cfg.derive(
+            "device.threads",
+            n,
+            f"{ctx.engines_on_host} engine process(es) share {cores} cores; set --threads N to override",
+        )
     return cfg.derive("device.threads", 1, "services share the box; set --threads N to use more cores")
 
 
@@ -124,8 +130,9 @@ def resolve_attention_backend(cfg: ResolvedConfig, ctx: PassContext) -> Resolved
         return cfg
     backend, device = cfg.kernels.attention_backend, cfg.device.device
     if backend == "native" and device != "cpu":
-        raise cfg.origin("kernels.attention_backend").fail(backend, f"runs on cpu, not {device}",
-                                                           "use --attention-backend triton (or auto)")
+        raise cfg.origin("kernels.attention_backend").fail(
+            backend, f"runs on cpu, not {device}", "use --attention-backend triton (or auto)"
+        )
     if backend != "auto" or device != "cuda":
         return cfg
     return cfg.derive("kernels.attention_backend", "triton", "auto: triton on cuda")
@@ -137,8 +144,9 @@ def resolve_linear_backend(cfg: ResolvedConfig, ctx: PassContext) -> ResolvedCon
         return cfg
     backend, device = cfg.kernels.linear_backend, cfg.device.device
     if backend == "onednn" and device != "cpu":
-        raise cfg.origin("kernels.linear_backend").fail(backend, f"runs on cpu, not {device}",
-                                                        "use --linear-backend torch (or auto)")
+        raise cfg.origin("kernels.linear_backend").fail(
+            backend, f"runs on cpu, not {device}", "use --linear-backend torch (or auto)"
+        )
     if backend != "auto":
         return cfg
     dtype = cfg.model.dtype if cfg.has("model") else "float32"
@@ -162,7 +170,7 @@ def resolve_served_model_name(cfg: ResolvedConfig, ctx: PassContext) -> Resolved
     if cfg.model.served_model_name is not None:
         return cfg
     if model.startswith(BUNDLED_PREFIX):
-        return cfg.derive("model.served_model_name", model[len(BUNDLED_PREFIX):], "the bundled model's name")
+        return cfg.derive("model.served_model_name", model[len(BUNDLED_PREFIX) :], "the bundled model's name")
     name = os.path.basename(os.path.normpath(model))
     return cfg.derive("model.served_model_name", name, "the name of the --model directory")
 
@@ -187,17 +195,24 @@ def resolve_cuda_graph_switches(cfg: ResolvedConfig, ctx: PassContext) -> Resolv
             if cfg.get(key) is True:
                 continue
             if cfg.get(key) is False and cfg.is_user_set(key) and cfg.is_user_set(whole):
-                raise ConfigError(f"{cfg.origin(key).show('false')} conflicts with {cfg.origin(whole).show('true')}; "
-                                  "drop one of them")
+                raise ConfigError(
+                    f"{cfg.origin(key).show('false')} conflicts with {cfg.origin(whole).show('true')}; drop one of them"
+                )
             cfg = cfg.derive(key, True, why)
         return cfg
     prefill = cfg.role == "prefill"
     if cfg.cuda_graph.disable_decode_cuda_graph is None:
-        cfg = cfg.derive(parts[0], prefill, "the prefill role runs no decode steps" if prefill
-                         else f"the {cfg.role} role captures decode graphs")
+        cfg = cfg.derive(
+            parts[0],
+            prefill,
+            "the prefill role runs no decode steps" if prefill else f"the {cfg.role} role captures decode graphs",
+        )
     if cfg.cuda_graph.disable_prefill_cuda_graph is None:
-        cfg = cfg.derive(parts[1], not prefill, "the prefill role captures prefill graphs" if prefill
-                         else "only the prefill role captures prefill graphs")
+        cfg = cfg.derive(
+            parts[1],
+            not prefill,
+            "the prefill role captures prefill graphs" if prefill else "only the prefill role captures prefill graphs",
+        )
     return cfg
 
 
@@ -221,8 +236,11 @@ def resolve_cuda_graph_bs(cfg: ResolvedConfig, ctx: PassContext) -> ResolvedConf
     if cg.cuda_graph_bs:
         bad = sorted({b for b in cg.cuda_graph_bs if not 1 <= b <= top})
         if bad:
-            raise cfg.origin(key).fail(format_value(cg.cuda_graph_bs), f"has sizes outside 1..{top} "
-                                       f"({format_value(tuple(bad))})", f"drop them or raise --cuda-graph-max-bs")
+            raise cfg.origin(key).fail(
+                format_value(cg.cuda_graph_bs),
+                f"has sizes outside 1..{top} ({format_value(tuple(bad))})",
+                "drop them or raise --cuda-graph-max-bs",
+            )
         tidy = tuple(sorted(set(cg.cuda_graph_bs)))
         if tidy == cg.cuda_graph_bs:
             return cfg
@@ -252,8 +270,11 @@ def check_context_length(cfg: ResolvedConfig, ctx: PassContext) -> ResolvedConfi
         return cfg
     length, page = cfg.model.context_length, cfg.cache.page_size
     if length < page:
-        raise cfg.origin("model.context_length").fail(str(length), f"is shorter than one KV page (--page-size {page})",
-                                                      f"use at least {page} or a smaller --page-size")
+        raise cfg.origin("model.context_length").fail(
+            str(length),
+            f"is shorter than one KV page (--page-size {page})",
+            f"use at least {page} or a smaller --page-size",
+        )
     return cfg
 
 
@@ -261,9 +282,11 @@ def check_kv_pool_sizing(cfg: ResolvedConfig, ctx: PassContext) -> ResolvedConfi
     """At most one of num_pages and kv_cache_memory_bytes sizes the KV pool."""
     if not cfg.has("cache") or not (cfg.cache.num_pages and cfg.cache.kv_cache_memory_bytes):
         return cfg
-    raise ConfigError(f"{cfg.origin('cache.num_pages').show(str(cfg.cache.num_pages))} and "
-                      f"{cfg.origin('cache.kv_cache_memory_bytes').show(str(cfg.cache.kv_cache_memory_bytes))} "
-                      "both size the KV pool; keep one of them")
+    raise ConfigError(
+        f"{cfg.origin('cache.num_pages').show(str(cfg.cache.num_pages))} and "
+        f"{cfg.origin('cache.kv_cache_memory_bytes').show(str(cfg.cache.kv_cache_memory_bytes))} "
+        "both size the KV pool; keep one of them"
+    )
 
 
 def resolve_kv_cache_memory(cfg: ResolvedConfig, ctx: PassContext) -> ResolvedConfig:
@@ -306,9 +329,11 @@ def reconcile_prefill_budget(cfg: ResolvedConfig, ctx: PassContext) -> ResolvedC
         return cfg.derive(chunk_key, most, f"capped at --max-prefill-tokens {most}")
     if not cfg.is_user_set(max_key):
         return cfg.derive(max_key, chunk, f"a prefill chunk of --chunked-prefill-size {chunk} must fit in one step")
-    raise ConfigError(f"{cfg.origin(chunk_key).show(str(chunk))} is larger than "
-                      f"{cfg.origin(max_key).show(str(most))}; a chunk must fit in one step: raise "
-                      f"--max-prefill-tokens to {chunk} or lower --chunked-prefill-size to {most}")
+    raise ConfigError(
+        f"{cfg.origin(chunk_key).show(str(chunk))} is larger than "
+        f"{cfg.origin(max_key).show(str(most))}; a chunk must fit in one step: raise "
+        f"--max-prefill-tokens to {chunk} or lower --chunked-prefill-size to {most}"
+    )
 
 
 # -- roles and services -------------------------------------------------------------------------------------------
@@ -318,8 +343,11 @@ def check_local_prefill_role(cfg: ResolvedConfig, ctx: PassContext) -> ResolvedC
     key = "disagg.local_prefill_threshold"
     if not cfg.has("disagg") or cfg.role == "decode" or not cfg.disagg.local_prefill_threshold:
         return cfg
-    raise cfg.origin(key).fail(str(cfg.disagg.local_prefill_threshold),
-                               f"applies to the decode role only, not {cfg.role!r}", "drop it for this role")
+    raise cfg.origin(key).fail(
+        str(cfg.disagg.local_prefill_threshold),
+        f"applies to the decode role only, not {cfg.role!r}",
+        "drop it for this role",
+    )
 
 
 def check_kvstore_tiers(cfg: ResolvedConfig, ctx: PassContext) -> ResolvedConfig:
@@ -327,8 +355,10 @@ def check_kvstore_tiers(cfg: ResolvedConfig, ctx: PassContext) -> ResolvedConfig
     if not cfg.has("kvstore") or cfg.kvstore.kvstore_disk_dir is None or cfg.kvstore.kvstore_disk_bytes:
         return cfg
     raise cfg.origin("kvstore.kvstore_disk_bytes").fail(
-        "0", f"leaves no room in the disk tier at {cfg.kvstore.kvstore_disk_dir}",
-        "give it a size such as --kvstore-disk-bytes 8GiB, or drop --kvstore-disk-dir")
+        "0",
+        f"leaves no room in the disk tier at {cfg.kvstore.kvstore_disk_dir}",
+        "give it a size such as --kvstore-disk-bytes 8GiB, or drop --kvstore-disk-dir",
+    )
 
 
 def check_planner_bounds(cfg: ResolvedConfig, ctx: PassContext) -> ResolvedConfig:
@@ -340,17 +370,26 @@ def check_planner_bounds(cfg: ResolvedConfig, ctx: PassContext) -> ResolvedConfi
         if lo > hi:
             raise ConfigError(f"--min-{role} {lo} is above --max-{role} {hi}; lower the one or raise the other")
     if p.budget and p.budget < p.min_prefill + p.min_decode:
-        raise cfg.origin("planner.budget").fail(str(p.budget), f"cannot hold --min-prefill {p.min_prefill} + "
-                                                f"--min-decode {p.min_decode}", "raise it or lower the minimums")
+        raise cfg.origin("planner.budget").fail(
+            str(p.budget),
+            f"cannot hold --min-prefill {p.min_prefill} + --min-decode {p.min_decode}",
+            "raise it or lower the minimums",
+        )
     return cfg
 
 
 # name -> (module that must be importable, shared library it loads or None, how to install both)
 TRANSFER_BACKENDS: dict[str, tuple[str, str | None, str]] = {
-    "nixl": ("nixl_cu12._api", None,
-             "pip install nixl-cu12 (after CPU torch: pip install torch==2.13.0, or pip pulls a 4 GB CUDA torch)"),
-    "mooncake": ("mooncake.engine", "ibverbs",
-                 "pip install mooncake-transfer-engine-non-cuda and apt-get install libibverbs1"),
+    "nixl": (
+        "nixl_cu12._api",
+        None,
+        "pip install nixl-cu12 (after CPU torch: pip install torch==2.13.0, or pip pulls a 4 GB CUDA torch)",
+    ),
+    "mooncake": (
+        "mooncake.engine",
+        "ibverbs",
+        "pip install mooncake-transfer-engine-non-cuda and apt-get install libibverbs1",
+    ),
 }
 
 
@@ -360,14 +399,19 @@ def check_transfer_backend(cfg: ResolvedConfig, ctx: PassContext) -> ResolvedCon
         return cfg
     backend = cfg.transfer.transfer_backend
     module, library, install = TRANSFER_BACKENDS[backend]
-    missing = (f"module {module} is not installed" if not ctx.probe.module_available(module)
-               else f"lib{library} is not installed" if library and not ctx.probe.shared_library_available(library)
-               else None)
+    missing = (
+        f"module {module} is not installed"
+        if not ctx.probe.module_available(module)
+        else f"lib{library} is not installed"
+        if library and not ctx.probe.shared_library_available(library)
+        else None
+    )
     if missing is None:
         return cfg
     others = [b for b in TRANSFER_BACKENDS if b != backend]
     raise cfg.origin("transfer.transfer_backend").fail(
-        backend, f"is not available ({missing})", f"{install}; or use --transfer-backend {others[0]}")
+        backend, f"is not available ({missing})", f"{install}; or use --transfer-backend {others[0]}"
+    )
 
 
 # The order matters: device first (everything else depends on it), checks of user input before derivations

@@ -26,8 +26,9 @@ def defaults(role: str) -> ResolvedConfig:
     return ResolvedConfig(role, by_group, provenance)
 
 
-def resolve(role: str, argv: Sequence[str] = (), env: Mapping[str, str] | None = None, *,
-            ctx: PassContext | None = None) -> ResolvedConfig:
+def resolve(
+    role: str, argv: Sequence[str] = (), env: Mapping[str, str] | None = None, *, ctx: PassContext | None = None
+) -> ResolvedConfig:
     """The resolved config of `role` from command-line flags `argv` (incl. `--config FILE`) and `env`
     (os.environ when None). Raises ConfigError with a message that names the flag, the value and the fix."""
     catalog.check_role(role)
@@ -54,8 +55,14 @@ def exit_on_config_error(prog: str = "pdrelay") -> Iterator[None]:
         raise SystemExit(2) from None
 
 
-def parse_role_args(role: str, argv: Sequence[str], env: Mapping[str, str] | None = None, *,
-                    prog: str | None = None, ctx: PassContext | None = None) -> ResolvedConfig:
+def parse_role_args(
+    role: str,
+    argv: Sequence[str],
+    env: Mapping[str, str] | None = None,
+    *,
+    prog: str | None = None,
+    ctx: PassContext | None = None,
+) -> ResolvedConfig:
     """What a service's main calls: -h/--help prints the role's flags and exits 0; bad input exits 2 with the
     message and no traceback; otherwise the resolved config."""
     prog = prog or f"pdrelay serve {role}"
@@ -70,8 +77,12 @@ def parse_role_args(role: str, argv: Sequence[str], env: Mapping[str, str] | Non
 def role_help(role: str, prog: str | None = None) -> str:
     """The flags a role accepts, grouped, with help text, default, choices and env twin."""
     catalog.check_role(role)
-    lines = [f"usage: {prog or 'pdrelay serve ' + role} [--config FILE] [flags]", "",
-             "Sources, lowest to highest: defaults < --config FILE (YAML) < PDRELAY_* env < flags < derived.", ""]
+    lines = [
+        f"usage: {prog or 'pdrelay serve ' + role} [--config FILE] [flags]",
+        "",
+        "Sources, lowest to highest: defaults < --config FILE (YAML) < PDRELAY_* env < flags < derived.",
+        "",
+    ]
     for group in ROLE_GROUPS[role]:
         lines.append(f"{group}:")
         for spec in catalog.group_specs(group):

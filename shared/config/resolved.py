@@ -17,11 +17,30 @@ from typing import Any, Generic, TypeVar, overload
 
 from shared.config import catalog
 from shared.config.errors import ConfigError
-from shared.config.groups import (GROUPS, BusConfig, CacheConfig, CudaGraphConfig, DeviceConfig, DisaggConfig,
-                                  DiscoveryConfig, EncoderConfig, GrpcConfig, HttpConfig, KernelConfig,
-                                  KVStoreClientConfig, KVStoreConfig, ModelConfig, ParallelConfig, SchedulerConfig,
-                                  TelemetryConfig, TlsConfig, TokenizerConfig, TransferConfig)
-from shared.config.groups import EngineSimConfig, PlannerConfig
+from shared.config.groups import (
+    GROUPS,
+    BusConfig,
+    CacheConfig,
+    CudaGraphConfig,
+    DeviceConfig,
+    DisaggConfig,
+    DiscoveryConfig,
+    EncoderConfig,
+    EngineSimConfig,
+    GrpcConfig,
+    HttpConfig,
+    KernelConfig,
+    KVStoreClientConfig,
+    KVStoreConfig,
+    ModelConfig,
+    ParallelConfig,
+    PlannerConfig,
+    SchedulerConfig,
+    TelemetryConfig,
+    TlsConfig,
+    TokenizerConfig,
+    TransferConfig,
+)
 from shared.config.roles import ROLE_GROUPS
 from shared.config.values import Origin, coerce, format_value, validate
 
@@ -129,8 +148,10 @@ class ResolvedConfig:
         if name in self.by_group:
             return self.by_group[name]
         if name in GROUPS:
-            raise AttributeError(f"role {self.role!r} has no {name!r} settings; roles that have them: "
-                                 f"{', '.join(catalog.roles_using(name))}")
+            raise AttributeError(
+                f"role {self.role!r} has no {name!r} settings; roles that have them: "
+                f"{', '.join(catalog.roles_using(name))}"
+            )
         raise AttributeError(f"{type(self).__name__} has no attribute {name!r}")
 
     def has(self, group: str) -> bool:
@@ -202,8 +223,10 @@ class ResolvedConfig:
             raise ConfigError(f"resolved config JSON is not valid JSON ({e}); pass the output of to_json()") from None
         if not isinstance(data, dict) or data.get("version") != JSON_VERSION:
             version = data.get("version") if isinstance(data, dict) else None
-            raise ConfigError(f"resolved config JSON has version {version!r}, expected {JSON_VERSION}; "
-                              "regenerate it with the same pdrelay version")
+            raise ConfigError(
+                f"resolved config JSON has version {version!r}, expected {JSON_VERSION}; "
+                "regenerate it with the same pdrelay version"
+            )
         role = str(data.get("role"))
         catalog.check_role(role)
         config, prov_in = data.get("config", {}), data.get("provenance", {})
@@ -213,16 +236,19 @@ class ResolvedConfig:
             raw_group = config.get(group)
             specs = catalog.group_specs(group)
             if not isinstance(raw_group, dict) or set(raw_group) != {s.name for s in specs}:
-                raise ConfigError(f"resolved config JSON for role {role!r} has wrong fields in group {group!r}; "
-                                  "regenerate it with the same pdrelay version")
+                raise ConfigError(
+                    f"resolved config JSON for role {role!r} has wrong fields in group {group!r}; "
+                    "regenerate it with the same pdrelay version"
+                )
             kwargs = {}
             for spec in specs:
                 origin = Origin("json", spec.key)
                 kwargs[spec.name] = validate(spec, coerce(spec, raw_group[spec.name], origin), origin)
                 p = prov_in.get(spec.key)
                 if not isinstance(p, dict) or p.get("source") not in SOURCES:
-                    raise ConfigError(f"resolved config JSON lacks a valid provenance for {spec.key!r}; "
-                                      "regenerate it with to_json()")
+                    raise ConfigError(
+                        f"resolved config JSON lacks a valid provenance for {spec.key!r}; regenerate it with to_json()"
+                    )
                 provenance[spec.key] = Provenance(p["source"], str(p.get("detail", "")))
             by_group[group] = GROUPS[group](**kwargs)
         extra = set(config) - set(ROLE_GROUPS[role])

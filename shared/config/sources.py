@@ -20,8 +20,17 @@ from shared.config.errors import ConfigError
 from shared.config.fields import FieldSpec
 from shared.config.groups import GROUPS
 from shared.config.resolved import Provenance
-from shared.config.values import (FALSE_WORDS, NONE_WORDS, TRUE_WORDS, Origin, coerce, format_value, kind_of,
-                                  parse_text, validate)
+from shared.config.values import (
+    FALSE_WORDS,
+    NONE_WORDS,
+    TRUE_WORDS,
+    Origin,
+    coerce,
+    format_value,
+    kind_of,
+    parse_text,
+    validate,
+)
 
 CONFIG_FLAG = "--config"
 
@@ -163,8 +172,9 @@ def read_file(role: str, path: str) -> list[Setting]:
     if data is None:
         return []
     if not isinstance(data, dict):
-        raise ConfigError(f"{CONFIG_FLAG} {path} must hold a mapping of settings (page_size: 16), "
-                          f"not a {type(data).__name__}")
+        raise ConfigError(
+            f"{CONFIG_FLAG} {path} must hold a mapping of settings (page_size: 16), not a {type(data).__name__}"
+        )
     settings = []
     for key, raw, section in _file_items(data):
         spec = catalog.spec_for_file_key(key)
@@ -173,8 +183,10 @@ def read_file(role: str, path: str) -> list[Setting]:
             hint = catalog.suggest(key.lstrip("-").replace("-", "_"), names)
             raise ConfigError(f"unknown key {key!r} in {path} for role {role!r}{hint or '; see pdrelay config show'}")
         if section is not None and spec.group != section:
-            raise ConfigError(f"{key!r} in {path} sits under {section!r} but belongs to {spec.group!r}; "
-                              f"move it there or to the top level")
+            raise ConfigError(
+                f"{key!r} in {path} sits under {section!r} but belongs to {spec.group!r}; "
+                f"move it there or to the top level"
+            )
         if not catalog.role_uses(role, spec.group):
             raise catalog.foreign_flag_error(role, spec, f"{key!r} in {path}")
         origin = Origin("file", key, path)

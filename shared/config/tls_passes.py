@@ -30,17 +30,21 @@ def check_tls_files(cfg: ResolvedConfig, ctx: object) -> ResolvedConfig:
     if given and len(given) < len(keys):
         missing = " and ".join("--" + k.split(".", 1)[1].replace("_", "-") for k in keys if k not in given)
         shown = ", ".join(cfg.origin(k).show(cfg.get(k)) for k in given)
-        raise ConfigError(f"{shown}: mutual TLS between services also needs {missing} (the CA, this service's "
-                          f"certificate and its key); {_MAKE}")
+        raise ConfigError(
+            f"{shown}: mutual TLS between services also needs {missing} (the CA, this service's "
+            f"certificate and its key); {_MAKE}"
+        )
     _check_files_exist(cfg, keys)
     if not given:
         secure = [u for u in cfg.discovery.etcd_endpoints if u.strip().lower().startswith("https://")]
         if secure:
-            raise cfg.origin("discovery.etcd_endpoints").fail(secure[0], "is https://",
-                                                              f"give --tls-ca-file, --tls-certfile and --tls-keyfile; {_MAKE}")
+            raise cfg.origin("discovery.etcd_endpoints").fail(
+                secure[0], "is https://", f"give --tls-ca-file, --tls-certfile and --tls-keyfile; {_MAKE}"
+            )
         if cfg.bus.nats_url.strip().lower().startswith("tls://"):
-            raise cfg.origin("bus.nats_url").fail(cfg.bus.nats_url, "is tls://",
-                                                  f"give --tls-ca-file, --tls-certfile and --tls-keyfile; {_MAKE}")
+            raise cfg.origin("bus.nats_url").fail(
+                cfg.bus.nats_url, "is tls://", f"give --tls-ca-file, --tls-certfile and --tls-keyfile; {_MAKE}"
+            )
     return cfg
 
 
@@ -58,7 +62,8 @@ def check_ssl_files(cfg: ResolvedConfig, ctx: object) -> ResolvedConfig:
         for extra in ("http.ssl_ca_certs", "http.ssl_keyfile_password"):
             if cfg.get(extra) is not None:
                 shown = cfg.origin(extra).show("..." if extra.endswith("password") else cfg.get(extra))
-                raise ConfigError(f"{shown} has no effect without --ssl-certfile and --ssl-keyfile; add them or "
-                                  "drop it")
+                raise ConfigError(
+                    f"{shown} has no effect without --ssl-certfile and --ssl-keyfile; add them or drop it"
+                )
     _check_files_exist(cfg, (cert, key, "http.ssl_ca_certs"))
     return cfg

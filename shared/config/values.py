@@ -23,8 +23,17 @@ FALSE_WORDS = frozenset({"0", "false", "no", "off"})
 NONE_WORDS = frozenset({"", "none", "null"})
 
 # Byte-size fields (names ending in `_bytes`) also accept units, e.g. "4GiB" or "512MB": nobody types 2**32.
-_BYTE_UNITS = {"b": 1, "kib": 1 << 10, "mib": 1 << 20, "gib": 1 << 30, "tib": 1 << 40,
-               "kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12}
+_BYTE_UNITS = {
+    "b": 1,
+    "kib": 1 << 10,
+    "mib": 1 << 20,
+    "gib": 1 << 30,
+    "tib": 1 << 40,
+    "kb": 10**3,
+    "mb": 10**6,
+    "gb": 10**9,
+    "tb": 10**12,
+}
 _BYTES_RE = re.compile(r"^(\d+(?:\.\d+)?)\s*([A-Za-z]+)$")
 
 
@@ -111,8 +120,11 @@ def _parse_scalar(spec: FieldSpec, base: type, text: str, origin: Origin, whole:
             return True
         if t.lower() in FALSE_WORDS:
             return False
-        raise origin.fail(_shown(whole), "is not true or false", f"use one of {', '.join(sorted(TRUE_WORDS))} or "
-                          f"{', '.join(sorted(FALSE_WORDS))}")
+        raise origin.fail(
+            _shown(whole),
+            "is not true or false",
+            f"use one of {', '.join(sorted(TRUE_WORDS))} or {', '.join(sorted(FALSE_WORDS))}",
+        )
     if base is int:
         if spec.name.endswith("_bytes") and (m := _BYTES_RE.match(t)) and m.group(2).lower() in _BYTE_UNITS:
             return int(float(m.group(1)) * _BYTE_UNITS[m.group(2).lower()])
@@ -145,8 +157,12 @@ def parse_text(spec: FieldSpec, text: str, origin: Origin) -> Any:
             return ()
         items = [p.strip() for p in text.split(",")]
         if any(p == "" for p in items):
-            raise origin.fail(_shown(text), "has an empty item", f"separate items with single commas, e.g. "
-                              f"{origin.example(format_value(spec.default) or _example_for(kind.base))}")
+            raise origin.fail(
+                _shown(text),
+                "has an empty item",
+                f"separate items with single commas, e.g. "
+                f"{origin.example(format_value(spec.default) or _example_for(kind.base))}",
+            )
         return tuple(_parse_scalar(spec, kind.base, p, origin, text) for p in items)
     return _parse_scalar(spec, kind.base, text, origin, text)
 
@@ -156,10 +172,15 @@ def _coerce_scalar(spec: FieldSpec, base: type, raw: Any, origin: Origin) -> Any
         if base is str:
             return raw
         return _parse_scalar(spec, base, raw, origin, raw)
-    ok = (isinstance(raw, bool) if base is bool
-          else isinstance(raw, int) and not isinstance(raw, bool) if base is int
-          else isinstance(raw, (int, float)) and not isinstance(raw, bool) if base is float
-          else False)
+    ok = (
+        isinstance(raw, bool)
+        if base is bool
+        else isinstance(raw, int) and not isinstance(raw, bool)
+        if base is int
+        else isinstance(raw, (int, float)) and not isinstance(raw, bool)
+        if base is float
+        else False
+    )
     if not ok:
         fix = "quote it" if base is str else f"e.g. {origin.example(format_value(spec.default))}"
         raise origin.fail(_shown(format_value(raw)), f"is not {_KIND_WORDS[base]}", fix)
@@ -184,8 +205,11 @@ def coerce(spec: FieldSpec, raw: Any, origin: Origin) -> Any:
         items = raw if isinstance(raw, (list, tuple)) else [raw]
         return tuple(_coerce_scalar(spec, kind.base, item, origin) for item in items)
     if isinstance(raw, (list, tuple, dict)):
-        raise origin.fail(str(raw), f"is not {_KIND_WORDS[kind.base]}",
-                          f"give one value, e.g. {origin.example(format_value(spec.default))}")
+        raise origin.fail(
+            str(raw),
+            f"is not {_KIND_WORDS[kind.base]}",
+            f"give one value, e.g. {origin.example(format_value(spec.default))}",
+        )
     return _coerce_scalar(spec, kind.base, raw, origin)
 
 

@@ -27,6 +27,7 @@ def _sample_ids(req_id: str, params: SamplingParams | None) -> list[str]:
     n = params.n if params is not None else 1
     return [req_id, *(fork_id(req_id, i) for i in range(1, n))]
 
+
 T = TypeVar("T")
 
 
@@ -46,9 +47,16 @@ class AsyncEngine:
         self._thread = threading.Thread(target=self._run, name="pdrelay-engine", daemon=True)
         self._thread.start()
 
-    async def generate(self, req_id: str, prompt_token_ids: Sequence[int], params: SamplingParams | None = None,
-                       priority: int = 0, *, hold_pages: bool = False,
-                       media: Sequence[MediaInput] = ()) -> AsyncIterator[RequestOutput]:
+    async def generate(
+        self,
+        req_id: str,
+        prompt_token_ids: Sequence[int],
+        params: SamplingParams | None = None,
+        priority: int = 0,
+        *,
+        hold_pages: bool = False,
+        media: Sequence[MediaInput] = (),
+    ) -> AsyncIterator[RequestOutput]:
         """Deltas of one request until it finishes (n > 1: of all its samples, told apart by `index`, until all
         finish). Raises InvalidRequest / QueueFull before the first delta; cancelling the consumer (or leaving the
         loop early) aborts the request."""
@@ -63,8 +71,7 @@ class AsyncEngine:
             if not added.set_running_or_notify_cancel():
                 return  # the caller went away before the engine got here: never admit it
             try:
-                self.engine.add_request(req_id, prompt_token_ids, params, priority, hold_pages=hold_pages,
-                                        media=media)
+                self.engine.add_request(req_id, prompt_token_ids, params, priority, hold_pages=hold_pages, media=media)
             except BaseException as e:  # handed to the caller, the engine keeps serving  # noqa: BLE001
                 added.set_exception(e)
                 return
@@ -117,8 +124,12 @@ class AsyncEngine:
         self._submit(run)
         return await asyncio.wrap_future(fut)
 
-    async def stream(self, req_id: str, start: Callable[[], list[RequestOutput]], n: int = 1,
-                     ) -> AsyncIterator[RequestOutput]:
+    async def stream(
+        self,
+        req_id: str,
+        start: Callable[[], list[RequestOutput]],
+        n: int = 1,
+    ) -> AsyncIterator[RequestOutput]:
         """Deltas of a request that `start` puts into the engine (e.g. activate_remote), run on the engine thread
         together with the stream's registration, so no delta of a step in between is lost. Leaving early aborts.
         n: samples of the request (n > 1: its forks' deltas come through here too)."""
@@ -198,8 +209,10 @@ class AsyncEngine:
     def _deliver(self, items: Sequence[tuple[str, RequestOutput | BaseException]]) -> None:
         """Hand a step's deltas to their streams: one wake-up per event loop per step, not one per request
         (each call_soon_threadsafe writes the loop's self-pipe and takes the GIL from the engine thread)."""
-        by_loop: dict[asyncio.AbstractEventLoop, list[tuple[asyncio.Queue[RequestOutput | BaseException],
-                                                           RequestOutput | BaseException]]] = {}
+        by_loop: dict[
+            asyncio.AbstractEventLoop,
+            list[tuple[asyncio.Queue[RequestOutput | BaseException], RequestOutput | BaseException]],
+        ] = {}
         for req_id, item in items:
             target = self._streams.get(req_id)
             if target is None:
@@ -220,8 +233,9 @@ def _put_all(batch: list[tuple[asyncio.Queue[RequestOutput | BaseException], Req
         q.put_nowait(item)
 
 
-def _coalesce(first: RequestOutput | BaseException,
-              q: asyncio.Queue[RequestOutput | BaseException]) -> list[RequestOutput | BaseException]:
+def _coalesce(
+    first: RequestOutput | BaseException, q: asyncio.Queue[RequestOutput | BaseException]
+) -> list[RequestOutput | BaseException]:
     """`first` and whatever is already queued behind it, each request's consecutive deltas merged into one: a
     consumer slower than the engine (a busy event loop, a slow client) then sends one message with several tokens
     instead of falling further behind with one message per token. The queue may carry several requests (the
@@ -246,7 +260,11 @@ def _coalesce(first: RequestOutput | BaseException,
 
 def merge_deltas(a: RequestOutput, b: RequestOutput) -> RequestOutput:
     """Two consecutive deltas of one request as one (b is the later: its status and counters win)."""
-    lps = None if a.new_logprobs is None and b.new_logprobs is None else (*(a.new_logprobs or ()),
-                                                                         *(b.new_logprobs or ()))
-    return dataclasses.replace(b, new_token_ids=a.new_token_ids + b.new_token_ids, new_text=a.new_text + b.new_text,
-                               new_logprobs=lps)
+    lps = (
+        None
+        if a.new_logprobs is None and b.new_logprobs is None
+        else (*(a.new_logprobs or ()), *(b.new_logprobs or ()))
+    )
+    return dataclasses.replace(
+        b, new_token_ids=a.new_token_ids + b.new_token_ids, new_text=a.new_text + b.new_text, new_logprobs=lps
+    )

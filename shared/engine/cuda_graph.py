@@ -36,12 +36,20 @@ log = logging.getLogger(__name__)
 class GraphSafeBackend(Protocol):
     """An attention backend whose all-decode plan needs no host sync and no host data."""
 
-    def decode_metadata(self, page_table: torch.Tensor, seq_lens: torch.Tensor, page_size: int) -> AttentionMetadata:
-        ...
+    def decode_metadata(
+        self, page_table: torch.Tensor, seq_lens: torch.Tensor, page_size: int
+    ) -> AttentionMetadata: ...
 
-    def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor,
-                v_cache: torch.Tensor, meta: AttentionMetadata, scale: float) -> torch.Tensor:
-        ...
+    def forward(
+        self,
+        q: torch.Tensor,
+        k: torch.Tensor,
+        v: torch.Tensor,
+        k_cache: torch.Tensor,
+        v_cache: torch.Tensor,
+        meta: AttentionMetadata,
+        scale: float,
+    ) -> torch.Tensor: ...
 
 
 def capture_order(batch_sizes: Sequence[int]) -> tuple[int, ...]:
@@ -80,8 +88,10 @@ class CudaGraphDecodeRunner:
         use_graphs: bool = True,
     ) -> None:
         if not isinstance(attn, GraphSafeBackend):
-            raise ValueError(f"attention backend {getattr(attn, 'name', attn)!r} cannot be captured in a CUDA "
-                             "graph; use --attention-backend triton or --disable-cuda-graph")
+            raise ValueError(
+                f"attention backend {getattr(attn, 'name', attn)!r} cannot be captured in a CUDA "
+                "graph; use --attention-backend triton or --disable-cuda-graph"
+            )
         if not 0 <= scratch_page < kv.buffer.shape[0]:
             raise ValueError(f"scratch_page {scratch_page} is outside the KV pool [0, {kv.buffer.shape[0]})")
         if use_graphs and kv.device.type != "cuda":
@@ -112,10 +122,16 @@ class CudaGraphDecodeRunner:
     # ---- capture ------------------------------------------------------------------------------------------------
     def _static_batch(self, bs: int) -> ForwardBatch:
         return ForwardBatch(
-            input_ids=self.input_ids[:bs], positions=self.positions[:bs], page_table=self.page_table[:bs],
-            out_pages=self.out_pages[:bs], out_offsets=self.out_offsets[:bs],
-            logits_indices=self.logits_indices[:bs], prefix_lens=np.zeros(bs, np.int64),
-            extend_lens=np.ones(bs, np.int64), token_starts=np.arange(bs, dtype=np.int64), page_size=self.page_size,
+            input_ids=self.input_ids[:bs],
+            positions=self.positions[:bs],
+            page_table=self.page_table[:bs],
+            out_pages=self.out_pages[:bs],
+            out_offsets=self.out_offsets[:bs],
+            logits_indices=self.logits_indices[:bs],
+            prefix_lens=np.zeros(bs, np.int64),
+            extend_lens=np.ones(bs, np.int64),
+            token_starts=np.arange(bs, dtype=np.int64),
+            page_size=self.page_size,
         )
 
     def _step_fn(self, bs: int) -> Callable[[], torch.Tensor]:
@@ -163,8 +179,13 @@ class CudaGraphDecodeRunner:
     def can_run(self, batch: ForwardBatch) -> bool:
         """An all-decode step with logits for every row that fits a captured size and the static page table."""
         bs = batch.batch_size
-        return (bool(self._graphs or self._steps) and batch.is_decode and bs <= self.max_bs
-                and batch.page_table.shape[1] <= self.max_pages and batch.logits_indices.shape[0] == bs)
+        return (
+            bool(self._graphs or self._steps)
+            and batch.is_decode
+            and bs <= self.max_bs
+            and batch.page_table.shape[1] <= self.max_pages
+            and batch.logits_indices.shape[0] == bs
+        )
 
     def _pad(self, start: int, end: int) -> None:
         """Rows [start, end) decode token 0 at position 0 of the scratch page, attending to that one slot."""
@@ -214,11 +235,20 @@ def build_decode_graphs(
     """Capture decode graphs for a model runner; None (with a warning) when its attention backend cannot be
     captured. The static page table covers a whole context: ceil(context_length / page_size) pages a sequence."""
     if not isinstance(attn, GraphSafeBackend):
-        log.warning("decode CUDA graphs are off: attention backend %r cannot be captured; use "
-                    "--attention-backend triton (or --disable-cuda-graph to silence this)", getattr(attn, "name", attn))
+        log.warning(
+            "decode CUDA graphs are off: attention backend %r cannot be captured; use "
+            "--attention-backend triton (or --disable-cuda-graph to silence this)",
+            getattr(attn, "name", attn),
+        )
         return None
-    runner = CudaGraphDecodeRunner(model, kv, attn, batch_sizes=batch_sizes,
-                                   max_pages_per_seq=-(-context_length // page_size), page_size=page_size,
-                                   scratch_page=scratch_page)
+    runner = CudaGraphDecodeRunner(
+        model,
+        kv,
+        attn,
+        batch_sizes=batch_sizes,
+        max_pages_per_seq=-(-context_length // page_size),
+        page_size=page_size,
+        scratch_page=scratch_page,
+    )
     runner.capture()
     return runner

@@ -26,19 +26,26 @@ from shared.engine.grammar import GrammarBackend, MaskFiller
 from shared.engine.page_allocator import PageAllocator
 from shared.engine.radix_cache import KVEvent, RadixCache
 from shared.engine.request import FinishReason, MediaInput, RequestOutput, TokenLogprobs
-from shared.engine.sampler import Sampler
-from shared.engine.sampler import prompt_logprobs
+from shared.engine.sampler import Sampler, prompt_logprobs
 from shared.engine.sampler.text_window import DecodeFn
 from shared.engine.sampling_params import SamplingParams
 from shared.engine.scheduler import Scheduler
-from shared.engine.scheduler.scheduler import max_step_tokens
 from shared.engine.scheduler.handoff_pages import DEFAULT_QUARANTINE_S, Reservation
-from shared.modelspec.kv_layout import KVLayout
+from shared.engine.scheduler.scheduler import max_step_tokens
 from shared.engine.types import SchedulerOutput, StepStats
+from shared.modelspec.kv_layout import KVLayout
 
 if TYPE_CHECKING:
-    from shared.config.groups import (CacheConfig, CudaGraphConfig, DeviceConfig, DisaggConfig, KernelConfig,
-                                      ModelConfig, SchedulerConfig, TokenizerConfig)
+    from shared.config.groups import (
+        CacheConfig,
+        CudaGraphConfig,
+        DeviceConfig,
+        DisaggConfig,
+        KernelConfig,
+        ModelConfig,
+        SchedulerConfig,
+        TokenizerConfig,
+    )
     from shared.config.resolved import ResolvedConfig
     from shared.engine.kv_pool import KVPool
 
@@ -119,8 +126,15 @@ class _Totals:
         self.steps += 1
 
     def frozen(self) -> StepStats:
-        return StepStats(self.schedule_s, self.prepare_s, self.forward_s, self.sample_s, self.update_s,
-                         self.num_tokens, self.num_seqs)
+        return StepStats(
+            self.schedule_s,
+            self.prepare_s,
+            self.forward_s,
+            self.sample_s,
+            self.update_s,
+            self.num_tokens,
+            self.num_seqs,
+        )
 
 
 def make_decode_fn(tokenizer: Any) -> DecodeFn | None:
@@ -143,10 +157,19 @@ def _graph_sizes(cfg: CudaGraphConfig | None) -> tuple[int, ...]:
 
 
 class Engine:
-    def __init__(self, runner: Runner, *, cache: CacheConfig, scheduler: SchedulerConfig, tokenizer: Any = None,
-                 threads: int | None = None, on_kv_event: Callable[[KVEvent], None] | None = None,
-                 context_length: int | None = None, handoff_quarantine_s: float = DEFAULT_QUARANTINE_S,
-                 grammar_backend: str = "xgrammar") -> None:
+    def __init__(
+        self,
+        runner: Runner,
+        *,
+        cache: CacheConfig,
+        scheduler: SchedulerConfig,
+        tokenizer: Any = None,
+        threads: int | None = None,
+        on_kv_event: Callable[[KVEvent], None] | None = None,
+        context_length: int | None = None,
+        handoff_quarantine_s: float = DEFAULT_QUARANTINE_S,
+        grammar_backend: str = "xgrammar",
+    ) -> None:
         """cache: page size and prefix sharing (num_pages is the runner's); scheduler: limits and policy. Both are
         the config groups of shared/config/groups.py, which declares every default once."""
         if threads:
@@ -154,19 +177,22 @@ class Engine:
         self.threads = threads
         page_size = cache.page_size
         if runner.layout.page_size != page_size:
-            raise ValueError(f"page_size {page_size} differs from the runner's KV layout page size "
-                             f"{runner.layout.page_size}; build both with the same --page-size")
+            raise ValueError(
+                f"page_size {page_size} differs from the runner's KV layout page size "
+                f"{runner.layout.page_size}; build both with the same --page-size"
+            )
         max_step = max_step_tokens(scheduler)
         runner_cap = getattr(runner, "max_batch_tokens", None)
         if runner_cap is not None and max_step > runner_cap:
-            raise ValueError(f"a step may hold {max_step} tokens (max_prefill_tokens / chunked_prefill_size / "
-                             f"max_running_requests) but the runner takes at most {runner_cap}; lower "
-                             f"--max-prefill-tokens or build the runner with max_batch_tokens >= {max_step}")
+            raise ValueError(
+                f"a step may hold {max_step} tokens (max_prefill_tokens / chunked_prefill_size / "
+                f"max_running_requests) but the runner takes at most {runner_cap}; lower "
+                f"--max-prefill-tokens or build the runner with max_batch_tokens >= {max_step}"
+            )
         self.runner = runner
         self.page_size = page_size
         self.allocator = PageAllocator(runner.num_pages)
-        self.cache = RadixCache(self.allocator, page_size, enabled=not cache.disable_radix_cache,
-                                on_event=on_kv_event)
+        self.cache = RadixCache(self.allocator, page_size, enabled=not cache.disable_radix_cache, on_event=on_kv_event)
         self.decode_fn = make_decode_fn(tokenizer)
         self.tokenizer = tokenizer
         ctx = min(context_length or runner.context_length, runner.context_length)
@@ -179,9 +205,16 @@ class Engine:
             raise ValueError(f"grammar_backend must be 'xgrammar' or 'none' (got {grammar_backend!r})")
         self.masks = MaskFiller(runner.vocab_size)
         self.scheduler = Scheduler(
-            allocator=self.allocator, cache=self.cache, page_size=page_size, max_model_len=ctx,
-            config=scheduler, eos_token_ids=runner.eos_token_ids,
-            decode_fn=self.decode_fn, vocab_size=runner.vocab_size, grammar=grammar)
+            allocator=self.allocator,
+            cache=self.cache,
+            page_size=page_size,
+            max_model_len=ctx,
+            config=scheduler,
+            eos_token_ids=runner.eos_token_ids,
+            decode_fn=self.decode_fn,
+            vocab_size=runner.vocab_size,
+            grammar=grammar,
+        )
         self.scheduler.handoff.abort_quarantine_s = handoff_quarantine_s
         self.scheduler.forks.can_copy = hasattr(getattr(runner, "kv", None), "copy_pages")
         self.sampler = Sampler(eos_token_ids=runner.eos_token_ids)
@@ -191,13 +224,22 @@ class Engine:
 
     # ---- construction from configuration ----------------------------------------------------------------------
     @classmethod
-    def from_groups(cls, *, model: ModelConfig, cache: CacheConfig, scheduler: SchedulerConfig,
-                    kernels: KernelConfig | None = None, device: DeviceConfig | None = None,
-                    tokenizer: TokenizerConfig | None = None, on_kv_event: Callable[[KVEvent], None] | None = None,
-                    disagg: DisaggConfig | None = None, cuda_graph: CudaGraphConfig | None = None) -> Engine:
+    def from_groups(
+        cls,
+        *,
+        model: ModelConfig,
+        cache: CacheConfig,
+        scheduler: SchedulerConfig,
+        kernels: KernelConfig | None = None,
+        device: DeviceConfig | None = None,
+        tokenizer: TokenizerConfig | None = None,
+        on_kv_event: Callable[[KVEvent], None] | None = None,
+        disagg: DisaggConfig | None = None,
+        cuda_graph: CudaGraphConfig | None = None,
+    ) -> Engine:
         """Build the runner (weights + KV pool) and the engine from resolved config groups."""
-        from shared.modelspec.bundled import resolve_model_path
         from shared.engine.model_runner import ModelRunner
+        from shared.modelspec.bundled import resolve_model_path
 
         dev = device.device if device is not None else "auto"
         if dev == "auto":
@@ -209,47 +251,86 @@ class Engine:
         if threads:
             torch.set_num_threads(threads)  # before loading: weight conversion uses the intra-op pool too
         path = resolve_model_path(model.model, model.model_cache_dir)
-        runner = ModelRunner(path, dtype=dtype, device=dev, num_pages=cache.num_pages or None,
-                             kv_budget_bytes=(cache.kv_cache_memory_bytes or None) if not cache.num_pages else None,
-                             page_size=cache.page_size, attention_backend=backend,
-                             linear_backend=LinearBackend(kernels.linear_backend) if kernels is not None
-                             else LinearBackend.AUTO,
-                             max_batch_tokens=max_step_tokens(scheduler),
-                             context_length=model.context_length, cuda_graph_bs=_graph_sizes(cuda_graph))
+        runner = ModelRunner(
+            path,
+            dtype=dtype,
+            device=dev,
+            num_pages=cache.num_pages or None,
+            kv_budget_bytes=(cache.kv_cache_memory_bytes or None) if not cache.num_pages else None,
+            page_size=cache.page_size,
+            attention_backend=backend,
+            linear_backend=LinearBackend(kernels.linear_backend) if kernels is not None else LinearBackend.AUTO,
+            max_batch_tokens=max_step_tokens(scheduler),
+            context_length=model.context_length,
+            cuda_graph_bs=_graph_sizes(cuda_graph),
+        )
         tok_dir = tokenizer.tokenizer if tokenizer is not None and tokenizer.tokenizer else str(path)
         from transformers import AutoTokenizer
 
         tok = AutoTokenizer.from_pretrained(tok_dir, local_files_only=True)
-        return cls(runner, cache=cache, scheduler=scheduler, tokenizer=tok, threads=threads, on_kv_event=on_kv_event,
-                   context_length=model.context_length,
-                   handoff_quarantine_s=disagg.handoff_timeout_s if disagg is not None else DEFAULT_QUARANTINE_S,
-                   grammar_backend=kernels.grammar_backend if kernels is not None else "xgrammar")
+        return cls(
+            runner,
+            cache=cache,
+            scheduler=scheduler,
+            tokenizer=tok,
+            threads=threads,
+            on_kv_event=on_kv_event,
+            context_length=model.context_length,
+            handoff_quarantine_s=disagg.handoff_timeout_s if disagg is not None else DEFAULT_QUARANTINE_S,
+            grammar_backend=kernels.grammar_backend if kernels is not None else "xgrammar",
+        )
 
     @classmethod
     def from_config(cls, cfg: ResolvedConfig, *, on_kv_event: Callable[[KVEvent], None] | None = None) -> Engine:
         """From the resolved config of an engine role (prefill, decode, worker): its model, cache, scheduler,
         kernels, device, tokenizer, disagg and cuda_graph groups."""
-        return cls.from_groups(model=cfg.model, cache=cfg.cache, scheduler=cfg.scheduler, kernels=cfg.kernels,
-                               device=cfg.device, tokenizer=cfg.tokenizer, on_kv_event=on_kv_event,
-                               disagg=cfg.disagg, cuda_graph=cfg.cuda_graph)
+        return cls.from_groups(
+            model=cfg.model,
+            cache=cfg.cache,
+            scheduler=cfg.scheduler,
+            kernels=cfg.kernels,
+            device=cfg.device,
+            tokenizer=cfg.tokenizer,
+            on_kv_event=on_kv_event,
+            disagg=cfg.disagg,
+            cuda_graph=cfg.cuda_graph,
+        )
 
     # ---- requests ----------------------------------------------------------------------------------------------
-    def add_request(self, req_id: str, prompt_token_ids: Sequence[int], params: SamplingParams | None = None,
-                    priority: int = 0, *, hold_pages: bool = False, media: Sequence[MediaInput] = ()) -> None:
+    def add_request(
+        self,
+        req_id: str,
+        prompt_token_ids: Sequence[int],
+        params: SamplingParams | None = None,
+        priority: int = 0,
+        *,
+        hold_pages: bool = False,
+        media: Sequence[MediaInput] = (),
+    ) -> None:
         """Queue a request. InvalidRequest / QueueFull leave the engine serving the others. hold_pages: keep its
         pages when it finishes until release_held() (prefill role: the KV is sent after the first token).
         media: the prompt's images with their embeddings (a VisionEncoderRunner's or the encoder service's)."""
         self.scheduler.add_request(req_id, prompt_token_ids, params, priority, hold_pages=hold_pages, media=media)
 
     # ---- KV hand-off (shared/engine/scheduler/handoff_pages.py) ------------------------------------------------------
-    def reserve_remote(self, req_id: str, prompt_token_ids: Sequence[int], params: SamplingParams | None = None,
-                       priority: int = 0, media: Sequence[MediaInput] = ()) -> Reservation:
+    def reserve_remote(
+        self,
+        req_id: str,
+        prompt_token_ids: Sequence[int],
+        params: SamplingParams | None = None,
+        priority: int = 0,
+        media: Sequence[MediaInput] = (),
+    ) -> Reservation:
         """Decode role: pages for a prompt whose KV another instance computes."""
         return self.scheduler.handoff.reserve_remote(req_id, list(prompt_token_ids), params, priority, media)
 
-    def activate_remote(self, req_id: str, first_token: int,
-                        logprob: TokenLogprobs | None = None,
-                        prompt_logprobs: Sequence[TokenLogprobs] = ()) -> list[RequestOutput]:
+    def activate_remote(
+        self,
+        req_id: str,
+        first_token: int,
+        logprob: TokenLogprobs | None = None,
+        prompt_logprobs: Sequence[TokenLogprobs] = (),
+    ) -> list[RequestOutput]:
         return self.scheduler.handoff.activate_remote(req_id, first_token, logprob, prompt_logprobs)
 
     def cancel_remote(self, req_id: str, quarantine_s: float = 0.0) -> bool:
@@ -302,7 +383,8 @@ class Engine:
                 if prompt_rows is not None:
                     prompt_logprobs.record(prompt_rows, out.seqs, self.scheduler.requests)
                 sampled = self.sampler.sample(
-                    logits, reqs, None if pending is None else (lambda x: self.masks.apply(pending, x)))
+                    logits, reqs, None if pending is None else (lambda x: self.masks.apply(pending, x))
+                )
                 tokens, logprobs = sampled.token_ids, sampled.logprobs
                 t4 = time.perf_counter()
             except Exception as e:
@@ -311,8 +393,15 @@ class Engine:
                 raise EngineStepError(f"step over {len(ids)} requests failed: {e!r}; they were aborted", ids) from e
         outputs = self.scheduler.update_from_output(out, tokens, logprobs)
         t5 = time.perf_counter()
-        stats = StepStats(schedule_s=t1 - t0, prepare_s=t2 - t1, forward_s=t3 - t2, sample_s=t4 - t3,
-                          update_s=t5 - t4, num_tokens=out.num_tokens, num_seqs=len(out.seqs))
+        stats = StepStats(
+            schedule_s=t1 - t0,
+            prepare_s=t2 - t1,
+            forward_s=t3 - t2,
+            sample_s=t4 - t3,
+            update_s=t5 - t4,
+            num_tokens=out.num_tokens,
+            num_seqs=len(out.seqs),
+        )
         self._last = stats
         if out.seqs:
             self._totals.add(stats)
@@ -322,20 +411,33 @@ class Engine:
     def stats(self) -> EngineStats:
         c = self.scheduler.counters
         return EngineStats(
-            num_running=self.scheduler.num_running, num_waiting=self.scheduler.num_waiting,
-            num_free_pages=self.allocator.num_free, num_cached_pages=self.cache.num_pages,
+            num_running=self.scheduler.num_running,
+            num_waiting=self.scheduler.num_waiting,
+            num_free_pages=self.allocator.num_free,
+            num_cached_pages=self.cache.num_pages,
             num_evictable_pages=self.cache.num_evictable,
-            num_total_pages=self.allocator.capacity, num_steps=self._totals.steps,
-            num_preemptions=c.num_preemptions, num_prompt_tokens=c.num_prompt_tokens,
-            num_cached_prompt_tokens=c.num_cached_prompt_tokens, num_generated_tokens=c.num_generated_tokens,
-            totals=self._totals.frozen(), last_step=self._last)
+            num_total_pages=self.allocator.capacity,
+            num_steps=self._totals.steps,
+            num_preemptions=c.num_preemptions,
+            num_prompt_tokens=c.num_prompt_tokens,
+            num_cached_prompt_tokens=c.num_cached_prompt_tokens,
+            num_generated_tokens=c.num_generated_tokens,
+            totals=self._totals.frozen(),
+            last_step=self._last,
+        )
 
     def reset_stats(self) -> None:
         self._totals = _Totals()
 
     # ---- convenience -------------------------------------------------------------------------------------------
-    def generate(self, prompts: Sequence[Sequence[int]], params: SamplingParams | Sequence[SamplingParams] | None = None,
-                 *, prefix: str = "gen", media: Sequence[Sequence[MediaInput]] | None = None) -> list[Completion]:
+    def generate(
+        self,
+        prompts: Sequence[Sequence[int]],
+        params: SamplingParams | Sequence[SamplingParams] | None = None,
+        *,
+        prefix: str = "gen",
+        media: Sequence[Sequence[MediaInput]] | None = None,
+    ) -> list[Completion]:
         """Run prompts to completion in one continuous batch (tests, benchmarks, offline use); media: each prompt's
         images (with embeddings)."""
         plist = list(params) if isinstance(params, Sequence) else [params or SamplingParams()] * len(prompts)
@@ -357,7 +459,16 @@ class Engine:
                     lps[o.req_id].extend(o.new_logprobs)
                 if o.finished:
                     done[o.req_id] = o
-        return [Completion(r, tuple(toks[r]), "".join(text[r]), done[r].finish_reason if r in done else None,
-                           done[r].stop_reason if r in done else None, done[r].num_prompt_tokens if r in done else 0,
-                           done[r].num_cached_tokens if r in done else 0, tuple(lps[r]) if lps[r] else None)
-                for r in ids]
+        return [
+            Completion(
+                r,
+                tuple(toks[r]),
+                "".join(text[r]),
+                done[r].finish_reason if r in done else None,
+                done[r].stop_reason if r in done else None,
+                done[r].num_prompt_tokens if r in done else 0,
+                done[r].num_cached_tokens if r in done else 0,
+                tuple(lps[r]) if lps[r] else None,
+            )
+            for r in ids
+        ]

@@ -109,8 +109,10 @@ def build_forward_batch(
     if num_pages is not None and (page_table.max() >= num_pages or page_table.min() < 0):
         raise ValueError(f"a page id is outside the KV pool [0, {num_pages}); page table: {page_table.tolist()}")
     if vocab_size is not None and (ids.max() >= vocab_size or ids.min() < 0):
-        raise ValueError(f"token id {int(ids.max()) if ids.max() >= vocab_size else int(ids.min())} is outside "
-                         f"the vocabulary [0, {vocab_size})")
+        raise ValueError(
+            f"token id {int(ids.max()) if ids.max() >= vocab_size else int(ids.min())} is outside "
+            f"the vocabulary [0, {vocab_size})"
+        )
     if max_positions is not None and int(seq_lens.max()) > max_positions:
         i = int(np.argmax(seq_lens))
         raise ValueError(
@@ -137,8 +139,10 @@ def build_forward_batch(
             for e in s.embeds:
                 n = int(e.values.shape[0])
                 if e.offset < 0 or e.offset + n > ext[i]:
-                    raise ValueError(f"request {s.req_id}: embeddings for chunk rows [{e.offset}, {e.offset + n}) "
-                                     f"but the chunk has {ext[i]} tokens")
+                    raise ValueError(
+                        f"request {s.req_id}: embeddings for chunk rows [{e.offset}, {e.offset + n}) "
+                        f"but the chunk has {ext[i]} tokens"
+                    )
                 rows.append(np.arange(n, dtype=np.int64) + token_starts[i] + e.offset)
                 values.append(e.values)
         embed_rows = t(np.concatenate(rows))

@@ -20,12 +20,12 @@ from shared.engine.forward_batch import ForwardBatch, build_forward_batch
 from shared.engine.kv_pool import KVPool, num_pages_for_budget, torch_dtype
 from shared.engine.models import LlamaForCausalLM, build_model, load_model_config
 from shared.engine.models.llava import LlavaWeights, canonical_name, load_llava_config
-from shared.modelspec.kv_layout import KVLayout
 from shared.engine.types import SchedulerOutput
 from shared.engine.weights import load_weights
 from shared.kernels.dispatch import select_attention_backend
 from shared.kernels.elementwise import elementwise_ops
 from shared.kernels.linear import select_linear_backend
+from shared.modelspec.kv_layout import KVLayout
 
 # When neither num_pages nor kv_budget_bytes is given: enough for a few full batches, small enough for a laptop.
 DEFAULT_KV_BUDGET_BYTES = 512 * 1024 * 1024
@@ -75,16 +75,21 @@ class ModelRunner:
 
         # The attention backend decides the other kernels too: Triton attention comes with Triton norms/rotary/act.
         self.attn = select_attention_backend(attention_backend, self.device, self.dtype)
-        self.model: LlamaForCausalLM = build_model(self.arch, self.dtype, max_positions=self.context_length,
-                                                   ops=elementwise_ops(self.attn.name))
+        self.model: LlamaForCausalLM = build_model(
+            self.arch, self.dtype, max_positions=self.context_length, ops=elementwise_ops(self.attn.name)
+        )
         self.llava = load_llava_config(model_dir)  # None: a text-only model
         if self.llava is None:
-            load_weights(self.model, self.model.hf_weight_map(), model_dir,
-                         tied_lm_head=self.arch.tie_word_embeddings)
+            load_weights(self.model, self.model.hf_weight_map(), model_dir, tied_lm_head=self.arch.tie_word_embeddings)
         else:  # the decoder half of a vision-language checkpoint (the tower runs in a VisionEncoderRunner)
             text = LlavaWeights(self.model, None)
-            load_weights(text, text.hf_weight_map(), model_dir, rename=canonical_name,
-                         skip_prefixes=text.skipped_prefixes(self.arch))
+            load_weights(
+                text,
+                text.hf_weight_map(),
+                model_dir,
+                rename=canonical_name,
+                skip_prefixes=text.skipped_prefixes(self.arch),
+            )
         self.model.eval()
         self.model.to_device(self.device)
         self.linear = select_linear_backend(linear_backend, self.device, self.dtype)
@@ -108,9 +113,15 @@ class ModelRunner:
         self.kv = KVPool(self.layout, num_pages + int(want_graphs), self.device)
         self.graphs: CudaGraphDecodeRunner | None = None
         if want_graphs:
-            self.graphs = build_decode_graphs(self.model, self.kv, self.attn, batch_sizes=cuda_graph_bs,
-                                              context_length=self.context_length, page_size=page_size,
-                                              scratch_page=num_pages)
+            self.graphs = build_decode_graphs(
+                self.model,
+                self.kv,
+                self.attn,
+                batch_sizes=cuda_graph_bs,
+                context_length=self.context_length,
+                page_size=page_size,
+                scratch_page=num_pages,
+            )
 
     @functools.cached_property
     def hf_config(self) -> Any:
@@ -137,7 +148,11 @@ class ModelRunner:
                 f"schedule fewer tokens per step (chunked prefill) or raise max_batch_tokens"
             )
         return build_forward_batch(
-            out, self.page_size, self.device, num_pages=self.num_pages, vocab_size=self.vocab_size,
+            out,
+            self.page_size,
+            self.device,
+            num_pages=self.num_pages,
+            vocab_size=self.vocab_size,
             max_positions=self.context_length,
         )
 
@@ -154,7 +169,8 @@ class ModelRunner:
         """forward() for an already prepared batch (benchmarks time preparation and compute apart)."""
         if self.graphs is not None and self.graphs.can_run(batch):
             return self.graphs.run(batch)
-        meta = self.attn.prepare(batch.page_table, batch.prefix_lens, batch.extend_lens, batch.token_starts,
-                                 self.page_size)
+        meta = self.attn.prepare(
+            batch.page_table, batch.prefix_lens, batch.extend_lens, batch.token_starts, self.page_size
+        )
         hidden = self.model(batch, self.kv, self.attn, meta)  # [n, hidden]
         return self.model.compute_logits(hidden)

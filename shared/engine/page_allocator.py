@@ -22,8 +22,10 @@ class PageAllocator:
 
     def __init__(self, num_pages: int, *, num_reserved: int = 0) -> None:
         if num_pages <= num_reserved:
-            raise ValueError(f"num_pages must exceed num_reserved (got num_pages={num_pages}, "
-                             f"num_reserved={num_reserved}); give the KV pool more memory")
+            raise ValueError(
+                f"num_pages must exceed num_reserved (got num_pages={num_pages}, "
+                f"num_reserved={num_reserved}); give the KV pool more memory"
+            )
         self.num_pages = num_pages
         self.num_reserved = num_reserved
         self._ref = np.zeros(num_pages, dtype=np.int32)

@@ -16,8 +16,8 @@ from dataclasses import dataclass
 
 import msgspec
 
-from shared.modelspec.block_hash import ROOT_HASH, page_hash
 from shared.engine.page_allocator import PageAllocator
+from shared.modelspec.block_hash import ROOT_HASH, page_hash
 
 
 class PagesStored(msgspec.Struct, frozen=True, tag=True):
@@ -84,8 +84,14 @@ class _Node:
 class RadixCache:
     """Page-granular prefix cache. With enabled=False every match is empty and inserts store nothing."""
 
-    def __init__(self, allocator: PageAllocator, page_size: int, *, enabled: bool = True,
-                 on_event: Callable[[KVEvent], None] | None = None) -> None:
+    def __init__(
+        self,
+        allocator: PageAllocator,
+        page_size: int,
+        *,
+        enabled: bool = True,
+        on_event: Callable[[KVEvent], None] | None = None,
+    ) -> None:
         self.allocator = allocator
         self.page_size = page_size
         self.enabled = enabled
@@ -137,8 +143,14 @@ class RadixCache:
         return MatchResult(tuple(pages), tuple(found))
 
     # ---- updates ---------------------------------------------------------------------------------------------
-    def insert(self, token_ids: Sequence[int], page_ids: Sequence[int], hashes: Sequence[int] | None = None, *,
-               start_page: int = 0) -> InsertResult:
+    def insert(
+        self,
+        token_ids: Sequence[int],
+        page_ids: Sequence[int],
+        hashes: Sequence[int] | None = None,
+        *,
+        start_page: int = 0,
+    ) -> InsertResult:
         """Cache the first len(page_ids) full pages of token_ids; page_ids[i] holds page i's KV.
 
         Pages [0, start_page) must already be cached (the caller holds them locked); their hashes are taken from

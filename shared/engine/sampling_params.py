@@ -74,7 +74,9 @@ class SamplingParams:
         if not 1 <= self.n <= MAX_N:
             raise bad("n", f"must be in [1, {MAX_N}] (got {self.n})")
         if self.max_tokens is not None and self.max_tokens <= 0:
-            raise bad("max_tokens", f"must be >= 1 (got {self.max_tokens}); omit it to generate until the context is full")
+            raise bad(
+                "max_tokens", f"must be >= 1 (got {self.max_tokens}); omit it to generate until the context is full"
+            )
         if self.min_tokens < 0:
             raise bad("min_tokens", f"must be >= 0 (got {self.min_tokens})")
         if self.max_tokens is not None and self.min_tokens > self.max_tokens:

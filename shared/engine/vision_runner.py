@@ -21,15 +21,16 @@ from shared.engine.models.llava import (
     canonical_name,
     load_llava_config,
 )
-from shared.modelspec.image_processor import ImageSpec
 from shared.engine.weights import load_weights
+from shared.modelspec.image_processor import ImageSpec
 
 
 class VisionEncoderRunner:
     """Attributes: cfg (LlavaConfig), image_spec, num_image_tokens, image_token_id, hidden_size, dtype, device."""
 
-    def __init__(self, model_dir: str | Path, *, dtype: str = "float32", device: str = "cpu",
-                 max_batch_images: int = 8) -> None:
+    def __init__(
+        self, model_dir: str | Path, *, dtype: str = "float32", device: str = "cpu", max_batch_images: int = 8
+    ) -> None:
         cfg = load_llava_config(model_dir)
         if cfg is None:
             raise ValueError(f"{model_dir} is not a vision-language (LLaVA) model; it has no vision tower")
@@ -42,8 +43,13 @@ class VisionEncoderRunner:
         self.image_spec = ImageSpec.for_model(model_dir, vision_kind=cfg.vision.kind, image_size=cfg.vision.image_size)
         self.model = LlavaVisionEncoder(cfg, self.dtype)
         both = LlavaWeights(None, self.model)
-        load_weights(both, both.hf_weight_map(), model_dir, rename=canonical_name,
-                     skip_prefixes=both.skipped_prefixes(load_model_config(model_dir)))
+        load_weights(
+            both,
+            both.hf_weight_map(),
+            model_dir,
+            rename=canonical_name,
+            skip_prefixes=both.skipped_prefixes(load_model_config(model_dir)),
+        )
         self.model.eval()
         self.model.to(self.device)
 
@@ -64,8 +70,10 @@ class VisionEncoderRunner:
         want = self.image_spec.output_hw
         for p in pixels:
             if p.dtype != np.uint8 or p.ndim != 3 or p.shape[2] != 3 or tuple(p.shape[:2]) != want:
-                raise ValueError(f"image pixels must be uint8 [{want[0]}, {want[1]}, 3] (got {p.dtype} "
-                                 f"{list(p.shape)}); fit them with the model's ImageSpec first")
+                raise ValueError(
+                    f"image pixels must be uint8 [{want[0]}, {want[1]}, 3] (got {p.dtype} "
+                    f"{list(p.shape)}); fit them with the model's ImageSpec first"
+                )
         arr = np.stack([self.image_spec.normalize(p) for p in pixels])
         return torch.from_numpy(arr).to(self.device)
 

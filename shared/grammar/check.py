@@ -77,8 +77,8 @@ def _locate(schema: Any, message: str, path: str = "") -> str:
 # xgrammar 0.2.9 writes the characters of a length-bounded string (minLength / maxLength) as [^"\\\r\n], which
 # lets raw control characters (U+0000-U+001F) into a JSON string: no strict JSON parser reads that back. Its
 # unbounded strings exclude them; give bounded ones the same class.
-_LOOSE_STRING_CHARS = r'[^\"\\\r\n]'
-_JSON_STRING_CHARS = r'[^\0-\x1f\"\\\r\n]'
+_LOOSE_STRING_CHARS = r"[^\"\\\r\n]"
+_JSON_STRING_CHARS = r"[^\0-\x1f\"\\\r\n]"
 
 
 def _json_safe(grammar):  # xgrammar.Grammar -> xgrammar.Grammar

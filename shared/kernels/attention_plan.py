@@ -100,8 +100,11 @@ def plan_attention(
         max_pages = int(-(-seq_lens.max() // page_size))
         rows_t = torch.from_numpy(dec_rows.astype(np.int64)).to(dev)
         pt = page_table if len(dec_rows) == bs else page_table.index_select(0, rows_t)
-        flat = FlatDecode(torch.from_numpy(np.ascontiguousarray(token_starts[dec_rows], dtype=np.int64)).to(dev),
-                          pt[:, :max_pages].contiguous(), torch.from_numpy(seq_lens.astype(np.int64)).to(dev))
+        flat = FlatDecode(
+            torch.from_numpy(np.ascontiguousarray(token_starts[dec_rows], dtype=np.int64)).to(dev),
+            pt[:, :max_pages].contiguous(),
+            torch.from_numpy(seq_lens.astype(np.int64)).to(dev),
+        )
     elif len(dec_rows):
         seq_lens = prefix_lens[dec_rows] + 1
         pages = -(-seq_lens // page_size)

@@ -24,8 +24,16 @@ from shared.kernels.extend_attention import extend_attention
 from shared.kernels.native.build import native_available
 from shared.kernels.native.paged_decode import native_paged_decode
 
-__all__ = ["ATTENTION_BACKENDS", "AttentionBackend", "AttentionMetadata", "DecodeGroup", "NativeAttentionBackend",
-           "TorchAttentionBackend", "select_attention_backend", "sequence_token_starts"]
+__all__ = [
+    "ATTENTION_BACKENDS",
+    "AttentionBackend",
+    "AttentionMetadata",
+    "DecodeGroup",
+    "NativeAttentionBackend",
+    "TorchAttentionBackend",
+    "select_attention_backend",
+    "sequence_token_starts",
+]
 
 log = logging.getLogger(__name__)
 
@@ -75,17 +83,36 @@ class TorchAttentionBackend:
         page_size: int,
     ) -> AttentionMetadata:
         """page_table [bs, max_pages]; prefix_lens, extend_lens, token_starts: [bs] int64 numpy (CPU-side plan)."""
-        return plan_attention(page_table, prefix_lens, extend_lens, token_starts, page_size, self.dtype,
-                              flat_decode=self.flat_decode)
+        return plan_attention(
+            page_table, prefix_lens, extend_lens, token_starts, page_size, self.dtype, flat_decode=self.flat_decode
+        )
 
     @staticmethod
-    def _extend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
-                meta: AttentionMetadata, scale: float) -> torch.Tensor:
+    def _extend(
+        q: torch.Tensor,
+        k: torch.Tensor,
+        v: torch.Tensor,
+        k_cache: torch.Tensor,
+        v_cache: torch.Tensor,
+        meta: AttentionMetadata,
+        scale: float,
+    ) -> torch.Tensor:
         """The extend sequences' rows of the output (the other rows left unset, for the decode path to fill)."""
         if not meta.extend_rows:
             return torch.empty_like(q)
-        return extend_attention(q, k, v, k_cache, v_cache, meta.page_table, meta.extend_prefix_lens, meta.extend_lens,
-                                scale, rows=meta.extend_rows, token_starts=meta.extend_token_starts)
+        return extend_attention(
+            q,
+            k,
+            v,
+            k_cache,
+            v_cache,
+            meta.page_table,
+            meta.extend_prefix_lens,
+            meta.extend_lens,
+            scale,
+            rows=meta.extend_rows,
+            token_starts=meta.extend_token_starts,
+        )
 
     def forward(
         self,
@@ -100,13 +127,22 @@ class TorchAttentionBackend:
         """q [T, heads, d], k/v [T, kv_heads, d] (already written to the cache) -> [T, heads, d]."""
         if meta.all_decode:
             g = meta.decode_groups[0]
-            return paged_decode_attention(q, k_cache, v_cache, g.page_table, g.seq_lens, scale, mask=g.mask,
-                                          workspace=self._workspace)
+            return paged_decode_attention(
+                q, k_cache, v_cache, g.page_table, g.seq_lens, scale, mask=g.mask, workspace=self._workspace
+            )
         out = self._extend(q, k, v, k_cache, v_cache, meta, scale)
         for g in meta.decode_groups:
             assert g.token_idx is not None
-            dec = paged_decode_attention(q.index_select(0, g.token_idx), k_cache, v_cache, g.page_table, g.seq_lens,
-                                         scale, mask=g.mask, workspace=self._workspace)
+            dec = paged_decode_attention(
+                q.index_select(0, g.token_idx),
+                k_cache,
+                v_cache,
+                g.page_table,
+                g.seq_lens,
+                scale,
+                mask=g.mask,
+                workspace=self._workspace,
+            )
             out.index_copy_(0, g.token_idx, dec)
         return out
 
@@ -132,8 +168,9 @@ class NativeAttentionBackend(TorchAttentionBackend):
         flat = meta.flat_decode
         out = self._extend(q, k, v, k_cache, v_cache, meta, scale)
         if flat is not None:
-            native_paged_decode(q.contiguous(), k_cache, v_cache, flat.page_table, flat.seq_lens, flat.token_idx,
-                                scale, out)
+            native_paged_decode(
+                q.contiguous(), k_cache, v_cache, flat.page_table, flat.seq_lens, flat.token_idx, scale, out
+            )
         return out
 
 
@@ -158,16 +195,19 @@ def select_attention_backend(
                 name = "torch"
     if name == "native":
         if dev.type != "cpu" or dtype != torch.float32:
-            raise ValueError(f"attention_backend 'native' runs fp32 on cpu, not {dtype} on {dev.type}; "
-                             "use --attention-backend torch")
+            raise ValueError(
+                f"attention_backend 'native' runs fp32 on cpu, not {dtype} on {dev.type}; use --attention-backend torch"
+            )
         ok, why = native_available()
         if not ok:
             raise ValueError(f"attention_backend 'native' is unavailable: {why}; use --attention-backend torch")
         return NativeAttentionBackend(dtype)
     if name == "triton":
         if dev.type not in ("cuda", "cpu"):
-            raise ValueError(f"attention_backend 'triton' runs on cuda (or cpu, interpreted), not {dev.type}; "
-                             "use --attention-backend torch")
+            raise ValueError(
+                f"attention_backend 'triton' runs on cuda (or cpu, interpreted), not {dev.type}; "
+                "use --attention-backend torch"
+            )
         # imported here: a torch-backend worker never pays for loading triton
         from shared.kernels.triton.backend import TritonAttentionBackend
 

@@ -20,8 +20,7 @@ from shared.kernels import activation, rms_norm, rotary
 class ElementwiseOps:
     name: str  # "torch" | "triton"
     rms_norm: Callable[[torch.Tensor, torch.Tensor, float], torch.Tensor]
-    fused_add_rms_norm: Callable[[torch.Tensor, torch.Tensor, torch.Tensor, float],
-                                 tuple[torch.Tensor, torch.Tensor]]
+    fused_add_rms_norm: Callable[[torch.Tensor, torch.Tensor, torch.Tensor, float], tuple[torch.Tensor, torch.Tensor]]
     apply_rotary: Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
     silu_and_mul: Callable[[torch.Tensor], torch.Tensor]
 
@@ -40,8 +39,7 @@ def elementwise_ops(backend: str) -> ElementwiseOps:
     if backend in ("torch", "native"):
         return TORCH_OPS
     if backend != "triton":
-        raise ValueError(f"no elementwise kernels for attention backend {backend!r}; use 'torch', 'native' or "
-                         "'triton'")
+        raise ValueError(f"no elementwise kernels for attention backend {backend!r}; use 'torch', 'native' or 'triton'")
     # imported here: a torch-backend worker never pays for loading triton
     from shared.kernels.triton import activation as t_act
     from shared.kernels.triton import rms_norm as t_norm

@@ -21,7 +21,9 @@ HUGE_PAGE = 2 << 20
 _MADV_POPULATE_WRITE = 23  # Linux >= 5.14; not in the mmap module
 
 
-def alloc_host_buffer(shape: Sequence[int], dtype: torch.dtype = torch.float32, *, huge_pages: bool = True) -> torch.Tensor:
+def alloc_host_buffer(
+    shape: Sequence[int], dtype: torch.dtype = torch.float32, *, huge_pages: bool = True
+) -> torch.Tensor:
     """A zeroed CPU tensor of `shape` whose storage starts on a 2 MiB boundary of a fresh private mapping.
 
     The mapping is advised MADV_HUGEPAGE before anything touches it, so first-touch faults allocate huge pages

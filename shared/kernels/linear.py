@@ -86,7 +86,8 @@ def select_linear_backend(name: str, device: torch.device | str, dtype: torch.dt
         if dev.type != "cpu":
             raise ValueError(f"linear_backend 'onednn' runs on cpu, not {dev.type}; use --linear-backend torch")
         if not onednn_available():
-            raise ValueError("linear_backend 'onednn' needs a torch built with oneDNN (mkldnn); "
-                             "use --linear-backend torch")
+            raise ValueError(
+                "linear_backend 'onednn' needs a torch built with oneDNN (mkldnn); use --linear-backend torch"
+            )
         return OneDnnLinear()
     return TorchLinear()

@@ -44,13 +44,22 @@ def media_key(media: Sequence[MediaSpan], page_start: int, page_size: int) -> by
     """The media a page's placeholder tokens stand for: for each item overlapping [page_start, page_start +
     page_size), its hash and where it starts relative to the page (the placeholders all carry the same token id,
     so the hash is what keeps two images apart, as vLLM's extra keys and SGLang's hash-derived pad ids do)."""
-    parts = [f"{off - page_start}:{h};".encode() for off, n, h in media
-             if off < page_start + page_size and off + n > page_start]
+    parts = [
+        f"{off - page_start}:{h};".encode()
+        for off, n, h in media
+        if off < page_start + page_size and off + n > page_start
+    ]
     return b"".join(parts)
 
 
-def page_hashes(tokens: Sequence[int], page_size: int, *, parent: int = ROOT_HASH, start_page: int = 0,
-                media: Sequence[MediaSpan] = ()) -> list[int]:
+def page_hashes(
+    tokens: Sequence[int],
+    page_size: int,
+    *,
+    parent: int = ROOT_HASH,
+    start_page: int = 0,
+    media: Sequence[MediaSpan] = (),
+) -> list[int]:
     """Hashes of the full pages of `tokens` from page `start_page` on; `parent` is the hash of page start_page-1.
 
     A trailing partial page has no hash. Example: 40 tokens with page_size 16 -> 2 hashes.

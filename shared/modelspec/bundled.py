@@ -138,7 +138,7 @@ def _convert_gguf(src: Path, dst: Path, progress: Progress) -> None:
 def resolve_model_path(spec: str, cache_dir: str | Path | None = None, progress: Progress = _stderr) -> Path:
     """`bundled:<name>` -> its prepared directory; anything else must be a local HF model directory."""
     if is_bundled(spec):
-        return prepare_bundled(spec[len(BUNDLED_PREFIX):], cache_dir, progress)
+        return prepare_bundled(spec[len(BUNDLED_PREFIX) :], cache_dir, progress)
     path = Path(spec).expanduser()
     if not (path / "config.json").is_file():
         raise ValueError(

@@ -50,8 +50,9 @@ class ImageSpec:
     def from_dict(cls, cfg: dict[str, Any], *, vision_kind: str, image_size: int) -> ImageSpec:
         """From a preprocessor_config.json dict (missing keys take the CLIP / SigLIP processor defaults)."""
         clip = vision_kind == "clip"
-        size = cfg.get("size") or ({"shortest_edge": image_size} if clip else {"height": image_size,
-                                                                               "width": image_size})
+        size = cfg.get("size") or (
+            {"shortest_edge": image_size} if clip else {"height": image_size, "width": image_size}
+        )
         if isinstance(size, int):
             size = {"shortest_edge": size} if clip else {"height": size, "width": size}
         do_resize = cfg.get("do_resize", True)
@@ -68,9 +69,15 @@ class ImageSpec:
         mean = cfg.get("image_mean") or (OPENAI_CLIP_MEAN if clip else SIGLIP_MEAN)
         std = cfg.get("image_std") or (OPENAI_CLIP_STD if clip else SIGLIP_STD)
         normalize = cfg.get("do_normalize", True)
-        return cls(shortest, resize_hw, crop_hw, int(cfg.get("resample", _BICUBIC if clip else _BILINEAR)), rescale,
-                   tuple(float(m) for m in mean) if normalize else None,
-                   tuple(float(s) for s in std) if normalize else None)
+        return cls(
+            shortest,
+            resize_hw,
+            crop_hw,
+            int(cfg.get("resample", _BICUBIC if clip else _BILINEAR)),
+            rescale,
+            tuple(float(m) for m in mean) if normalize else None,
+            tuple(float(s) for s in std) if normalize else None,
+        )
 
     @classmethod
     def for_model(cls, model_dir: str | Path, *, vision_kind: str, image_size: int) -> ImageSpec:

@@ -39,22 +39,29 @@ def parse_vision_config(cfg: dict[str, Any], source: str) -> VisionConfig:
     kinds = {"clip_vision_model": "clip", "siglip_vision_model": "siglip"}
     kind = kinds.get(cfg.get("model_type", "clip_vision_model"))
     if kind is None:
-        raise ValueError(f"{source}: vision tower {cfg.get('model_type')!r} is not supported; supported: "
-                         f"{', '.join(kinds)}")
+        raise ValueError(
+            f"{source}: vision tower {cfg.get('model_type')!r} is not supported; supported: {', '.join(kinds)}"
+        )
     act = cfg.get("hidden_act", "quick_gelu" if kind == "clip" else "gelu_pytorch_tanh")
     if act not in SUPPORTED_VISION_ACTS:
-        raise ValueError(f"{source}: vision hidden_act {act!r} is not supported; supported: "
-                         f"{', '.join(SUPPORTED_VISION_ACTS)}")
+        raise ValueError(
+            f"{source}: vision hidden_act {act!r} is not supported; supported: {', '.join(SUPPORTED_VISION_ACTS)}"
+        )
     hidden, heads = int(cfg.get("hidden_size", 768)), int(cfg.get("num_attention_heads", 12))
     if hidden % heads:
         raise ValueError(f"{source}: vision hidden_size {hidden} is not a multiple of num_attention_heads {heads}")
     return VisionConfig(
-        kind=kind, hidden_size=hidden, intermediate_size=int(cfg.get("intermediate_size", 3072)),
-        num_layers=int(cfg.get("num_hidden_layers", 12)), num_heads=heads,
-        image_size=int(cfg.get("image_size", 224)), patch_size=int(cfg.get("patch_size", 16)),
+        kind=kind,
+        hidden_size=hidden,
+        intermediate_size=int(cfg.get("intermediate_size", 3072)),
+        num_layers=int(cfg.get("num_hidden_layers", 12)),
+        num_heads=heads,
+        image_size=int(cfg.get("image_size", 224)),
+        patch_size=int(cfg.get("patch_size", 16)),
         num_channels=int(cfg.get("num_channels", 3)),
-        layer_norm_eps=float(cfg.get("layer_norm_eps", 1e-5 if kind == "clip" else 1e-6)), hidden_act=act)
-
+        layer_norm_eps=float(cfg.get("layer_norm_eps", 1e-5 if kind == "clip" else 1e-6)),
+        hidden_act=act,
+    )
 
 
 LLAVA_ARCHITECTURES = ("LlavaForConditionalGeneration",)
@@ -102,14 +109,20 @@ def parse_llava_config(cfg: dict[str, Any], source: str) -> LlavaConfig:
         raise ValueError(f"{source}: vision_feature_select_strategy {strategy!r} is not 'default' or 'full'")
     act = cfg.get("projector_hidden_act", "gelu")
     if act not in SUPPORTED_PROJECTOR_ACTS:
-        raise ValueError(f"{source}: projector_hidden_act {act!r} is not supported; supported: "
-                         f"{', '.join(SUPPORTED_PROJECTOR_ACTS)}")
+        raise ValueError(
+            f"{source}: projector_hidden_act {act!r} is not supported; supported: {', '.join(SUPPORTED_PROJECTOR_ACTS)}"
+        )
     text = cfg.get("text_config") or {}
     token = cfg.get("image_token_index", cfg.get("image_token_id", 32000))
-    return LlavaConfig(vision=vision, text_hidden_size=int(text.get("hidden_size", 4096)), image_token_id=int(token),
-                       feature_layer=layer, select_strategy=strategy, projector_act=act,
-                       projector_bias=bool(cfg.get("multimodal_projector_bias", True)))
-
+    return LlavaConfig(
+        vision=vision,
+        text_hidden_size=int(text.get("hidden_size", 4096)),
+        image_token_id=int(token),
+        feature_layer=layer,
+        select_strategy=strategy,
+        projector_act=act,
+        projector_bias=bool(cfg.get("multimodal_projector_bias", True)),
+    )
 
 
 def load_llava_config(model_dir: str | Path) -> LlavaConfig | None:

@@ -5,27 +5,37 @@ from __future__ import annotations
 from proto.pdrelay.v1 import common_pb2
 from shared.engine.request import RequestOutput, TokenLogprobs
 from shared.engine.sampling_params import SamplingParams
-from shared.modelspec.kv_layout import KVLayout
 from shared.grammar.spec import GrammarKind, StructuredSpec
+from shared.modelspec.kv_layout import KVLayout
 
-_DTYPE_TO_PB = {"float32": common_pb2.DTYPE_FLOAT32, "bfloat16": common_pb2.DTYPE_BFLOAT16,
-                "float16": common_pb2.DTYPE_FLOAT16}
+_DTYPE_TO_PB = {
+    "float32": common_pb2.DTYPE_FLOAT32,
+    "bfloat16": common_pb2.DTYPE_BFLOAT16,
+    "float16": common_pb2.DTYPE_FLOAT16,
+}
 _DTYPE_FROM_PB = {v: k for k, v in _DTYPE_TO_PB.items()}
-_FINISH_TO_PB = {"stop": common_pb2.FINISH_REASON_STOP, "length": common_pb2.FINISH_REASON_LENGTH,
-                 "abort": common_pb2.FINISH_REASON_ABORT}
+_FINISH_TO_PB = {
+    "stop": common_pb2.FINISH_REASON_STOP,
+    "length": common_pb2.FINISH_REASON_LENGTH,
+    "abort": common_pb2.FINISH_REASON_ABORT,
+}
 FINISH_FROM_PB = {v: k for k, v in _FINISH_TO_PB.items()}
 BACKEND_TO_PB = {"nixl": common_pb2.TRANSFER_BACKEND_NIXL, "mooncake": common_pb2.TRANSFER_BACKEND_MOONCAKE}
 BACKEND_FROM_PB = {v: k for k, v in BACKEND_TO_PB.items()}
-_GRAMMAR_TO_PB = {GrammarKind.JSON_OBJECT: common_pb2.GRAMMAR_KIND_JSON_OBJECT,
-                  GrammarKind.JSON_SCHEMA: common_pb2.GRAMMAR_KIND_JSON_SCHEMA,
-                  GrammarKind.REGEX: common_pb2.GRAMMAR_KIND_REGEX, GrammarKind.CHOICE: common_pb2.GRAMMAR_KIND_CHOICE,
-                  GrammarKind.GRAMMAR: common_pb2.GRAMMAR_KIND_GRAMMAR}
+_GRAMMAR_TO_PB = {
+    GrammarKind.JSON_OBJECT: common_pb2.GRAMMAR_KIND_JSON_OBJECT,
+    GrammarKind.JSON_SCHEMA: common_pb2.GRAMMAR_KIND_JSON_SCHEMA,
+    GrammarKind.REGEX: common_pb2.GRAMMAR_KIND_REGEX,
+    GrammarKind.CHOICE: common_pb2.GRAMMAR_KIND_CHOICE,
+    GrammarKind.GRAMMAR: common_pb2.GRAMMAR_KIND_GRAMMAR,
+}
 _GRAMMAR_FROM_PB = {v: k for k, v in _GRAMMAR_TO_PB.items()}
 
 
 def structured_to_pb(spec: StructuredSpec) -> common_pb2.StructuredOutput:
-    return common_pb2.StructuredOutput(kind=_GRAMMAR_TO_PB[spec.kind], spec=spec.spec,
-                                       accepted_token_ids=list(spec.accepted))
+    return common_pb2.StructuredOutput(
+        kind=_GRAMMAR_TO_PB[spec.kind], spec=spec.spec, accepted_token_ids=list(spec.accepted)
+    )
 
 
 def structured_from_pb(pb: common_pb2.SamplingParams) -> StructuredSpec | None:
@@ -35,15 +45,20 @@ def structured_from_pb(pb: common_pb2.SamplingParams) -> StructuredSpec | None:
     if kind is None:
         from shared.engine.errors import InvalidRequest
 
-        raise InvalidRequest(f"structured output has no known grammar kind (got enum {pb.structured.kind})",
-                             field="response_format")
+        raise InvalidRequest(
+            f"structured output has no known grammar kind (got enum {pb.structured.kind})", field="response_format"
+        )
     return StructuredSpec(kind, pb.structured.spec, tuple(pb.structured.accepted_token_ids))
 
 
 def layout_to_pb(layout: KVLayout) -> common_pb2.KVLayout:
-    return common_pb2.KVLayout(dtype=_DTYPE_TO_PB[layout.dtype], page_size=layout.page_size,
-                               num_layers=layout.num_layers, num_kv_heads=layout.num_kv_heads,
-                               head_dim=layout.head_dim)
+    return common_pb2.KVLayout(
+        dtype=_DTYPE_TO_PB[layout.dtype],
+        page_size=layout.page_size,
+        num_layers=layout.num_layers,
+        num_kv_heads=layout.num_kv_heads,
+        head_dim=layout.head_dim,
+    )
 
 
 def layout_from_pb(pb: common_pb2.KVLayout) -> KVLayout:
@@ -52,8 +67,13 @@ def layout_from_pb(pb: common_pb2.KVLayout) -> KVLayout:
         raise ValueError(f"KV layout has no known dtype (got enum {pb.dtype}); the peer sent a malformed layout")
     if min(pb.page_size, pb.num_layers, pb.num_kv_heads, pb.head_dim) <= 0:
         raise ValueError(f"KV layout has a zero dimension: {pb}".replace("\n", " "))
-    return KVLayout(dtype=_DTYPE_FROM_PB[pb.dtype], page_size=pb.page_size, num_layers=pb.num_layers,
-                    num_kv_heads=pb.num_kv_heads, head_dim=pb.head_dim)
+    return KVLayout(
+        dtype=_DTYPE_FROM_PB[pb.dtype],
+        page_size=pb.page_size,
+        num_layers=pb.num_layers,
+        num_kv_heads=pb.num_kv_heads,
+        head_dim=pb.head_dim,
+    )
 
 
 def sampling_from_pb(pb: common_pb2.SamplingParams) -> SamplingParams:
@@ -85,10 +105,19 @@ def sampling_from_pb(pb: common_pb2.SamplingParams) -> SamplingParams:
 
 def sampling_to_pb(p: SamplingParams) -> common_pb2.SamplingParams:
     pb = common_pb2.SamplingParams(
-        temperature=p.temperature, top_p=p.top_p, min_p=p.min_p, stop=list(p.stop),
-        stop_token_ids=list(p.stop_token_ids), min_tokens=p.min_tokens, ignore_eos=p.ignore_eos,
-        logprobs=p.logprobs is not None, top_logprobs=p.logprobs or 0, presence_penalty=p.presence_penalty,
-        frequency_penalty=p.frequency_penalty, repetition_penalty=p.repetition_penalty)
+        temperature=p.temperature,
+        top_p=p.top_p,
+        min_p=p.min_p,
+        stop=list(p.stop),
+        stop_token_ids=list(p.stop_token_ids),
+        min_tokens=p.min_tokens,
+        ignore_eos=p.ignore_eos,
+        logprobs=p.logprobs is not None,
+        top_logprobs=p.logprobs or 0,
+        presence_penalty=p.presence_penalty,
+        frequency_penalty=p.frequency_penalty,
+        repetition_penalty=p.repetition_penalty,
+    )
     if p.top_k > 0:
         pb.top_k = p.top_k
     if p.max_tokens is not None:
@@ -107,8 +136,12 @@ def sampling_to_pb(p: SamplingParams) -> common_pb2.SamplingParams:
 
 
 def logprob_to_pb(lp: TokenLogprobs) -> common_pb2.TokenLogprob:
-    return common_pb2.TokenLogprob(token_id=lp.token_id, logprob=lp.logprob, rank=lp.rank,
-                                   top_logprobs=[common_pb2.TopLogprob(token_id=t, logprob=v) for t, v in lp.top])
+    return common_pb2.TokenLogprob(
+        token_id=lp.token_id,
+        logprob=lp.logprob,
+        rank=lp.rank,
+        top_logprobs=[common_pb2.TopLogprob(token_id=t, logprob=v) for t, v in lp.top],
+    )
 
 
 def logprob_from_pb(pb: common_pb2.TokenLogprob) -> TokenLogprobs:

@@ -35,8 +35,9 @@ class RemotePrefill(Protocol):
 
     def wants(self, request: worker_pb2.DecodeRequest) -> bool: ...
 
-    def run(self, request: worker_pb2.DecodeRequest, rid: str, params: SamplingParams,
-            head: worker_pb2.DecodeResponse) -> AsyncIterator[RequestOutput]:
+    def run(
+        self, request: worker_pb2.DecodeRequest, rid: str, params: SamplingParams, head: worker_pb2.DecodeResponse
+    ) -> AsyncIterator[RequestOutput]:
         """`head`: fields only the first response carries (timings, prefill_instance_id), filled in by run()."""
         ...
 
@@ -55,15 +56,19 @@ class DecodeServicer(worker_pb2_grpc.DecodeServicer):
         self.remote = remote
         svc.telemetry.metrics.requests  # noqa: B018 - the TTFT / ITL / e2e histograms exist (at zero) before the first request
 
-    async def Generate(self, request: worker_pb2.DecodeRequest,
-                       context: grpc.aio.ServicerContext) -> AsyncIterator[worker_pb2.DecodeResponse]:
+    async def Generate(
+        self, request: worker_pb2.DecodeRequest, context: grpc.aio.ServicerContext
+    ) -> AsyncIterator[worker_pb2.DecodeResponse]:
         """The stream of `_generate`, observed: the decode.generate span (child of request.trace), TTFT / ITL / e2e
         histograms, errors by code, the request id in the logs."""
         svc = self.svc
         tel = svc.telemetry
         timer = TokenTimer(tel.metrics.requests)
-        attrs = {spans.ATTEMPT: request.attempt, spans.EPOCH: svc.epoch,
-                 spans.PROMPT_TOKENS: len(request.prompt_token_ids)}
+        attrs = {
+            spans.ATTEMPT: request.attempt,
+            spans.EPOCH: svc.epoch,
+            spans.PROMPT_TOKENS: len(request.prompt_token_ids),
+        }
         with tel.server_rpc(spans.DECODE_GENERATE, request.trace, context, request.request_id, attrs) as rpc:
             first = last = None
             try:
@@ -81,25 +86,42 @@ class DecodeServicer(worker_pb2_grpc.DecodeServicer):
                 if rpc.span is not None and rpc.span.is_recording():
                     self._record_spans(rpc.span, timer, first, last)
 
-    def _record_spans(self, span: Span, timer: TokenTimer, first: worker_pb2.DecodeResponse | None,
-                      last: worker_pb2.DecodeResponse | None) -> None:
+    def _record_spans(
+        self,
+        span: Span,
+        timer: TokenTimer,
+        first: worker_pb2.DecodeResponse | None,
+        last: worker_pb2.DecodeResponse | None,
+    ) -> None:
         tr = self.svc.telemetry.tracing
         if first is not None and last is not None:
-            span.set_attributes({spans.OUTPUT_TOKENS: timer.tokens, spans.CACHED_TOKENS: last.usage.cached_tokens,
-                                 spans.FINISH_REASON: common_pb2.FinishReason.Name(last.finish_reason).lower()
-                                 .removeprefix("finish_reason_")})
+            span.set_attributes(
+                {
+                    spans.OUTPUT_TOKENS: timer.tokens,
+                    spans.CACHED_TOKENS: last.usage.cached_tokens,
+                    spans.FINISH_REASON: common_pb2.FinishReason.Name(last.finish_reason)
+                    .lower()
+                    .removeprefix("finish_reason_"),
+                }
+            )
             if first.prefill_instance_id:
                 span.set_attribute(spans.PREFILL_INSTANCE, first.prefill_instance_id)
             elif timer.first_at is not None:  # prefilled here: queue wait and compute in one phase
-                tr.record(spans.DECODE_PREFILL, timer.start, timer.first_at, {
-                    spans.PROMPT_TOKENS: last.usage.prompt_tokens, spans.CACHED_TOKENS: last.usage.cached_tokens},
-                    parent=span)
+                tr.record(
+                    spans.DECODE_PREFILL,
+                    timer.start,
+                    timer.first_at,
+                    {spans.PROMPT_TOKENS: last.usage.prompt_tokens, spans.CACHED_TOKENS: last.usage.cached_tokens},
+                    parent=span,
+                )
         if timer.first_at is not None and timer.last_at is not None:
-            tr.record(spans.DECODE_STREAM, timer.first_at, timer.last_at, {spans.OUTPUT_TOKENS: timer.tokens},
-                      parent=span)
+            tr.record(
+                spans.DECODE_STREAM, timer.first_at, timer.last_at, {spans.OUTPUT_TOKENS: timer.tokens}, parent=span
+            )
 
-    async def _generate(self, request: worker_pb2.DecodeRequest,
-                        context: grpc.aio.ServicerContext) -> AsyncIterator[worker_pb2.DecodeResponse]:
+    async def _generate(
+        self, request: worker_pb2.DecodeRequest, context: grpc.aio.ServicerContext
+    ) -> AsyncIterator[worker_pb2.DecodeResponse]:
         svc = self.svc
         params = await self._checked_params(request, context)
         rid = svc.ids.open(request.request_id, request.attempt)
@@ -133,32 +155,43 @@ class DecodeServicer(worker_pb2_grpc.DecodeServicer):
             # Mid-stream engine failure: end the stream with a typed error the gateway can retry on.
             log.warning("%s: request %s failed: %s", svc.instance_id, rid, e)
             yield worker_pb2.DecodeResponse(
-                request_id=request.request_id, finish_reason=common_pb2.FINISH_REASON_ERROR,
-                error=make_error(common_pb2.ERROR_CODE_INTERNAL, str(e), instance_id=svc.instance_id,
-                                 retryable=True))
+                request_id=request.request_id,
+                finish_reason=common_pb2.FINISH_REASON_ERROR,
+                error=make_error(common_pb2.ERROR_CODE_INTERNAL, str(e), instance_id=svc.instance_id, retryable=True),
+            )
         finally:
             svc.ids.close(request.request_id, rid)
 
-    async def _checked_params(self, request: worker_pb2.DecodeRequest,
-                              context: grpc.aio.ServicerContext) -> SamplingParams:
+    async def _checked_params(
+        self, request: worker_pb2.DecodeRequest, context: grpc.aio.ServicerContext
+    ) -> SamplingParams:
         """The request's sampling parameters, or the call aborted (still warming up, no id, invalid parameters)."""
         svc = self.svc
         aengine = svc.aengine
         if aengine is None:
-            await abort(context, common_pb2.ERROR_CODE_UNAVAILABLE, f"{svc.instance_id} is still warming up; retry",
-                        instance_id=svc.instance_id)
+            await abort(
+                context,
+                common_pb2.ERROR_CODE_UNAVAILABLE,
+                f"{svc.instance_id} is still warming up; retry",
+                instance_id=svc.instance_id,
+            )
         assert aengine is not None
         if not request.request_id:
-            await abort(context, common_pb2.ERROR_CODE_INVALID_ARGUMENT, "request_id is empty; set a unique id",
-                        instance_id=svc.instance_id)
+            await abort(
+                context,
+                common_pb2.ERROR_CODE_INVALID_ARGUMENT,
+                "request_id is empty; set a unique id",
+                instance_id=svc.instance_id,
+            )
         try:
             return sampling_from_pb(request.sampling).validate(vocab_size=aengine.engine.runner.vocab_size)
         except InvalidRequest as e:
             await abort(context, common_pb2.ERROR_CODE_INVALID_ARGUMENT, str(e), instance_id=svc.instance_id)
             raise  # not reached: abort raises
 
-    async def _stream(self, request: worker_pb2.DecodeRequest, rid: str, params: SamplingParams,
-                      head: worker_pb2.DecodeResponse) -> AsyncIterator[RequestOutput]:
+    async def _stream(
+        self, request: worker_pb2.DecodeRequest, rid: str, params: SamplingParams, head: worker_pb2.DecodeResponse
+    ) -> AsyncIterator[RequestOutput]:
         """The request's deltas: through a prefill instance (the decode role's hand-off) or prefilled here (after
         loading what the kvstore has of the prompt)."""
         svc = self.svc
@@ -172,8 +205,7 @@ class DecodeServicer(worker_pb2_grpc.DecodeServicer):
             await kv.load(rid, list(request.prompt_token_ids), trace=request.trace)
         return aengine.generate(rid, list(request.prompt_token_ids), params, priority=request.priority, media=media)
 
-    def _store_conversation(self, request: worker_pb2.DecodeRequest, out: RequestOutput,
-                            output_ids: list[int]) -> None:
+    def _store_conversation(self, request: worker_pb2.DecodeRequest, out: RequestOutput, output_ids: list[int]) -> None:
         """A finished sample: the whole conversation so far goes to the kvstore, so its next turn finds its
         history (text-only prompts: the store's keys do not see images)."""
         kv = self.svc.kvstore
@@ -183,8 +215,9 @@ class DecodeServicer(worker_pb2_grpc.DecodeServicer):
 
 def _message(request_id: str, out: RequestOutput, num_output_tokens: int) -> worker_pb2.DecodeResponse:
     """One delta as a stream message; a finished sample's carries its matched stop and usage."""
-    msg = worker_pb2.DecodeResponse(request_id=request_id, token_ids=list(out.new_token_ids),
-                                    finish_reason=finish_to_pb(out), index=out.index)
+    msg = worker_pb2.DecodeResponse(
+        request_id=request_id, token_ids=list(out.new_token_ids), finish_reason=finish_to_pb(out), index=out.index
+    )
     if out.new_logprobs:
         msg.logprobs.extend(logprob_to_pb(lp) for lp in out.new_logprobs)
     if out.prompt_logprobs:
@@ -193,8 +226,13 @@ def _message(request_id: str, out: RequestOutput, num_output_tokens: int) -> wor
         stop = matched_stop_to_pb(out.stop_reason)
         if stop is not None:
             msg.matched_stop.CopyFrom(stop)
-        msg.usage.CopyFrom(common_pb2.Usage(prompt_tokens=out.num_prompt_tokens, completion_tokens=num_output_tokens,
-                                            cached_tokens=out.num_cached_tokens))
+        msg.usage.CopyFrom(
+            common_pb2.Usage(
+                prompt_tokens=out.num_prompt_tokens,
+                completion_tokens=num_output_tokens,
+                cached_tokens=out.num_cached_tokens,
+            )
+        )
     return msg
 
 

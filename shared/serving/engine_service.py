@@ -16,15 +16,15 @@ from shared.cluster.bus.cancel import Cancel, subscribe_cancel
 from shared.cluster.bus.kv_events import KVEventPublisher
 from shared.cluster.bus.load import LoadSnapshot
 from shared.cluster.instance import Capacity
-from shared.serving.lifecycle import Service, ServiceOptions
 from shared.config.groups import EncoderConfig
 from shared.config.resolved import ResolvedConfig
 from shared.engine.async_engine import AsyncEngine
+from shared.engine.encoder_cache import EncoderCache
 from shared.engine.engine import Engine, EngineStats
 from shared.engine.radix_cache import AllPagesCleared, KVEvent, PagesEvicted, PagesStored
-from shared.engine.encoder_cache import EncoderCache
 from shared.engine.sampling_params import SamplingParams
 from shared.engine.vision_runner import VisionEncoderRunner
+from shared.serving.lifecycle import Service, ServiceOptions
 from shared.serving.media import LocalVision
 from shared.telemetry import spans
 from shared.telemetry.metrics import EngineCollector
@@ -90,8 +90,7 @@ class _StepWindow:
         """`busy`: the engine has work right now (a window without a finished step is then one long step)."""
         t = stats.totals
         now = time.monotonic()
-        cur = (now, t.schedule_s + t.prepare_s + t.forward_s + t.sample_s + t.update_s, stats.num_steps,
-               t.num_tokens)
+        cur = (now, t.schedule_s + t.prepare_s + t.forward_s + t.sample_s + t.update_s, stats.num_steps, t.num_tokens)
         if self._mark is None or cur[2] < self._mark[2]:  # first call, or the stats were reset
             self._mark = cur
             return
@@ -112,8 +111,14 @@ class EngineService(Service):
     """Base of the worker, decode and prefill services. Subclasses add their gRPC servicers."""
 
     def __init__(self, cfg: ResolvedConfig, options: ServiceOptions = ServiceOptions()) -> None:
-        super().__init__(discovery=cfg.discovery, bus=cfg.bus, grpc_cfg=cfg.grpc, options=options,
-                         telemetry=cfg.telemetry, tls=cfg.tls)
+        super().__init__(
+            discovery=cfg.discovery,
+            bus=cfg.bus,
+            grpc_cfg=cfg.grpc,
+            options=options,
+            telemetry=cfg.telemetry,
+            tls=cfg.tls,
+        )
         self.cfg = cfg
         self.engine: Engine | None = None
         self.aengine: AsyncEngine | None = None
@@ -124,7 +129,8 @@ class EngineService(Service):
         self._rate = _Rate()
         self._steps = _StepWindow()
         self.telemetry.metrics.registry.register(
-            EngineCollector(lambda: self.aengine.stats() if self.aengine is not None else None))
+            EngineCollector(lambda: self.aengine.stats() if self.aengine is not None else None)
+        )
 
     # ---- warm-up -----------------------------------------------------------------------------------------------
     def build_engine(self) -> Engine:
@@ -146,8 +152,9 @@ class EngineService(Service):
         assert isinstance(runner, ModelRunner)  # only the model runner loads a vision tower
         enc = EncoderConfig()  # engine roles have no encoder group: the in-process cache takes its default sizes
         cache = EncoderCache(max_items=enc.encoder_cache_items, max_bytes=enc.encoder_cache_bytes)
-        return LocalVision(VisionEncoderRunner(runner.model_dir, dtype=runner.layout.dtype,
-                                               device=str(runner.device)), cache)
+        return LocalVision(
+            VisionEncoderRunner(runner.model_dir, dtype=runner.layout.dtype, device=str(runner.device)), cache
+        )
 
     async def warm_up(self) -> None:
         t0 = time.monotonic()
@@ -155,23 +162,30 @@ class EngineService(Service):
         self.vision = await asyncio.to_thread(self.build_vision, self.engine)
         self.aengine = AsyncEngine(self.engine)
         assert self.bus is not None  # connected in start(), before the engine
-        self._kv_pub = KVEventPublisher(self.bus, self.cluster, self.instance_id, epoch=self.epoch,
-                                        page_size=self.engine.page_size)
+        self._kv_pub = KVEventPublisher(
+            self.bus, self.cluster, self.instance_id, epoch=self.epoch, page_size=self.engine.page_size
+        )
         await subscribe_cancel(self.bus, self.cluster, self._on_cancel)
         await self._warm_request()
         await self.after_engine()
         assert self.registrar is not None
         await self.registrar.update(**self.describe())
-        log.info("%s: engine ready in %.1f s (%d KV pages of %d tokens)", self.instance_id,
-                 time.monotonic() - t0, self.engine.runner.num_pages, self.engine.page_size)
+        log.info(
+            "%s: engine ready in %.1f s (%d KV pages of %d tokens)",
+            self.instance_id,
+            time.monotonic() - t0,
+            self.engine.runner.num_pages,
+            self.engine.page_size,
+        )
 
     async def after_engine(self) -> None:
         """Hook for subclasses: set up what needs the engine (transfer engine, peers) before "ready"."""
 
     async def _warm_request(self) -> None:
         assert self.aengine is not None
-        async for _ in self.aengine.generate(f"warmup-{self.instance_id}", [1, 2, 3, 4],
-                                             SamplingParams(max_tokens=2, temperature=0.0, ignore_eos=True)):
+        async for _ in self.aengine.generate(
+            f"warmup-{self.instance_id}", [1, 2, 3, 4], SamplingParams(max_tokens=2, temperature=0.0, ignore_eos=True)
+        ):
             pass
         self.aengine.engine.reset_stats()
 
@@ -181,8 +195,11 @@ class EngineService(Service):
         if self.engine is not None:
             runner = self.engine.runner
             d["kv_layout"] = runner.layout
-            d["capacity"] = Capacity(max_running_requests=self.cfg.scheduler.max_running_requests,
-                                     num_pages=runner.num_pages, page_size=self.engine.page_size)
+            d["capacity"] = Capacity(
+                max_running_requests=self.cfg.scheduler.max_running_requests,
+                num_pages=runner.num_pages,
+                page_size=self.engine.page_size,
+            )
         return d
 
     def load_snapshot(self) -> LoadSnapshot | None:
@@ -193,12 +210,18 @@ class EngineService(Service):
         self._steps.update(s, busy=bool(s.num_running or s.num_waiting))
         # Free = what a new request could get: free pages plus cached pages nobody holds. Cached pages that running,
         # arriving (hand-off) or held requests use are not free, nor are quarantined ones.
-        return LoadSnapshot(running=s.num_running, queued=s.num_waiting, queued_prefill_tokens=queued_tokens,
-                            free_pages=s.num_free_pages + s.num_evictable_pages, total_pages=s.num_total_pages,
-                            tokens_per_s=self._rate.update(s.num_generated_tokens + s.num_prompt_tokens),
-                            pending_prefill_tokens=queued_tokens + self._unfinished_prompt_tokens(),
-                            step_ms=self._steps.step_ms, busy=self._steps.busy,
-                            compute_tokens_per_s=self._steps.tokens_per_s)
+        return LoadSnapshot(
+            running=s.num_running,
+            queued=s.num_waiting,
+            queued_prefill_tokens=queued_tokens,
+            free_pages=s.num_free_pages + s.num_evictable_pages,
+            total_pages=s.num_total_pages,
+            tokens_per_s=self._rate.update(s.num_generated_tokens + s.num_prompt_tokens),
+            pending_prefill_tokens=queued_tokens + self._unfinished_prompt_tokens(),
+            step_ms=self._steps.step_ms,
+            busy=self._steps.busy,
+            compute_tokens_per_s=self._steps.tokens_per_s,
+        )
 
     def _queued_prefill_tokens(self) -> int:
         assert self.aengine is not None
@@ -211,8 +234,9 @@ class EngineService(Service):
     def _unfinished_prompt_tokens(self) -> int:
         assert self.aengine is not None
         try:  # racy read of the engine thread's list, as above
-            return sum(max(0, r.num_prompt_tokens - r.num_computed_tokens)
-                       for r in list(self.aengine.engine.scheduler.running))
+            return sum(
+                max(0, r.num_prompt_tokens - r.num_computed_tokens) for r in list(self.aengine.engine.scheduler.running)
+            )
         except RuntimeError:
             return 0
 
@@ -246,10 +270,20 @@ class EngineService(Service):
         parent = extract(getattr(meta, "headers", None)) if tr.enabled else None
         if parent is not None:
             now = time.monotonic()
-            tr.record(spans.REQUEST_CANCEL, now, now, {
-                spans.REQUEST_ID: msg.request_id, spans.INSTANCE: self.instance_id,
-                "pdrelay.cancel.reason": msg.reason, "pdrelay.cancel.origin": msg.origin,
-                "pdrelay.cancel.aborted": len(engine_ids)}, parent=parent, kind=SpanKind.CONSUMER)
+            tr.record(
+                spans.REQUEST_CANCEL,
+                now,
+                now,
+                {
+                    spans.REQUEST_ID: msg.request_id,
+                    spans.INSTANCE: self.instance_id,
+                    "pdrelay.cancel.reason": msg.reason,
+                    "pdrelay.cancel.origin": msg.origin,
+                    "pdrelay.cancel.aborted": len(engine_ids),
+                },
+                parent=parent,
+                kind=SpanKind.CONSUMER,
+            )
 
     async def on_stop(self) -> None:
         if self._kv_pub is not None:

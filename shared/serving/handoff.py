@@ -37,11 +37,14 @@ class EpochClock:
         return (registration_epoch << 32) | (next(self._counter) & 0xFFFFFFFF)
 
 
-def paged_descriptors(base_address: int, page_bytes: int, page_ids: list[int] | tuple[int, ...],
-                      device_id: int = 0, on_gpu: bool = False) -> common_pb2.PageDescriptors:
+def paged_descriptors(
+    base_address: int, page_bytes: int, page_ids: list[int] | tuple[int, ...], device_id: int = 0, on_gpu: bool = False
+) -> common_pb2.PageDescriptors:
     return common_pb2.PageDescriptors(
-        memory_kind=common_pb2.MEMORY_KIND_VRAM if on_gpu else common_pb2.MEMORY_KIND_DRAM, device_id=device_id,
-        paged=common_pb2.PagedRegion(base_address=base_address, page_bytes=page_bytes, page_ids=list(page_ids)))
+        memory_kind=common_pb2.MEMORY_KIND_VRAM if on_gpu else common_pb2.MEMORY_KIND_DRAM,
+        device_id=device_id,
+        paged=common_pb2.PagedRegion(base_address=base_address, page_bytes=page_bytes, page_ids=list(page_ids)),
+    )
 
 
 def descs_from_pb(pages: common_pb2.PageDescriptors, layout: KVLayout) -> list[PageDesc]:
@@ -58,8 +61,10 @@ def descs_from_pb(pages: common_pb2.PageDescriptors, layout: KVLayout) -> list[P
             raise ValueError(f"ticket regions list {len(r.addresses)} addresses but {len(r.lengths)} lengths")
         bad = [n for n in r.lengths if n != layout.page_bytes]
         if bad:
-            raise ValueError(f"ticket region of {bad[0]} bytes is not one whole page of {layout.page_bytes} bytes; "
-                             "send one region per page")
+            raise ValueError(
+                f"ticket region of {bad[0]} bytes is not one whole page of {layout.page_bytes} bytes; "
+                "send one region per page"
+            )
         return [PageDesc(a, n) for a, n in zip(r.addresses, r.lengths, strict=True)]
     raise ValueError("ticket has no destination pages (neither paged nor regions)")
 

@@ -49,8 +49,9 @@ class KVTransfer:
     # ---- receiving side (decode) -------------------------------------------------------------------------------
     def peer_pb(self) -> common_pb2.TransferPeer:
         """How a writer reaches us: the backend's opaque endpoint (agent metadata + registered regions)."""
-        return common_pb2.TransferPeer(backend=BACKEND_TO_PB[self.backend], agent_name=self.engine.name,
-                                       agent_metadata=self._endpoint)
+        return common_pb2.TransferPeer(
+            backend=BACKEND_TO_PB[self.backend], agent_name=self.engine.name, agent_metadata=self._endpoint
+        )
 
     def descriptors(self, page_ids: Sequence[int]) -> common_pb2.PageDescriptors:
         """Descriptors of pool pages a peer will write into. Host pages never touched yet are faulted in now, in
@@ -59,8 +60,13 @@ class KVTransfer:
         on_gpu = self.pool.buffer.device.type == "cuda"
         if not on_gpu and page_ids:
             self.prefault(page_ids)
-        return paged_descriptors(self.region.addr, self.page_bytes, list(page_ids),
-                                 device_id=self.pool.buffer.device.index or 0, on_gpu=on_gpu)
+        return paged_descriptors(
+            self.region.addr,
+            self.page_bytes,
+            list(page_ids),
+            device_id=self.pool.buffer.device.index or 0,
+            on_gpu=on_gpu,
+        )
 
     def prefault(self, page_ids: Sequence[int]) -> Future[int]:
         return self._prefaulter.submit(self.pool.prefault, list(page_ids))
@@ -109,8 +115,10 @@ class KVTransfer:
             if status == "error":
                 raise TransferError(f"KV write of {handle.nbytes} bytes to {handle.peer!r} failed")
             if time.monotonic() >= deadline:
-                raise TransferTimeout(f"KV write of {handle.nbytes} bytes to {handle.peer!r} not done after "
-                                      f"{timeout_s:.1f} s (--handoff-timeout-s)")
+                raise TransferTimeout(
+                    f"KV write of {handle.nbytes} bytes to {handle.peer!r} not done after "
+                    f"{timeout_s:.1f} s (--handoff-timeout-s)"
+                )
             await asyncio.sleep(delay)
             delay = min(0.001, delay + 0.0001)
 

@@ -28,8 +28,8 @@ from etcd3aio import Etcd3Client
 from proto.pdrelay.v1 import common_pb2, worker_pb2, worker_pb2_grpc
 from shared.cluster.instance import InstanceInfo
 from shared.cluster.membership import Membership
-from shared.engine.async_engine import AsyncEngine
 from shared.cluster.tls import TlsFiles, open_channel
+from shared.engine.async_engine import AsyncEngine
 from shared.modelspec.block_hash import page_hashes
 from shared.serving import kvstore_pages as pages
 from shared.serving.convert import BACKEND_TO_PB, layout_to_pb
@@ -58,10 +58,20 @@ _KNOWN_STORED = 65536  # hashes this client stored recently (skips re-sending th
 
 
 class KVStoreClient:
-    def __init__(self, cfg: KVStoreClientConfig, *, instance_id: str, model: str, etcd: Etcd3Client, cluster: str,
-                 aengine: AsyncEngine, transfer: KVTransfer | None,
-                 make_transfer: Callable[[str], KVTransfer] | None = None, telemetry: ServiceTelemetry | None = None,
-                 tls: TlsFiles | None = None) -> None:
+    def __init__(
+        self,
+        cfg: KVStoreClientConfig,
+        *,
+        instance_id: str,
+        model: str,
+        etcd: Etcd3Client,
+        cluster: str,
+        aengine: AsyncEngine,
+        transfer: KVTransfer | None,
+        make_transfer: Callable[[str], KVTransfer] | None = None,
+        telemetry: ServiceTelemetry | None = None,
+        tls: TlsFiles | None = None,
+    ) -> None:
         """transfer: the service's own engine over its KV pool (prefill, decode); make_transfer(backend) builds
         one on first use where the service has none (the colocated worker)."""
         self.cfg = cfg
@@ -92,17 +102,36 @@ class KVStoreClient:
         self.store_skipped = 0  # stores dropped because too many were in flight
         self.store_failures = 0
         if telemetry is not None:
-            telemetry.metrics.registry.register(CountersCollector(self, [
-                ("pdrelay:kvstore_client_lookups", "Store lookups after a prefix-cache miss", "lookups"),
-                ("pdrelay:kvstore_client_loads", "Loads of store pages into the KV pool", "loads"),
-                ("pdrelay:kvstore_client_loaded_pages", "Pages loaded from the store and cached", "loaded_pages"),
-                ("pdrelay:kvstore_client_load_failures", "Loads that timed out or failed (computed instead)",
-                 "load_failures"),
-                ("pdrelay:kvstore_client_checksum_failures", "Loaded pages that failed their CRC-32 (recomputed)",
-                 "checksum_failures"),
-                ("pdrelay:kvstore_client_stored_pages", "Pages this engine stored", "stored_pages"),
-                ("pdrelay:kvstore_client_store_failures", "Stores that failed (the pages stay local only)",
-                 "store_failures")]))
+            telemetry.metrics.registry.register(
+                CountersCollector(
+                    self,
+                    [
+                        ("pdrelay:kvstore_client_lookups", "Store lookups after a prefix-cache miss", "lookups"),
+                        ("pdrelay:kvstore_client_loads", "Loads of store pages into the KV pool", "loads"),
+                        (
+                            "pdrelay:kvstore_client_loaded_pages",
+                            "Pages loaded from the store and cached",
+                            "loaded_pages",
+                        ),
+                        (
+                            "pdrelay:kvstore_client_load_failures",
+                            "Loads that timed out or failed (computed instead)",
+                            "load_failures",
+                        ),
+                        (
+                            "pdrelay:kvstore_client_checksum_failures",
+                            "Loaded pages that failed their CRC-32 (recomputed)",
+                            "checksum_failures",
+                        ),
+                        ("pdrelay:kvstore_client_stored_pages", "Pages this engine stored", "stored_pages"),
+                        (
+                            "pdrelay:kvstore_client_store_failures",
+                            "Stores that failed (the pages stay local only)",
+                            "store_failures",
+                        ),
+                    ],
+                )
+            )
 
     @property
     def enabled(self) -> bool:
@@ -146,9 +175,16 @@ class KVStoreClient:
 
         async def warm() -> None:
             try:
-                await self._stub(m).Get(worker_pb2.GetPagesRequest(
-                    request_id="warm-up", layout=layout_to_pb(self.layout), model=self.model,
-                    destination_peer=transfer.peer_pb(), destination=transfer.descriptors([])), timeout=10.0)
+                await self._stub(m).Get(
+                    worker_pb2.GetPagesRequest(
+                        request_id="warm-up",
+                        layout=layout_to_pb(self.layout),
+                        model=self.model,
+                        destination_peer=transfer.peer_pb(),
+                        destination=transfer.descriptors([]),
+                    ),
+                    timeout=10.0,
+                )
             except grpc.aio.AioRpcError as e:
                 log.debug("%s: kvstore warm-up with %s: %s", self.instance_id, m.instance_id, e.code().name)
 
@@ -185,14 +221,20 @@ class KVStoreClient:
         return min(_MAX_DEADLINE_S, max(_MIN_DEADLINE_S, _LOAD_SHARE * _COMPUTE_S_PER_TOKEN * miss_tokens))
 
     # ---- load ----------------------------------------------------------------------------------------------------
-    async def load(self, rid: str, prompt: Sequence[int], budget_s: float | None = None,
-                   trace: common_pb2.TraceContext | None = None) -> int:
+    async def load(
+        self,
+        rid: str,
+        prompt: Sequence[int],
+        budget_s: float | None = None,
+        trace: common_pb2.TraceContext | None = None,
+    ) -> int:
         """Load the store's continuation of the local prefix into the pool; returns pages now cached from it.
         Never raises for a store problem: the engine computes whatever was not loaded."""
         if not self.enabled:
             return 0
-        hashes = page_hashes(prompt[: pages.loadable_pages(len(prompt), self.page_size) * self.page_size],
-                             self.page_size)
+        hashes = page_hashes(
+            prompt[: pages.loadable_pages(len(prompt), self.page_size) * self.page_size], self.page_size
+        )
         if len(hashes) < self.cfg.kvstore_min_pages:
             return 0
         store = self._pick()
@@ -217,12 +259,20 @@ class KVStoreClient:
         cached = 0
         try:
             self.lookups += 1
-            resp = await stub.Lookup(worker_pb2.LookupRequest(
-                block_hashes=miss, layout=layout_pb, model=self.model, lease_s=limit + 1.0, trace=trace),
-                timeout=max(0.01, deadline - time.monotonic()))
+            resp = await stub.Lookup(
+                worker_pb2.LookupRequest(
+                    block_hashes=miss, layout=layout_pb, model=self.model, lease_s=limit + 1.0, trace=trace
+                ),
+                timeout=max(0.01, deadline - time.monotonic()),
+            )
             t_lookup = time.monotonic()
-            self._span(spans.KVSTORE_LOOKUP, t0, t_lookup, trace, {
-                spans.PAGES: len(miss), spans.KVSTORE_HIT_PAGES: resp.num_hit_pages})
+            self._span(
+                spans.KVSTORE_LOOKUP,
+                t0,
+                t_lookup,
+                trace,
+                {spans.PAGES: len(miss), spans.KVSTORE_HIT_PAGES: resp.num_hit_pages},
+            )
             n = resp.num_hit_pages
             if n < self.cfg.kvstore_min_pages:
                 return 0
@@ -231,17 +281,33 @@ class KVStoreClient:
         except grpc.aio.AioRpcError as e:
             self.load_failures += 1
             outcome = "timeout" if e.code() == grpc.StatusCode.DEADLINE_EXCEEDED else "error"
-            log.info("%s: kvstore lookup for %s failed (%s); computing the prompt", self.instance_id, rid,
-                     e.code().name)
+            log.info(
+                "%s: kvstore lookup for %s failed (%s); computing the prompt", self.instance_id, rid, e.code().name
+            )
             return 0
         finally:
             if outcome != "miss":
-                self._span(spans.KVSTORE_LOAD, t0, time.monotonic(), trace, {
-                    spans.KVSTORE_OUTCOME: outcome, spans.KVSTORE_LOADED_PAGES: cached})
+                self._span(
+                    spans.KVSTORE_LOAD,
+                    t0,
+                    time.monotonic(),
+                    trace,
+                    {spans.KVSTORE_OUTCOME: outcome, spans.KVSTORE_LOADED_PAGES: cached},
+                )
 
-    async def _get(self, rid: str, stub: worker_pb2_grpc.KVStoreStub, store: InstanceInfo, transfer: KVTransfer,
-                   prompt: Sequence[int], hashes: list[int], local: int, n: int, deadline: float,
-                   trace: common_pb2.TraceContext | None) -> tuple[str, int]:
+    async def _get(
+        self,
+        rid: str,
+        stub: worker_pb2_grpc.KVStoreStub,
+        store: InstanceInfo,
+        transfer: KVTransfer,
+        prompt: Sequence[int],
+        hashes: list[int],
+        local: int,
+        n: int,
+        deadline: float,
+        trace: common_pb2.TraceContext | None,
+    ) -> tuple[str, int]:
         engine = self.engine
         want = hashes[local : local + n]
         page_ids = await self.aengine.call(lambda: pages.take_pages(engine, n, keep_free=1))
@@ -251,17 +317,24 @@ class KVStoreClient:
         transfer.begin_receive()
         written = 0
         try:
-            resp = await stub.Get(worker_pb2.GetPagesRequest(
-                request_id=rid, block_hashes=want, layout=layout_to_pb(self.layout), model=self.model,
-                destination_peer=transfer.peer_pb(), destination=transfer.descriptors(page_ids),
-                deadline_s=max(0.01, deadline - time.monotonic()), trace=trace),
-                timeout=max(0.01, deadline - time.monotonic()))
+            resp = await stub.Get(
+                worker_pb2.GetPagesRequest(
+                    request_id=rid,
+                    block_hashes=want,
+                    layout=layout_to_pb(self.layout),
+                    model=self.model,
+                    destination_peer=transfer.peer_pb(),
+                    destination=transfer.descriptors(page_ids),
+                    deadline_s=max(0.01, deadline - time.monotonic()),
+                    trace=trace,
+                ),
+                timeout=max(0.01, deadline - time.monotonic()),
+            )
             written = resp.pages_written
         except (grpc.aio.AioRpcError, TransferError) as e:
             self.load_failures += 1
             code = e.code().name if isinstance(e, grpc.aio.AioRpcError) else str(e)
-            log.info("%s: kvstore load of %d pages for %s failed (%s); computing them", self.instance_id, n, rid,
-                     code)
+            log.info("%s: kvstore load of %d pages for %s failed (%s); computing them", self.instance_id, n, rid, code)
             # The store may still be writing into these pages: they are reused only after the quarantine.
             await asyncio.shield(self.aengine.call(lambda: pages.quarantine(engine, page_ids, _QUARANTINE_S)))
             timed_out = isinstance(e, grpc.aio.AioRpcError) and e.code() == grpc.StatusCode.DEADLINE_EXCEEDED
@@ -273,15 +346,18 @@ class KVStoreClient:
             transfer.end_receive()
         # Verify what landed, page by page, against the CRC the store committed; keep the good leading run.
         try:
-            good = await asyncio.to_thread(_verified_prefix, transfer, page_ids[:written],
-                                           list(resp.page_checksums))
+            good = await asyncio.to_thread(_verified_prefix, transfer, page_ids[:written], list(resp.page_checksums))
         except asyncio.CancelledError:  # the write is over: the pages can go straight back
             self._background(self.aengine.call(lambda: pages.free(engine, page_ids)))
             raise
         if good < written:
             self.checksum_failures += written - good
-            log.warning("%s: kvstore page %d of %s failed its checksum; dropped, computing from there",
-                        self.instance_id, local + good, rid)
+            log.warning(
+                "%s: kvstore page %d of %s failed its checksum; dropped, computing from there",
+                self.instance_id,
+                local + good,
+                rid,
+            )
         keep, rest = page_ids[:good], page_ids[good:]
 
         def settle() -> int:
@@ -290,8 +366,14 @@ class KVStoreClient:
 
         cached = await asyncio.shield(self.aengine.call(settle))
         self.loaded_pages += cached
-        log.debug("%s: loaded %d/%d store pages for %s (transfer %.1f ms)", self.instance_id, cached, n, rid,
-                  resp.transfer_s * 1e3)
+        log.debug(
+            "%s: loaded %d/%d store pages for %s (transfer %.1f ms)",
+            self.instance_id,
+            cached,
+            n,
+            rid,
+            resp.transfer_s * 1e3,
+        )
         return ("loaded" if good == written and written else "checksum" if good < written else "miss"), cached
 
     # ---- store ---------------------------------------------------------------------------------------------------
@@ -320,8 +402,9 @@ class KVStoreClient:
         store = self._pick()
         if store is None:
             return
-        hashes = page_hashes(tokens[: pages.loadable_pages(len(tokens), self.page_size) * self.page_size],
-                             self.page_size)
+        hashes = page_hashes(
+            tokens[: pages.loadable_pages(len(tokens), self.page_size) * self.page_size], self.page_size
+        )
         if not hashes or all(h in self._known for h in hashes):
             return
         transfer = await self._transfer_for(store)
@@ -336,18 +419,30 @@ class KVStoreClient:
                 stored = await self._put(self._stub(store), transfer, list(pinned), list(page_ids))
         except (grpc.aio.AioRpcError, TransferError) as e:
             self.store_failures += 1
-            log.info("%s: kvstore store of %d pages failed (%s)", self.instance_id, len(pinned),
-                     e.code().name if isinstance(e, grpc.aio.AioRpcError) else e)
+            log.info(
+                "%s: kvstore store of %d pages failed (%s)",
+                self.instance_id,
+                len(pinned),
+                e.code().name if isinstance(e, grpc.aio.AioRpcError) else e,
+            )
         finally:
             await asyncio.shield(self.aengine.call(lambda: pages.unpin(engine, pinned)))
         self._span(spans.KVSTORE_STORE, t0, time.monotonic(), trace, {spans.PAGES: stored})
 
-    async def _put(self, stub: worker_pb2_grpc.KVStoreStub, transfer: KVTransfer, hashes: list[int],
-                   page_ids: list[int]) -> int:
+    async def _put(
+        self, stub: worker_pb2_grpc.KVStoreStub, transfer: KVTransfer, hashes: list[int], page_ids: list[int]
+    ) -> int:
         timeout = 10.0
-        resp = await stub.Put(worker_pb2.PutPagesRequest(
-            request_id=f"{self.instance_id}-store", block_hashes=hashes, layout=layout_to_pb(self.layout),
-            model=self.model, backend=BACKEND_TO_PB[transfer.backend]), timeout=timeout)
+        resp = await stub.Put(
+            worker_pb2.PutPagesRequest(
+                request_id=f"{self.instance_id}-store",
+                block_hashes=hashes,
+                layout=layout_to_pb(self.layout),
+                model=self.model,
+                backend=BACKEND_TO_PB[transfer.backend],
+            ),
+            timeout=timeout,
+        )
         if not resp.put_id:
             self._remember(hashes)
             return 0
@@ -363,8 +458,9 @@ class KVStoreClient:
         finally:
             if not ok:
                 await stub.CommitPut(worker_pb2.CommitPutRequest(put_id=resp.put_id, abort=True), timeout=timeout)
-        done = await stub.CommitPut(worker_pb2.CommitPutRequest(put_id=resp.put_id, page_checksums=crcs),
-                                    timeout=timeout)
+        done = await stub.CommitPut(
+            worker_pb2.CommitPutRequest(put_id=resp.put_id, page_checksums=crcs), timeout=timeout
+        )
         self.stored_pages += done.pages_stored
         self._remember(hashes)
         return done.pages_stored
@@ -382,8 +478,9 @@ class KVStoreClient:
             await asyncio.wait(list(self._stores), timeout=timeout_s)
 
     # ---- tracing -------------------------------------------------------------------------------------------------
-    def _span(self, name: str, start: float, end: float, trace: common_pb2.TraceContext | None,
-              attributes: dict[str, Any]) -> None:
+    def _span(
+        self, name: str, start: float, end: float, trace: common_pb2.TraceContext | None, attributes: dict[str, Any]
+    ) -> None:
         """A finished phase as a child of the current span (the prefill.handoff / decode.generate server span the
         request runs in; background stores copied that context when they were scheduled)."""
         tel = self.telemetry
@@ -416,10 +513,18 @@ async def attach_kvstore(svc: EngineService, transfer: KVTransfer | None) -> KVS
     def make_transfer(backend: str) -> KVTransfer:
         return KVTransfer(backend, svc.instance_id, host, engine.runner.kv)
 
-    client = KVStoreClient(kc, instance_id=svc.instance_id, model=cfg.model.served_model_name or cfg.model.model,
-                           etcd=svc.etcd, cluster=svc.cluster, aengine=svc.aengine, transfer=transfer,
-                           make_transfer=None if transfer is not None else make_transfer,
-                           telemetry=svc.telemetry, tls=svc.tls)
+    client = KVStoreClient(
+        kc,
+        instance_id=svc.instance_id,
+        model=cfg.model.served_model_name or cfg.model.model,
+        etcd=svc.etcd,
+        cluster=svc.cluster,
+        aengine=svc.aengine,
+        transfer=transfer,
+        make_transfer=None if transfer is not None else make_transfer,
+        telemetry=svc.telemetry,
+        tls=svc.tls,
+    )
     await client.start()
     if transfer is not None:
         transfer.start_progress()  # the store writes into our pool: the receive side must progress

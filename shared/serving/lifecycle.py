@@ -72,10 +72,18 @@ class ServiceOptions:
 def add_lifecycle_args(parser: argparse.ArgumentParser) -> None:
     g = parser.add_argument_group("lifecycle")
     g.add_argument("--ready-file", default=None, help="write the ready JSON line to this file when ready")
-    g.add_argument("--drain-timeout-s", type=float, default=30.0,
-                   help="on SIGTERM, wait this long for in-flight work before stopping anyway")
-    g.add_argument("--connect-timeout-s", type=float, default=5.0,
-                   help="give up starting when etcd or NATS do not answer within this many seconds")
+    g.add_argument(
+        "--drain-timeout-s",
+        type=float,
+        default=30.0,
+        help="on SIGTERM, wait this long for in-flight work before stopping anyway",
+    )
+    g.add_argument(
+        "--connect-timeout-s",
+        type=float,
+        default=5.0,
+        help="give up starting when etcd or NATS do not answer within this many seconds",
+    )
 
 
 def split_lifecycle_args(argv: Sequence[str]) -> tuple[ServiceOptions, list[str]]:
@@ -110,19 +118,25 @@ def service_args(role: str, argv: Sequence[str]) -> tuple[ResolvedConfig, Servic
     if ns.resolved_config is None:
         return parse_role_args(role, rest, prog=prog), opts
     if rest:
-        print(f"{prog}: error: {RESOLVED_CONFIG_FLAG} replaces the service flags; drop {' '.join(rest)} "
-              f"(or put them into the config that produced {ns.resolved_config})", file=sys.stderr)
+        print(
+            f"{prog}: error: {RESOLVED_CONFIG_FLAG} replaces the service flags; drop {' '.join(rest)} "
+            f"(or put them into the config that produced {ns.resolved_config})",
+            file=sys.stderr,
+        )
         raise SystemExit(2)
     with exit_on_config_error(prog):
         try:
             cfg = ResolvedConfig.from_json(Path(ns.resolved_config).read_text())
         except OSError as e:
-            print(f"{prog}: error: cannot read {RESOLVED_CONFIG_FLAG} {ns.resolved_config}: {e.strerror}",
-                  file=sys.stderr)
+            print(
+                f"{prog}: error: cannot read {RESOLVED_CONFIG_FLAG} {ns.resolved_config}: {e.strerror}", file=sys.stderr
+            )
             raise SystemExit(2) from None
     if cfg.role != role:
-        print(f"{prog}: error: {ns.resolved_config} is a resolved config of role {cfg.role!r}, not {role!r}",
-              file=sys.stderr)
+        print(
+            f"{prog}: error: {ns.resolved_config} is a resolved config of role {cfg.role!r}, not {role!r}",
+            file=sys.stderr,
+        )
         raise SystemExit(2)
     return cfg, opts
 
@@ -132,8 +146,9 @@ def options_from_namespace(ns: argparse.Namespace) -> ServiceOptions:
         raise ValueError(f"--drain-timeout-s must be >= 0 (got {ns.drain_timeout_s}); try 30")
     if ns.connect_timeout_s <= 0:
         raise ValueError(f"--connect-timeout-s must be > 0 (got {ns.connect_timeout_s}); try 5")
-    return ServiceOptions(ready_file=ns.ready_file, drain_timeout_s=ns.drain_timeout_s,
-                          connect_timeout_s=ns.connect_timeout_s)
+    return ServiceOptions(
+        ready_file=ns.ready_file, drain_timeout_s=ns.drain_timeout_s, connect_timeout_s=ns.connect_timeout_s
+    )
 
 
 def default_instance_id(role: str) -> str:
@@ -163,9 +178,16 @@ class Service:
     # False: the service serves /metrics itself (the gateway, on its HTTP port) and describes its metrics_address.
     own_metrics_server: ClassVar[bool] = True
 
-    def __init__(self, *, discovery: DiscoveryConfig, bus: BusConfig, grpc_cfg: GrpcConfig,
-                 options: ServiceOptions = ServiceOptions(), telemetry: TelemetryConfig | None = None,
-                 tls: TlsConfig | None = None) -> None:
+    def __init__(
+        self,
+        *,
+        discovery: DiscoveryConfig,
+        bus: BusConfig,
+        grpc_cfg: GrpcConfig,
+        options: ServiceOptions = ServiceOptions(),
+        telemetry: TelemetryConfig | None = None,
+        tls: TlsConfig | None = None,
+    ) -> None:
         assert self.role, f"{type(self).__name__} must set the class attribute `role`"
         self._tls_cfg = tls
         self.tls: TlsFiles | None = None  # read at start (a bad file is a StartupError, exit 2)
@@ -190,8 +212,7 @@ class Service:
         self._drain_reason = ""
         self._drain_timeout_s = options.drain_timeout_s
         self._load_reporter: LoadReporter | None = None
-        self.telemetry = ServiceTelemetry(telemetry, role=self.role, instance_id=self.instance_id,
-                                          cluster=self.cluster)
+        self.telemetry = ServiceTelemetry(telemetry, role=self.role, instance_id=self.instance_id, cluster=self.cluster)
 
     # ------------------------------------------------------------------ hooks
 
@@ -267,10 +288,12 @@ class Service:
         except TlsError as e:
             raise StartupError(str(e)) from None
         self.admin_auth = self._admin_auth()
-        self.etcd = await connect_etcd(self.discovery_cfg.etcd_endpoints, timeout_s=opts.connect_timeout_s,
-                                       tls=self.tls)
-        self.bus = Bus.from_config(self.bus_cfg, name=self.instance_id,
-                                   headers_hook=self.telemetry.bus_headers_hook(), tls=self.tls)
+        self.etcd = await connect_etcd(
+            self.discovery_cfg.etcd_endpoints, timeout_s=opts.connect_timeout_s, tls=self.tls
+        )
+        self.bus = Bus.from_config(
+            self.bus_cfg, name=self.instance_id, headers_hook=self.telemetry.bus_headers_hook(), tls=self.tls
+        )
         await self.bus.connect(timeout_s=opts.connect_timeout_s)
 
         self.server = grpc.aio.server(interceptors=[*self.server_interceptors(), self.gate])
@@ -284,8 +307,10 @@ class Service:
         try:
             port = listen(self.server, f"{host}:{want}", creds, require_client_cert=require_client_cert)
         except RuntimeError as e:
-            raise StartupError(f"cannot listen on {host}:{want} (--host/--grpc-port): {e}; "
-                             "pick another port, or --grpc-port 0 for a free one") from None
+            raise StartupError(
+                f"cannot listen on {host}:{want} (--host/--grpc-port): {e}; "
+                "pick another port, or --grpc-port 0 for a free one"
+            ) from None
         for name in self._health_names:
             await self.health.set(name, _NOT_SERVING)
         await self.server.start()
@@ -293,23 +318,28 @@ class Service:
         if self.own_metrics_server:
             await self._start_metrics(host)
 
-        info = InstanceInfo(cluster=self.cluster, role=self.role, instance_id=self.instance_id,
-                            grpc_address=self.grpc_address, state=InstanceState.STARTING,
-                            host=socket.gethostname(), pid=os.getpid(), started_at=time.time(),
-                            **self._description())
+        info = InstanceInfo(
+            cluster=self.cluster,
+            role=self.role,
+            instance_id=self.instance_id,
+            grpc_address=self.grpc_address,
+            state=InstanceState.STARTING,
+            host=socket.gethostname(),
+            pid=os.getpid(),
+            started_at=time.time(),
+            **self._description(),
+        )
         self.registrar = Registrar(self.etcd, info, ttl_s=self.discovery_cfg.lease_ttl_s, on_epoch=self.on_epoch)
         await self.registrar.register()
         try:
             self.telemetry.start_tracing(self.epoch)
         except ValueError as e:  # a malformed --otlp-traces-endpoint
             raise StartupError(str(e)) from None
-        await subscribe_drain(self.bus, self.cluster, self.instance_id, self._on_drain_command,
-                              auth=self.admin_auth)
+        await subscribe_drain(self.bus, self.cluster, self.instance_id, self._on_drain_command, auth=self.admin_auth)
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, self.request_drain, sig.name)
-        log.info("%s %s: gRPC on %s, epoch %d; warming up", self.role, self.instance_id, self.grpc_address,
-                 self.epoch)
+        log.info("%s %s: gRPC on %s, epoch %d; warming up", self.role, self.instance_id, self.grpc_address, self.epoch)
 
         await self.warm_up()
         assert self._drain_requested is not None
@@ -321,8 +351,14 @@ class Service:
         self.state = InstanceState.READY
         if self.load_snapshot() is not None:
             self._load_reporter = LoadReporter(
-                self.bus, self.cluster, self.instance_id, self.role, self._snapshot_or_empty,
-                interval_s=self.bus_cfg.load_report_interval_s, epoch=lambda: self.epoch).start()
+                self.bus,
+                self.cluster,
+                self.instance_id,
+                self.role,
+                self._snapshot_or_empty,
+                interval_s=self.bus_cfg.load_report_interval_s,
+                epoch=lambda: self.epoch,
+            ).start()
         announce_ready(self.ready_info(), opts.ready_file)
         log.info("%s %s ready", self.role, self.instance_id)
 
@@ -342,9 +378,11 @@ class Service:
             await self.telemetry.start_metrics(host, advertise_host=advertised_host(host))
         except OSError as e:
             assert self.telemetry.cfg is not None  # metrics bind only with a telemetry config
-            raise StartupError(f"cannot serve /metrics on {host}:{self.telemetry.cfg.metrics_port} (--host/"
-                               f"--metrics-port): {e.strerror or e}; pick another port, or --metrics-port 0 for a "
-                               "free one") from None
+            raise StartupError(
+                f"cannot serve /metrics on {host}:{self.telemetry.cfg.metrics_port} (--host/"
+                f"--metrics-port): {e.strerror or e}; pick another port, or --metrics-port 0 for a "
+                "free one"
+            ) from None
 
     def _description(self) -> dict[str, Any]:
         """describe() plus what the lifecycle itself knows (the /metrics address)."""
@@ -355,9 +393,16 @@ class Service:
 
     def ready_info(self) -> ReadyInfo:
         d = self._description()
-        return ReadyInfo(role=self.role, instance_id=self.instance_id, cluster=self.cluster, grpc=self.grpc_address,
-                         epoch=self.epoch, pid=os.getpid(), http=d.get("http_address", ""),
-                         metrics=d.get("metrics_address", ""))
+        return ReadyInfo(
+            role=self.role,
+            instance_id=self.instance_id,
+            cluster=self.cluster,
+            grpc=self.grpc_address,
+            epoch=self.epoch,
+            pid=os.getpid(),
+            http=d.get("http_address", ""),
+            metrics=d.get("metrics_address", ""),
+        )
 
     def _snapshot_or_empty(self) -> LoadSnapshot:
         return self.load_snapshot() or LoadSnapshot()
@@ -384,8 +429,12 @@ class Service:
         for f in (idle, forced):
             f.cancel()
         if not finished:
-            log.warning("%s: %d requests still in flight after %.1f s; stopping anyway", self.instance_id,
-                        self.gate.inflight, time.monotonic() - started)
+            log.warning(
+                "%s: %d requests still in flight after %.1f s; stopping anyway",
+                self.instance_id,
+                self.gate.inflight,
+                time.monotonic() - started,
+            )
             self.exit_code = 1
         if self._load_reporter is not None:
             await self._load_reporter.close()

@@ -5,8 +5,8 @@ from __future__ import annotations
 import sys
 from collections.abc import Callable, Sequence
 
-from shared.serving.lifecycle import Service, ServiceOptions, default_instance_id, run_service, service_args
 from shared.config.resolved import ResolvedConfig
+from shared.serving.lifecycle import Service, ServiceOptions, default_instance_id, run_service, service_args
 from shared.telemetry.logs import setup_logging as setup_service_logging
 
 
@@ -16,8 +16,9 @@ def setup_logging(cfg: ResolvedConfig) -> None:
     setup_service_logging(cfg.telemetry, role=role, instance_id=cfg.discovery.instance_id or default_instance_id(role))
 
 
-def serve_role(role: str, factory: Callable[[ResolvedConfig, ServiceOptions], Service],
-               argv: Sequence[str] | None) -> int:
+def serve_role(
+    role: str, factory: Callable[[ResolvedConfig, ServiceOptions], Service], argv: Sequence[str] | None
+) -> int:
     cfg, opts = service_args(role, list(sys.argv[1:] if argv is None else argv))
     setup_logging(cfg)
     try:

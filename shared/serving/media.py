@@ -15,9 +15,9 @@ import numpy as np
 from proto.pdrelay.v1 import common_pb2
 from shared.engine.encoder_cache import EncoderCache
 from shared.engine.errors import InvalidRequest
-from shared.modelspec.image_processor import RAW_RGB_MIME
 from shared.engine.request import MediaInput
 from shared.engine.vision_runner import VisionEncoderRunner
+from shared.modelspec.image_processor import RAW_RGB_MIME
 
 
 class LocalVision:
@@ -34,17 +34,21 @@ class LocalVision:
             if not m.media_hash:
                 raise InvalidRequest(f"media[{i}] has no media_hash", field="media")
             if m.num_tokens != n:
-                raise InvalidRequest(f"media[{i}] covers {m.num_tokens} placeholder tokens; this model's images "
-                                     f"take {n}", field="media")
+                raise InvalidRequest(
+                    f"media[{i}] covers {m.num_tokens} placeholder tokens; this model's images take {n}", field="media"
+                )
             if not m.data:
                 if m.media_hash not in self.cache:
-                    raise InvalidRequest(f"media[{i}] ({m.media_hash}) has no data and is not cached here",
-                                         field="media")
+                    raise InvalidRequest(
+                        f"media[{i}] ({m.media_hash}) has no data and is not cached here", field="media"
+                    )
                 out.append(None)
                 continue
             if m.mime_type != RAW_RGB_MIME:
-                raise InvalidRequest(f"media[{i}] is {m.mime_type!r}; services exchange {RAW_RGB_MIME!r} (the "
-                                     "gateway decodes images)", field="media")
+                raise InvalidRequest(
+                    f"media[{i}] is {m.mime_type!r}; services exchange {RAW_RGB_MIME!r} (the gateway decodes images)",
+                    field="media",
+                )
             try:
                 out.append(self.runner.image_spec.pixels_from_bytes(m.data))
             except ValueError as e:
@@ -55,8 +59,9 @@ class LocalVision:
         """Embeddings for every item (cached or computed), as engine MediaInputs. Raises InvalidRequest."""
         pixels = self.check(media)
         embeds = {m.media_hash: e for m in media if (e := self.cache.get(m.media_hash)) is not None}
-        todo = {m.media_hash: p for m, p in zip(media, pixels, strict=True)
-                if m.media_hash not in embeds and p is not None}
+        todo = {
+            m.media_hash: p for m, p in zip(media, pixels, strict=True) if m.media_hash not in embeds and p is not None
+        }
         if todo:
             async with self._lock:
                 computed = await asyncio.to_thread(self.runner.encode, list(todo.values()))

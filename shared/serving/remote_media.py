@@ -25,6 +25,7 @@ from shared.telemetry.tracing import SpanKind, Tracing, inject, set_error
 
 log = logging.getLogger(__name__)
 
+
 class EmbeddingArena:
     """Fixed-size slots (one image's embeddings each) in one registered buffer."""
 
@@ -48,8 +49,16 @@ class EmbeddingArena:
 
 
 class RemoteVision:
-    def __init__(self, transfer: KVTransfer, local: LocalVision, *, num_slots: int = 16, timeout_s: float = 30.0,
-                 tracing: Tracing | None = None, tls: TlsFiles | None = None) -> None:
+    def __init__(
+        self,
+        transfer: KVTransfer,
+        local: LocalVision,
+        *,
+        num_slots: int = 16,
+        timeout_s: float = 30.0,
+        tracing: Tracing | None = None,
+        tls: TlsFiles | None = None,
+    ) -> None:
         r = local.runner
         self.tls = tls  # the cluster's mutual TLS on the channels to encoders
         self.transfer = transfer
@@ -65,8 +74,9 @@ class RemoteVision:
         self.remote_items = 0
         self.fallbacks = 0
 
-    async def embed(self, request_id: str, media: Sequence[common_pb2.MediaInput], *,
-                    budget_s: float | None = None) -> list[MediaInput]:
+    async def embed(
+        self, request_id: str, media: Sequence[common_pb2.MediaInput], *, budget_s: float | None = None
+    ) -> list[MediaInput]:
         """Engine MediaInputs for every item: from the encoders named in `media`, else (or on failure) local. An
         encoder call may take `budget_s` (at most the configured timeout; at least 50 ms)."""
         timeout_s = self.timeout_s if budget_s is None else max(0.05, min(self.timeout_s, budget_s))
@@ -86,20 +96,31 @@ class RemoteVision:
             out.update(zip(rest, local))
         return [out[i] for i in range(len(media))]
 
-    async def _remote(self, request_id: str, address: str, items: list[common_pb2.MediaInput], timeout_s: float
-                      ) -> list[MediaInput] | None:
+    async def _remote(
+        self, request_id: str, address: str, items: list[common_pb2.MediaInput], timeout_s: float
+    ) -> list[MediaInput] | None:
         if any(m.num_tokens != self.num_tokens for m in items):
             return None  # the local path raises the precise error
         slots = self.arena.take(len(items))
         if slots is None:
             return None
         tr = self.tracing
-        span = tr.start_span(spans.PREFILL_ENCODE, kind=SpanKind.CLIENT, attributes={
-            spans.SERVER_ADDRESS: address, spans.RPC_SYSTEM: "grpc", spans.RPC_METHOD: "pdrelay.v1.Encoder/Encode",
-            "pdrelay.encoder.items": len(items)}) if tr is not None else None
+        span = (
+            tr.start_span(
+                spans.PREFILL_ENCODE,
+                kind=SpanKind.CLIENT,
+                attributes={
+                    spans.SERVER_ADDRESS: address,
+                    spans.RPC_SYSTEM: "grpc",
+                    spans.RPC_METHOD: "pdrelay.v1.Encoder/Encode",
+                    "pdrelay.encoder.items": len(items),
+                },
+            )
+            if tr is not None
+            else None
+        )
         try:
-            req = worker_pb2.EncodeRequest(request_id=request_id, media=items,
-                                           destination_peer=self.transfer.peer_pb())
+            req = worker_pb2.EncodeRequest(request_id=request_id, media=items, destination_peer=self.transfer.peer_pb())
             if span is not None:
                 inject(span, req.trace)  # the encoder's span is a child of this call
             req.destination.memory_kind = common_pb2.MEMORY_KIND_DRAM

@@ -53,8 +53,13 @@ class JsonFormatter(logging.Formatter):
 
     def format(self, record: logging.LogRecord) -> str:
         ts = time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(record.created))
-        out: dict[str, Any] = {"ts": f"{ts}.{int(record.msecs * 1000):06d}Z", "level": record.levelname,
-                               "logger": record.name, "message": record.getMessage(), **self.static}
+        out: dict[str, Any] = {
+            "ts": f"{ts}.{int(record.msecs * 1000):06d}Z",
+            "level": record.levelname,
+            "logger": record.name,
+            "message": record.getMessage(),
+            **self.static,
+        }
         rid = _REQUEST_ID.get()
         if rid:
             out["request_id"] = rid
@@ -73,8 +78,9 @@ def setup_logging(telemetry: Any, *, role: str, instance_id: str) -> None:
     """Configure the root logger of a service process from its TelemetryConfig (log_level, log_json)."""
     handler = logging.StreamHandler(sys.stderr)
     if getattr(telemetry, "log_json", False):
-        handler.setFormatter(JsonFormatter({"service": service_name(role), "instance_id": instance_id,
-                                            "pid": os.getpid()}))
+        handler.setFormatter(
+            JsonFormatter({"service": service_name(role), "instance_id": instance_id, "pid": os.getpid()})
+        )
     else:
         handler.setFormatter(logging.Formatter(TEXT_FORMAT))
     logging.basicConfig(level=str(getattr(telemetry, "log_level", "info")).upper(), handlers=[handler], force=True)

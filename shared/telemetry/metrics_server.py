@@ -49,9 +49,10 @@ class MetricsServer:
                 await self._reply(writer, 404, b"text/plain", b"not found; try /metrics\n")
             else:
                 body = generate_latest(self.registry)
-                await self._reply(writer, 200, CONTENT_TYPE_LATEST.encode(), b"" if method == b"HEAD" else body,
-                                  length=len(body))
-        except (asyncio.TimeoutError, asyncio.IncompleteReadError, asyncio.LimitOverrunError, ConnectionError):
+                await self._reply(
+                    writer, 200, CONTENT_TYPE_LATEST.encode(), b"" if method == b"HEAD" else body, length=len(body)
+                )
+        except (TimeoutError, asyncio.IncompleteReadError, asyncio.LimitOverrunError, ConnectionError):
             pass
         except Exception:  # a collector failing must not kill the server; say so once per scrape
             log.exception("serving /metrics failed")
@@ -60,11 +61,21 @@ class MetricsServer:
             writer.close()
 
     @staticmethod
-    async def _reply(writer: asyncio.StreamWriter, status: int, ctype: bytes, body: bytes, *, extra: bytes = b"",
-                     length: int | None = None) -> None:
+    async def _reply(
+        writer: asyncio.StreamWriter,
+        status: int,
+        ctype: bytes,
+        body: bytes,
+        *,
+        extra: bytes = b"",
+        length: int | None = None,
+    ) -> None:
         reason = {200: b"OK", 404: b"Not Found", 405: b"Method Not Allowed", 500: b"Internal Server Error"}[status]
-        writer.write(b"HTTP/1.1 %d %s\r\nContent-Type: %s\r\nContent-Length: %d\r\nConnection: close\r\n%s\r\n"
-                     % (status, reason, ctype, len(body) if length is None else length, extra) + body)
+        writer.write(
+            b"HTTP/1.1 %d %s\r\nContent-Type: %s\r\nContent-Length: %d\r\nConnection: close\r\n%s\r\n"
+            % (status, reason, ctype, len(body) if length is None else length, extra)
+            + body
+        )
         try:
             await writer.drain()
         except ConnectionError:

@@ -44,12 +44,32 @@ def _error_of(context: grpc.aio.ServicerContext) -> tuple[int, str]:
 
 
 class ServerRpc:
-    __slots__ = ("_tracing", "_metrics", "_instance_id", "_name", "_carrier", "_context", "_request_id", "_attributes", "span", "_token",
-                 "_rid_token", "failed")
+    __slots__ = (
+        "_tracing",
+        "_metrics",
+        "_instance_id",
+        "_name",
+        "_carrier",
+        "_context",
+        "_request_id",
+        "_attributes",
+        "span",
+        "_token",
+        "_rid_token",
+        "failed",
+    )
 
-    def __init__(self, tracing: Tracing, metrics: ServiceMetrics, instance_id: str, name: str,
-                 carrier: common_pb2.TraceContext | None, context: grpc.aio.ServicerContext | None, request_id: str,
-                 attributes: Mapping[str, Any] | None = None) -> None:
+    def __init__(
+        self,
+        tracing: Tracing,
+        metrics: ServiceMetrics,
+        instance_id: str,
+        name: str,
+        carrier: common_pb2.TraceContext | None,
+        context: grpc.aio.ServicerContext | None,
+        request_id: str,
+        attributes: Mapping[str, Any] | None = None,
+    ) -> None:
         """tracing, metrics, instance_id: the service's (ServiceTelemetry.server_rpc passes its own)."""
         self._tracing = tracing
         self._metrics = metrics
@@ -74,10 +94,12 @@ class ServerRpc:
             return self
         parent = extract(self._carrier)
         if parent is None and self._context is not None:
-            parent = extract((k, v) for k, v in (self._context.invocation_metadata() or ())
-                             if k in ("traceparent", "tracestate") and isinstance(v, str))
-        attrs = {spans.REQUEST_ID: self._request_id, spans.INSTANCE: self._instance_id,
-                 **(self._attributes or {})}
+            parent = extract(
+                (k, v)
+                for k, v in (self._context.invocation_metadata() or ())
+                if k in ("traceparent", "tracestate") and isinstance(v, str)
+            )
+        attrs = {spans.REQUEST_ID: self._request_id, spans.INSTANCE: self._instance_id, **(self._attributes or {})}
         self.span = tr.start_span(self._name, parent=parent, kind=SpanKind.SERVER, attributes=attrs)
         self._token = tr.activate(self.span)
         return self
@@ -91,8 +113,9 @@ class ServerRpc:
         if self.span is not None:
             set_error(self.span, message, {spans.ERROR_CODE: error_label(code)})
 
-    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
-                 tb: TracebackType | None) -> None:
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
         try:
             if isinstance(exc, asyncio.CancelledError):
                 if self.span is not None and self.span.is_recording():

@@ -58,8 +58,14 @@ class ServiceTelemetry:
         if endpoint is None or self.cfg is None or self.tracing.enabled:
             return
         ratio = self.cfg.trace_sample_ratio
-        self.tracing = Tracing.start(endpoint, role=self.role, instance_id=self.instance_id, cluster=self.cluster,
-                                     epoch=epoch, sample_ratio=ratio)
+        self.tracing = Tracing.start(
+            endpoint,
+            role=self.role,
+            instance_id=self.instance_id,
+            cluster=self.cluster,
+            epoch=epoch,
+            sample_ratio=ratio,
+        )
         log.info("%s: tracing to %s (sampling %.0f%%)", self.instance_id, endpoint, 100 * ratio)
 
     def bus_headers_hook(self) -> Callable[[], Mapping[str, str]] | None:
@@ -68,8 +74,14 @@ class ServiceTelemetry:
             return None
         return lambda: self.tracing.headers()
 
-    def server_rpc(self, name: str, carrier: common_pb2.TraceContext | None, context: grpc.aio.ServicerContext | None,
-                   request_id: str, attributes: Mapping[str, Any] | None = None) -> ServerRpc:
+    def server_rpc(
+        self,
+        name: str,
+        carrier: common_pb2.TraceContext | None,
+        context: grpc.aio.ServicerContext | None,
+        request_id: str,
+        attributes: Mapping[str, Any] | None = None,
+    ) -> ServerRpc:
         return ServerRpc(self.tracing, self.metrics, self.instance_id, name, carrier, context, request_id, attributes)
 
     # ---- metrics -------------------------------------------------------------------------------------------------

@@ -87,11 +87,20 @@ def records_of(request: ts.ExportTraceServiceRequest) -> list[SpanRecord]:
 
 def _record(s: trace_pb2.Span, service: str, instance: str) -> SpanRecord:
     return SpanRecord(
-        trace_id=s.trace_id.hex(), span_id=s.span_id.hex(), parent_span_id=s.parent_span_id.hex(), name=s.name,
-        kind=_KINDS.get(s.kind, str(s.kind)), service=service, instance=instance,
-        start_ns=s.start_time_unix_nano, end_ns=s.end_time_unix_nano, attributes=_attrs(s.attributes),
+        trace_id=s.trace_id.hex(),
+        span_id=s.span_id.hex(),
+        parent_span_id=s.parent_span_id.hex(),
+        name=s.name,
+        kind=_KINDS.get(s.kind, str(s.kind)),
+        service=service,
+        instance=instance,
+        start_ns=s.start_time_unix_nano,
+        end_ns=s.end_time_unix_nano,
+        attributes=_attrs(s.attributes),
         events=[SpanEvent(e.name, e.time_unix_nano, _attrs(e.attributes)) for e in s.events],
-        status=_STATUS.get(s.status.code, str(s.status.code)), status_message=s.status.message)
+        status=_STATUS.get(s.status.code, str(s.status.code)),
+        status_message=s.status.message,
+    )
 
 
 class Receiver(tsg.TraceServiceServicer):
@@ -100,14 +109,16 @@ class Receiver(tsg.TraceServiceServicer):
     def __init__(self, on_spans: Callable[[list[SpanRecord]], None]) -> None:
         self.on_spans = on_spans
 
-    def Export(self, request: ts.ExportTraceServiceRequest, context: grpc.ServicerContext
-               ) -> ts.ExportTraceServiceResponse:
+    def Export(
+        self, request: ts.ExportTraceServiceRequest, context: grpc.ServicerContext
+    ) -> ts.ExportTraceServiceResponse:
         self.on_spans(records_of(request))
         return ts.ExportTraceServiceResponse()
 
 
-def start_receiver(on_spans: Callable[[list[SpanRecord]], None], host: str = "127.0.0.1",
-                   port: int = 0) -> tuple[grpc.Server, int]:
+def start_receiver(
+    on_spans: Callable[[list[SpanRecord]], None], host: str = "127.0.0.1", port: int = 0
+) -> tuple[grpc.Server, int]:
     """A started OTLP/gRPC receiver (its own threads, independent of any event loop) and its port."""
     server = grpc.server(futures.ThreadPoolExecutor(max_workers=2, thread_name_prefix="otlp-receiver"))
     tsg.add_TraceServiceServicer_to_server(Receiver(on_spans), server)

@@ -60,12 +60,15 @@ def check_endpoint(endpoint: str) -> str:
     rest = endpoint.split("://", 1)[1] if "://" in endpoint else endpoint
     host, _, port = rest.rstrip("/").rpartition(":")
     if not host or not port.isdigit():
-        raise ValueError(f"--otlp-traces-endpoint {endpoint!r} must be host:port or http://host:port of an OTLP/gRPC "
-                         "collector; e.g. http://127.0.0.1:4317")
+        raise ValueError(
+            f"--otlp-traces-endpoint {endpoint!r} must be host:port or http://host:port of an OTLP/gRPC "
+            "collector; e.g. http://127.0.0.1:4317"
+        )
     return endpoint
 
 
 # ------------------------------------------------------------------ propagation
+
 
 def traceparent_of(span: Span) -> str:
     """The W3C traceparent header of `span` ("" when it has no valid context, e.g. a no-op span)."""
@@ -104,6 +107,7 @@ def extract(carrier: common_pb2.TraceContext | Mapping[str, str] | Iterable[tupl
 
 # ------------------------------------------------------------------ the tracer of a process
 
+
 class Tracing:
     """The tracer of one service process and the helpers instrumented code calls (all no-ops when off)."""
 
@@ -117,8 +121,17 @@ class Tracing:
         return cls(trace.NoOpTracer())
 
     @classmethod
-    def start(cls, endpoint: str, *, role: str, instance_id: str, cluster: str, epoch: int = 0,
-              sample_ratio: float = 1.0, exporter: Any = None) -> Tracing:
+    def start(
+        cls,
+        endpoint: str,
+        *,
+        role: str,
+        instance_id: str,
+        cluster: str,
+        epoch: int = 0,
+        sample_ratio: float = 1.0,
+        exporter: Any = None,
+    ) -> Tracing:
         """A real tracer exporting to `endpoint` over OTLP/gRPC (or to `exporter`, e.g. an in-memory one)."""
         from opentelemetry.sdk.resources import Resource
         from opentelemetry.sdk.trace import TracerProvider
@@ -131,15 +144,27 @@ class Tracing:
             from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import OTLPSpanExporter
 
             check_endpoint(endpoint)
-            exporter = OTLPSpanExporter(endpoint=endpoint, insecure=not endpoint.startswith("https://"),
-                                        timeout=EXPORT_TIMEOUT_S)
-        resource = Resource.create({
-            "service.name": service_name(role), "service.namespace": "pdrelay", "service.instance.id": instance_id,
-            "pdrelay.role": role, "pdrelay.cluster": cluster, "pdrelay.epoch": epoch})
-        provider = TracerProvider(sampler=ParentBased(TraceIdRatioBased(sample_ratio)), resource=resource,
-                                  shutdown_on_exit=False)
-        provider.add_span_processor(BatchSpanProcessor(exporter, schedule_delay_millis=EXPORT_INTERVAL_S * 1000,
-                                                       export_timeout_millis=EXPORT_TIMEOUT_S * 1000))
+            exporter = OTLPSpanExporter(
+                endpoint=endpoint, insecure=not endpoint.startswith("https://"), timeout=EXPORT_TIMEOUT_S
+            )
+        resource = Resource.create(
+            {
+                "service.name": service_name(role),
+                "service.namespace": "pdrelay",
+                "service.instance.id": instance_id,
+                "pdrelay.role": role,
+                "pdrelay.cluster": cluster,
+                "pdrelay.epoch": epoch,
+            }
+        )
+        provider = TracerProvider(
+            sampler=ParentBased(TraceIdRatioBased(sample_ratio)), resource=resource, shutdown_on_exit=False
+        )
+        provider.add_span_processor(
+            BatchSpanProcessor(
+                exporter, schedule_delay_millis=EXPORT_INTERVAL_S * 1000, export_timeout_millis=EXPORT_TIMEOUT_S * 1000
+            )
+        )
         return cls(provider.get_tracer(TRACER_NAME), provider)
 
     def shutdown(self) -> None:
@@ -161,13 +186,25 @@ class Tracing:
             return parent
         return trace.set_span_in_context(parent)
 
-    def start_span(self, name: str, *, parent: Parent = None, kind: SpanKind = SpanKind.INTERNAL,
-                   attributes: Attributes | None = None, start: float | None = None) -> Span:
+    def start_span(
+        self,
+        name: str,
+        *,
+        parent: Parent = None,
+        kind: SpanKind = SpanKind.INTERNAL,
+        attributes: Attributes | None = None,
+        start: float | None = None,
+    ) -> Span:
         """Open a span (not made current); end it with `end()`. Parent None: the current span."""
         if not self.enabled:
             return trace.INVALID_SPAN
-        return self.tracer.start_span(name, context=self._context(parent), kind=kind, attributes=attributes,
-                                      start_time=None if start is None else mono_ns(start))
+        return self.tracer.start_span(
+            name,
+            context=self._context(parent),
+            kind=kind,
+            attributes=attributes,
+            start_time=None if start is None else mono_ns(start),
+        )
 
     @staticmethod
     def end(span: Span, end: float | None = None, attributes: Attributes | None = None) -> None:
@@ -177,13 +214,22 @@ class Tracing:
             span.set_attributes(attributes)
         span.end(None if end is None else mono_ns(end))
 
-    def record(self, name: str, start: float, end: float, attributes: Attributes | None = None, *,
-               parent: Parent = None, kind: SpanKind = SpanKind.INTERNAL) -> Span:
+    def record(
+        self,
+        name: str,
+        start: float,
+        end: float,
+        attributes: Attributes | None = None,
+        *,
+        parent: Parent = None,
+        kind: SpanKind = SpanKind.INTERNAL,
+    ) -> Span:
         """A finished phase [start, end] (monotonic seconds), recorded after the fact."""
         if not self.enabled:
             return trace.INVALID_SPAN
-        span = self.tracer.start_span(name, context=self._context(parent), kind=kind, attributes=attributes,
-                                      start_time=mono_ns(start))
+        span = self.tracer.start_span(
+            name, context=self._context(parent), kind=kind, attributes=attributes, start_time=mono_ns(start)
+        )
         span.end(mono_ns(end))
         return span
 
@@ -228,5 +274,19 @@ def add_event(span: Span, name: str, attributes: Attributes | None = None, at: f
         span.add_event(name, attributes, None if at is None else mono_ns(at))
 
 
-__all__ = ["Context", "Span", "SpanKind", "Tracing", "add_event", "check_endpoint", "current_span", "extract",
-           "inject", "mono_ns", "perf_to_mono", "service_name", "set_error", "traceparent_of"]
+__all__ = [
+    "Context",
+    "Span",
+    "SpanKind",
+    "Tracing",
+    "add_event",
+    "check_endpoint",
+    "current_span",
+    "extract",
+    "inject",
+    "mono_ns",
+    "perf_to_mono",
+    "service_name",
+    "set_error",
+    "traceparent_of",
+]

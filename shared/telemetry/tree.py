@@ -176,8 +176,10 @@ def render(trace: Sequence[SpanRecord], request_id: str = "") -> str:
     def walk(s: SpanRecord, depth: int) -> None:
         indent = "   " * (depth - 1) + "|- " if depth else ""
         where = f"{s.service}/{s.instance}" if s.instance else s.service
-        lines.append(f"{(s.start_ns - t0) / 1e6:>+9.2f} ms {s.duration_ns / 1e6:>8.2f} ms  {indent}{s.name}  "
-                     f"[{where}]  {_attrs_text(s)}".rstrip())
+        lines.append(
+            f"{(s.start_ns - t0) / 1e6:>+9.2f} ms {s.duration_ns / 1e6:>8.2f} ms  {indent}{s.name}  "
+            f"[{where}]  {_attrs_text(s)}".rstrip()
+        )
         pad = " " * 25 + "   " * depth
         for e in s.events:
             attrs = " ".join(f"{k}={_fmt_value(v)}" for k, v in e.attributes.items())
@@ -190,11 +192,14 @@ def render(trace: Sequence[SpanRecord], request_id: str = "") -> str:
     for top in sorted(tops, key=lambda s: (s is not root, s.start_ns)):
         walk(top, 0)
     if bd is not None:
-        parts = ", ".join(f"{n}{'' if leaf else ' (self)'} {ns / 1e6:.2f} ({ns / bd.ttft_ns:.0%})"
-                          for n, ns, leaf in bd.parts)
+        parts = ", ".join(
+            f"{n}{'' if leaf else ' (self)'} {ns / 1e6:.2f} ({ns / bd.ttft_ns:.0%})" for n, ns, leaf in bd.parts
+        )
         lines.append(f"TTFT {bd.ttft_ns / 1e6:.2f} ms = {parts}")
-        lines.append(f"  named phases: {bd.coverage:.0%} of TTFT; '(self)': time inside a span none of its children "
-                     "covers (RPC transit in a call, scheduling between phases)")
+        lines.append(
+            f"  named phases: {bd.coverage:.0%} of TTFT; '(self)': time inside a span none of its children "
+            "covers (RPC transit in a call, scheduling between phases)"
+        )
     return "\n".join(lines)
 
 
@@ -219,6 +224,15 @@ def requests(records: Sequence[SpanRecord]) -> list[RequestRow]:
             continue
         rid = str(root.attributes.get(names.REQUEST_ID, ""))
         ft = first_token_ns(root)
-        rows.append(RequestRow(rid, tid, root.start_ns, root.duration_ns, None if ft is None else ft - root.start_ns,
-                               len(trace), any(s.status == "error" for s in trace)))
+        rows.append(
+            RequestRow(
+                rid,
+                tid,
+                root.start_ns,
+                root.duration_ns,
+                None if ft is None else ft - root.start_ns,
+                len(trace),
+                any(s.status == "error" for s in trace),
+            )
+        )
     return sorted(rows, key=lambda r: r.start_ns)

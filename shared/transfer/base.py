@@ -231,7 +231,9 @@ class TransferEngine(ABC):
             self._check_open()
             p = self._peers.get(peer)
             if p is None:
-                raise PeerError(f"unknown peer {peer!r}; call connect(peer_endpoint) first (known: {list(self._peers)})")
+                raise PeerError(
+                    f"unknown peer {peer!r}; call connect(peer_endpoint) first (known: {list(self._peers)})"
+                )
             plan = plan_write(src, dst, self.regions(), p.regions, engine=self._name, peer=peer)
             token = self._start_write(p.token, plan.src, plan.dst, bytes(notify))
             handle = TransferHandle(self._next_xfer, peer, plan.nbytes, len(plan.src.descs))
@@ -256,7 +258,9 @@ class TransferEngine(ABC):
             if status == "done":
                 return
             if status == "error":
-                raise TransferError(f"transfer {handle.xfer_id} to {handle.peer!r} ({handle.nbytes} bytes) failed: {detail}")
+                raise TransferError(
+                    f"transfer {handle.xfer_id} to {handle.peer!r} ({handle.nbytes} bytes) failed: {detail}"
+                )
             now = time.monotonic()
             if now >= deadline:
                 raise TransferTimeout(
@@ -356,4 +360,3 @@ class TransferEngine(ABC):
 
     @abstractmethod
     def _shutdown(self) -> None: ...
-

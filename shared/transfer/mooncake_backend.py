@@ -18,10 +18,10 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from shared.transfer.base import TransferEngine, TransferStatus
-from shared.transfer.plan import BoundDescs
 from shared.transfer.descs import RegionHandle
 from shared.transfer.endpoint import EndpointInfo
 from shared.transfer.errors import BackendUnavailable, PeerError, RegionError, TransferError
+from shared.transfer.plan import BoundDescs
 
 INSTALL_HINT = (
     "install it with `pip install mooncake-transfer-engine-non-cuda` and `apt-get install libibverbs1` (the wheel "
@@ -68,7 +68,7 @@ class MooncakeEngine(TransferEngine):
 
     @property
     def address(self) -> str:
-        """"host:rpc_port", the name Mooncake peers use for us."""
+        """ "host:rpc_port", the name Mooncake peers use for us."""
         return self._address
 
     # memory

@@ -16,10 +16,10 @@ from pathlib import Path
 from typing import Any
 
 from shared.transfer.base import TransferEngine, TransferStatus
-from shared.transfer.plan import BoundDescs
 from shared.transfer.descs import RegionHandle
 from shared.transfer.endpoint import EndpointInfo
 from shared.transfer.errors import BackendUnavailable, PeerError, RegionError, TransferError
+from shared.transfer.plan import BoundDescs
 
 INSTALL_HINT = (
     "install it with `pip install torch==2.13.0` (CPU torch first, or pip pulls a CUDA build) and then "
@@ -101,7 +101,7 @@ class NixlEngine(TransferEngine):
         cfg = nixl_agent_config(enable_prog_thread=False, enable_listen_thread=False, backends=["UCX"])
         try:
             self._agent = nixl_agent(name, cfg)
-        except Exception as e:  # noqa: BLE001 - the bindings raise their own exception types
+        except Exception as e:
             raise BackendUnavailable(_nixl_error(f"cannot create NIXL agent {name!r}", e) + f"; {INSTALL_HINT}") from e
         if "UCX" not in self._agent.backends:
             raise BackendUnavailable(f"NIXL agent {name!r} has no UCX backend (plugins: {self._agent.plugin_list})")
@@ -112,13 +112,15 @@ class NixlEngine(TransferEngine):
             return self._agent.register_memory(
                 [(region.addr, region.nbytes, region.device_id, "")], _MEM[region.device]
             )
-        except Exception as e:  # noqa: BLE001
-            raise RegionError(_nixl_error(f"NIXL could not register {region.nbytes} bytes on {region.device}", e)) from e
+        except Exception as e:
+            raise RegionError(
+                _nixl_error(f"NIXL could not register {region.nbytes} bytes on {region.device}", e)
+            ) from e
 
     def _deregister_region(self, token: Any, region: RegionHandle) -> None:
         try:
             self._agent.deregister_memory(token)
-        except Exception as e:  # noqa: BLE001
+        except Exception as e:
             raise RegionError(_nixl_error(f"NIXL could not deregister region {region.region_id}", e)) from e
 
     # peers
@@ -130,7 +132,7 @@ class NixlEngine(TransferEngine):
             self._forget_peer(previous)
         try:
             loaded = self._agent.add_remote_agent(info.payload)
-        except Exception as e:  # noqa: BLE001
+        except Exception as e:
             raise PeerError(_nixl_error(f"NIXL rejected the metadata of peer {info.name!r}", e)) from e
         loaded = loaded.decode() if isinstance(loaded, bytes) else str(loaded)
         if loaded != info.name:
@@ -150,7 +152,7 @@ class NixlEngine(TransferEngine):
             local = self._agent.get_xfer_descs(src.descs, _MEM[src.device])
             remote = self._agent.get_xfer_descs(dst.descs, _MEM[dst.device])
             handle = self._agent.initialize_xfer("WRITE", local, remote, peer, notify)
-        except Exception as e:  # noqa: BLE001
+        except Exception as e:
             raise TransferError(_nixl_error(f"NIXL could not prepare a write to {peer!r}", e)) from e
         state = self._agent.transfer(handle)
         if state == "ERR":
@@ -184,4 +186,3 @@ class NixlEngine(TransferEngine):
 
     def _shutdown(self) -> None:
         del self._agent
-

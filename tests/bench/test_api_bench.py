@@ -17,10 +17,28 @@ def test_paired_ratios_pair_steps_side_by_side() -> None:
 
 
 @pytest.mark.slow
-def test_grammar_overhead_run(tiny_llama_dir: Path, tmp_path: Path) -> None:  # noqa: F811
+def test_grammar_overhead_run(tiny_llama_dir: Path, tmp_path: Path) -> None:
     out = tmp_path / "api.json"
-    assert api.main(["--model", str(tiny_llama_dir), "--batch", "3", "--tokens", "6", "--rounds", "2",
-                     "--threads", "1", "--skip-n", "--json-out", str(out)]) == 0
+    assert (
+        api.main(
+            [
+                "--model",
+                str(tiny_llama_dir),
+                "--batch",
+                "3",
+                "--tokens",
+                "6",
+                "--rounds",
+                "2",
+                "--threads",
+                "1",
+                "--skip-n",
+                "--json-out",
+                str(out),
+            ]
+        )
+        == 0
+    )
     g = json.loads(out.read_text())["grammar"]
     assert g["pairs"] == 2 * 5  # 6 tokens: the first comes from the prefill step, 5 full decode steps per round
     assert len(g["overhead_per_round"]) == 2 and g["overhead_cpu_median"] is not None

@@ -44,6 +44,9 @@ def test_bench_runs_on_both_backends(tmp_path: Path) -> None:
 
 def test_bad_flags_exit_2() -> None:
     proc = subprocess.run(
-        [sys.executable, "-m", "bench.transfer", "--backends", "carrier-pigeon"], capture_output=True, text=True, timeout=60
+        [sys.executable, "-m", "bench.transfer", "--backends", "carrier-pigeon"],
+        capture_output=True,
+        text=True,
+        timeout=60,
     )
     assert proc.returncode == 2 and "choose from ('nixl', 'mooncake')" in proc.stderr

@@ -12,8 +12,12 @@ import pytest
 @pytest.mark.slow
 @pytest.mark.timeout(120)
 def test_control_plane_bench_runs_and_reports_ratios() -> None:
-    r = subprocess.run([sys.executable, "-m", "bench.control_plane", "--n", "5", "--rounds", "1", "--json"],
-                       capture_output=True, text=True, timeout=110)
+    r = subprocess.run(
+        [sys.executable, "-m", "bench.control_plane", "--n", "5", "--rounds", "1", "--json"],
+        capture_output=True,
+        text=True,
+        timeout=110,
+    )
     assert r.returncode == 0, r.stderr
     rows = json.loads(r.stdout)
     assert [row["metric"].split()[0] for row in rows] == ["discovery", "bus", "bus", "gRPC", "gRPC"]

@@ -14,11 +14,24 @@ from tests.helpers.tiny_models import tiny_llama_dir  # noqa: F401
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 
 
-def test_bench_handoff_quick(tiny_llama_dir: Path, tmp_path: Path,  # noqa: F811
-                             capsys: pytest.CaptureFixture[str]):
+def test_bench_handoff_quick(tiny_llama_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]):
     out = tmp_path / "handoff.json"
-    assert pdrelay(["bench", "handoff", "--quick", "--backends", "nixl", "--model", str(tiny_llama_dir),
-                    "--json-out", str(out)]) == 0
+    assert (
+        pdrelay(
+            [
+                "bench",
+                "handoff",
+                "--quick",
+                "--backends",
+                "nixl",
+                "--model",
+                str(tiny_llama_dir),
+                "--json-out",
+                str(out),
+            ]
+        )
+        == 0
+    )
     printed = capsys.readouterr().out
     summary = json.loads(out.read_text())
     rows = summary["results"]

@@ -24,13 +24,25 @@ def test_workloads_follow_the_spec():
 
 
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
-def test_quick_run_reports_ratios_and_roofline(dtype: str, tiny_llama_dir: Path, tmp_path: Path,  # noqa: F811
-                                               capsys):
+def test_quick_run_reports_ratios_and_roofline(dtype: str, tiny_llama_dir: Path, tmp_path: Path, capsys):
     p = argparse.ArgumentParser()
     add_arguments(p)
     out = tmp_path / "r.json"
-    ns = p.parse_args(["--quick", "--threads", "1", "--model", str(tiny_llama_dir), "--json-out", str(out),
-                       "--kv-budget-mb", "16", "--dtype", dtype])
+    ns = p.parse_args(
+        [
+            "--quick",
+            "--threads",
+            "1",
+            "--model",
+            str(tiny_llama_dir),
+            "--json-out",
+            str(out),
+            "--kv-budget-mb",
+            "16",
+            "--dtype",
+            dtype,
+        ]
+    )
     assert run(ns) == 0
     res = json.loads(out.read_text())
     assert res["dtype"] == dtype

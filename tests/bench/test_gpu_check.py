@@ -23,8 +23,17 @@ def test_smoke_run_on_cpu(tmp_path: Path, capsys: pytest.CaptureFixture[str]) ->
     assert gpu_check.main(["--device", "cpu", "--quick", "--json-out", str(out)]) == 0
     res = json.loads(out.read_text())
     names = [r["kernel"] for r in res["kernels"]]
-    for want in ("decode 32/8x128", "decode 9/3x64", "extend", "rms_norm", "fused_add_rms_norm", "rotary",
-                 "silu_and_mul", "kv pack", "kv unpack"):
+    for want in (
+        "decode 32/8x128",
+        "decode 9/3x64",
+        "extend",
+        "rms_norm",
+        "fused_add_rms_norm",
+        "rotary",
+        "silu_and_mul",
+        "kv pack",
+        "kv unpack",
+    ):
         assert any(n.startswith(want) for n in names), f"no {want} row in {names}"
     for r in res["kernels"]:
         assert r["triton_us"] > 0 and r["ref_us"] > 0 and r["bytes"] > 0

@@ -14,13 +14,26 @@ import yaml
 
 from shared.config import HostProbe, PassContext, ResolvedConfig, resolve
 from shared.config.catalog import all_specs, role_specs
-from tests.deploy.topology import (COMPOSE_FILE, GPU_FILE, REPO, Launch, compose_launches, compose_ports,
-                                   dockerfile_env, env_mapping, load_compose, parse_service_command,
-                                   published_host_ports)
+from tests.deploy.topology import (
+    COMPOSE_FILE,
+    GPU_FILE,
+    REPO,
+    Launch,
+    compose_launches,
+    compose_ports,
+    dockerfile_env,
+    env_mapping,
+    load_compose,
+    parse_service_command,
+    published_host_ports,
+)
 
 DOCKER_COMPOSE = shutil.which("docker-compose")
-needs_compose = pytest.mark.skipif(DOCKER_COMPOSE is None, reason="the docker-compose binary is not installed "
-                                   "(scripts/install.sh installs Debian's docker-compose 1.29; CI has it)")
+needs_compose = pytest.mark.skipif(
+    DOCKER_COMPOSE is None,
+    reason="the docker-compose binary is not installed "
+    "(scripts/install.sh installs Debian's docker-compose 1.29; CI has it)",
+)
 ALL_ENV_TWINS = {s.env for s in all_specs()}
 INFRA = ("etcd", "nats", "jaeger")
 
@@ -58,8 +71,10 @@ def test_docker_compose_129_accepts_the_file(files):
 def test_docker_compose_rejects_what_the_file_avoids(tmp_path):
     """The check above can fail: 1.29 refuses the Compose-v2-only keys the file must not use."""
     original = yaml.safe_load(COMPOSE_FILE.read_text())
-    for mutate in (lambda d: d.update(name="pdrelay"),
-                   lambda d: d["services"]["decode"]["depends_on"]["etcd"].update(required=True)):
+    for mutate in (
+        lambda d: d.update(name="pdrelay"),
+        lambda d: d["services"]["decode"]["depends_on"]["etcd"].update(required=True),
+    ):
         bad = copy.deepcopy(original)
         mutate(bad)
         path = tmp_path / "docker-compose.yml"
@@ -149,8 +164,10 @@ def test_published_ports_bind_loopback_by_default(model):
 
 # -- the real config system -----------------------------------------------------------------------------------------
 def test_command_parser_understands_both_spellings():
-    assert parse_service_command(["pdrelay", "serve", "decode", "--page-size", "32"]) == ("decode",
-                                                                                          ("--page-size", "32"))
+    assert parse_service_command(["pdrelay", "serve", "decode", "--page-size", "32"]) == (
+        "decode",
+        ("--page-size", "32"),
+    )
     assert parse_service_command("python -m services.prefill --threads 2") == ("prefill", ("--threads", "2"))
     assert parse_service_command(["/usr/local/bin/etcd", "--name=etcd"]) is None
     with pytest.raises(ValueError):

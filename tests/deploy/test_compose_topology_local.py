@@ -22,17 +22,30 @@ import pytest
 
 from shared.cluster.localcluster.servers import MooncakeMaster, free_port, stop_process
 from shared.config import resolve
-from tests.deploy.topology import (COMPOSE_DIR, COMPOSE_FILE, REPO, Launch, compose_launches, dockerfile_env,
-                                   load_compose)
+from tests.deploy.topology import (
+    COMPOSE_DIR,
+    COMPOSE_FILE,
+    REPO,
+    Launch,
+    compose_launches,
+    dockerfile_env,
+    load_compose,
+)
 from tests.helpers.servers import etcd_server, nats_server  # noqa: F401 (fixtures)
 
 MODEL = load_compose(COMPOSE_FILE)
-DEFAULT_PROFILE = [launch for launch in compose_launches(MODEL)
-                   if not MODEL["services"][launch.where.split(":", 1)[1]].get("profiles")]
+DEFAULT_PROFILE = [
+    launch for launch in compose_launches(MODEL) if not MODEL["services"][launch.where.split(":", 1)[1]].get("profiles")
+]
 # Like `docker compose up --scale decode=2`: replicas get identical environments and must still register apart.
 SCALE = {"decode": 2}
-MISSING = sorted({f"services/{launch.role}/__main__.py" for launch in DEFAULT_PROFILE
-                  if not (REPO / "services" / launch.role / "__main__.py").is_file()})
+MISSING = sorted(
+    {
+        f"services/{launch.role}/__main__.py"
+        for launch in DEFAULT_PROFILE
+        if not (REPO / "services" / launch.role / "__main__.py").is_file()
+    }
+)
 READY_TIMEOUT_S = 240.0
 
 pytestmark = [
@@ -84,15 +97,24 @@ class _Cluster:
 
     def start(self, name: str, launch: Launch, env: dict[str, str]) -> None:
         venv_bin = str(Path(sys.executable).parent)
-        full = {"PATH": f"{venv_bin}{os.pathsep}{os.environ.get('PATH', '/usr/bin:/bin')}",
-                "HOME": os.environ.get("HOME", str(self.tmp)), **env}
+        full = {
+            "PATH": f"{venv_bin}{os.pathsep}{os.environ.get('PATH', '/usr/bin:/bin')}",
+            "HOME": os.environ.get("HOME", str(self.tmp)),
+            **env,
+        }
         if "PYTHONPATH" in os.environ:  # a checkout run against another checkout's venv: import this one's code
             full["PYTHONPATH"] = os.environ["PYTHONPATH"]
         command = MODEL["services"][launch.where.split(":", 1)[1]]["command"]
         log = self.tmp / f"{name}.log"
         with open(log, "wb") as out:
-            proc = subprocess.Popen(["sh", str(COMPOSE_DIR / "entrypoint.sh"), *command], env=full, cwd=self.tmp,
-                                    stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+            proc = subprocess.Popen(
+                ["sh", str(COMPOSE_DIR / "entrypoint.sh"), *command],
+                env=full,
+                cwd=self.tmp,
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+            )
         self.procs.append((name, proc, log))
 
     def check_alive(self) -> None:
@@ -130,12 +152,17 @@ async def _registered(etcd_url: str, cluster: str) -> dict[str, list[str]]:
         await client.close()
 
 
-def test_compose_topology_serves_a_chat_request_as_local_processes(etcd_server, nats_server, tmp_path,  # noqa: F811
-                                                                   bundled_model_dir):
+def test_compose_topology_serves_a_chat_request_as_local_processes(
+    etcd_server, nats_server, tmp_path, bundled_model_dir
+):
     master = MooncakeMaster(tmp_path / "mooncake", free_port(), start_timeout_s=60.0)
     master.start()  # the compose file's mooncake-master service (not a pdrelay role)
-    endpoints = {"etcd": etcd_server.url, "nats": nats_server.url, "mooncake-master": master.address,
-                 "mooncake-metadata": master.metadata_url}
+    endpoints = {
+        "etcd": etcd_server.url,
+        "nats": nats_server.url,
+        "mooncake-master": master.address,
+        "mooncake-metadata": master.metadata_url,
+    }
     cluster = _Cluster(tmp_path)
     gateway_port = None
     cluster_name = "default"
@@ -169,10 +196,15 @@ def test_compose_topology_serves_a_chat_request_as_local_processes(etcd_server, 
 
             models = http.get("/v1/models").json()["data"]
             assert models, "the gateway lists no model"
-            resp = http.post("/v1/chat/completions", json={
-                "model": models[0]["id"],
-                "messages": [{"role": "user", "content": "What is the capital of France?"}],
-                "max_tokens": 16, "temperature": 0})
+            resp = http.post(
+                "/v1/chat/completions",
+                json={
+                    "model": models[0]["id"],
+                    "messages": [{"role": "user", "content": "What is the capital of France?"}],
+                    "max_tokens": 16,
+                    "temperature": 0,
+                },
+            )
             assert resp.status_code == 200, f"{resp.status_code} {resp.text}\n{cluster.logs()}"
             body = resp.json()
             text = body["choices"][0]["message"]["content"]

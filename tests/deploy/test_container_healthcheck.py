@@ -49,7 +49,7 @@ def grpc_health() -> Iterator[tuple[str, health.HealthServicer]]:
 class _Handler(BaseHTTPRequestHandler):
     codes: ClassVar[dict[str, int]] = {"/health": 200, "/ready": 503}
 
-    def do_GET(self) -> None:  # noqa: N802 (the http.server API)
+    def do_GET(self) -> None:
         code = self.codes.get(self.path, 404)
         body = b'{"status":"ok"}' if code == 200 else b'{"error":"not ready"}'
         self.send_response(code)

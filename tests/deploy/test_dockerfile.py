@@ -13,8 +13,16 @@ import tomllib
 from pathlib import Path
 
 from services.cli import build_parser
-from tests.deploy.topology import (COMPOSE_DIR, COMPOSE_FILE, REPO, compose_launches, compose_ports,
-                                   dockerfile_env, dockerfile_instructions, load_compose)
+from tests.deploy.topology import (
+    COMPOSE_DIR,
+    COMPOSE_FILE,
+    REPO,
+    compose_launches,
+    compose_ports,
+    dockerfile_env,
+    dockerfile_instructions,
+    load_compose,
+)
 
 INSTALL_SH = REPO / "scripts" / "install.sh"
 
@@ -74,8 +82,11 @@ def test_every_package_and_copied_path_exists():
 
 
 def test_dockerignore_keeps_the_venv_out_but_not_the_sources():
-    patterns = [line.strip() for line in (COMPOSE_DIR / "Dockerfile.dockerignore").read_text().splitlines()
-                if line.strip() and not line.startswith("#")]
+    patterns = [
+        line.strip()
+        for line in (COMPOSE_DIR / "Dockerfile.dockerignore").read_text().splitlines()
+        if line.strip() and not line.startswith("#")
+    ]
     assert ".venv" in patterns and ".git" in patterns
     for word, rest in dockerfile_instructions():
         if word == "COPY":
@@ -123,8 +134,13 @@ def test_entrypoint_and_healthcheck_are_installed():
 def _entrypoint(env: dict[str, str], *command: str) -> subprocess.CompletedProcess[str]:
     # python3 on PATH is the image's venv Python; here it is the test's interpreter.
     path = f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '/usr/bin:/bin')}"
-    return subprocess.run(["sh", str(COMPOSE_DIR / "entrypoint.sh"), *command], env={"PATH": path, **env},
-                          capture_output=True, text=True, timeout=30)
+    return subprocess.run(
+        ["sh", str(COMPOSE_DIR / "entrypoint.sh"), *command],
+        env={"PATH": path, **env},
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
 
 
 def test_entrypoint_advertises_the_container_address_and_execs_the_command():

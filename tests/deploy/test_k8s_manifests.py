@@ -14,8 +14,18 @@ import yaml
 
 from shared.config import PassContext, resolve
 from shared.config.catalog import all_specs, role_specs
-from tests.deploy.topology import (COMPOSE_FILE, K8S_DIR, compose_launches, compose_ports, config_maps, k8s_documents,
-                                   k8s_files, k8s_launches, load_compose, workloads)
+from tests.deploy.topology import (
+    COMPOSE_FILE,
+    K8S_DIR,
+    compose_launches,
+    compose_ports,
+    config_maps,
+    k8s_documents,
+    k8s_files,
+    k8s_launches,
+    load_compose,
+    workloads,
+)
 
 
 @pytest.fixture(scope="module")
@@ -84,8 +94,9 @@ def test_services_select_pods_and_target_their_ports(docs):
         numbers = {p["containerPort"] for c in containers for p in c.get("ports", [])}
         for port in svc["spec"]["ports"]:
             target = port.get("targetPort", port["port"])  # Kubernetes defaults targetPort to port
-            assert target in (names if isinstance(target, str) else numbers), \
+            assert target in (names if isinstance(target, str) else numbers), (
                 f"Service {svc['metadata']['name']} port {port['port']} targets {target!r}, which no container has"
+            )
 
 
 def test_etcd_and_nats_are_statefulsets_with_storage(docs):
@@ -121,7 +132,7 @@ def test_images_ports_and_env_exist_in_the_compose_definition(docs, compose):
         env_names = {e["name"] for e in c.get("env", [])}
         for source in c.get("envFrom", []):
             env_names |= set(maps[source["configMapRef"]["name"]])
-        compose_env = set((svc.get("environment") or {}))
+        compose_env = set(svc.get("environment") or {})
         assert env_names <= compose_env, f"{where}: env {sorted(env_names - compose_env)} not in compose"
 
 
@@ -189,12 +200,14 @@ def test_pods_run_as_the_image_user(docs):
         assert ctx.get("runAsNonRoot") is True and ctx.get("runAsUser") == uid, launch.where
 
 
-@pytest.mark.skipif(shutil.which("kubectl") is None, reason="kubectl is not installed (its built-in kustomize "
-                    "renders deploy/k8s without a cluster)")
+@pytest.mark.skipif(
+    shutil.which("kubectl") is None,
+    reason="kubectl is not installed (its built-in kustomize renders deploy/k8s without a cluster)",
+)
 def test_kustomize_renders_every_resource(docs):
     res = subprocess.run(["kubectl", "kustomize", str(K8S_DIR)], capture_output=True, text=True, timeout=60)
     assert res.returncode == 0, res.stderr
     rendered = [d for d in yaml.safe_load_all(res.stdout) if d]
-    key = lambda d: (d["kind"], d["metadata"]["name"])  # noqa: E731
+    key = lambda d: (d["kind"], d["metadata"]["name"])
     assert sorted(map(key, rendered)) == sorted(map(key, docs))
     assert all(d["metadata"].get("namespace", "pdrelay") == "pdrelay" for d in rendered if d["kind"] != "Namespace")

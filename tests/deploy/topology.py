@@ -137,8 +137,9 @@ def compose_launches(model: Mapping[str, Any]) -> list[Launch]:
         if parsed is None:
             continue
         role, argv = parsed
-        launches.append(Launch(f"compose:{name}", role, argv, env_mapping(svc.get("environment")),
-                               str(svc.get("image", ""))))
+        launches.append(
+            Launch(f"compose:{name}", role, argv, env_mapping(svc.get("environment")), str(svc.get("image", "")))
+        )
     return launches
 
 
@@ -174,8 +175,11 @@ def workloads(docs: Sequence[Mapping[str, Any]]) -> list[Mapping[str, Any]]:
 
 
 def config_maps(docs: Sequence[Mapping[str, Any]]) -> dict[str, dict[str, str]]:
-    return {d["metadata"]["name"]: {k: str(v) for k, v in (d.get("data") or {}).items()}
-            for d in docs if d.get("kind") == "ConfigMap"}
+    return {
+        d["metadata"]["name"]: {k: str(v) for k, v in (d.get("data") or {}).items()}
+        for d in docs
+        if d.get("kind") == "ConfigMap"
+    }
 
 
 def container_env(container: Mapping[str, Any], maps: Mapping[str, Mapping[str, str]]) -> dict[str, str]:
@@ -208,8 +212,15 @@ def k8s_launches(docs: Sequence[Mapping[str, Any]]) -> list[Launch]:
             if parsed is None:
                 continue
             role, argv = parsed
-            launches.append(Launch(f"k8s:{w['kind']}/{w['metadata']['name']}/{c['name']}", role, argv,
-                                   container_env(c, maps), str(c.get("image", ""))))
+            launches.append(
+                Launch(
+                    f"k8s:{w['kind']}/{w['metadata']['name']}/{c['name']}",
+                    role,
+                    argv,
+                    container_env(c, maps),
+                    str(c.get("image", "")),
+                )
+            )
     return launches
 
 

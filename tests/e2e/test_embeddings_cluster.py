@@ -66,9 +66,17 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
     etcd, nats = start_etcd(tmp), start_nats(tmp)
     procs: dict[str, ServiceProc] = {}
     try:
-        procs = start_services(tmp, etcd, nats, model_dir, [
-            Spec("gateway", "gw-1", CLUSTER, ("--port", "0", "--encoder-timeout-s", str(TIMEOUT_S))),
-            _encoder("enc-1"), _encoder("enc-2")])
+        procs = start_services(
+            tmp,
+            etcd,
+            nats,
+            model_dir,
+            [
+                Spec("gateway", "gw-1", CLUSTER, ("--port", "0", "--encoder-timeout-s", str(TIMEOUT_S))),
+                _encoder("enc-1"),
+                _encoder("enc-2"),
+            ],
+        )
         yield Cluster(tmp, etcd, nats, model_dir, procs)
     finally:
         stop_services(procs.values())
@@ -118,7 +126,8 @@ def test_openai_client_strings_lists_and_formats(cluster: Cluster, reference: Se
     assert got.shape == (3, 384) and [d.index for d in r.data] == [0, 1, 2]
     np.testing.assert_allclose(got, _ref(reference, texts), atol=1e-6)
     assert r.model == MODEL and r.usage.prompt_tokens == r.usage.total_tokens == sum(
-        len(x) for x in reference.tokenize(texts))
+        len(x) for x in reference.tokenize(texts)
+    )
     one = client.embeddings.create(model=MODEL, input=texts[0], encoding_format="float")
     np.testing.assert_allclose(np.array(one.data[0].embedding, dtype=np.float32), got[0], atol=1e-6)
     ids = reference.tokenize(texts[:2])
@@ -144,9 +153,14 @@ def test_bad_input_gets_openai_errors(cluster: Cluster) -> None:
         client.embeddings.create(model="nope", input="x")
     cut = client.embeddings.create(model=MODEL, input="long " * 300, extra_body={"truncate_prompt_tokens": -1})
     assert cut.usage.prompt_tokens == 256
-    for body in ({"model": MODEL, "input": ["a", [1, 2]]}, {"model": MODEL, "input": [[]]},
-                 {"model": MODEL, "input": "x", "encoding_format": "int8"}, {"model": MODEL, "input": [-1]},
-                 {"model": MODEL, "input": "x", "truncate_prompt_tokens": 999}, {"model": MODEL}):
+    for body in (
+        {"model": MODEL, "input": ["a", [1, 2]]},
+        {"model": MODEL, "input": [[]]},
+        {"model": MODEL, "input": "x", "encoding_format": "int8"},
+        {"model": MODEL, "input": [-1]},
+        {"model": MODEL, "input": "x", "truncate_prompt_tokens": 999},
+        {"model": MODEL},
+    ):
         resp = httpx.post(f"{cluster.http}/v1/embeddings", json=body)
         assert resp.status_code == 400, (body, resp.text)
         err = resp.json()["error"]
@@ -206,8 +220,9 @@ def _until_hit(cluster: Cluster, reference: SentenceEmbedder, hit: callable, tri
         t0 = time.monotonic()
         r = client.embeddings.create(model=MODEL, input=text, encoding_format="float")
         took.append(time.monotonic() - t0)
-        np.testing.assert_allclose(np.array(r.data[0].embedding, dtype=np.float32), _ref(reference, [text])[0],
-                                   atol=1e-6)
+        np.testing.assert_allclose(
+            np.array(r.data[0].embedding, dtype=np.float32), _ref(reference, [text])[0], atol=1e-6
+        )
         if hit():
             return took
     raise AssertionError(f"the faulty encoder got none of {tries} requests")
@@ -264,10 +279,14 @@ def test_registration_health_load_and_metrics(cluster: Cluster) -> None:
     assert (reg.encoder.embedding_model, reg.encoder.embedding_dim, reg.encoder.max_seq_len) == (MODEL, 384, 256)
     assert reg.capacity.max_running_requests > 0
     text = httpx.get(f"http://{info.metrics}/metrics").text
-    for name in ('pdrelay:encoder_request_latency_seconds_count{kind="embed"}', "pdrelay:encoder_batch_size_count",
-                 "pdrelay:encoder_forward_seconds_count", "pdrelay:encoder_cache_hits_total"):
+    for name in (
+        'pdrelay:encoder_request_latency_seconds_count{kind="embed"}',
+        "pdrelay:encoder_batch_size_count",
+        "pdrelay:encoder_forward_seconds_count",
+        "pdrelay:encoder_cache_hits_total",
+    ):
         assert name in text, name
-    count = next(ln for ln in text.splitlines() if ln.startswith('pdrelay:encoder_request_latency_seconds_count'))
+    count = next(ln for ln in text.splitlines() if ln.startswith("pdrelay:encoder_request_latency_seconds_count"))
     assert float(count.split()[-1]) > 0
 
 

@@ -36,8 +36,8 @@ import pytest
 
 from proto.pdrelay.v1 import common_pb2, worker_pb2
 from shared.cluster.bus.client import Bus
-from shared.cluster.grpc_errors import error_from_rpc
 from shared.cluster.bus.load import LoadTable
+from shared.cluster.grpc_errors import error_from_rpc
 from shared.cluster.localcluster.servers import stop_process
 from shared.cluster.localcluster.service_process import ServiceProcess, wait_all_ready
 from tests.e2e.test_gateway_cluster import _long_context_model, _spawn
@@ -73,22 +73,76 @@ class Hung:
 @pytest.fixture(scope="module")
 def hung(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Hung]:
     h = Hung(tmp_path_factory.mktemp("hung"))
-    common = ["--etcd-endpoints", h.etcd.url, "--nats-url", h.nats.url, "--cluster", CLUSTER, "--lease-ttl-s",
-              str(LEASE_TTL_S), "--model", str(h.model_dir)]
+    common = [
+        "--etcd-endpoints",
+        h.etcd.url,
+        "--nats-url",
+        h.nats.url,
+        "--cluster",
+        CLUSTER,
+        "--lease-ttl-s",
+        str(LEASE_TTL_S),
+        "--model",
+        str(h.model_dir),
+    ]
     try:
-        for name, role in (("decode-1", "decode"), ("decode-2", "decode"), ("prefill-1", "prefill"),
-                           ("prefill-2", "prefill")):
-            h.procs[name] = _spawn(name, f"services.{role}", [
-                *common, "--instance-id", name, "--threads", "1", "--num-pages", "2048",
-                "--load-report-interval-s", "0.05"], h.tmp)
+        for name, role in (
+            ("decode-1", "decode"),
+            ("decode-2", "decode"),
+            ("prefill-1", "prefill"),
+            ("prefill-2", "prefill"),
+        ):
+            h.procs[name] = _spawn(
+                name,
+                f"services.{role}",
+                [
+                    *common,
+                    "--instance-id",
+                    name,
+                    "--threads",
+                    "1",
+                    "--num-pages",
+                    "2048",
+                    "--load-report-interval-s",
+                    "0.05",
+                ],
+                h.tmp,
+            )
         side = [a if a != CLUSTER else SIDE_CLUSTER for a in common]
-        h.procs["decode-q"] = _spawn("decode-q", "services.decode", [
-            *side, "--instance-id", "decode-q", "--threads", "1", "--num-pages", "2048", "--handoff-retries", "1",
-            "--load-report-interval-s", "0.05", "--max-running-requests", "2", "--max-queued-requests", "4"], h.tmp)
-        h.procs["prefill-odd"] = _spawn("prefill-odd", "services.prefill", [
-            *side, "--instance-id", "prefill-odd", "--threads", "1", "--num-pages", "512", "--page-size", "32"], h.tmp)
-        h.procs["gateway"] = _spawn("gateway", "services.gateway", [*common, "--instance-id", "gateway", "--port", "0",
-                                                                     "--request-retries", "2"], h.tmp)
+        h.procs["decode-q"] = _spawn(
+            "decode-q",
+            "services.decode",
+            [
+                *side,
+                "--instance-id",
+                "decode-q",
+                "--threads",
+                "1",
+                "--num-pages",
+                "2048",
+                "--handoff-retries",
+                "1",
+                "--load-report-interval-s",
+                "0.05",
+                "--max-running-requests",
+                "2",
+                "--max-queued-requests",
+                "4",
+            ],
+            h.tmp,
+        )
+        h.procs["prefill-odd"] = _spawn(
+            "prefill-odd",
+            "services.prefill",
+            [*side, "--instance-id", "prefill-odd", "--threads", "1", "--num-pages", "512", "--page-size", "32"],
+            h.tmp,
+        )
+        h.procs["gateway"] = _spawn(
+            "gateway",
+            "services.gateway",
+            [*common, "--instance-id", "gateway", "--port", "0", "--request-retries", "2"],
+            h.tmp,
+        )
         wait_all_ready(list(h.procs.values()), READY_TIMEOUT_S)
         yield h
     finally:
@@ -202,8 +256,9 @@ def _prompt(seed: int) -> list[int]:
 def _target(h: Hung, name: str, *, address: str | None = None, epoch: int | None = None) -> worker_pb2.PrefillTarget:
     ready = h.procs[name].ready
     assert ready is not None
-    return worker_pb2.PrefillTarget(instance_id=name, grpc_address=address or ready.grpc,
-                                    epoch=ready.epoch if epoch is None else epoch)
+    return worker_pb2.PrefillTarget(
+        instance_id=name, grpc_address=address or ready.grpc, epoch=ready.epoch if epoch is None else epoch
+    )
 
 
 def _grpc(h: Hung, name: str) -> str:
@@ -263,8 +318,9 @@ async def test_a_refused_ticket_frees_its_pages_at_once(hung: Hung) -> None:
     loads = await LoadTable().subscribe(bus, SIDE_CLUSTER)
     try:
         with pytest.raises(grpc.aio.AioRpcError) as e:
-            await generate(_grpc(hung, "decode-q"), "refused-1", _prompt(30),
-                           prefill=_target(hung, "prefill-odd"), max_tokens=4)
+            await generate(
+                _grpc(hung, "decode-q"), "refused-1", _prompt(30), prefill=_target(hung, "prefill-odd"), max_tokens=4
+            )
         err = error_from_rpc(e.value)
         assert err is not None and err.code == common_pb2.ERROR_CODE_LAYOUT_MISMATCH, err
         t0 = time.monotonic()
@@ -283,8 +339,9 @@ async def test_a_refused_ticket_frees_its_pages_at_once(hung: Hung) -> None:
 async def test_hung_prefill_costs_a_short_deadline_then_leaves_rotation(hung: Hung, reference) -> None:
     d = _grpc(hung, "decode-2")
     warm = _prompt(40)
-    assert (await generate(d, "warm-p1", warm, prefill=_target(hung, "prefill-1"), max_tokens=4)).tokens == \
-        reference(warm, 4)  # a measured hand-off: deadlines now follow the prompt
+    assert (await generate(d, "warm-p1", warm, prefill=_target(hung, "prefill-1"), max_tokens=4)).tokens == reference(
+        warm, 4
+    )  # a measured hand-off: deadlines now follow the prompt
     hung_target = _target(hung, "prefill-2")
     victim = hung.procs["prefill-2"].proc
     os.kill(victim.pid, signal.SIGSTOP)
@@ -321,8 +378,11 @@ async def test_sigterm_to_a_prefill_while_it_writes_loses_nothing(hung: Hung, re
 
         tasks = [asyncio.create_task(one(i)) for i in range(len(prompts))]
         # SIGTERM once prefill-1 works on them (its queue is the twelve tickets)
-        await _until(lambda: (r := loads.fresh(0.5).get("prefill-1")) is not None and r.load.running +
-                     r.load.queued > 0, 20, "hand-offs running on prefill-1")
+        await _until(
+            lambda: (r := loads.fresh(0.5).get("prefill-1")) is not None and r.load.running + r.load.queued > 0,
+            20,
+            "hand-offs running on prefill-1",
+        )
         os.kill(victim.pid, signal.SIGTERM)
         got = await asyncio.gather(*tasks)
         assert got == [reference(p, 6) for p in prompts]

@@ -58,8 +58,9 @@ class Cluster:
         return f"http://{self.gateway.ready.http}"
 
     def logs(self) -> str:
-        return "\n".join(f"----- {p.name}\n{p.log()[-3000:]}"
-                         for p in (*self.workers.values(), *self.others, self.gateway))
+        return "\n".join(
+            f"----- {p.name}\n{p.log()[-3000:]}" for p in (*self.workers.values(), *self.others, self.gateway)
+        )
 
 
 def _spawn(name: str, module: str, args: list[str], tmp: Path) -> ServiceProcess:
@@ -84,8 +85,18 @@ def cluster(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFac
     tmp = tmp_path_factory.mktemp(f"gateway-{topology}")
     model_dir = _long_context_model(tmp / "models")
     etcd, nats = start_etcd(tmp), start_nats(tmp)
-    common = ["--etcd-endpoints", etcd.url, "--nats-url", nats.url, "--cluster", CLUSTER, "--lease-ttl-s", "2",
-              "--model", str(model_dir)]
+    common = [
+        "--etcd-endpoints",
+        etcd.url,
+        "--nats-url",
+        nats.url,
+        "--cluster",
+        CLUSTER,
+        "--lease-ttl-s",
+        "2",
+        "--model",
+        str(model_dir),
+    ]
     procs: list[ServiceProcess] = []
     try:
         called: dict[str, ServiceProcess] = {}
@@ -93,16 +104,33 @@ def cluster(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFac
         for role, count in TOPOLOGIES[topology]:
             for i in range(1, count + 1):
                 name = f"{role}-{i}"
-                proc = _spawn(name, f"services.{role}", [
-                    *common, "--instance-id", name, "--threads", "1", "--num-pages", "2048",
-                    "--load-report-interval-s", "0.05"], tmp)
+                proc = _spawn(
+                    name,
+                    f"services.{role}",
+                    [
+                        *common,
+                        "--instance-id",
+                        name,
+                        "--threads",
+                        "1",
+                        "--num-pages",
+                        "2048",
+                        "--load-report-interval-s",
+                        "0.05",
+                    ],
+                    tmp,
+                )
                 procs.append(proc)
                 if role == "prefill":
                     others.append(proc)
                 else:
                     called[name] = proc
-        gateway = _spawn("gateway-1", "services.gateway", [*common, "--instance-id", "gateway-1", "--port", "0",
-                                                          "--request-retries", "2"], tmp)
+        gateway = _spawn(
+            "gateway-1",
+            "services.gateway",
+            [*common, "--instance-id", "gateway-1", "--port", "0", "--request-retries", "2"],
+            tmp,
+        )
         procs.append(gateway)
         wait_all_ready(procs, READY_TIMEOUT_S)
         yield Cluster(topology, model_dir, etcd, nats, called, others, gateway)
@@ -217,8 +245,7 @@ async def test_repeated_prompt_goes_to_the_worker_holding_its_prefix(cluster: Cl
         async with httpx.AsyncClient(base_url=cluster.http, timeout=30) as c:
             cached = []
             for _ in range(4):
-                r = await c.post("/v1/chat/completions", json={"messages": messages, "max_tokens": 4,
-                                                               "temperature": 0})
+                r = await c.post("/v1/chat/completions", json={"messages": messages, "max_tokens": 4, "temperature": 0})
                 assert r.status_code == 200, r.text
                 cached.append(r.json()["usage"]["prompt_tokens_details"]["cached_tokens"])
                 await asyncio.sleep(0.3)  # KV events and load reports reach the gateway
@@ -243,9 +270,9 @@ async def test_grpc_api_generate_tokenize_models_health(cluster: Cluster, refere
         assert list(tok.token_ids) == tokenizer.encode_text("hello world") and tok.max_model_len == CONTEXT
         req = gateway_pb2.GenerateRequest(
             chat=gateway_pb2.ChatMessages(messages=[gateway_pb2.ChatMessage(**m) for m in MESSAGES]),
-            sampling=common_pb2.SamplingParams(temperature=0, max_tokens=24, ignore_eos=True,
-                                               skip_special_tokens=True),
-            return_token_ids=True)
+            sampling=common_pb2.SamplingParams(temperature=0, max_tokens=24, ignore_eos=True, skip_special_tokens=True),
+            return_token_ids=True,
+        )
         msgs = [m async for m in stub.Generate(req)]
         ids = [t for m in msgs for t in m.token_ids]
         assert ids == reference(tokenizer.encode_chat(MESSAGES), 24)
@@ -268,8 +295,11 @@ async def test_client_disconnect_aborts_on_the_worker(cluster: Cluster, tokenize
     watch = await _watch_bus(cluster)
     loads, cancels = watch.loads, watch.cancels
     try:
-        await _wait(lambda: len(_running(loads, cluster)) == 2 and not any(_running(loads, cluster).values()), 10,
-                    "both workers idle")
+        await _wait(
+            lambda: len(_running(loads, cluster)) == 2 and not any(_running(loads, cluster).values()),
+            10,
+            "both workers idle",
+        )
         body = {"prompt": "count", "max_tokens": CONTEXT - 100, "temperature": 0, "ignore_eos": True, "stream": True}
         async with httpx.AsyncClient(base_url=cluster.http, timeout=30) as c:
             async with c.stream("POST", "/v1/completions", json=body) as s:
@@ -296,8 +326,11 @@ async def test_worker_killed_mid_stream_is_replayed(cluster: Cluster, reference,
     watch = await _watch_bus(cluster)
     loads = watch.loads
     try:
-        await _wait(lambda: len(_running(loads, cluster)) == 2 and not any(_running(loads, cluster).values()), 10,
-                    "both workers idle")
+        await _wait(
+            lambda: len(_running(loads, cluster)) == 2 and not any(_running(loads, cluster).values()),
+            10,
+            "both workers idle",
+        )
         body = {"prompt": prompt_text, "max_tokens": n, "temperature": 0, "ignore_eos": True, "stream": True}
         victim = ""
         async with httpx.AsyncClient(base_url=cluster.http, timeout=60) as c:
@@ -321,7 +354,8 @@ async def test_worker_killed_mid_stream_is_replayed(cluster: Cluster, reference,
         rid = events[0]["id"]
         gateway_log = cluster.gateway.log()
         cut = [line for line in gateway_log.splitlines() if f"request {rid} attempt 0 on " in line]
-        assert cut and victim in cut[0] and "failed" in cut[0], \
+        assert cut and victim in cut[0] and "failed" in cut[0], (
             f"the stream must have been cut and replayed, not finished before the kill\n{gateway_log[-3000:]}"
+        )
     finally:
         await watch.bus.close()

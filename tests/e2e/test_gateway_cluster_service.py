@@ -54,8 +54,24 @@ class Env:
 
 
 def _gateway_cmd(env_etcd: EtcdServer, nats: NatsServer, model_dir: Path, iid: str, *extra: str) -> list[str]:
-    return [sys.executable, "-m", "services.gateway", "--etcd-endpoints", env_etcd.url, "--nats-url", nats.url,
-            "--cluster", CLUSTER, "--instance-id", iid, "--model", str(model_dir), "--lease-ttl-s", "2", *extra]
+    return [
+        sys.executable,
+        "-m",
+        "services.gateway",
+        "--etcd-endpoints",
+        env_etcd.url,
+        "--nats-url",
+        nats.url,
+        "--cluster",
+        CLUSTER,
+        "--instance-id",
+        iid,
+        "--model",
+        str(model_dir),
+        "--lease-ttl-s",
+        "2",
+        *extra,
+    ]
 
 
 def _start_gateway(name: str, cmd: list[str], tmp: Path, timeout: float = 60.0) -> ServiceProcess:
@@ -74,8 +90,9 @@ def env(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Env]:
     etcd, nats = start_etcd(tmp), start_nats(tmp)
     gw: ServiceProcess | None = None
     try:
-        gw = _start_gateway("gw-1", _gateway_cmd(etcd, nats, model_dir, "gw-1", "--port", "0", "--drain-timeout-s",
-                                                 "20"), tmp)
+        gw = _start_gateway(
+            "gw-1", _gateway_cmd(etcd, nats, model_dir, "gw-1", "--port", "0", "--drain-timeout-s", "20"), tmp
+        )
         yield Env(etcd, nats, model_dir, tmp, gw)
     finally:
         if gw is not None:
@@ -93,8 +110,9 @@ class FakeWorker(worker_pb2_grpc.DecodeServicer):
     server: grpc.aio.Server | None = None
     registrar: Registrar | None = None
 
-    async def Generate(self, request: worker_pb2.DecodeRequest,
-                       context: grpc.aio.ServicerContext) -> AsyncIterator[worker_pb2.DecodeResponse]:
+    async def Generate(
+        self, request: worker_pb2.DecodeRequest, context: grpc.aio.ServicerContext
+    ) -> AsyncIterator[worker_pb2.DecodeResponse]:
         if self.refuse:
             await abort(context, self.refuse, "fake worker refuses", instance_id="fake-1")
         self.served += 1
@@ -119,11 +137,19 @@ async def worker(env: Env) -> AsyncIterator[FakeWorker]:
     port = server.add_insecure_port("127.0.0.1:0")
     await server.start()
     client = await connect_etcd([env.etcd.url])
-    reg = Registrar(client, InstanceInfo(cluster=CLUSTER, role="worker", instance_id="fake-1",
-                                         grpc_address=f"127.0.0.1:{port}", state=InstanceState.READY,
-                                         model=env.model_dir.name,
-                                         capacity=Capacity(max_running_requests=8, num_pages=100, page_size=16)),
-                    ttl_s=2)
+    reg = Registrar(
+        client,
+        InstanceInfo(
+            cluster=CLUSTER,
+            role="worker",
+            instance_id="fake-1",
+            grpc_address=f"127.0.0.1:{port}",
+            state=InstanceState.READY,
+            model=env.model_dir.name,
+            capacity=Capacity(max_running_requests=8, num_pages=100, page_size=16),
+        ),
+        ttl_s=2,
+    )
     fake.server, fake.registrar = server, reg
     try:
         yield fake

@@ -63,8 +63,10 @@ class Cluster:
         return f"http://{self.gateway.ready.http}"
 
     def logs(self) -> str:
-        return "\n".join(f"----- {p.name}\n{p.log()[-3000:]}"
-                         for p in (self.gateway, self.decode, self.prefill, self.untraced, self.bad_prefill))
+        return "\n".join(
+            f"----- {p.name}\n{p.log()[-3000:]}"
+            for p in (self.gateway, self.decode, self.prefill, self.untraced, self.bad_prefill)
+        )
 
 
 def _spawn(name: str, role: str, args: list[str], tmp: Path) -> ServiceProcess:
@@ -80,17 +82,41 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
     endpoint = collector.start()
     base = ["--etcd-endpoints", etcd.url, "--nats-url", nats.url, "--lease-ttl-s", "2", "--model", str(model_dir)]
     traced = [*base, "--cluster", "trace", "--otlp-traces-endpoint", f"http://{endpoint}"]
-    engine = ["--threads", "1", "--num-pages", "512", "--page-size", str(PAGE_SIZE), "--load-report-interval-s",
-              "0.05", "--metrics-port", "0"]
+    engine = [
+        "--threads",
+        "1",
+        "--num-pages",
+        "512",
+        "--page-size",
+        str(PAGE_SIZE),
+        "--load-report-interval-s",
+        "0.05",
+        "--metrics-port",
+        "0",
+    ]
     procs: list[ServiceProcess] = []
     try:
-        procs += [_spawn("prefill-1", "prefill", [*traced, *engine, "--log-json"], tmp),
-                  _spawn("decode-1", "decode", [*traced, *engine], tmp),
-                  _spawn("worker-off", "worker", [*base, "--cluster", "trace-off", *engine], tmp),
-                  _spawn("prefill-bad", "prefill", [*base, "--cluster", "trace-bad", "--otlp-traces-endpoint",
-                                                    f"http://{endpoint}", *engine, "--fault-injection",
-                                                    "prefill_corrupt_checksum"], tmp),
-                  _spawn("gateway-1", "gateway", [*traced, "--port", "0"], tmp)]
+        procs += [
+            _spawn("prefill-1", "prefill", [*traced, *engine, "--log-json"], tmp),
+            _spawn("decode-1", "decode", [*traced, *engine], tmp),
+            _spawn("worker-off", "worker", [*base, "--cluster", "trace-off", *engine], tmp),
+            _spawn(
+                "prefill-bad",
+                "prefill",
+                [
+                    *base,
+                    "--cluster",
+                    "trace-bad",
+                    "--otlp-traces-endpoint",
+                    f"http://{endpoint}",
+                    *engine,
+                    "--fault-injection",
+                    "prefill_corrupt_checksum",
+                ],
+                tmp,
+            ),
+            _spawn("gateway-1", "gateway", [*traced, "--port", "0"], tmp),
+        ]
         wait_all_ready(procs, READY_TIMEOUT_S)
         prefill, decode, untraced, bad, gateway = procs
         yield Cluster(model_dir, etcd, nats, collector, gateway, decode, prefill, untraced, bad)
@@ -102,6 +128,7 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
 
 
 # ---------------------------------------------------------------- helpers
+
 
 def _page_bytes(model_dir: Path) -> int:
     """One KV page of the model, all layers, K and V, fp32: computed from config.json, not asked of pdrelay."""
@@ -145,8 +172,10 @@ async def _spans_of(cluster: Cluster, request_id: str) -> list[SpanRecord]:
                 await asyncio.sleep(0.6)  # one more export round: spans that ended last (decode.generate's parent)
                 return _trace_of(cluster.collector.spans(), request_id)
         if time.monotonic() > deadline:
-            raise AssertionError(f"spans of {request_id} incomplete after {SPAN_WAIT_S} s: "
-                                 f"{sorted({s.name for s in spans})}\n{cluster.logs()}")
+            raise AssertionError(
+                f"spans of {request_id} incomplete after {SPAN_WAIT_S} s: "
+                f"{sorted({s.name for s in spans})}\n{cluster.logs()}"
+            )
         await asyncio.sleep(0.1)
 
 
@@ -157,14 +186,14 @@ def _one(trace: list[SpanRecord], name: str) -> SpanRecord:
 
 
 def _metric(text: str, name: str) -> float:
-    m = re.search(rf"^{re.escape(name)}(?:{{[^}}]*}})? ([0-9.e+-]+)$", text, re.M)
+    m = re.search(rf"^{re.escape(name)}(?:{{[^}}]*}})? ([0-9.e+-]+)$", text, re.MULTILINE)
     assert m is not None, f"{name} not in /metrics"
     return float(m.group(1))
 
 
 def _metric_sum(text: str, name: str) -> float:
     """All samples of `name`, whatever their labels (0 when it has none yet)."""
-    return sum(float(v) for v in re.findall(rf"^{re.escape(name)}(?:{{[^}}]*}})? ([0-9.e+-]+)$", text, re.M))
+    return sum(float(v) for v in re.findall(rf"^{re.escape(name)}(?:{{[^}}]*}})? ([0-9.e+-]+)$", text, re.MULTILINE))
 
 
 async def _scrape(address: str) -> str:
@@ -190,8 +219,14 @@ def _prompt(i: int) -> list[dict[str, str]]:
 
 async def _chat(client: httpx.AsyncClient, i: int, stream: bool, max_tokens: int = 8) -> tuple[str, int]:
     """(request id, prompt tokens) of one chat completion."""
-    body = {"messages": _prompt(i), "max_tokens": max_tokens, "temperature": 0,
-            "ignore_eos": True, "stream": stream, "stream_options": {"include_usage": True} if stream else None}
+    body = {
+        "messages": _prompt(i),
+        "max_tokens": max_tokens,
+        "temperature": 0,
+        "ignore_eos": True,
+        "stream": stream,
+        "stream_options": {"include_usage": True} if stream else None,
+    }
     body = {k: v for k, v in body.items() if v is not None}
     if not stream:
         r = await client.post("/v1/chat/completions", json=body)
@@ -211,6 +246,7 @@ async def _chat(client: httpx.AsyncClient, i: int, stream: bool, max_tokens: int
 
 
 # ---------------------------------------------------------------- tests
+
 
 async def test_one_trace_per_request_linked_across_services(cluster: Cluster):
     page_bytes = _page_bytes(cluster.model_dir)
@@ -273,8 +309,10 @@ async def test_one_trace_per_request_linked_across_services(cluster: Cluster):
         phases = [(max(s.start_ns, t0), min(s.end_ns, t1)) for s in trace if s.span_id not in parents]
         phase_coverages.append(_union_ns([i for i in phases if i[1] > i[0]]) / (t1 - t0))
         assert "kv.transfer" in render(trace, rid)
-    print(f"TTFT covered by spans: {[f'{c:.1%}' for c in coverages]}; by leaf phases: "
-          f"{[f'{c:.1%}' for c in phase_coverages]}")
+    print(
+        f"TTFT covered by spans: {[f'{c:.1%}' for c in coverages]}; by leaf phases: "
+        f"{[f'{c:.1%}' for c in phase_coverages]}"
+    )
     assert min(coverages) >= 0.90, coverages
     # The named phases alone (no RPC spans): most of it; the rest is RPC transit and scheduling between phases,
     # which a busy 2-core box occasionally stretches for one request (hence the median).
@@ -309,14 +347,13 @@ async def test_metrics_count_the_requests_sent(cluster: Cluster):
     for proc in ("decode-1", "prefill-1"):
         assert _metric(after[proc], "pdrelay:kv_pages_total") == 512
         assert _metric(after[proc], "pdrelay:num_requests_running") == 0
-        assert delta(proc, 'pdrelay:prefix_cache_queries_total') > 0
+        assert delta(proc, "pdrelay:prefix_cache_queries_total") > 0
     for proc in ("decode-1", "prefill-1"):
         assert _metric_sum(after[proc], "pdrelay:request_errors_total") == 0, proc
 
 
 async def test_client_disconnect_cancel_is_in_the_request_trace(cluster: Cluster):
-    body = {"messages": _prompt(20), "max_tokens": 300, "temperature": 0, "ignore_eos": True,
-            "stream": True}
+    body = {"messages": _prompt(20), "max_tokens": 300, "temperature": 0, "ignore_eos": True, "stream": True}
     rid = ""
     async with httpx.AsyncClient(base_url=cluster.http, timeout=60) as client:
         async with client.stream("POST", "/v1/chat/completions", json=body) as r:
@@ -348,9 +385,11 @@ async def test_tracing_off_records_nothing_but_still_counts(cluster: Cluster):
     before = _metric(await _scrape(metrics), "pdrelay:time_to_first_token_seconds_count")
     trace_id = "5" * 32
     req = worker_pb2.DecodeRequest(
-        request_id="untraced-1", prompt_token_ids=list(range(3, 40)),
+        request_id="untraced-1",
+        prompt_token_ids=list(range(3, 40)),
         sampling=common_pb2.SamplingParams(max_tokens=4, temperature=0.0, ignore_eos=True),
-        trace=common_pb2.TraceContext(traceparent=f"00-{trace_id}-{'6' * 16}-01"))
+        trace=common_pb2.TraceContext(traceparent=f"00-{trace_id}-{'6' * 16}-01"),
+    )
     async with grpc.aio.insecure_channel(cluster.untraced.ready.grpc) as ch:
         got = [m async for m in worker_pb2_grpc.DecodeStub(ch).Generate(req)]
     assert sum(len(m.token_ids) for m in got) == 4
@@ -374,10 +413,12 @@ async def test_a_failed_hand_off_and_its_retry_are_in_the_trace(cluster: Cluster
     bad = cluster.bad_prefill.ready
     trace_id, caller = "4" * 32, "3" * 16
     req = worker_pb2.DecodeRequest(
-        request_id="retried-1", prompt_token_ids=list(range(3, 60)),
+        request_id="retried-1",
+        prompt_token_ids=list(range(3, 60)),
         sampling=common_pb2.SamplingParams(max_tokens=3, temperature=0.0, ignore_eos=True),
         prefill=worker_pb2.PrefillTarget(instance_id=bad.instance_id, grpc_address=bad.grpc, epoch=bad.epoch),
-        trace=common_pb2.TraceContext(traceparent=f"00-{trace_id}-{caller}-01"))
+        trace=common_pb2.TraceContext(traceparent=f"00-{trace_id}-{caller}-01"),
+    )
     async with grpc.aio.insecure_channel(cluster.decode.ready.grpc) as ch:
         got = [m async for m in worker_pb2_grpc.DecodeStub(ch).Generate(req)]
     assert sum(len(m.token_ids) for m in got) == 3 and got[0].prefill_instance_id == "prefill-1"
@@ -393,8 +434,9 @@ async def test_a_failed_hand_off_and_its_retry_are_in_the_trace(cluster: Cluster
     handoffs = sorted((s for s in trace if s.name == "decode.handoff"), key=lambda s: s.start_ns)
     assert [h.attributes["pdrelay.prefill.instance_id"] for h in handoffs] == ["prefill-bad", "prefill-1"]
     servers = {s.parent_span_id: s for s in trace if s.name == "prefill.handoff"}
-    assert servers[handoffs[0].span_id].instance == "prefill-bad" and servers[handoffs[1].span_id].instance == \
-        "prefill-1"
+    assert (
+        servers[handoffs[0].span_id].instance == "prefill-bad" and servers[handoffs[1].span_id].instance == "prefill-1"
+    )
     verifies = sorted((s for s in trace if s.name == "decode.verify"), key=lambda s: s.start_ns)
     assert [v.attributes["pdrelay.checksum.ok"] for v in verifies] == [False, True]
     (retry,) = [e for e in dec.events if e.name == "retry"]

@@ -24,8 +24,9 @@ pytestmark = [pytest.mark.e2e, pytest.mark.timeout(120)]
 
 
 def pdrelay(*args: str, timeout: float = 60) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "services.cli", *args], capture_output=True, text=True,
-                          timeout=timeout)
+    return subprocess.run(
+        [sys.executable, "-m", "services.cli", *args], capture_output=True, text=True, timeout=timeout
+    )
 
 
 def _export_one_request(endpoint: str, request_id: str) -> dict[str, float]:
@@ -33,12 +34,18 @@ def _export_one_request(endpoint: str, request_id: str) -> dict[str, float]:
     gw = Tracing.start(endpoint, role="gateway", instance_id="gateway-1", cluster="t")
     dec = Tracing.start(endpoint, role="decode", instance_id="decode-1", cluster="t")
     t0 = time.monotonic() - 0.050
-    root = gw.start_span(spans.GATEWAY_REQUEST, kind=SpanKind.SERVER, start=t0,
-                         attributes={spans.REQUEST_ID: request_id})
+    root = gw.start_span(
+        spans.GATEWAY_REQUEST, kind=SpanKind.SERVER, start=t0, attributes={spans.REQUEST_ID: request_id}
+    )
     gw.record(spans.GATEWAY_TOKENIZE, t0, t0 + 0.002, parent=root)
     call = gw.start_span(spans.GATEWAY_DECODE_CALL, parent=root, kind=SpanKind.CLIENT, start=t0 + 0.003)
-    server = dec.start_span(spans.DECODE_GENERATE, parent=call, kind=SpanKind.SERVER, start=t0 + 0.004,
-                            attributes={spans.REQUEST_ID: request_id})
+    server = dec.start_span(
+        spans.DECODE_GENERATE,
+        parent=call,
+        kind=SpanKind.SERVER,
+        start=t0 + 0.004,
+        attributes={spans.REQUEST_ID: request_id},
+    )
     dec.record(spans.PREFILL_COMPUTE, t0 + 0.005, t0 + 0.025, parent=server)
     dec.record(spans.KV_TRANSFER, t0 + 0.025, t0 + 0.030, {spans.TRANSFER_BYTES: 65536}, parent=server)
     dec.record(spans.DECODE_STREAM, t0 + 0.031, t0 + 0.045, parent=server)
@@ -52,8 +59,7 @@ def _export_one_request(endpoint: str, request_id: str) -> dict[str, float]:
 
 def test_trace_sink_plumbing_in_the_supervisor(tmp_path: Path) -> None:
     sup = Supervisor(UpOptions(run_dir=str(tmp_path), trace=True, extra=("--page-size", "32")))
-    sup.state = RunState(supervisor_pid=0, cluster="t", etcd_url="", nats_url="", run_dir=str(tmp_path),
-                         started_at=0.0)
+    sup.state = RunState(supervisor_pid=0, cluster="t", etcd_url="", nats_url="", run_dir=str(tmp_path), started_at=0.0)
     sup._start_trace_sink()
     try:
         assert sup.trace_sink is not None and sup.trace_sink.alive()
@@ -72,8 +78,26 @@ def test_trace_sink_plumbing_in_the_supervisor(tmp_path: Path) -> None:
 def test_up_trace_then_pdrelay_trace_then_down(tmp_path: Path) -> None:
     run_dir = str(tmp_path / "run")
     ports = ["--etcd-port", str(free_port()), "--nats-port", str(free_port())]
-    up = pdrelay("up", "--detach", "--trace", "--run-dir", run_dir, "--cluster", "tr", "--gateway", "0",
-                 "--prefill", "0", "--decode", "0", "--encoder", "0", "--echo", "1", *ports)
+    up = pdrelay(
+        "up",
+        "--detach",
+        "--trace",
+        "--run-dir",
+        run_dir,
+        "--cluster",
+        "tr",
+        "--gateway",
+        "0",
+        "--prefill",
+        "0",
+        "--decode",
+        "0",
+        "--encoder",
+        "0",
+        "--echo",
+        "1",
+        *ports,
+    )
     state = read_state(Path(run_dir))
     try:
         assert up.returncode == 0, up.stdout + up.stderr
@@ -102,10 +126,16 @@ def test_up_trace_then_pdrelay_trace_then_down(tmp_path: Path) -> None:
             m = re.search(rf"{re.escape(phase)} +([0-9.]+)", out)
             assert m and float(m.group(1)) == pytest.approx(want[key], abs=0.05), out
         lines = out.splitlines()
-        depth = {n: next(ln for ln in lines if f" {n}  [" in ln).index(n) for n in (spans.GATEWAY_REQUEST,
-                 spans.GATEWAY_DECODE_CALL, spans.DECODE_GENERATE, spans.KV_TRANSFER)}
-        assert depth[spans.GATEWAY_REQUEST] < depth[spans.GATEWAY_DECODE_CALL] < depth[spans.DECODE_GENERATE] \
-            < depth[spans.KV_TRANSFER], out
+        depth = {
+            n: next(ln for ln in lines if f" {n}  [" in ln).index(n)
+            for n in (spans.GATEWAY_REQUEST, spans.GATEWAY_DECODE_CALL, spans.DECODE_GENERATE, spans.KV_TRANSFER)
+        }
+        assert (
+            depth[spans.GATEWAY_REQUEST]
+            < depth[spans.GATEWAY_DECODE_CALL]
+            < depth[spans.DECODE_GENERATE]
+            < depth[spans.KV_TRANSFER]
+        ), out
 
         missing = pdrelay("trace", "chatcmpl-nope", "--run-dir", run_dir)
         assert missing.returncode == 1 and "no spans of request" in missing.stderr

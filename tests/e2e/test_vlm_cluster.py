@@ -39,6 +39,8 @@ class Gateway:
     url: str
     topology: str
     encoders: list[ServiceProcess]
+
+
 MAX_TOKENS = 8
 
 
@@ -48,12 +50,23 @@ def model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 @pytest.fixture(scope="module", params=list(TOPOLOGIES))
-def gateway_url(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory,
-                model_dir: Path) -> Iterator[Gateway]:
+def gateway_url(
+    request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory, model_dir: Path
+) -> Iterator[Gateway]:
     tmp = tmp_path_factory.mktemp(f"vlm-{request.param}")
     etcd, nats = start_etcd(tmp), start_nats(tmp)
-    common = ["--etcd-endpoints", etcd.url, "--nats-url", nats.url, "--cluster", CLUSTER, "--lease-ttl-s", "2",
-              "--model", str(model_dir)]
+    common = [
+        "--etcd-endpoints",
+        etcd.url,
+        "--nats-url",
+        nats.url,
+        "--cluster",
+        CLUSTER,
+        "--lease-ttl-s",
+        "2",
+        "--model",
+        str(model_dir),
+    ]
     procs: list[ServiceProcess] = []
     try:
         for role, count in TOPOLOGIES[request.param]:
@@ -86,31 +99,46 @@ def hf(model_dir: Path):  # -> (model, image processor, tokenizer)
         LlavaForConditionalGeneration,
     )
 
-    return (LlavaForConditionalGeneration.from_pretrained(model_dir, dtype=torch.float32).eval(),
-            AutoImageProcessor.from_pretrained(model_dir), AutoTokenizer.from_pretrained(model_dir))
+    return (
+        LlavaForConditionalGeneration.from_pretrained(model_dir, dtype=torch.float32).eval(),
+        AutoImageProcessor.from_pretrained(model_dir),
+        AutoTokenizer.from_pretrained(model_dir),
+    )
 
 
 def hf_greedy(hf, images: list[bytes], text: str) -> str:  # type: ignore[no-untyped-def]
     model, proc, tok = hf
     content = "\n".join(["<image>"] * len(images) + [text])  # what the gateway makes of [image parts..., text]
-    templated = tok.apply_chat_template([{"role": "user", "content": content}], add_generation_prompt=True,
-                                        tokenize=False)
+    templated = tok.apply_chat_template(
+        [{"role": "user", "content": content}], add_generation_prompt=True, tokenize=False
+    )
     ids = tok.encode(templated, add_special_tokens=False)
     image_id = model.config.image_token_id
     n = model.config.image_seq_length
     expanded = [t for i in ids for t in ([i] * n if i == image_id else [i])]
     px = proc(images=[Image.open(io.BytesIO(b)) for b in images], return_tensors="pt")["pixel_values"]
     with torch.no_grad():
-        out = model.generate(input_ids=torch.tensor([expanded]), pixel_values=px, max_new_tokens=MAX_TOKENS,
-                             do_sample=False, attention_mask=torch.ones(1, len(expanded), dtype=torch.long))
-    return tok.decode(out[0, len(expanded):].tolist(), skip_special_tokens=True)
+        out = model.generate(
+            input_ids=torch.tensor([expanded]),
+            pixel_values=px,
+            max_new_tokens=MAX_TOKENS,
+            do_sample=False,
+            attention_mask=torch.ones(1, len(expanded), dtype=torch.long),
+        )
+    return tok.decode(out[0, len(expanded) :].tolist(), skip_special_tokens=True)
 
 
 async def ask(url: str, images: list[tuple[bytes, str]], text: str) -> dict:
-    parts = [{"type": "image_url", "image_url": {"url": f"data:{mime};base64,{base64.b64encode(b).decode()}"}}
-             for b, mime in images]
-    body = {"max_tokens": MAX_TOKENS, "temperature": 0, "ignore_eos": True,
-            "messages": [{"role": "user", "content": [*parts, {"type": "text", "text": text}]}]}
+    parts = [
+        {"type": "image_url", "image_url": {"url": f"data:{mime};base64,{base64.b64encode(b).decode()}"}}
+        for b, mime in images
+    ]
+    body = {
+        "max_tokens": MAX_TOKENS,
+        "temperature": 0,
+        "ignore_eos": True,
+        "messages": [{"role": "user", "content": [*parts, {"type": "text", "text": text}]}],
+    }
     async with httpx.AsyncClient(timeout=60.0) as c:
         r = await c.post(f"{url}/v1/chat/completions", json=body)
     assert r.status_code == 200, r.text
@@ -118,8 +146,11 @@ async def ask(url: str, images: list[tuple[bytes, str]], text: str) -> dict:
 
 
 def _metric(text: str, name: str) -> float:
-    return sum(float(line.split()[-1]) for line in text.splitlines()
-               if line.split(" ")[0].split("{")[0] in (name, name + "_total"))
+    return sum(
+        float(line.split()[-1])
+        for line in text.splitlines()
+        if line.split(" ")[0].split("{")[0] in (name, name + "_total")
+    )
 
 
 async def encoder_cache(gw: Gateway) -> list[tuple[float, float]]:
@@ -169,6 +200,8 @@ async def test_epd_survives_dead_encoders(gateway_url: Gateway, hf) -> None:  # 
 
 async def test_text_only_requests_still_work(gateway_url: Gateway) -> None:
     async with httpx.AsyncClient(timeout=60.0) as c:
-        r = await c.post(f"{gateway_url.url}/v1/chat/completions", json={
-            "max_tokens": 4, "messages": [{"role": "user", "content": "Hello there"}]})
+        r = await c.post(
+            f"{gateway_url.url}/v1/chat/completions",
+            json={"max_tokens": 4, "messages": [{"role": "user", "content": "Hello there"}]},
+        )
     assert r.status_code == 200, r.text

@@ -35,26 +35,70 @@ class Faulty:
     common: list[str]
 
     def encoder(self, name: str, fault: str) -> ServiceProcess:
-        p = _spawn(name, "services.encoder", [*self.common, "--instance-id", name, "--threads", "1",
-                                              "--encoder-model", "none", "--encoder-fault-injection", fault], self.tmp)
+        p = _spawn(
+            name,
+            "services.encoder",
+            [
+                *self.common,
+                "--instance-id",
+                name,
+                "--threads",
+                "1",
+                "--encoder-model",
+                "none",
+                "--encoder-fault-injection",
+                fault,
+            ],
+            self.tmp,
+        )
         wait_all_ready([p], 120.0)
         time.sleep(0.5)  # the gateway's etcd watch sees it
         return p
 
 
 @pytest.fixture(scope="module")
-def cluster(tmp_path_factory: pytest.TempPathFactory, model_dir: Path) -> Iterator[Faulty]:  # noqa: F811
+def cluster(tmp_path_factory: pytest.TempPathFactory, model_dir: Path) -> Iterator[Faulty]:
     tmp = tmp_path_factory.mktemp("vlm-faults")
     etcd, nats = start_etcd(tmp), start_nats(tmp)
-    common = ["--etcd-endpoints", etcd.url, "--nats-url", nats.url, "--cluster", CLUSTER, "--lease-ttl-s", "2",
-              "--model", str(model_dir)]
+    common = [
+        "--etcd-endpoints",
+        etcd.url,
+        "--nats-url",
+        nats.url,
+        "--cluster",
+        CLUSTER,
+        "--lease-ttl-s",
+        "2",
+        "--model",
+        str(model_dir),
+    ]
     procs: list[ServiceProcess] = []
     try:
         for role in ("prefill", "decode"):
-            procs.append(_spawn(f"{role}-1", f"services.{role}", [
-                *common, "--instance-id", f"{role}-1", "--threads", "1", "--num-pages", "512",
-                "--transfer-backend", "nixl", "--local-prefill-threshold", "0", "--handoff-timeout-s", str(HANDOFF_S),
-                "--handoff-min-timeout-s", str(HANDOFF_S)], tmp))
+            procs.append(
+                _spawn(
+                    f"{role}-1",
+                    f"services.{role}",
+                    [
+                        *common,
+                        "--instance-id",
+                        f"{role}-1",
+                        "--threads",
+                        "1",
+                        "--num-pages",
+                        "512",
+                        "--transfer-backend",
+                        "nixl",
+                        "--local-prefill-threshold",
+                        "0",
+                        "--handoff-timeout-s",
+                        str(HANDOFF_S),
+                        "--handoff-min-timeout-s",
+                        str(HANDOFF_S),
+                    ],
+                    tmp,
+                )
+            )
         gateway = _spawn("gateway-1", "services.gateway", [*common, "--instance-id", "gateway-1", "--port", "0"], tmp)
         procs.append(gateway)
         wait_all_ready(procs, 120.0)
@@ -76,7 +120,7 @@ async def _answers_right(cluster: Faulty, hf, seed: int) -> float:  # type: igno
     return took
 
 
-async def test_encoder_crash_mid_request_falls_back(cluster: Faulty, hf) -> None:  # type: ignore[no-untyped-def]  # noqa: F811
+async def test_encoder_crash_mid_request_falls_back(cluster: Faulty, hf) -> None:  # type: ignore[no-untyped-def]
     bad = cluster.encoder("encoder-crash", "encoder_crash")
     try:
         await _answers_right(cluster, hf, 31)  # the only encoder, so the gateway sent the image there
@@ -86,7 +130,7 @@ async def test_encoder_crash_mid_request_falls_back(cluster: Faulty, hf) -> None
         stop_process(bad.proc)
 
 
-async def test_encoder_hang_times_out_and_falls_back(cluster: Faulty, hf) -> None:  # type: ignore[no-untyped-def]  # noqa: F811
+async def test_encoder_hang_times_out_and_falls_back(cluster: Faulty, hf) -> None:  # type: ignore[no-untyped-def]
     bad = cluster.encoder("encoder-hang", "encoder_hang")
     try:
         for seed in range(41, 45):  # a crashed encoder's lease may still name it for a moment: until one hangs

@@ -36,21 +36,49 @@ class ApiCluster:
 
 
 @contextmanager
-def api_cluster(topology: str, model_dir: Path, tmp: Path, cluster: str = "apitest",
-                extra: tuple[str, ...] = ()) -> Iterator[ApiCluster]:
+def api_cluster(
+    topology: str, model_dir: Path, tmp: Path, cluster: str = "apitest", extra: tuple[str, ...] = ()
+) -> Iterator[ApiCluster]:
     etcd, nats = start_etcd(tmp), start_nats(tmp)
-    common = ["--etcd-endpoints", etcd.url, "--nats-url", nats.url, "--cluster", cluster, "--lease-ttl-s", "2",
-              "--model", str(model_dir)]
+    common = [
+        "--etcd-endpoints",
+        etcd.url,
+        "--nats-url",
+        nats.url,
+        "--cluster",
+        cluster,
+        "--lease-ttl-s",
+        "2",
+        "--model",
+        str(model_dir),
+    ]
     procs: list[ServiceProcess] = []
     try:
         for role, count in TOPOLOGIES[topology]:
             for i in range(1, count + 1):
                 name = f"{role}-{i}"
-                procs.append(ServiceProcess(name, python_cmd(
-                    f"services.{role}", *common, "--instance-id", name, "--threads", "1", "--num-pages", "1024",
-                    "--load-report-interval-s", "0.05", *extra), tmp))
-        gateway = ServiceProcess("gateway-1", python_cmd("services.gateway", *common, "--instance-id", "gateway-1",
-                                                         "--port", "0"), tmp)
+                procs.append(
+                    ServiceProcess(
+                        name,
+                        python_cmd(
+                            f"services.{role}",
+                            *common,
+                            "--instance-id",
+                            name,
+                            "--threads",
+                            "1",
+                            "--num-pages",
+                            "1024",
+                            "--load-report-interval-s",
+                            "0.05",
+                            *extra,
+                        ),
+                        tmp,
+                    )
+                )
+        gateway = ServiceProcess(
+            "gateway-1", python_cmd("services.gateway", *common, "--instance-id", "gateway-1", "--port", "0"), tmp
+        )
         procs.append(gateway)
         wait_all_ready(procs, 120.0)
         yield ApiCluster(topology, model_dir, gateway, procs)

@@ -15,8 +15,13 @@ def _s(n: int = 8) -> dict[str, Any]:
 
 
 def _obj(props: dict[str, Any], required: list[str] | None = None, **kw: Any) -> dict[str, Any]:
-    return {"type": "object", "properties": props, "required": list(props) if required is None else required,
-            "additionalProperties": False, **kw}
+    return {
+        "type": "object",
+        "properties": props,
+        "required": list(props) if required is None else required,
+        "additionalProperties": False,
+        **kw,
+    }
 
 
 _INT = {"type": "integer", "minimum": 0, "maximum": 999}
@@ -71,8 +76,9 @@ SCHEMAS: list[dict[str, Any]] = [
     _obj({"meta": _obj({"version": _INT, "draft": _BOOL}, required=["version"])}),
     _obj({"items": {"type": "array", "items": _obj({"sku": _s(6), "qty": _INT}), "maxItems": 3}}),
     _obj({"matrix": {"type": "array", "items": {"type": "array", "items": _INT, "maxItems": 3}, "maxItems": 3}}),
-    _obj({"order": _obj({"id": _INT, "lines": {"type": "array", "items": _obj({"p": _s(4), "q": _INT}),
-                                                "maxItems": 2}})}),
+    _obj(
+        {"order": _obj({"id": _INT, "lines": {"type": "array", "items": _obj({"p": _s(4), "q": _INT}), "maxItems": 2}})}
+    ),
     _obj({"config": _obj({"mode": _COLOR, "limits": _obj({"lo": _INT, "hi": _INT})})}),
     # patterns and formats
     _obj({"zip": {"type": "string", "pattern": "^[0-9]{5}$"}}),

@@ -112,14 +112,39 @@ class TcpProxy:
 class EchoProcess:
     """The `echo` test service (services.echo) as a real child process, started and waited for."""
 
-    def __init__(self, etcd: EtcdServer, nats: NatsServer, tmp: Path, *args: str, instance_id: str = "echo-1",
-                 cluster: str = "t", lease_ttl_s: int = 2) -> None:
+    def __init__(
+        self,
+        etcd: EtcdServer,
+        nats: NatsServer,
+        tmp: Path,
+        *args: str,
+        instance_id: str = "echo-1",
+        cluster: str = "t",
+        lease_ttl_s: int = 2,
+    ) -> None:
         self.instance_id = instance_id
         self.ready_file = tmp / f"{instance_id}.ready"
         self.log_path = tmp / f"{instance_id}.log"
-        cmd = [sys.executable, "-m", "services.echo", "--etcd-endpoints", etcd.url, "--nats-url", nats.url,
-               "--cluster", cluster, "--instance-id", instance_id, "--lease-ttl-s", str(lease_ttl_s),
-               "--ready-file", str(self.ready_file), "--load-report-interval-s", "0.1", *args]
+        cmd = [
+            sys.executable,
+            "-m",
+            "services.echo",
+            "--etcd-endpoints",
+            etcd.url,
+            "--nats-url",
+            nats.url,
+            "--cluster",
+            cluster,
+            "--instance-id",
+            instance_id,
+            "--lease-ttl-s",
+            str(lease_ttl_s),
+            "--ready-file",
+            str(self.ready_file),
+            "--load-report-interval-s",
+            "0.1",
+            *args,
+        ]
         with open(self.log_path, "wb") as log:
             self.proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=log, stdin=subprocess.DEVNULL)
         self.ready: ReadyInfo | None = None

@@ -51,22 +51,33 @@ def train_tokenizer(vocab_size: int = 512):  # -> tokenizers.Tokenizer
     return tok
 
 
-def _hf_config(arch: str, *, layers: int, hidden: int, heads: int, kv_heads: int, vocab: int, eos: int, bos: int,
-               tie: bool):
+def _hf_config(
+    arch: str, *, layers: int, hidden: int, heads: int, kv_heads: int, vocab: int, eos: int, bos: int, tie: bool
+):
     import transformers
 
     common = dict(
-        vocab_size=vocab, hidden_size=hidden, intermediate_size=2 * hidden + 32, num_hidden_layers=layers,
-        num_attention_heads=heads, num_key_value_heads=kv_heads, max_position_embeddings=512, rms_norm_eps=1e-6,
-        bos_token_id=bos, eos_token_id=eos, tie_word_embeddings=tie,
+        vocab_size=vocab,
+        hidden_size=hidden,
+        intermediate_size=2 * hidden + 32,
+        num_hidden_layers=layers,
+        num_attention_heads=heads,
+        num_key_value_heads=kv_heads,
+        max_position_embeddings=512,
+        rms_norm_eps=1e-6,
+        bos_token_id=bos,
+        eos_token_id=eos,
+        tie_word_embeddings=tie,
     )
     if arch == "llama":
         return transformers.LlamaConfig(**common, rope_theta=10000.0), transformers.LlamaForCausalLM
     if arch == "qwen2":
         return transformers.Qwen2Config(**common, rope_theta=1000000.0), transformers.Qwen2ForCausalLM
     if arch == "qwen3":
-        return (transformers.Qwen3Config(**common, head_dim=2 * hidden // heads, rope_theta=1000000.0),
-                transformers.Qwen3ForCausalLM)
+        return (
+            transformers.Qwen3Config(**common, head_dim=2 * hidden // heads, rope_theta=1000000.0),
+            transformers.Qwen3ForCausalLM,
+        )
     raise ValueError(f"arch {arch!r} is not one of {ARCHS}")
 
 
@@ -97,8 +108,9 @@ def make_tiny_model(
         raise ValueError(f"the trained tokenizer has {tok.get_vocab_size()} tokens, more than vocab={vocab}")
     eos, bos = tok.token_to_id("<|im_end|>"), tok.token_to_id("<|endoftext|>")
     tie = arch == "llama" if tie_word_embeddings is None else tie_word_embeddings
-    cfg, cls = _hf_config(arch, layers=layers, hidden=hidden, heads=heads, kv_heads=kv_heads, vocab=vocab, eos=eos,
-                          bos=bos, tie=tie)
+    cfg, cls = _hf_config(
+        arch, layers=layers, hidden=hidden, heads=heads, kv_heads=kv_heads, vocab=vocab, eos=eos, bos=bos, tie=tie
+    )
     torch.manual_seed(seed)
     model = cls(cfg).eval()
     with torch.no_grad():
@@ -109,7 +121,10 @@ def make_tiny_model(
                 p.normal_(0.0, 0.08)
     model.save_pretrained(out, safe_serialization=True)
     fast = PreTrainedTokenizerFast(
-        tokenizer_object=tok, eos_token="<|im_end|>", bos_token="<|endoftext|>", pad_token="<|endoftext|>",
+        tokenizer_object=tok,
+        eos_token="<|im_end|>",
+        bos_token="<|endoftext|>",
+        pad_token="<|endoftext|>",
         unk_token=None,
     )
     fast.chat_template = CHATML_TEMPLATE

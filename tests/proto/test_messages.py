@@ -13,14 +13,16 @@ def _ticket() -> worker_pb2.HandoffTicket:
         epoch=3,
         decode_instance_id="decode-a",
         decode_instance_epoch=11,
-        decode_peer=common_pb2.TransferPeer(backend=common_pb2.TRANSFER_BACKEND_NIXL, agent_name="decode-a",
-                                            agent_metadata=bytes(range(256))),
+        decode_peer=common_pb2.TransferPeer(
+            backend=common_pb2.TRANSFER_BACKEND_NIXL, agent_name="decode-a", agent_metadata=bytes(range(256))
+        ),
         pages=common_pb2.PageDescriptors(
             memory_kind=common_pb2.MEMORY_KIND_DRAM,
             paged=common_pb2.PagedRegion(base_address=2**47 + 4096, page_bytes=368640, page_ids=[5, 9, 2]),
         ),
-        layout=common_pb2.KVLayout(dtype=common_pb2.DTYPE_BFLOAT16, page_size=16, num_layers=30, num_kv_heads=3,
-                                   head_dim=64),
+        layout=common_pb2.KVLayout(
+            dtype=common_pb2.DTYPE_BFLOAT16, page_size=16, num_layers=30, num_kv_heads=3, head_dim=64
+        ),
         prompt_token_ids=[1, 2, 3, 49151],
         sampling=common_pb2.SamplingParams(temperature=0.0, top_k=20, stop=["\n\n"], max_tokens=64, seed=2**63),
         trace=common_pb2.TraceContext(traceparent="00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"),
@@ -65,7 +67,12 @@ def test_services_declare_the_documented_methods() -> None:
 
 
 def test_grpc_stub_modules_expose_servicers_and_registration() -> None:
-    for mod, svc in ((worker_pb2_grpc, "Decode"), (worker_pb2_grpc, "Prefill"), (worker_pb2_grpc, "KVStore"),
-                     (worker_pb2_grpc, "Encoder"), (gateway_pb2_grpc, "Gateway")):
+    for mod, svc in (
+        (worker_pb2_grpc, "Decode"),
+        (worker_pb2_grpc, "Prefill"),
+        (worker_pb2_grpc, "KVStore"),
+        (worker_pb2_grpc, "Encoder"),
+        (gateway_pb2_grpc, "Gateway"),
+    ):
         assert hasattr(mod, f"{svc}Stub") and hasattr(mod, f"{svc}Servicer")
         assert callable(getattr(mod, f"add_{svc}Servicer_to_server"))

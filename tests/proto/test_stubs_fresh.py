@@ -21,14 +21,15 @@ def test_checked_in_stubs_match_a_fresh_generation(tmp_path: Path) -> None:
     r = subprocess.run(
         ["bash", str(REPO / "scripts" / "gen_proto.sh"), str(out)],
         env={"PATH": "/usr/bin:/bin", "PYTHON": sys.executable},
-        capture_output=True, text=True, timeout=120,
+        capture_output=True,
+        text=True,
+        timeout=120,
     )
     assert r.returncode == 0, r.stderr
     fresh, checked_in = _generated(out), _generated(REPO / "proto")
     assert fresh, "gen_proto.sh produced no stubs"
     assert fresh == checked_in, f"stub files differ: fresh {fresh} vs checked in {checked_in}; run scripts/gen_proto.sh"
-    stale = [n for n in fresh
-             if not filecmp.cmp(out / "pdrelay/v1" / n, REPO / "proto/pdrelay/v1" / n, shallow=False)]
+    stale = [n for n in fresh if not filecmp.cmp(out / "pdrelay/v1" / n, REPO / "proto/pdrelay/v1" / n, shallow=False)]
     assert not stale, f"stale stubs {stale}: run scripts/gen_proto.sh and commit the result"
 
 

@@ -18,8 +18,14 @@ import grpc
 import numpy as np
 
 from proto.pdrelay.v1 import common_pb2, worker_pb2, worker_pb2_grpc
-from services.gateway.backend import (BackendError, BackendOverloaded, BackendTimeout, BackendUnavailable,
-                                      InvalidRequest, ModelNotFound)
+from services.gateway.backend import (
+    BackendError,
+    BackendOverloaded,
+    BackendTimeout,
+    BackendUnavailable,
+    InvalidRequest,
+    ModelNotFound,
+)
 from services.gateway.routing.channels import ChannelPool
 from services.gateway.routing.discovery import MembershipView
 from services.gateway.routing.encoders import ENCODER_ROLE, EncoderRouter
@@ -55,8 +61,15 @@ class EmbedResult:
 
 
 class EncoderBackend:
-    def __init__(self, membership: MembershipView, loads: LoadTable, *, timeout_s: float = 30.0, retries: int = 2,
-                 channels: ChannelPool | None = None) -> None:
+    def __init__(
+        self,
+        membership: MembershipView,
+        loads: LoadTable,
+        *,
+        timeout_s: float = 30.0,
+        retries: int = 2,
+        channels: ChannelPool | None = None,
+    ) -> None:
         self.router = EncoderRouter(membership, loads)
         self.timeout_s = timeout_s
         self.retries = retries
@@ -80,9 +93,13 @@ class EncoderBackend:
         refused_overloaded = False
         last = ""
         req = worker_pb2.EmbedRequest(
-            model=call.model, texts=list(call.texts), request_id=call.request_id, dimensions=call.dimensions,
+            model=call.model,
+            texts=list(call.texts),
+            request_id=call.request_id,
+            dimensions=call.dimensions,
             truncate_prompt_tokens=call.truncate_prompt_tokens,
-            token_inputs=[worker_pb2.EmbedTokens(ids=list(t)) for t in call.token_inputs])
+            token_inputs=[worker_pb2.EmbedTokens(ids=list(t)) for t in call.token_inputs],
+        )
         for k, v in call.trace_headers:
             if k == "traceparent":
                 req.trace.traceparent = v
@@ -99,8 +116,9 @@ class EncoderBackend:
             if pick is None:
                 if refused_overloaded and not failures:
                     raise BackendOverloaded(f"every encoder of {call.model!r} is busy", retry_after_s=1.0)
-                raise BackendUnavailable(f"every encoder of {call.model!r} failed the request ({last})",
-                                         retry_after_s=1.0)
+                raise BackendUnavailable(
+                    f"every encoder of {call.model!r} failed the request ({last})", retry_after_s=1.0
+                )
             attempts += 1
             stub = worker_pb2_grpc.EncoderStub(self.channels.get(pick.instance_id, pick.grpc_address))
             router.begin(pick.instance_id)
@@ -110,8 +128,9 @@ class EncoderBackend:
                 err = error_from_rpc(e)
                 code = err.code if err is not None else None
                 if code == common_pb2.ERROR_CODE_INVALID_ARGUMENT:
-                    raise InvalidRequest(err.message if err else e.details() or "invalid input", param="input") \
-                        from None
+                    raise InvalidRequest(
+                        err.message if err else e.details() or "invalid input", param="input"
+                    ) from None
                 if code == common_pb2.ERROR_CODE_NOT_FOUND:
                     raise ModelNotFound(err.message if err else "model not found") from None
                 exclude.add(pick.instance_id)
@@ -121,19 +140,26 @@ class EncoderBackend:
                     continue
                 failures += 1
                 self.failures += 1
-                log.warning("embed %s failed on %s (%s); %s", call.request_id, pick.instance_id, last,
-                            "retrying on another encoder" if failures <= self.retries else "giving up")
+                log.warning(
+                    "embed %s failed on %s (%s); %s",
+                    call.request_id,
+                    pick.instance_id,
+                    last,
+                    "retrying on another encoder" if failures <= self.retries else "giving up",
+                )
                 if failures > self.retries:
                     if e.code() == grpc.StatusCode.DEADLINE_EXCEEDED:
                         raise BackendTimeout(f"no encoder answered within {self.timeout_s:g} s ({last})") from None
-                    raise BackendUnavailable(f"the encoders failed the request ({last})", retry_after_s=1.0) \
-                        from None
+                    raise BackendUnavailable(f"the encoders failed the request ({last})", retry_after_s=1.0) from None
                 continue
             finally:
                 router.end(pick.instance_id)
             t = resp.embeddings
-            if t.dtype != common_pb2.DTYPE_FLOAT32 or len(t.shape) != 2 or t.shape[0] != len(req.texts or
-                                                                                            req.token_inputs):
+            if (
+                t.dtype != common_pb2.DTYPE_FLOAT32
+                or len(t.shape) != 2
+                or t.shape[0] != len(req.texts or req.token_inputs)
+            ):
                 raise BackendError(f"encoder {pick.instance_id} answered a malformed tensor {list(t.shape)}")
             vectors = np.frombuffer(t.data, dtype="<f4").reshape(t.shape[0], t.shape[1])
             return EmbedResult(vectors, resp.prompt_tokens, resp.instance_id or pick.instance_id, attempts)

@@ -29,14 +29,20 @@ from collections.abc import AsyncIterator, Collection, Sequence
 import grpc
 
 from proto.pdrelay.v1 import common_pb2, worker_pb2_grpc
-from services.gateway.backend import (BackendChunk, BackendError, BackendOverloaded, BackendRequest,
-                                      BackendUnavailable, InvalidRequest, ModelNotFound)
+from services.gateway.backend import (
+    BackendChunk,
+    BackendError,
+    BackendOverloaded,
+    BackendRequest,
+    BackendUnavailable,
+    InvalidRequest,
+    ModelNotFound,
+)
 from services.gateway.routing.breaker import BreakerBoard, BreakerConfig
 from services.gateway.routing.channels import ChannelPool
 from services.gateway.routing.discovery import Discovery, MembershipView
 from services.gateway.routing.encoders import EncoderRouter
-from services.gateway.routing.failures import (FailureKind, Verdict, classify, classify_lost,
-                                               classify_stream_end)
+from services.gateway.routing.failures import FailureKind, Verdict, classify, classify_lost, classify_stream_end
 from services.gateway.routing.kv_index import KVIndex, PromptHashes
 from services.gateway.routing.media_affinity import MediaAffinity
 from services.gateway.routing.policies import make_policy
@@ -46,20 +52,24 @@ from services.gateway.routing.wire import chunk_from_pb, decode_request, remaini
 from shared.cluster.bus.cancel import CancelReason, publish_cancel
 from shared.cluster.bus.client import Bus
 from shared.cluster.grpc_errors import error_from_rpc
-from shared.cluster.tls import TlsFiles
 from shared.cluster.instance import InstanceInfo, InstanceState
+from shared.cluster.tls import TlsFiles
 from shared.telemetry import spans
 from shared.telemetry.tracing import SpanKind, Tracing, add_event, current_span, inject, set_error
 
 log = logging.getLogger(__name__)
 
 
-def _route_attributes(plan: RoutePlan, policy: str, attempt: int, excluded: Collection[str],
-                      prompt_len: int) -> dict[str, object]:
+def _route_attributes(
+    plan: RoutePlan, policy: str, attempt: int, excluded: Collection[str], prompt_len: int
+) -> dict[str, object]:
     """The gateway.route span's attributes: the chosen pair and why (policy, predicted cache hit, loads)."""
     d = plan.decode
-    why = [f"{policy} policy, {plan.mode}", f"{d.role} {d.instance_id}: {d.load.running} running, "
-           f"{d.load.free_pages}/{d.load.total_pages} pages free" + ("" if d.load.known else " (no load report)")]
+    why = [
+        f"{policy} policy, {plan.mode}",
+        f"{d.role} {d.instance_id}: {d.load.running} running, "
+        f"{d.load.free_pages}/{d.load.total_pages} pages free" + ("" if d.load.known else " (no load report)"),
+    ]
     if plan.prefill is not None:
         p = plan.prefill
         why.append(f"prefill {p.instance_id}: {p.load.queued_prefill_tokens} queued prompt tokens")
@@ -67,9 +77,14 @@ def _route_attributes(plan: RoutePlan, policy: str, attempt: int, excluded: Coll
         why.append(f"{plan.cached_tokens} of {prompt_len} prompt tokens predicted cached")
     if excluded:
         why.append(f"excluded after failures: {', '.join(sorted(excluded))}")
-    attrs: dict[str, object] = {spans.ROUTE_MODE: str(plan.mode), spans.ROUTE_DECODE: d.instance_id,
-                                spans.ROUTE_POLICY: policy, spans.ROUTE_CACHED_TOKENS: plan.cached_tokens,
-                                spans.ROUTE_REASON: "; ".join(why), spans.ATTEMPT: attempt}
+    attrs: dict[str, object] = {
+        spans.ROUTE_MODE: str(plan.mode),
+        spans.ROUTE_DECODE: d.instance_id,
+        spans.ROUTE_POLICY: policy,
+        spans.ROUTE_CACHED_TOKENS: plan.cached_tokens,
+        spans.ROUTE_REASON: "; ".join(why),
+        spans.ATTEMPT: attempt,
+    }
     if plan.prefill is not None:
         attrs[spans.ROUTE_PREFILL] = plan.prefill.instance_id
     return attrs
@@ -92,9 +107,18 @@ class GrpcBackend:
 
     `tracing` (shared.telemetry.tracing) is off until the gateway service sets its process tracer."""
 
-    def __init__(self, discovery: Discovery, *, models: Sequence[str], request_retries: int = 2,
-                 bus: Bus | None = None, cluster: str = "", origin: str = "gateway",
-                 channels: ChannelPool | None = None, retry_after_s: float = 1.0) -> None:
+    def __init__(
+        self,
+        discovery: Discovery,
+        *,
+        models: Sequence[str],
+        request_retries: int = 2,
+        bus: Bus | None = None,
+        cluster: str = "",
+        origin: str = "gateway",
+        channels: ChannelPool | None = None,
+        retry_after_s: float = 1.0,
+    ) -> None:
         if request_retries < 0:
             raise ValueError(f"request_retries must be >= 0 (got {request_retries}); try 2")
         if not models:
@@ -117,19 +141,42 @@ class GrpcBackend:
         self.cancels_published = 0
 
     @classmethod
-    def create(cls, membership: MembershipView, *, models: Sequence[str], policy: str = "kv_aware",
-               request_retries: int = 2, bus: Bus | None = None, cluster: str = "", origin: str = "gateway",
-               breaker: BreakerConfig = BreakerConfig(), max_load_age_s: float = 2.0,
-               tls: TlsFiles | None = None) -> GrpcBackend:
+    def create(
+        cls,
+        membership: MembershipView,
+        *,
+        models: Sequence[str],
+        policy: str = "kv_aware",
+        request_retries: int = 2,
+        bus: Bus | None = None,
+        cluster: str = "",
+        origin: str = "gateway",
+        breaker: BreakerConfig = BreakerConfig(),
+        max_load_age_s: float = 2.0,
+        tls: TlsFiles | None = None,
+    ) -> GrpcBackend:
         """The backend over a started membership (and a connected bus for loads, KV events and cancels); `tls`:
         the cluster's mutual TLS on every channel to a worker."""
         router = Router(make_policy(policy), kv_index=KVIndex(), breakers=BreakerBoard(breaker))
         channels = ChannelPool(tls=tls)
-        discovery = Discovery(membership, router, bus=bus, cluster=cluster, max_load_age_s=max_load_age_s,
-                              on_leave=lambda info: channels.discard(info.instance_id, lost=_lost(info)),
-                              on_join=lambda info: channels.revive(info.instance_id, info.grpc_address))
-        return cls(discovery, models=models, request_retries=request_retries, bus=bus, cluster=cluster,
-                   origin=origin, channels=channels)
+        discovery = Discovery(
+            membership,
+            router,
+            bus=bus,
+            cluster=cluster,
+            max_load_age_s=max_load_age_s,
+            on_leave=lambda info: channels.discard(info.instance_id, lost=_lost(info)),
+            on_join=lambda info: channels.revive(info.instance_id, info.grpc_address),
+        )
+        return cls(
+            discovery,
+            models=models,
+            request_retries=request_retries,
+            bus=bus,
+            cluster=cluster,
+            origin=origin,
+            channels=channels,
+        )
 
     # ------------------------------------------------------------------ GenerateBackend
 
@@ -184,21 +231,34 @@ class GrpcBackend:
                 route_req = RouteRequest(req.request_id, (*req.prompt_token_ids, *sent), left)
                 t_route = time.monotonic()
                 try:
-                    plan = self.router.plan(route_req, self.discovery.pools(req.model), exclude,
-                                            hashes if not sent else None)
+                    plan = self.router.plan(
+                        route_req, self.discovery.pools(req.model), exclude, hashes if not sent else None
+                    )
                 except NoRoute as e:
                     raise self._no_route_error(req, e, verdicts, bool(sent)) from None
                 if tr.enabled:
                     policy = getattr(self.router.policy, "name", type(self.router.policy).__name__)
-                    tr.record(spans.GATEWAY_ROUTE, t_route, time.monotonic(), _route_attributes(
-                        plan, policy, attempt, exclude, len(route_req.prompt_token_ids)))
+                    tr.record(
+                        spans.GATEWAY_ROUTE,
+                        t_route,
+                        time.monotonic(),
+                        _route_attributes(plan, policy, attempt, exclude, len(route_req.prompt_token_ids)),
+                    )
                 plans.append(plan)
                 msg = decode_request(req, plan, sent, attempt)
                 if msg.media and plan.prefill is not None:  # disaggregated: images go to encoders (EPD)
                     self.media_affinity.assign(msg.media, req.model)
-                call_span = tr.start_span(spans.GATEWAY_DECODE_CALL, kind=SpanKind.CLIENT, attributes={
-                    spans.INSTANCE: plan.decode.instance_id, spans.ATTEMPT: attempt, spans.RPC_SYSTEM: "grpc",
-                    spans.RPC_METHOD: "pdrelay.v1.Decode/Generate", spans.SERVER_ADDRESS: plan.decode.grpc_address})
+                call_span = tr.start_span(
+                    spans.GATEWAY_DECODE_CALL,
+                    kind=SpanKind.CLIENT,
+                    attributes={
+                        spans.INSTANCE: plan.decode.instance_id,
+                        spans.ATTEMPT: attempt,
+                        spans.RPC_SYSTEM: "grpc",
+                        spans.RPC_METHOD: "pdrelay.v1.Decode/Generate",
+                        spans.SERVER_ADDRESS: plan.decode.grpc_address,
+                    },
+                )
                 inject(call_span, msg.trace)  # decode's spans are children of this call
                 channel = self.channels.get(plan.decode.instance_id, plan.decode.grpc_address)
                 lease = self.router.begin(plan, len(msg.prompt_token_ids))
@@ -215,8 +275,12 @@ class GrpcBackend:
                             lease.first_token()
                             add_event(call_span, spans.EVENT_FIRST_TOKEN)
                             self.router.succeeded(plan.instance_ids)
-                        chunk = chunk_from_pb(resp, want_logprobs=want_logprobs, num_prompt_tokens=prompt_len,
-                                              first=not sent and not streamed)
+                        chunk = chunk_from_pb(
+                            resp,
+                            want_logprobs=want_logprobs,
+                            num_prompt_tokens=prompt_len,
+                            first=not sent and not streamed,
+                        )
                         if n == 1:
                             sent.extend(chunk.token_ids)
                         streamed = streamed or bool(chunk.token_ids)
@@ -247,14 +311,22 @@ class GrpcBackend:
                 call = None
                 self.router.failed(verdict.blame, plan.instance_ids)
                 verdicts.append(verdict)
-                log.warning("request %s attempt %d on %s failed (%s): %s", req.request_id, attempt, plan.describe(),
-                            verdict.kind, verdict.message)
+                log.warning(
+                    "request %s attempt %d on %s failed (%s): %s",
+                    req.request_id,
+                    attempt,
+                    plan.describe(),
+                    verdict.kind,
+                    verdict.message,
+                )
                 if not verdict.retryable:
                     raise self._final_error(verdict)
                 if streamed and n > 1:
-                    raise BackendUnavailable(f"the stream of {n} samples broke after tokens were sent ({verdict.message});"
-                                             " n > 1 streams are not replayed, retry the request",
-                                             retry_after_s=self._retry_after_s)
+                    raise BackendUnavailable(
+                        f"the stream of {n} samples broke after tokens were sent ({verdict.message});"
+                        " n > 1 streams are not replayed, retry the request",
+                        retry_after_s=self._retry_after_s,
+                    )
                 exclude |= verdict.exclude
                 if verdict.uses_retry_budget:
                     failures += 1
@@ -262,13 +334,22 @@ class GrpcBackend:
                         raise BackendUnavailable(
                             f"request failed {failures} times (last on {plan.describe()}: {verdict.message}); "
                             f"the gateway retries {self.request_retries} times (--request-retries)",
-                            retry_after_s=self._retry_after_s)
+                            retry_after_s=self._retry_after_s,
+                        )
                     self.retries += 1
                     if sent:
                         self.replays += 1
-                add_event(request_span, spans.EVENT_MIGRATION if sent else spans.EVENT_RETRY, {
-                    spans.ATTEMPT: attempt, "pdrelay.failed_on": plan.describe(), "pdrelay.failure": str(verdict.kind),
-                    "pdrelay.error.message": verdict.message, spans.OUTPUT_TOKENS: len(sent)})
+                add_event(
+                    request_span,
+                    spans.EVENT_MIGRATION if sent else spans.EVENT_RETRY,
+                    {
+                        spans.ATTEMPT: attempt,
+                        "pdrelay.failed_on": plan.describe(),
+                        "pdrelay.failure": str(verdict.kind),
+                        "pdrelay.error.message": verdict.message,
+                        spans.OUTPUT_TOKENS: len(sent),
+                    },
+                )
                 attempt += 1
         except (GeneratorExit, asyncio.CancelledError):
             # The client went away (or a stop string matched): stop every attempt's work, here and on NATS. A request
@@ -288,15 +369,22 @@ class GrpcBackend:
     def _no_route_error(self, req: BackendRequest, e: NoRoute, verdicts: list[Verdict], started: bool) -> BackendError:
         kinds = {v.kind for v in verdicts}
         if e.reason is NoRouteReason.EXCLUDED and FailureKind.OVERLOADED in kinds and not started:
-            return BackendOverloaded(f"every instance serving {req.model!r} is at capacity "
-                                     f"({verdicts[-1].message})", retry_after_s=self._retry_after_s)
+            return BackendOverloaded(
+                f"every instance serving {req.model!r} is at capacity ({verdicts[-1].message})",
+                retry_after_s=self._retry_after_s,
+            )
         detail = f"; last failure: {verdicts[-1].message}" if verdicts else ""
         if e.reason is NoRouteReason.NONE_READY:
-            return BackendUnavailable(f"no instance serving {req.model!r} is ready ({e}){detail}",
-                                      retry_after_s=self._retry_after_s)
+            return BackendUnavailable(
+                f"no instance serving {req.model!r} is ready ({e}){detail}", retry_after_s=self._retry_after_s
+            )
         cooldown = self.router.breakers.config.cooldown_s
-        return BackendUnavailable(f"{e}{detail}", retry_after_s=max(self._retry_after_s, cooldown)
-                                  if e.reason is NoRouteReason.BREAKERS_OPEN else self._retry_after_s)
+        return BackendUnavailable(
+            f"{e}{detail}",
+            retry_after_s=max(self._retry_after_s, cooldown)
+            if e.reason is NoRouteReason.BREAKERS_OPEN
+            else self._retry_after_s,
+        )
 
     @staticmethod
     def _final_error(verdict: Verdict) -> BackendError:
@@ -313,7 +401,7 @@ class GrpcBackend:
         async def wait_status() -> None:
             try:
                 await asyncio.wait_for(call.code(), self.finish_grace_s)
-            except (asyncio.TimeoutError, grpc.aio.AioRpcError):
+            except (TimeoutError, grpc.aio.AioRpcError):
                 call.cancel()
 
         task: asyncio.Task[object] = asyncio.ensure_future(wait_status())
@@ -327,6 +415,9 @@ class GrpcBackend:
             return
         self.cancels_published += 1
         task: asyncio.Task[object] = asyncio.ensure_future(
-            publish_cancel(self._bus, self._cluster, request_id, reason=CancelReason.CLIENT_DISCONNECTED, origin=self._origin))
+            publish_cancel(
+                self._bus, self._cluster, request_id, reason=CancelReason.CLIENT_DISCONNECTED, origin=self._origin
+            )
+        )
         self._background.add(task)
         task.add_done_callback(self._background.discard)

@@ -28,27 +28,38 @@ class BackendCollector(Collector):
     def collect(self) -> Iterator[Metric]:
         b = self.backend
         router = b.router
-        yield CounterMetricFamily("pdrelay:gateway_retries", "Attempts after a failed one (replays included)",
-                                  value=b.retries)
-        yield CounterMetricFamily("pdrelay:gateway_replays", "Broken streams continued on another instance",
-                                  value=b.replays)
-        yield CounterMetricFamily("pdrelay:gateway_cancels", "Cancels published for requests the client left",
-                                  value=b.cancels_published)
+        yield CounterMetricFamily(
+            "pdrelay:gateway_retries", "Attempts after a failed one (replays included)", value=b.retries
+        )
+        yield CounterMetricFamily(
+            "pdrelay:gateway_replays", "Broken streams continued on another instance", value=b.replays
+        )
+        yield CounterMetricFamily(
+            "pdrelay:gateway_cancels", "Cancels published for requests the client left", value=b.cancels_published
+        )
         states = Counter(router.breakers.states().values())
         g = GaugeMetricFamily("pdrelay:gateway_circuit_breakers", "Circuit breakers by state", labels=("state",))
         for state in BreakerState:
             g.add_metric((state.value,), states.get(state, 0))
         yield g
         membership = b.discovery.membership
-        ready = GaugeMetricFamily("pdrelay:gateway_instances_ready", "Ready instances the gateway routes to",
-                                  labels=("role",))
+        ready = GaugeMetricFamily(
+            "pdrelay:gateway_instances_ready", "Ready instances the gateway routes to", labels=("role",)
+        )
         for role in ROUTED_ROLES:
             ready.add_metric((role,), len(membership.ready(role)))
         yield ready
-        yield GaugeMetricFamily("pdrelay:gateway_discovery_stale", "1 while etcd is unreachable (last known view)",
-                                value=1.0 if membership.stale else 0.0)
+        yield GaugeMetricFamily(
+            "pdrelay:gateway_discovery_stale",
+            "1 while etcd is unreachable (last known view)",
+            value=1.0 if membership.stale else 0.0,
+        )
         idx = router.kv_index
-        yield GaugeMetricFamily("pdrelay:gateway_kv_index_pages", "Page hashes held in the KV index, all instances",
-                                value=sum(idx.num_pages(i) for i in idx.instances()))
-        yield CounterMetricFamily("pdrelay:gateway_kv_event_gaps", "KV event sequence gaps (an instance was reset)",
-                                  value=idx.stats.gaps)
+        yield GaugeMetricFamily(
+            "pdrelay:gateway_kv_index_pages",
+            "Page hashes held in the KV index, all instances",
+            value=sum(idx.num_pages(i) for i in idx.instances()),
+        )
+        yield CounterMetricFamily(
+            "pdrelay:gateway_kv_event_gaps", "KV event sequence gaps (an instance was reset)", value=idx.stats.gaps
+        )

@@ -24,24 +24,38 @@ import grpc
 import msgspec
 
 from proto.pdrelay.v1 import common_pb2, gateway_pb2, gateway_pb2_grpc
+from services.gateway.backend import (
+    BackendChunk,
+    BackendError,
+    BackendRequest,
+    BackendSamplingParams,
+    GenerateBackend,
+    TokenLogprob,
+)
 from services.gateway.http.api_requests import ChatCompletionRequest, CompletionRequest
 from services.gateway.http.embeddings import Embeddings
-from services.gateway.backend import (BackendChunk, BackendError, BackendRequest, BackendSamplingParams,
-                                      GenerateBackend, TokenLogprob)
 from services.gateway.http.errors import ApiError, bad_request, from_backend
-from services.gateway.text.generation import Delta, Generation
+from services.gateway.http.validation import Plan, plan_chat, plan_completion
 from services.gateway.metrics import GatewayMetrics
 from services.gateway.routing.discovery import MembershipView
+from services.gateway.text.generation import Delta, Generation
 from services.gateway.text.tokenizer import ChatTemplateError, GatewayTokenizer
-from services.gateway.http.validation import Plan, plan_chat, plan_completion
 from shared.cluster.grpc_errors import abort, make_error
 
-_FINISH = {"stop": common_pb2.FINISH_REASON_STOP, "length": common_pb2.FINISH_REASON_LENGTH,
-           "abort": common_pb2.FINISH_REASON_ABORT}
+_FINISH = {
+    "stop": common_pb2.FINISH_REASON_STOP,
+    "length": common_pb2.FINISH_REASON_LENGTH,
+    "abort": common_pb2.FINISH_REASON_ABORT,
+}
 # HTTP status of an ApiError -> pdrelay ErrorCode (its gRPC status follows from the code).
-_CODES = {400: common_pb2.ERROR_CODE_INVALID_ARGUMENT, 413: common_pb2.ERROR_CODE_INVALID_ARGUMENT,
-          404: common_pb2.ERROR_CODE_NOT_FOUND, 429: common_pb2.ERROR_CODE_OVERLOADED,
-          503: common_pb2.ERROR_CODE_UNAVAILABLE, 504: common_pb2.ERROR_CODE_TIMEOUT}
+_CODES = {
+    400: common_pb2.ERROR_CODE_INVALID_ARGUMENT,
+    413: common_pb2.ERROR_CODE_INVALID_ARGUMENT,
+    404: common_pb2.ERROR_CODE_NOT_FOUND,
+    429: common_pb2.ERROR_CODE_OVERLOADED,
+    503: common_pb2.ERROR_CODE_UNAVAILABLE,
+    504: common_pb2.ERROR_CODE_TIMEOUT,
+}
 _ROLES = ("decode", "prefill", "worker", "encoder", "kvstore", "gateway")
 
 
@@ -75,8 +89,12 @@ def _sampling_fields(sp: common_pb2.SamplingParams) -> dict[str, Any]:
         body["stop"] = list(sp.stop)
     if sp.stop_token_ids:
         body["stop_token_ids"] = list(sp.stop_token_ids)
-    body.update(ignore_eos=sp.ignore_eos, presence_penalty=sp.presence_penalty,
-                frequency_penalty=sp.frequency_penalty, skip_special_tokens=sp.skip_special_tokens)
+    body.update(
+        ignore_eos=sp.ignore_eos,
+        presence_penalty=sp.presence_penalty,
+        frequency_penalty=sp.frequency_penalty,
+        skip_special_tokens=sp.skip_special_tokens,
+    )
     if sp.logit_bias:
         body["logit_bias"] = {str(k): v for k, v in sp.logit_bias.items()}
     if sp.HasField("structured"):
@@ -100,8 +118,9 @@ _STRUCTURED_FIELD = {  # proto GrammarKind -> the structured_outputs extension o
 def plan_of(request: gateway_pb2.GenerateRequest, vocab_size: int) -> Plan:
     """Validate a GenerateRequest exactly as the HTTP API validates the equivalent OpenAI body (raises ApiError)."""
     if request.media:
-        raise bad_request("media: images are accepted over HTTP only (/v1/chat/completions image_url parts); "
-                          "send text here", "media")
+        raise bad_request(
+            "media: images are accepted over HTTP only (/v1/chat/completions image_url parts); send text here", "media"
+        )
     body = _sampling_fields(request.sampling)
     # Every RPC streams; HTTP's stream flag only shapes SSE answers, which have no place for prompt_logprobs (so
     # HTTP refuses the pair) while GenerateResponse has.
@@ -135,9 +154,15 @@ def plan_of(request: gateway_pb2.GenerateRequest, vocab_size: int) -> Plan:
 
 
 def logprobs_to_pb(entries: Sequence[TokenLogprob]) -> list[common_pb2.TokenLogprob]:
-    return [common_pb2.TokenLogprob(token_id=e.token_id, logprob=e.logprob, rank=e.rank,
-                                    top_logprobs=[common_pb2.TopLogprob(token_id=t.token_id, logprob=t.logprob)
-                                                  for t in e.top_logprobs]) for e in entries]
+    return [
+        common_pb2.TokenLogprob(
+            token_id=e.token_id,
+            logprob=e.logprob,
+            rank=e.rank,
+            top_logprobs=[common_pb2.TopLogprob(token_id=t.token_id, logprob=t.logprob) for t in e.top_logprobs],
+        )
+        for e in entries
+    ]
 
 
 class _TokenTap:
@@ -188,8 +213,12 @@ class GatewayApi(gateway_pb2_grpc.GatewayServicer):
             return requested
         if requested in ctx.aliases:
             return ctx.served_model_names[0]
-        raise ApiError(404, f"model {requested!r} is not served here; ListModels lists: "
-                            f"{', '.join(ctx.served_model_names)}", param="model", code="model_not_found")
+        raise ApiError(
+            404,
+            f"model {requested!r} is not served here; ListModels lists: {', '.join(ctx.served_model_names)}",
+            param="model",
+            code="model_not_found",
+        )
 
     async def _fail(self, context: grpc.aio.ServicerContext, ctx: ApiContext, err: ApiError) -> None:
         await abort(context, error_code(err), err.message, instance_id=ctx.instance_id)
@@ -216,29 +245,44 @@ class GatewayApi(gateway_pb2_grpc.GatewayServicer):
         trace: tuple[tuple[str, str], ...] = ()
         if request.trace.traceparent:
             trace = (("traceparent", request.trace.traceparent),) + (
-                (("tracestate", request.trace.tracestate),) if request.trace.tracestate else ())
+                (("tracestate", request.trace.tracestate),) if request.trace.tracestate else ()
+            )
         rid = request.request_id or f"gen-{uuid.uuid4().hex}"
-        return plan, BackendRequest(request_id=rid, model=model, prompt_token_ids=ids, sampling=sampling,
-                                    trace_headers=trace, priority=plan.priority)
+        return plan, BackendRequest(
+            request_id=rid,
+            model=model,
+            prompt_token_ids=ids,
+            sampling=sampling,
+            trace_headers=trace,
+            priority=plan.priority,
+        )
 
     @staticmethod
     def _fit_context(ctx_len: int | None, sampling: BackendSamplingParams, prompt_len: int) -> BackendSamplingParams:
         if ctx_len is None:
             return sampling
         if prompt_len >= ctx_len:
-            raise bad_request(f"the prompt is {prompt_len} tokens, but this model's context length is {ctx_len} "
-                              "tokens (prompt + completion); shorten the prompt", "input", "context_length_exceeded")
+            raise bad_request(
+                f"the prompt is {prompt_len} tokens, but this model's context length is {ctx_len} "
+                "tokens (prompt + completion); shorten the prompt",
+                "input",
+                "context_length_exceeded",
+            )
         if sampling.max_tokens is None:
             return dataclasses.replace(sampling, max_tokens=ctx_len - prompt_len)
         if prompt_len + sampling.max_tokens > ctx_len:
-            raise bad_request(f"this model's context length is {ctx_len} tokens, but {prompt_len} prompt tokens + "
-                              f"max_tokens {sampling.max_tokens} = {prompt_len + sampling.max_tokens}; lower "
-                              f"max_tokens to at most {ctx_len - prompt_len}", "max_tokens",
-                              "context_length_exceeded")
+            raise bad_request(
+                f"this model's context length is {ctx_len} tokens, but {prompt_len} prompt tokens + "
+                f"max_tokens {sampling.max_tokens} = {prompt_len + sampling.max_tokens}; lower "
+                f"max_tokens to at most {ctx_len - prompt_len}",
+                "max_tokens",
+                "context_length_exceeded",
+            )
         return sampling
 
-    async def Generate(self, request: gateway_pb2.GenerateRequest,
-                       context: grpc.aio.ServicerContext) -> AsyncIterator[gateway_pb2.GenerateResponse]:
+    async def Generate(
+        self, request: gateway_pb2.GenerateRequest, context: grpc.aio.ServicerContext
+    ) -> AsyncIterator[gateway_pb2.GenerateResponse]:
         ctx = await self._ctx(context)
         arrival = time.perf_counter()
         try:
@@ -246,9 +290,14 @@ class GatewayApi(gateway_pb2_grpc.GatewayServicer):
         except ApiError as e:
             await self._fail(context, ctx, e)
         tap = _TokenTap(ctx.backend)
-        gen = Generation(cast("GenerateBackend", tap), ctx.tokenizer, breq,  # Generation calls only generate()
-                         skip_special_tokens=plan.skip_special_tokens,
-                         metrics=ctx.metrics, arrival=arrival)
+        gen = Generation(
+            cast("GenerateBackend", tap),
+            ctx.tokenizer,
+            breq,  # Generation calls only generate()
+            skip_special_tokens=plan.skip_special_tokens,
+            metrics=ctx.metrics,
+            arrival=arrival,
+        )
         ctx.metrics.in_flight.inc()
         first = True
         echo = ctx.tokenizer.decode(breq.prompt_token_ids, skip_special_tokens=False) if plan.echo else ""
@@ -262,8 +311,10 @@ class GatewayApi(gateway_pb2_grpc.GatewayServicer):
                     if first:
                         await self._fail(context, ctx, err)
                     yield gateway_pb2.GenerateResponse(
-                        request_id=breq.request_id, finish_reason=common_pb2.FINISH_REASON_ERROR,
-                        error=make_error(error_code(err), err.message, instance_id=ctx.instance_id))
+                        request_id=breq.request_id,
+                        finish_reason=common_pb2.FINISH_REASON_ERROR,
+                        error=make_error(error_code(err), err.message, instance_id=ctx.instance_id),
+                    )
                     return
                 first = False
                 if echo and delta.index not in echoed:  # the prompt's text leads each sample (the HTTP API's echo)
@@ -279,8 +330,9 @@ class GatewayApi(gateway_pb2_grpc.GatewayServicer):
             await gen.aclose()  # stop string, error or cancelled RPC: abort the request on the worker
 
     @staticmethod
-    def _response(breq: BackendRequest, with_ids: bool, gen: Generation, delta: Delta,
-                  token_ids: list[int]) -> gateway_pb2.GenerateResponse:
+    def _response(
+        breq: BackendRequest, with_ids: bool, gen: Generation, delta: Delta, token_ids: list[int]
+    ) -> gateway_pb2.GenerateResponse:
         msg = gateway_pb2.GenerateResponse(request_id=breq.request_id, text=delta.text, index=delta.index)
         if with_ids:
             msg.token_ids.extend(token_ids)
@@ -296,15 +348,20 @@ class GatewayApi(gateway_pb2_grpc.GatewayServicer):
             elif isinstance(delta.stop_reason, int):
                 msg.matched_stop.token_id = delta.stop_reason
         if gen.finished:
-            msg.usage.CopyFrom(common_pb2.Usage(prompt_tokens=gen.num_prompt_tokens,
-                                                completion_tokens=gen.num_generated,
-                                                cached_tokens=gen.num_cached_tokens))
+            msg.usage.CopyFrom(
+                common_pb2.Usage(
+                    prompt_tokens=gen.num_prompt_tokens,
+                    completion_tokens=gen.num_generated,
+                    cached_tokens=gen.num_cached_tokens,
+                )
+            )
         return msg
 
     # ------------------------------------------------------------------ small RPCs
 
-    async def Tokenize(self, request: gateway_pb2.TokenizeRequest,
-                       context: grpc.aio.ServicerContext) -> gateway_pb2.TokenizeResponse:
+    async def Tokenize(
+        self, request: gateway_pb2.TokenizeRequest, context: grpc.aio.ServicerContext
+    ) -> gateway_pb2.TokenizeResponse:
         ctx = await self._ctx(context)
         tok = ctx.tokenizer
         try:
@@ -326,25 +383,40 @@ class GatewayApi(gateway_pb2_grpc.GatewayServicer):
             await self._fail(context, ctx, e)
         return gateway_pb2.TokenizeResponse(token_ids=ids, max_model_len=tok.context_length or 0)
 
-    async def ListModels(self, request: gateway_pb2.ListModelsRequest,
-                         context: grpc.aio.ServicerContext) -> gateway_pb2.ListModelsResponse:
+    async def ListModels(
+        self, request: gateway_pb2.ListModelsRequest, context: grpc.aio.ServicerContext
+    ) -> gateway_pb2.ListModelsResponse:
         ctx = await self._ctx(context)
-        return gateway_pb2.ListModelsResponse(models=[
-            gateway_pb2.ModelCard(id=name, owned_by="pdrelay", created=ctx.created,
-                                  max_model_len=ctx.tokenizer.context_length or 0, root=ctx.model_root or "")
-            for name in ctx.served_model_names])
+        return gateway_pb2.ListModelsResponse(
+            models=[
+                gateway_pb2.ModelCard(
+                    id=name,
+                    owned_by="pdrelay",
+                    created=ctx.created,
+                    max_model_len=ctx.tokenizer.context_length or 0,
+                    root=ctx.model_root or "",
+                )
+                for name in ctx.served_model_names
+            ]
+        )
 
-    async def Embed(self, request: gateway_pb2.EmbeddingsRequest,
-                    context: grpc.aio.ServicerContext) -> gateway_pb2.EmbeddingsResponse:
+    async def Embed(
+        self, request: gateway_pb2.EmbeddingsRequest, context: grpc.aio.ServicerContext
+    ) -> gateway_pb2.EmbeddingsResponse:
         ctx = await self._ctx(context)
         if ctx.embeddings is None:
-            await abort(context, common_pb2.ERROR_CODE_NOT_FOUND, "this gateway serves no embedding models",
-                        instance_id=ctx.instance_id)
+            await abort(
+                context,
+                common_pb2.ERROR_CODE_NOT_FOUND,
+                "this gateway serves no embedding models",
+                instance_id=ctx.instance_id,
+            )
         assert ctx.embeddings is not None
         return await ctx.embeddings.grpc(request, context, ctx.instance_id)
 
-    async def Health(self, request: gateway_pb2.HealthRequest,
-                     context: grpc.aio.ServicerContext) -> gateway_pb2.HealthResponse:
+    async def Health(
+        self, request: gateway_pb2.HealthRequest, context: grpc.aio.ServicerContext
+    ) -> gateway_pb2.HealthResponse:
         ctx = await self._ctx(context)
         resp = gateway_pb2.HealthResponse(serving=await ctx.backend.ready())
         m = ctx.membership
@@ -353,6 +425,5 @@ class GatewayApi(gateway_pb2_grpc.GatewayServicer):
             for role in _ROLES:
                 total = m.instances(role)
                 if total:
-                    resp.roles.append(gateway_pb2.RoleHealth(role=role, total=len(total),
-                                                             ready=len(m.ready(role))))
+                    resp.roles.append(gateway_pb2.RoleHealth(role=role, total=len(total), ready=len(m.ready(role))))
         return resp

@@ -44,8 +44,9 @@ class ApiKeyInterceptor(grpc.aio.ServerInterceptor):
             return f"invalid API key; {_HINT}"
         return None
 
-    async def intercept_service(self, continuation: Callable[..., Any],
-                                handler_call_details: grpc.HandlerCallDetails) -> grpc.RpcMethodHandler:
+    async def intercept_service(
+        self, continuation: Callable[..., Any], handler_call_details: grpc.HandlerCallDetails
+    ) -> grpc.RpcMethodHandler:
         handler = await continuation(handler_call_details)
         if handler is None or handler_call_details.method.startswith(OPEN_PREFIXES):
             return handler

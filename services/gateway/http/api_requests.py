@@ -93,12 +93,18 @@ class _CommonRequest(msgspec.Struct, kw_only=True):
     include_stop_str_in_output: Annotated[bool, Meta(description="Extension: keep the matched stop string")] = False
     logit_bias: Annotated[dict[str, float] | None, Meta(description="Token id -> bias in [-100, 100]")] = None
     user: str | None = None
-    structured_outputs: Annotated[StructuredOutputs | None, Meta(
-        description="Extension (vLLM): constrain the output to a JSON schema, regex, choice or grammar")] = None
+    structured_outputs: Annotated[
+        StructuredOutputs | None,
+        Meta(description="Extension (vLLM): constrain the output to a JSON schema, regex, choice or grammar"),
+    ] = None
     priority: Annotated[int, Meta(description="Extension: lower is served first under --schedule-policy priority")] = 0
-    prompt_logprobs: Annotated[int | None, Meta(
-        description="Extension (vLLM): logprob of every prompt token with this many alternatives (0..20); "
-                    "answered as prompt_logprobs, not with stream=true")] = None
+    prompt_logprobs: Annotated[
+        int | None,
+        Meta(
+            description="Extension (vLLM): logprob of every prompt token with this many alternatives (0..20); "
+            "answered as prompt_logprobs, not with stream=true"
+        ),
+    ] = None
 
 
 class ChatCompletionRequest(_CommonRequest, kw_only=True):
@@ -110,13 +116,16 @@ class ChatCompletionRequest(_CommonRequest, kw_only=True):
     tool_choice: Any = None
     parallel_tool_calls: bool | None = None
     response_format: ResponseFormat | None = None
-    chat_template_kwargs: Annotated[dict[str, Any] | None,
-                                    Meta(description="Extension: extra variables for the chat template")] = None
+    chat_template_kwargs: Annotated[
+        dict[str, Any] | None, Meta(description="Extension: extra variables for the chat template")
+    ] = None
 
 
 class CompletionRequest(_CommonRequest, kw_only=True):
-    prompt: Annotated[str | list[Any], Meta(
-        description="A string, a list of token ids, or a list of up to 64 of either (one choice per prompt)")]
+    prompt: Annotated[
+        str | list[Any],
+        Meta(description="A string, a list of token ids, or a list of up to 64 of either (one choice per prompt)"),
+    ]
     logprobs: Annotated[int | None, Meta(description="0..20 most likely alternatives per token")] = None
     echo: bool = False
     suffix: str | None = None

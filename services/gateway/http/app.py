@@ -22,6 +22,7 @@ from typing import TypeVar
 import msgspec
 from opentelemetry.context import Context
 
+from services.gateway.backend import BackendError, BackendRequest, BackendSamplingParams, GenerateBackend
 from services.gateway.http.api_requests import ChatCompletionRequest, CompletionRequest
 from services.gateway.http.api_responses import HealthStatus, ModelCard, ModelList
 from services.gateway.http.asgi import (
@@ -36,22 +37,21 @@ from services.gateway.http.asgi import (
     read_body,
 )
 from services.gateway.http.batch import BatchGeneration
-from services.gateway.backend import BackendError, BackendRequest, BackendSamplingParams, GenerateBackend
 from services.gateway.http.errors import ApiError, bad_request, from_backend, internal_error
 from services.gateway.http.formatters import DONE, ChatFormatter, CompletionFormatter, Formatter, sse, usage
-from services.gateway.text.generation import Delta, Generation
 from services.gateway.http.json_body import decode_body
 from services.gateway.http.media.attach import MediaInputs
 from services.gateway.http.media.processor import MediaProcessor
-from services.gateway.metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
-from services.gateway.metrics import GatewayMetrics
 from services.gateway.http.openapi import build_openapi
 from services.gateway.http.tokenize_api import DetokenizeRequest, TokenizeRequest, detokenize, tokenize
-from services.gateway.text.tokenizer import ChatTemplateError, GatewayTokenizer
 from services.gateway.http.tools.formatter import ToolChatFormatter
 from services.gateway.http.tools.render import render_messages
 from services.gateway.http.tools.spec import ToolChoiceMode
 from services.gateway.http.validation import ApiKind, Plan, plan_chat, plan_completion
+from services.gateway.metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
+from services.gateway.metrics import GatewayMetrics
+from services.gateway.text.generation import Delta, Generation
+from services.gateway.text.tokenizer import ChatTemplateError, GatewayTokenizer
 from shared.config.groups import HttpConfig
 from shared.telemetry import spans
 from shared.telemetry.logs import bind_request_id
@@ -85,8 +85,13 @@ def _decode_error(e: msgspec.DecodeError) -> ApiError:
 
 def _annotate(span: Span, gen: Generation | BatchGeneration, arrival: float) -> None:
     """What the gateway.request span says about the request once it is over."""
-    span.set_attributes({spans.PROMPT_TOKENS: gen.num_prompt_tokens, spans.OUTPUT_TOKENS: gen.num_generated,
-                         spans.CACHED_TOKENS: gen.num_cached_tokens})
+    span.set_attributes(
+        {
+            spans.PROMPT_TOKENS: gen.num_prompt_tokens,
+            spans.OUTPUT_TOKENS: gen.num_generated,
+            spans.CACHED_TOKENS: gen.num_cached_tokens,
+        }
+    )
     if gen.first_token_at is not None:
         span.set_attribute(spans.TTFT_MS, (gen.first_token_at - arrival) * 1e3)
         add_event(span, spans.EVENT_FIRST_TOKEN, at=perf_to_mono(gen.first_token_at))
@@ -95,10 +100,19 @@ def _annotate(span: Span, gen: Generation | BatchGeneration, arrival: float) -> 
 class GatewayApp:
     """ASGI application. One instance per served model (one tokenizer)."""
 
-    def __init__(self, *, backend: GenerateBackend, tokenizer: GatewayTokenizer, served_model_names: Sequence[str],
-                 model_aliases: Sequence[str] = (), api_key: str | None = None, max_request_bytes: int = 4 << 20,
-                 model_root: str | None = None, media: MediaProcessor | None = None,
-                 media_cfg: HttpConfig | None = None) -> None:
+    def __init__(
+        self,
+        *,
+        backend: GenerateBackend,
+        tokenizer: GatewayTokenizer,
+        served_model_names: Sequence[str],
+        model_aliases: Sequence[str] = (),
+        api_key: str | None = None,
+        max_request_bytes: int = 4 << 20,
+        model_root: str | None = None,
+        media: MediaProcessor | None = None,
+        media_cfg: HttpConfig | None = None,
+    ) -> None:
         if not served_model_names:
             raise ValueError("served_model_names is empty; pass at least one name clients may use")
         self.backend = backend
@@ -116,8 +130,9 @@ class GatewayApp:
         self._created = int(time.time())
         self._chat_decoder = msgspec.json.Decoder(ChatCompletionRequest)
         self._completion_decoder = msgspec.json.Decoder(CompletionRequest)
-        self._openapi_doc = build_openapi(auth=self._api_key is not None, vocab_size=tokenizer.vocab_size,
-                                          context_length=tokenizer.context_length)
+        self._openapi_doc = build_openapi(
+            auth=self._api_key is not None, vocab_size=tokenizer.vocab_size, context_length=tokenizer.context_length
+        )
         self._routes: dict[str, tuple[str, Handler, bool]] = {  # path -> (method, handler, needs api key)
             "/v1/chat/completions": ("POST", self._chat, True),
             "/v1/completions": ("POST", self._completions, True),
@@ -132,8 +147,15 @@ class GatewayApp:
         self._extra_models: list[Callable[[], list[ModelCard]]] = []
         self._openapi = b""  # encoded on first request, from _openapi_doc and the routes then mounted
 
-    def add_route(self, path: str, method: str, handler: Handler, *, needs_api_key: bool = True,
-                  models: Callable[[], list[ModelCard]] | None = None) -> None:
+    def add_route(
+        self,
+        path: str,
+        method: str,
+        handler: Handler,
+        *,
+        needs_api_key: bool = True,
+        models: Callable[[], list[ModelCard]] | None = None,
+    ) -> None:
         """Mount another API beside the built-in routes (e.g. /v1/embeddings, services.gateway.http.embeddings);
         `models` adds its model cards to /v1/models."""
         self._routes[path] = (method, handler, needs_api_key)
@@ -185,8 +207,12 @@ class GatewayApp:
                 raise ApiError(404, f"no route {path!r}; see /openapi.json for the API", code="not_found")
             method, handler, needs_key = route
             if scope["method"] != method:
-                raise ApiError(405, f"{path} accepts {method}, not {scope['method']}", code="method_not_allowed",
-                               headers=((b"allow", method.encode()),))
+                raise ApiError(
+                    405,
+                    f"{path} accepts {method}, not {scope['method']}",
+                    code="method_not_allowed",
+                    headers=((b"allow", method.encode()),),
+                )
             if needs_key and self._api_key is not None:
                 self._check_api_key(scope)
             if method == "POST":
@@ -233,8 +259,10 @@ class GatewayApp:
     # ------------------------------------------------------------ small routes
 
     async def _models(self, scope: Scope, receive: Receive, r: Responder) -> None:
-        cards = [ModelCard(id=name, created=self._created, root=self.model_root,
-                           max_model_len=self.tokenizer.context_length) for name in self.served_model_names]
+        cards = [
+            ModelCard(id=name, created=self._created, root=self.model_root, max_model_len=self.tokenizer.context_length)
+            for name in self.served_model_names
+        ]
         for more in self._extra_models:
             cards += more()
         try:  # other models the cluster serves (e.g. embedding models), as the backend sees them now
@@ -273,8 +301,9 @@ class GatewayApp:
             log.warning("backend.ready() failed: %s", e)
             ready = False
         if not ready:
-            raise ApiError(503, "no worker is ready to serve requests yet; retry later", code="not_ready",
-                           retry_after_s=1)
+            raise ApiError(
+                503, "no worker is ready to serve requests yet; retry later", code="not_ready", retry_after_s=1
+            )
         await r.full(200, _ENC.encode(HealthStatus("ready")))
 
     async def _metrics(self, scope: Scope, receive: Receive, r: Responder) -> None:
@@ -302,8 +331,12 @@ class GatewayApp:
             await self._generate(scope, receive, r, kind)
             return
         parent = extract((k.decode(), v.decode("latin-1")) for k, v in scope["headers"] if k in _TRACE_HEADERS)
-        span = tr.start_span(spans.GATEWAY_REQUEST, parent=parent or Context(), kind=SpanKind.SERVER,
-                             attributes={spans.HTTP_ROUTE: scope["path"]})
+        span = tr.start_span(
+            spans.GATEWAY_REQUEST,
+            parent=parent or Context(),
+            kind=SpanKind.SERVER,
+            attributes={spans.HTTP_ROUTE: scope["path"]},
+        )
         token = tr.activate(span)
         status = 0
         try:
@@ -335,8 +368,9 @@ class GatewayApp:
         vocab = self.tokenizer.vocab_size
         try:
             if kind is ApiKind.CHAT:
-                plan = plan_chat(decode_body(self._chat_decoder, body), vocab_size=vocab,
-                                 image_placeholder=self.media.placeholder)
+                plan = plan_chat(
+                    decode_body(self._chat_decoder, body), vocab_size=vocab, image_placeholder=self.media.placeholder
+                )
             else:
                 plan = plan_completion(decode_body(self._completion_decoder, body), vocab_size=vocab)
         except msgspec.DecodeError as e:
@@ -348,31 +382,71 @@ class GatewayApp:
         for p, one in enumerate(plan.batch or (plan,)):  # a list of prompts: one backend request each
             ids = self._tokenize(one)
             ids, media = await self.media.attach(one.image_urls, ids)  # images: decoded, hashed, expanded
-            reqs.append(BackendRequest(request_id=rid if not plan.batch else f"{rid}-{p}", model=model,
-                                       prompt_token_ids=ids, sampling=self._fit_context(one, len(ids)),
-                                       trace_headers=trace, priority=plan.priority, media=media))
+            reqs.append(
+                BackendRequest(
+                    request_id=rid if not plan.batch else f"{rid}-{p}",
+                    model=model,
+                    prompt_token_ids=ids,
+                    sampling=self._fit_context(one, len(ids)),
+                    trace_headers=trace,
+                    priority=plan.priority,
+                    media=media,
+                )
+            )
         req, sampling = reqs[0], reqs[0].sampling
         prompt = [t for q in reqs for t in q.prompt_token_ids]
         bind_request_id(req.request_id)  # log lines of this request (its task's own context) carry the id
         span = current_span()
         if span.is_recording():
             span.set_attributes({spans.REQUEST_ID: req.request_id, spans.MODEL: model})
-            self.tracing.record(spans.GATEWAY_TOKENIZE, perf_to_mono(arrival), time.monotonic(),
-                                {spans.PROMPT_TOKENS: len(prompt)}, parent=span)
+            self.tracing.record(
+                spans.GATEWAY_TOKENIZE,
+                perf_to_mono(arrival),
+                time.monotonic(),
+                {spans.PROMPT_TOKENS: len(prompt)},
+                parent=span,
+            )
         fmt: Formatter
         if plan.tools is not None and plan.tools.mode is not ToolChoiceMode.NONE:
-            fmt = ToolChatFormatter(self.tokenizer, req.request_id, int(time.time()), model, plan.include_usage,
-                                    sampling.logprobs is not None, plan.tools,
-                                    want_prompt_logprobs=plan.prompt_logprobs)
+            fmt = ToolChatFormatter(
+                self.tokenizer,
+                req.request_id,
+                int(time.time()),
+                model,
+                plan.include_usage,
+                sampling.logprobs is not None,
+                plan.tools,
+                want_prompt_logprobs=plan.prompt_logprobs,
+            )
         else:
             fmt_cls = ChatFormatter if kind is ApiKind.CHAT else CompletionFormatter
-            fmt = fmt_cls(self.tokenizer, rid, int(time.time()), model, plan.include_usage,
-                          sampling.logprobs is not None, n=sampling.n, want_prompt_logprobs=plan.prompt_logprobs)
+            fmt = fmt_cls(
+                self.tokenizer,
+                rid,
+                int(time.time()),
+                model,
+                plan.include_usage,
+                sampling.logprobs is not None,
+                n=sampling.n,
+                want_prompt_logprobs=plan.prompt_logprobs,
+            )
         if plan.echo and isinstance(fmt, CompletionFormatter):
-            fmt.echo = {p * sampling.n + s: self.tokenizer.decode(q.prompt_token_ids, skip_special_tokens=False)
-                        for p, q in enumerate(reqs) for s in range(sampling.n)}
-        gens = [Generation(self.backend, self.tokenizer, q, skip_special_tokens=plan.skip_special_tokens,
-                           metrics=self.metrics, arrival=arrival) for q in reqs]
+            fmt.echo = {
+                p * sampling.n + s: self.tokenizer.decode(q.prompt_token_ids, skip_special_tokens=False)
+                for p, q in enumerate(reqs)
+                for s in range(sampling.n)
+            }
+        gens = [
+            Generation(
+                self.backend,
+                self.tokenizer,
+                q,
+                skip_special_tokens=plan.skip_special_tokens,
+                metrics=self.metrics,
+                arrival=arrival,
+            )
+            for q in reqs
+        ]
         gen: Generation | BatchGeneration = gens[0] if len(gens) == 1 else BatchGeneration(gens, sampling.n)
         self.metrics.in_flight.inc()
         try:
@@ -391,8 +465,12 @@ class GatewayApp:
             return self.served_model_names[0]
         model = self._model_names.get(requested)
         if model is None:
-            raise ApiError(404, f"model {requested!r} is not served here; GET /v1/models lists: "
-                                f"{', '.join(self.served_model_names)}", param="model", code="model_not_found")
+            raise ApiError(
+                404,
+                f"model {requested!r} is not served here; GET /v1/models lists: {', '.join(self.served_model_names)}",
+                param="model",
+                code="model_not_found",
+            )
         return model
 
     def _tokenize(self, plan: Plan) -> tuple[int, ...]:
@@ -410,8 +488,10 @@ class GatewayApp:
             assert plan.prompt_ids is not None
             return plan.prompt_ids
         if not ids:
-            raise bad_request("the prompt tokenizes to no tokens; send some text",
-                              "messages" if plan.kind is ApiKind.CHAT else "prompt")
+            raise bad_request(
+                "the prompt tokenizes to no tokens; send some text",
+                "messages" if plan.kind is ApiKind.CHAT else "prompt",
+            )
         return tuple(ids)
 
     def _fit_context(self, plan: Plan, prompt_len: int) -> BackendSamplingParams:
@@ -422,14 +502,22 @@ class GatewayApp:
             return sampling
         param = "messages" if plan.kind is ApiKind.CHAT else "prompt"
         if prompt_len >= ctx:
-            raise bad_request(f"the prompt is {prompt_len} tokens, but this model's context length is {ctx} tokens "
-                              "(prompt + completion); shorten the prompt", param, "context_length_exceeded")
+            raise bad_request(
+                f"the prompt is {prompt_len} tokens, but this model's context length is {ctx} tokens "
+                "(prompt + completion); shorten the prompt",
+                param,
+                "context_length_exceeded",
+            )
         if sampling.max_tokens is None:
             return dataclasses.replace(sampling, max_tokens=ctx - prompt_len)
         if prompt_len + sampling.max_tokens > ctx:
-            raise bad_request(f"this model's context length is {ctx} tokens, but {prompt_len} prompt tokens + "
-                              f"max_tokens {sampling.max_tokens} = {prompt_len + sampling.max_tokens}; lower "
-                              f"max_tokens to at most {ctx - prompt_len}", "max_tokens", "context_length_exceeded")
+            raise bad_request(
+                f"this model's context length is {ctx} tokens, but {prompt_len} prompt tokens + "
+                f"max_tokens {sampling.max_tokens} = {prompt_len + sampling.max_tokens}; lower "
+                f"max_tokens to at most {ctx - prompt_len}",
+                "max_tokens",
+                "context_length_exceeded",
+            )
         return sampling
 
     async def _run(self, gen: Generation | BatchGeneration, plan: Plan, fmt: Formatter, r: Responder) -> None:
@@ -452,7 +540,9 @@ class GatewayApp:
         finally:
             await gen.aclose()  # stop string, error or disconnect: abort the request on the worker
 
-    async def _stream(self, gen: Generation | BatchGeneration, plan: Plan, fmt: Formatter, r: Responder, delta: Delta) -> None:
+    async def _stream(
+        self, gen: Generation | BatchGeneration, plan: Plan, fmt: Formatter, r: Responder, delta: Delta
+    ) -> None:
         await r.start_stream()
         pending = fmt.first_chunk() or b""  # coalesced with the first content chunk: one write, not two
         while not gen.finished:

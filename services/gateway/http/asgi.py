@@ -20,8 +20,11 @@ Send = Callable[[Message], Awaitable[None]]
 
 JSON = b"application/json"
 _JSON_HEADERS = ((b"content-type", JSON),)
-_SSE_HEADERS = [(b"content-type", b"text/event-stream; charset=utf-8"), (b"cache-control", b"no-cache"),
-                (b"x-accel-buffering", b"no")]
+_SSE_HEADERS = [
+    (b"content-type", b"text/event-stream; charset=utf-8"),
+    (b"cache-control", b"no-cache"),
+    (b"x-accel-buffering", b"no"),
+]
 
 
 class ClientDisconnected(Exception):
@@ -47,8 +50,11 @@ def check_json_content_type(scope: Scope) -> None:
     if media == JSON or media.endswith(b"+json"):
         return
     shown = media.decode("latin-1")[:60] or "(empty)"
-    raise ApiError(415, f"Content-Type {shown} is not supported; send the body as JSON with "
-                        "'Content-Type: application/json'", code="unsupported_media_type")
+    raise ApiError(
+        415,
+        f"Content-Type {shown} is not supported; send the body as JSON with 'Content-Type: application/json'",
+        code="unsupported_media_type",
+    )
 
 
 async def read_body(scope: Scope, receive: Receive, limit: int) -> bytes:
@@ -79,8 +85,12 @@ async def read_body(scope: Scope, receive: Receive, limit: int) -> bytes:
 
 
 def _too_large(size: int, limit: int) -> ApiError:
-    return ApiError(413, f"request body of {size} bytes is over the limit of {limit} bytes; send a smaller request "
-                         "or raise --max-request-bytes", code="request_too_large")
+    return ApiError(
+        413,
+        f"request body of {size} bytes is over the limit of {limit} bytes; send a smaller request "
+        "or raise --max-request-bytes",
+        code="request_too_large",
+    )
 
 
 class Responder:
@@ -94,8 +104,9 @@ class Responder:
         self.started = False
         self.ended = False
 
-    async def full(self, status: int, body: bytes, content_type: bytes = JSON,
-                   extra_headers: tuple[tuple[bytes, bytes], ...] = ()) -> None:
+    async def full(
+        self, status: int, body: bytes, content_type: bytes = JSON, extra_headers: tuple[tuple[bytes, bytes], ...] = ()
+    ) -> None:
         assert not self.started, "response already started"
         self.status, self.started = status, True
         headers = [(b"content-type", content_type), (b"content-length", str(len(body)).encode()), *extra_headers]

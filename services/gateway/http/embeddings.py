@@ -29,10 +29,10 @@ if TYPE_CHECKING:
     from shared.config.groups import HttpConfig
 
 from proto.pdrelay.v1 import common_pb2, gateway_pb2
-from services.gateway.http.api_responses import ModelCard
-from services.gateway.http.asgi import Receive, Responder, Scope, read_body
 from services.gateway.backend import BackendError
 from services.gateway.backends.encoder_backend import EmbedCall, EmbedResult, EncoderBackend
+from services.gateway.http.api_responses import ModelCard
+from services.gateway.http.asgi import Receive, Responder, Scope, read_body
 from services.gateway.http.errors import ApiError, bad_request, from_backend
 from services.gateway.http.json_body import decode_body
 from services.gateway.routing.channels import ChannelPool
@@ -43,9 +43,14 @@ from shared.cluster.instance import EncoderInfo
 
 MAX_INPUTS = 2048  # OpenAI's limit of inputs per request
 _TRACE_HEADERS = (b"traceparent", b"tracestate")
-_CODES = {400: common_pb2.ERROR_CODE_INVALID_ARGUMENT, 413: common_pb2.ERROR_CODE_INVALID_ARGUMENT,
-          404: common_pb2.ERROR_CODE_NOT_FOUND, 429: common_pb2.ERROR_CODE_OVERLOADED,
-          503: common_pb2.ERROR_CODE_UNAVAILABLE, 504: common_pb2.ERROR_CODE_TIMEOUT}
+_CODES = {
+    400: common_pb2.ERROR_CODE_INVALID_ARGUMENT,
+    413: common_pb2.ERROR_CODE_INVALID_ARGUMENT,
+    404: common_pb2.ERROR_CODE_NOT_FOUND,
+    429: common_pb2.ERROR_CODE_OVERLOADED,
+    503: common_pb2.ERROR_CODE_UNAVAILABLE,
+    504: common_pb2.ERROR_CODE_TIMEOUT,
+}
 
 
 class EmbeddingRequest(msgspec.Struct, kw_only=True):
@@ -103,8 +108,11 @@ def inputs_of(value: str | list[Any]) -> tuple[tuple[str, ...], tuple[tuple[int,
         return tuple(value), ()
     token_lists = [value] if _is_token_list(value) else value
     if not all(_is_token_list(x) for x in token_lists):
-        raise bad_request("input must be a string, a list of strings, a list of token ids (integers) or a list of "
-                          "such lists; not a mix", "input")
+        raise bad_request(
+            "input must be a string, a list of strings, a list of token ids (integers) or a list of "
+            "such lists; not a mix",
+            "input",
+        )
     for i, ids in enumerate(token_lists):
         if not ids:
             raise bad_request(f"input[{i}] is an empty list of token ids", "input")
@@ -124,8 +132,10 @@ class Embeddings:
 
     # ---- models ------------------------------------------------------------------------------------------------
     def model_cards(self) -> list[ModelCard]:
-        return [ModelCard(id=name, created=self._created, max_model_len=info.max_seq_len or None)
-                for name, info in sorted(self.backend.router.embedding_models().items())]
+        return [
+            ModelCard(id=name, created=self._created, max_model_len=info.max_seq_len or None)
+            for name, info in sorted(self.backend.router.embedding_models().items())
+        ]
 
     def _model(self, requested: str | None) -> tuple[str, EncoderInfo]:
         models = self.backend.router.embedding_models()
@@ -133,28 +143,38 @@ class Embeddings:
             info = models.get(requested)
             if info is None:
                 served = ", ".join(sorted(models)) or "none (no encoder is ready)"
-                raise ApiError(404, f"model {requested!r} is not an embedding model served here; embedding models: "
-                                    f"{served}", param="model", code="model_not_found")
+                raise ApiError(
+                    404,
+                    f"model {requested!r} is not an embedding model served here; embedding models: {served}",
+                    param="model",
+                    code="model_not_found",
+                )
             return requested, info
         if len(models) == 1:
             return next(iter(models.items()))
         if not models:
-            raise ApiError(503, "no encoder is ready to compute embeddings; retry later", code="unavailable",
-                           retry_after_s=1)
-        raise bad_request("model is required: this gateway serves several embedding models "
-                          f"({', '.join(sorted(models))})", "model")
+            raise ApiError(
+                503, "no encoder is ready to compute embeddings; retry later", code="unavailable", retry_after_s=1
+            )
+        raise bad_request(
+            f"model is required: this gateway serves several embedding models ({', '.join(sorted(models))})", "model"
+        )
 
     # ---- one request -------------------------------------------------------------------------------------------
-    def plan(self, req: EmbeddingRequest, request_id: str,
-             trace: tuple[tuple[str, str], ...] = ()) -> EmbedCall:
+    def plan(self, req: EmbeddingRequest, request_id: str, trace: tuple[tuple[str, str], ...] = ()) -> EmbedCall:
         texts, token_inputs = inputs_of(req.input)
         if req.dimensions is not None and req.dimensions < 1:
             raise bad_request(f"dimensions must be >= 1 (got {req.dimensions})", "dimensions")
         model, info = self._model(req.model)
-        return EmbedCall(request_id=request_id, model=model, texts=texts, token_inputs=token_inputs,
-                         dimensions=req.dimensions or 0,
-                         truncate_prompt_tokens=self._truncation(req.truncate_prompt_tokens, info),
-                         trace_headers=trace)
+        return EmbedCall(
+            request_id=request_id,
+            model=model,
+            texts=texts,
+            token_inputs=token_inputs,
+            dimensions=req.dimensions or 0,
+            truncate_prompt_tokens=self._truncation(req.truncate_prompt_tokens, info),
+            trace_headers=trace,
+        )
 
     @staticmethod
     def _truncation(value: int | None, info: EncoderInfo) -> int:
@@ -164,8 +184,10 @@ class Embeddings:
             return info.max_seq_len
         limit = info.max_seq_len
         if value < -1 or (limit and value > limit):
-            raise bad_request(f"truncate_prompt_tokens {value} must be -1 (the model's max of {limit} tokens) or "
-                              f"1..{limit}", "truncate_prompt_tokens")
+            raise bad_request(
+                f"truncate_prompt_tokens {value} must be -1 (the model's max of {limit} tokens) or 1..{limit}",
+                "truncate_prompt_tokens",
+            )
         return value
 
     async def run(self, call: EmbedCall) -> EmbedResult:
@@ -187,21 +209,30 @@ class Embeddings:
         call = self.plan(req, "embd-" + uuid.uuid4().hex, trace)
         res = await self.run(call)
         if req.encoding_format == "base64":
-            data = [EmbeddingData(index=i, embedding=base64.b64encode(row.tobytes()).decode("ascii"))
-                    for i, row in enumerate(res.vectors)]
+            data = [
+                EmbeddingData(index=i, embedding=base64.b64encode(row.tobytes()).decode("ascii"))
+                for i, row in enumerate(res.vectors)
+            ]
         else:
             data = [EmbeddingData(index=i, embedding=row) for i, row in enumerate(res.vectors.tolist())]
-        resp = EmbeddingResponse(id=call.request_id, created=int(time.time()), model=call.model, data=data,
-                                 usage=EmbeddingUsage(prompt_tokens=res.prompt_tokens, total_tokens=res.prompt_tokens))
+        resp = EmbeddingResponse(
+            id=call.request_id,
+            created=int(time.time()),
+            model=call.model,
+            data=data,
+            usage=EmbeddingUsage(prompt_tokens=res.prompt_tokens, total_tokens=res.prompt_tokens),
+        )
         await r.full(200, _ENC.encode(resp))
 
     # ---- gRPC --------------------------------------------------------------------------------------------------
-    async def grpc(self, request: gateway_pb2.EmbeddingsRequest, context: grpc.aio.ServicerContext,
-                   instance_id: str = "") -> gateway_pb2.EmbeddingsResponse:
+    async def grpc(
+        self, request: gateway_pb2.EmbeddingsRequest, context: grpc.aio.ServicerContext, instance_id: str = ""
+    ) -> gateway_pb2.EmbeddingsResponse:
         trace: tuple[tuple[str, str], ...] = ()
         if request.trace.traceparent:
             trace = (("traceparent", request.trace.traceparent),) + (
-                (("tracestate", request.trace.tracestate),) if request.trace.tracestate else ())
+                (("tracestate", request.trace.tracestate),) if request.trace.tracestate else ()
+            )
         value: str | list[Any]
         if request.texts and request.token_ids:
             value = [*request.texts, *(list(t.ids) for t in request.token_ids)]  # refused as a mix
@@ -209,34 +240,53 @@ class Embeddings:
             value = [list(t.ids) for t in request.token_ids]
         else:
             value = list(request.texts)
-        req = EmbeddingRequest(input=value, model=request.model or None, dimensions=request.dimensions or None,
-                               truncate_prompt_tokens=request.truncate_prompt_tokens or None)
+        req = EmbeddingRequest(
+            input=value,
+            model=request.model or None,
+            dimensions=request.dimensions or None,
+            truncate_prompt_tokens=request.truncate_prompt_tokens or None,
+        )
         try:
             call = self.plan(req, request.request_id or "embd-" + uuid.uuid4().hex, trace)
             res = await self.run(call)
         except ApiError as e:
-            await abort(context, _CODES.get(e.status, common_pb2.ERROR_CODE_INTERNAL), e.message,
-                        instance_id=instance_id)
+            await abort(
+                context, _CODES.get(e.status, common_pb2.ERROR_CODE_INTERNAL), e.message, instance_id=instance_id
+            )
         return gateway_pb2.EmbeddingsResponse(
-            request_id=call.request_id, model=call.model,
+            request_id=call.request_id,
+            model=call.model,
             data=[gateway_pb2.Embedding(values=row) for row in res.vectors.tolist()],
-            usage=common_pb2.Usage(prompt_tokens=res.prompt_tokens))
+            usage=common_pb2.Usage(prompt_tokens=res.prompt_tokens),
+        )
 
 
 class RouteTable(Protocol):
     """Where an API mounts (GatewayApp): a protocol, so that app.py, which imports this module, is not imported back."""
 
-    def add_route(self, path: str, method: str, handler: Callable[[Scope, Receive, Responder], Awaitable[None]], *,
-                  needs_api_key: bool = True, models: Callable[[], list[ModelCard]] | None = None) -> None: ...
+    def add_route(
+        self,
+        path: str,
+        method: str,
+        handler: Callable[[Scope, Receive, Responder], Awaitable[None]],
+        *,
+        needs_api_key: bool = True,
+        models: Callable[[], list[ModelCard]] | None = None,
+    ) -> None: ...
 
 
-def mount_embeddings(app: RouteTable, membership: MembershipView, loads: LoadTable, http_cfg: HttpConfig,
-                     tls: TlsFiles | None = None) -> Embeddings:
+def mount_embeddings(
+    app: RouteTable, membership: MembershipView, loads: LoadTable, http_cfg: HttpConfig, tls: TlsFiles | None = None
+) -> Embeddings:
     """/v1/embeddings on `app` (a GatewayApp) over the encoders in `membership`, loads from `loads` (the
     gateway's NATS load table); timeouts and retries from the http config group."""
-    backend = EncoderBackend(membership, loads, timeout_s=http_cfg.encoder_timeout_s,
-                             channels=ChannelPool(tls=tls),
-                             retries=http_cfg.request_retries)
+    backend = EncoderBackend(
+        membership,
+        loads,
+        timeout_s=http_cfg.encoder_timeout_s,
+        channels=ChannelPool(tls=tls),
+        retries=http_cfg.request_retries,
+    )
     api = Embeddings(backend, max_request_bytes=http_cfg.max_request_bytes)
     app.add_route("/v1/embeddings", "POST", api.http, models=api.model_cards)
     return api

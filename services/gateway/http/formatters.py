@@ -8,6 +8,7 @@ from typing import Any
 
 import msgspec
 
+from services.gateway.backend import TokenLogprob
 from services.gateway.http.api_responses import (
     AssistantMessage,
     ChatChoice,
@@ -27,7 +28,6 @@ from services.gateway.http.api_responses import (
     PromptTokensDetails,
     Usage,
 )
-from services.gateway.backend import TokenLogprob
 from services.gateway.text.generation import Delta
 from services.gateway.text.tokenizer import GatewayTokenizer
 
@@ -40,9 +40,12 @@ def sse(body: Any) -> bytes:
 
 
 def usage(prompt_tokens: int, completion_tokens: int, cached_tokens: int) -> Usage:
-    return Usage(prompt_tokens=prompt_tokens, completion_tokens=completion_tokens,
-                 total_tokens=prompt_tokens + completion_tokens,
-                 prompt_tokens_details=PromptTokensDetails(cached_tokens))
+    return Usage(
+        prompt_tokens=prompt_tokens,
+        completion_tokens=completion_tokens,
+        total_tokens=prompt_tokens + completion_tokens,
+        prompt_tokens_details=PromptTokensDetails(cached_tokens),
+    )
 
 
 def prompt_logprobs(tok: GatewayTokenizer, deltas: Sequence[Delta]) -> PromptLogprobs | msgspec.UnsetType:
@@ -69,8 +72,17 @@ def by_choice(deltas: Sequence[Delta]) -> list[tuple[int, list[Delta]]]:
 
 
 class ChatFormatter:
-    def __init__(self, tokenizer: GatewayTokenizer, response_id: str, created: int, model: str,
-                 include_usage: bool, want_logprobs: bool, n: int = 1, want_prompt_logprobs: bool = False) -> None:
+    def __init__(
+        self,
+        tokenizer: GatewayTokenizer,
+        response_id: str,
+        created: int,
+        model: str,
+        include_usage: bool,
+        want_logprobs: bool,
+        n: int = 1,
+        want_prompt_logprobs: bool = False,
+    ) -> None:
         self.n = n
         self.want_prompt_logprobs = want_prompt_logprobs  # vLLM's prompt_logprobs field (whole answers only)
         self.tok = tokenizer
@@ -85,25 +97,36 @@ class ChatFormatter:
         tok = self.tok
         out = []
         for e in entries:
-            tops = [ChatTopLogprob(tok.token_text(t.token_id), t.logprob, list(tok.token_bytes(t.token_id)))
-                    for t in e.top_logprobs]
-            out.append(ChatTokenLogprob(tok.token_text(e.token_id), e.logprob, list(tok.token_bytes(e.token_id)),
-                                        tops))
+            tops = [
+                ChatTopLogprob(tok.token_text(t.token_id), t.logprob, list(tok.token_bytes(t.token_id)))
+                for t in e.top_logprobs
+            ]
+            out.append(ChatTokenLogprob(tok.token_text(e.token_id), e.logprob, list(tok.token_bytes(e.token_id)), tops))
         return ChatLogprobs(out)
 
     def _chunk(self, choice: ChatChunkChoice) -> bytes:
-        return sse(ChatCompletionChunk(id=self.id, created=self.created, model=self.model, choices=[choice],
-                                       usage=self._usage_field))
+        return sse(
+            ChatCompletionChunk(
+                id=self.id, created=self.created, model=self.model, choices=[choice], usage=self._usage_field
+            )
+        )
 
     def first_chunk(self) -> bytes:
-        return b"".join(self._chunk(ChatChunkChoice(index=i, delta=ChatDelta(role="assistant", content="")))
-                        for i in range(self.n))
+        return b"".join(
+            self._chunk(ChatChunkChoice(index=i, delta=ChatDelta(role="assistant", content=""))) for i in range(self.n)
+        )
 
     def chunk(self, d: Delta) -> bytes:
         delta = ChatDelta(content=d.text) if d.text else ChatDelta()
-        return self._chunk(ChatChunkChoice(index=d.index, delta=delta, logprobs=self.logprobs(d.logprobs),
-                                           finish_reason=d.finish_reason,
-                                           stop_reason=d.stop_reason))
+        return self._chunk(
+            ChatChunkChoice(
+                index=d.index,
+                delta=delta,
+                logprobs=self.logprobs(d.logprobs),
+                finish_reason=d.finish_reason,
+                stop_reason=d.stop_reason,
+            )
+        )
 
     def usage_chunk(self, u: Usage) -> bytes:
         return sse(ChatCompletionChunk(id=self.id, created=self.created, model=self.model, choices=[], usage=u))
@@ -114,11 +137,25 @@ class ChatFormatter:
             last = ds[-1]
             entries = [e for d in ds if d.logprobs is not None for e in d.logprobs]
             logprobs = self.logprobs(entries) if self.want_logprobs else None
-            choices.append(ChatChoice(index=i, message=AssistantMessage("assistant", "".join(d.text for d in ds)),
-                                      logprobs=logprobs, finish_reason=last.finish_reason,
-                                      stop_reason=last.stop_reason))
-        return _ENC.encode(ChatCompletionResponse(id=self.id, created=self.created, model=self.model,
-                                                  choices=choices, usage=u, prompt_logprobs=self.prompt_logprobs(deltas)))
+            choices.append(
+                ChatChoice(
+                    index=i,
+                    message=AssistantMessage("assistant", "".join(d.text for d in ds)),
+                    logprobs=logprobs,
+                    finish_reason=last.finish_reason,
+                    stop_reason=last.stop_reason,
+                )
+            )
+        return _ENC.encode(
+            ChatCompletionResponse(
+                id=self.id,
+                created=self.created,
+                model=self.model,
+                choices=choices,
+                usage=u,
+                prompt_logprobs=self.prompt_logprobs(deltas),
+            )
+        )
 
     def prompt_logprobs(self, deltas: Sequence[Delta]) -> PromptLogprobs | msgspec.UnsetType:
         """vLLM puts a chat answer's prompt_logprobs on the response (its n choices share the prompt)."""
@@ -126,8 +163,17 @@ class ChatFormatter:
 
 
 class CompletionFormatter:
-    def __init__(self, tokenizer: GatewayTokenizer, response_id: str, created: int, model: str,
-                 include_usage: bool, want_logprobs: bool, n: int = 1, want_prompt_logprobs: bool = False) -> None:
+    def __init__(
+        self,
+        tokenizer: GatewayTokenizer,
+        response_id: str,
+        created: int,
+        model: str,
+        include_usage: bool,
+        want_logprobs: bool,
+        n: int = 1,
+        want_prompt_logprobs: bool = False,
+    ) -> None:
         self.n = n
         self.want_prompt_logprobs = want_prompt_logprobs  # vLLM's prompt_logprobs field (whole answers only)
         self.tok = tokenizer
@@ -177,24 +223,37 @@ class CompletionFormatter:
         return None  # completions have no role delta
 
     def chunk(self, d: Delta) -> bytes:
-        choice = CompletionChoice(index=d.index, text=self._echoed(d.index, d.text), logprobs=self.logprobs((d,)),
-                                  finish_reason=d.finish_reason,
-                                  stop_reason=d.stop_reason)
-        return sse(CompletionChunk(id=self.id, created=self.created, model=self.model, choices=[choice],
-                                   usage=self._usage_field))
+        choice = CompletionChoice(
+            index=d.index,
+            text=self._echoed(d.index, d.text),
+            logprobs=self.logprobs((d,)),
+            finish_reason=d.finish_reason,
+            stop_reason=d.stop_reason,
+        )
+        return sse(
+            CompletionChunk(
+                id=self.id, created=self.created, model=self.model, choices=[choice], usage=self._usage_field
+            )
+        )
 
     def usage_chunk(self, u: Usage) -> bytes:
         return sse(CompletionChunk(id=self.id, created=self.created, model=self.model, choices=[], usage=u))
 
     def response(self, deltas: Sequence[Delta], u: Usage) -> bytes:
-        choices = [CompletionChoice(index=i, text=self._echoed(i, "".join(d.text for d in ds)), logprobs=self.logprobs(ds),
-                                    finish_reason=ds[-1].finish_reason,
-                                    stop_reason=ds[-1].stop_reason,
-                                    prompt_logprobs=prompt_logprobs(self.tok, ds) if self.want_prompt_logprobs
-                                    else msgspec.UNSET)  # vLLM: on each choice (batched prompts differ)
-                   for i, ds in by_choice(deltas)]
-        return _ENC.encode(CompletionResponse(id=self.id, created=self.created, model=self.model,
-                                              choices=choices, usage=u))
+        choices = [
+            CompletionChoice(
+                index=i,
+                text=self._echoed(i, "".join(d.text for d in ds)),
+                logprobs=self.logprobs(ds),
+                finish_reason=ds[-1].finish_reason,
+                stop_reason=ds[-1].stop_reason,
+                prompt_logprobs=prompt_logprobs(self.tok, ds) if self.want_prompt_logprobs else msgspec.UNSET,
+            )  # vLLM: on each choice (batched prompts differ)
+            for i, ds in by_choice(deltas)
+        ]
+        return _ENC.encode(
+            CompletionResponse(id=self.id, created=self.created, model=self.model, choices=choices, usage=u)
+        )
 
 
 Formatter = ChatFormatter | CompletionFormatter

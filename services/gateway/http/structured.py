@@ -33,19 +33,32 @@ def _from_response_format(rf: ResponseFormat) -> StructuredSpec | None:
     if rf.type == "json_object":
         return StructuredSpec(GrammarKind.JSON_OBJECT)
     if rf.json_schema is None or rf.json_schema.schema is None:
-        raise bad_request("response_format.json_schema.schema is required with type json_schema",
-                          "response_format.json_schema.schema")
-    return StructuredSpec(GrammarKind.JSON_SCHEMA,
-                          _schema_text(rf.json_schema.schema, "response_format.json_schema.schema"))
+        raise bad_request(
+            "response_format.json_schema.schema is required with type json_schema", "response_format.json_schema.schema"
+        )
+    return StructuredSpec(
+        GrammarKind.JSON_SCHEMA, _schema_text(rf.json_schema.schema, "response_format.json_schema.schema")
+    )
 
 
 def _from_structured_outputs(so: StructuredOutputs) -> StructuredSpec:
-    given: list[tuple[str, Any]] = [(name, v) for name, v in (("json", so.json), ("regex", so.regex), ("choice", so.choice),
-                                       ("grammar", so.grammar), ("json_object", so.json_object or None))
-             if v is not None]
+    given: list[tuple[str, Any]] = [
+        (name, v)
+        for name, v in (
+            ("json", so.json),
+            ("regex", so.regex),
+            ("choice", so.choice),
+            ("grammar", so.grammar),
+            ("json_object", so.json_object or None),
+        )
+        if v is not None
+    ]
     if len(given) != 1:
-        raise bad_request(f"structured_outputs: set exactly one of json, regex, choice, grammar, json_object (got "
-                          f"{', '.join(n for n, _ in given) or 'none'})", "structured_outputs")
+        raise bad_request(
+            f"structured_outputs: set exactly one of json, regex, choice, grammar, json_object (got "
+            f"{', '.join(n for n, _ in given) or 'none'})",
+            "structured_outputs",
+        )
     name, value = given[0]
     if name == "json":
         return StructuredSpec(GrammarKind.JSON_SCHEMA, _schema_text(value, "structured_outputs.json"))
@@ -58,8 +71,10 @@ def _from_structured_outputs(so: StructuredOutputs) -> StructuredSpec:
     return StructuredSpec(GrammarKind.JSON_OBJECT)
 
 
-def structured_spec(response_format: ResponseFormat | None, structured_outputs: StructuredOutputs | None,
-                    ) -> StructuredSpec | None:
+def structured_spec(
+    response_format: ResponseFormat | None,
+    structured_outputs: StructuredOutputs | None,
+) -> StructuredSpec | None:
     """The request's constraint (None: free text). Raises ApiError (400) for a spec that cannot compile."""
     spec = _from_response_format(response_format) if response_format is not None else None
     param = "response_format"
@@ -78,5 +93,9 @@ def check(spec: StructuredSpec, param: str) -> None:
         build_grammar(spec)
     except GrammarError as e:
         where = ".json_schema.schema" if spec.kind is GrammarKind.JSON_SCHEMA and param == "response_format" else ""
-        raise ApiError(400, f"{param}{where}: cannot be compiled into a grammar: {e}", param=param,
-                       code="invalid_schema" if spec.kind is GrammarKind.JSON_SCHEMA else "invalid_grammar") from None
+        raise ApiError(
+            400,
+            f"{param}{where}: cannot be compiled into a grammar: {e}",
+            param=param,
+            code="invalid_schema" if spec.kind is GrammarKind.JSON_SCHEMA else "invalid_grammar",
+        ) from None

@@ -12,6 +12,7 @@ import enum
 from dataclasses import dataclass
 from typing import Any
 
+from services.gateway.backend import BackendSamplingParams
 from services.gateway.http.api_requests import (
     ChatCompletionRequest,
     CompletionRequest,
@@ -19,12 +20,11 @@ from services.gateway.http.api_requests import (
     TextPart,
     _CommonRequest,
 )
-from services.gateway.backend import BackendSamplingParams
 from services.gateway.http.errors import ApiError, bad_request
+from services.gateway.http.media.parts import image_part
 from services.gateway.http.structured import check, structured_spec
 from services.gateway.http.tools.spec import ToolPlan, plan_tools
 from shared.grammar.spec import StructuredSpec
-from services.gateway.http.media.parts import image_part
 
 MAX_LOGPROBS = 20
 MAX_STOP_STRINGS = 32
@@ -94,18 +94,23 @@ def _logit_bias(raw: dict[str, float] | None, vocab_size: int) -> tuple[tuple[in
 
 def _priority(req: _CommonRequest) -> int:
     if not 0 <= req.priority < 2**31:
-        raise bad_request(f"priority must be in [0, 2**31) (got {req.priority}); lower is served first",
-                          "priority")
+        raise bad_request(f"priority must be in [0, 2**31) (got {req.priority}); lower is served first", "priority")
     return req.priority
 
 
-def _sampling(req: _CommonRequest, max_tokens: int | None, logprobs: int | None, vocab_size: int,
-              structured: StructuredSpec | None = None) -> BackendSamplingParams:
+def _sampling(
+    req: _CommonRequest,
+    max_tokens: int | None,
+    logprobs: int | None,
+    vocab_size: int,
+    structured: StructuredSpec | None = None,
+) -> BackendSamplingParams:
     if not 1 <= req.n <= MAX_N:
         raise bad_request(f"n must be in [1, {MAX_N}] (got {req.n})", "n")
     if max_tokens is not None and max_tokens < 1:
-        raise bad_request(f"max_tokens must be >= 1 (got {max_tokens}); omit it to generate up to the context length",
-                          "max_tokens")
+        raise bad_request(
+            f"max_tokens must be >= 1 (got {max_tokens}); omit it to generate up to the context length", "max_tokens"
+        )
     temperature = 1.0 if req.temperature is None else req.temperature
     _check_range("temperature", temperature, 0.0, 100.0, fix="use 0 for greedy decoding")
     top_p = 1.0 if req.top_p is None else req.top_p
@@ -129,16 +134,31 @@ def _sampling(req: _CommonRequest, max_tokens: int | None, logprobs: int | None,
         if not 0 <= t < vocab_size:
             raise bad_request(f"stop_token_ids: token id {t} is not in [0, {vocab_size})", "stop_token_ids")
     if req.min_tokens < 0 or (max_tokens is not None and req.min_tokens > max_tokens):
-        raise bad_request(f"min_tokens must be in [0, max_tokens] (got {req.min_tokens}, max_tokens {max_tokens})",
-                          "min_tokens")
+        raise bad_request(
+            f"min_tokens must be in [0, max_tokens] (got {req.min_tokens}, max_tokens {max_tokens})", "min_tokens"
+        )
     logit_bias = _logit_bias(req.logit_bias, vocab_size)
     if logprobs is not None and not 0 <= logprobs <= MAX_LOGPROBS:
         raise bad_request(f"logprobs must be in [0, {MAX_LOGPROBS}] (got {logprobs})", "logprobs")
     return BackendSamplingParams(
-        max_tokens=max_tokens, min_tokens=req.min_tokens, temperature=temperature, top_p=top_p, top_k=top_k,
-        min_p=min_p, repetition_penalty=repetition, frequency_penalty=frequency, presence_penalty=presence,
-        seed=req.seed, stop=stop, stop_token_ids=stop_ids, include_stop_str_in_output=req.include_stop_str_in_output,
-        ignore_eos=req.ignore_eos, logprobs=logprobs, logit_bias=logit_bias, structured=structured, n=req.n,
+        max_tokens=max_tokens,
+        min_tokens=req.min_tokens,
+        temperature=temperature,
+        top_p=top_p,
+        top_k=top_k,
+        min_p=min_p,
+        repetition_penalty=repetition,
+        frequency_penalty=frequency,
+        presence_penalty=presence,
+        seed=req.seed,
+        stop=stop,
+        stop_token_ids=stop_ids,
+        include_stop_str_in_output=req.include_stop_str_in_output,
+        ignore_eos=req.ignore_eos,
+        logprobs=logprobs,
+        logit_bias=logit_bias,
+        structured=structured,
+        n=req.n,
     )
 
 
@@ -150,8 +170,9 @@ def _stop_strings(stop: str | list[str] | None) -> tuple[str, ...]:
         raise bad_request(f"stop: at most {MAX_STOP_STRINGS} stop strings are allowed (got {len(stops)})", "stop")
     for s in stops:
         if not s or len(s) > MAX_STOP_STRING_CHARS:
-            raise bad_request(f"stop strings must be 1 to {MAX_STOP_STRING_CHARS} characters long (got {s!r:.60})",
-                              "stop")
+            raise bad_request(
+                f"stop strings must be 1 to {MAX_STOP_STRING_CHARS} characters long (got {s!r:.60})", "stop"
+            )
     return stops
 
 
@@ -161,11 +182,14 @@ def _prompt_logprobs(req: _CommonRequest) -> int | None:
     if k is None:
         return None
     if not 0 <= k <= MAX_LOGPROBS:
-        raise bad_request(f"prompt_logprobs must be in [0, {MAX_LOGPROBS}] (got {k}); 0 gives each prompt token's own "
-                          "logprob only", "prompt_logprobs")
+        raise bad_request(
+            f"prompt_logprobs must be in [0, {MAX_LOGPROBS}] (got {k}); 0 gives each prompt token's own logprob only",
+            "prompt_logprobs",
+        )
     if req.stream:
-        raise bad_request("prompt_logprobs is not available with stream=true; send the request without streaming",
-                          "prompt_logprobs")
+        raise bad_request(
+            "prompt_logprobs is not available with stream=true; send the request without streaming", "prompt_logprobs"
+        )
     return k
 
 
@@ -186,8 +210,11 @@ def plan_chat(req: ChatCompletionRequest, *, vocab_size: int, image_placeholder:
     structured = structured_spec(req.response_format, req.structured_outputs)
     if tools is not None and tools.constrained:
         if structured is not None:
-            raise bad_request("tool_choice required / a named function already constrains the output; leave out "
-                              "response_format and structured_outputs", "tool_choice")
+            raise bad_request(
+                "tool_choice required / a named function already constrains the output; leave out "
+                "response_format and structured_outputs",
+                "tool_choice",
+            )
         structured = tools.grammar()
         assert structured is not None
         check(structured, "tools")
@@ -229,9 +256,20 @@ def plan_chat(req: ChatCompletionRequest, *, vocab_size: int, image_placeholder:
         if m.tool_call_id is not None:
             msg["tool_call_id"] = m.tool_call_id
         messages.append(msg)
-    return Plan(ApiKind.CHAT, req.model, req.stream, _stream_flags(req), sampling, req.skip_special_tokens,
-                messages=messages, chat_template_kwargs=req.chat_template_kwargs, priority=_priority(req),
-                tools=tools, image_urls=tuple(image_urls), prompt_logprobs=prompt_k is not None)
+    return Plan(
+        ApiKind.CHAT,
+        req.model,
+        req.stream,
+        _stream_flags(req),
+        sampling,
+        req.skip_special_tokens,
+        messages=messages,
+        chat_template_kwargs=req.chat_template_kwargs,
+        priority=_priority(req),
+        tools=tools,
+        image_urls=tuple(image_urls),
+        prompt_logprobs=prompt_k is not None,
+    )
 
 
 def plan_completion(req: CompletionRequest, *, vocab_size: int) -> Plan:
@@ -247,10 +285,22 @@ def plan_completion(req: CompletionRequest, *, vocab_size: int) -> Plan:
     if prompt_k is not None:
         sampling = dataclasses.replace(sampling, prompt_logprobs=prompt_k)
     prompts = _prompts(req.prompt, vocab_size)
-    plans = tuple(Plan(ApiKind.COMPLETION, req.model, req.stream, _stream_flags(req), sampling, req.skip_special_tokens,
-                       prompt_text=text, prompt_ids=ids, priority=_priority(req), echo=req.echo,
-                       prompt_logprobs=prompt_k is not None and not req.stream)
-                  for text, ids in prompts)
+    plans = tuple(
+        Plan(
+            ApiKind.COMPLETION,
+            req.model,
+            req.stream,
+            _stream_flags(req),
+            sampling,
+            req.skip_special_tokens,
+            prompt_text=text,
+            prompt_ids=ids,
+            priority=_priority(req),
+            echo=req.echo,
+            prompt_logprobs=prompt_k is not None and not req.stream,
+        )
+        for text, ids in prompts
+    )
     if len(plans) == 1:
         return plans[0]
     return dataclasses.replace(plans[0], batch=plans)
@@ -258,11 +308,14 @@ def plan_completion(req: CompletionRequest, *, vocab_size: int) -> Plan:
 
 def _prompts(prompt: str | list[Any], vocab_size: int) -> list[tuple[str | None, tuple[int, ...] | None]]:
     """One prompt, or a batch: a list of strings or a list of token-id lists (each checked as a prompt)."""
-    if isinstance(prompt, list) and prompt and all(isinstance(p, str) or _is_token_list(p) for p in prompt) \
-            and not _is_token_list(prompt):
+    if (
+        isinstance(prompt, list)
+        and prompt
+        and all(isinstance(p, str) or _is_token_list(p) for p in prompt)
+        and not _is_token_list(prompt)
+    ):
         if len(prompt) > MAX_BATCH_PROMPTS:
-            raise bad_request(f"prompt: at most {MAX_BATCH_PROMPTS} prompts per request (got {len(prompt)})",
-                              "prompt")
+            raise bad_request(f"prompt: at most {MAX_BATCH_PROMPTS} prompts per request (got {len(prompt)})", "prompt")
         return [_prompt(p, vocab_size) for p in prompt]
     return [_prompt(prompt, vocab_size)]
 

@@ -15,8 +15,11 @@ from services.gateway.mock.backend import MockBackend
 
 
 def _mock_args(argv: Sequence[str]) -> tuple[argparse.Namespace, list[str]]:
-    p = argparse.ArgumentParser(prog="python -m services.gateway.mock", add_help=False,
-                                description="The gateway over mock workers. Other flags: pdrelay serve gateway -h")
+    p = argparse.ArgumentParser(
+        prog="python -m services.gateway.mock",
+        add_help=False,
+        description="The gateway over mock workers. Other flags: pdrelay serve gateway -h",
+    )
     p.add_argument("--token-delay-ms", type=float, default=0.0, help="delay between generated tokens")
     p.add_argument("--first-token-delay-ms", type=float, default=0.0, help="delay before the first token (prefill)")
     p.add_argument("--tokens-per-chunk", type=int, default=1, help="tokens per streamed backend chunk")
@@ -26,8 +29,8 @@ def _mock_args(argv: Sequence[str]) -> tuple[argparse.Namespace, list[str]]:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    from shared.config.resolve import parse_role_args
     from services.gateway.server import build_app, load_tokenizer, served_names_of, uvicorn_config
+    from shared.config.resolve import parse_role_args
 
     ns, rest = _mock_args(sys.argv[1:] if argv is None else argv)
     for name in ("token_delay_ms", "first_token_delay_ms"):
@@ -41,9 +44,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"{prog}: error: {e}", file=sys.stderr)
         return 2
     primary, aliases = served_names_of(cfg)
-    backend = MockBackend([primary, *aliases], token_delay_s=ns.token_delay_ms / 1000,
-                          first_token_delay_s=ns.first_token_delay_ms / 1000, tokens_per_chunk=ns.tokens_per_chunk,
-                          vocab_size=tokenizer.vocab_size)  # no EOS: exactly max_tokens tokens, as benchmarks want
+    backend = MockBackend(
+        [primary, *aliases],
+        token_delay_s=ns.token_delay_ms / 1000,
+        first_token_delay_s=ns.first_token_delay_ms / 1000,
+        tokens_per_chunk=ns.tokens_per_chunk,
+        vocab_size=tokenizer.vocab_size,
+    )  # no EOS: exactly max_tokens tokens, as benchmarks want
     app = build_app(cfg, backend, tokenizer=tokenizer)
 
     import uvicorn

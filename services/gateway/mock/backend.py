@@ -97,9 +97,7 @@ class MockBackend:
         chosen = -_LOGPROB_STEP * (1 + position % 4)
         tops: tuple[TopLogprob, ...] = ()
         if k:
-            tops = tuple(
-                TopLogprob((token_id + j) % self.vocab_size, chosen - _LOGPROB_STEP * j) for j in range(k)
-            )
+            tops = tuple(TopLogprob((token_id + j) % self.vocab_size, chosen - _LOGPROB_STEP * j) for j in range(k))
         return TokenLogprob(token_id, chosen, tops)
 
     async def _generate(self, req: BackendRequest) -> AsyncIterator[BackendChunk]:
@@ -138,8 +136,7 @@ class MockBackend:
                 if finish is not None:
                     completed = True
                 for index in range(max(1, sp.n)):  # n > 1: every sample is the same stream here
-                    yield BackendChunk(tuple(step), logprobs, finish, stop_reason,
-                                       n_prompt, n_cached, index)
+                    yield BackendChunk(tuple(step), logprobs, finish, stop_reason, n_prompt, n_cached, index)
                 if finish is not None:
                     return
         finally:

@@ -20,7 +20,25 @@ from services.gateway.routing.router import Lease, NoRoute, NoRouteReason, Route
 from services.gateway.routing.views import Candidate, Load, Mode, Pools, RoutePlan, RouteRequest
 
 __all__ = [
-    "ROUTING_POLICIES", "BreakerBoard", "BreakerConfig", "BreakerState", "Candidate", "CircuitBreaker", "KVAware", "KVIndex",
-    "LeastLoad", "Lease", "Load", "Mode", "NoRoute", "NoRouteReason", "Pools", "PromptHashes", "RoundRobin", "RoutePlan",
-    "RouteRequest", "Router", "make_policy",
+    "ROUTING_POLICIES",
+    "BreakerBoard",
+    "BreakerConfig",
+    "BreakerState",
+    "Candidate",
+    "CircuitBreaker",
+    "KVAware",
+    "KVIndex",
+    "Lease",
+    "LeastLoad",
+    "Load",
+    "Mode",
+    "NoRoute",
+    "NoRouteReason",
+    "Pools",
+    "PromptHashes",
+    "RoundRobin",
+    "RoutePlan",
+    "RouteRequest",
+    "Router",
+    "make_policy",
 ]

@@ -21,14 +21,17 @@ from shared.cluster.tls import TlsFiles, open_channel
 log = logging.getLogger(__name__)
 
 # Generation streams can carry long prompts (token ids) and many logprobs.
-_OPTIONS = (("grpc.max_receive_message_length", 64 << 20), ("grpc.max_send_message_length", 64 << 20),
-            # Re-dial a restarted instance quickly instead of backing off for up to two minutes.
-            ("grpc.initial_reconnect_backoff_ms", 200), ("grpc.max_reconnect_backoff_ms", 2000))
+_OPTIONS = (
+    ("grpc.max_receive_message_length", 64 << 20),
+    ("grpc.max_send_message_length", 64 << 20),
+    # Re-dial a restarted instance quickly instead of backing off for up to two minutes.
+    ("grpc.initial_reconnect_backoff_ms", 200),
+    ("grpc.max_reconnect_backoff_ms", 2000),
+)
 
 
 class ChannelPool:
-    def __init__(self, *, close_grace_s: float = 30.0, lost_grace_s: float = 1.0,
-                 tls: TlsFiles | None = None) -> None:
+    def __init__(self, *, close_grace_s: float = 30.0, lost_grace_s: float = 1.0, tls: TlsFiles | None = None) -> None:
         self._tls = tls
         self._channels: dict[str, tuple[str, grpc.aio.Channel]] = {}
         self._close_grace_s = close_grace_s

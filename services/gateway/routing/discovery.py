@@ -13,14 +13,14 @@ from typing import Protocol
 
 from nats.aio.subscription import Subscription
 
+from services.gateway.routing.router import Router
+from services.gateway.routing.views import Candidate, Load, Pools
 from shared.cluster.bus.client import Bus, Meta
 from shared.cluster.bus.kv_events import KVEventBatch, subscribe_kv_events
 from shared.cluster.bus.load import LoadTable
 from shared.cluster.instance import InstanceInfo
 from shared.cluster.membership import EventKind, MembershipEvent
 from shared.config.roles import Role
-from services.gateway.routing.router import Router
-from services.gateway.routing.views import Candidate, Load, Pools
 
 log = logging.getLogger(__name__)
 
@@ -49,10 +49,24 @@ def candidate_of(info: InstanceInfo, loads: LoadTable, max_load_age_s: float) ->
     # A report of an older incarnation, or one too old, says nothing about the instance now.
     if report is not None and age is not None and age <= max_load_age_s and report.epoch >= info.epoch:
         s = report.load
-        load = Load(running=s.running, queued=s.queued, queued_prefill_tokens=s.queued_prefill_tokens,
-                    free_pages=s.free_pages, total_pages=s.total_pages, known=True)
-    return Candidate(instance_id=info.instance_id, role=info.role, grpc_address=info.grpc_address, epoch=info.epoch,
-                     model=info.model, page_size=page_size, max_running=info.capacity.max_running_requests, load=load)
+        load = Load(
+            running=s.running,
+            queued=s.queued,
+            queued_prefill_tokens=s.queued_prefill_tokens,
+            free_pages=s.free_pages,
+            total_pages=s.total_pages,
+            known=True,
+        )
+    return Candidate(
+        instance_id=info.instance_id,
+        role=info.role,
+        grpc_address=info.grpc_address,
+        epoch=info.epoch,
+        model=info.model,
+        page_size=page_size,
+        max_running=info.capacity.max_running_requests,
+        load=load,
+    )
 
 
 def serves(info: InstanceInfo, model: str | None) -> bool:
@@ -63,9 +77,17 @@ def serves(info: InstanceInfo, model: str | None) -> bool:
 class Discovery:
     """Membership + load table + KV events feeding one Router."""
 
-    def __init__(self, membership: MembershipView, router: Router, *, bus: Bus | None = None, cluster: str = "",
-                 max_load_age_s: float = 2.0, on_leave: Callable[[InstanceInfo], object] | None = None,
-                 on_join: Callable[[InstanceInfo], object] | None = None) -> None:
+    def __init__(
+        self,
+        membership: MembershipView,
+        router: Router,
+        *,
+        bus: Bus | None = None,
+        cluster: str = "",
+        max_load_age_s: float = 2.0,
+        on_leave: Callable[[InstanceInfo], object] | None = None,
+        on_join: Callable[[InstanceInfo], object] | None = None,
+    ) -> None:
         self.membership = membership
         self.router = router
         self.loads = LoadTable()
@@ -99,8 +121,11 @@ class Discovery:
 
     def pools(self, model: str | None) -> Pools:
         def ready(role: str) -> tuple[Candidate, ...]:
-            return tuple(candidate_of(i, self.loads, self._max_load_age_s) for i in self.membership.ready(role)
-                         if serves(i, model))
+            return tuple(
+                candidate_of(i, self.loads, self._max_load_age_s)
+                for i in self.membership.ready(role)
+                if serves(i, model)
+            )
 
         return Pools(decode=ready(DECODE_ROLE), prefill=ready(PREFILL_ROLE), worker=ready(WORKER_ROLE))
 

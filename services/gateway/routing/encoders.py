@@ -58,8 +58,16 @@ class EncoderRouter:
             reported = 0
             if report is not None and age is not None and age <= self.max_load_age_s and report.epoch >= info.epoch:
                 reported = report.load.running + report.load.queued
-            out.append(EncoderCandidate(info.instance_id, info.grpc_address, info.epoch, info.encoder,
-                                        info.capacity.max_running_requests, reported))
+            out.append(
+                EncoderCandidate(
+                    info.instance_id,
+                    info.grpc_address,
+                    info.epoch,
+                    info.encoder,
+                    info.capacity.max_running_requests,
+                    reported,
+                )
+            )
         return out
 
     def embedding_models(self) -> dict[str, EncoderInfo]:
@@ -69,8 +77,9 @@ class EncoderRouter:
             out.setdefault(c.info.embedding_model, c.info)
         return out
 
-    def pick(self, candidates: Collection[EncoderCandidate], exclude: Collection[str] = (),
-             prefer: str | None = None) -> EncoderCandidate | None:
+    def pick(
+        self, candidates: Collection[EncoderCandidate], exclude: Collection[str] = (), prefer: str | None = None
+    ) -> EncoderCandidate | None:
         live = [c for c in candidates if c.instance_id not in exclude]
         if not live:
             return None

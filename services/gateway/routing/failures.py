@@ -54,12 +54,24 @@ class Verdict:
         return self.kind in (FailureKind.HANDOFF, FailureKind.SERVER)
 
 
-_HANDOFF_CODES = frozenset({_E.ERROR_CODE_TRANSFER_FAILED, _E.ERROR_CODE_CHECKSUM_MISMATCH,
-                            _E.ERROR_CODE_LAYOUT_MISMATCH, _E.ERROR_CODE_STALE_EPOCH})
+_HANDOFF_CODES = frozenset(
+    {
+        _E.ERROR_CODE_TRANSFER_FAILED,
+        _E.ERROR_CODE_CHECKSUM_MISMATCH,
+        _E.ERROR_CODE_LAYOUT_MISMATCH,
+        _E.ERROR_CODE_STALE_EPOCH,
+    }
+)
 
 
-def classify(status: grpc.StatusCode, error: common_pb2.Error | None, plan: RoutePlan, *, details: str = "",
-             started: bool = False) -> Verdict:
+def classify(
+    status: grpc.StatusCode,
+    error: common_pb2.Error | None,
+    plan: RoutePlan,
+    *,
+    details: str = "",
+    started: bool = False,
+) -> Verdict:
     """The verdict on one failed attempt. `started`: tokens were already streamed by this attempt."""
     decode = plan.decode.instance_id
     prefill = plan.prefill.instance_id if plan.prefill is not None else None
@@ -92,8 +104,11 @@ def _typed(error: common_pb2.Error, msg: str, decode: str, prefill: str | None, 
     if prefill is not None and not started and (who == prefill or who == decode):
         # Before the first token of a pair, a typed failure is the hand-off's (see the module docstring); the
         # prefill is blamed only when it says so itself, or when the failure is a server-side one it reported.
-        blame = frozenset({prefill}) if who == prefill and code in (_E.ERROR_CODE_INTERNAL,
-                                                                     _E.ERROR_CODE_UNAVAILABLE) else frozenset()
+        blame = (
+            frozenset({prefill})
+            if who == prefill and code in (_E.ERROR_CODE_INTERNAL, _E.ERROR_CODE_UNAVAILABLE)
+            else frozenset()
+        )
         return Verdict(FailureKind.HANDOFF, msg, exclude=frozenset({prefill}), blame=blame)
     if code in _HANDOFF_CODES:
         return Verdict(FailureKind.HANDOFF, msg, exclude=frozenset({who}))
@@ -104,13 +119,20 @@ def _typed(error: common_pb2.Error, msg: str, decode: str, prefill: str | None, 
 def classify_stream_end(plan: RoutePlan) -> Verdict:
     """The stream ended cleanly but without a finish reason: the instance went away mid-request."""
     d = plan.decode.instance_id
-    return Verdict(FailureKind.SERVER, f"{d} ended the stream without a finish reason", exclude=frozenset({d}),
-                   blame=frozenset({d}))
-
+    return Verdict(
+        FailureKind.SERVER,
+        f"{d} ended the stream without a finish reason",
+        exclude=frozenset({d}),
+        blame=frozenset({d}),
+    )
 
 
 def classify_lost(plan: RoutePlan) -> Verdict:
     """The call was cut because the instance left without draining (its lease expired): it is dead or hung."""
     d = plan.decode.instance_id
-    return Verdict(FailureKind.SERVER, f"{d} lost its etcd lease (dead, hung or cut off) while serving the request",
-                   exclude=frozenset({d}), blame=frozenset({d}))
+    return Verdict(
+        FailureKind.SERVER,
+        f"{d} lost its etcd lease (dead, hung or cut off) while serving the request",
+        exclude=frozenset({d}),
+        blame=frozenset({d}),
+    )

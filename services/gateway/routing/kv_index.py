@@ -69,8 +69,14 @@ class KVIndex:
             return
         if event.seq != idx.seq + 1:
             self.stats.gaps += 1
-            log.warning("KV index: %s skipped from seq %d to %d (epoch %d); dropping its %d pages until it "
-                        "republishes", iid, idx.seq, event.seq, event.epoch, len(idx.hashes))
+            log.warning(
+                "KV index: %s skipped from seq %d to %d (epoch %d); dropping its %d pages until it republishes",
+                iid,
+                idx.seq,
+                event.seq,
+                event.epoch,
+                len(idx.hashes),
+            )
             idx.hashes.clear()
         idx.seq = event.seq
         idx.page_size = event.page_size
@@ -84,8 +90,12 @@ class KVIndex:
                 idx.hashes.clear()
         if len(idx.hashes) > self.max_hashes_per_instance:
             self.stats.overflows += 1
-            log.warning("KV index: %s holds %d page hashes, over the limit of %d; forgetting them", iid,
-                        len(idx.hashes), self.max_hashes_per_instance)
+            log.warning(
+                "KV index: %s holds %d page hashes, over the limit of %d; forgetting them",
+                iid,
+                len(idx.hashes),
+                self.max_hashes_per_instance,
+            )
             idx.hashes.clear()
 
     def remove(self, instance_id: str) -> None:
@@ -147,7 +157,8 @@ class PromptHashes:
         hashes = self._by_page_size.get(page_size)
         if hashes is None:
             hashes = self._by_page_size[page_size] = (
-                page_hashes(self._tokens, page_size, media=self._media) if page_size > 0 else [])
+                page_hashes(self._tokens, page_size, media=self._media) if page_size > 0 else []
+            )
         return hashes
 
     def page_sizes(self) -> Iterable[int]:

@@ -28,8 +28,9 @@ class MediaAffinity:
     """Implements the encoder choice for images; one event loop, not thread-safe. `router` gives the ready image
     encoders of a model with their reported loads (services.gateway.routing.encoders)."""
 
-    def __init__(self, router: EncoderRouter, *, remembered: int = REMEMBERED,
-                 clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(
+        self, router: EncoderRouter, *, remembered: int = REMEMBERED, clock: Callable[[], float] = time.monotonic
+    ) -> None:
         self.router = router
         self.remembered = remembered
         self.clock = clock

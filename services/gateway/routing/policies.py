@@ -139,7 +139,7 @@ class _Rotating:
             return []
         scored = sorted(scored, key=lambda s: (s.key, s.cand.instance_id))
         best = [s.cand for s in scored if s.key == scored[0].key]
-        return self.rotate(pool, best) + [s.cand for s in scored[len(best):]]
+        return self.rotate(pool, best) + [s.cand for s in scored[len(best) :]]
 
 
 class RoundRobin(_Rotating):
@@ -162,8 +162,9 @@ class LeastLoad(_Rotating):
         return self.rank("decode", [Scored(c, decode_score(c, req, sig)) for c in cands])
 
     def rank_prefill(self, cands: Sequence[Candidate], req: RouteRequest, sig: Signals) -> list[Candidate]:
-        return self.rank("prefill", [Scored(c, (float(queued_prefill(c, sig)), float(busy_requests(c, sig))))
-                                     for c in cands])
+        return self.rank(
+            "prefill", [Scored(c, (float(queued_prefill(c, sig)), float(busy_requests(c, sig)))) for c in cands]
+        )
 
     def rank_worker(self, cands: Sequence[Candidate], req: RouteRequest, sig: Signals) -> list[Candidate]:
         return self.rank_decode(cands, req, sig)
@@ -176,8 +177,20 @@ class KVAware(LeastLoad):
         # Equal predicted cost: the instance that computes less of this prompt (a queue ahead of it is work that
         # happens anyway; computing a prefix another instance holds or is computing spends compute and cache
         # space twice), then the less busy one.
-        return self.rank("prefill", [Scored(c, (float(prefill_cost(c, req, sig)), float(uncached_tokens(c, req, sig)),
-                                                float(busy_requests(c, sig)))) for c in cands])
+        return self.rank(
+            "prefill",
+            [
+                Scored(
+                    c,
+                    (
+                        float(prefill_cost(c, req, sig)),
+                        float(uncached_tokens(c, req, sig)),
+                        float(busy_requests(c, sig)),
+                    ),
+                )
+                for c in cands
+            ],
+        )
 
     def rank_worker(self, cands: Sequence[Candidate], req: RouteRequest, sig: Signals) -> list[Candidate]:
         return self.rank("worker", [Scored(c, kv_load_score(c, req, sig)) for c in cands])
@@ -200,4 +213,6 @@ def make_policy(name: str) -> RankingPolicy:
         return LeastLoad()
     if name == "round_robin":
         return RoundRobin()
-    raise ValueError(f"routing policy {name!r} is not one of {', '.join(ROUTING_POLICIES)}; use --routing-policy kv_aware")
+    raise ValueError(
+        f"routing policy {name!r} is not one of {', '.join(ROUTING_POLICIES)}; use --routing-policy kv_aware"
+    )

@@ -184,8 +184,14 @@ class _RequestSignals:
 
 
 class Router:
-    def __init__(self, policy: RankingPolicy, *, kv_index: KVIndex | None = None,
-                 breakers: BreakerBoard | None = None, clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(
+        self,
+        policy: RankingPolicy,
+        *,
+        kv_index: KVIndex | None = None,
+        breakers: BreakerBoard | None = None,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
         self.policy = policy
         self.clock = clock
         self.kv_index = kv_index if kv_index is not None else KVIndex()
@@ -194,12 +200,15 @@ class Router:
 
     # ------------------------------------------------------------------ planning
 
-    def plan(self, req: RouteRequest, pools: Pools, exclude: Collection[str] = (),
-             hashes: PromptHashes | None = None) -> RoutePlan:
+    def plan(
+        self, req: RouteRequest, pools: Pools, exclude: Collection[str] = (), hashes: PromptHashes | None = None
+    ) -> RoutePlan:
         """The best plan for `req` avoiding `exclude`; raises NoRoute when there is none."""
         if not pools.servable:
-            raise NoRoute("no decode or worker instance is ready" + (" (only prefill instances are)"
-                                                                      if pools.prefill else ""), NoRouteReason.NONE_READY)
+            raise NoRoute(
+                "no decode or worker instance is ready" + (" (only prefill instances are)" if pools.prefill else ""),
+                NoRouteReason.NONE_READY,
+            )
         sig = _RequestSignals(self, hashes or PromptHashes(req.prompt_token_ids), len(req.prompt_token_ids))
         usable_decode = self._usable(pools.decode, exclude)
         usable_prefill = self._usable(pools.prefill, exclude)
@@ -210,8 +219,9 @@ class Router:
         if usable_decode and usable_prefill:
             decode = policy.rank_decode(usable_decode, req, sig)[0]
             prefill = policy.rank_prefill(usable_prefill, req, sig)[0]
-            return RoutePlan(Mode.DISAGGREGATED, decode, prefill, sig.cached_tokens(prefill),
-                             sig.prompt_hashes(prefill))
+            return RoutePlan(
+                Mode.DISAGGREGATED, decode, prefill, sig.cached_tokens(prefill), sig.prompt_hashes(prefill)
+            )
         if usable_worker:
             worker = policy.rank_worker(usable_worker, req, sig)[0]
             return RoutePlan(Mode.COLOCATED, worker, None, sig.cached_tokens(worker), sig.prompt_hashes(worker))
@@ -220,10 +230,14 @@ class Router:
             return RoutePlan(Mode.DECODE_LOCAL, decode, None, sig.cached_tokens(decode), sig.prompt_hashes(decode))
         everyone = [c.instance_id for c in (*pools.decode, *pools.worker)]
         if all(iid in exclude for iid in everyone):
-            raise NoRoute(f"every instance that could serve the request failed or refused it ({', '.join(everyone)})",
-                          NoRouteReason.EXCLUDED)
-        raise NoRoute(f"the circuit breakers of every ready instance are open ({', '.join(everyone)}); they are "
-                      "failing requests", NoRouteReason.BREAKERS_OPEN)
+            raise NoRoute(
+                f"every instance that could serve the request failed or refused it ({', '.join(everyone)})",
+                NoRouteReason.EXCLUDED,
+            )
+        raise NoRoute(
+            f"the circuit breakers of every ready instance are open ({', '.join(everyone)}); they are failing requests",
+            NoRouteReason.BREAKERS_OPEN,
+        )
 
     def _usable(self, cands: tuple[Candidate, ...], exclude: Collection[str]) -> list[Candidate]:
         return [c for c in cands if c.instance_id not in exclude and self.breakers.allows(c.instance_id)]

@@ -94,8 +94,9 @@ class RoutePlan:
 
     @property
     def instance_ids(self) -> tuple[str, ...]:
-        return (self.decode.instance_id,) if self.prefill is None else (self.decode.instance_id,
-                                                                         self.prefill.instance_id)
+        return (
+            (self.decode.instance_id,) if self.prefill is None else (self.decode.instance_id, self.prefill.instance_id)
+        )
 
     def describe(self) -> str:
         if self.prefill is None:

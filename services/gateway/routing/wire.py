@@ -11,30 +11,52 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from proto.pdrelay.v1 import common_pb2, worker_pb2
-from services.gateway.backend import (BackendChunk, BackendRequest, BackendSamplingParams, FinishReason,
-                                      TokenLogprob, TopLogprob)
+from services.gateway.backend import (
+    BackendChunk,
+    BackendRequest,
+    BackendSamplingParams,
+    FinishReason,
+    TokenLogprob,
+    TopLogprob,
+)
 from services.gateway.routing.views import RoutePlan
 
-_GRAMMAR = {"json_object": common_pb2.GRAMMAR_KIND_JSON_OBJECT, "json_schema": common_pb2.GRAMMAR_KIND_JSON_SCHEMA,
-            "regex": common_pb2.GRAMMAR_KIND_REGEX, "choice": common_pb2.GRAMMAR_KIND_CHOICE,
-            "grammar": common_pb2.GRAMMAR_KIND_GRAMMAR}
-_FINISH: dict[int, FinishReason] = {common_pb2.FINISH_REASON_STOP: "stop", common_pb2.FINISH_REASON_LENGTH: "length",
-                                    common_pb2.FINISH_REASON_ABORT: "abort"}
+_GRAMMAR = {
+    "json_object": common_pb2.GRAMMAR_KIND_JSON_OBJECT,
+    "json_schema": common_pb2.GRAMMAR_KIND_JSON_SCHEMA,
+    "regex": common_pb2.GRAMMAR_KIND_REGEX,
+    "choice": common_pb2.GRAMMAR_KIND_CHOICE,
+    "grammar": common_pb2.GRAMMAR_KIND_GRAMMAR,
+}
+_FINISH: dict[int, FinishReason] = {
+    common_pb2.FINISH_REASON_STOP: "stop",
+    common_pb2.FINISH_REASON_LENGTH: "length",
+    common_pb2.FINISH_REASON_ABORT: "abort",
+}
 
 
 def remaining_max_tokens(sampling: BackendSamplingParams, num_sent: int) -> int | None:
     return None if sampling.max_tokens is None else max(0, sampling.max_tokens - num_sent)
 
 
-def sampling_to_pb(sp: BackendSamplingParams, num_sent: int = 0,
-                   sent_ids: Sequence[int] = ()) -> common_pb2.SamplingParams:
+def sampling_to_pb(
+    sp: BackendSamplingParams, num_sent: int = 0, sent_ids: Sequence[int] = ()
+) -> common_pb2.SamplingParams:
     """The worker's sampling parameters; `num_sent` tokens of the output (`sent_ids`) were already streamed."""
     pb = common_pb2.SamplingParams(
-        temperature=sp.temperature, top_p=sp.top_p, min_p=sp.min_p, stop=list(sp.stop),
-        stop_token_ids=list(sp.stop_token_ids), min_tokens=max(0, sp.min_tokens - num_sent),
-        ignore_eos=sp.ignore_eos, logprobs=sp.logprobs is not None, top_logprobs=sp.logprobs or 0,
-        presence_penalty=sp.presence_penalty, frequency_penalty=sp.frequency_penalty,
-        repetition_penalty=sp.repetition_penalty)
+        temperature=sp.temperature,
+        top_p=sp.top_p,
+        min_p=sp.min_p,
+        stop=list(sp.stop),
+        stop_token_ids=list(sp.stop_token_ids),
+        min_tokens=max(0, sp.min_tokens - num_sent),
+        ignore_eos=sp.ignore_eos,
+        logprobs=sp.logprobs is not None,
+        top_logprobs=sp.logprobs or 0,
+        presence_penalty=sp.presence_penalty,
+        frequency_penalty=sp.frequency_penalty,
+        repetition_penalty=sp.repetition_penalty,
+    )
     if sp.top_k > 0:
         pb.top_k = sp.top_k
     max_tokens = remaining_max_tokens(sp, num_sent)
@@ -49,8 +71,11 @@ def sampling_to_pb(sp: BackendSamplingParams, num_sent: int = 0,
     if sp.structured is not None:
         st = sp.structured
         # a replay continues inside the structure: the new attempt's matcher first consumes what was sent
-        pb.structured.CopyFrom(common_pb2.StructuredOutput(kind=_GRAMMAR[st.kind.value], spec=st.spec,
-                                                           accepted_token_ids=[*st.accepted, *sent_ids]))
+        pb.structured.CopyFrom(
+            common_pb2.StructuredOutput(
+                kind=_GRAMMAR[st.kind.value], spec=st.spec, accepted_token_ids=[*st.accepted, *sent_ids]
+            )
+        )
     if sp.n > 1:
         pb.n = sp.n
     return pb
@@ -59,25 +84,37 @@ def sampling_to_pb(sp: BackendSamplingParams, num_sent: int = 0,
 def decode_request(req: BackendRequest, plan: RoutePlan, sent: Sequence[int], attempt: int) -> worker_pb2.DecodeRequest:
     """Attempt number `attempt` of `req` on `plan`, continuing after the `sent` tokens."""
     msg = worker_pb2.DecodeRequest(
-        request_id=req.request_id, prompt_token_ids=[*req.prompt_token_ids, *sent],
-        sampling=sampling_to_pb(req.sampling, len(sent), sent), model=req.model, attempt=attempt,
-        priority=req.priority)
+        request_id=req.request_id,
+        prompt_token_ids=[*req.prompt_token_ids, *sent],
+        sampling=sampling_to_pb(req.sampling, len(sent), sent),
+        model=req.model,
+        attempt=attempt,
+        priority=req.priority,
+    )
     if plan.prefill is not None:
         p = plan.prefill
-        msg.prefill.CopyFrom(worker_pb2.PrefillTarget(instance_id=p.instance_id, grpc_address=p.grpc_address,
-                                                      epoch=p.epoch))
-    msg.media.extend(common_pb2.MediaInput(media_hash=m.media_hash, mime_type=m.mime_type, data=m.data,
-                                           token_offset=m.offset, num_tokens=m.num_tokens) for m in req.media)
+        msg.prefill.CopyFrom(
+            worker_pb2.PrefillTarget(instance_id=p.instance_id, grpc_address=p.grpc_address, epoch=p.epoch)
+        )
+    msg.media.extend(
+        common_pb2.MediaInput(
+            media_hash=m.media_hash, mime_type=m.mime_type, data=m.data, token_offset=m.offset, num_tokens=m.num_tokens
+        )
+        for m in req.media
+    )
     trace = dict(req.trace_headers)
     if "traceparent" in trace:
-        msg.trace.CopyFrom(common_pb2.TraceContext(traceparent=trace["traceparent"],
-                                                   tracestate=trace.get("tracestate", "")))
+        msg.trace.CopyFrom(
+            common_pb2.TraceContext(traceparent=trace["traceparent"], tracestate=trace.get("tracestate", ""))
+        )
     return msg
 
 
 def logprobs_from_pb(entries: Sequence[common_pb2.TokenLogprob]) -> tuple[TokenLogprob, ...]:
-    return tuple(TokenLogprob(e.token_id, e.logprob, tuple(TopLogprob(t.token_id, t.logprob) for t in e.top_logprobs),
-                              e.rank) for e in entries)
+    return tuple(
+        TokenLogprob(e.token_id, e.logprob, tuple(TopLogprob(t.token_id, t.logprob) for t in e.top_logprobs), e.rank)
+        for e in entries
+    )
 
 
 def stop_reason_of(resp: worker_pb2.DecodeResponse) -> int | str | None:
@@ -91,8 +128,9 @@ def stop_reason_of(resp: worker_pb2.DecodeResponse) -> int | str | None:
     return None
 
 
-def chunk_from_pb(resp: worker_pb2.DecodeResponse, *, want_logprobs: bool, num_prompt_tokens: int,
-                  first: bool) -> BackendChunk:
+def chunk_from_pb(
+    resp: worker_pb2.DecodeResponse, *, want_logprobs: bool, num_prompt_tokens: int, first: bool
+) -> BackendChunk:
     """One worker message -> one backend chunk. Usage is reported against the client's original prompt (a replayed
     attempt's prompt includes the tokens streamed before it)."""
     finish = _FINISH.get(resp.finish_reason)
@@ -105,5 +143,7 @@ def chunk_from_pb(resp: worker_pb2.DecodeResponse, *, want_logprobs: bool, num_p
         finish_reason=finish,
         stop_reason=stop_reason_of(resp) if finish == "stop" else None,
         num_prompt_tokens=num_prompt_tokens if first or finish is not None else None,
-        num_cached_tokens=cached, index=resp.index,
-        prompt_logprobs=logprobs_from_pb(resp.prompt_logprobs) if resp.prompt_logprobs else None)
+        num_cached_tokens=cached,
+        index=resp.index,
+        prompt_logprobs=logprobs_from_pb(resp.prompt_logprobs) if resp.prompt_logprobs else None,
+    )

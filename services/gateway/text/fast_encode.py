@@ -80,8 +80,12 @@ def _split_pattern(pre: dict[str, Any] | None) -> str | None:
         if len(steps) != 2:
             return None
         split, byte_level = steps
-        if (split.get("type") != "Split" or split.get("behavior") != "Isolated" or split.get("invert")
-                or "Regex" not in (split.get("pattern") or {})):
+        if (
+            split.get("type") != "Split"
+            or split.get("behavior") != "Isolated"
+            or split.get("invert")
+            or "Regex" not in (split.get("pattern") or {})
+        ):
             return None
         if byte_level.get("type") != "ByteLevel" or byte_level.get("add_prefix_space") or byte_level.get("use_regex"):
             return None
@@ -116,9 +120,14 @@ class ByteLevelEncoder:
         except Exception:  # noqa: BLE001 - a tokenizer without a JSON form: use tokenizer.encode
             return None
         model = spec.get("model") or {}
-        if (spec.get("normalizer") is not None or model.get("type") != "BPE" or model.get("dropout")
-                or model.get("byte_fallback") or model.get("continuing_subword_prefix")
-                or model.get("end_of_word_suffix")):
+        if (
+            spec.get("normalizer") is not None
+            or model.get("type") != "BPE"
+            or model.get("dropout")
+            or model.get("byte_fallback")
+            or model.get("continuing_subword_prefix")
+            or model.get("end_of_word_suffix")
+        ):
             return None
         pattern = _split_pattern(spec.get("pre_tokenizer"))
         if pattern is None:

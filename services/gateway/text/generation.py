@@ -11,10 +11,16 @@ from __future__ import annotations
 import time
 from collections.abc import AsyncIterator
 
-from services.gateway.backend import (BackendChunk, BackendError, BackendRequest, FinishReason, GenerateBackend,
-                                      TokenLogprob)
-from services.gateway.text.detokenizer import IncrementalDetokenizer
+from services.gateway.backend import (
+    BackendChunk,
+    BackendError,
+    BackendRequest,
+    FinishReason,
+    GenerateBackend,
+    TokenLogprob,
+)
 from services.gateway.metrics import GatewayMetrics
+from services.gateway.text.detokenizer import IncrementalDetokenizer
 from services.gateway.text.tokenizer import GatewayTokenizer
 
 
@@ -23,9 +29,15 @@ class Delta:
 
     __slots__ = ("text", "logprobs", "text_offset", "finish_reason", "stop_reason", "index", "prompt")
 
-    def __init__(self, text: str, logprobs: tuple[TokenLogprob, ...] | None, text_offset: int,
-                 finish_reason: FinishReason | None = None, stop_reason: int | str | None = None,
-                 index: int = 0) -> None:
+    def __init__(
+        self,
+        text: str,
+        logprobs: tuple[TokenLogprob, ...] | None,
+        text_offset: int,
+        finish_reason: FinishReason | None = None,
+        stop_reason: int | str | None = None,
+        index: int = 0,
+    ) -> None:
         self.index = index  # the choice this delta belongs to (n > 1, batched prompts)
         self.text = text
         self.logprobs = logprobs
@@ -40,15 +52,27 @@ class Generation:
     """Per-request state. Call `next()` until `finished` (n = 1: the Delta with finish_reason; n > 1: one such
     Delta per sample, `index` saying which); always `aclose()`."""
 
-    def __init__(self, backend: GenerateBackend, tokenizer: GatewayTokenizer, req: BackendRequest, *,
-                 skip_special_tokens: bool, metrics: GatewayMetrics, arrival: float) -> None:
+    def __init__(
+        self,
+        backend: GenerateBackend,
+        tokenizer: GatewayTokenizer,
+        req: BackendRequest,
+        *,
+        skip_special_tokens: bool,
+        metrics: GatewayMetrics,
+        arrival: float,
+    ) -> None:
         self.request = req
         self._stream: AsyncIterator[BackendChunk] = backend.generate(req)
 
         def detok() -> IncrementalDetokenizer:
             return IncrementalDetokenizer(
-                tokenizer.fast, prompt_token_ids=req.prompt_token_ids, skip_special_tokens=skip_special_tokens,
-                stop=req.sampling.stop, include_stop_str_in_output=req.sampling.include_stop_str_in_output)
+                tokenizer.fast,
+                prompt_token_ids=req.prompt_token_ids,
+                skip_special_tokens=skip_special_tokens,
+                stop=req.sampling.stop,
+                include_stop_str_in_output=req.sampling.include_stop_str_in_output,
+            )
 
         self._detoks = [detok() for _ in range(max(1, req.sampling.n))]
         self._done: set[int] = set()
@@ -108,8 +132,7 @@ class Generation:
             return Delta(scan.text, chunk.logprobs, offset, "stop", scan.matched, i)
         if chunk.finish_reason is not None:
             self._end(i)
-            return Delta(scan.text + detok.finish(), chunk.logprobs, offset, chunk.finish_reason,
-                         chunk.stop_reason, i)
+            return Delta(scan.text + detok.finish(), chunk.logprobs, offset, chunk.finish_reason, chunk.stop_reason, i)
         if scan.text or chunk.logprobs:
             return Delta(scan.text, chunk.logprobs, offset, index=i)
         return None

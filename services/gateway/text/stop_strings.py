@@ -50,8 +50,11 @@ class StopStringMatcher:
         for s in self._stops:
             at = buf.find(s)
             # The stop string completed first wins, whatever the chunking; at equal ends the longer one.
-            if at >= 0 and (best is None or at + len(s) < best_at + len(best)
-                            or (at + len(s) == best_at + len(best) and len(s) > len(best))):
+            if at >= 0 and (
+                best is None
+                or at + len(s) < best_at + len(best)
+                or (at + len(s) == best_at + len(best) and len(s) > len(best))
+            ):
                 best_at, best = at, s
         if best is not None:
             self._done = True

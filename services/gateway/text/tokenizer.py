@@ -97,8 +97,9 @@ class GatewayTokenizer:
             try:
                 template = Path(chat_template_file).read_text()
             except OSError as e:
-                raise ValueError(f"--chat-template {str(chat_template_file)!r} cannot be read ({e}); "
-                                 "pass a readable Jinja file") from e
+                raise ValueError(
+                    f"--chat-template {str(chat_template_file)!r} cannot be read ({e}); pass a readable Jinja file"
+                ) from e
         if context_length is None:
             context_length = _context_length_of(Path(model_dir))
         return cls(hf, context_length=context_length, chat_template=template)
@@ -108,11 +109,16 @@ class GatewayTokenizer:
     def render_chat(self, messages: Sequence[Mapping[str, Any]], **template_kwargs: Any) -> str:
         """The templated conversation, ending with the assistant generation prompt."""
         if self.chat_template is None and not getattr(self.hf, "chat_template", None):
-            raise ChatTemplateError("this model has no chat template; start the gateway with --chat-template FILE "
-                                    "or send the prompt as text to /v1/completions")
+            raise ChatTemplateError(
+                "this model has no chat template; start the gateway with --chat-template FILE "
+                "or send the prompt as text to /v1/completions"
+            )
         try:
             text = self.hf.apply_chat_template(
-                list(messages), chat_template=self.chat_template, add_generation_prompt=True, tokenize=False,
+                list(messages),
+                chat_template=self.chat_template,
+                add_generation_prompt=True,
+                tokenize=False,
                 **template_kwargs,
             )
         except Exception as e:  # jinja2 TemplateError, raise_exception() in the template, TypeError on odd input

@@ -46,8 +46,7 @@ def in_cluster_namespace() -> str:
 class KubernetesActuator:
     name = "kubernetes"
 
-    def __init__(self, deployments: Mapping[str, str], namespace: str | None = None,
-                 api_client: Any = None) -> None:
+    def __init__(self, deployments: Mapping[str, str], namespace: str | None = None, api_client: Any = None) -> None:
         """`api_client`: a kubernetes.client.ApiClient (tests point one at a local server); default: in-cluster."""
         self.deployments = dict(deployments)
         self.namespace = namespace or in_cluster_namespace()
@@ -64,8 +63,9 @@ class KubernetesActuator:
             try:
                 config.load_incluster_config()
             except config.ConfigException as e:
-                raise ScaleError(f"--actuator kubernetes: not running in a cluster ({e}); use --actuator local "
-                                 "with `pdrelay up`") from None
+                raise ScaleError(
+                    f"--actuator kubernetes: not running in a cluster ({e}); use --actuator local with `pdrelay up`"
+                ) from None
             self._api_client = client.ApiClient()
         self._apps = client.AppsV1Api(self._api_client)
         self._core = client.CoreV1Api(self._api_client)
@@ -75,8 +75,9 @@ class KubernetesActuator:
     async def _read(self, role: str) -> int:
         name = self.deployments[role]
         try:
-            scale = await asyncio.to_thread(self._apps.read_namespaced_deployment_scale, name, self.namespace,
-                                            _request_timeout=_TIMEOUT_S)
+            scale = await asyncio.to_thread(
+                self._apps.read_namespaced_deployment_scale, name, self.namespace, _request_timeout=_TIMEOUT_S
+            )
         except Exception as e:  # ApiException, connection errors: the platform said no  # noqa: BLE001
             raise ScaleError(f"reading deployment {self.namespace}/{name}: {_why(e)}") from None
         return int(scale.spec.replicas or 0)
@@ -92,19 +93,26 @@ class KubernetesActuator:
                 if d.host and await self._mark_for_deletion(d.host):
                     marked.append(d.host)
         try:
-            await asyncio.to_thread(self._apps.patch_namespaced_deployment_scale, name, self.namespace,
-                                    {"spec": {"replicas": target}}, _request_timeout=_TIMEOUT_S)
+            await asyncio.to_thread(
+                self._apps.patch_namespaced_deployment_scale,
+                name,
+                self.namespace,
+                {"spec": {"replicas": target}},
+                _request_timeout=_TIMEOUT_S,
+            )
         except Exception as e:  # noqa: BLE001 - ApiException, connection errors: the platform said no
             raise ScaleError(f"scaling deployment {self.namespace}/{name} to {target}: {_why(e)}") from None
         self._desired[role] = target
         return f"deployment {self.namespace}/{name}: replicas {current} -> {target}" + (
-            f" (pod {', '.join(marked)} goes first)" if marked else "")
+            f" (pod {', '.join(marked)} goes first)" if marked else ""
+        )
 
     async def _mark_for_deletion(self, pod: str) -> bool:
         body = {"metadata": {"annotations": {DELETION_COST: "-1000"}}}
         try:
-            await asyncio.to_thread(self._core.patch_namespaced_pod, pod, self.namespace, body,
-                                    _request_timeout=_TIMEOUT_S)
+            await asyncio.to_thread(
+                self._core.patch_namespaced_pod, pod, self.namespace, body, _request_timeout=_TIMEOUT_S
+            )
             return True
         except Exception as e:  # noqa: BLE001 - without the annotation the ReplicaSet still drains some pod
             log.warning("could not mark pod %s/%s for deletion first: %s", self.namespace, pod, _why(e))

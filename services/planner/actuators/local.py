@@ -44,9 +44,15 @@ class LocalActuator:
 
     async def scale(self, role: str, target: int, drain: Sequence[DrainTarget] = ()) -> str:
         try:
-            reply = await request_scale(self._bus, self._cluster, {role: target}, timeout_s=self._timeout_s,
-                                        origin=PLANNER_ORIGIN, drain=tuple(d.instance_id for d in drain),
-                                        auth=self._auth)
+            reply = await request_scale(
+                self._bus,
+                self._cluster,
+                {role: target},
+                timeout_s=self._timeout_s,
+                origin=PLANNER_ORIGIN,
+                drain=tuple(d.instance_id for d in drain),
+                auth=self._auth,
+            )
         except TimeoutError as e:
             raise ScaleError(f"the local supervisor did not answer ({e}); is `pdrelay up` running?") from None
         if not reply.ok:

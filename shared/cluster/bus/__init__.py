@@ -1,10 +1,10 @@
 """The NATS event bus: typed msgspec messages on named subjects, one module per channel.
 
-    client.py     Bus: connect, publish (never raises; buffers or drops during an outage), typed subscribe
-    subjects.py   subject names: pdrelay.<cluster>.{kv,load,drain}.<instance>, pdrelay.<cluster>.cancel, ...
-    kv_events.py  pages stored / evicted (chained block hashes), from the engine's prefix-cache callback
-    load.py       load reports every ~200 ms (running, queued, free pages, tokens/s)
-    cancel.py     cancellations by request id
-    drain.py      drain commands to one instance
-    scale.py      `pdrelay scale` requests to the local-cluster supervisor (request/reply)
+client.py     Bus: connect, publish (never raises; buffers or drops during an outage), typed subscribe
+subjects.py   subject names: pdrelay.<cluster>.{kv,load,drain}.<instance>, pdrelay.<cluster>.cancel, ...
+kv_events.py  pages stored / evicted (chained block hashes), from the engine's prefix-cache callback
+load.py       load reports every ~200 ms (running, queued, free pages, tokens/s)
+cancel.py     cancellations by request id
+drain.py      drain commands to one instance
+scale.py      `pdrelay scale` requests to the local-cluster supervisor (request/reply)
 """

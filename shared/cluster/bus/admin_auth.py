@@ -43,8 +43,10 @@ class AdminAuth:
 
     def __init__(self, secret: bytes, *, max_skew_s: float = 60.0, replay_window: int = 4096) -> None:
         if len(secret) < 16:
-            raise AdminAuthError("the admin secret must be at least 16 bytes; make one with `pdrelay up` or "
-                                 "`head -c 32 /dev/urandom | xxd -p -c 64 > FILE`")
+            raise AdminAuthError(
+                "the admin secret must be at least 16 bytes; make one with `pdrelay up` or "
+                "`head -c 32 /dev/urandom | xxd -p -c 64 > FILE`"
+            )
         self._secret = secret
         self.max_skew_s = max_skew_s
         self._seen: OrderedDict[str, float] = OrderedDict()  # nonce -> when it was accepted

@@ -26,8 +26,9 @@ class Cancel(msgspec.Struct, frozen=True, kw_only=True):
     origin: str = ""  # instance id of the sender
 
 
-async def publish_cancel(bus: Bus, cluster: str, request_id: str, *,
-                         reason: CancelReason = CancelReason.UNSPECIFIED, origin: str = "") -> bool:
+async def publish_cancel(
+    bus: Bus, cluster: str, request_id: str, *, reason: CancelReason = CancelReason.UNSPECIFIED, origin: str = ""
+) -> bool:
     if not request_id:
         raise ValueError("cancel needs a request id (got an empty string)")
     return await bus.publish(subjects.cancel(cluster), Cancel(request_id=request_id, reason=reason, origin=origin))

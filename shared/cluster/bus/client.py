@@ -87,12 +87,21 @@ class _RateLimit:
 
 
 class Bus:
-    def __init__(self, url: str, *, name: str = "pdrelay", outage_policy: str = "buffer",
-                 pending_bytes: int = 4 << 20, reconnect_wait_s: float = 0.5,
-                 headers_hook: Callable[[], Mapping[str, str]] | None = None, tls: TlsFiles | None = None) -> None:
+    def __init__(
+        self,
+        url: str,
+        *,
+        name: str = "pdrelay",
+        outage_policy: str = "buffer",
+        pending_bytes: int = 4 << 20,
+        reconnect_wait_s: float = 0.5,
+        headers_hook: Callable[[], Mapping[str, str]] | None = None,
+        tls: TlsFiles | None = None,
+    ) -> None:
         if outage_policy not in OUTAGE_POLICIES:
-            raise ValueError(f"bus outage policy {outage_policy!r} must be one of {OUTAGE_POLICIES}; "
-                             "use --bus-outage-policy buffer")
+            raise ValueError(
+                f"bus outage policy {outage_policy!r} must be one of {OUTAGE_POLICIES}; use --bus-outage-policy buffer"
+            )
         self.url = url
         self.name = name
         self.outage_policy = outage_policy
@@ -124,14 +133,23 @@ class Bus:
         nc = NatsClient()
         tls = self._tls.client_ssl_context() if self._tls is not None else None
         try:
-            await asyncio.wait_for(nc.connect(
-                servers=[self.url], name=self.name, connect_timeout=max(1, int(timeout_s)),
-                reconnect_time_wait=self._reconnect_wait_s,  # type: ignore[arg-type]  # annotated int, used as seconds
-                max_reconnect_attempts=-1,
-                pending_size=self._pending_bytes, flush_timeout=2.0,
-                error_cb=self._on_error, disconnected_cb=self._on_disconnected, reconnected_cb=self._on_reconnected,
-                tls=tls), timeout_s)
-        except (asyncio.TimeoutError, OSError, NatsError) as e:
+            await asyncio.wait_for(
+                nc.connect(
+                    servers=[self.url],
+                    name=self.name,
+                    connect_timeout=max(1, int(timeout_s)),
+                    reconnect_time_wait=self._reconnect_wait_s,  # type: ignore[arg-type]  # annotated int, used as seconds
+                    max_reconnect_attempts=-1,
+                    pending_size=self._pending_bytes,
+                    flush_timeout=2.0,
+                    error_cb=self._on_error,
+                    disconnected_cb=self._on_disconnected,
+                    reconnected_cb=self._on_reconnected,
+                    tls=tls,
+                ),
+                timeout_s,
+            )
+        except (TimeoutError, OSError, NatsError) as e:
             try:
                 await nc.close()
             except Exception:  # noqa: BLE001 - closing a never-connected client fails variously; nothing to keep
@@ -152,7 +170,7 @@ class Bus:
             nc, self._nc = self._nc, None
             try:
                 await asyncio.wait_for(nc.drain() if nc.is_connected else nc.close(), 3.0)
-            except (asyncio.TimeoutError, NatsError, OSError):
+            except (TimeoutError, NatsError, OSError):
                 await nc.close()
 
     async def __aenter__(self) -> Bus:
@@ -173,8 +191,12 @@ class Bus:
         if self._outage_since is None:
             self._outage_since = time.monotonic()
         self.stats.disconnects += 1
-        log.warning("NATS %s disconnected; reconnecting every %.1f s (publishes: %s)", self.url,
-                    self._reconnect_wait_s, self.outage_policy)
+        log.warning(
+            "NATS %s disconnected; reconnecting every %.1f s (publishes: %s)",
+            self.url,
+            self._reconnect_wait_s,
+            self.outage_policy,
+        )
 
     async def _on_reconnected(self) -> None:
         self.stats.reconnects += 1
@@ -217,8 +239,11 @@ class Bus:
         except nats.errors.OutboundBufferLimitError:
             self.stats.dropped += 1
             if self._limit.ok("buffer-full"):
-                log.warning("NATS outage buffer (%d bytes) is full; dropping publishes until %s is back",
-                            self._pending_bytes, self.url)
+                log.warning(
+                    "NATS outage buffer (%d bytes) is full; dropping publishes until %s is back",
+                    self._pending_bytes,
+                    self.url,
+                )
             return False
         except (NatsError, OSError) as e:
             self.stats.dropped += 1
@@ -287,13 +312,20 @@ class Bus:
         """One request, one typed reply. Raises TimeoutError when nobody answers (or NATS is down)."""
         return await self.request_raw(subject, self._encoder.encode(msg), reply_type, timeout_s=timeout_s)
 
-    async def request_raw(self, subject: str, payload: bytes, reply_type: type[R], *, timeout_s: float = 2.0,
-                          headers: Mapping[str, str] | None = None) -> R:
+    async def request_raw(
+        self,
+        subject: str,
+        payload: bytes,
+        reply_type: type[R],
+        *,
+        timeout_s: float = 2.0,
+        headers: Mapping[str, str] | None = None,
+    ) -> R:
         """`request` with an encoded payload and extra headers."""
         assert self._nc is not None, "connect() first"
         try:
             raw = await self._nc.request(subject, payload, timeout=timeout_s, headers=self._headers(headers))
-        except (nats.errors.TimeoutError, nats.errors.NoRespondersError, asyncio.TimeoutError) as e:
+        except (TimeoutError, nats.errors.TimeoutError, nats.errors.NoRespondersError) as e:
             raise TimeoutError(f"no reply on {subject} within {timeout_s:g} s ({type(e).__name__})") from None
         value = self._decode(reply_type, raw)
         if value is None:

@@ -25,16 +25,25 @@ class DrainCommand(msgspec.Struct, frozen=True, kw_only=True):
     min_epoch: int = 0  # only an incarnation with epoch <= this drains (0: any); a restarted one is spared
 
 
-async def send_drain(bus: Bus, cluster: str, instance_id: str, *, reason: str = "", timeout_s: float = 0.0,
-                     epoch: int = 0, auth: AdminAuth | None = None) -> bool:
+async def send_drain(
+    bus: Bus,
+    cluster: str,
+    instance_id: str,
+    *,
+    reason: str = "",
+    timeout_s: float = 0.0,
+    epoch: int = 0,
+    auth: AdminAuth | None = None,
+) -> bool:
     cmd = DrainCommand(instance_id=instance_id, reason=reason, timeout_s=timeout_s, min_epoch=epoch)
     subject = subjects.drain(cluster, instance_id)
     payload = bus.encode(cmd)
     return await bus.publish_raw(subject, payload, headers=auth.sign_headers(subject, payload) if auth else None)
 
 
-async def subscribe_drain(bus: Bus, cluster: str, instance_id: str, handler: Handler[DrainCommand], *,
-                          auth: AdminAuth | None = None) -> Subscription:
+async def subscribe_drain(
+    bus: Bus, cluster: str, instance_id: str, handler: Handler[DrainCommand], *, auth: AdminAuth | None = None
+) -> Subscription:
     """Deliver drain commands for `instance_id`; with `auth`, only those signed with the cluster secret."""
     if auth is None:
         return await bus.subscribe(subjects.drain(cluster, instance_id), DrainCommand, handler)

@@ -46,8 +46,18 @@ class KVEventBatch(msgspec.Struct, frozen=True, kw_only=True):
 class KVEventPublisher:
     """Batches cache callbacks into KVEvents on `pdrelay.<cluster>.kv.<instance>`. Thread-safe producers."""
 
-    def __init__(self, bus: Bus, cluster: str, instance_id: str, *, epoch: int, page_size: int,
-                 tier: str = "device", batch_window_s: float = 0.005, max_batch_hashes: int = 4096) -> None:
+    def __init__(
+        self,
+        bus: Bus,
+        cluster: str,
+        instance_id: str,
+        *,
+        epoch: int,
+        page_size: int,
+        tier: str = "device",
+        batch_window_s: float = 0.005,
+        max_batch_hashes: int = 4096,
+    ) -> None:
         self._bus = bus
         self._subject = subjects.kv_events(cluster, instance_id)
         self._instance_id = instance_id
@@ -126,8 +136,15 @@ class KVEventPublisher:
             if not ops:
                 return
             self._seq += 1
-            event = KVEventBatch(instance_id=self._instance_id, epoch=self._epoch, seq=self._seq, ops=tuple(ops),
-                            page_size=self._page_size, tier=self._tier, ts=time.time())
+            event = KVEventBatch(
+                instance_id=self._instance_id,
+                epoch=self._epoch,
+                seq=self._seq,
+                ops=tuple(ops),
+                page_size=self._page_size,
+                tier=self._tier,
+                ts=time.time(),
+            )
         await self._bus.publish(self._subject, event)
 
     async def close(self) -> None:
@@ -136,6 +153,7 @@ class KVEventPublisher:
             t.cancel()
 
 
-async def subscribe_kv_events(bus: Bus, cluster: str, handler: Handler[KVEventBatch],
-                              instance_id: str = subjects.ANY) -> Subscription:
+async def subscribe_kv_events(
+    bus: Bus, cluster: str, handler: Handler[KVEventBatch], instance_id: str = subjects.ANY
+) -> Subscription:
     return await bus.subscribe(subjects.kv_events(cluster, instance_id), KVEventBatch, handler)

@@ -54,8 +54,17 @@ class LoadReport(msgspec.Struct, frozen=True, kw_only=True):
 class LoadReporter:
     """Publishes `snapshot()` every `interval_s` on `pdrelay.<cluster>.load.<instance>` until closed."""
 
-    def __init__(self, bus: Bus, cluster: str, instance_id: str, role: str, snapshot: Callable[[], LoadSnapshot],
-                 *, interval_s: float = 0.2, epoch: Callable[[], int] | int = 0) -> None:
+    def __init__(
+        self,
+        bus: Bus,
+        cluster: str,
+        instance_id: str,
+        role: str,
+        snapshot: Callable[[], LoadSnapshot],
+        *,
+        interval_s: float = 0.2,
+        epoch: Callable[[], int] | int = 0,
+    ) -> None:
         if interval_s <= 0:
             raise ValueError(f"load report interval must be > 0 s (got {interval_s}); try 0.2")
         self._bus = bus
@@ -80,8 +89,9 @@ class LoadReporter:
         except Exception:  # a broken probe must not stop the reports of the others
             log.exception("load snapshot of %s failed", self._instance_id)
             return False
-        report = LoadReport(instance_id=self._instance_id, role=self._role, epoch=epoch, seq=self._seq,
-                            ts=time.time(), load=snap)
+        report = LoadReport(
+            instance_id=self._instance_id, role=self._role, epoch=epoch, seq=self._seq, ts=time.time(), load=snap
+        )
         return await self._bus.publish(self._subject, report)
 
     async def _run(self) -> None:
@@ -134,6 +144,7 @@ class LoadTable:
             self._sub = None
 
 
-async def subscribe_load(bus: Bus, cluster: str, handler: Handler[LoadReport],
-                         instance_id: str = subjects.ANY) -> Subscription:
+async def subscribe_load(
+    bus: Bus, cluster: str, handler: Handler[LoadReport], instance_id: str = subjects.ANY
+) -> Subscription:
     return await bus.subscribe(subjects.load(cluster, instance_id), LoadReport, handler)

@@ -63,8 +63,9 @@ async def subscribe_decisions(bus: Bus, cluster: str, handler: Handler[Decision]
     return await bus.subscribe(subjects.planner_decisions(cluster), Decision, handler)
 
 
-async def serve_control(bus: Bus, cluster: str,
-                        responder: Callable[[PlannerControl], Awaitable[PlannerReply | None]]) -> Subscription:
+async def serve_control(
+    bus: Bus, cluster: str, responder: Callable[[PlannerControl], Awaitable[PlannerReply | None]]
+) -> Subscription:
     """Answer control requests with what `responder` returns; None (a standby planner) answers nothing, so the
     leader's reply is the one the caller gets."""
 

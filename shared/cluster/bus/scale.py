@@ -30,13 +30,21 @@ class ScaleReply(msgspec.Struct, frozen=True, kw_only=True):
     counts: dict[str, int] = msgspec.field(default_factory=dict)  # role -> instances after the change
 
 
-async def request_scale(bus: Bus, cluster: str, targets: dict[str, int], *, timeout_s: float = 5.0,
-                        origin: str = "operator", drain: tuple[str, ...] = (),
-                        auth: AdminAuth | None = None) -> ScaleReply:
+async def request_scale(
+    bus: Bus,
+    cluster: str,
+    targets: dict[str, int],
+    *,
+    timeout_s: float = 5.0,
+    origin: str = "operator",
+    drain: tuple[str, ...] = (),
+    auth: AdminAuth | None = None,
+) -> ScaleReply:
     subject = subjects.supervisor_scale(cluster)
     payload = bus.encode(ScaleRequest(targets=targets, origin=origin, drain=drain))
-    return await bus.request_raw(subject, payload, ScaleReply, timeout_s=timeout_s,
-                                 headers=auth.sign_headers(subject, payload) if auth else None)
+    return await bus.request_raw(
+        subject, payload, ScaleReply, timeout_s=timeout_s, headers=auth.sign_headers(subject, payload) if auth else None
+    )
 
 
 async def observe_scale(bus: Bus, cluster: str, handler: Handler[ScaleRequest]) -> Subscription:
@@ -44,8 +52,9 @@ async def observe_scale(bus: Bus, cluster: str, handler: Handler[ScaleRequest]) 
     return await bus.subscribe(subjects.supervisor_scale(cluster), ScaleRequest, handler)
 
 
-async def serve_scale(bus: Bus, cluster: str, responder: Responder[ScaleRequest, ScaleReply], *,
-                      auth: AdminAuth | None = None) -> Subscription:
+async def serve_scale(
+    bus: Bus, cluster: str, responder: Responder[ScaleRequest, ScaleReply], *, auth: AdminAuth | None = None
+) -> Subscription:
     """Answer scale requests; with `auth`, unsigned or wrongly signed ones get ok=False and are not acted on."""
     if auth is None:
         return await bus.serve(subjects.supervisor_scale(cluster), ScaleRequest, responder)

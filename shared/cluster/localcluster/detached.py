@@ -48,17 +48,24 @@ def start(opts: UpOptions, *, wait_s: float | None = None) -> RunState:
     run_dir = Path(opts.run_dir)
     live = running_supervisor(run_dir)
     if live is not None:
-        raise ValueError(f"a cluster is already running from {run_dir} (supervisor pid {live.supervisor_pid}); "
-                         f"stop it with `pdrelay down --run-dir {run_dir}`")
+        raise ValueError(
+            f"a cluster is already running from {run_dir} (supervisor pid {live.supervisor_pid}); "
+            f"stop it with `pdrelay down --run-dir {run_dir}`"
+        )
     run_dir.mkdir(parents=True, exist_ok=True)
     (run_dir / STATE_FILE).unlink(missing_ok=True)
     opts_file = run_dir / "up-options.json"
     opts_file.write_bytes(msgspec.json.encode(opts))
     log_path = run_dir / SUPERVISOR_LOG
     with open(log_path, "ab") as log:
-        proc = subprocess.Popen([sys.executable, "-m", "shared.cluster.localcluster", "--options", str(opts_file)],
-                                stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                start_new_session=True, env={**os.environ, "PYTHONUNBUFFERED": "1"})
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "shared.cluster.localcluster", "--options", str(opts_file)],
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            start_new_session=True,
+            env={**os.environ, "PYTHONUNBUFFERED": "1"},
+        )
     deadline = time.monotonic() + (opts.ready_timeout_s + 30 if wait_s is None else wait_s)
     while time.monotonic() < deadline:
         rc = proc.poll()
@@ -69,8 +76,11 @@ def start(opts: UpOptions, *, wait_s: float | None = None) -> RunState:
             tail = "\n".join(log_path.read_text(errors="replace").splitlines()[-25:])
             raise StartFailed(f"the supervisor exited with code {rc} before the cluster was ready:\n{tail}", rc)
         time.sleep(0.1)
-    raise NotReady(f"not ready after {opts.ready_timeout_s:.0f} s; the supervisor (pid {proc.pid}) keeps trying; "
-                   f"see {log_path}, stop it with `pdrelay down --run-dir {run_dir}`", proc.pid)
+    raise NotReady(
+        f"not ready after {opts.ready_timeout_s:.0f} s; the supervisor (pid {proc.pid}) keeps trying; "
+        f"see {log_path}, stop it with `pdrelay down --run-dir {run_dir}`",
+        proc.pid,
+    )
 
 
 def _cmdline(pid: int) -> str:
@@ -83,8 +93,7 @@ def _cmdline(pid: int) -> str:
 def _ours(pid: int) -> bool:
     """Only kill a recorded PID if it still runs one of our programs (PIDs get reused)."""
     cmd = _cmdline(pid)
-    return any(mark in cmd for mark in ("services.", "shared.cluster", "etcd", "nats-server",
-                                          "mooncake_master"))
+    return any(mark in cmd for mark in ("services.", "shared.cluster", "etcd", "nats-server", "mooncake_master"))
 
 
 def stop(run_dir: Path, *, timeout_s: float = 60.0, say: Callable[[str], None] | None = None) -> bool:
@@ -93,8 +102,7 @@ def stop(run_dir: Path, *, timeout_s: float = 60.0, say: Callable[[str], None] |
     state = read_state(run_dir)  # ValueError when unreadable
     if state is None:
         return False
-    pids = [state.supervisor_pid, *(c.pid for c in state.children), state.nats_pid, state.etcd_pid,
-            state.mooncake_pid]
+    pids = [state.supervisor_pid, *(c.pid for c in state.children), state.nats_pid, state.etcd_pid, state.mooncake_pid]
     if pid_alive(state.supervisor_pid):
         tell(f"stopping the cluster of {run_dir} (supervisor pid {state.supervisor_pid}) ...")
         os.kill(state.supervisor_pid, signal.SIGTERM)

@@ -25,8 +25,19 @@ ECHO_MODULE = "services.echo"
 # Roles whose processes run a model engine: `--threads 0` splits the host's cores among their instances.
 ENGINE_ROLES = ("prefill", "decode", "worker", "encoder")
 # Set by `pdrelay up` for every instance; a user flag for them would fight the per-instance value.
-PER_INSTANCE_FLAGS = frozenset({"--instance-id", "--grpc-port", "--etcd-endpoints", "--etcd", "--nats-url", "--nats",
-                                "--cluster", "--lease-ttl-s", "--admin-secret-file"})
+PER_INSTANCE_FLAGS = frozenset(
+    {
+        "--instance-id",
+        "--grpc-port",
+        "--etcd-endpoints",
+        "--etcd",
+        "--nats-url",
+        "--nats",
+        "--cluster",
+        "--lease-ttl-s",
+        "--admin-secret-file",
+    }
+)
 # Set by `pdrelay up --tls` for every instance (its role's certificate).
 TLS_FLAGS = frozenset({"--tls-ca-file", "--tls-certfile", "--tls-keyfile"})
 
@@ -99,8 +110,20 @@ def flags_for_role(role: str, argv: Sequence[str]) -> list[str]:
 
 
 def _instance_flags(role: str, iid: str, opts: UpOptions, etcd_url: str, nats_url: str, index: int) -> list[str]:
-    flags = ["--etcd-endpoints", etcd_url, "--nats-url", nats_url, "--cluster", opts.cluster,
-             "--instance-id", iid, "--lease-ttl-s", str(opts.lease_ttl_s), "--grpc-port", "0"]
+    flags = [
+        "--etcd-endpoints",
+        etcd_url,
+        "--nats-url",
+        nats_url,
+        "--cluster",
+        opts.cluster,
+        "--instance-id",
+        iid,
+        "--lease-ttl-s",
+        str(opts.lease_ttl_s),
+        "--grpc-port",
+        "0",
+    ]
     if role == "gateway" and index > 0:
         flags += ["--port", "0"]  # only the first gateway takes the configured HTTP port
     from shared.config.roles import ROLE_GROUPS
@@ -110,16 +133,23 @@ def _instance_flags(role: str, iid: str, opts: UpOptions, etcd_url: str, nats_ur
         flags += ["--admin-secret-file", opts.admin_secret_file]
     if opts.tls_dir and "tls" in groups:
         certs = Path(opts.tls_dir)
-        flags += ["--tls-ca-file", str(certs / "ca.pem"), "--tls-certfile", str(certs / f"{role}.pem"),
-                  "--tls-keyfile", str(certs / f"{role}-key.pem")]
+        flags += [
+            "--tls-ca-file",
+            str(certs / "ca.pem"),
+            "--tls-certfile",
+            str(certs / f"{role}.pem"),
+            "--tls-keyfile",
+            str(certs / f"{role}-key.pem"),
+        ]
         user = [c[0].split("=", 1)[0] for c in split_flags([*opts.extra, *opts.role_extra.get(role, ())])]
         if role == "gateway" and "--ssl-certfile" not in user:  # HTTPS + TLS gRPC, unless the user brought a cert
             flags += ["--ssl-certfile", str(certs / "gateway.pem"), "--ssl-keyfile", str(certs / "gateway-key.pem")]
     return flags
 
 
-def build_spec(role: str, index: int, opts: UpOptions, etcd_url: str, nats_url: str,
-               env: Mapping[str, str] | None = None) -> InstanceSpec:
+def build_spec(
+    role: str, index: int, opts: UpOptions, etcd_url: str, nats_url: str, env: Mapping[str, str] | None = None
+) -> InstanceSpec:
     """The launch spec of instance number `index` (0-based) of `role`; writes its resolved config file.
 
     Raises shared.config.ConfigError for bad service flags (before anything is started)."""
@@ -170,8 +200,10 @@ def parse_role_flags(items: Sequence[str], roles: Sequence[str] = ROLE_ORDER) ->
         role, eq, flags = item.partition("=")
         role = role.strip()
         if not eq or role not in roles:
-            raise ValueError(f"--role-flags {item!r}: write ROLE=FLAGS with ROLE one of {', '.join(roles)}, "
-                             "e.g. --role-flags 'prefill=--num-pages 160'")
+            raise ValueError(
+                f"--role-flags {item!r}: write ROLE=FLAGS with ROLE one of {', '.join(roles)}, "
+                "e.g. --role-flags 'prefill=--num-pages 160'"
+            )
         words = shlex.split(flags)
         if not words or not words[0].startswith("--"):
             raise ValueError(f"--role-flags {item!r}: FLAGS must start with a --flag")

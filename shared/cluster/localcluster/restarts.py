@@ -46,7 +46,7 @@ class Restarts:
         r = self._records.setdefault(name, _Record())
         if r.started_at is not None and self.clock() - r.started_at >= self.policy.stable_s:
             r.in_a_row = 0
-        delay = min(self.policy.max_s, self.policy.initial_s * (2 ** r.in_a_row))
+        delay = min(self.policy.max_s, self.policy.initial_s * (2**r.in_a_row))
         r.in_a_row += 1
         r.restarts += 1
         return delay

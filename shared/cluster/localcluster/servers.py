@@ -33,8 +33,10 @@ def find_binary(name: str) -> str:
     found = shutil.which(name)
     if found:
         return found
-    raise ValueError(f"cannot find the '{name}' binary next to {sys.executable} or on PATH; "
-                     f"install it: {_INSTALL_HINT.get(name, name)}")
+    raise ValueError(
+        f"cannot find the '{name}' binary next to {sys.executable} or on PATH; "
+        f"install it: {_INSTALL_HINT.get(name, name)}"
+    )
 
 
 def die_with_parent() -> None:
@@ -121,20 +123,28 @@ class _ServerProcess:
         self.data_dir.mkdir(parents=True, exist_ok=True)
         with open(self.log_path, "ab") as log:
             # own session: Ctrl-C in a terminal reaches the supervisor, which then stops us in order
-            self.proc = subprocess.Popen(self.command(), stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                         start_new_session=True,
-                                         preexec_fn=die_with_parent if self.tie_to_parent else None)
+            self.proc = subprocess.Popen(
+                self.command(),
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+                start_new_session=True,
+                preexec_fn=die_with_parent if self.tie_to_parent else None,
+            )
         deadline = time.monotonic() + self.start_timeout_s
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
-                raise RuntimeError(f"{self.name} exited with code {self.proc.returncode} at start; "
-                                   f"last log lines:\n{self.log_tail()}")
+                raise RuntimeError(
+                    f"{self.name} exited with code {self.proc.returncode} at start; last log lines:\n{self.log_tail()}"
+                )
             if self.ready():
                 return
             time.sleep(0.05)
         self.kill()
-        raise RuntimeError(f"{self.name} did not answer on {self.host}:{self.port} within {self.start_timeout_s:.0f} s; "
-                           f"last log lines:\n{self.log_tail()}")
+        raise RuntimeError(
+            f"{self.name} did not answer on {self.host}:{self.port} within {self.start_timeout_s:.0f} s; "
+            f"last log lines:\n{self.log_tail()}"
+        )
 
     def stop(self, timeout: float = 5.0) -> None:
         if self.proc is not None:
@@ -185,12 +195,35 @@ class EtcdServer(_ServerProcess):
         peer = f"http://{self.host}:{self.peer_port}"  # one member: the peer port never carries data
         tls: list[str] = []
         if self.tls_dir is not None:
-            tls = ["--cert-file", str(self.tls_dir / "etcd.pem"), "--key-file", str(self.tls_dir / "etcd-key.pem"),
-                   "--client-cert-auth", "--trusted-ca-file", str(self.tls_dir / "ca.pem")]
-        return [find_binary("etcd"), "--name", "pdrelay", "--data-dir", str(self.data_dir / "data"),
-                "--listen-client-urls", self.url, "--advertise-client-urls", self.url,
-                "--listen-peer-urls", peer, "--initial-advertise-peer-urls", peer,
-                "--initial-cluster", f"pdrelay={peer}", "--log-level", "warn", *tls]
+            tls = [
+                "--cert-file",
+                str(self.tls_dir / "etcd.pem"),
+                "--key-file",
+                str(self.tls_dir / "etcd-key.pem"),
+                "--client-cert-auth",
+                "--trusted-ca-file",
+                str(self.tls_dir / "ca.pem"),
+            ]
+        return [
+            find_binary("etcd"),
+            "--name",
+            "pdrelay",
+            "--data-dir",
+            str(self.data_dir / "data"),
+            "--listen-client-urls",
+            self.url,
+            "--advertise-client-urls",
+            self.url,
+            "--listen-peer-urls",
+            peer,
+            "--initial-advertise-peer-urls",
+            peer,
+            "--initial-cluster",
+            f"pdrelay={peer}",
+            "--log-level",
+            "warn",
+            *tls,
+        ]
 
     def ready(self) -> bool:
         try:
@@ -217,10 +250,26 @@ class NatsServer(_ServerProcess):
     def command(self) -> list[str]:
         tls: list[str] = []
         if self.tls_dir is not None:
-            tls = ["--tlsverify", "--tlscert", str(self.tls_dir / "nats.pem"), "--tlskey",
-                   str(self.tls_dir / "nats-key.pem"), "--tlscacert", str(self.tls_dir / "ca.pem")]
-        return [find_binary("nats-server"), "-a", self.host, "-p", str(self.port), "-js",
-                "-sd", str(self.data_dir / "jetstream"), *tls]
+            tls = [
+                "--tlsverify",
+                "--tlscert",
+                str(self.tls_dir / "nats.pem"),
+                "--tlskey",
+                str(self.tls_dir / "nats-key.pem"),
+                "--tlscacert",
+                str(self.tls_dir / "ca.pem"),
+            ]
+        return [
+            find_binary("nats-server"),
+            "-a",
+            self.host,
+            "-p",
+            str(self.port),
+            "-js",
+            "-sd",
+            str(self.data_dir / "jetstream"),
+            *tls,
+        ]
 
     def ready(self) -> bool:
         try:
@@ -261,10 +310,16 @@ class MooncakeMaster(_ServerProcess):
         return f"http://{self.host}:{self.metadata_port}/metadata"
 
     def command(self) -> list[str]:
-        return [find_binary("mooncake_master"), f"--rpc_address={self.host}", f"--rpc_port={self.port}",
-                "--enable_http_metadata_server=true", f"--http_metadata_server_host={self.host}",
-                f"--http_metadata_server_port={self.metadata_port}", f"--metrics_host={self.host}",
-                f"--metrics_port={self.metrics_port}"]
+        return [
+            find_binary("mooncake_master"),
+            f"--rpc_address={self.host}",
+            f"--rpc_port={self.port}",
+            "--enable_http_metadata_server=true",
+            f"--http_metadata_server_host={self.host}",
+            f"--http_metadata_server_port={self.metadata_port}",
+            f"--metrics_host={self.host}",
+            f"--metrics_port={self.metrics_port}",
+        ]
 
     def ready(self) -> bool:
         return port_open(self.host, self.port) and port_open(self.host, self.metadata_port)

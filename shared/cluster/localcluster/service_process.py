@@ -85,9 +85,18 @@ class ServiceProcess:
     the group (a shell command that starts servers of its own). `merge_output`: stderr into the .out file too.
     """
 
-    def __init__(self, name: str, cmd: Sequence[str], log_dir: Path | None = None, *,
-                 env: Mapping[str, str] | None = None, probe: ReadyProbe = ready_line, tie_to_parent: bool = False,
-                 new_session: bool = False, merge_output: bool = False) -> None:
+    def __init__(
+        self,
+        name: str,
+        cmd: Sequence[str],
+        log_dir: Path | None = None,
+        *,
+        env: Mapping[str, str] | None = None,
+        probe: ReadyProbe = ready_line,
+        tie_to_parent: bool = False,
+        new_session: bool = False,
+        merge_output: bool = False,
+    ) -> None:
         self.name = name
         self.cmd = list(cmd)
         self._own_dir = log_dir is None  # a temporary directory, removed by stop()
@@ -98,11 +107,15 @@ class ServiceProcess:
         self.ready: ReadyInfo | None = None
         self._group = new_session
         with open(self.out_path, "wb") as out, open(self.err_path, "ab") as err:
-            self.proc = subprocess.Popen(self.cmd, stdin=subprocess.DEVNULL, stdout=out,
-                                         stderr=subprocess.STDOUT if merge_output else err,
-                                         env=dict(service_env() if env is None else env),
-                                         start_new_session=new_session,
-                                         preexec_fn=die_with_parent if tie_to_parent else None)
+            self.proc = subprocess.Popen(
+                self.cmd,
+                stdin=subprocess.DEVNULL,
+                stdout=out,
+                stderr=subprocess.STDOUT if merge_output else err,
+                env=dict(service_env() if env is None else env),
+                start_new_session=new_session,
+                preexec_fn=die_with_parent if tie_to_parent else None,
+            )
 
     @property
     def pid(self) -> int:
@@ -121,8 +134,9 @@ class ServiceProcess:
         if self.probe(self):
             return True
         if not self.alive():
-            raise RuntimeError(f"{self.name} exited with code {self.proc.returncode} before it was ready:\n"
-                               f"{self.log_tail()}")
+            raise RuntimeError(
+                f"{self.name} exited with code {self.proc.returncode} before it was ready:\n{self.log_tail()}"
+            )
         return False
 
     def wait_ready(self, timeout_s: float) -> ServiceProcess:
@@ -177,8 +191,10 @@ def wait_all_ready(procs: Sequence[ServiceProcess], timeout_s: float) -> None:
         if not pending:
             return
         if time.monotonic() > deadline:
-            raise TimeoutError(f"not ready within {timeout_s:.0f} s: {[p.name for p in pending]}\n"
-                               + "\n".join(f"----- {p.name}\n{p.log_tail(10)}" for p in pending))
+            raise TimeoutError(
+                f"not ready within {timeout_s:.0f} s: {[p.name for p in pending]}\n"
+                + "\n".join(f"----- {p.name}\n{p.log_tail(10)}" for p in pending)
+            )
         time.sleep(0.1)
 
 

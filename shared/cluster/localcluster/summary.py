@@ -27,22 +27,36 @@ def needs_api_key(child: ChildState) -> bool:
         return False
 
 
-def curl_example(http: str, model: str, ca_file: str = "", api_key: bool = False, *,
-                 path: str = "/v1/chat/completions", body: str = "") -> str:
+def curl_example(
+    http: str,
+    model: str,
+    ca_file: str = "",
+    api_key: bool = False,
+    *,
+    path: str = "/v1/chat/completions",
+    body: str = "",
+) -> str:
     """With `ca_file` (`pdrelay up --tls`): HTTPS, trusting the cluster's CA; `api_key`: send $PDRELAY_API_KEY.
     Default: a chat request; `path` and `body` ask another route."""
-    body = body or json.dumps({"model": model or "default", "max_tokens": 32,
-                               "messages": [{"role": "user", "content": "What is the capital of France?"}]})
+    body = body or json.dumps(
+        {
+            "model": model or "default",
+            "max_tokens": 32,
+            "messages": [{"role": "user", "content": "What is the capital of France?"}],
+        }
+    )
     scheme, trust = ("https", f"--cacert {shlex.quote(ca_file)} ") if ca_file else ("http", "")
-    auth = "-H \"Authorization: Bearer $PDRELAY_API_KEY\" " if api_key else ""
-    return (f"curl -s {trust}{scheme}://{http}{path} {auth}-H 'Content-Type: application/json' "
-            f"-d {shlex.quote(body)}")
+    auth = '-H "Authorization: Bearer $PDRELAY_API_KEY" ' if api_key else ""
+    return f"curl -s {trust}{scheme}://{http}{path} {auth}-H 'Content-Type: application/json' -d {shlex.quote(body)}"
 
 
 def format_summary(state: RunState) -> str:
-    lines = ["", f"pdrelay cluster '{state.cluster}' is ready (run dir {state.run_dir})",
-             f"  etcd   {state.etcd_url}" + ("" if state.etcd_pid else "  (external)"),
-             f"  nats   {state.nats_url}" + ("" if state.nats_pid else "  (external)")]
+    lines = [
+        "",
+        f"pdrelay cluster '{state.cluster}' is ready (run dir {state.run_dir})",
+        f"  etcd   {state.etcd_url}" + ("" if state.etcd_pid else "  (external)"),
+        f"  nats   {state.nats_url}" + ("" if state.nats_pid else "  (external)"),
+    ]
     if state.mooncake_master:
         lines.append(f"  mooncake_master {state.mooncake_master}  (the kvstore's T3)  pid {state.mooncake_pid}")
     for c in state.children:
@@ -59,9 +73,16 @@ def format_summary(state: RunState) -> str:
             lines.append("  " + curl_example(gw.http, "", ca, needs_api_key(gw), path="/v1/embeddings", body=body))
     rd = shlex.quote(state.run_dir)
     if state.traces:
-        lines += ["", f"Traces: every request's spans go to {state.traces}",
-                  f"  pdrelay trace --run-dir {rd}                  lists the traced requests",
-                  f"  pdrelay trace <request-id> --run-dir {rd}     one request's span tree (id: the response's 'id')"]
-    lines += ["", f"Status: pdrelay status --run-dir {rd}    Scale: pdrelay scale --run-dir {rd} prefill=2",
-              f"Stop:   Ctrl-C, or pdrelay down --run-dir {rd}", ""]
+        lines += [
+            "",
+            f"Traces: every request's spans go to {state.traces}",
+            f"  pdrelay trace --run-dir {rd}                  lists the traced requests",
+            f"  pdrelay trace <request-id> --run-dir {rd}     one request's span tree (id: the response's 'id')",
+        ]
+    lines += [
+        "",
+        f"Status: pdrelay status --run-dir {rd}    Scale: pdrelay scale --run-dir {rd} prefill=2",
+        f"Stop:   Ctrl-C, or pdrelay down --run-dir {rd}",
+        "",
+    ]
     return "\n".join(lines)

@@ -36,11 +36,18 @@ from shared.cluster.bus.scale import ScaleReply, ScaleRequest, serve_scale
 from shared.cluster.errors import ControlPlaneUnavailable
 from shared.cluster.etcd import connect_etcd
 from shared.cluster.handshake import ReadyInfo, parse_ready_line
-from shared.cluster.localcluster.restarts import RestartPolicy, Restarts
 from shared.cluster.localcluster.plan import ROLE_ORDER, InstanceSpec, UpOptions, build_spec, plan, role_available
+from shared.cluster.localcluster.restarts import RestartPolicy, Restarts
 from shared.cluster.localcluster.rundir import TRACES_FILE, ChildState, RunState, running_supervisor, write_state
-from shared.cluster.localcluster.servers import (EtcdServer, MooncakeMaster, NatsServer, die_with_parent, find_binary,
-                                                 free_port, port_is_free)
+from shared.cluster.localcluster.servers import (
+    EtcdServer,
+    MooncakeMaster,
+    NatsServer,
+    die_with_parent,
+    find_binary,
+    free_port,
+    port_is_free,
+)
 from shared.cluster.localcluster.summary import format_summary
 from shared.cluster.localcluster.tracesink import TraceSink
 from shared.cluster.tls import TlsFiles
@@ -70,9 +77,18 @@ class _Child:
 
     def as_state(self) -> ChildState:
         r = self.ready
-        return ChildState(role=self.role, instance_id=self.iid, pid=self.proc.pid, state=self.state,
-                          grpc=r.grpc if r else "", http=r.http if r else "", epoch=r.epoch if r else 0,
-                          log=str(self.log_path), config=self.spec.config_path, restarts=self.restarts)
+        return ChildState(
+            role=self.role,
+            instance_id=self.iid,
+            pid=self.proc.pid,
+            state=self.state,
+            grpc=r.grpc if r else "",
+            http=r.http if r else "",
+            epoch=r.epoch if r else 0,
+            log=str(self.log_path),
+            config=self.spec.config_path,
+            restarts=self.restarts,
+        )
 
     def log_tail(self, n: int = 20) -> str:
         try:
@@ -120,15 +136,23 @@ class Supervisor:
     async def run(self) -> int:
         live = running_supervisor(self.run_dir)
         if live is not None:
-            self.say(f"pdrelay up: a cluster is already running from {self.run_dir} (supervisor pid "
-                     f"{live.supervisor_pid}); stop it with `pdrelay down --run-dir {self.run_dir}` or use another "
-                     "--run-dir")
+            self.say(
+                f"pdrelay up: a cluster is already running from {self.run_dir} (supervisor pid "
+                f"{live.supervisor_pid}); stop it with `pdrelay down --run-dir {self.run_dir}` or use another "
+                "--run-dir"
+            )
             return 1
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGINT, signal.SIGTERM):
             loop.add_signal_handler(sig, self._on_signal)
-        self.state = RunState(supervisor_pid=os.getpid(), cluster=self.opts.cluster, etcd_url="", nats_url="",
-                              run_dir=str(self.run_dir), started_at=time.time())
+        self.state = RunState(
+            supervisor_pid=os.getpid(),
+            cluster=self.opts.cluster,
+            etcd_url="",
+            nats_url="",
+            run_dir=str(self.run_dir),
+            started_at=time.time(),
+        )
         rc = 1
         try:
             rc = await self._run()
@@ -188,8 +212,9 @@ class Supervisor:
         if self.etcd is None:  # an external etcd: check it answers before starting anything
             await (await connect_etcd([self._etcd_url], timeout_s=5, tls=self.tls)).close()
         if self.nats is None:
-            self.bus = await Bus(self._nats_url, name=f"supervisor-{self.opts.cluster}",
-                                 tls=self.tls).connect(timeout_s=5)
+            self.bus = await Bus(self._nats_url, name=f"supervisor-{self.opts.cluster}", tls=self.tls).connect(
+                timeout_s=5
+            )
         if self.etcd is not None:
             # A fresh cluster each time: keys of a previous run would otherwise come back to life for one
             # lease TTL (etcd renews leases when it restarts) and show up as ghost instances.
@@ -199,8 +224,9 @@ class Supervisor:
         if self.nats is not None:
             self.nats.start()
             self.state.nats_pid = self.nats.pid or 0
-            self.bus = await Bus(self._nats_url, name=f"supervisor-{self.opts.cluster}",
-                                 tls=self.tls).connect(timeout_s=5)
+            self.bus = await Bus(self._nats_url, name=f"supervisor-{self.opts.cluster}", tls=self.tls).connect(
+                timeout_s=5
+            )
         if self.mooncake is not None:
             self.mooncake.start()
             self.state.mooncake_master, self.state.mooncake_pid = self.mooncake.address, self.mooncake.pid or 0
@@ -246,7 +272,8 @@ class Supervisor:
         self.trace_sink = TraceSink(data_dir=out.parent, port=free_port(), out=out, tie_to_parent=True)
         self.trace_sink.start()  # blocking, in the main thread (see die_with_parent)
         self.opts = msgspec.structs.replace(
-            self.opts, extra=(*self.opts.extra, "--otlp-traces-endpoint", self.trace_sink.endpoint))
+            self.opts, extra=(*self.opts.extra, "--otlp-traces-endpoint", self.trace_sink.endpoint)
+        )
         self.state.traces, self.state.trace_endpoint = str(out), self.trace_sink.endpoint
         self.state.trace_sink_pid = self.trace_sink.pid or 0
         self._save()
@@ -262,14 +289,18 @@ class Supervisor:
                 if c.ready is not None:
                     pending.discard(c)
                 elif c.exited.is_set():
-                    self.say(f"pdrelay up: {c.iid} exited with code {c.proc.returncode} before it was ready; "
-                             f"its last log lines ({c.log_path}):\n{c.log_tail()}")
+                    self.say(
+                        f"pdrelay up: {c.iid} exited with code {c.proc.returncode} before it was ready; "
+                        f"its last log lines ({c.log_path}):\n{c.log_tail()}"
+                    )
                     self._fail(f"{c.iid} exited with code {c.proc.returncode} before it was ready")
                     return False
             if time.monotonic() > deadline:
                 names = ", ".join(sorted(c.iid for c in pending))
-                self.say(f"pdrelay up: {names} not ready after {timeout_s:.0f} s (--ready-timeout-s); "
-                         f"see their logs in {self.run_dir / 'logs'}")
+                self.say(
+                    f"pdrelay up: {names} not ready after {timeout_s:.0f} s (--ready-timeout-s); "
+                    f"see their logs in {self.run_dir / 'logs'}"
+                )
                 self._fail(f"{names} not ready after {timeout_s:.0f} s")
                 return False
             waits = [asyncio.ensure_future(e.wait()) for c in pending for e in (c.ready_event, c.exited)]
@@ -289,17 +320,25 @@ class Supervisor:
             Path(spec.ready_file).unlink(missing_ok=True)
         env = {**os.environ, "PYTHONUNBUFFERED": "1"}
         proc = await asyncio.create_subprocess_exec(
-            *spec.argv, stdin=asyncio.subprocess.DEVNULL, stdout=asyncio.subprocess.PIPE,
-            stderr=asyncio.subprocess.PIPE, env=env, start_new_session=True, preexec_fn=die_with_parent,
-            limit=1 << 20)
+            *spec.argv,
+            stdin=asyncio.subprocess.DEVNULL,
+            stdout=asyncio.subprocess.PIPE,
+            stderr=asyncio.subprocess.PIPE,
+            env=env,
+            start_new_session=True,
+            preexec_fn=die_with_parent,
+            limit=1 << 20,
+        )
         child = _Child(spec, proc, logs / f"{spec.instance_id}.log")
         child.restarts = self.restarts.count(spec.instance_id)
         self.restarts.started(spec.instance_id)
         self.children.append(child)
         logf = open(child.log_path, "ab")  # noqa: SIM115, ASYNC230 - a local log file, closed by the waiter task
         assert proc.stdout is not None and proc.stderr is not None
-        child.tasks = [asyncio.create_task(self._pump(child, proc.stdout, logf, True)),
-                       asyncio.create_task(self._pump(child, proc.stderr, logf, False))]
+        child.tasks = [
+            asyncio.create_task(self._pump(child, proc.stdout, logf, True)),
+            asyncio.create_task(self._pump(child, proc.stderr, logf, False)),
+        ]
         child.tasks.append(asyncio.create_task(self._reap(child, logf)))
         self._save()
         return child
@@ -335,8 +374,9 @@ class Supervisor:
         if was == "draining" or self._stop.is_set():
             log.info("%s exited with code %s", child.iid, rc)
         else:
-            self.say(f"pdrelay up: {child.iid} exited unexpectedly with code {rc}; last log lines:\n"
-                     f"{child.log_tail(10)}")
+            self.say(
+                f"pdrelay up: {child.iid} exited unexpectedly with code {rc}; last log lines:\n{child.log_tail(10)}"
+            )
             if self.restarts.policy.enabled and self.state is not None and self.state.ready:
                 self._in_background(self._restart(child))
         if was == "draining" and child in self.children:
@@ -379,8 +419,10 @@ class Supervisor:
     async def _restart(self, child: _Child) -> None:
         """The same instance again (same id and flags; it registers with a new epoch), after the backoff."""
         delay = self.restarts.crashed(child.iid)
-        self.say(f"pdrelay up: restarting {child.iid} in {delay:.0f} s (restart {self.restarts.count(child.iid)}; "
-                 "--no-restart turns this off)")
+        self.say(
+            f"pdrelay up: restarting {child.iid} in {delay:.0f} s (restart {self.restarts.count(child.iid)}; "
+            "--no-restart turns this off)"
+        )
         if await self._stopped_within(delay):
             return
         if child in self.children:
@@ -400,8 +442,10 @@ class Supervisor:
                     reported.add(name)
                     continue
                 delay = self.restarts.crashed(name)
-                self.say(f"pdrelay up: {name} exited unexpectedly with code {rc}; restarting it in {delay:.0f} s "
-                         f"on port {server.port} with its data in {server.data_dir}")
+                self.say(
+                    f"pdrelay up: {name} exited unexpectedly with code {rc}; restarting it in {delay:.0f} s "
+                    f"on port {server.port} with its data in {server.data_dir}"
+                )
                 if await self._stopped_within(delay):
                     return
                 try:
@@ -442,17 +486,23 @@ class Supervisor:
         no kvstore runs, the user named a master (--kvstore-mooncake-master), or this install lacks the binary."""
         user_flags = (*opts.extra, *opts.role_extra.get("kvstore", ()))
         if opts.counts.get("kvstore", 0) <= 0 or any(
-                f.split("=", 1)[0] == "--kvstore-mooncake-master" for f in user_flags):
+            f.split("=", 1)[0] == "--kvstore-mooncake-master" for f in user_flags
+        ):
             return opts
         try:
             find_binary("mooncake_master")
         except ValueError as e:
             self.say(f"pdrelay up: note: the kvstore runs without its Mooncake Store tier: {e}")
             return opts
-        self.mooncake = MooncakeMaster(data_dir=self.run_dir / "mooncake", port=free_port(), tie_to_parent=True,
-                                       start_timeout_s=60.0)
-        flags = ("--kvstore-mooncake-master", self.mooncake.address,
-                 "--kvstore-mooncake-metadata-url", self.mooncake.metadata_url)
+        self.mooncake = MooncakeMaster(
+            data_dir=self.run_dir / "mooncake", port=free_port(), tie_to_parent=True, start_timeout_s=60.0
+        )
+        flags = (
+            "--kvstore-mooncake-master",
+            self.mooncake.address,
+            "--kvstore-mooncake-metadata-url",
+            self.mooncake.metadata_url,
+        )
         role_extra = dict(opts.role_extra)
         role_extra["kvstore"] = (*flags, *role_extra.get("kvstore", ()))
         self.opts = msgspec.structs.replace(opts, role_extra=role_extra)
@@ -485,15 +535,27 @@ class Supervisor:
             for c in order[want:][::-1]:
                 c.state = "draining"
                 assert self.bus is not None
-                await send_drain(self.bus, self.opts.cluster, c.iid, reason="scale_down",
-                                 epoch=c.ready.epoch if c.ready else 0, auth=self.admin)
+                await send_drain(
+                    self.bus,
+                    self.opts.cluster,
+                    c.iid,
+                    reason="scale_down",
+                    epoch=c.ready.epoch if c.ready else 0,
+                    auth=self.admin,
+                )
                 asyncio.create_task(self._ensure_gone(c))
                 draining.append(c.iid)
         self._save()
-        counts = {r: sum(1 for c in self.children if c.role == r and c.state in ("starting", "ready"))
-                  for r in req.targets}
-        return ScaleReply(ok=True, started=tuple(started), draining=tuple(draining), counts=counts,
-                          message=f"started {len(started)}, draining {len(draining)}")
+        counts = {
+            r: sum(1 for c in self.children if c.role == r and c.state in ("starting", "ready")) for r in req.targets
+        }
+        return ScaleReply(
+            ok=True,
+            started=tuple(started),
+            draining=tuple(draining),
+            counts=counts,
+            message=f"started {len(started)}, draining {len(draining)}",
+        )
 
     async def _ensure_gone(self, child: _Child) -> None:
         """A drained instance exits on its own; one that ignores the command gets SIGTERM, then SIGKILL."""
@@ -518,8 +580,12 @@ class Supervisor:
         try:
             async with httpx.AsyncClient(timeout=120, verify=verify) as client:
                 models = (await client.get(f"{base}/v1/models")).json()["data"]
-                body = {"model": models[0]["id"], "max_tokens": 32, "temperature": 0,
-                        "messages": [{"role": "user", "content": "What is the capital of France?"}]}
+                body = {
+                    "model": models[0]["id"],
+                    "max_tokens": 32,
+                    "temperature": 0,
+                    "messages": [{"role": "user", "content": "What is the capital of France?"}],
+                }
                 r = await client.post(f"{base}/v1/chat/completions", json=body)
                 r.raise_for_status()
                 answer = r.json()["choices"][0]["message"]["content"]

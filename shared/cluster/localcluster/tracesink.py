@@ -22,5 +22,14 @@ class TraceSink(_ServerProcess):
         return f"http://{self.host}:{self.port}"
 
     def command(self) -> list[str]:
-        return [sys.executable, "-m", "shared.telemetry.sink", "--out", str(self.out), "--host", self.host,
-                "--port", str(self.port)]
+        return [
+            sys.executable,
+            "-m",
+            "shared.telemetry.sink",
+            "--out",
+            str(self.out),
+            "--host",
+            self.host,
+            "--port",
+            str(self.port),
+        ]

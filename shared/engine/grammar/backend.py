@@ -64,8 +64,9 @@ class GrammarBackend:
         if self._compiler is None:
             import xgrammar as xgr
 
-            info = xgr.TokenizerInfo.from_huggingface(self.tokenizer, vocab_size=self.vocab_size,
-                                                      stop_token_ids=self.stop_token_ids or None)
+            info = xgr.TokenizerInfo.from_huggingface(
+                self.tokenizer, vocab_size=self.vocab_size, stop_token_ids=self.stop_token_ids or None
+            )
             self._compiler = xgr.GrammarCompiler(info, max_threads=1, cache_enabled=False)
         return self._compiler
 
@@ -93,6 +94,8 @@ class GrammarBackend:
         g = RequestGrammar(xgr.GrammarMatcher(self.compile(spec)), spec)
         for i, t in enumerate(spec.accepted):
             if not g.accept(t):
-                raise InvalidRequest(f"structured output: already-generated token {t} (position {i}) does not "
-                                     "follow the grammar", field="response_format")
+                raise InvalidRequest(
+                    f"structured output: already-generated token {t} (position {i}) does not follow the grammar",
+                    field="response_format",
+                )
         return g

@@ -91,8 +91,9 @@ class MaskFiller:
             pending.done.result()
             stats.wait_s += time.perf_counter() - t0
         t1 = time.perf_counter()
-        xgr.apply_token_bitmask_inplace(logits, pending.bitmask.to(logits.device), vocab_size=self.vocab_size,
-                                        indices=pending.rows)
+        xgr.apply_token_bitmask_inplace(
+            logits, pending.bitmask.to(logits.device), vocab_size=self.vocab_size, indices=pending.rows
+        )
         stats.apply_s += time.perf_counter() - t1
         stats.steps += 1
         stats.rows += len(pending.rows)

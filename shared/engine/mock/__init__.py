@@ -25,9 +25,21 @@ def build_mock_engine(cfg: ResolvedConfig, *, on_kv_event: Callable[[KVEvent], N
 
     sim = cfg.engine
     table = TimingTable.load(sim.mock_timing_table)
-    runner = MockRunner(table, page_size=cfg.cache.page_size, num_pages=cfg.cache.num_pages or None,
-                        context_length=cfg.model.context_length, max_batch_tokens=max_step_tokens(cfg.scheduler),
-                        speedup=sim.mock_speedup)
-    return Engine(runner, cache=cfg.cache, scheduler=cfg.scheduler, tokenizer=None, threads=1,
-                  on_kv_event=on_kv_event, context_length=cfg.model.context_length,
-                  handoff_quarantine_s=cfg.disagg.handoff_timeout_s)
+    runner = MockRunner(
+        table,
+        page_size=cfg.cache.page_size,
+        num_pages=cfg.cache.num_pages or None,
+        context_length=cfg.model.context_length,
+        max_batch_tokens=max_step_tokens(cfg.scheduler),
+        speedup=sim.mock_speedup,
+    )
+    return Engine(
+        runner,
+        cache=cfg.cache,
+        scheduler=cfg.scheduler,
+        tokenizer=None,
+        threads=1,
+        on_kv_event=on_kv_event,
+        context_length=cfg.model.context_length,
+        handoff_quarantine_s=cfg.disagg.handoff_timeout_s,
+    )

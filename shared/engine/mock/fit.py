@@ -35,24 +35,37 @@ def _best_s(fn, reps: int) -> float:
     return min(times)  # a shared box only ever adds time: the fastest run is the least disturbed one
 
 
-def measure(model: str, threads: int, reps: int, prefill: Sequence[int], batch: Sequence[int],
-            context: Sequence[int], progress=print) -> TimingTable:
+def measure(
+    model: str,
+    threads: int,
+    reps: int,
+    prefill: Sequence[int],
+    batch: Sequence[int],
+    context: Sequence[int],
+    progress=print,
+) -> TimingTable:
     import torch
 
     from shared.config import resolve
-    from shared.modelspec.bundled import resolve_model_path
     from shared.engine.kv_pool import num_pages_for_budget
     from shared.engine.model_runner import ModelRunner
     from shared.engine.types import ScheduledSeq, SchedulerOutput
+    from shared.modelspec.bundled import resolve_model_path
 
     torch.set_num_threads(threads)
     cfg = resolve("decode", ["--model", model, "--threads", str(threads)])
     path = resolve_model_path(model, cfg.model.model_cache_dir)
     page = cfg.cache.page_size
     pool_pages = max(max(context), max(prefill)) // page + 2
-    runner = ModelRunner(path, dtype=cfg.model.dtype, num_pages=pool_pages, page_size=page,
-                         attention_backend=cfg.kernels.attention_backend, linear_backend=cfg.kernels.linear_backend,
-                         max_batch_tokens=max(max(prefill), max(batch)) + 1)
+    runner = ModelRunner(
+        path,
+        dtype=cfg.model.dtype,
+        num_pages=pool_pages,
+        page_size=page,
+        attention_backend=cfg.kernels.attention_backend,
+        linear_backend=cfg.kernels.linear_backend,
+        max_batch_tokens=max(max(prefill), max(batch)) + 1,
+    )
     default_pages = cfg.cache.num_pages or num_pages_for_budget(runner.layout, cfg.cache.kv_cache_memory_bytes)
 
     def run(out: SchedulerOutput) -> None:
@@ -72,12 +85,18 @@ def measure(model: str, threads: int, reps: int, prefill: Sequence[int], batch: 
             row.append(round(_best_s(lambda s=seqs: run(SchedulerOutput(s)), reps) * 1e3, 3))
             progress(f"decode batch {b:3d} context {c:5d}: {row[-1]:8.2f} ms")
         dec_ms.append(tuple(row))
-    return TimingTable(model=model, vocab_size=runner.vocab_size, eos_token_ids=runner.eos_token_ids,
-                       context_length=runner.context_length, num_pages=default_pages, threads=threads,
-                       host=f"{platform.machine()} {os.cpu_count()} cores, {platform.python_implementation()}",
-                       measured_at=datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d"),
-                       prefill=PrefillTable(tokens=tuple(prefill), ms=tuple(pre_ms)),
-                       decode=DecodeTable(batch=tuple(batch), context=tuple(context), ms=tuple(dec_ms)))
+    return TimingTable(
+        model=model,
+        vocab_size=runner.vocab_size,
+        eos_token_ids=runner.eos_token_ids,
+        context_length=runner.context_length,
+        num_pages=default_pages,
+        threads=threads,
+        host=f"{platform.machine()} {os.cpu_count()} cores, {platform.python_implementation()}",
+        measured_at=datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d"),
+        prefill=PrefillTable(tokens=tuple(prefill), ms=tuple(pre_ms)),
+        decode=DecodeTable(batch=tuple(batch), context=tuple(context), ms=tuple(dec_ms)),
+    )
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -17,8 +17,8 @@ import torch
 
 from shared.engine.kv_pool import KVPool
 from shared.engine.mock.timing import TimingTable
-from shared.modelspec.kv_layout import KVLayout
 from shared.engine.types import SchedulerOutput
+from shared.modelspec.kv_layout import KVLayout
 
 # Generated ids come from [TOKEN_LOW, TOKEN_LOW + TOKEN_SPAN): ordinary BPE pieces in the bundled vocabulary,
 # away from the special tokens at the start of it.
@@ -34,9 +34,17 @@ class MockRunner:
     """Runner protocol (shared/engine/engine.py) over a TimingTable. `speedup` > 1 compresses time (a 30-minute
     simulated run in 10 minutes with 3); `sleep` is injectable for tests."""
 
-    def __init__(self, table: TimingTable, *, page_size: int = 16, num_pages: int | None = None,
-                 context_length: int | None = None, max_batch_tokens: int = 4096, speedup: float = 1.0,
-                 sleep: Callable[[float], None] = time.sleep) -> None:
+    def __init__(
+        self,
+        table: TimingTable,
+        *,
+        page_size: int = 16,
+        num_pages: int | None = None,
+        context_length: int | None = None,
+        max_batch_tokens: int = 4096,
+        speedup: float = 1.0,
+        sleep: Callable[[float], None] = time.sleep,
+    ) -> None:
         if speedup <= 0:
             raise ValueError(f"--mock-speedup must be > 0 (got {speedup}); try 1")
         self.table = table

@@ -54,8 +54,10 @@ class TimingTable(msgspec.Struct, frozen=True, kw_only=True):
         try:
             data = p.read_bytes()
         except OSError as e:
-            raise ValueError(f"--mock-timing-table {p}: cannot read it ({e.strerror}); give a table written by "
-                             "`python -m shared.engine.mock.fit`") from None
+            raise ValueError(
+                f"--mock-timing-table {p}: cannot read it ({e.strerror}); give a table written by "
+                "`python -m shared.engine.mock.fit`"
+            ) from None
         try:
             table = msgspec.json.decode(data, type=cls)
         except msgspec.ValidationError as e:
@@ -70,8 +72,12 @@ class TimingTable(msgspec.Struct, frozen=True, kw_only=True):
         p, d = self.prefill, self.decode
         if len(p.tokens) < 2 or len(p.tokens) != len(p.ms) or list(p.tokens) != sorted(set(p.tokens)):
             raise ValueError("timing table: prefill needs >= 2 increasing token counts, one time each")
-        if len(d.batch) < 2 or len(d.context) < 2 or list(d.batch) != sorted(set(d.batch)) \
-                or list(d.context) != sorted(set(d.context)):
+        if (
+            len(d.batch) < 2
+            or len(d.context) < 2
+            or list(d.batch) != sorted(set(d.batch))
+            or list(d.context) != sorted(set(d.context))
+        ):
             raise ValueError("timing table: decode needs >= 2 increasing batch sizes and contexts")
         if len(d.ms) != len(d.batch) or any(len(row) != len(d.context) for row in d.ms):
             raise ValueError("timing table: decode ms must be [batch][context]")

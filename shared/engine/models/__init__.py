@@ -24,8 +24,9 @@ __all__ = [
 ]
 
 
-def build_model(cfg: ModelArchConfig, dtype: torch.dtype, max_positions: int | None = None,
-                ops: ElementwiseOps = TORCH_OPS) -> LlamaForCausalLM:
+def build_model(
+    cfg: ModelArchConfig, dtype: torch.dtype, max_positions: int | None = None, ops: ElementwiseOps = TORCH_OPS
+) -> LlamaForCausalLM:
     """An unloaded model for `cfg` (Llama, Qwen2 or Qwen3: the differences are flags on the config), calling the
     norm/rotary/activation kernels in `ops`."""
     assert cfg.architecture in SUPPORTED_ARCHITECTURES, cfg.architecture  # parse_model_config refused the rest

@@ -24,8 +24,7 @@ from torch import nn
 
 from shared.kernels.linear import LinearBackend, TorchLinear, select_linear_backend
 
-_ACTIVATIONS = {"gelu": lambda x: F.gelu(x), "gelu_new": lambda x: F.gelu(x, approximate="tanh"),
-                "relu": F.relu}
+_ACTIVATIONS = {"gelu": lambda x: F.gelu(x), "gelu_new": lambda x: F.gelu(x, approximate="tanh"), "relu": F.relu}
 
 
 @dataclass(frozen=True)
@@ -48,22 +47,33 @@ class BertConfig:
     @classmethod
     def from_dict(cls, d: dict, where: str = "config.json") -> BertConfig:
         if d.get("model_type") != "bert":
-            raise ValueError(f"{where}: model_type {d.get('model_type')!r} is not 'bert'; the encoder serves "
-                             "BERT-family embedding models (e.g. bundled:all-minilm-l6-v2)")
+            raise ValueError(
+                f"{where}: model_type {d.get('model_type')!r} is not 'bert'; the encoder serves "
+                "BERT-family embedding models (e.g. bundled:all-minilm-l6-v2)"
+            )
         if d.get("position_embedding_type", "absolute") != "absolute":
-            raise ValueError(f"{where}: position_embedding_type {d['position_embedding_type']!r} is not supported "
-                             "(only 'absolute')")
+            raise ValueError(
+                f"{where}: position_embedding_type {d['position_embedding_type']!r} is not supported (only 'absolute')"
+            )
         act = d.get("hidden_act", "gelu")
         if act not in _ACTIVATIONS:
             raise ValueError(f"{where}: hidden_act {act!r} is not supported; known: {', '.join(_ACTIVATIONS)}")
-        cfg = cls(vocab_size=d["vocab_size"], hidden_size=d["hidden_size"], num_layers=d["num_hidden_layers"],
-                  num_heads=d["num_attention_heads"], intermediate_size=d["intermediate_size"],
-                  max_position_embeddings=d["max_position_embeddings"], type_vocab_size=d.get("type_vocab_size", 2),
-                  layer_norm_eps=d.get("layer_norm_eps", 1e-12), hidden_act=act, pad_token_id=d.get("pad_token_id")
-                  or 0)
+        cfg = cls(
+            vocab_size=d["vocab_size"],
+            hidden_size=d["hidden_size"],
+            num_layers=d["num_hidden_layers"],
+            num_heads=d["num_attention_heads"],
+            intermediate_size=d["intermediate_size"],
+            max_position_embeddings=d["max_position_embeddings"],
+            type_vocab_size=d.get("type_vocab_size", 2),
+            layer_norm_eps=d.get("layer_norm_eps", 1e-12),
+            hidden_act=act,
+            pad_token_id=d.get("pad_token_id") or 0,
+        )
         if cfg.hidden_size % cfg.num_heads:
-            raise ValueError(f"{where}: hidden_size {cfg.hidden_size} is not a multiple of num_attention_heads "
-                             f"{cfg.num_heads}")
+            raise ValueError(
+                f"{where}: hidden_size {cfg.hidden_size} is not a multiple of num_attention_heads {cfg.num_heads}"
+            )
         return cfg
 
     @classmethod
@@ -87,8 +97,9 @@ class PackedBatch:
     mask: torch.Tensor | None  # [B, 1, 1, T] additive (0 keep, dtype min drop); None when no sequence is padded
 
     @classmethod
-    def of(cls, seqs: Sequence[Sequence[int]], dtype: torch.dtype = torch.float32,
-           device: torch.device | str = "cpu") -> PackedBatch:
+    def of(
+        cls, seqs: Sequence[Sequence[int]], dtype: torch.dtype = torch.float32, device: torch.device | str = "cpu"
+    ) -> PackedBatch:
         B = len(seqs)
         lens = [len(s) for s in seqs]
         T = max(lens)
@@ -101,10 +112,21 @@ class PackedBatch:
         if min(lens) != T:
             keep = positions.new_zeros((B, T), dtype=torch.bool)
             keep.view(-1)[seq_ids * T + positions] = True
-            mask = torch.zeros((B, 1, 1, T), dtype=dtype).masked_fill(~keep[:, None, None, :],
-                                                                     torch.finfo(dtype).min).to(device)
-        return cls(ids.to(device), positions.to(device), seq_ids.to(device), lengths.to(device),
-                   (seq_ids * T + positions).to(device), B, T, mask)
+            mask = (
+                torch.zeros((B, 1, 1, T), dtype=dtype)
+                .masked_fill(~keep[:, None, None, :], torch.finfo(dtype).min)
+                .to(device)
+            )
+        return cls(
+            ids.to(device),
+            positions.to(device),
+            seq_ids.to(device),
+            lengths.to(device),
+            (seq_ids * T + positions).to(device),
+            B,
+            T,
+            mask,
+        )
 
 
 class BertEmbeddings(nn.Module):
@@ -196,9 +218,16 @@ def _weight_names(i: int) -> dict[str, str]:
     """Our parameter names of layer i -> Hugging Face's."""
     hf = f"encoder.layer.{i}."
     ours = f"layers.{i}."
-    pairs = {"query": "attention.self.query", "key": "attention.self.key", "value": "attention.self.value",
-             "attn_out": "attention.output.dense", "attn_norm": "attention.output.LayerNorm",
-             "intermediate": "intermediate.dense", "out": "output.dense", "out_norm": "output.LayerNorm"}
+    pairs = {
+        "query": "attention.self.query",
+        "key": "attention.self.key",
+        "value": "attention.self.value",
+        "attn_out": "attention.output.dense",
+        "attn_norm": "attention.output.LayerNorm",
+        "intermediate": "intermediate.dense",
+        "out": "output.dense",
+        "out_norm": "output.LayerNorm",
+    }
     return {f"{ours}{o}.{p}": f"{hf}{h}.{p}" for o, h in pairs.items() for p in ("weight", "bias")}
 
 
@@ -210,16 +239,22 @@ def _checkpoint_name(name: str, stored: set[str]) -> str | None:
     return None
 
 
-def load_bert(model_dir: str | Path, dtype: torch.dtype = torch.float32,
-              linear: LinearBackend | None = None, device: torch.device | str = "cpu") -> BertModel:
+def load_bert(
+    model_dir: str | Path,
+    dtype: torch.dtype = torch.float32,
+    linear: LinearBackend | None = None,
+    device: torch.device | str = "cpu",
+) -> BertModel:
     """The BertModel of a Hugging Face directory (config.json + model.safetensors), loaded strictly, its dense
     projections on `linear` (default: oneDNN over prepacked weights for fp32 on CPU, else F.linear)."""
     d = Path(model_dir)
     cfg = BertConfig.load(d)
     path = d / "model.safetensors"
     if not path.is_file():
-        raise ValueError(f"{d} has no model.safetensors; point --encoder-model at a sentence-transformers model "
-                         "directory with safetensors weights")
+        raise ValueError(
+            f"{d} has no model.safetensors; point --encoder-model at a sentence-transformers model "
+            "directory with safetensors weights"
+        )
     model = BertModel(cfg)
     mapping = {n: n for n, _ in model.named_parameters() if not n.startswith("layers.")}
     for i in range(cfg.num_layers):
@@ -242,12 +277,17 @@ def load_bert(model_dir: str | Path, dtype: torch.dtype = torch.float32,
                 params[ours].copy_(t)
                 used.add(name)
     # Buffers and heads a BertModel does not use (position_ids, the pooler, MLM/NSP heads) may be stored too.
-    unexpected = sorted(n for n in stored - used if not n.endswith("position_ids") and ".pooler." not in f".{n}"
-                        and not n.startswith(("cls.", "pooler.")))
+    unexpected = sorted(
+        n
+        for n in stored - used
+        if not n.endswith("position_ids") and ".pooler." not in f".{n}" and not n.startswith(("cls.", "pooler."))
+    )
     if missing or bad or unexpected:
-        parts = [f"missing: {', '.join(missing[:6])}" if missing else "",
-                 f"wrong shape: {', '.join(bad[:6])}" if bad else "",
-                 f"unexpected: {', '.join(unexpected[:6])}" if unexpected else ""]
+        parts = [
+            f"missing: {', '.join(missing[:6])}" if missing else "",
+            f"wrong shape: {', '.join(bad[:6])}" if bad else "",
+            f"unexpected: {', '.join(unexpected[:6])}" if unexpected else "",
+        ]
         raise ValueError(f"{path} does not match a BERT model of its config.json ({'; '.join(p for p in parts if p)})")
     model = model.to(device=device, dtype=dtype).eval()
     return model.prepare(linear or select_linear_backend("auto", device, dtype))

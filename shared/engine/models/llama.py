@@ -43,8 +43,9 @@ def _param(*shape: int, dtype: torch.dtype) -> nn.Parameter:
 
 
 class DecoderLayer(nn.Module):
-    def __init__(self, cfg: ModelArchConfig, layer_id: int, dtype: torch.dtype,
-                 ops: ElementwiseOps = TORCH_OPS) -> None:
+    def __init__(
+        self, cfg: ModelArchConfig, layer_id: int, dtype: torch.dtype, ops: ElementwiseOps = TORCH_OPS
+    ) -> None:
         super().__init__()
         self.layer_id = layer_id
         self.ops = ops
@@ -66,8 +67,11 @@ class DecoderLayer(nn.Module):
         self.linear: LinearBackend = TorchLinear()
         # What self.linear.apply takes for qkv, o and gate_up: the parameters themselves until use_linear packs them
         # (a plain dict: a Parameter stored as a module attribute would register twice).
-        self.packed: dict[str, torch.Tensor] = {"qkv": self.qkv_weight, "o": self.o_weight,
-                                                "gate_up": self.gate_up_weight}
+        self.packed: dict[str, torch.Tensor] = {
+            "qkv": self.qkv_weight,
+            "o": self.o_weight,
+            "gate_up": self.gate_up_weight,
+        }
 
     def use_linear(self, backend: LinearBackend) -> None:
         """Run qkv, o and gate_up through `backend` (packing their weights once; call after loading).
@@ -78,8 +82,11 @@ class DecoderLayer(nn.Module):
         projections on oneDNN the logits stay at 7-9e-5.
         """
         self.linear = backend
-        self.packed = {"qkv": backend.pack(self.qkv_weight), "o": backend.pack(self.o_weight),
-                       "gate_up": backend.pack(self.gate_up_weight)}
+        self.packed = {
+            "qkv": backend.pack(self.qkv_weight),
+            "o": backend.pack(self.o_weight),
+            "gate_up": backend.pack(self.gate_up_weight),
+        }
         if backend.name != "torch":  # the packed copies replace the originals: do not hold the weights twice
             for p in (self.qkv_weight, self.o_weight, self.gate_up_weight):
                 p.data = p.data.new_empty(0)
@@ -161,8 +168,13 @@ class DecoderLayer(nn.Module):
 class LlamaForCausalLM(nn.Module):
     """Llama / Qwen2 / Qwen3 causal LM over a paged KV pool."""
 
-    def __init__(self, cfg: ModelArchConfig, dtype: torch.dtype, max_positions: int | None = None,
-                 ops: ElementwiseOps = TORCH_OPS) -> None:
+    def __init__(
+        self,
+        cfg: ModelArchConfig,
+        dtype: torch.dtype,
+        max_positions: int | None = None,
+        ops: ElementwiseOps = TORCH_OPS,
+    ) -> None:
         super().__init__()
         self.cfg = cfg
         self.dtype = dtype
@@ -170,10 +182,12 @@ class LlamaForCausalLM(nn.Module):
         self.embed_tokens = _param(cfg.vocab_size, cfg.hidden_size, dtype=dtype)
         self.layers = nn.ModuleList(DecoderLayer(cfg, i, dtype, ops) for i in range(cfg.num_layers))
         self.norm = _param(cfg.hidden_size, dtype=dtype)
-        self.lm_head = self.embed_tokens if cfg.tie_word_embeddings else _param(cfg.vocab_size, cfg.hidden_size,
-                                                                                 dtype=dtype)
-        self.rotary = RotaryCache(cfg.head_dim, max_positions or cfg.max_position_embeddings, cfg.rope_theta,
-                                  cfg.rope_scaling)
+        self.lm_head = (
+            self.embed_tokens if cfg.tie_word_embeddings else _param(cfg.vocab_size, cfg.hidden_size, dtype=dtype)
+        )
+        self.rotary = RotaryCache(
+            cfg.head_dim, max_positions or cfg.max_position_embeddings, cfg.rope_theta, cfg.rope_scaling
+        )
         # Bytes of the checkpoint's weights (a tied lm_head once), fixed here: packing may replace parameters.
         self.weight_bytes = sum(p.numel() * p.element_size() for p in self.parameters())
         self.linear: LinearBackend = TorchLinear()
@@ -206,9 +220,7 @@ class LlamaForCausalLM(nn.Module):
         self.to(device)
         self.rotary.cos, self.rotary.sin = self.rotary.cos.to(device), self.rotary.sin.to(device)
 
-    def forward(
-        self, batch: ForwardBatch, kv: KVPool, attn: AttentionBackend, meta: AttentionMetadata
-    ) -> torch.Tensor:
+    def forward(self, batch: ForwardBatch, kv: KVPool, attn: AttentionBackend, meta: AttentionMetadata) -> torch.Tensor:
         """Run all layers over the batch's T tokens, writing their K/V into `kv`.
 
         Returns the final-normed hidden states of the rows in batch.logits_indices: [n, hidden].

@@ -22,17 +22,26 @@ from shared.engine.models.llama import LlamaForCausalLM, WeightSlot
 from shared.engine.models.vit import VisionTower, activation, param
 from shared.modelspec.vlm_config import LlavaConfig, load_llava_config
 
-__all__ = ["LlavaConfig", "LlavaVisionEncoder", "LlavaWeights", "canonical_name", "expand_image_tokens",
-           "load_llava_config"]
+__all__ = [
+    "LlavaConfig",
+    "LlavaVisionEncoder",
+    "LlavaWeights",
+    "canonical_name",
+    "expand_image_tokens",
+    "load_llava_config",
+]
 
 
 def canonical_name(name: str) -> str:
     """One spelling for every LLaVA checkpoint layout (see the module docstring)."""
-    for old, new in (("model.language_model.", "language_model.model."), ("model.vision_tower.", "vision_tower."),
-                     ("model.multi_modal_projector.", "multi_modal_projector."),
-                     ("vision_tower.vision_model.", "vision_tower.")):
+    for old, new in (
+        ("model.language_model.", "language_model.model."),
+        ("model.vision_tower.", "vision_tower."),
+        ("model.multi_modal_projector.", "multi_modal_projector."),
+        ("vision_tower.vision_model.", "vision_tower."),
+    ):
         if name.startswith(old):
-            name = new + name[len(old):]
+            name = new + name[len(old) :]
     if name == "lm_head.weight":
         name = "language_model.lm_head.weight"
     return name
@@ -89,8 +98,12 @@ class LlavaWeights(nn.Module):
     def hf_weight_map(self) -> dict[str, WeightSlot]:
         m: dict[str, WeightSlot] = {}
         if self.language_model is not None:
-            m.update({f"language_model.{k}": WeightSlot(f"language_model.{s.param}", s.start, s.end, s.broadcast)
-                      for k, s in self.language_model.hf_weight_map().items()})
+            m.update(
+                {
+                    f"language_model.{k}": WeightSlot(f"language_model.{s.param}", s.start, s.end, s.broadcast)
+                    for k, s in self.language_model.hf_weight_map().items()
+                }
+            )
         if self.vision is not None:
             m.update(self.vision.weight_map("vision."))
         return m
@@ -119,4 +132,3 @@ def expand_image_tokens(token_ids: list[int], image_token_id: int, num_image_tok
         else:
             out.append(t)
     return out
-

@@ -91,8 +91,10 @@ class VisionTower(nn.Module):
         self.layers = nn.ModuleList(VitLayer(cfg, i, dtype) for i in range(n))
 
     def weight_map(self, hf_prefix: str = "vision_tower.", me: str = "") -> dict[str, WeightSlot]:
-        m = {f"{hf_prefix}embeddings.patch_embedding.weight": WeightSlot(f"{me}patch_weight"),
-             f"{hf_prefix}embeddings.position_embedding.weight": WeightSlot(f"{me}position_embedding")}
+        m = {
+            f"{hf_prefix}embeddings.patch_embedding.weight": WeightSlot(f"{me}patch_weight"),
+            f"{hf_prefix}embeddings.position_embedding.weight": WeightSlot(f"{me}position_embedding"),
+        }
         if self.cfg.kind == "clip":
             m[f"{hf_prefix}embeddings.class_embedding"] = WeightSlot(f"{me}class_embedding")
             m[f"{hf_prefix}pre_layrnorm.weight"] = WeightSlot(f"{me}pre_norm_weight")
@@ -113,10 +115,13 @@ class VisionTower(nn.Module):
         """[B, 3, H, W] -> hidden states 0..len(layers), each [B, N, C]."""
         cfg = self.cfg
         if pixel_values.shape[-2:] != (cfg.image_size, cfg.image_size):
-            raise ValueError(f"pixel values of size {tuple(pixel_values.shape[-2:])}; this vision tower takes "
-                             f"{cfg.image_size}x{cfg.image_size}")
-        x = F.conv2d(pixel_values.to(self.patch_weight.dtype), self.patch_weight, self.patch_bias,
-                     stride=cfg.patch_size)
+            raise ValueError(
+                f"pixel values of size {tuple(pixel_values.shape[-2:])}; this vision tower takes "
+                f"{cfg.image_size}x{cfg.image_size}"
+            )
+        x = F.conv2d(
+            pixel_values.to(self.patch_weight.dtype), self.patch_weight, self.patch_bias, stride=cfg.patch_size
+        )
         x = x.flatten(2).transpose(1, 2)  # [B, patches, C]
         if self.class_embedding is not None:
             cls = self.class_embedding.expand(x.shape[0], 1, -1)

@@ -31,7 +31,9 @@ def apply_penalties(logits: torch.Tensor, reqs: Sequence[Request], rows: Sequenc
     idx = torch.as_tensor(rows, dtype=torch.int64, device=dev)
     x = logits.index_select(0, idx)  # [R, V]
     out_tok = _padded([r.output_token_ids for r in sub], V, dev)
-    counts = torch.zeros(len(sub), V + 1, device=dev).scatter_add_(1, out_tok, torch.ones_like(out_tok, dtype=torch.float32))
+    counts = torch.zeros(len(sub), V + 1, device=dev).scatter_add_(
+        1, out_tok, torch.ones_like(out_tok, dtype=torch.float32)
+    )
     counts = counts[:, :V]  # [R, V] occurrences in the output
     rep = [r.params.repetition_penalty for r in sub]
     if any(v != 1.0 for v in rep):

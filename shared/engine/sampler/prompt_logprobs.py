@@ -33,7 +33,7 @@ def record(prompt_rows: torch.Tensor, seqs: Sequence[ScheduledSeq], requests: Ma
         rows = len(s.token_ids) - int(s.need_logits)
         req = requests.get(s.req_id)
         if req is not None:
-            _append(req, raw[r:r + rows], s.start_pos)
+            _append(req, raw[r : r + rows], s.start_pos)
         r += rows
 
 
@@ -45,7 +45,7 @@ def _append(req: Request, raw: torch.Tensor, start: int) -> None:
     if first < 0 or first >= last:
         return
     rows = raw[first:last]
-    targets = torch.tensor(req.prompt_token_ids[start + 1 + first:start + 1 + last], device=raw.device)
+    targets = torch.tensor(req.prompt_token_ids[start + 1 + first : start + 1 + last], device=raw.device)
     chosen_col = rows.gather(1, targets.unsqueeze(1))  # [R, 1]
     chosen = chosen_col.squeeze(1).tolist()
     # vLLM's rank: how many tokens are at least as likely as the prompt token (ties count against it)

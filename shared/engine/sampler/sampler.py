@@ -28,8 +28,9 @@ class Sampler:
     def __init__(self, *, eos_token_ids: Iterable[int] = ()) -> None:
         self.eos_token_ids = tuple(eos_token_ids)
 
-    def sample(self, logits: torch.Tensor, reqs: Sequence[Request],
-               constrain: Callable[[torch.Tensor], None] | None = None) -> SamplerOutput:
+    def sample(
+        self, logits: torch.Tensor, reqs: Sequence[Request], constrain: Callable[[torch.Tensor], None] | None = None
+    ) -> SamplerOutput:
         """logits: [B, V], row i belongs to reqs[i]. May modify logits in place. constrain: masks the logits of
         grammar-constrained rows in place (after logprobs are taken: they stay the model's own)."""
         B = len(reqs)
@@ -117,11 +118,16 @@ def _apply_logit_bias(logits: torch.Tensor, reqs: Sequence[Request]) -> None:
             vals.append(b)
     if rows:
         dev = logits.device
-        logits.index_put_((torch.tensor(rows, device=dev), torch.tensor(cols, device=dev)),
-                          torch.tensor(vals, device=dev, dtype=logits.dtype), accumulate=True)
+        logits.index_put_(
+            (torch.tensor(rows, device=dev), torch.tensor(cols, device=dev)),
+            torch.tensor(vals, device=dev, dtype=logits.dtype),
+            accumulate=True,
+        )
 
 
-def _logprobs(raw: torch.Tensor, rows: list[int], tokens: list[int], params: Sequence, B: int) -> list[TokenLogprobs | None]:
+def _logprobs(
+    raw: torch.Tensor, rows: list[int], tokens: list[int], params: Sequence, B: int
+) -> list[TokenLogprobs | None]:
     """raw: [L, V] log_softmax of the rows that asked; returns one entry per batch row (None if not asked)."""
     chosen_ids = torch.tensor([tokens[i] for i in rows], device=raw.device).unsqueeze(1)
     chosen = raw.gather(1, chosen_ids).squeeze(1).tolist()

@@ -22,7 +22,9 @@ class StopResult:
 
 
 class StopChecker:
-    def __init__(self, *, eos_token_ids: Iterable[int] = (), max_model_len: int, decode_fn: DecodeFn | None = None) -> None:
+    def __init__(
+        self, *, eos_token_ids: Iterable[int] = (), max_model_len: int, decode_fn: DecodeFn | None = None
+    ) -> None:
         self.eos_token_ids = frozenset(eos_token_ids)
         self.max_model_len = max_model_len
         self.decode_fn = decode_fn
@@ -51,8 +53,9 @@ class StopChecker:
                     idx, s = hit
                     reason, stop = "stop", s
                     req.output_text = req.output_text[: idx + len(s) if p.include_stop_str_in_output else idx]
-        if reason is None and ((p.max_tokens is not None and n_out >= p.max_tokens)
-                               or req.num_tokens >= self.max_model_len):
+        if reason is None and (
+            (p.max_tokens is not None and n_out >= p.max_tokens) or req.num_tokens >= self.max_model_len
+        ):
             reason = "length"
 
         if reason is not None:

@@ -49,8 +49,16 @@ class Batch(Protocol):
         """The id is in use by a request the scheduler tracks."""
         ...
 
-    def new_request(self, req_id: str, prompt_token_ids: Sequence[int], params: SamplingParams | None = None,
-                    priority: int = 0, *, media: Sequence[MediaInput] = (), need_embeds: bool = False) -> Request: ...
+    def new_request(
+        self,
+        req_id: str,
+        prompt_token_ids: Sequence[int],
+        params: SamplingParams | None = None,
+        priority: int = 0,
+        *,
+        media: Sequence[MediaInput] = (),
+        need_embeds: bool = False,
+    ) -> Request: ...
 
     def join_running(self, req: Request) -> None:
         """A request whose prompt is computed enters the running batch."""
@@ -58,8 +66,9 @@ class Batch(Protocol):
 
     def advance(self, req: Request, tok: int) -> StopResult: ...
 
-    def emit_delta(self, req: Request, toks: tuple[int, ...], text: str, lps: tuple[TokenLogprobs, ...] | None,
-                   *, finished: bool) -> RequestOutput: ...
+    def emit_delta(
+        self, req: Request, toks: tuple[int, ...], text: str, lps: tuple[TokenLogprobs, ...] | None, *, finished: bool
+    ) -> RequestOutput: ...
 
 
 @dataclass(frozen=True)
@@ -80,8 +89,14 @@ class HandoffPages:
     """batch: admission into the running batch; kv: the pages and the prefix cache; forks: n > 1 samples;
     counters: the scheduler's prompt-token counters."""
 
-    def __init__(self, batch: Batch, kv: KVManager, forks: Forks, counters: SchedulerCounters,
-                 abort_quarantine_s: float = DEFAULT_QUARANTINE_S) -> None:
+    def __init__(
+        self,
+        batch: Batch,
+        kv: KVManager,
+        forks: Forks,
+        counters: SchedulerCounters,
+        abort_quarantine_s: float = DEFAULT_QUARANTINE_S,
+    ) -> None:
         self.batch, self.kv, self.forks, self.counters = batch, kv, forks, counters
         self.abort_quarantine_s = abort_quarantine_s
         self.remote: dict[str, Request] = {}
@@ -89,23 +104,32 @@ class HandoffPages:
         self._quarantine: list[tuple[float, list[int]]] = []  # (release time, page ids), oldest first
 
     # ---- decode side ---------------------------------------------------------------------------------------------
-    def reserve_remote(self, req_id: str, prompt_token_ids: tuple[int, ...] | list[int],
-                       params: SamplingParams | None = None, priority: int = 0,
-                       media: Sequence[MediaInput] = ()) -> Reservation:
+    def reserve_remote(
+        self,
+        req_id: str,
+        prompt_token_ids: tuple[int, ...] | list[int],
+        params: SamplingParams | None = None,
+        priority: int = 0,
+        media: Sequence[MediaInput] = (),
+    ) -> Reservation:
         """media: the prompt's images (spans and hashes; embeddings not needed), so its pages hash as prefill's."""
         b, kv = self.batch, self.kv
         if b.knows(req_id) or req_id in self.remote:
             raise InvalidRequest(f"request id {req_id!r} is already in use; ids must be unique", field="req_id")
         req = b.new_request(req_id, prompt_token_ids, params, priority, media=media)
         if b.num_running + len(self.remote) >= b.max_running_requests:
-            raise QueueFull(f"{b.num_running} running and {len(self.remote)} arriving requests reach "
-                            f"max_running_requests={b.max_running_requests}; retry on another instance")
+            raise QueueFull(
+                f"{b.num_running} running and {len(self.remote)} arriving requests reach "
+                f"max_running_requests={b.max_running_requests}; retry on another instance"
+            )
         self.release_expired()
         cached = kv.match_prefix(req)
         if not kv.allocate(req, req.num_tokens - cached):
             kv.release(req)
-            raise QueueFull(f"not enough free KV pages for a {req.num_tokens}-token prompt "
-                            f"({kv.available_pages} available); retry on another instance")
+            raise QueueFull(
+                f"not enough free KV pages for a {req.num_tokens}-token prompt "
+                f"({kv.available_pages} available); retry on another instance"
+            )
         req.num_cached_tokens = cached
         self.counters.num_prompt_tokens += req.num_prompt_tokens
         self.counters.num_cached_prompt_tokens += cached
@@ -113,9 +137,13 @@ class HandoffPages:
         self.forks.register(req)
         return Reservation(req_id, tuple(req.page_ids), cached)
 
-    def activate_remote(self, req_id: str, first_token: int,
-                        logprob: TokenLogprobs | None = None,
-                        prompt_logprobs: Sequence[TokenLogprobs] = ()) -> list[RequestOutput]:
+    def activate_remote(
+        self,
+        req_id: str,
+        first_token: int,
+        logprob: TokenLogprobs | None = None,
+        prompt_logprobs: Sequence[TokenLogprobs] = (),
+    ) -> list[RequestOutput]:
         """The prompt KV arrived: the request joins the running batch with its first token (its delta returned,
         with the prompt logprobs prefill computed, if asked for)."""
         b = self.batch
@@ -132,8 +160,15 @@ class HandoffPages:
             req.generator_skip = 1  # prefill drew the first token from this seed: continue after it
         # The first token was sampled by prefill under the same grammar: the local matcher consumes it here.
         res = b.advance(req, int(first_token))
-        return [b.emit_delta(req, (int(first_token),), res.new_text, None if logprob is None else (logprob,),
-                             finished=res.finish_reason is not None)]
+        return [
+            b.emit_delta(
+                req,
+                (int(first_token),),
+                res.new_text,
+                None if logprob is None else (logprob,),
+                finished=res.finish_reason is not None,
+            )
+        ]
 
     def cancel_remote(self, req_id: str, quarantine_s: float) -> bool:
         """Drop a reservation. Prefix-cache pages (only read by the writer) are unlocked at once; the pages the
@@ -143,7 +178,7 @@ class HandoffPages:
             return False
         kv = self.kv
         self.forks.pending.pop(req_id, None)  # its n > 1 samples never started
-        own = req.page_ids[req.num_locked:]
+        own = req.page_ids[req.num_locked :]
         if req.num_locked:
             kv.cache.unlock(req.block_hashes[: req.num_locked])
             kv.allocator.decref(req.page_ids[: req.num_locked])

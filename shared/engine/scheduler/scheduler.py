@@ -24,8 +24,8 @@ from shared.engine.grammar.backend import GrammarBackend
 from shared.engine.page_allocator import PageAllocator
 from shared.engine.radix_cache import RadixCache
 from shared.engine.request import FinishReason, MediaInput, Request, RequestOutput, RequestStatus, TokenLogprobs
-from shared.engine.sampler.text_window import DecodeFn
 from shared.engine.sampler.stop import StopChecker, StopResult
+from shared.engine.sampler.text_window import DecodeFn
 from shared.engine.sampling_params import SamplingParams
 from shared.engine.scheduler.forks import Forks, fork_id
 from shared.engine.scheduler.handoff_pages import HandoffPages
@@ -65,17 +65,28 @@ def max_step_tokens(config: SchedulerConfig) -> int:
 
 
 class Scheduler:
-    def __init__(self, *, allocator: PageAllocator, cache: RadixCache, page_size: int, max_model_len: int,
-                 config: SchedulerConfig, eos_token_ids: Sequence[int] = (), decode_fn: DecodeFn | None = None,
-                 vocab_size: int | None = None, grammar: GrammarBackend | None = None) -> None:
+    def __init__(
+        self,
+        *,
+        allocator: PageAllocator,
+        cache: RadixCache,
+        page_size: int,
+        max_model_len: int,
+        config: SchedulerConfig,
+        eos_token_ids: Sequence[int] = (),
+        decode_fn: DecodeFn | None = None,
+        vocab_size: int | None = None,
+        grammar: GrammarBackend | None = None,
+    ) -> None:
         """config: the limits and the policy (shared/config/groups.py declares their defaults)."""
         if config.max_running_requests < 1:
             raise ValueError(f"max_running_requests must be >= 1 (got {config.max_running_requests})")
         if config.max_prefill_tokens < 1:
             raise ValueError(f"max_prefill_tokens must be >= 1 (got {config.max_prefill_tokens})")
         if config.chunked_prefill_size < 0:
-            raise ValueError(f"chunked_prefill_size must be >= 0 (got {config.chunked_prefill_size}); 0 means "
-                             "max_prefill_tokens")
+            raise ValueError(
+                f"chunked_prefill_size must be >= 0 (got {config.chunked_prefill_size}); 0 means max_prefill_tokens"
+            )
         if not 0.0 <= config.new_token_ratio <= 1.0:
             raise ValueError(f"new_token_ratio must be in [0, 1] (got {config.new_token_ratio})")
         policy = SchedulePolicy(config.schedule_policy)
@@ -92,8 +103,9 @@ class Scheduler:
         self.vocab_size = vocab_size
         self.decode_fn = decode_fn
         self.grammar = grammar
-        self.stop_checker = StopChecker(eos_token_ids=eos_token_ids, max_model_len=self.max_model_len,
-                                        decode_fn=decode_fn)
+        self.stop_checker = StopChecker(
+            eos_token_ids=eos_token_ids, max_model_len=self.max_model_len, decode_fn=decode_fn
+        )
         self.waiting = WaitingQueue(policy)
         self.forks = Forks(self)
         self.running: list[Request] = []
@@ -106,23 +118,41 @@ class Scheduler:
         self._finished_ids: list[str] = []
 
     # ---- requests in and out -----------------------------------------------------------------------------------
-    def add_request(self, req_id: str, prompt_token_ids: Sequence[int], params: SamplingParams | None = None,
-                    priority: int = 0, *, hold_pages: bool = False, media: Sequence[MediaInput] = ()) -> Request:
+    def add_request(
+        self,
+        req_id: str,
+        prompt_token_ids: Sequence[int],
+        params: SamplingParams | None = None,
+        priority: int = 0,
+        *,
+        hold_pages: bool = False,
+        media: Sequence[MediaInput] = (),
+    ) -> Request:
         """Queue a request. Raises InvalidRequest (never servable as sent) or QueueFull (retry later).
         hold_pages: when it finishes, keep its pages (see HandoffPages.held_pages / release_held).
         media: the prompt's images, with their embeddings (spliced in at their placeholder positions)."""
         req = self.new_request(req_id, prompt_token_ids, params, priority, media=media, need_embeds=True)
         if len(self.waiting) >= self.max_queued_requests:
-            raise QueueFull(f"{len(self.waiting)} requests are already waiting (max_queued_requests="
-                            f"{self.max_queued_requests}); retry later or on another instance")
+            raise QueueFull(
+                f"{len(self.waiting)} requests are already waiting (max_queued_requests="
+                f"{self.max_queued_requests}); retry later or on another instance"
+            )
         req.hold_pages = hold_pages
         self.requests[req_id] = req
         self.waiting.push(req)
         self.forks.register(req)
         return req
 
-    def new_request(self, req_id: str, prompt_token_ids: Sequence[int], params: SamplingParams | None = None,
-                    priority: int = 0, *, media: Sequence[MediaInput] = (), need_embeds: bool = False) -> Request:
+    def new_request(
+        self,
+        req_id: str,
+        prompt_token_ids: Sequence[int],
+        params: SamplingParams | None = None,
+        priority: int = 0,
+        *,
+        media: Sequence[MediaInput] = (),
+        need_embeds: bool = False,
+    ) -> Request:
         """A validated Request that is not queued anywhere yet. Raises InvalidRequest."""
         params = (params or SamplingParams()).validate(vocab_size=self.vocab_size)
         if req_id in self.requests:
@@ -131,23 +161,38 @@ class Scheduler:
         if n == 0:
             raise InvalidRequest("prompt is empty; send at least one token", field="prompt")
         if n >= self.max_model_len:
-            raise InvalidRequest(f"prompt has {n} tokens but the context holds {self.max_model_len} including at "
-                                 f"least one generated token; shorten the prompt", field="prompt")
+            raise InvalidRequest(
+                f"prompt has {n} tokens but the context holds {self.max_model_len} including at "
+                f"least one generated token; shorten the prompt",
+                field="prompt",
+            )
         if self.vocab_size is not None:
             bad = [t for t in prompt_token_ids if not 0 <= t < self.vocab_size]
             if bad:
-                raise InvalidRequest(f"prompt token id {bad[0]} is outside the vocabulary [0, {self.vocab_size})",
-                                     field="prompt")
+                raise InvalidRequest(
+                    f"prompt token id {bad[0]} is outside the vocabulary [0, {self.vocab_size})", field="prompt"
+                )
         if params.stop and self.decode_fn is None:
-            raise InvalidRequest("stop strings need a tokenizer, and this engine has none; use stop_token_ids",
-                                 field="stop")
+            raise InvalidRequest(
+                "stop strings need a tokenizer, and this engine has none; use stop_token_ids", field="stop"
+            )
         _check_media(media, n, need_embeds)
-        req = Request(req_id, tuple(int(t) for t in prompt_token_ids), params, priority=priority,
-                      arrival=next(self._arrival), page_size=self.page_size, media=tuple(media))
+        req = Request(
+            req_id,
+            tuple(int(t) for t in prompt_token_ids),
+            params,
+            priority=priority,
+            arrival=next(self._arrival),
+            page_size=self.page_size,
+            media=tuple(media),
+        )
         if params.structured is not None:
             if self.grammar is None:
-                raise InvalidRequest("structured outputs need a grammar backend and a tokenizer; start the engine "
-                                     "with --grammar-backend xgrammar", field="response_format")
+                raise InvalidRequest(
+                    "structured outputs need a grammar backend and a tokenizer; start the engine "
+                    "with --grammar-backend xgrammar",
+                    field="response_format",
+                )
             req.grammar = self.grammar.matcher(params.structured)
         return req
 
@@ -230,8 +275,9 @@ class Scheduler:
     def wants_prompt_logits(req: Request) -> bool:
         return req.params.prompt_logprobs is not None and len(req.prompt_logprobs) < req.num_prompt_tokens - 1
 
-    def emit_delta(self, req: Request, toks: tuple[int, ...], text: str, lps: tuple[TokenLogprobs, ...] | None,
-                   *, finished: bool) -> RequestOutput:
+    def emit_delta(
+        self, req: Request, toks: tuple[int, ...], text: str, lps: tuple[TokenLogprobs, ...] | None, *, finished: bool
+    ) -> RequestOutput:
         return self._delta(req, toks, text, lps, finished=finished)
 
     def knows(self, req_id: str) -> bool:
@@ -357,17 +403,25 @@ class Scheduler:
         for req, n in plan.seqs.values():
             start = req.num_computed_tokens
             end = start + n
-            seqs.append(ScheduledSeq(req.req_id, tuple(req.all_token_ids[start:end]), start,
-                                     tuple(req.page_ids[: -(-end // P)]), end == req.num_tokens,
-                                     _embed_slices(req.media, start, end) if req.media else (),
-                                     self.wants_prompt_logits(req) and start < req.num_prompt_tokens - 1))
+            seqs.append(
+                ScheduledSeq(
+                    req.req_id,
+                    tuple(req.all_token_ids[start:end]),
+                    start,
+                    tuple(req.page_ids[: -(-end // P)]),
+                    end == req.num_tokens,
+                    _embed_slices(req.media, start, end) if req.media else (),
+                    self.wants_prompt_logits(req) and start < req.num_prompt_tokens - 1,
+                )
+            )
             self._inflight[req.req_id] = req
         finished, self._finished_ids = tuple(self._finished_ids), []
         return SchedulerOutput(tuple(seqs), tuple(plan.preempted), finished)
 
     # ---- update ------------------------------------------------------------------------------------------------
-    def update_from_output(self, out: SchedulerOutput, next_tokens: Sequence[int],
-                           logprobs: Sequence[TokenLogprobs | None] | None = None) -> list[RequestOutput]:
+    def update_from_output(
+        self, out: SchedulerOutput, next_tokens: Sequence[int], logprobs: Sequence[TokenLogprobs | None] | None = None
+    ) -> list[RequestOutput]:
         """Advance the requests of `out` by the step that just ran. next_tokens (and logprobs, if any): one per
         seq with need_logits, in seq order. Returns the deltas of this step, abort deltas included."""
         n_logits = sum(1 for s in out.seqs if s.need_logits)
@@ -392,8 +446,11 @@ class Scheduler:
             if req.num_output_tokens == 0 and req.req_id in self.forks.pending:
                 self.forks.on_prompt_done(req)
             res = self.advance(req, tok)
-            outputs.append(self._delta(req, (tok,), res.new_text, None if lp is None else (lp,),
-                                       finished=res.finish_reason is not None))
+            outputs.append(
+                self._delta(
+                    req, (tok,), res.new_text, None if lp is None else (lp,), finished=res.finish_reason is not None
+                )
+            )
         self._inflight = {}
         return outputs
 
@@ -407,14 +464,26 @@ class Scheduler:
         del self.requests[req.req_id]
         self._finished_ids.append(req.req_id)
 
-    def _delta(self, req: Request, toks: tuple[int, ...], text: str, lps: tuple[TokenLogprobs, ...] | None, *,
-               finished: bool) -> RequestOutput:
+    def _delta(
+        self, req: Request, toks: tuple[int, ...], text: str, lps: tuple[TokenLogprobs, ...] | None, *, finished: bool
+    ) -> RequestOutput:
         plps = None
         if req.params.prompt_logprobs is not None and not req.prompt_logprobs_sent:
             plps, req.prompt_logprobs_sent = tuple(req.prompt_logprobs), True
-        return RequestOutput(req.req_id, toks, text, lps, finished, req.finish_reason if finished else None,
-                             req.stop_reason if finished else None, req.num_prompt_tokens,
-                             max(req.num_cached_tokens, 0), req.num_output_tokens, req.index, plps)
+        return RequestOutput(
+            req.req_id,
+            toks,
+            text,
+            lps,
+            finished,
+            req.finish_reason if finished else None,
+            req.stop_reason if finished else None,
+            req.num_prompt_tokens,
+            max(req.num_cached_tokens, 0),
+            req.num_output_tokens,
+            req.index,
+            plps,
+        )
 
 
 def _check_media(media: Sequence[MediaInput], num_prompt_tokens: int, need_embeds: bool) -> None:
@@ -422,9 +491,12 @@ def _check_media(media: Sequence[MediaInput], num_prompt_tokens: int, need_embed
     end = 0
     for i, m in enumerate(media):
         if m.length < 1 or m.offset < end or m.offset + m.length > num_prompt_tokens:
-            raise InvalidRequest(f"media[{i}] covers prompt positions [{m.offset}, {m.offset + m.length}), which "
-                                 f"is empty, overlaps the previous item or passes the {num_prompt_tokens}-token "
-                                 "prompt", field="media")
+            raise InvalidRequest(
+                f"media[{i}] covers prompt positions [{m.offset}, {m.offset + m.length}), which "
+                f"is empty, overlaps the previous item or passes the {num_prompt_tokens}-token "
+                "prompt",
+                field="media",
+            )
         if need_embeds and (m.embeds is None or int(m.embeds.shape[0]) != m.length):
             got = None if m.embeds is None else tuple(m.embeds.shape)
             raise InvalidRequest(f"media[{i}] needs embeddings of {m.length} rows (got {got})", field="media")

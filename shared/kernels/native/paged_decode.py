@@ -51,10 +51,27 @@ def native_paged_decode(
     assert page_table.dtype == seq_lens.dtype == rows.dtype == torch.int64
     assert page_table.is_contiguous() and seq_lens.is_contiguous() and rows.is_contiguous()
     rc = load_library().pdr_paged_decode_f32(
-        q.data_ptr(), heads * head_dim, k_cache.data_ptr(), v_cache.data_ptr(), k_cache.stride(0),
-        page_table.data_ptr(), page_table.stride(0), seq_lens.data_ptr(), rows.data_ptr(),
-        out.data_ptr(), heads * head_dim, n, heads, kv_heads, head_dim, page_size, scale, torch.get_num_threads(),
+        q.data_ptr(),
+        heads * head_dim,
+        k_cache.data_ptr(),
+        v_cache.data_ptr(),
+        k_cache.stride(0),
+        page_table.data_ptr(),
+        page_table.stride(0),
+        seq_lens.data_ptr(),
+        rows.data_ptr(),
+        out.data_ptr(),
+        heads * head_dim,
+        n,
+        heads,
+        kv_heads,
+        head_dim,
+        page_size,
+        scale,
+        torch.get_num_threads(),
     )
     if rc != 0:
-        raise ValueError(f"native decode attention does not take heads {heads} / kv_heads {kv_heads}, head_dim "
-                         f"{head_dim}, page_size {page_size}; use --attention-backend torch")
+        raise ValueError(
+            f"native decode attention does not take heads {heads} / kv_heads {kv_heads}, head_dim "
+            f"{head_dim}, page_size {page_size}; use --attention-backend torch"
+        )

@@ -76,8 +76,14 @@ class TritonAttentionBackend:
         CUDA-graph runner builds it over its static buffers. page_table [bs, max_pages]; seq_lens [bs] >= 1."""
         no_mask = torch.empty(0, dtype=self.dtype, device=page_table.device)  # the kernel masks by seq_lens itself
         group = DecodeGroup(token_idx=None, page_table=page_table, seq_lens=seq_lens, mask=no_mask)
-        return AttentionMetadata(page_table=page_table, decode_groups=(group,), extend_rows=(),
-                                 extend_token_starts=(), extend_prefix_lens=(), extend_lens=())
+        return AttentionMetadata(
+            page_table=page_table,
+            decode_groups=(group,),
+            extend_rows=(),
+            extend_token_starts=(),
+            extend_prefix_lens=(),
+            extend_lens=(),
+        )
 
     def forward(
         self,
@@ -95,7 +101,18 @@ class TritonAttentionBackend:
             g = meta.decode_groups[0]
             return paged_decode_attention(q, k_cache, v_cache, g.page_table, g.seq_lens, scale)
         if not isinstance(meta, TritonAttentionMetadata):
-            raise TypeError("this step was planned by another attention backend; plan it with "
-                            "TritonAttentionBackend.prepare")
-        return extend_attention(q, k_cache, v_cache, meta.page_table, meta.ext_rows, meta.ext_token_starts,
-                                meta.ext_prefix_lens, meta.ext_lens, scale, max_extend_len=meta.max_extend_len)
+            raise TypeError(
+                "this step was planned by another attention backend; plan it with TritonAttentionBackend.prepare"
+            )
+        return extend_attention(
+            q,
+            k_cache,
+            v_cache,
+            meta.page_table,
+            meta.ext_rows,
+            meta.ext_token_starts,
+            meta.ext_prefix_lens,
+            meta.ext_lens,
+            scale,
+            max_extend_len=meta.max_extend_len,
+        )

@@ -27,14 +27,32 @@ MIN_TOKENS_PER_SPLIT = 256  # below this a split's fixed cost (q load, merge tra
 
 @triton_kernel
 def _decode_partial_kernel(
-    Q, K, V, PageTable, SeqLens, MidO, MidLse,
-    scale, num_heads, num_splits,
-    stride_qb, stride_qh,
-    stride_kp, stride_ks, stride_kh,
-    stride_vp, stride_vs, stride_vh,
+    Q,
+    K,
+    V,
+    PageTable,
+    SeqLens,
+    MidO,
+    MidLse,
+    scale,
+    num_heads,
+    num_splits,
+    stride_qb,
+    stride_qh,
+    stride_kp,
+    stride_ks,
+    stride_kh,
+    stride_vp,
+    stride_vs,
+    stride_vh,
     stride_pt,
-    GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, PAGE_SIZE: tl.constexpr,
-    BLOCK_H: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, F32_DOT: tl.constexpr,
+    GROUP: tl.constexpr,
+    HEAD_DIM: tl.constexpr,
+    PAGE_SIZE: tl.constexpr,
+    BLOCK_H: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_D: tl.constexpr,
+    F32_DOT: tl.constexpr,
 ):
     b = tl.program_id(0).to(tl.int64)
     kvh = tl.program_id(1)
@@ -62,8 +80,11 @@ def _decode_partial_kernel(
         page = tl.load(PageTable + b * stride_pt + n // PAGE_SIZE, mask=nmask, other=0).to(tl.int64)
         slot = n % PAGE_SIZE
         kvmask = nmask[:, None] & dmask[None, :]
-        k = tl.load(K + page[:, None] * stride_kp + slot[:, None] * stride_ks + kvh * stride_kh + d[None, :],
-                    mask=kvmask, other=0.0)  # [BLOCK_N, BLOCK_D]
+        k = tl.load(
+            K + page[:, None] * stride_kp + slot[:, None] * stride_ks + kvh * stride_kh + d[None, :],
+            mask=kvmask,
+            other=0.0,
+        )  # [BLOCK_N, BLOCK_D]
         if F32_DOT:
             s = tl.dot(q, tl.trans(k.to(tl.float32)), input_precision="ieee")
         else:
@@ -74,8 +95,11 @@ def _decode_partial_kernel(
         alpha = tl.exp(m_i - m_new)
         p = tl.exp(s - m_new[:, None])
         l_i = l_i * alpha + tl.reduce(p, 1, tl.standard._sum_combine)
-        v = tl.load(V + page[:, None] * stride_vp + slot[:, None] * stride_vs + kvh * stride_vh + d[None, :],
-                    mask=kvmask, other=0.0)
+        v = tl.load(
+            V + page[:, None] * stride_vp + slot[:, None] * stride_vs + kvh * stride_vh + d[None, :],
+            mask=kvmask,
+            other=0.0,
+        )
         if F32_DOT:
             pv = tl.dot(p, v.to(tl.float32), input_precision="ieee")
         else:
@@ -92,9 +116,17 @@ def _decode_partial_kernel(
 
 @triton_kernel
 def _decode_merge_kernel(
-    MidO, MidLse, Out,
-    num_heads, num_splits, stride_ob, stride_oh,
-    HEAD_DIM: tl.constexpr, BLOCK_S: tl.constexpr, BLOCK_D: tl.constexpr, ROUND_BF16: tl.constexpr,
+    MidO,
+    MidLse,
+    Out,
+    num_heads,
+    num_splits,
+    stride_ob,
+    stride_oh,
+    HEAD_DIM: tl.constexpr,
+    BLOCK_S: tl.constexpr,
+    BLOCK_D: tl.constexpr,
+    ROUND_BF16: tl.constexpr,
 ):
     b = tl.program_id(0).to(tl.int64)
     h = tl.program_id(1)
@@ -160,13 +192,17 @@ def paged_decode_attention(
     bs, heads, head_dim = q.shape
     _, page_size, kv_heads, kd = k_cache.shape
     if kd != head_dim or v_cache.shape != k_cache.shape or k_cache.dtype != v_cache.dtype:
-        raise ValueError(f"k_cache {tuple(k_cache.shape)} / v_cache {tuple(v_cache.shape)} do not fit q "
-                         f"{tuple(q.shape)}: want [num_pages, page_size, kv_heads, {head_dim}] each")
+        raise ValueError(
+            f"k_cache {tuple(k_cache.shape)} / v_cache {tuple(v_cache.shape)} do not fit q "
+            f"{tuple(q.shape)}: want [num_pages, page_size, kv_heads, {head_dim}] each"
+        )
     if heads % kv_heads:
         raise ValueError(f"heads {heads} is not a multiple of kv_heads {kv_heads}")
     if page_table.dim() != 2 or page_table.shape[0] != bs or seq_lens.shape != (bs,):
-        raise ValueError(f"page_table {tuple(page_table.shape)} / seq_lens {tuple(seq_lens.shape)} must be "
-                         f"[{bs}, max_pages] / [{bs}]")
+        raise ValueError(
+            f"page_table {tuple(page_table.shape)} / seq_lens {tuple(seq_lens.shape)} must be "
+            f"[{bs}, max_pages] / [{bs}]"
+        )
     if out is None:
         out = torch.empty((bs, heads, head_dim), dtype=q.dtype, device=q.device)
     elif out.shape != q.shape or out.dtype != q.dtype or out.stride(-1) != 1:
@@ -185,20 +221,45 @@ def paged_decode_attention(
     dev = q.device
     f32_dot = q.dtype == torch.float32 or dev.type == "cpu"  # the interpreter computes bf16 only after upcasting
     _decode_partial_kernel.on(dev)[(bs, kv_heads, splits)](
-        q, k_cache, v_cache, page_table, seq_lens, mid_o, mid_lse,
-        float(scale), heads, splits,
-        q.stride(0), q.stride(1),
-        k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
-        v_cache.stride(0), v_cache.stride(1), v_cache.stride(2),
+        q,
+        k_cache,
+        v_cache,
+        page_table,
+        seq_lens,
+        mid_o,
+        mid_lse,
+        float(scale),
+        heads,
+        splits,
+        q.stride(0),
+        q.stride(1),
+        k_cache.stride(0),
+        k_cache.stride(1),
+        k_cache.stride(2),
+        v_cache.stride(0),
+        v_cache.stride(1),
+        v_cache.stride(2),
         page_table.stride(0),
-        GROUP=group, HEAD_DIM=head_dim, PAGE_SIZE=page_size,
-        BLOCK_H=block_dim(group), BLOCK_N=block_n, BLOCK_D=block_dim(head_dim), F32_DOT=f32_dot,
+        GROUP=group,
+        HEAD_DIM=head_dim,
+        PAGE_SIZE=page_size,
+        BLOCK_H=block_dim(group),
+        BLOCK_N=block_n,
+        BLOCK_D=block_dim(head_dim),
+        F32_DOT=f32_dot,
         num_warps=num_warps or default_warps,
     )
     _decode_merge_kernel.on(dev)[(bs, heads)](
-        mid_o, mid_lse, out,
-        heads, splits, out.stride(0), out.stride(1),
-        HEAD_DIM=head_dim, BLOCK_S=max(2, next_pow2(splits)), BLOCK_D=block_dim(head_dim),
+        mid_o,
+        mid_lse,
+        out,
+        heads,
+        splits,
+        out.stride(0),
+        out.stride(1),
+        HEAD_DIM=head_dim,
+        BLOCK_S=max(2, next_pow2(splits)),
+        BLOCK_D=block_dim(head_dim),
         ROUND_BF16=round_mode(out.dtype, dev),
     )
     return out

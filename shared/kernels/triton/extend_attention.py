@@ -23,15 +23,35 @@ __all__ = ["extend_attention", "launch_config", "reference"]
 
 @triton_kernel
 def _extend_kernel(
-    Q, K, V, Out, PageTable, Rows, TokenStarts, PrefixLens, ExtendLens,
+    Q,
+    K,
+    V,
+    Out,
+    PageTable,
+    Rows,
+    TokenStarts,
+    PrefixLens,
+    ExtendLens,
     scale,
-    stride_qt, stride_qh,
-    stride_kp, stride_ks, stride_kh,
-    stride_vp, stride_vs, stride_vh,
-    stride_ot, stride_oh, stride_pt,
-    GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, PAGE_SIZE: tl.constexpr,
-    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
-    F32_DOT: tl.constexpr, ROUND_BF16: tl.constexpr,
+    stride_qt,
+    stride_qh,
+    stride_kp,
+    stride_ks,
+    stride_kh,
+    stride_vp,
+    stride_vs,
+    stride_vh,
+    stride_ot,
+    stride_oh,
+    stride_pt,
+    GROUP: tl.constexpr,
+    HEAD_DIM: tl.constexpr,
+    PAGE_SIZE: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_D: tl.constexpr,
+    F32_DOT: tl.constexpr,
+    ROUND_BF16: tl.constexpr,
 ):
     i = tl.program_id(0)
     h = tl.program_id(1)
@@ -61,8 +81,11 @@ def _extend_kernel(
             page = tl.load(PageTable + row * stride_pt + n // PAGE_SIZE, mask=nmask, other=0).to(tl.int64)
             slot = n % PAGE_SIZE
             kvmask = nmask[:, None] & dmask[None, :]
-            k = tl.load(K + page[:, None] * stride_kp + slot[:, None] * stride_ks + kvh * stride_kh + d[None, :],
-                        mask=kvmask, other=0.0)  # [BLOCK_N, BLOCK_D]
+            k = tl.load(
+                K + page[:, None] * stride_kp + slot[:, None] * stride_ks + kvh * stride_kh + d[None, :],
+                mask=kvmask,
+                other=0.0,
+            )  # [BLOCK_N, BLOCK_D]
             if F32_DOT:
                 s = tl.dot(q, tl.trans(k.to(tl.float32)), input_precision="ieee")
             else:
@@ -74,8 +97,11 @@ def _extend_kernel(
             alpha = tl.exp(m_i - m_new)
             p = tl.exp(s - m_new[:, None])
             l_i = l_i * alpha + tl.reduce(p, 1, tl.standard._sum_combine)
-            v = tl.load(V + page[:, None] * stride_vp + slot[:, None] * stride_vs + kvh * stride_vh + d[None, :],
-                        mask=kvmask, other=0.0)
+            v = tl.load(
+                V + page[:, None] * stride_vp + slot[:, None] * stride_vs + kvh * stride_vh + d[None, :],
+                mask=kvmask,
+                other=0.0,
+            )
             if F32_DOT:
                 pv = tl.dot(p, v.to(tl.float32), input_precision="ieee")
             else:
@@ -86,8 +112,9 @@ def _extend_kernel(
         if ROUND_BF16:  # round to nearest even by hand (the interpreter's cast truncates)
             u = out.to(tl.uint32, bitcast=True)
             out = (((u + 0x7FFF + ((u >> 16) & 1)) >> 16) << 16).to(tl.float32, bitcast=True)
-        tl.store(Out + (t0 + mi)[:, None] * stride_ot + h * stride_oh + d[None, :], out.to(Out.dtype.element_ty),
-                 mask=qmask)
+        tl.store(
+            Out + (t0 + mi)[:, None] * stride_ot + h * stride_oh + d[None, :], out.to(Out.dtype.element_ty), mask=qmask
+        )
 
 
 def launch_config(head_dim: int, dtype: torch.dtype, device: torch.device) -> tuple[int, int, int]:
@@ -128,8 +155,10 @@ def extend_attention(
     tokens, heads, head_dim = q.shape
     _, page_size, kv_heads, kd = k_cache.shape
     if kd != head_dim or v_cache.shape != k_cache.shape or k_cache.dtype != v_cache.dtype:
-        raise ValueError(f"k_cache {tuple(k_cache.shape)} / v_cache {tuple(v_cache.shape)} do not fit q "
-                         f"{tuple(q.shape)}: want [num_pages, page_size, kv_heads, {head_dim}] each")
+        raise ValueError(
+            f"k_cache {tuple(k_cache.shape)} / v_cache {tuple(v_cache.shape)} do not fit q "
+            f"{tuple(q.shape)}: want [num_pages, page_size, kv_heads, {head_dim}] each"
+        )
     if heads % kv_heads:
         raise ValueError(f"heads {heads} is not a multiple of kv_heads {kv_heads}")
     n = rows.shape[0]
@@ -145,15 +174,35 @@ def extend_attention(
     block_m, block_n, num_warps = launch_config(head_dim, q.dtype, dev)
     grid = (n, heads, -(-max_extend_len // block_m))
     _extend_kernel.on(dev)[grid](
-        q, k_cache, v_cache, out, page_table, rows, token_starts, prefix_lens, extend_lens,
+        q,
+        k_cache,
+        v_cache,
+        out,
+        page_table,
+        rows,
+        token_starts,
+        prefix_lens,
+        extend_lens,
         float(scale),
-        q.stride(0), q.stride(1),
-        k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
-        v_cache.stride(0), v_cache.stride(1), v_cache.stride(2),
-        out.stride(0), out.stride(1), page_table.stride(0),
-        GROUP=heads // kv_heads, HEAD_DIM=head_dim, PAGE_SIZE=page_size,
-        BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_D=block_dim(head_dim),
-        F32_DOT=q.dtype == torch.float32 or dev.type == "cpu", ROUND_BF16=round_mode(out.dtype, dev),
+        q.stride(0),
+        q.stride(1),
+        k_cache.stride(0),
+        k_cache.stride(1),
+        k_cache.stride(2),
+        v_cache.stride(0),
+        v_cache.stride(1),
+        v_cache.stride(2),
+        out.stride(0),
+        out.stride(1),
+        page_table.stride(0),
+        GROUP=heads // kv_heads,
+        HEAD_DIM=head_dim,
+        PAGE_SIZE=page_size,
+        BLOCK_M=block_m,
+        BLOCK_N=block_n,
+        BLOCK_D=block_dim(head_dim),
+        F32_DOT=q.dtype == torch.float32 or dev.type == "cpu",
+        ROUND_BF16=round_mode(out.dtype, dev),
         num_warps=num_warps,
     )
     return out

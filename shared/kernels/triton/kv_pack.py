@@ -59,8 +59,9 @@ def _words(t: torch.Tensor, name: str) -> torch.Tensor:
     return flat.view(word)
 
 
-def _ids(page_ids: torch.Tensor | Sequence[int], num_pages: int, device: torch.device, validate: bool,
-         distinct: bool) -> torch.Tensor:
+def _ids(
+    page_ids: torch.Tensor | Sequence[int], num_pages: int, device: torch.device, validate: bool, distinct: bool
+) -> torch.Tensor:
     """page_ids -> int64 [n] on `device`. The kernel has no bounds checks (a bad id reads or corrupts memory
     outside the pool), so ids are checked first: for free when they come from the host, with a device sync when
     they are a device tensor (skip it with validate=False when the ids come from the page allocator)."""
@@ -94,25 +95,34 @@ def _launch(src: torch.Tensor, dst: torch.Tensor, ids: torch.Tensor, pack: bool)
     )
 
 
-def pack_pages(pool: torch.Tensor, page_ids: torch.Tensor | Sequence[int], *,
-               out: torch.Tensor | None = None, validate: bool = True) -> torch.Tensor:
+def pack_pages(
+    pool: torch.Tensor,
+    page_ids: torch.Tensor | Sequence[int],
+    *,
+    out: torch.Tensor | None = None,
+    validate: bool = True,
+) -> torch.Tensor:
     """Copy pool pages `page_ids` (in that order) into a contiguous buffer [n, *pool.shape[1:]] (`out` if given)."""
     ids = _ids(page_ids, pool.shape[0], pool.device, validate, distinct=False)
     shape = (ids.numel(), *pool.shape[1:])
     if out is None:
         out = torch.empty(shape, dtype=pool.dtype, device=pool.device)
     elif tuple(out.shape) != shape or out.dtype != pool.dtype or not out.is_contiguous():
-        raise ValueError(f"out must be a contiguous {pool.dtype} tensor of shape {shape}, got "
-                         f"{tuple(out.shape)} {out.dtype}")
+        raise ValueError(
+            f"out must be a contiguous {pool.dtype} tensor of shape {shape}, got {tuple(out.shape)} {out.dtype}"
+        )
     _launch(pool, out, ids, pack=True)
     return out
 
 
-def unpack_pages(buffer: torch.Tensor, pool: torch.Tensor, page_ids: torch.Tensor | Sequence[int], *,
-                 validate: bool = True) -> None:
+def unpack_pages(
+    buffer: torch.Tensor, pool: torch.Tensor, page_ids: torch.Tensor | Sequence[int], *, validate: bool = True
+) -> None:
     """Copy buffer row i into pool page page_ids[i], in place. page_ids must be distinct (each page written once)."""
     ids = _ids(page_ids, pool.shape[0], pool.device, validate, distinct=True)
     if tuple(buffer.shape) != (ids.numel(), *pool.shape[1:]) or buffer.dtype != pool.dtype:
-        raise ValueError(f"buffer {tuple(buffer.shape)} {buffer.dtype} must be [{ids.numel()}, "
-                         f"*{tuple(pool.shape[1:])}] {pool.dtype}: one page per page id")
+        raise ValueError(
+            f"buffer {tuple(buffer.shape)} {buffer.dtype} must be [{ids.numel()}, "
+            f"*{tuple(pool.shape[1:])}] {pool.dtype}: one page per page id"
+        )
     _launch(buffer, pool, ids, pack=False)

@@ -19,10 +19,23 @@ __all__ = ["fused_add_reference", "fused_add_rms_norm", "reference", "rms_norm"]
 
 @triton_kernel
 def _rms_norm_kernel(
-    X, R, W, Out, ResOut,
-    d, w_rows, eps,
-    stride_x, stride_r, stride_o, stride_ro, stride_w,
-    BLOCK_D: tl.constexpr, HAS_RESIDUAL: tl.constexpr, ROUND_X_BF16: tl.constexpr, ROUND_OUT_BF16: tl.constexpr,
+    X,
+    R,
+    W,
+    Out,
+    ResOut,
+    d,
+    w_rows,
+    eps,
+    stride_x,
+    stride_r,
+    stride_o,
+    stride_ro,
+    stride_w,
+    BLOCK_D: tl.constexpr,
+    HAS_RESIDUAL: tl.constexpr,
+    ROUND_X_BF16: tl.constexpr,
+    ROUND_OUT_BF16: tl.constexpr,
 ):
     row = tl.program_id(0).to(tl.int64)
     cols = tl.arange(0, BLOCK_D)
@@ -56,8 +69,9 @@ def _rows(x: torch.Tensor) -> torch.Tensor:
     return x2 if x2.stride(-1) == 1 else x2.contiguous()
 
 
-def _out(given: torch.Tensor | None, shape: torch.Size, dtype: torch.dtype, device: torch.device,
-         name: str) -> torch.Tensor:
+def _out(
+    given: torch.Tensor | None, shape: torch.Size, dtype: torch.dtype, device: torch.device, name: str
+) -> torch.Tensor:
     if given is None:
         return torch.empty(shape, dtype=dtype, device=device)
     if given.shape != shape or given.dtype != dtype or not given.is_contiguous():
@@ -65,14 +79,22 @@ def _out(given: torch.Tensor | None, shape: torch.Size, dtype: torch.dtype, devi
     return given
 
 
-def _launch(x: torch.Tensor, residual: torch.Tensor | None, weight: torch.Tensor, eps: float,
-            out: torch.Tensor | None, residual_out: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor | None]:
+def _launch(
+    x: torch.Tensor,
+    residual: torch.Tensor | None,
+    weight: torch.Tensor,
+    eps: float,
+    out: torch.Tensor | None,
+    residual_out: torch.Tensor | None,
+) -> tuple[torch.Tensor, torch.Tensor | None]:
     check_float("x", x)
     check_float("weight", weight)
     d = x.shape[-1]
-    if weight.dim() == 0 or weight.dim() > x.dim() or weight.shape != x.shape[x.dim() - weight.dim():]:
-        raise ValueError(f"weight of shape {tuple(weight.shape)} must match the trailing dims of x "
-                         f"{tuple(x.shape)} (a [d] weight, or Qwen3's [heads, d] per-head weight)")
+    if weight.dim() == 0 or weight.dim() > x.dim() or weight.shape != x.shape[x.dim() - weight.dim() :]:
+        raise ValueError(
+            f"weight of shape {tuple(weight.shape)} must match the trailing dims of x "
+            f"{tuple(x.shape)} (a [d] weight, or Qwen3's [heads, d] per-head weight)"
+        )
     x2 = _rows(x)
     w2 = weight.reshape(-1, d).contiguous()  # [w_rows, d]: row r of x uses weight row r % w_rows
     out = _out(out, x.shape, torch.promote_types(x.dtype, weight.dtype), x.device, "out")
@@ -80,8 +102,9 @@ def _launch(x: torch.Tensor, residual: torch.Tensor | None, weight: torch.Tensor
     r2 = x2
     if residual is not None:
         if residual.shape != x.shape or residual.dtype != x.dtype:
-            raise ValueError(f"residual {tuple(residual.shape)} {residual.dtype} must match x {tuple(x.shape)} "
-                             f"{x.dtype}")
+            raise ValueError(
+                f"residual {tuple(residual.shape)} {residual.dtype} must match x {tuple(x.shape)} {x.dtype}"
+            )
         r2 = _rows(residual)
         res_out = _out(residual_out, x.shape, x.dtype, x.device, "residual_out")
     rows = x2.shape[0]
@@ -89,11 +112,23 @@ def _launch(x: torch.Tensor, residual: torch.Tensor | None, weight: torch.Tensor
         return out, res_out
     ro = res_out if res_out is not None else out
     _rms_norm_kernel.on(x.device)[(rows,)](
-        x2, r2, w2, out, ro,
-        d, w2.shape[0], float(eps),
-        x2.stride(0), r2.stride(0), d, d, w2.stride(0),
-        BLOCK_D=next_pow2(d), HAS_RESIDUAL=residual is not None,
-        ROUND_X_BF16=round_mode(x.dtype, x.device), ROUND_OUT_BF16=round_mode(out.dtype, x.device),
+        x2,
+        r2,
+        w2,
+        out,
+        ro,
+        d,
+        w2.shape[0],
+        float(eps),
+        x2.stride(0),
+        r2.stride(0),
+        d,
+        d,
+        w2.stride(0),
+        BLOCK_D=next_pow2(d),
+        HAS_RESIDUAL=residual is not None,
+        ROUND_X_BF16=round_mode(x.dtype, x.device),
+        ROUND_OUT_BF16=round_mode(out.dtype, x.device),
     )
     return out, res_out
 
@@ -106,8 +141,13 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float, *, out: torch.Te
 
 
 def fused_add_rms_norm(
-    x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float, *,
-    out: torch.Tensor | None = None, residual_out: torch.Tensor | None = None,
+    x: torch.Tensor,
+    residual: torch.Tensor,
+    weight: torch.Tensor,
+    eps: float,
+    *,
+    out: torch.Tensor | None = None,
+    residual_out: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """residual' = x + residual; returns (rms_norm(residual'), residual'), new tensors unless `out` /
     `residual_out` are given; the inputs are left untouched."""

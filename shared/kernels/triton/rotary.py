@@ -18,10 +18,21 @@ __all__ = ["apply_rotary", "reference"]
 
 @triton_kernel
 def _rotary_kernel(
-    X, Cos, Sin, Out,
-    heads, half,
-    stride_xt, stride_xh, stride_ct, stride_st, stride_ot, stride_oh,
-    BLOCK_H: tl.constexpr, BLOCK_HALF: tl.constexpr, ROUND_BF16: tl.constexpr,
+    X,
+    Cos,
+    Sin,
+    Out,
+    heads,
+    half,
+    stride_xt,
+    stride_xh,
+    stride_ct,
+    stride_st,
+    stride_ot,
+    stride_oh,
+    BLOCK_H: tl.constexpr,
+    BLOCK_HALF: tl.constexpr,
+    ROUND_BF16: tl.constexpr,
 ):
     t = tl.program_id(0).to(tl.int64)
     h = tl.arange(0, BLOCK_H)
@@ -45,8 +56,9 @@ def _rotary_kernel(
     tl.store(o_ptr + half, o2.to(Out.dtype.element_ty), mask=mask)
 
 
-def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, *,
-                 out: torch.Tensor | None = None) -> torch.Tensor:
+def apply_rotary(
+    x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, *, out: torch.Tensor | None = None
+) -> torch.Tensor:
     """Rotate x [T, heads, head_dim] (any row/head strides, contiguous last dim) by (cos, sin), each
     [T, 1, head_dim // 2] or [T, head_dim // 2]; returns [T, heads, head_dim] in x's dtype (a new contiguous
     tensor unless `out`, which may not overlap x)."""
@@ -65,9 +77,20 @@ def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, *,
     if t == 0:
         return out
     _rotary_kernel.on(x.device)[(t,)](
-        x, c, s, out,
-        heads, half,
-        x.stride(0), x.stride(1), c.stride(0), s.stride(0), out.stride(0), out.stride(1),
-        BLOCK_H=max(2, next_pow2(heads)), BLOCK_HALF=max(2, next_pow2(half)), ROUND_BF16=round_mode(x.dtype, x.device),
+        x,
+        c,
+        s,
+        out,
+        heads,
+        half,
+        x.stride(0),
+        x.stride(1),
+        c.stride(0),
+        s.stride(0),
+        out.stride(0),
+        out.stride(1),
+        BLOCK_H=max(2, next_pow2(heads)),
+        BLOCK_HALF=max(2, next_pow2(half)),
+        ROUND_BF16=round_mode(x.dtype, x.device),
     )
     return out

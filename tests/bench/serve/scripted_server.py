@@ -82,8 +82,9 @@ class ScriptedServer:
         """Answer one request; False closes the connection afterwards."""
         if path == "/v1/models":
             body = json.dumps({"object": "list", "data": [{"id": "scripted"}]}).encode()
-            w.write(b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: %d\r\n\r\n%s"
-                    % (len(body), body))
+            w.write(
+                b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: %d\r\n\r\n%s" % (len(body), body)
+            )
             await w.drain()
             return True
         if path.startswith("/error"):
@@ -96,13 +97,17 @@ class ScriptedServer:
             for delay, _ in script:
                 await asyncio.sleep(delay)
             body = b"".join(sse_bytes(p) for _, p in script)
-            w.write(b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ncontent-length: %d\r\n\r\n%s"
-                    % (len(body), body))
+            w.write(
+                b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ncontent-length: %d\r\n\r\n%s"
+                % (len(body), body)
+            )
             await w.drain()
             return True
         close = path.startswith("/close")
-        w.write(b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\n"
-                + (b"connection: close\r\n\r\n" if close else b"transfer-encoding: chunked\r\n\r\n"))
+        w.write(
+            b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\n"
+            + (b"connection: close\r\n\r\n" if close else b"transfer-encoding: chunked\r\n\r\n")
+        )
         for delay, payload in script:
             if delay:
                 await asyncio.sleep(delay)

@@ -31,9 +31,12 @@ async def server() -> AsyncIterator[ScriptedServer]:
 @pytest.mark.parametrize("kind", HTTP_CLIENTS)
 async def test_completion_timings_and_usage(server: ScriptedServer, kind: str) -> None:
     server.scripts["/v1/completions"] = [
-        (2 * GAP, completion_chunk(" a")), (GAP, completion_chunk(" b")), (GAP, completion_chunk(" c")),
+        (2 * GAP, completion_chunk(" a")),
+        (GAP, completion_chunk(" b")),
+        (GAP, completion_chunk(" c")),
         (GAP, completion_chunk("")),  # finish chunk without text: ends E2E, not an ITL entry
-        (0.0, usage_chunk(11, 4)), (0.0, "[DONE]"),
+        (0.0, usage_chunk(11, 4)),
+        (0.0, "[DONE]"),
     ]
     http = make_http(kind, server.url)
     try:
@@ -52,7 +55,9 @@ async def test_completion_timings_and_usage(server: ScriptedServer, kind: str) -
 async def test_chat_role_chunk_does_not_count_as_first_token(server: ScriptedServer) -> None:
     server.scripts["/v1/chat/completions"] = [
         (0.0, chat_chunk("", role="assistant")),  # sent at once by some servers, before any token
-        (3 * GAP, chat_chunk("Hello")), (GAP, chat_chunk(" world")), (0.0, "[DONE]"),
+        (3 * GAP, chat_chunk("Hello")),
+        (GAP, chat_chunk(" world")),
+        (0.0, "[DONE]"),
     ]
     http = make_http("raw", server.url)
     try:
@@ -87,8 +92,16 @@ async def test_failures_are_results_not_exceptions(server: ScriptedServer) -> No
 def test_completion_bodies() -> None:
     opts = RequestOptions("/v1/completions", "m", extra_body={"top_k": 1})
     body = json.loads(build_body(BenchRequest(" hi there", 2, 8), opts))
-    assert body == {"model": "m", "prompt": " hi there", "max_tokens": 8, "stream": True, "temperature": 0.0,
-                    "stream_options": {"include_usage": True}, "ignore_eos": True, "top_k": 1}
+    assert body == {
+        "model": "m",
+        "prompt": " hi there",
+        "max_tokens": 8,
+        "stream": True,
+        "temperature": 0.0,
+        "stream_options": {"include_usage": True},
+        "ignore_eos": True,
+        "top_k": 1,
+    }
     ids = json.loads(build_body(BenchRequest((5, 6, 7), 3, 2), RequestOptions("/v1/completions", "m")))
     assert ids["prompt"] == [5, 6, 7]
     sys_req = BenchRequest(" q", 3, 2, system=" sys")
@@ -102,8 +115,12 @@ def test_chat_bodies() -> None:
     opts = RequestOptions("/v1/chat/completions", "m")
     req = BenchRequest(" q1", 2, 4, system=" sys")
     body = json.loads(build_body(req, opts, history=[(" u0", " a0")]))
-    assert body["messages"] == [{"role": "system", "content": " sys"}, {"role": "user", "content": " u0"},
-                                {"role": "assistant", "content": " a0"}, {"role": "user", "content": " q1"}]
+    assert body["messages"] == [
+        {"role": "system", "content": " sys"},
+        {"role": "user", "content": " u0"},
+        {"role": "assistant", "content": " a0"},
+        {"role": "user", "content": " q1"},
+    ]
     assert body["max_tokens"] == 4 and body["stream_options"] == {"include_usage": True}
     with pytest.raises(ValueError, match="--endpoint /v1/completions"):
         build_body(BenchRequest((1, 2), 2, 4), opts)

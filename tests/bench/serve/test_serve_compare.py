@@ -9,9 +9,9 @@ from pathlib import Path
 
 import pytest
 
-from bench.serve.main import add_arguments
 from bench.serve.compare import comparison_lines, validate, workload_flops
 from bench.serve.datasets import BenchRequest
+from bench.serve.main import add_arguments
 from bench.urls import openai_base_url
 
 
@@ -24,17 +24,31 @@ def _ns(*argv: str) -> argparse.Namespace:
 def test_compare_peer_flags_are_checked(tmp_path: Path) -> None:
     py = tmp_path / "python"
     py.write_text("")
-    spec = validate(_ns("--compare-peer", "vllm", "--peer-python", str(py), "--pdrelay-setups", "colocated,cluster",
-                        "--compare-range-ratios", "0,0.5", "--pdrelay-role-flags", "worker=--threads 2"))
+    spec = validate(
+        _ns(
+            "--compare-peer",
+            "vllm",
+            "--peer-python",
+            str(py),
+            "--pdrelay-setups",
+            "colocated,cluster",
+            "--compare-range-ratios",
+            "0,0.5",
+            "--pdrelay-role-flags",
+            "worker=--threads 2",
+        )
+    )
     assert spec.setups == ("colocated", "cluster") and spec.peer_settings == ("default", "all")
     assert spec.range_ratios == (0.0, 0.5) and spec.role_flags == {"worker": ("--threads", "2")}
-    bad = [(("--peer-python", str(tmp_path / "nope")), "--peer-python"),
-           (("--peer-python", str(py), "--base-url", "http://127.0.0.1:1"), "--base-url"),
-           (("--peer-python", str(py), "--pdrelay-setups", "colocated,bogus"), "--pdrelay-setups"),
-           (("--peer-python", str(py), "--peer-settings", "fast"), "--peer-settings"),
-           (("--peer-python", str(py), "--compare-range-ratios", "0,1.5"), "--compare-range-ratios"),
-           (("--peer-python", str(py), "--pdrelay-role-flags", "nobody=--x 1"), "--pdrelay-role-flags"),
-           (("--peer-python", str(py), "--dataset", "shared-prefix"), "--dataset")]
+    bad = [
+        (("--peer-python", str(tmp_path / "nope")), "--peer-python"),
+        (("--peer-python", str(py), "--base-url", "http://127.0.0.1:1"), "--base-url"),
+        (("--peer-python", str(py), "--pdrelay-setups", "colocated,bogus"), "--pdrelay-setups"),
+        (("--peer-python", str(py), "--peer-settings", "fast"), "--peer-settings"),
+        (("--peer-python", str(py), "--compare-range-ratios", "0,1.5"), "--compare-range-ratios"),
+        (("--peer-python", str(py), "--pdrelay-role-flags", "nobody=--x 1"), "--pdrelay-role-flags"),
+        (("--peer-python", str(py), "--dataset", "shared-prefix"), "--dataset"),
+    ]
     for extra, flag in bad:
         with pytest.raises(ValueError, match=flag):
             validate(_ns("--compare-peer", "vllm", *extra))
@@ -47,9 +61,19 @@ def test_compare_peer_needs_the_peer_python(monkeypatch) -> None:
 
 
 def test_workload_flops_count_the_dense_weights_the_head_and_attention(tmp_path: Path) -> None:
-    cfg = {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": 576,
-           "intermediate_size": 1536, "num_hidden_layers": 30, "num_attention_heads": 9, "num_key_value_heads": 3,
-           "vocab_size": 49152, "max_position_embeddings": 2048, "rms_norm_eps": 1e-5, "tie_word_embeddings": True}
+    cfg = {
+        "architectures": ["LlamaForCausalLM"],
+        "model_type": "llama",
+        "hidden_size": 576,
+        "intermediate_size": 1536,
+        "num_hidden_layers": 30,
+        "num_attention_heads": 9,
+        "num_key_value_heads": 3,
+        "vocab_size": 49152,
+        "max_position_embeddings": 2048,
+        "rms_norm_eps": 1e-5,
+        "tie_word_embeddings": True,
+    }
     (tmp_path / "config.json").write_text(json.dumps(cfg))
     one = workload_flops(tmp_path, [BenchRequest(prompt="x", prompt_len=128, output_len=64)])
     body = 2 * 30 * (576 * 576 + 2 * 576 * 192 + 576 * 576 + 3 * 576 * 1536)  # ~212 MFLOP per token
@@ -61,11 +85,18 @@ def test_workload_flops_count_the_dense_weights_the_head_and_attention(tmp_path:
 
 
 def test_comparison_lines_give_ratios_and_the_roofline_fraction() -> None:
-    s = {"output_throughput": 120.0, "mean_ttft_ms": 900.0, "mean_tpot_ms": 60.0, "median_tpot_ms": 58.0,
-         "p99_itl_ms": 300.0, "duration": 40.0}
+    s = {
+        "output_throughput": 120.0,
+        "mean_ttft_ms": 900.0,
+        "mean_tpot_ms": 60.0,
+        "median_tpot_ms": 58.0,
+        "p99_itl_ms": 300.0,
+        "duration": 40.0,
+    }
     peer = {**s, "output_throughput": 100.0, "duration": 48.0}
-    lines = comparison_lines({"pdrelay-colocated": {"w": s}, "vllm-default": {"w": peer}}, ["vllm-default"],
-                             {"w": 20.0}, ["w"])
+    lines = comparison_lines(
+        {"pdrelay-colocated": {"w": s}, "vllm-default": {"w": peer}}, ["vllm-default"], {"w": 20.0}, ["w"]
+    )
     ours = next(line for line in lines if "pdrelay-colocated" in line)
     theirs = next(line for line in lines if line.strip().startswith("vllm-default"))
     assert "50.0%" in ours and "1.20x" in ours  # 20 s floor / 40 s; 120 / 100 tok/s
@@ -75,10 +106,18 @@ def test_comparison_lines_give_ratios_and_the_roofline_fraction() -> None:
 def test_engine_profile_from_counters() -> None:
     from bench.serve.compare import engine_profile
 
-    before = {"pdrelay:engine_steps": 10, "pdrelay:engine_step_seconds": 1.0,
-              "pdrelay:engine_step_seconds{forward}": 0.9, "pdrelay:engine_step_tokens": 100}
-    after = {"pdrelay:engine_steps": 110, "pdrelay:engine_step_seconds": 9.0,
-             "pdrelay:engine_step_seconds{forward}": 8.1, "pdrelay:engine_step_tokens": 1700}
+    before = {
+        "pdrelay:engine_steps": 10,
+        "pdrelay:engine_step_seconds": 1.0,
+        "pdrelay:engine_step_seconds{forward}": 0.9,
+        "pdrelay:engine_step_tokens": 100,
+    }
+    after = {
+        "pdrelay:engine_steps": 110,
+        "pdrelay:engine_step_seconds": 9.0,
+        "pdrelay:engine_step_seconds{forward}": 8.1,
+        "pdrelay:engine_step_tokens": 1700,
+    }
     p = engine_profile(before, after, duration_s=10.0)
     assert p["engine_busy_share"] == pytest.approx(0.8) and p["engine_steps"] == 100
     assert p["engine_step_ms"] == pytest.approx(80.0) and p["engine_tokens_per_step"] == pytest.approx(16.0)
@@ -86,8 +125,12 @@ def test_engine_profile_from_counters() -> None:
 
 
 def test_base_urls_with_or_without_v1() -> None:
-    for text in ("http://127.0.0.1:8100", "http://127.0.0.1:8100/", "http://127.0.0.1:8100/v1",
-                 "http://127.0.0.1:8100/v1/"):
+    for text in (
+        "http://127.0.0.1:8100",
+        "http://127.0.0.1:8100/",
+        "http://127.0.0.1:8100/v1",
+        "http://127.0.0.1:8100/v1/",
+    ):
         assert openai_base_url("--url", text) == "http://127.0.0.1:8100"
     assert openai_base_url("--url", "https://h/api/v1") == "https://h/api"
     for bad in ("127.0.0.1:8000", "ftp://h", "http://h:notaport", "http://", "http://h/v1?x=1"):
@@ -106,15 +149,28 @@ def test_an_unreachable_or_bad_url_is_one_line_naming_the_flag(cmd: tuple[str, .
 
     env = {**os.environ, **OFFLINE_ENV}
     for url in (f"http://127.0.0.1:{free_port()}/v1", "localhost:8000"):
-        proc = subprocess.run([sys.executable, "-m", "services.cli", "bench", *cmd, url], env=env, text=True,
-                              capture_output=True, timeout=120, stdin=subprocess.DEVNULL, check=False)
+        proc = subprocess.run(
+            [sys.executable, "-m", "services.cli", "bench", *cmd, url],
+            env=env,
+            text=True,
+            capture_output=True,
+            timeout=120,
+            stdin=subprocess.DEVNULL,
+            check=False,
+        )
         assert proc.returncode == 2, proc.stderr
         assert "Traceback" not in proc.stderr and len(proc.stderr.strip().splitlines()) == 1, proc.stderr
         assert cmd[-1] in proc.stderr
 
 
-@pytest.mark.parametrize("argv", [("status", "--etcd", "notaurl"), ("bench", "control-plane", "--etcd", "nope"),
-                                  ("bench", "control-plane", "--nats", "nats://127.0.0.1:{port}")])
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ("status", "--etcd", "notaurl"),
+        ("bench", "control-plane", "--etcd", "nope"),
+        ("bench", "control-plane", "--nats", "nats://127.0.0.1:{port}"),
+    ],
+)
 def test_control_plane_commands_fail_in_one_line_on_bad_urls(argv: tuple[str, ...]) -> None:
     import os
     import subprocess
@@ -124,8 +180,15 @@ def test_control_plane_commands_fail_in_one_line_on_bad_urls(argv: tuple[str, ..
     from shared.cluster.localcluster.service_process import OFFLINE_ENV
 
     argv = tuple(a.replace("{port}", str(free_port())) for a in argv)
-    proc = subprocess.run([sys.executable, "-m", "services.cli", *argv], text=True, capture_output=True, timeout=120,
-                          env={**os.environ, **OFFLINE_ENV}, stdin=subprocess.DEVNULL, check=False)
+    proc = subprocess.run(
+        [sys.executable, "-m", "services.cli", *argv],
+        text=True,
+        capture_output=True,
+        timeout=120,
+        env={**os.environ, **OFFLINE_ENV},
+        stdin=subprocess.DEVNULL,
+        check=False,
+    )
     assert proc.returncode in (1, 2), proc.stderr
     # (the bus client may log its reconnect attempt first)
     assert "Traceback" not in proc.stderr and proc.stderr.strip().splitlines()[-1].startswith("pdrelay "), proc.stderr

@@ -58,8 +58,9 @@ def test_random_range_ratio_bounds(tiny_tok: BenchTokenizer) -> None:
 
 
 def test_shared_prefix_groups_and_lengths(smollm_tok: BenchTokenizer) -> None:
-    reqs = shared_prefix_dataset(smollm_tok, groups=3, prompts_per_group=4, system_len=50, question_len=12,
-                                 output_len=7, seed=0)
+    reqs = shared_prefix_dataset(
+        smollm_tok, groups=3, prompts_per_group=4, system_len=50, question_len=12, output_len=7, seed=0
+    )
     assert len(reqs) == 12
     systems = {r.system for r in reqs}
     assert len(systems) == 3
@@ -84,12 +85,15 @@ def test_multi_turn_order_and_cut(tiny_tok: BenchTokenizer) -> None:
     assert again == reqs
 
 
-@pytest.mark.parametrize("kwargs, flag", [
-    (dict(num_prompts=0, input_len=5, output_len=5), "--num-prompts"),
-    (dict(num_prompts=1, input_len=0, output_len=5), "--random-input-len"),
-    (dict(num_prompts=1, input_len=5, output_len=0), "--random-output-len"),
-    (dict(num_prompts=1, input_len=5, output_len=5, range_ratio=1.0), "--random-range-ratio"),
-])
+@pytest.mark.parametrize(
+    "kwargs, flag",
+    [
+        (dict(num_prompts=0, input_len=5, output_len=5), "--num-prompts"),
+        (dict(num_prompts=1, input_len=0, output_len=5), "--random-input-len"),
+        (dict(num_prompts=1, input_len=5, output_len=0), "--random-output-len"),
+        (dict(num_prompts=1, input_len=5, output_len=5, range_ratio=1.0), "--random-range-ratio"),
+    ],
+)
 def test_bad_sizes_name_the_flag(tiny_tok: BenchTokenizer, kwargs: dict, flag: str) -> None:
     with pytest.raises(ValueError, match=flag):
         random_dataset(tiny_tok, seed=0, **kwargs)

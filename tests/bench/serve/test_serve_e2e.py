@@ -20,24 +20,54 @@ ENV = service_env()
 
 
 def _bench(*args: str, timeout: float) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "services.cli", "bench", "serve", *args], env=ENV, text=True,
-                          capture_output=True, timeout=timeout, stdin=subprocess.DEVNULL)
+    return subprocess.run(
+        [sys.executable, "-m", "services.cli", "bench", "serve", *args],
+        env=ENV,
+        text=True,
+        capture_output=True,
+        timeout=timeout,
+        stdin=subprocess.DEVNULL,
+    )
 
 
 def test_mock_workers_run_writes_vllm_keys_and_sane_values(tmp_path: Path, bundled_model_dir: Path) -> None:
     out = tmp_path / "result.json"
     t0 = time.monotonic()
-    proc = _bench("--mock-workers", "--tokenizer", str(bundled_model_dir), "--num-prompts", "20",
-                  "--max-concurrency", "4", "--random-input-len", "32", "--random-output-len", "8",
-                  "--num-warmups", "1", "--slo", "ttft_ms=60000,tpot_ms=60000", "--output-json", str(out),
-                  timeout=30)
+    proc = _bench(
+        "--mock-workers",
+        "--tokenizer",
+        str(bundled_model_dir),
+        "--num-prompts",
+        "20",
+        "--max-concurrency",
+        "4",
+        "--random-input-len",
+        "32",
+        "--random-output-len",
+        "8",
+        "--num-warmups",
+        "1",
+        "--slo",
+        "ttft_ms=60000,tpot_ms=60000",
+        "--output-json",
+        str(out),
+        timeout=30,
+    )
     assert time.monotonic() - t0 < 30
     assert proc.returncode == 0, proc.stderr
     assert "Serving Benchmark Result" in proc.stdout and "Gateway CPU per request (us)" in proc.stdout
     doc = json.loads(out.read_text())
-    for key in ("completed", "total_input_tokens", "total_output_tokens", "request_throughput",
-                "output_throughput", "total_token_throughput", "request_goodput", "gateway_cpu_us_per_request",
-                "client_cpu_us_per_request"):
+    for key in (
+        "completed",
+        "total_input_tokens",
+        "total_output_tokens",
+        "request_throughput",
+        "output_throughput",
+        "total_token_throughput",
+        "request_goodput",
+        "gateway_cpu_us_per_request",
+        "client_cpu_us_per_request",
+    ):
         assert key in doc, key
     for stat in ("mean", "median", "std", "p99"):
         for name in ("ttft", "tpot", "itl", "e2el"):
@@ -59,8 +89,23 @@ def test_mock_workers_run_writes_vllm_keys_and_sane_values(tmp_path: Path, bundl
 def test_cli_errors_name_the_problem(bundled_model_dir: Path, capsys: pytest.CaptureFixture[str]) -> None:
     assert cli_main(["bench", "serve", "--mock-workers", "--base-url", "http://127.0.0.1:1"]) == 2
     assert "drop --base-url" in capsys.readouterr().err
-    assert cli_main(["bench", "serve", "--tokenizer", str(bundled_model_dir), "--base-url", "http://127.0.0.1:1",
-                     "--num-prompts", "2", "--random-input-len", "4"]) == 2
+    assert (
+        cli_main(
+            [
+                "bench",
+                "serve",
+                "--tokenizer",
+                str(bundled_model_dir),
+                "--base-url",
+                "http://127.0.0.1:1",
+                "--num-prompts",
+                "2",
+                "--random-input-len",
+                "4",
+            ]
+        )
+        == 2
+    )
     assert "cannot reach http://127.0.0.1:1" in capsys.readouterr().err
     assert cli_main(["bench", "serve", "--slo", "ttft=abc"]) == 2
     assert "--slo" in capsys.readouterr().err
@@ -82,29 +127,69 @@ def test_compare_url_prints_ratios(tmp_path: Path, bundled_model_dir: Path) -> N
     out = tmp_path / "cmp.json"
     with MockGateway(bundled_model_dir) as peer:
         peer.wait_ready()
-        proc = _bench("--mock-workers", "--tokenizer", str(bundled_model_dir), "--num-prompts", "16",
-                      "--max-concurrency", "4", "--random-input-len", "16", "--random-output-len", "4",
-                      "--num-warmups", "1", "--compare-url", peer.base_url, "--compare-pid", str(peer.pid),
-                      "--output-json", str(out), timeout=60)
+        proc = _bench(
+            "--mock-workers",
+            "--tokenizer",
+            str(bundled_model_dir),
+            "--num-prompts",
+            "16",
+            "--max-concurrency",
+            "4",
+            "--random-input-len",
+            "16",
+            "--random-output-len",
+            "4",
+            "--num-warmups",
+            "1",
+            "--compare-url",
+            peer.base_url,
+            "--compare-pid",
+            str(peer.pid),
+            "--output-json",
+            str(out),
+            timeout=60,
+        )
     assert proc.returncode == 0, proc.stderr
     assert "ratio" in proc.stdout and "pdrelay-mock" in proc.stdout
     doc = json.loads(out.read_text())
     assert doc["completed"] == 16 and doc["compare"]["completed"] == 16
     assert doc["compare"]["total_output_tokens"] == doc["total_output_tokens"] == 64
     assert doc["ratios"]["request_throughput"] == pytest.approx(
-        doc["request_throughput"] / doc["compare"]["request_throughput"])
+        doc["request_throughput"] / doc["compare"]["request_throughput"]
+    )
     assert doc["compare"]["gateway_cpu_us_per_request"] > 0
 
 
 @pytest.mark.slow
 def test_ctrl_c_prints_partial_results(tmp_path: Path, bundled_model_dir: Path) -> None:
     out = tmp_path / "partial.json"
-    cmd = [sys.executable, "-m", "services.cli", "bench", "serve", "--mock-workers", "--tokenizer",
-           str(bundled_model_dir), "--num-prompts", "400", "--max-concurrency", "4", "--random-input-len", "16",
-           "--random-output-len", "8", "--mock-token-delay-ms", "25", "--num-warmups", "0",
-           "--output-json", str(out)]
-    proc = subprocess.Popen(cmd, env=ENV, text=True, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            stdin=subprocess.DEVNULL)
+    cmd = [
+        sys.executable,
+        "-m",
+        "services.cli",
+        "bench",
+        "serve",
+        "--mock-workers",
+        "--tokenizer",
+        str(bundled_model_dir),
+        "--num-prompts",
+        "400",
+        "--max-concurrency",
+        "4",
+        "--random-input-len",
+        "16",
+        "--random-output-len",
+        "8",
+        "--mock-token-delay-ms",
+        "25",
+        "--num-warmups",
+        "0",
+        "--output-json",
+        str(out),
+    ]
+    proc = subprocess.Popen(
+        cmd, env=ENV, text=True, stdout=subprocess.PIPE, stderr=subprocess.PIPE, stdin=subprocess.DEVNULL
+    )
     try:
         assert proc.stderr is not None
         deadline = time.monotonic() + 40

@@ -34,7 +34,7 @@ async def _payloads(http: StreamingHttp, path: str) -> list[bytes]:
 
 
 def _expected() -> list[bytes]:
-    return [sse_bytes(e)[len("data: "):-2] for e in EVENTS]
+    return [sse_bytes(e)[len("data: ") : -2] for e in EVENTS]
 
 
 @pytest.mark.parametrize("kind", HTTP_CLIENTS)

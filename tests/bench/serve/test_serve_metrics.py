@@ -35,8 +35,9 @@ def test_empty_statistics_read_zero_like_vllm() -> None:
 
 
 def _result(ttft: float, gaps: list[float], tokens: int, prompt: int = 10) -> RequestResult:
-    return RequestResult(True, ttft_s=ttft, itl_s=tuple(gaps), latency_s=ttft + sum(gaps), prompt_tokens=prompt,
-                         output_tokens=tokens)
+    return RequestResult(
+        True, ttft_s=ttft, itl_s=tuple(gaps), latency_s=ttft + sum(gaps), prompt_tokens=prompt, output_tokens=tokens
+    )
 
 
 def test_tpot_itl_e2el_as_vllm_defines_them() -> None:
@@ -71,8 +72,14 @@ def test_tpot_itl_e2el_as_vllm_defines_them() -> None:
 
 def test_vllm_keys_present() -> None:
     m = compute_metrics([_result(0.1, [0.01], 2)], 1.0)
-    for key in ("completed", "total_input_tokens", "total_output_tokens", "request_throughput", "output_throughput",
-                "total_token_throughput"):
+    for key in (
+        "completed",
+        "total_input_tokens",
+        "total_output_tokens",
+        "request_throughput",
+        "output_throughput",
+        "total_token_throughput",
+    ):
         assert key in m
     for stat in ("mean", "median", "std", "p99"):
         for name in ("ttft", "tpot", "itl", "e2el"):

@@ -19,8 +19,14 @@ ENV = service_env()
 
 
 def _bench(*args: str, timeout: float) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "services.cli", "bench", "serve", *args], env=ENV, text=True,
-                          capture_output=True, timeout=timeout, stdin=subprocess.DEVNULL)
+    return subprocess.run(
+        [sys.executable, "-m", "services.cli", "bench", "serve", *args],
+        env=ENV,
+        text=True,
+        capture_output=True,
+        timeout=timeout,
+        stdin=subprocess.DEVNULL,
+    )
 
 
 def _alive(pid: int) -> bool:
@@ -52,15 +58,39 @@ def test_peer_that_exits_is_reported_with_its_output() -> None:
 
 def test_peer_cmd_runs_both_phases_side_by_side(tmp_path: Path, bundled_model_dir: Path) -> None:
     out = tmp_path / "peer.json"
-    mock = (f"{shlex.quote(sys.executable)} -m services.gateway.mock --host 127.0.0.1 --port {{port}} "
-            f"--model {shlex.quote(str(bundled_model_dir))}")
+    mock = (
+        f"{shlex.quote(sys.executable)} -m services.gateway.mock --host 127.0.0.1 --port {{port}} "
+        f"--model {shlex.quote(str(bundled_model_dir))}"
+    )
     # The shell writes its own pid and then becomes the server: the pid file names the front process.
     peer_cmd = f'echo "front $$" > {{pid_file}}; exec {mock}'
-    proc = _bench("--mock-workers", "--tokenizer", str(bundled_model_dir), "--num-prompts", "12",
-                  "--max-concurrency", "1", "--throughput-concurrency", "4", "--random-input-len", "16",
-                  "--random-output-len", "4", "--num-warmups", "1", "--tcp-quickack", "--peer-cmd", peer_cmd,
-                  "--peer-label", "mockpeer", "--metric-percentiles", "50,99", "--output-json", str(out),
-                  timeout=120)
+    proc = _bench(
+        "--mock-workers",
+        "--tokenizer",
+        str(bundled_model_dir),
+        "--num-prompts",
+        "12",
+        "--max-concurrency",
+        "1",
+        "--throughput-concurrency",
+        "4",
+        "--random-input-len",
+        "16",
+        "--random-output-len",
+        "4",
+        "--num-warmups",
+        "1",
+        "--tcp-quickack",
+        "--peer-cmd",
+        peer_cmd,
+        "--peer-label",
+        "mockpeer",
+        "--metric-percentiles",
+        "50,99",
+        "--output-json",
+        str(out),
+        timeout=120,
+    )
     assert proc.returncode == 0, proc.stderr
     assert "Concurrency 4" in proc.stdout and "pdrelay-mock vs mockpeer" in proc.stdout
     doc = json.loads(out.read_text())
@@ -73,7 +103,8 @@ def test_peer_cmd_runs_both_phases_side_by_side(tmp_path: Path, bundled_model_di
     assert tp["max_concurrency"] == 4 and tp["compare"]["max_concurrency"] == 4
     assert tp["completed"] == tp["compare"]["completed"] == 12
     assert tp["ratios"]["request_throughput"] == pytest.approx(
-        tp["request_throughput"] / tp["compare"]["request_throughput"])
+        tp["request_throughput"] / tp["compare"]["request_throughput"]
+    )
     # The peer is stopped with the benchmark.
     peer_pid = doc["compare"]["gateway_pid"]
     deadline = time.monotonic() + 30
@@ -83,6 +114,14 @@ def test_peer_cmd_runs_both_phases_side_by_side(tmp_path: Path, bundled_model_di
 
 
 def test_peer_cmd_and_compare_url_exclude_each_other(bundled_model_dir: Path) -> None:
-    proc = _bench("--mock-workers", "--tokenizer", str(bundled_model_dir), "--peer-cmd", "x {port}",
-                  "--compare-url", "http://127.0.0.1:1", timeout=60)
+    proc = _bench(
+        "--mock-workers",
+        "--tokenizer",
+        str(bundled_model_dir),
+        "--peer-cmd",
+        "x {port}",
+        "--compare-url",
+        "http://127.0.0.1:1",
+        timeout=60,
+    )
     assert proc.returncode == 2 and "--peer-cmd" in proc.stderr

@@ -12,8 +12,16 @@ from pathlib import Path
 import pytest
 
 from bench.serve.main import add_arguments
-from bench.serve.policies import (PREFIX_COUNTERS, Topology, _up_options, parse_policies, policy_lines, prefix_stats,
-                                  scrape_counters, validate)
+from bench.serve.policies import (
+    PREFIX_COUNTERS,
+    Topology,
+    _up_options,
+    parse_policies,
+    policy_lines,
+    prefix_stats,
+    scrape_counters,
+    validate,
+)
 from services.cli import main as cli_main
 
 
@@ -44,8 +52,21 @@ def test_flags_that_point_elsewhere_are_refused() -> None:
 
 
 def test_cli_names_a_bad_policy_before_starting_anything(capsys: pytest.CaptureFixture[str]) -> None:
-    assert cli_main(["bench", "serve", "--compare-policies", "kv_aware,fastest", "--num-prompts", "2",
-                     "--random-input-len", "4"]) == 2
+    assert (
+        cli_main(
+            [
+                "bench",
+                "serve",
+                "--compare-policies",
+                "kv_aware,fastest",
+                "--num-prompts",
+                "2",
+                "--random-input-len",
+                "4",
+            ]
+        )
+        == 2
+    )
     assert "fastest is not a routing policy" in capsys.readouterr().err
 
 
@@ -66,7 +87,7 @@ def test_each_policy_gets_its_own_cluster_with_small_prefill_pools_only_on_prefi
 class _Metrics(BaseHTTPRequestHandler):
     body = b""
 
-    def do_GET(self) -> None:  # noqa: N802
+    def do_GET(self) -> None:
         self.send_response(200)
         self.send_header("Content-Type", "text/plain; version=0.0.4")
         self.end_headers()
@@ -90,12 +111,14 @@ def metrics_server() -> Iterator[tuple[str, type[_Metrics]]]:
 
 
 def _text(queries: float, hits: float) -> bytes:
-    return (f"# HELP pdrelay:prefix_cache_queries_total Prompt tokens looked up in the prefix cache\n"
-            f"# TYPE pdrelay:prefix_cache_queries_total counter\npdrelay:prefix_cache_queries_total {queries}\n"
-            f"# HELP pdrelay:prefix_cache_hits_total Prompt tokens found in the prefix cache\n"
-            f"# TYPE pdrelay:prefix_cache_hits_total counter\npdrelay:prefix_cache_hits_total {hits}\n"
-            f"# HELP pdrelay:prefix_cache_hit_rate Prefix-cache hits / queries since start (tokens)\n"
-            f"# TYPE pdrelay:prefix_cache_hit_rate gauge\npdrelay:prefix_cache_hit_rate 0.5\n").encode()
+    return (
+        f"# HELP pdrelay:prefix_cache_queries_total Prompt tokens looked up in the prefix cache\n"
+        f"# TYPE pdrelay:prefix_cache_queries_total counter\npdrelay:prefix_cache_queries_total {queries}\n"
+        f"# HELP pdrelay:prefix_cache_hits_total Prompt tokens found in the prefix cache\n"
+        f"# TYPE pdrelay:prefix_cache_hits_total counter\npdrelay:prefix_cache_hits_total {hits}\n"
+        f"# HELP pdrelay:prefix_cache_hit_rate Prefix-cache hits / queries since start (tokens)\n"
+        f"# TYPE pdrelay:prefix_cache_hit_rate gauge\npdrelay:prefix_cache_hit_rate 0.5\n"
+    ).encode()
 
 
 def test_hit_rate_is_the_increase_of_the_prefill_counters_over_the_run(metrics_server) -> None:
@@ -104,8 +127,10 @@ def test_hit_rate_is_the_increase_of_the_prefill_counters_over_the_run(metrics_s
     before = {"prefill-1": scrape_counters(address, PREFIX_COUNTERS)}
     assert before["prefill-1"] == {"pdrelay:prefix_cache_queries": 1000.0, "pdrelay:prefix_cache_hits": 100.0}
     handler.body = _text(3000, 1300)
-    after = {"prefill-1": scrape_counters(address, PREFIX_COUNTERS),
-             "prefill-2": {"pdrelay:prefix_cache_queries": 1000.0, "pdrelay:prefix_cache_hits": 0.0}}
+    after = {
+        "prefill-1": scrape_counters(address, PREFIX_COUNTERS),
+        "prefill-2": {"pdrelay:prefix_cache_queries": 1000.0, "pdrelay:prefix_cache_hits": 0.0},
+    }
     stats = prefix_stats({**before, "prefill-2": dict.fromkeys(PREFIX_COUNTERS, 0.0)}, after)
     # prefill-1: 2000 looked up, 1200 found; prefill-2: 1000 looked up, none found
     assert stats["prefill_prompt_tokens"] == 3000 and stats["prefill_cached_tokens"] == 1200
@@ -115,8 +140,13 @@ def test_hit_rate_is_the_increase_of_the_prefill_counters_over_the_run(metrics_s
 
 def test_report_lines_give_each_policy_and_the_ratio_to_the_first() -> None:
     def summary(label: str, mean: float, median: float, rate: float) -> dict:
-        return {"label": label, "mean_ttft_ms": mean, "median_ttft_ms": median, "prefill_prefix_hit_rate": rate,
-                "per_prefill": {"prefill-1": {"prompt_tokens": 10.0}, "prefill-2": {"prompt_tokens": 20.0}}}
+        return {
+            "label": label,
+            "mean_ttft_ms": mean,
+            "median_ttft_ms": median,
+            "prefill_prefix_hit_rate": rate,
+            "per_prefill": {"prefill-1": {"prompt_tokens": 10.0}, "prefill-2": {"prompt_tokens": 20.0}},
+        }
 
     lines = policy_lines([summary("kv_aware", 800.0, 400.0, 0.75), summary("round_robin", 1600.0, 2000.0, 0.4)])
     assert "75.0%" in lines[1] and "prefill-1 10 / prefill-2 20" in lines[1]

@@ -133,18 +133,29 @@ async def test_stop_returns_partial_results_promptly(how: str) -> None:
     if how == "interrupted":
         asyncio.get_running_loop().call_later(0.2, stop.set)
     t0 = time.perf_counter()
-    out = await run_workload(http, OPTS, Workload(reqs, timeout_s=60), count_tokens=_count, stop=stop,
-                             deadline_s=0.2 if how == "deadline" else None)
+    out = await run_workload(
+        http,
+        OPTS,
+        Workload(reqs, timeout_s=60),
+        count_tokens=_count,
+        stop=stop,
+        deadline_s=0.2 if how == "deadline" else None,
+    )
     assert time.perf_counter() - t0 < 2.0
     assert out.stopped == how
     assert len(out.results) == 3 and all(r.success for r in out.results) and out.num_requests == 8
     assert http.in_flight == 0  # the hanging streams were cancelled
 
 
-@pytest.mark.parametrize("kwargs, flag", [
-    (dict(request_rate=0.0), "--request-rate"), (dict(burstiness=0.0), "--burstiness"),
-    (dict(max_concurrency=0), "--max-concurrency"), (dict(timeout_s=0.0), "--timeout-s"),
-])
+@pytest.mark.parametrize(
+    "kwargs, flag",
+    [
+        (dict(request_rate=0.0), "--request-rate"),
+        (dict(burstiness=0.0), "--burstiness"),
+        (dict(max_concurrency=0), "--max-concurrency"),
+        (dict(timeout_s=0.0), "--timeout-s"),
+    ],
+)
 def test_workload_validation_names_the_flag(kwargs: dict, flag: str) -> None:
     with pytest.raises(ValueError, match=flag):
         Workload(_reqs(1), **kwargs)

@@ -23,8 +23,9 @@ from shared.cluster.localcluster.service_process import OFFLINE_ENV
 
 def pdrelay(*args: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
     env = {**os.environ, **OFFLINE_ENV}
-    return subprocess.run([sys.executable, "-m", "services.cli", *args], capture_output=True, text=True,
-                          timeout=timeout, env=env)
+    return subprocess.run(
+        [sys.executable, "-m", "services.cli", *args], capture_output=True, text=True, timeout=timeout, env=env
+    )
 
 
 def test_scenarios_are_a_closed_set() -> None:
@@ -50,16 +51,25 @@ def test_seeded_prompts_and_judging() -> None:
 
 
 def test_tally_table_and_targets() -> None:
-    outcomes = [Outcome(Verdict.CORRECT, 0.0, 2.0), Outcome(Verdict.CORRECT, 5.0, 12.0),
-                Outcome(Verdict.CLEAR, 6.0, 7.0, "503 unavailable: no decode")]
+    outcomes = [
+        Outcome(Verdict.CORRECT, 0.0, 2.0),
+        Outcome(Verdict.CORRECT, 5.0, 12.0),
+        Outcome(Verdict.CLEAR, 6.0, 7.0, "503 unavailable: no decode"),
+    ]
     r = tally(ScenarioResult(scenario="stop-decode", answer_within_s=10.0, recovery_s=8.0), outcomes, fault_at=4.0)
     assert (r.sent, r.correct, r.clear_errors, r.hung, r.wrong) == (3, 2, 1, 0, 0)
     assert r.slowest_after_fault_s == 7.0 and r.ok  # the 5 -> 12 s request: 7 s after it was sent
     late = tally(ScenarioResult(scenario="stop-decode", answer_within_s=5.0, recovery_s=8.0), outcomes, 4.0)
     assert not late.ok
     never = ScenarioResult(scenario="kill-decode", recovery_s=None)
-    report = ChaosReport(cluster="c", seed=0, duration_s=10, concurrency=2, max_tokens=8,
-                         scenarios=[r, never, ScenarioResult(scenario="etcd-outage", skipped="external etcd")])
+    report = ChaosReport(
+        cluster="c",
+        seed=0,
+        duration_s=10,
+        concurrency=2,
+        max_tokens=8,
+        scenarios=[r, never, ScenarioResult(scenario="etcd-outage", skipped="external etcd")],
+    )
     table = format_table(report)
     assert "stop-decode" in table and "7.0 (<= 10)" in table and "never" in table and "skipped: external" in table
     assert "1 x 503 unavailable: no decode" in table
@@ -68,10 +78,18 @@ def test_tally_table_and_targets() -> None:
 
 def test_refuses_a_cluster_off_loopback(tmp_path: Path) -> None:
     run_dir = tmp_path / "run"
-    write_state(run_dir, RunState(supervisor_pid=os.getpid(), cluster="c", etcd_url="http://10.0.0.5:2379",
-                                  nats_url="nats://127.0.0.1:4222", run_dir=str(run_dir), started_at=time.time(),
-                                  children=[ChildState(role="gateway", instance_id="gateway-1", pid=1,
-                                                       state="ready", http="127.0.0.1:8000")]))
+    write_state(
+        run_dir,
+        RunState(
+            supervisor_pid=os.getpid(),
+            cluster="c",
+            etcd_url="http://10.0.0.5:2379",
+            nats_url="nats://127.0.0.1:4222",
+            run_dir=str(run_dir),
+            started_at=time.time(),
+            children=[ChildState(role="gateway", instance_id="gateway-1", pid=1, state="ready", http="127.0.0.1:8000")],
+        ),
+    )
     r = pdrelay("chaos", "--run-dir", str(run_dir), "--scenarios", "stop-decode")
     assert r.returncode == 2 and "off loopback (http://10.0.0.5:2379)" in r.stderr and "--allow-remote" in r.stderr
     r = pdrelay("chaos", "--run-dir", str(run_dir), "--duration", "5", "--fault-after-s", "9")
@@ -86,15 +104,57 @@ def test_chaos_on_a_small_cluster(tmp_path: Path) -> None:
 
     model = make_tiny_model(tmp_path / "models", "llama")
     run_dir = str(tmp_path / "run")
-    up = pdrelay("up", "--detach", "--run-dir", run_dir, "--port", str(free_port()), "--etcd-port", str(free_port()),
-                 "--nats-port", str(free_port()), "--model", str(model), "--prefill", "1", "--decode", "2",
-                 "--threads", "1", "--num-pages", "1024", "--lease-ttl-s", "3", "--quiet", timeout=300)
+    up = pdrelay(
+        "up",
+        "--detach",
+        "--run-dir",
+        run_dir,
+        "--port",
+        str(free_port()),
+        "--etcd-port",
+        str(free_port()),
+        "--nats-port",
+        str(free_port()),
+        "--model",
+        str(model),
+        "--prefill",
+        "1",
+        "--decode",
+        "2",
+        "--threads",
+        "1",
+        "--num-pages",
+        "1024",
+        "--lease-ttl-s",
+        "3",
+        "--quiet",
+        timeout=300,
+    )
     try:
         assert up.returncode == 0, up.stdout + up.stderr
         out = tmp_path / "chaos.json"
-        r = pdrelay("chaos", "--run-dir", run_dir, "--scenarios", "stop-decode,nats-outage", "--duration", "8",
-                    "--fault-after-s", "1.5", "--hang-s", "6", "--concurrency", "3", "--max-tokens", "8",
-                    "--leak-timeout-s", "40", "--json", str(out), timeout=400)
+        r = pdrelay(
+            "chaos",
+            "--run-dir",
+            run_dir,
+            "--scenarios",
+            "stop-decode,nats-outage",
+            "--duration",
+            "8",
+            "--fault-after-s",
+            "1.5",
+            "--hang-s",
+            "6",
+            "--concurrency",
+            "3",
+            "--max-tokens",
+            "8",
+            "--leak-timeout-s",
+            "40",
+            "--json",
+            str(out),
+            timeout=400,
+        )
         assert r.returncode == 0, r.stdout + r.stderr
         assert "stop-decode" in r.stdout and "result: every scenario" in r.stdout
         res = json.loads(out.read_text())

@@ -55,12 +55,17 @@ def test_json_redacts_secrets(capsys, monkeypatch) -> None:
     assert rc == 0 and "s3cret" not in out and json.loads(out)["config"]["http"]["api_key"] == "<redacted>"
 
 
-@pytest.mark.parametrize(("argv", "message"), [
-    (["--role", "prefill", "--page-size", "12"], "--page-size 12 must be a power of two (got 12); try 16"),
-    (["--role", "decode", "--api-key", "x"], "--api-key is not accepted by role 'decode'; roles that accept it: "
-                                             "gateway"),
-    (["--role", "decode", "--jsn"], "unknown flag --jsn for role 'decode'"),  # no prefix match onto --json
-])
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["--role", "prefill", "--page-size", "12"], "--page-size 12 must be a power of two (got 12); try 16"),
+        (
+            ["--role", "decode", "--api-key", "x"],
+            "--api-key is not accepted by role 'decode'; roles that accept it: gateway",
+        ),
+        (["--role", "decode", "--jsn"], "unknown flag --jsn for role 'decode'"),  # no prefix match onto --json
+    ],
+)
 def test_bad_config_exits_2_with_the_message(argv: list[str], message: str, capsys, monkeypatch) -> None:
     rc, out, err = _run(["config", "show", *argv], capsys, monkeypatch)
     assert rc == 2 and out == ""
@@ -80,8 +85,10 @@ def test_parse_role_args_exits_cleanly(capsys) -> None:
     with pytest.raises(SystemExit) as info:
         parse_role_args("decode", ["--page-size", "12"], env={})
     assert info.value.code == 2
-    assert capsys.readouterr().err == "pdrelay serve decode: error: --page-size 12 must be a power of two " \
-                                      "(got 12); try 16\n"
+    assert (
+        capsys.readouterr().err == "pdrelay serve decode: error: --page-size 12 must be a power of two "
+        "(got 12); try 16\n"
+    )
     with pytest.raises(SystemExit) as info:
         parse_role_args("decode", ["--help"], env={})
     assert info.value.code == 0 and "--page-size" in capsys.readouterr().out
@@ -90,12 +97,22 @@ def test_parse_role_args_exits_cleanly(capsys) -> None:
 def test_pdrelay_cli_end_to_end() -> None:
     """Through the real `pdrelay` entry point, as a user runs it (one subprocess; ~1-2 s)."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("PDRELAY_")}
-    bad = subprocess.run([sys.executable, "-m", "services.cli", "config", "show", "--role", "prefill",
-                          "--page-size", "12"], capture_output=True, text=True, env=env, timeout=60)
+    bad = subprocess.run(
+        [sys.executable, "-m", "services.cli", "config", "show", "--role", "prefill", "--page-size", "12"],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=60,
+    )
     assert bad.returncode == 2, bad.stderr
     assert "--page-size 12 must be a power of two (got 12); try 16" in bad.stderr
     assert "Traceback" not in bad.stderr
-    good = subprocess.run([sys.executable, "-m", "services.cli", "config", "show", "--role", "gateway", "--json"],
-                          capture_output=True, text=True, env=env, timeout=60)
+    good = subprocess.run(
+        [sys.executable, "-m", "services.cli", "config", "show", "--role", "gateway", "--json"],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=60,
+    )
     assert good.returncode == 0, good.stderr
     assert set(json.loads(good.stdout)["provenance"]) == {s.key for s in role_specs("gateway")}

@@ -70,9 +70,11 @@ async def test_the_computed_signal_reaches_decode_before_the_answer() -> None:
     await server.start()
     ch = grpc.aio.insecure_channel(f"127.0.0.1:{port}")
     try:
-        call = ch.unary_stream(PREFILL_METHOD, request_serializer=worker_pb2.HandoffTicket.SerializeToString,
-                               response_deserializer=worker_pb2.PrefillResponse.FromString)(
-            worker_pb2.HandoffTicket(request_id="r1"), timeout=5.0)
+        call = ch.unary_stream(
+            PREFILL_METHOD,
+            request_serializer=worker_pb2.HandoffTicket.SerializeToString,
+            response_deserializer=worker_pb2.PrefillResponse.FromString,
+        )(worker_pb2.HandoffTicket(request_id="r1"), timeout=5.0)
         md = await asyncio.wait_for(call.initial_metadata(), 1.0)  # well before the 2 s answer
         assert (COMPUTED_KEY, "1") in tuple(md)
         assert (await call.read()).request_id == "r1"

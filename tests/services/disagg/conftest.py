@@ -20,12 +20,21 @@ import pytest
 
 from tests.helpers.servers import start_etcd, start_nats
 from tests.helpers.tiny_models import tiny_llama_dir  # noqa: F401
-from tests.services.disagg.disagg_procs import (BACKENDS, HANDOFF_TIMEOUT_S, NUM_PAGES, BackendCluster, Servers,
-                                                ServiceProc, Spec, start_services, stop_services)
+from tests.services.disagg.disagg_procs import (
+    BACKENDS,
+    HANDOFF_TIMEOUT_S,
+    NUM_PAGES,
+    BackendCluster,
+    Servers,
+    ServiceProc,
+    Spec,
+    start_services,
+    stop_services,
+)
 
 
 @pytest.fixture(scope="package")
-def servers(tmp_path_factory: pytest.TempPathFactory, tiny_llama_dir: Path) -> Iterator[Servers]:  # noqa: F811
+def servers(tmp_path_factory: pytest.TempPathFactory, tiny_llama_dir: Path) -> Iterator[Servers]:
     tmp = tmp_path_factory.mktemp("disagg")
     etcd = start_etcd(tmp)
     try:
@@ -47,8 +56,9 @@ def _stop_checked(procs: dict[str, ServiceProc]) -> None:
 
 @pytest.fixture(scope="package")
 def worker(servers: Servers) -> Iterator[ServiceProc]:
-    procs = start_services(servers.tmp, servers.etcd, servers.nats, servers.model_dir,
-                           [Spec("worker", "w-colo", "colo", NUM_PAGES)])
+    procs = start_services(
+        servers.tmp, servers.etcd, servers.nats, servers.model_dir, [Spec("worker", "w-colo", "colo", NUM_PAGES)]
+    )
     yield procs["w-colo"]
     _stop_checked(procs)
 
@@ -59,8 +69,12 @@ def pd(request: pytest.FixtureRequest, servers: Servers) -> Iterator[BackendClus
     cluster = f"pd-{b}"
     common = ("--transfer-backend", b, *NUM_PAGES)
     specs = [
-        Spec("decode", f"d-{b}", cluster, (*common, "--handoff-timeout-s", str(HANDOFF_TIMEOUT_S),
-                                           "--handoff-retries", "1")),
+        Spec(
+            "decode",
+            f"d-{b}",
+            cluster,
+            (*common, "--handoff-timeout-s", str(HANDOFF_TIMEOUT_S), "--handoff-retries", "1"),
+        ),
         Spec("decode", f"d-kill-{b}", cluster, (*common, "--handoff-timeout-s", "30")),
         Spec("prefill", f"pa-healthy-{b}", cluster, common),
         Spec("prefill", f"pz-crash-{b}", cluster, (*common, "--fault-injection", "prefill_crash_mid_transfer")),

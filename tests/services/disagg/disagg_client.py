@@ -35,12 +35,20 @@ def greedy(max_tokens: int, ignore_eos: bool = True) -> common_pb2.SamplingParam
     return common_pb2.SamplingParams(temperature=0.0, max_tokens=max_tokens, ignore_eos=ignore_eos)
 
 
-async def generate(address: str, request_id: str, prompt: Sequence[int], *,
-                   prefill: worker_pb2.PrefillTarget | None = None, max_tokens: int = 12,
-                   sampling: common_pb2.SamplingParams | None = None, timeout_s: float = 60.0) -> Result:
+async def generate(
+    address: str,
+    request_id: str,
+    prompt: Sequence[int],
+    *,
+    prefill: worker_pb2.PrefillTarget | None = None,
+    max_tokens: int = 12,
+    sampling: common_pb2.SamplingParams | None = None,
+    timeout_s: float = 60.0,
+) -> Result:
     """One Decode.Generate stream to the end. A failed RPC raises grpc.aio.AioRpcError (error_from_rpc reads it)."""
-    req = worker_pb2.DecodeRequest(request_id=request_id, prompt_token_ids=list(prompt),
-                                   sampling=sampling or greedy(max_tokens))
+    req = worker_pb2.DecodeRequest(
+        request_id=request_id, prompt_token_ids=list(prompt), sampling=sampling or greedy(max_tokens)
+    )
     if prefill is not None:
         req.prefill.CopyFrom(prefill)
     out = Result()
@@ -61,11 +69,23 @@ async def generate(address: str, request_id: str, prompt: Sequence[int], *,
     return out
 
 
-async def generate_all(address: str, prompts: Sequence[Sequence[int]], prefix: str, *,
-                       prefill: worker_pb2.PrefillTarget | None = None, max_tokens: int = 12) -> list[Result]:
+async def generate_all(
+    address: str,
+    prompts: Sequence[Sequence[int]],
+    prefix: str,
+    *,
+    prefill: worker_pb2.PrefillTarget | None = None,
+    max_tokens: int = 12,
+) -> list[Result]:
     """All prompts at once (concurrent streams: batching and concurrent hand-offs are part of the test)."""
-    return list(await asyncio.gather(*(generate(address, f"{prefix}-{i}", p, prefill=prefill, max_tokens=max_tokens)
-                                       for i, p in enumerate(prompts))))
+    return list(
+        await asyncio.gather(
+            *(
+                generate(address, f"{prefix}-{i}", p, prefill=prefill, max_tokens=max_tokens)
+                for i, p in enumerate(prompts)
+            )
+        )
+    )
 
 
 class Loads:
@@ -92,8 +112,9 @@ class Loads:
                 return t.latest[instance_id]
         return None
 
-    async def wait(self, instance_id: str, pred: Callable[[LoadReport], bool], timeout_s: float,
-                   what: str = "condition") -> LoadReport:
+    async def wait(
+        self, instance_id: str, pred: Callable[[LoadReport], bool], timeout_s: float, what: str = "condition"
+    ) -> LoadReport:
         """The first fresh report of instance_id that satisfies pred; AssertionError naming the last one seen."""
         deadline = time.monotonic() + timeout_s
         last = None
@@ -107,8 +128,12 @@ class Loads:
     async def all_pages_free(self, instance_ids: Sequence[str], timeout_s: float = 8.0) -> None:
         """No page leaked: every instance reports free_pages == total_pages (once idle, quarantine expired)."""
         for iid in instance_ids:
-            await self.wait(iid, lambda r: r.load.total_pages > 0 and r.load.free_pages == r.load.total_pages
-                            and r.load.running == 0, timeout_s, "free_pages == total_pages")
+            await self.wait(
+                iid,
+                lambda r: r.load.total_pages > 0 and r.load.free_pages == r.load.total_pages and r.load.running == 0,
+                timeout_s,
+                "free_pages == total_pages",
+            )
 
 
 # ---- references ------------------------------------------------------------------------------------------------
@@ -138,5 +163,5 @@ def hf_greedy(model_dir: str | Path, prompts: Sequence[Sequence[int]], n: int) -
     with torch.no_grad():
         for p in prompts:
             seq = hf.generate(torch.tensor([list(p)]), generation_config=cfg)
-            out.append(seq[0, len(p):].tolist())
+            out.append(seq[0, len(p) :].tolist())
     return out

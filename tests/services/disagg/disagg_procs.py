@@ -60,9 +60,28 @@ class ServiceProc(ServiceProcess):
     def __init__(self, spec: Spec, tmp: Path, etcd: EtcdServer, nats: NatsServer, model: str | Path) -> None:
         self.spec = spec
         self.instance_id = spec.instance_id
-        cmd = [sys.executable, "-m", f"services.{spec.role}", "--etcd-endpoints", etcd.url, "--nats-url", nats.url,
-               "--cluster", spec.cluster, "--instance-id", spec.instance_id, "--model", str(model), "--threads", "1",
-               "--lease-ttl-s", "5", "--load-report-interval-s", "0.1", *spec.args]
+        cmd = [
+            sys.executable,
+            "-m",
+            f"services.{spec.role}",
+            "--etcd-endpoints",
+            etcd.url,
+            "--nats-url",
+            nats.url,
+            "--cluster",
+            spec.cluster,
+            "--instance-id",
+            spec.instance_id,
+            "--model",
+            str(model),
+            "--threads",
+            "1",
+            "--lease-ttl-s",
+            "5",
+            "--load-report-interval-s",
+            "0.1",
+            *spec.args,
+        ]
         super().__init__(spec.instance_id, cmd, tmp)
 
     def poll_ready(self) -> bool:
@@ -80,16 +99,18 @@ class ServiceProc(ServiceProcess):
     def target(self) -> worker_pb2.PrefillTarget:
         """How a client routes a request to this prefill instance (DecodeRequest.prefill)."""
         assert self.ready is not None and self.spec.role == "prefill"
-        return worker_pb2.PrefillTarget(instance_id=self.instance_id, grpc_address=self.ready.grpc,
-                                        epoch=self.ready.epoch)
+        return worker_pb2.PrefillTarget(
+            instance_id=self.instance_id, grpc_address=self.ready.grpc, epoch=self.ready.epoch
+        )
 
 
 def wait_ready(procs: Sequence[ServiceProcess], timeout: float = READY_TIMEOUT_S) -> None:
     wait_all_ready(procs, timeout)
 
 
-def start_services(tmp: Path, etcd: EtcdServer, nats: NatsServer, model: str | Path,
-                   specs: Sequence[Spec]) -> dict[str, ServiceProc]:
+def start_services(
+    tmp: Path, etcd: EtcdServer, nats: NatsServer, model: str | Path, specs: Sequence[Spec]
+) -> dict[str, ServiceProc]:
     """Start every spec at once, wait until all are ready; on failure stop what was started and re-raise."""
     procs = {s.instance_id: ServiceProc(s, tmp, etcd, nats, model) for s in specs}
     try:

@@ -28,15 +28,23 @@ class LocalDecode:
         self.transfer.start_progress()  # needs the running event loop: build it inside the test
         self.name = name
 
-    def ticket(self, request_id: str, epoch: int, prompt: list[int], page_ids: list[int], *,
-               max_tokens: int = 4, **fields: Any) -> worker_pb2.HandoffTicket:
+    def ticket(
+        self, request_id: str, epoch: int, prompt: list[int], page_ids: list[int], *, max_tokens: int = 4, **fields: Any
+    ) -> worker_pb2.HandoffTicket:
         """A well-formed ticket for `prompt` into our pages `page_ids`; keyword fields override any part."""
         t = worker_pb2.HandoffTicket(
-            request_id=request_id, epoch=epoch, decode_instance_id=self.name, decode_instance_epoch=1,
-            decode_peer=self.transfer.peer_pb(), pages=self.transfer.descriptors(page_ids),
-            layout=layout_to_pb(self.runner.layout), prompt_token_ids=prompt, skip_tokens=0,
+            request_id=request_id,
+            epoch=epoch,
+            decode_instance_id=self.name,
+            decode_instance_epoch=1,
+            decode_peer=self.transfer.peer_pb(),
+            pages=self.transfer.descriptors(page_ids),
+            layout=layout_to_pb(self.runner.layout),
+            prompt_token_ids=prompt,
+            skip_tokens=0,
             sampling=sampling_to_pb(SamplingParams(max_tokens=max_tokens, temperature=0.0, ignore_eos=True)),
-            deadline_s=20.0)
+            deadline_s=20.0,
+        )
         for k, v in fields.items():
             if hasattr(v, "CopyFrom"):
                 getattr(t, k).CopyFrom(v)

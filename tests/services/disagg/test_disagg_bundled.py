@@ -22,8 +22,10 @@ def bundled(servers: Servers, bundled_model_dir: Path) -> Iterator[dict[str, Ser
     pages = ("--num-pages", "64")
     specs = [Spec("worker", "w-bundled", "bundled-colo", pages)]
     for b in BACKENDS:
-        specs += [Spec("prefill", f"p-bundled-{b}", f"bundled-{b}", ("--transfer-backend", b, *pages)),
-                  Spec("decode", f"d-bundled-{b}", f"bundled-{b}", ("--transfer-backend", b, *pages))]
+        specs += [
+            Spec("prefill", f"p-bundled-{b}", f"bundled-{b}", ("--transfer-backend", b, *pages)),
+            Spec("decode", f"d-bundled-{b}", f"bundled-{b}", ("--transfer-backend", b, *pages)),
+        ]
     procs = start_services(servers.tmp, servers.etcd, servers.nats, bundled_model_dir, specs)
     try:
         yield procs
@@ -37,20 +39,22 @@ def chat(bundled_model_dir: Path) -> tuple[list[int], list[int], object]:
     from transformers import AutoModelForCausalLM, AutoTokenizer, GenerationConfig
 
     tok = AutoTokenizer.from_pretrained(bundled_model_dir)
-    ids = tok.apply_chat_template([{"role": "user", "content": "What is the capital of France?"}],
-                                  add_generation_prompt=True, tokenize=True)
+    ids = tok.apply_chat_template(
+        [{"role": "user", "content": "What is the capital of France?"}], add_generation_prompt=True, tokenize=True
+    )
     prompt = list(ids["input_ids"]) if not isinstance(ids, list) else ids
     hf = AutoModelForCausalLM.from_pretrained(bundled_model_dir, dtype=torch.float32).eval()
     hf.generation_config.eos_token_id = None
     cfg = GenerationConfig(max_new_tokens=NEW, do_sample=False, eos_token_id=None, pad_token_id=0)
     with torch.no_grad():
-        ref = hf.generate(torch.tensor([prompt]), generation_config=cfg)[0, len(prompt):].tolist()
+        ref = hf.generate(torch.tensor([prompt]), generation_config=cfg)[0, len(prompt) :].tolist()
     return prompt, ref, tok
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
-async def test_bundled_model_disaggregated_equals_colocated_and_hf(bundled: dict[str, ServiceProc], backend: str,
-                                                                   chat: tuple[list[int], list[int], object]):
+async def test_bundled_model_disaggregated_equals_colocated_and_hf(
+    bundled: dict[str, ServiceProc], backend: str, chat: tuple[list[int], list[int], object]
+):
     prompt, ref, tok = chat
     prefill, decode = bundled[f"p-bundled-{backend}"], bundled[f"d-bundled-{backend}"]
     colo = await generate(bundled["w-bundled"].grpc, f"colo-{backend}", prompt, max_tokens=NEW)

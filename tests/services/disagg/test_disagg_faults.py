@@ -24,8 +24,16 @@ from tests.services.disagg.disagg_procs import BackendCluster, Servers
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 
 NEW = 8
-PROMPTS = {name: list(range(start, start + 40)) for name, start in  # 40 tokens: 3 pages of 16, distinct per test
-           [("crash", 10), ("corrupt", 60), ("hang", 110), ("kill", 160), ("after", 210)]}
+PROMPTS = {
+    name: list(range(start, start + 40))
+    for name, start in [  # 40 tokens: 3 pages of 16, distinct per test
+        ("crash", 10),
+        ("corrupt", 60),
+        ("hang", 110),
+        ("kill", 160),
+        ("after", 210),
+    ]
+}
 Ref = dict[str, list[int]]  # prompt name -> HF greedy tokens
 
 
@@ -60,8 +68,7 @@ async def test_corrupt_checksum_is_refused_and_retried(pd: BackendCluster, refer
         assert res.tokens == reference["corrupt"]
         assert res.prefill_instance_id == healthy.instance_id, "decode accepted pages with a wrong checksum"
         assert f"prefill {corrupt.instance_id}: checksum of the 3 pages received" in d.log()
-        await loads.all_pages_free([d.instance_id, healthy.instance_id, corrupt.instance_id],
-                                   timeout_s=TIMEOUT_S + 5)
+        await loads.all_pages_free([d.instance_id, healthy.instance_id, corrupt.instance_id], timeout_s=TIMEOUT_S + 5)
 
 
 async def test_hung_prefill_times_out_and_releases_its_held_pages(pd: BackendCluster, reference: Ref):
@@ -79,11 +86,13 @@ async def test_hung_prefill_times_out_and_releases_its_held_pages(pd: BackendClu
 async def test_killed_decode_makes_the_prefill_release_held_pages(pd: BackendCluster, reference: Ref):
     victim, hang = pd["d-kill"], pd["pz-hang"]
     async with Loads(pd.nats_url, [pd.cluster]) as loads:
-        call = asyncio.ensure_future(generate(victim.grpc, "kill-1", PROMPTS["kill"], prefill=hang.target(),
-                                              max_tokens=NEW))
+        call = asyncio.ensure_future(
+            generate(victim.grpc, "kill-1", PROMPTS["kill"], prefill=hang.target(), max_tokens=NEW)
+        )
         # prefill computed the prompt and holds its 3 pages (not free, not evictable) while it stalls
-        held = await loads.wait(hang.instance_id, lambda r: r.load.free_pages <= r.load.total_pages - 3, 20,
-                                "3 held pages")
+        held = await loads.wait(
+            hang.instance_id, lambda r: r.load.free_pages <= r.load.total_pages - 3, 20, "3 held pages"
+        )
         assert held.load.free_pages == held.load.total_pages - 3
         t_kill = time.monotonic()
         assert victim.kill() == -9

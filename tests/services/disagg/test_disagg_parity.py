@@ -33,8 +33,9 @@ def reference(servers: Servers, prompts: list[list[int]]) -> list[list[int]]:
     return hf_greedy(servers.model_dir, prompts, NEW)
 
 
-async def test_disaggregated_output_equals_colocated_and_hf(pd: BackendCluster, worker: ServiceProc,
-                                                            prompts: list[list[int]], reference: list[list[int]]):
+async def test_disaggregated_output_equals_colocated_and_hf(
+    pd: BackendCluster, worker: ServiceProc, prompts: list[list[int]], reference: list[list[int]]
+):
     prefill, decode = pd["pa-healthy"], pd["d"]
     colo = await generate_all(worker.grpc, prompts, f"colo-{pd.backend}", max_tokens=NEW)
     disagg = await generate_all(decode.grpc, prompts, "pd", prefill=prefill.target(), max_tokens=NEW)
@@ -54,8 +55,9 @@ async def test_disaggregated_output_equals_colocated_and_hf(pd: BackendCluster, 
         await loads.all_pages_free([decode.instance_id, prefill.instance_id, worker.instance_id])
 
 
-async def test_bad_requests_get_typed_errors_and_decode_keeps_serving(pd: BackendCluster, prompts: list[list[int]],
-                                                                      reference: list[list[int]]):
+async def test_bad_requests_get_typed_errors_and_decode_keeps_serving(
+    pd: BackendCluster, prompts: list[list[int]], reference: list[list[int]]
+):
     prefill, decode = pd["pa-healthy"], pd["d"]
     target = prefill.target()
     cases = [  # (request id, prompt, sampling, substring of the message)

@@ -66,8 +66,9 @@ async def test_malformed_and_incompatible_tickets_are_typed_errors(pd: BackendCl
         pages = [1, 2, 3]
         other_backend = common_pb2.TransferPeer()
         other_backend.CopyFrom(local.transfer.peer_pb())
-        other_backend.backend = (common_pb2.TRANSFER_BACKEND_MOONCAKE if pd.backend == "nixl"
-                                 else common_pb2.TRANSFER_BACKEND_NIXL)
+        other_backend.backend = (
+            common_pb2.TRANSFER_BACKEND_MOONCAKE if pd.backend == "nixl" else common_pb2.TRANSFER_BACKEND_NIXL
+        )
         dims = dict(num_layers=layout.num_layers, num_kv_heads=layout.num_kv_heads, head_dim=layout.head_dim)
         wrong_page = common_pb2.KVLayout(dtype=common_pb2.DTYPE_FLOAT32, page_size=8, **dims)
         no_dtype = common_pb2.KVLayout(dtype=common_pb2.DTYPE_UNSPECIFIED, page_size=16, **dims)
@@ -82,8 +83,11 @@ async def test_malformed_and_incompatible_tickets_are_typed_errors(pd: BackendCl
             (dict(pages=half_pages), common_pb2.ERROR_CODE_INVALID_ARGUMENT, "bytes"),
             (dict(skip_tokens=5), common_pb2.ERROR_CODE_INVALID_ARGUMENT, "multiple of the page size"),
             (dict(prompt_token_ids=[]), common_pb2.ERROR_CODE_INVALID_ARGUMENT, "prompt tokens"),
-            (dict(prompt_token_ids=[5] * (CONTEXT + 10), pages=local.transfer.descriptors(list(range(33)))),
-             common_pb2.ERROR_CODE_INVALID_ARGUMENT, "shorten the prompt"),
+            (
+                dict(prompt_token_ids=[5] * (CONTEXT + 10), pages=local.transfer.descriptors(list(range(33)))),
+                common_pb2.ERROR_CODE_INVALID_ARGUMENT,
+                "shorten the prompt",
+            ),
         ]
         for i, (fields, code, match) in enumerate(cases):
             with pytest.raises(grpc.aio.AioRpcError) as info:

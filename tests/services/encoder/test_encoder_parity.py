@@ -18,16 +18,68 @@ from services.encoder.embedding import SentenceEmbedder
 
 pytestmark = pytest.mark.slow
 
-_WORDS = ("the quick brown fox jumps over lazy dog serving latency prefill decode cache page token model "
-          "embedding vector search ranking query document Paris France capital river mountain").split()
+_WORDS = [
+    "the",
+    "quick",
+    "brown",
+    "fox",
+    "jumps",
+    "over",
+    "lazy",
+    "dog",
+    "serving",
+    "latency",
+    "prefill",
+    "decode",
+    "cache",
+    "page",
+    "token",
+    "model",
+    "embedding",
+    "vector",
+    "search",
+    "ranking",
+    "query",
+    "document",
+    "Paris",
+    "France",
+    "capital",
+    "river",
+    "mountain",
+]
 _FIXED = [
-    "", " ", ".", "a", "!!!", "?", "\n\t", "0", "I", "OK",  # empty-ish
-    "Hello, world!", "What is the capital of France?", "The capital of France is Paris.",
-    "Ünïcödé àccents are déjà vu for the naïve café owner.", "東京は日本の首都です。", "Москва — столица России.",
-    "مرحبا بالعالم", "שלום עולם", "नमस्ते दुनिया", "😀🚀 emoji only 🎉", "🙂", "Ελληνικά γράμματα αβγ",
-    "한국어 문장입니다", "ไทย ภาษา", "mixed 中文 and English text", "C'est la vie, n'est-ce pas ?",
-    "def f(x): return x ** 2  # code", "SELECT * FROM table WHERE id = 42;", "https://example.com/path?q=1&r=2",
-    "3.14159 2.71828 1.41421 numbers", "UPPER CASE SHOUTING", "tabs\tand\nnewlines\r\ninside",
+    "",
+    " ",
+    ".",
+    "a",
+    "!!!",
+    "?",
+    "\n\t",
+    "0",
+    "I",
+    "OK",  # empty-ish
+    "Hello, world!",
+    "What is the capital of France?",
+    "The capital of France is Paris.",
+    "Ünïcödé àccents are déjà vu for the naïve café owner.",
+    "東京は日本の首都です。",
+    "Москва — столица России.",
+    "مرحبا بالعالم",
+    "שלום עולם",
+    "नमस्ते दुनिया",
+    "😀🚀 emoji only 🎉",
+    "🙂",
+    "Ελληνικά γράμματα αβγ",
+    "한국어 문장입니다",
+    "ไทย ภาษา",
+    "mixed 中文 and English text",
+    "C'est la vie, n'est-ce pas ?",
+    "def f(x): return x ** 2  # code",
+    "SELECT * FROM table WHERE id = 42;",
+    "https://example.com/path?q=1&r=2",
+    "3.14159 2.71828 1.41421 numbers",
+    "UPPER CASE SHOUTING",
+    "tabs\tand\nnewlines\r\ninside",
     "a " * 200,  # ~200 tokens
     "long " * 300,  # > 256 tokens: cut
     "antidisestablishmentarianism " * 80,  # many word pieces: cut
@@ -58,8 +110,9 @@ def embedder(minilm_dir: Path) -> SentenceEmbedder:
     return SentenceEmbedder(minilm_dir, "all-minilm-l6-v2")
 
 
-def test_batched_through_the_batcher_equals_sentence_transformers(embedder: SentenceEmbedder,
-                                                                  reference: np.ndarray) -> None:
+def test_batched_through_the_batcher_equals_sentence_transformers(
+    embedder: SentenceEmbedder, reference: np.ndarray
+) -> None:
     texts = sentences()
     ids = embedder.tokenize(texts, truncate_to=256)
     assert max(len(x) for x in ids) == 256 and min(len(x) for x in ids) == 2  # cut ones, and "" -> [CLS] [SEP]
@@ -97,8 +150,9 @@ def test_over_long_input_is_refused_unless_truncating(embedder: SentenceEmbedder
     assert len(embedder.tokenize(["long " * 300], truncate_to=256)[0]) == 256
 
 
-def test_truncation_keeps_the_start_and_the_special_tokens_as_hugging_face_does(embedder: SentenceEmbedder,
-                                                                               minilm_dir: Path) -> None:
+def test_truncation_keeps_the_start_and_the_special_tokens_as_hugging_face_does(
+    embedder: SentenceEmbedder, minilm_dir: Path
+) -> None:
     from transformers import AutoTokenizer
 
     from services.encoder.errors import EncoderError

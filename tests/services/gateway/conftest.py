@@ -17,7 +17,7 @@ MODEL = "tiny"
 
 
 @pytest.fixture(scope="session")
-def tiny_tokenizer(tiny_llama_dir: Path) -> GatewayTokenizer:  # noqa: F811
+def tiny_tokenizer(tiny_llama_dir: Path) -> GatewayTokenizer:
     return GatewayTokenizer.from_dir(tiny_llama_dir)
 
 
@@ -46,8 +46,9 @@ def app(make_app: AppFactory) -> GatewayApp:
 
 
 def client_for(app: GatewayApp, **headers: str) -> httpx.AsyncClient:
-    return httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://gateway", headers=headers,
-                             timeout=10.0)
+    return httpx.AsyncClient(
+        transport=httpx.ASGITransport(app=app), base_url="http://gateway", headers=headers, timeout=10.0
+    )
 
 
 @pytest.fixture

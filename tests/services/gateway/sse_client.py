@@ -15,7 +15,7 @@ def parse_sse(body: str) -> tuple[list[dict[str, Any]], bool]:
     for block in body.split("\n\n")[:-1]:
         assert block.startswith("data: "), f"not an SSE data line: {block[:80]!r}"
         assert not done, "event after [DONE]"
-        payload = block[len("data: "):]
+        payload = block[len("data: ") :]
         if payload == "[DONE]":
             done = True
         else:

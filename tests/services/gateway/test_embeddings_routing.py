@@ -28,18 +28,32 @@ class StaticMembership:
 
 
 def _enc(iid: str, model: str = "mini", modalities=(Modality.EMBEDDING,), state=InstanceState.READY) -> InstanceInfo:
-    return InstanceInfo(cluster="c", role="encoder", instance_id=iid, grpc_address=f"127.0.0.1:{len(iid)}", epoch=1,
-                        state=state, model=model, capacity=Capacity(max_running_requests=8),
-                        encoder=EncoderInfo(modalities=tuple(modalities), embedding_model=model, embedding_dim=384,
-                                            max_seq_len=256))
+    return InstanceInfo(
+        cluster="c",
+        role="encoder",
+        instance_id=iid,
+        grpc_address=f"127.0.0.1:{len(iid)}",
+        epoch=1,
+        state=state,
+        model=model,
+        capacity=Capacity(max_running_requests=8),
+        encoder=EncoderInfo(modalities=tuple(modalities), embedding_model=model, embedding_dim=384, max_seq_len=256),
+    )
 
 
 def test_router_filters_by_modality_model_and_state_and_picks_by_load() -> None:
-    infos = [_enc("e1"), _enc("e2"), _enc("e3", model="other"), _enc("e4", modalities=(Modality.IMAGE,)),
-             _enc("e5", state=InstanceState.DRAINING)]
+    infos = [
+        _enc("e1"),
+        _enc("e2"),
+        _enc("e3", model="other"),
+        _enc("e4", modalities=(Modality.IMAGE,)),
+        _enc("e5", state=InstanceState.DRAINING),
+    ]
     loads = LoadTable()
-    loads._on_report(LoadReport(instance_id="e1", role="encoder", epoch=1, seq=1, ts=0.0,
-                                load=LoadSnapshot(running=3, queued=2)), None)  # type: ignore[arg-type]
+    loads._on_report(
+        LoadReport(instance_id="e1", role="encoder", epoch=1, seq=1, ts=0.0, load=LoadSnapshot(running=3, queued=2)),
+        None,
+    )  # type: ignore[arg-type]
     r = EncoderRouter(StaticMembership(infos), loads)
     cands = r.candidates(Modality.EMBEDDING, "mini")
     assert sorted(c.instance_id for c in cands) == ["e1", "e2"]
@@ -48,8 +62,9 @@ def test_router_filters_by_modality_model_and_state_and_picks_by_load() -> None:
     assert r.pick(cands, exclude={"e1", "e2"}) is None
     assert set(r.embedding_models()) == {"mini", "other"}
     # equal loads take turns; requests this gateway has outstanding count too
-    idle = [c for c in r.candidates(Modality.EMBEDDING, "mini") if c.instance_id == "e2"] + \
-        [c for c in r.candidates(Modality.EMBEDDING, "other")]
+    idle = [c for c in r.candidates(Modality.EMBEDDING, "mini") if c.instance_id == "e2"] + [
+        c for c in r.candidates(Modality.EMBEDDING, "other")
+    ]
     picks = {r.pick(idle).instance_id for _ in range(4)}
     assert picks == {"e2", "e3"}
     r.begin("e2")
@@ -58,21 +73,32 @@ def test_router_filters_by_modality_model_and_state_and_picks_by_load() -> None:
     assert "e2" not in r.inflight
 
 
-@pytest.mark.parametrize("value, texts, tokens", [
-    ("hi", ("hi",), ()),
-    (["a", "b"], ("a", "b"), ()),
-    ([1, 2, 3], (), ((1, 2, 3),)),
-    ([[1, 2], [3]], (), ((1, 2), (3,))),
-])
+@pytest.mark.parametrize(
+    "value, texts, tokens",
+    [
+        ("hi", ("hi",), ()),
+        (["a", "b"], ("a", "b"), ()),
+        ([1, 2, 3], (), ((1, 2, 3),)),
+        ([[1, 2], [3]], (), ((1, 2), (3,))),
+    ],
+)
 def test_inputs_of_accepts_the_four_openai_shapes(value, texts, tokens) -> None:  # type: ignore[no-untyped-def]
     assert inputs_of(value) == (texts, tokens)
 
 
-@pytest.mark.parametrize("value, match", [
-    ("", "empty string"), ([], "empty list"), (["a", ""], r"input\[1\] is an empty string"),
-    (["a", [1]], "not a mix"), ([[1], []], r"input\[1\] is an empty list"), ([-3], "token id -3"),
-    ([1.5], "not a mix"), (["x"] * 2049, "at most 2048"),
-])
+@pytest.mark.parametrize(
+    "value, match",
+    [
+        ("", "empty string"),
+        ([], "empty list"),
+        (["a", ""], r"input\[1\] is an empty string"),
+        (["a", [1]], "not a mix"),
+        ([[1], []], r"input\[1\] is an empty list"),
+        ([-3], "token id -3"),
+        ([1.5], "not a mix"),
+        (["x"] * 2049, "at most 2048"),
+    ],
+)
 def test_inputs_of_refuses_bad_shapes(value, match) -> None:  # type: ignore[no-untyped-def]
     with pytest.raises(ApiError, match=match) as e:
         inputs_of(value)

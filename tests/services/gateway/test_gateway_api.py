@@ -33,15 +33,17 @@ def strict(body: bytes, typ: type) -> Any:
     return obj
 
 
-async def test_chat_non_streaming(client: httpx.AsyncClient, backend: MockBackend,
-                                  tiny_tokenizer: GatewayTokenizer) -> None:
+async def test_chat_non_streaming(
+    client: httpx.AsyncClient, backend: MockBackend, tiny_tokenizer: GatewayTokenizer
+) -> None:
     r = await client.post(CHAT, json={"model": MODEL, "messages": MESSAGES, "max_tokens": 7, "temperature": 0})
     assert r.status_code == 200, r.text
     resp = strict(r.content, ChatCompletionResponse)
     (req,) = backend.requests
     # The prompt is the HF chat template applied by transformers itself, tokenized with special tokens as text.
-    want_prompt = tiny_tokenizer.hf.apply_chat_template(MESSAGES, add_generation_prompt=True, tokenize=True,
-                                                        return_dict=False)
+    want_prompt = tiny_tokenizer.hf.apply_chat_template(
+        MESSAGES, add_generation_prompt=True, tokenize=True, return_dict=False
+    )
     assert list(req.prompt_token_ids) == list(want_prompt)
     assert req.sampling.max_tokens == 7 and req.sampling.temperature == 0.0
     expected_ids = backend.output_for(req)
@@ -54,8 +56,9 @@ async def test_chat_non_streaming(client: httpx.AsyncClient, backend: MockBacken
     assert backend.finished == [req.request_id] and backend.cancelled == []
 
 
-async def test_chat_streaming_with_usage(client: httpx.AsyncClient, backend: MockBackend,
-                                         tiny_tokenizer: GatewayTokenizer) -> None:
+async def test_chat_streaming_with_usage(
+    client: httpx.AsyncClient, backend: MockBackend, tiny_tokenizer: GatewayTokenizer
+) -> None:
     body = {"messages": MESSAGES, "max_tokens": 9, "stream": True, "stream_options": {"include_usage": True}}
     r = await client.post(CHAT, json=body)
     assert r.status_code == 200 and r.headers["content-type"].startswith("text/event-stream")
@@ -67,8 +70,12 @@ async def test_chat_streaming_with_usage(client: httpx.AsyncClient, backend: Moc
     usage = events[-1]["usage"]
     assert events[-1]["choices"] == []
     (req,) = backend.requests
-    assert usage == {"prompt_tokens": len(req.prompt_token_ids), "completion_tokens": 9,
-                     "total_tokens": len(req.prompt_token_ids) + 9, "prompt_tokens_details": {"cached_tokens": 0}}
+    assert usage == {
+        "prompt_tokens": len(req.prompt_token_ids),
+        "completion_tokens": 9,
+        "total_tokens": len(req.prompt_token_ids) + 9,
+        "prompt_tokens_details": {"cached_tokens": 0},
+    }
     text = "".join(e["choices"][0]["delta"].get("content", "") for e in events[:-1])
     assert text == tiny_tokenizer.decode(backend.output_for(req))
     finishes = [e["choices"][0]["finish_reason"] for e in events[:-1]]
@@ -83,8 +90,9 @@ async def test_streaming_without_usage_has_no_usage_field(client: httpx.AsyncCli
 
 
 @pytest.mark.parametrize("as_ids", [False, True])
-async def test_completions_text_and_token_prompts(client: httpx.AsyncClient, backend: MockBackend,
-                                                  tiny_tokenizer: GatewayTokenizer, as_ids: bool) -> None:
+async def test_completions_text_and_token_prompts(
+    client: httpx.AsyncClient, backend: MockBackend, tiny_tokenizer: GatewayTokenizer, as_ids: bool
+) -> None:
     prompt_text = "The capital of France is"
     ids = tiny_tokenizer.hf(prompt_text)["input_ids"]  # HF's own encode, special tokens included
     r = await client.post(COMPLETIONS, json={"prompt": ids if as_ids else prompt_text, "max_tokens": 5})
@@ -96,8 +104,9 @@ async def test_completions_text_and_token_prompts(client: httpx.AsyncClient, bac
     assert resp.usage.prompt_tokens == len(ids) and resp.usage.completion_tokens == 5
 
 
-async def test_completions_streaming(client: httpx.AsyncClient, backend: MockBackend,
-                                     tiny_tokenizer: GatewayTokenizer) -> None:
+async def test_completions_streaming(
+    client: httpx.AsyncClient, backend: MockBackend, tiny_tokenizer: GatewayTokenizer
+) -> None:
     r = await client.post(COMPLETIONS, json={"prompt": ["one prompt in a list"], "max_tokens": 6, "stream": True})
     events, done = parse_sse(r.text)
     assert done
@@ -108,8 +117,9 @@ async def test_completions_streaming(client: httpx.AsyncClient, backend: MockBac
     assert events[-1]["choices"][0]["finish_reason"] == "length"
 
 
-async def test_chat_logprobs_shape(client: httpx.AsyncClient, backend: MockBackend,
-                                   tiny_tokenizer: GatewayTokenizer) -> None:
+async def test_chat_logprobs_shape(
+    client: httpx.AsyncClient, backend: MockBackend, tiny_tokenizer: GatewayTokenizer
+) -> None:
     r = await client.post(CHAT, json={"messages": MESSAGES, "max_tokens": 5, "logprobs": True, "top_logprobs": 3})
     resp = strict(r.content, ChatCompletionResponse)
     (req,) = backend.requests
@@ -131,8 +141,9 @@ async def test_chat_without_logprobs_has_null_logprobs(client: httpx.AsyncClient
     assert r.json()["choices"][0]["logprobs"] is None
 
 
-async def test_completion_logprobs_shape(client: httpx.AsyncClient, backend: MockBackend,
-                                         tiny_tokenizer: GatewayTokenizer) -> None:
+async def test_completion_logprobs_shape(
+    client: httpx.AsyncClient, backend: MockBackend, tiny_tokenizer: GatewayTokenizer
+) -> None:
     r = await client.post(COMPLETIONS, json={"prompt": "Numbers: 0 1 2 3", "max_tokens": 4, "logprobs": 2})
     resp = strict(r.content, CompletionResponse)
     lp = resp.choices[0].logprobs
@@ -145,7 +156,8 @@ async def test_completion_logprobs_shape(client: httpx.AsyncClient, backend: Moc
 
 
 async def test_multibyte_output_split_across_tokens_streams_whole_characters(
-        make_app: AppFactory, tiny_tokenizer: GatewayTokenizer) -> None:
+    make_app: AppFactory, tiny_tokenizer: GatewayTokenizer
+) -> None:
     text = "Grüße 🙂 中文!"
     out = byte_token_ids(tiny_tokenizer, text.encode())
     backend = MockBackend([MODEL], output_token_ids=out, vocab_size=tiny_tokenizer.vocab_size)
@@ -159,13 +171,15 @@ async def test_multibyte_output_split_across_tokens_streams_whole_characters(
 
 @pytest.mark.parametrize("stream", [False, True])
 async def test_stop_string_across_tokens_cuts_output_and_cancels_backend(
-        make_app: AppFactory, tiny_tokenizer: GatewayTokenizer, stream: bool) -> None:
+    make_app: AppFactory, tiny_tokenizer: GatewayTokenizer, stream: bool
+) -> None:
     text = "alpha beta STOP gamma delta"
     out = byte_token_ids(tiny_tokenizer, text.encode())  # "STOP" spans 4 tokens
     backend = MockBackend([MODEL], output_token_ids=out, vocab_size=tiny_tokenizer.vocab_size)
     async with client_for(make_app(backend=backend)) as c:
-        r = await c.post(COMPLETIONS, json={"prompt": "x", "max_tokens": len(out), "stop": ["STOP", "zzz"],
-                                            "stream": stream})
+        r = await c.post(
+            COMPLETIONS, json={"prompt": "x", "max_tokens": len(out), "stop": ["STOP", "zzz"], "stream": stream}
+        )
     if stream:
         events, done = parse_sse(r.text)
         assert done
@@ -193,10 +207,24 @@ async def test_eos_from_backend_finishes_with_stop(make_app: AppFactory, tiny_to
 
 
 async def test_sampling_parameters_reach_the_backend(client: httpx.AsyncClient, backend: MockBackend) -> None:
-    body = {"messages": MESSAGES, "max_completion_tokens": 4, "max_tokens": 99, "temperature": 0.7, "top_p": 0.9,
-            "top_k": 40, "min_p": 0.05, "seed": 1234, "stop": "END", "presence_penalty": 0.5,
-            "frequency_penalty": -0.5, "repetition_penalty": 1.1, "ignore_eos": True, "min_tokens": 2,
-            "stop_token_ids": [7], "include_stop_str_in_output": True}
+    body = {
+        "messages": MESSAGES,
+        "max_completion_tokens": 4,
+        "max_tokens": 99,
+        "temperature": 0.7,
+        "top_p": 0.9,
+        "top_k": 40,
+        "min_p": 0.05,
+        "seed": 1234,
+        "stop": "END",
+        "presence_penalty": 0.5,
+        "frequency_penalty": -0.5,
+        "repetition_penalty": 1.1,
+        "ignore_eos": True,
+        "min_tokens": 2,
+        "stop_token_ids": [7],
+        "include_stop_str_in_output": True,
+    }
     r = await client.post(CHAT, json=body, headers={"traceparent": "00-" + "a" * 32 + "-" + "b" * 16 + "-01"})
     assert r.status_code == 200, r.text
     (req,) = backend.requests
@@ -208,8 +236,9 @@ async def test_sampling_parameters_reach_the_backend(client: httpx.AsyncClient, 
     assert dict(req.trace_headers)["traceparent"].startswith("00-aaaa")
 
 
-async def test_max_tokens_defaults_to_the_room_left_in_the_context(client: httpx.AsyncClient, backend: MockBackend,
-                                                                   tiny_tokenizer: GatewayTokenizer) -> None:
+async def test_max_tokens_defaults_to_the_room_left_in_the_context(
+    client: httpx.AsyncClient, backend: MockBackend, tiny_tokenizer: GatewayTokenizer
+) -> None:
     backend.output_token_ids = (5,)
     r = await client.post(COMPLETIONS, json={"prompt": [5, 6, 7]})
     assert r.status_code == 200
@@ -257,8 +286,16 @@ async def test_openapi_lists_exactly_the_served_routes(client: httpx.AsyncClient
     schemas = doc["components"]["schemas"]
     chat = doc["paths"]["/v1/chat/completions"]["post"]
     assert chat["requestBody"]["content"]["application/json"]["schema"]["$ref"].endswith("/ChatCompletionRequest")
-    for ref in ("ChatCompletionRequest", "CompletionRequest", "ChatCompletionResponse", "ChatCompletionChunk",
-                "CompletionResponse", "CompletionChunk", "ModelList", "ErrorResponse"):
+    for ref in (
+        "ChatCompletionRequest",
+        "CompletionRequest",
+        "ChatCompletionResponse",
+        "ChatCompletionChunk",
+        "CompletionResponse",
+        "CompletionChunk",
+        "ModelList",
+        "ErrorResponse",
+    ):
         assert ref in schemas
     assert "messages" in schemas["ChatCompletionRequest"]["required"]
     assert "security" not in chat

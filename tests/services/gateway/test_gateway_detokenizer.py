@@ -62,8 +62,10 @@ def test_any_chunking_of_byte_tokens_gives_the_text(tiny_tokenizer: GatewayToken
 
 
 @SETTINGS
-@given(text=st.text(alphabet=st.characters(codec="utf-8", exclude_categories=("Cs", "Cc")), max_size=40),
-       cuts=st.lists(st.integers(min_value=0, max_value=120), max_size=20))
+@given(
+    text=st.text(alphabet=st.characters(codec="utf-8", exclude_categories=("Cs", "Cc")), max_size=40),
+    cuts=st.lists(st.integers(min_value=0, max_value=120), max_size=20),
+)
 def test_real_tokenization_round_trips(tiny_tokenizer: GatewayTokenizer, text: str, cuts: list[int]) -> None:
     ids = tiny_tokenizer.encode_text(text, add_special_tokens=False)
     pieces, _ = stream(tiny_tokenizer, chunked(ids, cuts))
@@ -114,9 +116,9 @@ def reference_cut(text: str, stops: list[str], include: bool) -> tuple[str, str 
     per_byte=st.booleans(),
     include=st.booleans(),
 )
-def test_stop_strings_across_chunks_match_the_reference(tiny_tokenizer: GatewayTokenizer, text: str,
-                                                        stops: list[str], cuts: list[int], per_byte: bool,
-                                                        include: bool) -> None:
+def test_stop_strings_across_chunks_match_the_reference(
+    tiny_tokenizer: GatewayTokenizer, text: str, stops: list[str], cuts: list[int], per_byte: bool, include: bool
+) -> None:
     ids = byte_token_ids(tiny_tokenizer, text.encode())
     chunks = [[i] for i in ids] if per_byte else chunked(ids, cuts)  # per byte: every stop spans chunks
     pieces, detok = stream(tiny_tokenizer, chunks, stop=stops, include_stop_str_in_output=include)
@@ -176,14 +178,18 @@ def _cost_per_token(tok: GatewayTokenizer, ids: list[int]) -> float:
 
 
 def test_cost_per_token_does_not_grow_with_output_length(tiny_tokenizer: GatewayTokenizer) -> None:
-    unit = tiny_tokenizer.encode_text("Prefill computes the prompt; decode produces one token. ", add_special_tokens=False)
+    unit = tiny_tokenizer.encode_text(
+        "Prefill computes the prompt; decode produces one token. ", add_special_tokens=False
+    )
     short, long = unit * 10, unit * 160  # 16x longer: a quadratic detokenizer would cost ~16x more per token
     assert _cost_per_token(tiny_tokenizer, long) < 4 * _cost_per_token(tiny_tokenizer, short)
 
 
 @settings(max_examples=300, deadline=None)
-@given(pieces=st.lists(st.text(alphabet="abc", max_size=6), max_size=8),
-       stops=st.lists(st.text(alphabet="abc", min_size=1, max_size=6), min_size=1, max_size=3))
+@given(
+    pieces=st.lists(st.text(alphabet="abc", max_size=6), max_size=8),
+    stops=st.lists(st.text(alphabet="abc", min_size=1, max_size=6), min_size=1, max_size=3),
+)
 def test_held_back_tail_is_the_longest_partial_stop(pieces: list[str], stops: list[str]) -> None:
     m = StopStringMatcher(stops)
     emitted = ""
@@ -194,6 +200,7 @@ def test_held_back_tail_is_the_longest_partial_stop(pieces: list[str], stops: li
             return
         text = emitted + m.held_back
         # Brute force: every suffix of everything seen so far against every proper prefix of every stop.
-        want = max((k for k in range(1, len(text) + 1) for s in stops if k < len(s) and text.endswith(s[:k])),
-                   default=0)
+        want = max(
+            (k for k in range(1, len(text) + 1) for s in stops if k < len(s) and text.endswith(s[:k])), default=0
+        )
         assert len(m.held_back) == want

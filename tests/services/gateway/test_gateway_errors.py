@@ -9,7 +9,6 @@ import httpx
 import msgspec
 import pytest
 
-from services.gateway.http.api_responses import ErrorResponse
 from services.gateway.backend import (
     BackendError,
     BackendOverloaded,
@@ -18,6 +17,7 @@ from services.gateway.backend import (
     InvalidRequest,
     ModelNotFound,
 )
+from services.gateway.http.api_responses import ErrorResponse
 from services.gateway.mock.backend import MockBackend
 from tests.services.gateway.conftest import AppFactory, client_for
 from tests.services.gateway.sse_client import parse_sse
@@ -46,8 +46,11 @@ CHAT_CASES: list[tuple[str, dict[str, Any], str | None]] = [
     ("unknown role", {"messages": [{"role": "robot", "content": "x"}]}, "messages[0].role"),
     ("content wrong type", {"messages": [{"role": "user", "content": 5}]}, "messages[0].content"),
     ("unknown content part", {"messages": [{"role": "user", "content": [{"type": "video", "v": 1}]}]}, None),
-    ("image part", {"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "x"}}]}]},
-     "messages[0].content[0]"),
+    (
+        "image part",
+        {"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "x"}}]}]},
+        "messages[0].content[0]",
+    ),
     ("max_tokens zero", {"messages": MSG, "max_tokens": 0}, "max_tokens"),
     ("max_tokens negative", {"messages": MSG, "max_tokens": -5}, "max_tokens"),
     ("max_tokens string", {"messages": MSG, "max_tokens": "10"}, "max_tokens"),
@@ -75,32 +78,51 @@ CHAT_CASES: list[tuple[str, dict[str, Any], str | None]] = [
     ("top_logprobs without logprobs", {"messages": MSG, "top_logprobs": 2}, "top_logprobs"),
     ("top_logprobs too many", {"messages": MSG, "logprobs": True, "top_logprobs": 21}, "top_logprobs"),
     ("logprobs wrong type", {"messages": MSG, "logprobs": "yes"}, "logprobs"),
-    ("stream_options without stream", {"messages": MSG, "stream_options": {"include_usage": True}},
-     "stream_options"),
+    ("stream_options without stream", {"messages": MSG, "stream_options": {"include_usage": True}}, "stream_options"),
     ("logit_bias out of vocab", {"messages": MSG, "logit_bias": {"999999": 10}}, "logit_bias"),
     ("logit_bias too large", {"messages": MSG, "logit_bias": {"5": 101}}, "logit_bias"),
     ("logit_bias key not an id", {"messages": MSG, "logit_bias": {"abc": 1}}, "logit_bias"),
     ("tools without function", {"messages": MSG, "tools": [{"type": "function"}]}, "tools"),
-    ("json_schema without schema", {"messages": MSG, "response_format": {"type": "json_schema",
-                                                                          "json_schema": {"name": "x"}}},
-     "response_format.json_schema.schema"),
-    ("json_schema that cannot compile", {"messages": MSG, "response_format": {"type": "json_schema", "json_schema": {
-        "name": "x", "schema": {"type": "object", "properties": {"d": {"type": "string", "pattern": "(?<=a)b"}}}}}},
-     "response_format"),
-    ("structured_outputs two constraints", {"messages": MSG, "structured_outputs": {"regex": "a", "choice": ["b"]}},
-     "structured_outputs"),
+    (
+        "json_schema without schema",
+        {"messages": MSG, "response_format": {"type": "json_schema", "json_schema": {"name": "x"}}},
+        "response_format.json_schema.schema",
+    ),
+    (
+        "json_schema that cannot compile",
+        {
+            "messages": MSG,
+            "response_format": {
+                "type": "json_schema",
+                "json_schema": {
+                    "name": "x",
+                    "schema": {"type": "object", "properties": {"d": {"type": "string", "pattern": "(?<=a)b"}}},
+                },
+            },
+        },
+        "response_format",
+    ),
+    (
+        "structured_outputs two constraints",
+        {"messages": MSG, "structured_outputs": {"regex": "a", "choice": ["b"]}},
+        "structured_outputs",
+    ),
     ("structured_outputs bad regex", {"messages": MSG, "structured_outputs": {"regex": "a("}}, "structured_outputs"),
     ("priority negative", {"messages": MSG, "priority": -1}, "priority"),
     ("model wrong type", {"messages": MSG, "model": 5}, "model"),
-    ("chat template kwargs clash", {"messages": MSG, "chat_template_kwargs": {"add_generation_prompt": False}},
-     "messages"),
+    (
+        "chat template kwargs clash",
+        {"messages": MSG, "chat_template_kwargs": {"add_generation_prompt": False}},
+        "messages",
+    ),
     ("max_tokens over context", {"messages": MSG, "max_tokens": 10_000}, "max_tokens"),
 ]
 
 
 @pytest.mark.parametrize("body,param", [(b, p) for _, b, p in CHAT_CASES], ids=[n for n, _, _ in CHAT_CASES])
-async def test_bad_chat_requests_are_400(client: httpx.AsyncClient, backend: MockBackend, body: dict[str, Any],
-                                         param: str | None) -> None:
+async def test_bad_chat_requests_are_400(
+    client: httpx.AsyncClient, backend: MockBackend, body: dict[str, Any], param: str | None
+) -> None:
     assert_error(await client.post(CHAT, json=body), 400, param)
     assert backend.requests == []  # rejected before reaching any worker
 
@@ -124,34 +146,44 @@ COMPLETION_CASES: list[tuple[str, dict[str, Any], str | None]] = [
 ]
 
 
-@pytest.mark.parametrize("body,param", [(b, p) for _, b, p in COMPLETION_CASES],
-                         ids=[n for n, _, _ in COMPLETION_CASES])
-async def test_bad_completion_requests_are_400(client: httpx.AsyncClient, body: dict[str, Any],
-                                               param: str | None) -> None:
+@pytest.mark.parametrize(
+    "body,param", [(b, p) for _, b, p in COMPLETION_CASES], ids=[n for n, _, _ in COMPLETION_CASES]
+)
+async def test_bad_completion_requests_are_400(
+    client: httpx.AsyncClient, body: dict[str, Any], param: str | None
+) -> None:
     assert_error(await client.post(COMPLETIONS, json=body), 400, param)
 
 
 async def test_context_length_error_names_the_numbers(client: httpx.AsyncClient) -> None:
-    err = assert_error(await client.post(COMPLETIONS, json={"prompt": [5] * 500, "max_tokens": 20}), 400,
-                       "max_tokens", "context_length_exceeded")
+    err = assert_error(
+        await client.post(COMPLETIONS, json={"prompt": [5] * 500, "max_tokens": 20}),
+        400,
+        "max_tokens",
+        "context_length_exceeded",
+    )
     assert "512" in err["message"] and "500" in err["message"] and "at most 12" in err["message"]
 
 
-@pytest.mark.parametrize("raw,code", [
-    (b"{not json", "invalid_json"),
-    (b"", "invalid_json"),
-    (b"[1, 2]", None),
-    (b'{"messages": [{"role": "user", "content": "\xff\xfe"}]}', "invalid_utf8"),
-    (b'{"messages": []} trailing', "invalid_json"),
-    (b"\x00\x01\x02", None),
-])
+@pytest.mark.parametrize(
+    "raw,code",
+    [
+        (b"{not json", "invalid_json"),
+        (b"", "invalid_json"),
+        (b"[1, 2]", None),
+        (b'{"messages": [{"role": "user", "content": "\xff\xfe"}]}', "invalid_utf8"),
+        (b'{"messages": []} trailing', "invalid_json"),
+        (b"\x00\x01\x02", None),
+    ],
+)
 async def test_malformed_bodies_are_400(client: httpx.AsyncClient, raw: bytes, code: str | None) -> None:
     assert_error(await client.post(CHAT, content=raw, headers={"content-type": "application/json"}), 400, code=code)
 
 
 async def test_unknown_model_is_404(client: httpx.AsyncClient) -> None:
-    err = assert_error(await client.post(CHAT, json={"model": "gpt-9", "messages": MSG}), 404, "model",
-                       "model_not_found")
+    err = assert_error(
+        await client.post(CHAT, json={"model": "gpt-9", "messages": MSG}), 404, "model", "model_not_found"
+    )
     assert "tiny" in err["message"]  # lists what is served
 
 
@@ -193,24 +225,34 @@ async def test_api_key(make_app: AppFactory) -> None:
         assert (await c.post(CHAT, json={"messages": MSG, "max_tokens": 1})).status_code == 200
         assert (await c.get("/v1/models")).status_code == 200
     async with client_for(make_app()) as c:  # no key configured: no check
-        assert (await c.post(CHAT, json={"messages": MSG, "max_tokens": 1},
-                             headers={"authorization": "Bearer anything"})).status_code == 200
+        assert (
+            await c.post(CHAT, json={"messages": MSG, "max_tokens": 1}, headers={"authorization": "Bearer anything"})
+        ).status_code == 200
 
 
-@pytest.mark.parametrize("exc,status,code,retry_after", [
-    (BackendOverloaded("all decode queues are full", retry_after_s=2.5), 429, "overloaded", "3"),
-    (BackendOverloaded("no KV pages", status=503), 503, "overloaded", "1"),
-    (BackendUnavailable("no decode instance registered", retry_after_s=1), 503, "unavailable", "1"),
-    (BackendUnavailable("etcd unreachable"), 503, "unavailable", None),
-    (InvalidRequest("prompt has an image but no encoder runs", param="messages"), 400, None, None),
-    (ModelNotFound("no worker serves tiny"), 404, "model_not_found", None),
-    (BackendTimeout("decode did not answer within 30 s"), 504, "timeout", None),
-    (BackendError("decode crashed"), 500, "backend_error", None),
-])
+@pytest.mark.parametrize(
+    "exc,status,code,retry_after",
+    [
+        (BackendOverloaded("all decode queues are full", retry_after_s=2.5), 429, "overloaded", "3"),
+        (BackendOverloaded("no KV pages", status=503), 503, "overloaded", "1"),
+        (BackendUnavailable("no decode instance registered", retry_after_s=1), 503, "unavailable", "1"),
+        (BackendUnavailable("etcd unreachable"), 503, "unavailable", None),
+        (InvalidRequest("prompt has an image but no encoder runs", param="messages"), 400, None, None),
+        (ModelNotFound("no worker serves tiny"), 404, "model_not_found", None),
+        (BackendTimeout("decode did not answer within 30 s"), 504, "timeout", None),
+        (BackendError("decode crashed"), 500, "backend_error", None),
+    ],
+)
 @pytest.mark.parametrize("stream", [False, True])
 async def test_backend_errors_before_the_first_token_keep_their_status(
-        client: httpx.AsyncClient, backend: MockBackend, exc: Exception, status: int, code: str | None,
-        retry_after: str | None, stream: bool) -> None:
+    client: httpx.AsyncClient,
+    backend: MockBackend,
+    exc: Exception,
+    status: int,
+    code: str | None,
+    retry_after: str | None,
+    stream: bool,
+) -> None:
     backend.fail_next.append(exc)
     r = await client.post(CHAT, json={"messages": MSG, "max_tokens": 3, "stream": stream})
     err = assert_error(r, status, code=code)
@@ -241,8 +283,7 @@ async def test_error_mid_stream_ends_the_stream_with_an_error_event(make_app: Ap
         assert_error(r, 503, code="unavailable")
 
 
-async def test_a_bug_in_the_backend_is_a_500_without_internals(client: httpx.AsyncClient,
-                                                                 backend: MockBackend) -> None:
+async def test_a_bug_in_the_backend_is_a_500_without_internals(client: httpx.AsyncClient, backend: MockBackend) -> None:
     backend.fail_next.append(RuntimeError("secret internal detail"))
     err = assert_error(await client.post(CHAT, json={"messages": MSG}), 500, code="internal_error")
     assert "secret" not in err["message"]

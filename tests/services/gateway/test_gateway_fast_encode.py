@@ -17,13 +17,51 @@ from services.gateway.text.fast_encode import ByteLevelEncoder
 from services.gateway.text.tokenizer import GatewayTokenizer
 
 # Llama 3's pre-tokenization pattern (Split, Isolated), for the Sequence[Split, ByteLevel] shape.
-LLAMA3_PATTERN = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*"
-                  r"|\s*[\r\n]+|\s+(?!\S)|\s+")
+LLAMA3_PATTERN = (
+    r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*"
+    r"|\s*[\r\n]+|\s+(?!\S)|\s+"
+)
 SPECIALS = ("<|im_start|>", "<|im_end|>", "<|endoftext|>")
-PIECES = ("hello", " world", "Paris", "'s", "'ll", "don't", "  ", "   ", "\n", "\n\n", "\t", " \n ", "123", "4567",
-          "3.14", ",", "!?", "...", "é", "e\u0301", "中文", "🙂", "👍🏽", "²", "Ⅻ", "\u00a0", "\u3000", "\u2028",
-          "\u0085", "ﬁ", "ß", "İ", "<|im_sta", "|>", "<", *SPECIALS,
-          "\U0003f575", "\u209e")  # unassigned in some Unicode versions (Oniguruma and `regex` differ on them)
+PIECES = (
+    "hello",
+    " world",
+    "Paris",
+    "'s",
+    "'ll",
+    "don't",
+    "  ",
+    "   ",
+    "\n",
+    "\n\n",
+    "\t",
+    " \n ",
+    "123",
+    "4567",
+    "3.14",
+    ",",
+    "!?",
+    "...",
+    "é",
+    "e\u0301",
+    "中文",
+    "🙂",
+    "👍🏽",
+    "²",
+    "Ⅻ",
+    "\u00a0",
+    "\u3000",
+    "\u2028",
+    "\u0085",
+    "ﬁ",
+    "ß",
+    "İ",
+    "<|im_sta",
+    "|>",
+    "<",
+    *SPECIALS,
+    "\U0003f575",
+    "\u209e",
+)  # unassigned in some Unicode versions (Oniguruma and `regex` differ on them)
 TEXTS = st.lists(st.one_of(st.sampled_from(PIECES), st.text(max_size=6)), max_size=24).map("".join)
 
 
@@ -65,8 +103,9 @@ def test_random_word_prompts_match(bundled_tokenizer: Tokenizer, warm: ByteLevel
             assert warm.encode(text) == bundled_tokenizer.encode(text).ids
 
 
-def test_characters_unicode_versions_disagree_on_go_to_the_rust_pipeline(bundled_tokenizer: Tokenizer,
-                                                                         warm: ByteLevelEncoder) -> None:
+def test_characters_unicode_versions_disagree_on_go_to_the_rust_pipeline(
+    bundled_tokenizer: Tokenizer, warm: ByteLevelEncoder
+) -> None:
     for text in ("\U0003f575's", "a \u209e'll b", "\U000e0080x"):
         assert warm.encode(text) == bundled_tokenizer.encode(text).ids
 
@@ -83,9 +122,13 @@ def test_cache_clears_stay_exact(bundled_tokenizer: Tokenizer, monkeypatch: pyte
 
 @pytest.fixture(scope="module")
 def split_pipeline(bundled_tokenizer: Tokenizer) -> tuple[Tokenizer, ByteLevelEncoder]:
-    pre = {"type": "Sequence", "pretokenizers": [
-        {"type": "Split", "pattern": {"Regex": LLAMA3_PATTERN}, "behavior": "Isolated", "invert": False},
-        {"type": "ByteLevel", "add_prefix_space": False, "trim_offsets": True, "use_regex": False}]}
+    pre = {
+        "type": "Sequence",
+        "pretokenizers": [
+            {"type": "Split", "pattern": {"Regex": LLAMA3_PATTERN}, "behavior": "Isolated", "invert": False},
+            {"type": "ByteLevel", "add_prefix_space": False, "trim_offsets": True, "use_regex": False},
+        ],
+    }
     tok = _with(bundled_tokenizer, pre_tokenizer=pre)
     enc = ByteLevelEncoder.of(tok)
     assert enc is not None
@@ -118,8 +161,9 @@ def test_a_post_processor_bos_is_left_to_the_rust_path(bundled_model_dir: Path, 
         if src.exists():
             (tmp_path / name).write_bytes(src.read_bytes())
     spec = json.loads((Path(bundled_model_dir) / "tokenizer.json").read_text())
-    spec["post_processor"] = json.loads(processors.TemplateProcessing(
-        single="<|endoftext|> $A", special_tokens=[("<|endoftext|>", 0)]).__getstate__())
+    spec["post_processor"] = json.loads(
+        processors.TemplateProcessing(single="<|endoftext|> $A", special_tokens=[("<|endoftext|>", 0)]).__getstate__()
+    )
     (tmp_path / "tokenizer.json").write_text(json.dumps(spec))
     tok = GatewayTokenizer.from_dir(tmp_path)
     assert tok._encoder is not None and tok._post_adds
@@ -135,8 +179,13 @@ def test_a_post_processor_bos_is_left_to_the_rust_path(bundled_model_dir: Path, 
 def test_gateway_tokenizer_uses_it_and_agrees_with_transformers(bundled_model_dir: Path) -> None:
     tok = GatewayTokenizer.from_dir(bundled_model_dir)
     assert tok._encoder is not None
-    for text in ("What is the capital of France?", " leading and trailing ", "tabs\tand\nlines  and  runs",
-                 "<|im_start|>user\nhi<|im_end|>", "naïve café 🙂 中文"):
+    for text in (
+        "What is the capital of France?",
+        " leading and trailing ",
+        "tabs\tand\nlines  and  runs",
+        "<|im_start|>user\nhi<|im_end|>",
+        "naïve café 🙂 中文",
+    ):
         assert tok.encode_text(text) == tok.hf(text)["input_ids"]
     messages = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Name a colour.  Now!"}]
     want = tok.hf.apply_chat_template(messages, add_generation_prompt=True, tokenize=True, return_dict=False)

@@ -21,8 +21,11 @@ def _error(r: httpx.Response, status: int) -> dict[str, object]:
 @pytest.mark.parametrize("where", ["ignored_field", "messages", "top_level"])
 async def test_deeply_nested_json_is_a_400(app: GatewayApp, where: str) -> None:
     deep = "[" * 5000 + "]" * 5000
-    body = {"ignored_field": '{"messages": [{"role": "user", "content": "hi"}], "metadata": ' + deep + "}",
-            "messages": '{"messages": ' + deep + "}", "top_level": deep}[where]
+    body = {
+        "ignored_field": '{"messages": [{"role": "user", "content": "hi"}], "metadata": ' + deep + "}",
+        "messages": '{"messages": ' + deep + "}",
+        "top_level": deep,
+    }[where]
     async with client_for(app) as c:
         r = await c.post(CHAT, content=body.encode(), headers={"content-type": "application/json"})
     assert r.status_code == 400, r.text
@@ -32,19 +35,22 @@ async def test_deeply_nested_json_is_a_400(app: GatewayApp, where: str) -> None:
 @pytest.mark.parametrize("content_type", ["text/plain", "application/x-www-form-urlencoded", "multipart/form-data"])
 async def test_non_json_content_type_is_a_415(app: GatewayApp, content_type: str) -> None:
     async with client_for(app) as c:
-        r = await c.post(CHAT, content=b'{"messages": [{"role": "user", "content": "hi"}]}',
-                         headers={"content-type": content_type})
+        r = await c.post(
+            CHAT, content=b'{"messages": [{"role": "user", "content": "hi"}]}', headers={"content-type": content_type}
+        )
     err = _error(r, 415)
     assert err["code"] == "unsupported_media_type" and "application/json" in str(err["message"])
 
 
-@pytest.mark.parametrize("content_type", [None, "application/json", "application/json; charset=utf-8",
-                                          "application/vnd.api+json"])
+@pytest.mark.parametrize(
+    "content_type", [None, "application/json", "application/json; charset=utf-8", "application/vnd.api+json"]
+)
 async def test_json_content_types_are_accepted(app: GatewayApp, content_type: str | None) -> None:
     headers = {"content-type": content_type} if content_type else {}
     async with client_for(app) as c:
-        r = await c.post(CHAT, content=b'{"messages": [{"role": "user", "content": "hi"}], "max_tokens": 2}',
-                         headers=headers)
+        r = await c.post(
+            CHAT, content=b'{"messages": [{"role": "user", "content": "hi"}], "max_tokens": 2}', headers=headers
+        )
     assert r.status_code == 200, r.text
 
 

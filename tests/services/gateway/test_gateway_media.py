@@ -37,8 +37,13 @@ def vlm_tokenizer(vlm_dir: Path) -> GatewayTokenizer:
 
 
 def make_vlm_app(vlm_dir: Path, tok: GatewayTokenizer, backend: MockBackend, **media: object) -> GatewayApp:
-    return GatewayApp(backend=backend, tokenizer=tok, served_model_names=[MODEL],
-                      media=MediaProcessor.for_model(vlm_dir, tok.hf), media_cfg=HttpConfig(**media))
+    return GatewayApp(
+        backend=backend,
+        tokenizer=tok,
+        served_model_names=[MODEL],
+        media=MediaProcessor.for_model(vlm_dir, tok.hf),
+        media_cfg=HttpConfig(**media),
+    )
 
 
 def data_uri(data: bytes, mime: str = "image/png") -> str:
@@ -47,8 +52,11 @@ def data_uri(data: bytes, mime: str = "image/png") -> str:
 
 def chat(*urls: str, text: str = "What is in the picture?") -> dict:
     parts: list[dict] = [{"type": "image_url", "image_url": {"url": u}} for u in urls]
-    return {"model": MODEL, "max_tokens": 3, "messages": [{"role": "user", "content": [*parts,
-                                                                                     {"type": "text", "text": text}]}]}
+    return {
+        "model": MODEL,
+        "max_tokens": 3,
+        "messages": [{"role": "user", "content": [*parts, {"type": "text", "text": text}]}],
+    }
 
 
 async def post(app: GatewayApp, body: dict) -> httpx.Response:
@@ -92,16 +100,19 @@ async def test_images_are_decoded_hashed_and_expanded(vlm_dir: Path, vlm_tokeniz
     assert decode_image(make_image(9), max_pixels=10**6).media_hash != req.media[0].media_hash
 
 
-@pytest.mark.parametrize("url,fragment", [
-    ("data:image/png;base64,@@@notbase64", "not valid base64"),
-    (data_uri(b"definitely not an image"), "not a PNG, JPEG or WebP"),
-    (data_uri(make_image(1)[:60]), "could not be decoded"),
-    (data_uri(make_image(1), "image/gif"), "accepted image types"),
-    ("data:text/plain,hello", "accepted image types"),
-    ("file:///etc/passwd", "--allowed-local-media-path"),
-    ("https://example.com/cat.png", "--allowed-media-domains"),
-    ("ftp://example.com/cat.png", "not supported"),
-])
+@pytest.mark.parametrize(
+    "url,fragment",
+    [
+        ("data:image/png;base64,@@@notbase64", "not valid base64"),
+        (data_uri(b"definitely not an image"), "not a PNG, JPEG or WebP"),
+        (data_uri(make_image(1)[:60]), "could not be decoded"),
+        (data_uri(make_image(1), "image/gif"), "accepted image types"),
+        ("data:text/plain,hello", "accepted image types"),
+        ("file:///etc/passwd", "--allowed-local-media-path"),
+        ("https://example.com/cat.png", "--allowed-media-domains"),
+        ("ftp://example.com/cat.png", "not supported"),
+    ],
+)
 async def test_bad_images_are_400(vlm_dir: Path, vlm_tokenizer: GatewayTokenizer, url: str, fragment: str) -> None:
     backend = MockBackend([MODEL], vocab_size=vlm_tokenizer.vocab_size)
     app = make_vlm_app(vlm_dir, vlm_tokenizer, backend)
@@ -130,8 +141,9 @@ async def test_text_only_model_refuses_images(app: GatewayApp) -> None:
     assert_400(await post(app, chat(data_uri(make_image(1)))), "unsupported", "text-only")
 
 
-async def test_local_files_only_under_the_allowed_directory(vlm_dir: Path, vlm_tokenizer: GatewayTokenizer,
-                                                            tmp_path: Path) -> None:
+async def test_local_files_only_under_the_allowed_directory(
+    vlm_dir: Path, vlm_tokenizer: GatewayTokenizer, tmp_path: Path
+) -> None:
     allowed = tmp_path / "media"
     allowed.mkdir()
     (allowed / "cat.png").write_bytes(make_image(7))
@@ -157,8 +169,10 @@ async def test_remote_images_only_from_allowed_hosts_with_limits() -> None:
     async with httpx.AsyncClient(transport=httpx.MockTransport(handler)) as client:
         data = await load_bytes("https://images.example/cat.png", cfg, client)
         assert Image.open(io.BytesIO(data)).size == (45, 37)
-        for url, fragment in [("https://other.example/cat.png", "not in the allowed"),
-                              ("https://images.example/missing.png", "HTTP 404")]:
+        for url, fragment in [
+            ("https://other.example/cat.png", "not in the allowed"),
+            ("https://images.example/missing.png", "HTTP 404"),
+        ]:
             with pytest.raises(MediaError, match=fragment):
                 await load_bytes(url, cfg, client)
         assert len(big) > cfg.max_image_bytes

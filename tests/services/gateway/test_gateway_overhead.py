@@ -51,8 +51,9 @@ def read_response(sock: socket.socket, buf: bytes) -> tuple[int, bytes]:
 
 def measure(port: int, pid: int, path: str, body: dict[str, object], n: int) -> dict[str, float]:
     payload = json.dumps(body).encode()
-    request = (f"POST {path} HTTP/1.1\r\nHost: gw\r\nContent-Type: application/json\r\n"
-               f"Content-Length: {len(payload)}\r\n\r\n").encode() + payload
+    request = (
+        f"POST {path} HTTP/1.1\r\nHost: gw\r\nContent-Type: application/json\r\nContent-Length: {len(payload)}\r\n\r\n"
+    ).encode() + payload
     with socket.create_connection(("127.0.0.1", port)) as s:
         s.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         buf = b""
@@ -79,9 +80,22 @@ def mock_gateway(tiny_llama_dir: Path) -> Iterator[tuple[int, int, str]]:
     port = s.getsockname()[1]
     s.close()
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false"}
-    proc = subprocess.Popen([sys.executable, "-m", "services.gateway.mock", "--port", str(port), "--model",
-                             str(tiny_llama_dir), "--log-level", "warning"], env=env,
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "services.gateway.mock",
+            "--port",
+            str(port),
+            "--model",
+            str(tiny_llama_dir),
+            "--log-level",
+            "warning",
+        ],
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
     try:
         deadline = time.monotonic() + 60
         while True:
@@ -107,10 +121,14 @@ def test_gateway_overhead_with_mock_workers(mock_gateway: tuple[int, int, str]) 
     port, pid, model = mock_gateway
     cases = {
         "chat, 1 token": ("/v1/chat/completions", {"model": model, "messages": MSGS, "max_tokens": 1}),
-        "chat, 8 tokens streamed": ("/v1/chat/completions",
-                                    {"model": model, "messages": MSGS, "max_tokens": 8, "stream": True}),
-        "completion, token ids, 1 token": ("/v1/completions", {"model": model, "prompt": list(range(10, 18)),
-                                                               "max_tokens": 1}),
+        "chat, 8 tokens streamed": (
+            "/v1/chat/completions",
+            {"model": model, "messages": MSGS, "max_tokens": 8, "stream": True},
+        ),
+        "completion, token ids, 1 token": (
+            "/v1/completions",
+            {"model": model, "prompt": list(range(10, 18)), "max_tokens": 1},
+        ),
     }
     for name, (path, body) in cases.items():
         # Best of three rounds: the box is shared, and the floor is what the gateway itself costs.

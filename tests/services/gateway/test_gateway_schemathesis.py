@@ -21,9 +21,9 @@ from schemathesis.checks import (
     status_code_conformance,
 )
 
+from services.gateway.backends.encoder_backend import EmbedCall, EmbedResult
 from services.gateway.http.app import GatewayApp
 from services.gateway.http.embeddings import Embeddings
-from services.gateway.backends.encoder_backend import EmbedCall, EmbedResult
 from shared.cluster.instance import EncoderInfo
 
 EXAMPLES = 40
@@ -39,11 +39,13 @@ def _cross_field_refusal(response: Any) -> bool:
         return False
     error = response.json()["error"]
     message = error["message"]
-    return error.get("code") in ("context_length_exceeded", "invalid_schema", "invalid_grammar") or (
-        error.get("param") == "min_tokens" and "max_tokens" in message) or (
-        error.get("param") == "tools" and "names must be unique" in message) or (
-        error.get("param") == "tool_choice" and "which is not in tools" in message) or (
-        error.get("param") == "prompt_logprobs" and "stream=true" in message)
+    return (
+        error.get("code") in ("context_length_exceeded", "invalid_schema", "invalid_grammar")
+        or (error.get("param") == "min_tokens" and "max_tokens" in message)
+        or (error.get("param") == "tools" and "names must be unique" in message)
+        or (error.get("param") == "tool_choice" and "which is not in tools" in message)
+        or (error.get("param") == "prompt_logprobs" and "stream=true" in message)
+    )
 
 
 class _Encoders:
@@ -61,24 +63,39 @@ class _Encoders:
         return EmbedResult(np.ones((rows, call.dimensions or 8), np.float32), tokens, "enc-0", 1)
 
 
-@pytest.mark.parametrize("path,method", [("/v1/chat/completions", "POST"), ("/v1/completions", "POST"),
-                                         ("/v1/models", "GET"), ("/v1/embeddings", "POST"), ("/tokenize", "POST"),
-                                         ("/detokenize", "POST")])
+@pytest.mark.parametrize(
+    "path,method",
+    [
+        ("/v1/chat/completions", "POST"),
+        ("/v1/completions", "POST"),
+        ("/v1/models", "GET"),
+        ("/v1/embeddings", "POST"),
+        ("/tokenize", "POST"),
+        ("/detokenize", "POST"),
+    ],
+)
 def test_positive_cases_are_accepted_and_conform(app: GatewayApp, path: str, method: str) -> None:
     embeddings = Embeddings(_Encoders())  # type: ignore[arg-type]
     app.add_route("/v1/embeddings", "POST", embeddings.http, models=embeddings.model_cards)
     schema = schemathesis.openapi.from_asgi("/openapi.json", app)
     operation = schema[path][method]
 
-    @settings(max_examples=EXAMPLES, deadline=None, phases=[Phase.generate], derandomize=True, database=None,
-              suppress_health_check=list(HealthCheck))
+    @settings(
+        max_examples=EXAMPLES,
+        deadline=None,
+        phases=[Phase.generate],
+        derandomize=True,
+        database=None,
+        suppress_health_check=list(HealthCheck),
+    )
     @given(case=operation.as_strategy(generation_mode=GenerationMode.POSITIVE))
     def run(case: schemathesis.Case) -> None:
         response = case.call()
         case.validate_response(response, checks=CHECKS)
         # Like schemathesis' positive_data_acceptance: 404 (a model name it made up) is not a refusal of the body.
-        assert response.status_code < 300 or response.status_code == 404 or _cross_field_refusal(response), \
+        assert response.status_code < 300 or response.status_code == 404 or _cross_field_refusal(response), (
             f"schema-valid body refused: {case.body!r:.300} -> {response.status_code} {response.text[:300]}"
+        )
 
     run()
 
@@ -92,8 +109,7 @@ def test_schema_refuses_what_the_server_refuses(app: GatewayApp) -> None:
 
     def valid(name: str, body: dict[str, Any]) -> bool:
         schema = {**components[name], "$defs": components}
-        text = jsonschema.validators.Draft202012Validator(
-            _rebase(schema), format_checker=None)
+        text = jsonschema.validators.Draft202012Validator(_rebase(schema), format_checker=None)
         return text.is_valid(body)
 
     assert not valid("ChatCompletionRequest", {"messages": []})
@@ -113,8 +129,10 @@ def test_schema_refuses_what_the_server_refuses(app: GatewayApp) -> None:
     assert valid("ChatCompletionRequest", {**chat, "tools": [tool], "tool_choice": "required"})
     assert not valid("ChatCompletionRequest", {**chat, "tool_choice": "required"})
     assert not valid("ChatCompletionRequest", {**chat, "tools": [tool], "n": 2})
-    assert not valid("ChatCompletionRequest", {**chat, "tools": [tool], "tool_choice": "required",
-                                               "response_format": {"type": "json_object"}})
+    assert not valid(
+        "ChatCompletionRequest",
+        {**chat, "tools": [tool], "tool_choice": "required", "response_format": {"type": "json_object"}},
+    )
     assert not valid("ChatCompletionRequest", {**chat, "response_format": {"type": "json_schema"}})
     assert valid("CompletionRequest", {"prompt": ["a", [1, 2]], "echo": True})
     assert not valid("CompletionRequest", {"prompt": ["a"] * 65})
@@ -125,8 +143,10 @@ def test_schema_refuses_what_the_server_refuses(app: GatewayApp) -> None:
 def _rebase(schema: Any) -> Any:
     """#/components/schemas/X -> #/$defs/X, so the component schema validates on its own."""
     if isinstance(schema, dict):
-        return {k: (v.replace("#/components/schemas/", "#/$defs/") if k == "$ref" else _rebase(v))
-                for k, v in schema.items()}
+        return {
+            k: (v.replace("#/components/schemas/", "#/$defs/") if k == "$ref" else _rebase(v))
+            for k, v in schema.items()
+        }
     if isinstance(schema, list):
         return [_rebase(v) for v in schema]
     return schema

@@ -65,8 +65,9 @@ async def test_sse_events_arrive_as_tokens_are_generated(make_app: AppFactory) -
     async with running(make_app(backend=backend)) as url, httpx.AsyncClient(base_url=url, timeout=10) as c:
         arrivals: list[float] = []
         body = b""
-        async with c.stream("POST", "/v1/chat/completions",
-                            json={"messages": MSG, "max_tokens": 6, "stream": True}) as r:
+        async with c.stream(
+            "POST", "/v1/chat/completions", json={"messages": MSG, "max_tokens": 6, "stream": True}
+        ) as r:
             assert r.status_code == 200
             async for piece in r.aiter_raw():
                 arrivals.append(time.monotonic())
@@ -82,8 +83,9 @@ async def test_disconnect_mid_stream_cancels_the_backend(make_app: AppFactory) -
     backend = MockBackend([MODEL], token_delay_s=0.02)
     app = make_app(backend=backend)
     async with running(app) as url, httpx.AsyncClient(base_url=url, timeout=10) as c:
-        async with c.stream("POST", "/v1/chat/completions",
-                            json={"messages": MSG, "max_tokens": 400, "stream": True}) as r:
+        async with c.stream(
+            "POST", "/v1/chat/completions", json={"messages": MSG, "max_tokens": 400, "stream": True}
+        ) as r:
             seen = b""
             async for piece in r.aiter_raw():
                 seen += piece
@@ -108,6 +110,7 @@ async def test_concurrent_streams_are_independent(make_app: AppFactory, tiny_tok
     backend = MockBackend([MODEL], token_delay_s=0.005)
     prompts = [[100 + i, 200 + i, 300 + i] for i in range(8)]  # the mock echoes them: every answer differs
     async with running(make_app(backend=backend)) as url, httpx.AsyncClient(base_url=url, timeout=10) as c:
+
         async def one(prompt: list[int]) -> str:
             r = await c.post("/v1/completions", json={"prompt": prompt, "max_tokens": 5, "stream": True})
             events, done = parse_sse(r.text)
@@ -127,9 +130,24 @@ def test_mock_main_serves_over_http(tiny_llama_dir: Path) -> None:
     port = sock.getsockname()[1]
     sock.close()
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1"}
-    proc = subprocess.Popen([sys.executable, "-m", "services.gateway.mock", "--port", str(port), "--model",
-                             str(tiny_llama_dir), "--api-key", "k", "--token-delay-ms", "1"],
-                            env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "services.gateway.mock",
+            "--port",
+            str(port),
+            "--model",
+            str(tiny_llama_dir),
+            "--api-key",
+            "k",
+            "--token-delay-ms",
+            "1",
+        ],
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+    )
     try:
         url = f"http://127.0.0.1:{port}"
         deadline = time.monotonic() + 60
@@ -145,8 +163,12 @@ def test_mock_main_serves_over_http(tiny_llama_dir: Path) -> None:
         name = tiny_llama_dir.name  # served name derived from the --model directory
         models = httpx.get(url + "/v1/models", headers={"authorization": "Bearer k"}).json()
         assert [m["id"] for m in models["data"]] == [name]
-        r = httpx.post(url + "/v1/chat/completions", headers={"authorization": "Bearer k"}, timeout=10,
-                       json={"model": name, "messages": MSG, "max_tokens": 4})
+        r = httpx.post(
+            url + "/v1/chat/completions",
+            headers={"authorization": "Bearer k"},
+            timeout=10,
+            json={"model": name, "messages": MSG, "max_tokens": 4},
+        )
         assert r.status_code == 200 and r.json()["usage"]["completion_tokens"] == 4
         assert httpx.post(url + "/v1/chat/completions", json={"messages": MSG}).status_code == 401
     finally:
@@ -161,21 +183,33 @@ def test_mock_main_serves_over_http(tiny_llama_dir: Path) -> None:
 
 
 async def test_build_app_from_a_resolved_gateway_config(tiny_llama_dir: Path) -> None:
-    from shared.config.resolve import resolve
-
     from services.gateway.server import build_app, served_names_of, uvicorn_config
+    from shared.config.resolve import resolve
     from tests.services.gateway.conftest import client_for
 
-    cfg = resolve("gateway", ["--model", str(tiny_llama_dir), "--api-key", "k", "--max-request-bytes", "2048",
-                              "--port", "0", "--context-length", "64"], env={})
+    cfg = resolve(
+        "gateway",
+        [
+            "--model",
+            str(tiny_llama_dir),
+            "--api-key",
+            "k",
+            "--max-request-bytes",
+            "2048",
+            "--port",
+            "0",
+            "--context-length",
+            "64",
+        ],
+        env={},
+    )
     primary, aliases = served_names_of(cfg)
     assert primary == tiny_llama_dir.name and aliases == [str(tiny_llama_dir)]
     backend = MockBackend([primary])
     app = build_app(cfg, backend)
     assert app.tokenizer.context_length == 64
     async with client_for(app, authorization="Bearer k") as c:
-        r = await c.post("/v1/chat/completions", json={"model": str(tiny_llama_dir), "messages": MSG,
-                                                       "max_tokens": 2})
+        r = await c.post("/v1/chat/completions", json={"model": str(tiny_llama_dir), "messages": MSG, "max_tokens": 2})
         assert r.status_code == 200 and r.json()["model"] == primary
         assert (await c.post("/v1/completions", json={"prompt": "x" * 3000})).status_code == 413
         assert (await c.post("/v1/completions", json={"prompt": [5] * 70})).status_code == 400

@@ -61,14 +61,23 @@ async def test_echo_prepends_the_prompt(client: httpx.AsyncClient, tiny_tokenize
 
 
 async def test_sampling_extensions_reach_the_backend(client: httpx.AsyncClient, backend: MockBackend):
-    r = await client.post(CHAT, json={"messages": MSG, "max_tokens": 2, "logit_bias": {"7": -100, "3": 5.5},
-                                      "priority": 4, "response_format": {"type": "json_object"}})
+    r = await client.post(
+        CHAT,
+        json={
+            "messages": MSG,
+            "max_tokens": 2,
+            "logit_bias": {"7": -100, "3": 5.5},
+            "priority": 4,
+            "response_format": {"type": "json_object"},
+        },
+    )
     assert r.status_code == 200
     q = backend.requests[-1]
     assert q.sampling.logit_bias == ((3, 5.5), (7, -100.0)) and q.priority == 4
     assert q.sampling.structured is not None and q.sampling.structured.kind is GrammarKind.JSON_OBJECT
-    r = await client.post(COMPLETIONS, json={"prompt": "x", "max_tokens": 2,
-                                             "structured_outputs": {"choice": ["a", "b"]}})
+    r = await client.post(
+        COMPLETIONS, json={"prompt": "x", "max_tokens": 2, "structured_outputs": {"choice": ["a", "b"]}}
+    )
     assert backend.requests[-1].sampling.structured.kind is GrammarKind.CHOICE
 
 
@@ -83,15 +92,25 @@ def test_wire_carries_priority_structured_and_replayed_tokens():
     from shared.serving.convert import sampling_from_pb
 
     spec = StructuredSpec(GrammarKind.REGEX, "[a-z]+")
-    req = BackendRequest(request_id="r", model="m", prompt_token_ids=(1, 2), priority=7,
-                         sampling=BackendSamplingParams(structured=spec, logit_bias=((3, 1.0),), n=2))
+    req = BackendRequest(
+        request_id="r",
+        model="m",
+        prompt_token_ids=(1, 2),
+        priority=7,
+        sampling=BackendSamplingParams(structured=spec, logit_bias=((3, 1.0),), n=2),
+    )
     msg = decode_request(req, SimpleNamespace(prefill=None), [9, 8], attempt=1)  # type: ignore[arg-type]
     assert msg.priority == 7 and list(msg.prompt_token_ids) == [1, 2, 9, 8]
     sp = sampling_from_pb(msg.sampling)  # what the worker's engine gets
     assert sp.structured == StructuredSpec(GrammarKind.REGEX, "[a-z]+", (9, 8)) and sp.logit_bias == ((3, 1.0),)
     assert sp.n == 2
-    g = gateway_pb2.GenerateRequest(text="hi", priority=3, sampling=common_pb2.SamplingParams(
-        structured=common_pb2.StructuredOutput(kind=common_pb2.GRAMMAR_KIND_CHOICE, spec='["x", "y"]')))
+    g = gateway_pb2.GenerateRequest(
+        text="hi",
+        priority=3,
+        sampling=common_pb2.SamplingParams(
+            structured=common_pb2.StructuredOutput(kind=common_pb2.GRAMMAR_KIND_CHOICE, spec='["x", "y"]')
+        ),
+    )
     p = plan_of(g, 512)  # the gateway's gRPC API
     assert p.priority == 3 and p.sampling.structured.kind is GrammarKind.CHOICE
 

@@ -10,21 +10,26 @@ import pytest
 
 from services.gateway.text.tokenizer import ChatTemplateError, GatewayTokenizer
 
-MESSAGES = [{"role": "system", "content": "You are terse."}, {"role": "user", "content": "Grüße! 2+2=?"},
-            {"role": "assistant", "content": "4"}, {"role": "user", "content": "and 3+3?"}]
+MESSAGES = [
+    {"role": "system", "content": "You are terse."},
+    {"role": "user", "content": "Grüße! 2+2=?"},
+    {"role": "assistant", "content": "4"},
+    {"role": "user", "content": "and 3+3?"},
+]
 
 
 def test_chat_prompt_matches_transformers(tiny_tokenizer: GatewayTokenizer) -> None:
-    want = tiny_tokenizer.hf.apply_chat_template(MESSAGES, add_generation_prompt=True, tokenize=True,
-                                                 return_dict=False)
+    want = tiny_tokenizer.hf.apply_chat_template(MESSAGES, add_generation_prompt=True, tokenize=True, return_dict=False)
     assert tiny_tokenizer.encode_chat(MESSAGES) == list(want)
     assert tiny_tokenizer.render_chat(MESSAGES).endswith("<|im_start|>assistant\n")
 
 
 def test_chat_template_file_overrides_the_model_template(tiny_llama_dir: Path, tmp_path: Path) -> None:
     template = tmp_path / "plain.jinja"
-    template.write_text("{% for m in messages %}[{{ m['role'] }}] {{ m['content'] }}\n{% endfor %}"
-                        "{% if add_generation_prompt %}[assistant] {% endif %}")
+    template.write_text(
+        "{% for m in messages %}[{{ m['role'] }}] {{ m['content'] }}\n{% endfor %}"
+        "{% if add_generation_prompt %}[assistant] {% endif %}"
+    )
     tok = GatewayTokenizer.from_dir(tiny_llama_dir, chat_template_file=template)
     assert tok.render_chat(MESSAGES[:2]) == "[system] You are terse.\n[user] Grüße! 2+2=?\n[assistant] "
 
@@ -39,8 +44,10 @@ def test_model_without_a_template_is_a_client_error(tiny_llama_dir: Path, tmp_pa
 
 def test_template_raising_is_a_client_error(tiny_llama_dir: Path, tmp_path: Path) -> None:
     raising = tmp_path / "strict.jinja"
-    raising.write_text("{% if messages[0]['role'] != 'user' %}{{ raise_exception('first message must be user') }}"
-                       "{% endif %}{{ messages[0]['content'] }}")
+    raising.write_text(
+        "{% if messages[0]['role'] != 'user' %}{{ raise_exception('first message must be user') }}"
+        "{% endif %}{{ messages[0]['content'] }}"
+    )
     tok = GatewayTokenizer.from_dir(tiny_llama_dir, chat_template_file=raising)
     with pytest.raises(ChatTemplateError, match="first message must be user"):
         tok.render_chat(MESSAGES)

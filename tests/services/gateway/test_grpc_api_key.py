@@ -23,7 +23,8 @@ KEY = "s3cret-key"
 async def channel(tiny_tokenizer: GatewayTokenizer, backend: MockBackend) -> AsyncIterator[grpc.aio.Channel]:
     server = grpc.aio.server(interceptors=[ApiKeyInterceptor(KEY)])
     gateway_pb2_grpc.add_GatewayServicer_to_server(
-        GatewayApi(ApiContext(backend=backend, tokenizer=tiny_tokenizer, served_model_names=("tiny",))), server)
+        GatewayApi(ApiContext(backend=backend, tokenizer=tiny_tokenizer, served_model_names=("tiny",))), server
+    )
     health_pb2_grpc.add_HealthServicer_to_server(HealthServicer(), server)
     port = server.add_insecure_port("127.0.0.1:0")
     await server.start()
@@ -40,9 +41,11 @@ async def _calls(stub: gateway_pb2_grpc.GatewayStub, metadata: tuple[tuple[str, 
     out: list[object] = []
     gen = gateway_pb2.GenerateRequest(text="hi")
     gen.sampling.max_tokens = 2
-    for call in (lambda: stub.ListModels(gateway_pb2.ListModelsRequest(), metadata=metadata),
-                 lambda: stub.Tokenize(gateway_pb2.TokenizeRequest(text="hi"), metadata=metadata),
-                 lambda: stub.Health(gateway_pb2.HealthRequest(), metadata=metadata)):
+    for call in (
+        lambda: stub.ListModels(gateway_pb2.ListModelsRequest(), metadata=metadata),
+        lambda: stub.Tokenize(gateway_pb2.TokenizeRequest(text="hi"), metadata=metadata),
+        lambda: stub.Health(gateway_pb2.HealthRequest(), metadata=metadata),
+    ):
         try:
             out.append(await call())
         except grpc.aio.AioRpcError as e:
@@ -54,10 +57,13 @@ async def _calls(stub: gateway_pb2_grpc.GatewayStub, metadata: tuple[tuple[str, 
     return out
 
 
-@pytest.mark.parametrize("metadata", [(), (("authorization", "Bearer wrong"),), (("authorization", KEY),),
-                                      (("authorization", f"Basic {KEY}"),)])
-async def test_calls_without_the_key_are_unauthenticated(channel: grpc.aio.Channel,
-                                                         metadata: tuple[tuple[str, str], ...]) -> None:
+@pytest.mark.parametrize(
+    "metadata",
+    [(), (("authorization", "Bearer wrong"),), (("authorization", KEY),), (("authorization", f"Basic {KEY}"),)],
+)
+async def test_calls_without_the_key_are_unauthenticated(
+    channel: grpc.aio.Channel, metadata: tuple[tuple[str, str], ...]
+) -> None:
     results = await _calls(gateway_pb2_grpc.GatewayStub(channel), metadata)
     assert results == [grpc.StatusCode.UNAUTHENTICATED] * 4
 

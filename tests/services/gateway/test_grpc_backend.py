@@ -13,8 +13,14 @@ import grpc
 import pytest
 
 from proto.pdrelay.v1 import common_pb2, worker_pb2, worker_pb2_grpc
-from services.gateway.backend import (BackendChunk, BackendOverloaded, BackendRequest, BackendSamplingParams,
-                                      BackendUnavailable, InvalidRequest)
+from services.gateway.backend import (
+    BackendChunk,
+    BackendOverloaded,
+    BackendRequest,
+    BackendSamplingParams,
+    BackendUnavailable,
+    InvalidRequest,
+)
 from services.gateway.backends.grpc_backend import GrpcBackend
 from services.gateway.routing.breaker import BreakerConfig
 from shared.cluster.bus.cancel import Cancel
@@ -35,7 +41,7 @@ def reference(prompt: tuple[int, ...], n: int) -> list[int]:
     ctx = list(prompt)
     for _ in range(n):
         ctx.append(next_token(ctx))
-    return ctx[len(prompt):]
+    return ctx[len(prompt) :]
 
 
 # ---------------------------------------------------------------- fake decode instances
@@ -62,15 +68,20 @@ class FakeDecode(worker_pb2_grpc.DecodeServicer):
     server: grpc.aio.Server | None = None
     port: int = 0
 
-    async def Generate(self, request: worker_pb2.DecodeRequest,
-                       context: grpc.aio.ServicerContext) -> AsyncIterator[worker_pb2.DecodeResponse]:
+    async def Generate(
+        self, request: worker_pb2.DecodeRequest, context: grpc.aio.ServicerContext
+    ) -> AsyncIterator[worker_pb2.DecodeResponse]:
         self.requests.append(request)
         b = self.behaviour
         if b.refuse:
             await abort(context, b.refuse, f"{self.iid} refuses ({b.refuse})", instance_id=self.iid)
         if b.refuse_if_prefill and request.prefill.instance_id == b.refuse_if_prefill:
-            await abort(context, common_pb2.ERROR_CODE_TRANSFER_FAILED,
-                        f"hand-off from {request.prefill.instance_id} failed", instance_id=self.iid)
+            await abort(
+                context,
+                common_pb2.ERROR_CODE_TRANSFER_FAILED,
+                f"hand-off from {request.prefill.instance_id} failed",
+                instance_id=self.iid,
+            )
         ctx = list(request.prompt_token_ids)
         max_tokens = request.sampling.max_tokens if request.sampling.HasField("max_tokens") else 50
         try:
@@ -81,9 +92,15 @@ class FakeDecode(worker_pb2_grpc.DecodeServicer):
                     await asyncio.sleep(10)
                 if b.error_after is not None and i == b.error_after:
                     yield worker_pb2.DecodeResponse(
-                        request_id=request.request_id, finish_reason=common_pb2.FINISH_REASON_ERROR,
-                        error=common_pb2.Error(code=common_pb2.ERROR_CODE_INTERNAL, message="step failed",
-                                               instance_id=self.iid, retryable=True))
+                        request_id=request.request_id,
+                        finish_reason=common_pb2.FINISH_REASON_ERROR,
+                        error=common_pb2.Error(
+                            code=common_pb2.ERROR_CODE_INTERNAL,
+                            message="step failed",
+                            instance_id=self.iid,
+                            retryable=True,
+                        ),
+                    )
                     return
                 if b.token_delay_s:
                     await asyncio.sleep(b.token_delay_s)
@@ -95,8 +112,11 @@ class FakeDecode(worker_pb2_grpc.DecodeServicer):
                     msg.logprobs.append(common_pb2.TokenLogprob(token_id=tok, logprob=-0.5))
                 if last:
                     msg.finish_reason = common_pb2.FINISH_REASON_LENGTH
-                    msg.usage.CopyFrom(common_pb2.Usage(prompt_tokens=len(request.prompt_token_ids),
-                                                        completion_tokens=max_tokens, cached_tokens=16))
+                    msg.usage.CopyFrom(
+                        common_pb2.Usage(
+                            prompt_tokens=len(request.prompt_token_ids), completion_tokens=max_tokens, cached_tokens=16
+                        )
+                    )
                 yield msg
             if b.linger_s:
                 await asyncio.sleep(b.linger_s)
@@ -165,10 +185,18 @@ class Cluster:
         await server.start()
         fake.server = server
         self.fakes[iid] = fake
-        self.membership.add(InstanceInfo(
-            cluster="t", role=role, instance_id=iid, grpc_address=f"127.0.0.1:{fake.port}", epoch=1,
-            state=InstanceState.READY, model=MODEL, capacity=Capacity(max_running_requests=8, num_pages=1000,
-                                                                      page_size=16)))
+        self.membership.add(
+            InstanceInfo(
+                cluster="t",
+                role=role,
+                instance_id=iid,
+                grpc_address=f"127.0.0.1:{fake.port}",
+                epoch=1,
+                state=InstanceState.READY,
+                model=MODEL,
+                capacity=Capacity(max_running_requests=8, num_pages=1000, page_size=16),
+            )
+        )
         return fake
 
     async def close(self) -> None:
@@ -186,16 +214,27 @@ async def cluster() -> AsyncIterator[Cluster]:
         await c.close()
 
 
-def backend_for(c: Cluster, *, policy: str = "round_robin", retries: int = 2, threshold: int = 3,
-                bus: FakeBus | None = None) -> GrpcBackend:
-    return GrpcBackend.create(c.membership, models=[MODEL], policy=policy, request_retries=retries,
-                              bus=bus, cluster="t" if bus is not None else "",  # type: ignore[arg-type]
-                              breaker=BreakerConfig(failure_threshold=threshold, cooldown_s=30.0))
+def backend_for(
+    c: Cluster, *, policy: str = "round_robin", retries: int = 2, threshold: int = 3, bus: FakeBus | None = None
+) -> GrpcBackend:
+    return GrpcBackend.create(
+        c.membership,
+        models=[MODEL],
+        policy=policy,
+        request_retries=retries,
+        bus=bus,
+        cluster="t" if bus is not None else "",  # type: ignore[arg-type]
+        breaker=BreakerConfig(failure_threshold=threshold, cooldown_s=30.0),
+    )
 
 
 def request(max_tokens: int = 12, rid: str = "req-1", logprobs: int | None = None) -> BackendRequest:
-    return BackendRequest(request_id=rid, model=MODEL, prompt_token_ids=PROMPT,
-                          sampling=BackendSamplingParams(max_tokens=max_tokens, temperature=0.0, logprobs=logprobs))
+    return BackendRequest(
+        request_id=rid,
+        model=MODEL,
+        prompt_token_ids=PROMPT,
+        sampling=BackendSamplingParams(max_tokens=max_tokens, temperature=0.0, logprobs=logprobs),
+    )
 
 
 async def collect(backend: GrpcBackend, req: BackendRequest) -> list[BackendChunk]:
@@ -433,7 +472,6 @@ async def test_metrics_collector_reports_retries_and_breakers(cluster: Cluster) 
     assert 'pdrelay:gateway_circuit_breakers{state="open"} 1.0' in text
     assert 'pdrelay:gateway_instances_ready{role="worker"} 2.0' in text
     await backend.close()
-
 
 
 async def test_stream_left_open_after_the_last_message_is_cancelled(cluster: Cluster) -> None:

@@ -29,8 +29,16 @@ class Members:
     stale = True
 
     def __init__(self) -> None:
-        self.infos = [InstanceInfo(cluster="c", role="worker", instance_id=f"w{i}", grpc_address="x:1",
-                                   state=InstanceState.READY if i else InstanceState.STARTING) for i in range(3)]
+        self.infos = [
+            InstanceInfo(
+                cluster="c",
+                role="worker",
+                instance_id=f"w{i}",
+                grpc_address="x:1",
+                state=InstanceState.READY if i else InstanceState.STARTING,
+            )
+            for i in range(3)
+        ]
 
     def instances(self, role: str | None = None) -> list[InstanceInfo]:
         return [i for i in self.infos if role is None or i.role == role]
@@ -58,8 +66,17 @@ async def api(tiny_tokenizer: GatewayTokenizer, backend: MockBackend) -> AsyncIt
 
 
 def attach(api: Api, backend: object, tokenizer: GatewayTokenizer, **kw: object) -> None:
-    api.api.attach(ApiContext(backend=backend, tokenizer=tokenizer, served_model_names=(MODEL,),  # type: ignore[arg-type]
-                              aliases=("tiny-alias",), model_root="/models/tiny", instance_id="gw-1", **kw))  # type: ignore[arg-type]
+    api.api.attach(
+        ApiContext(
+            backend=backend,
+            tokenizer=tokenizer,
+            served_model_names=(MODEL,),  # type: ignore[arg-type]
+            aliases=("tiny-alias",),
+            model_root="/models/tiny",
+            instance_id="gw-1",
+            **kw,
+        )
+    )  # type: ignore[arg-type]
 
 
 def sampling(**kw: object) -> common_pb2.SamplingParams:
@@ -86,12 +103,19 @@ async def test_unavailable_until_attached(api: Api) -> None:
     assert err is not None and err.code == common_pb2.ERROR_CODE_UNAVAILABLE
 
 
-async def test_generate_text_streams_ids_text_and_usage(api: Api, backend: MockBackend,
-                                                        tiny_tokenizer: GatewayTokenizer) -> None:
+async def test_generate_text_streams_ids_text_and_usage(
+    api: Api, backend: MockBackend, tiny_tokenizer: GatewayTokenizer
+) -> None:
     attach(api, backend, tiny_tokenizer)
-    msgs = await generate(api, gateway_pb2.GenerateRequest(
-        request_id="r-1", text="The capital of France is Paris.", sampling=sampling(max_tokens=7),
-        return_token_ids=True))
+    msgs = await generate(
+        api,
+        gateway_pb2.GenerateRequest(
+            request_id="r-1",
+            text="The capital of France is Paris.",
+            sampling=sampling(max_tokens=7),
+            return_token_ids=True,
+        ),
+    )
     want = backend.output_for(backend.requests[0])
     assert backend.requests[0].request_id == "r-1"
     assert backend.requests[0].prompt_token_ids == tuple(tiny_tokenizer.encode_text("The capital of France is Paris."))
@@ -103,38 +127,50 @@ async def test_generate_text_streams_ids_text_and_usage(api: Api, backend: MockB
     assert all(m.finish_reason == common_pb2.FINISH_REASON_UNSPECIFIED for m in msgs[:-1])
 
 
-async def test_generate_chat_and_token_ids_and_alias(api: Api, backend: MockBackend,
-                                                     tiny_tokenizer: GatewayTokenizer) -> None:
+async def test_generate_chat_and_token_ids_and_alias(
+    api: Api, backend: MockBackend, tiny_tokenizer: GatewayTokenizer
+) -> None:
     attach(api, backend, tiny_tokenizer)
     chat = gateway_pb2.ChatMessages(messages=[gateway_pb2.ChatMessage(role="user", content="hello")])
     await generate(api, gateway_pb2.GenerateRequest(model="tiny-alias", chat=chat, sampling=sampling(max_tokens=2)))
-    assert backend.requests[0].prompt_token_ids == tuple(tiny_tokenizer.encode_chat([{"role": "user",
-                                                                                       "content": "hello"}]))
+    assert backend.requests[0].prompt_token_ids == tuple(
+        tiny_tokenizer.encode_chat([{"role": "user", "content": "hello"}])
+    )
     assert backend.requests[0].model == MODEL
-    msgs = await generate(api, gateway_pb2.GenerateRequest(token_ids=gateway_pb2.TokenIds(ids=[5, 6, 7]),
-                                                           sampling=sampling(max_tokens=3, logprobs=True,
-                                                                             top_logprobs=2)))
+    msgs = await generate(
+        api,
+        gateway_pb2.GenerateRequest(
+            token_ids=gateway_pb2.TokenIds(ids=[5, 6, 7]),
+            sampling=sampling(max_tokens=3, logprobs=True, top_logprobs=2),
+        ),
+    )
     assert backend.requests[1].prompt_token_ids == (5, 6, 7) and backend.requests[1].sampling.logprobs == 2
     lps = [lp for m in msgs for lp in m.logprobs]
     assert [lp.token_id for lp in lps] == [5, 6, 7] and all(len(lp.top_logprobs) == 2 for lp in lps)
 
 
-@pytest.mark.parametrize("req,param", [
-    (gateway_pb2.GenerateRequest(text="hi", sampling=common_pb2.SamplingParams(temperature=-1)), "temperature"),
-    (gateway_pb2.GenerateRequest(text="hi", sampling=common_pb2.SamplingParams(top_p=0)), "top_p"),
-    (gateway_pb2.GenerateRequest(text="hi", sampling=common_pb2.SamplingParams(max_tokens=0)), "max_tokens"),
-    (gateway_pb2.GenerateRequest(token_ids=gateway_pb2.TokenIds(ids=[10**6])), "prompt"),
-    (gateway_pb2.GenerateRequest(), "input"),
-    (gateway_pb2.GenerateRequest(text=""), "prompt"),
-    (gateway_pb2.GenerateRequest(chat=gateway_pb2.ChatMessages(messages=[gateway_pb2.ChatMessage(role="wizard",
-                                                                                                 content="x")])),
-     "role"),
-    (gateway_pb2.GenerateRequest(text="hi", media=[common_pb2.MediaInput(media_hash="ab")]), "media"),
-    (gateway_pb2.GenerateRequest(text="hi", sampling=common_pb2.SamplingParams(max_tokens=10**6)), "max_tokens"),
-])
-async def test_invalid_requests_are_invalid_argument(api: Api, backend: MockBackend,
-                                                     tiny_tokenizer: GatewayTokenizer,
-                                                     req: gateway_pb2.GenerateRequest, param: str) -> None:
+@pytest.mark.parametrize(
+    "req,param",
+    [
+        (gateway_pb2.GenerateRequest(text="hi", sampling=common_pb2.SamplingParams(temperature=-1)), "temperature"),
+        (gateway_pb2.GenerateRequest(text="hi", sampling=common_pb2.SamplingParams(top_p=0)), "top_p"),
+        (gateway_pb2.GenerateRequest(text="hi", sampling=common_pb2.SamplingParams(max_tokens=0)), "max_tokens"),
+        (gateway_pb2.GenerateRequest(token_ids=gateway_pb2.TokenIds(ids=[10**6])), "prompt"),
+        (gateway_pb2.GenerateRequest(), "input"),
+        (gateway_pb2.GenerateRequest(text=""), "prompt"),
+        (
+            gateway_pb2.GenerateRequest(
+                chat=gateway_pb2.ChatMessages(messages=[gateway_pb2.ChatMessage(role="wizard", content="x")])
+            ),
+            "role",
+        ),
+        (gateway_pb2.GenerateRequest(text="hi", media=[common_pb2.MediaInput(media_hash="ab")]), "media"),
+        (gateway_pb2.GenerateRequest(text="hi", sampling=common_pb2.SamplingParams(max_tokens=10**6)), "max_tokens"),
+    ],
+)
+async def test_invalid_requests_are_invalid_argument(
+    api: Api, backend: MockBackend, tiny_tokenizer: GatewayTokenizer, req: gateway_pb2.GenerateRequest, param: str
+) -> None:
     attach(api, backend, tiny_tokenizer)
     e = await rpc_error(api, req)
     assert e.code() == grpc.StatusCode.INVALID_ARGUMENT, e.details()
@@ -153,8 +189,9 @@ async def test_unknown_model_is_not_found(api: Api, backend: MockBackend, tiny_t
     assert t.value.code() == grpc.StatusCode.NOT_FOUND
 
 
-async def test_backend_admission_errors_keep_their_meaning(api: Api, backend: MockBackend,
-                                                           tiny_tokenizer: GatewayTokenizer) -> None:
+async def test_backend_admission_errors_keep_their_meaning(
+    api: Api, backend: MockBackend, tiny_tokenizer: GatewayTokenizer
+) -> None:
     attach(api, backend, tiny_tokenizer)
     backend.fail_next = [BackendOverloaded("all full"), BackendUnavailable("nobody home")]
     e = await rpc_error(api, gateway_pb2.GenerateRequest(text="hi"))
@@ -179,16 +216,18 @@ class _FailsMidStream:
         return [MODEL]
 
 
-async def test_error_after_the_first_message_ends_the_stream_with_an_error(api: Api,
-                                                                          tiny_tokenizer: GatewayTokenizer) -> None:
+async def test_error_after_the_first_message_ends_the_stream_with_an_error(
+    api: Api, tiny_tokenizer: GatewayTokenizer
+) -> None:
     attach(api, _FailsMidStream(), tiny_tokenizer)
     msgs = await generate(api, gateway_pb2.GenerateRequest(text="hi", sampling=sampling(max_tokens=5)))
     assert msgs[-1].finish_reason == common_pb2.FINISH_REASON_ERROR
     assert msgs[-1].error.code == common_pb2.ERROR_CODE_UNAVAILABLE and "retries exhausted" in msgs[-1].error.message
 
 
-async def test_stop_string_ends_the_stream_and_aborts_the_backend(api: Api, backend: MockBackend,
-                                                                  tiny_tokenizer: GatewayTokenizer) -> None:
+async def test_stop_string_ends_the_stream_and_aborts_the_backend(
+    api: Api, backend: MockBackend, tiny_tokenizer: GatewayTokenizer
+) -> None:
     attach(api, backend, tiny_tokenizer)
     backend.output_token_ids = tuple(tiny_tokenizer.encode_text("abc STOP def ghi jkl", add_special_tokens=False))
     msgs = await generate(api, gateway_pb2.GenerateRequest(text="x", sampling=sampling(max_tokens=50, stop=["STOP"])))
@@ -197,8 +236,9 @@ async def test_stop_string_ends_the_stream_and_aborts_the_backend(api: Api, back
     assert backend.cancelled, "the worker must be told to stop generating"
 
 
-async def test_cancelled_rpc_cancels_the_backend_stream(api: Api, backend: MockBackend,
-                                                        tiny_tokenizer: GatewayTokenizer) -> None:
+async def test_cancelled_rpc_cancels_the_backend_stream(
+    api: Api, backend: MockBackend, tiny_tokenizer: GatewayTokenizer
+) -> None:
     attach(api, backend, tiny_tokenizer)
     backend.token_delay_s = 0.01
     call = api.stub.Generate(gateway_pb2.GenerateRequest(text="hello", sampling=sampling(max_tokens=500)))
@@ -212,8 +252,11 @@ async def test_tokenize_models_health(api: Api, backend: MockBackend, tiny_token
     tok = await api.stub.Tokenize(gateway_pb2.TokenizeRequest(text="hello world"))
     assert list(tok.token_ids) == tiny_tokenizer.encode_text("hello world")
     assert tok.max_model_len == tiny_tokenizer.context_length
-    chat = await api.stub.Tokenize(gateway_pb2.TokenizeRequest(
-        chat=gateway_pb2.ChatMessages(messages=[gateway_pb2.ChatMessage(role="user", content="hi")])))
+    chat = await api.stub.Tokenize(
+        gateway_pb2.TokenizeRequest(
+            chat=gateway_pb2.ChatMessages(messages=[gateway_pb2.ChatMessage(role="user", content="hi")])
+        )
+    )
     assert list(chat.token_ids) == tiny_tokenizer.encode_chat([{"role": "user", "content": "hi"}])
     models = await api.stub.ListModels(gateway_pb2.ListModelsRequest())
     assert [(m.id, m.root, m.owned_by) for m in models.models] == [(MODEL, "/models/tiny", "pdrelay")]

@@ -7,8 +7,8 @@ from __future__ import annotations
 import pytest
 
 from proto.pdrelay.v1 import common_pb2, gateway_pb2
-from services.gateway.http.errors import ApiError
 from services.gateway.grpc.api import plan_of
+from services.gateway.http.errors import ApiError
 from services.gateway.routing.encoders import EncoderRouter
 from services.gateway.routing.media_affinity import MediaAffinity
 from shared.cluster.bus.load import LoadReport, LoadSnapshot, LoadTable
@@ -27,14 +27,25 @@ class Clock:
 
 
 def _enc(i: int, epoch: int = 1, model: str = "vlm") -> InstanceInfo:
-    return InstanceInfo(cluster="c", role="encoder", instance_id=f"enc-{i}", grpc_address=f"127.0.0.1:{5000 + i}",
-                        epoch=epoch, state=InstanceState.READY, capacity=Capacity(max_running_requests=4),
-                        encoder=EncoderInfo(modalities=(Modality.IMAGE,), vision_model=model))
+    return InstanceInfo(
+        cluster="c",
+        role="encoder",
+        instance_id=f"enc-{i}",
+        grpc_address=f"127.0.0.1:{5000 + i}",
+        epoch=epoch,
+        state=InstanceState.READY,
+        capacity=Capacity(max_running_requests=4),
+        encoder=EncoderInfo(modalities=(Modality.IMAGE,), vision_model=model),
+    )
 
 
 def _report(loads: LoadTable, i: int, running: int, epoch: int = 1) -> None:
-    loads._on_report(LoadReport(instance_id=f"enc-{i}", role="encoder", epoch=epoch, seq=1, ts=0.0,
-                                load=LoadSnapshot(running=running)), None)  # type: ignore[arg-type]
+    loads._on_report(
+        LoadReport(
+            instance_id=f"enc-{i}", role="encoder", epoch=epoch, seq=1, ts=0.0, load=LoadSnapshot(running=running)
+        ),
+        None,
+    )  # type: ignore[arg-type]
 
 
 def _affinity(infos: list[InstanceInfo], loads: LoadTable | None = None, clock: Clock | None = None) -> MediaAffinity:

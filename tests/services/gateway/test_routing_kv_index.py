@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
+from services.gateway.routing.kv_index import KVIndex, PromptHashes
 from shared.cluster.bus.kv_events import KVEventBatch, KVOp, KVOpKind
 from shared.modelspec.block_hash import page_hashes
-from services.gateway.routing.kv_index import KVIndex, PromptHashes
 
 P = 4  # page size
 
@@ -125,8 +125,9 @@ def test_engine_radix_cache_events_feed_the_index() -> None:
     from shared.engine.radix_cache import PagesStored, RadixCache
 
     got: list[PagesStored] = []
-    cache = RadixCache(PageAllocator(16), P, enabled=True,
-                       on_event=lambda e: got.append(e) if isinstance(e, PagesStored) else None)
+    cache = RadixCache(
+        PageAllocator(16), P, enabled=True, on_event=lambda e: got.append(e) if isinstance(e, PagesStored) else None
+    )
     pages = cache.allocator.alloc(4)
     assert pages is not None
     cache.insert(PROMPT[:16], pages)

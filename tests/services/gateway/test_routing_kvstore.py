@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from services.gateway.routing import Candidate, Load, Pools, RouteRequest, Router, make_policy
+from services.gateway.routing import Candidate, Load, Pools, Router, RouteRequest, make_policy
 from services.gateway.routing.kv_index import KVIndex
 from services.gateway.routing.policies import STORE_TOKEN_COST
 from shared.cluster.bus.kv_events import KVEventBatch, KVOp, KVOpKind
@@ -13,14 +13,22 @@ HASHES = page_hashes(PROMPT, 16)
 
 
 def _cand(iid: str, queued: int = 0) -> Candidate:
-    return Candidate(instance_id=iid, role="worker", grpc_address="127.0.0.1:1", epoch=1, model="m", page_size=16,
-                     max_running=8, load=Load(queued_prefill_tokens=queued, free_pages=100, total_pages=100,
-                                              known=True))
+    return Candidate(
+        instance_id=iid,
+        role="worker",
+        grpc_address="127.0.0.1:1",
+        epoch=1,
+        model="m",
+        page_size=16,
+        max_running=8,
+        load=Load(queued_prefill_tokens=queued, free_pages=100, total_pages=100, known=True),
+    )
 
 
 def _event(iid: str, hashes: list[int], tier: str, seq: int = 1) -> KVEventBatch:
-    return KVEventBatch(instance_id=iid, epoch=1, seq=seq, ops=(KVOp(KVOpKind.STORED, tuple(hashes)),), page_size=16,
-                   tier=tier)
+    return KVEventBatch(
+        instance_id=iid, epoch=1, seq=seq, ops=(KVOp(KVOpKind.STORED, tuple(hashes)),), page_size=16, tier=tier
+    )
 
 
 def _pick(index: KVIndex, *cands: Candidate) -> str:

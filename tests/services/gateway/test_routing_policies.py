@@ -6,9 +6,9 @@ from collections import Counter
 
 import pytest
 
+from services.gateway.routing import Candidate, Load, Mode, Pools, Router, RouteRequest, make_policy
 from shared.cluster.bus.kv_events import KVEventBatch, KVOp, KVOpKind
 from shared.modelspec.block_hash import page_hashes
-from services.gateway.routing import (Candidate, Load, Mode, Pools, RouteRequest, Router, make_policy)
 
 P = 16
 PROMPT = tuple(range(1, 1 + 10 * P))  # 10 full pages
@@ -18,8 +18,16 @@ def cand(iid: str, role: str = "prefill", **load: int) -> Candidate:
     known = bool(load)
     load.setdefault("total_pages", 1000)
     load.setdefault("free_pages", 1000)
-    return Candidate(instance_id=iid, role=role, grpc_address=f"127.0.0.1:{abs(hash(iid)) % 50000 + 1000}", epoch=1,
-                     model="m", page_size=P, max_running=8, load=Load(known=known, **load))
+    return Candidate(
+        instance_id=iid,
+        role=role,
+        grpc_address=f"127.0.0.1:{abs(hash(iid)) % 50000 + 1000}",
+        epoch=1,
+        model="m",
+        page_size=P,
+        max_running=8,
+        load=Load(known=known, **load),
+    )
 
 
 def req(prompt: tuple[int, ...] = PROMPT, max_tokens: int = 16) -> RouteRequest:
@@ -28,8 +36,9 @@ def req(prompt: tuple[int, ...] = PROMPT, max_tokens: int = 16) -> RouteRequest:
 
 def held(router: Router, iid: str, prompt: tuple[int, ...], pages: int, seq: int = 1) -> None:
     hashes = tuple(page_hashes(prompt, P)[:pages])
-    router.kv_index.apply(KVEventBatch(instance_id=iid, epoch=1, seq=seq, ops=(KVOp(KVOpKind.STORED, hashes),),
-                                  page_size=P))
+    router.kv_index.apply(
+        KVEventBatch(instance_id=iid, epoch=1, seq=seq, ops=(KVOp(KVOpKind.STORED, hashes),), page_size=P)
+    )
 
 
 def test_round_robin_spreads_evenly_and_ignores_load() -> None:
@@ -41,8 +50,9 @@ def test_round_robin_spreads_evenly_and_ignores_load() -> None:
 
 def test_least_load_picks_the_idle_worker_and_breaks_ties_fairly() -> None:
     r = Router(make_policy("least_load"))
-    pools = Pools(worker=(cand("w1", "worker", running=5), cand("w2", "worker", running=1),
-                          cand("w3", "worker", running=1)))
+    pools = Pools(
+        worker=(cand("w1", "worker", running=5), cand("w2", "worker", running=1), cand("w3", "worker", running=1))
+    )
     picks = Counter(r.plan(req(), pools).decode.instance_id for _ in range(10))
     assert picks == {"w2": 5, "w3": 5}
 

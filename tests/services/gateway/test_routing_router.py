@@ -6,15 +6,33 @@ import grpc
 import pytest
 
 from proto.pdrelay.v1 import common_pb2
-from services.gateway.routing import (BreakerBoard, BreakerConfig, Candidate, Load, Mode, NoRoute, Pools,
-                                      RouteRequest, Router, make_policy)
+from services.gateway.routing import (
+    BreakerBoard,
+    BreakerConfig,
+    Candidate,
+    Load,
+    Mode,
+    NoRoute,
+    Pools,
+    Router,
+    RouteRequest,
+    make_policy,
+)
 from services.gateway.routing.failures import FailureKind, classify, classify_stream_end
 from services.gateway.routing.views import RoutePlan
 
 
 def cand(iid: str, role: str) -> Candidate:
-    return Candidate(instance_id=iid, role=role, grpc_address="127.0.0.1:1", epoch=1, model="m", page_size=16,
-                     max_running=8, load=Load())
+    return Candidate(
+        instance_id=iid,
+        role=role,
+        grpc_address="127.0.0.1:1",
+        epoch=1,
+        model="m",
+        page_size=16,
+        max_running=8,
+        load=Load(),
+    )
 
 
 REQ = RouteRequest("r", tuple(range(40)), 8)
@@ -60,8 +78,10 @@ def test_pair_rechoice_keeps_a_healthy_decode_and_swaps_the_prefill() -> None:
 
 def test_open_breaker_takes_an_instance_out_until_half_open() -> None:
     clock = [0.0]
-    r = Router(make_policy("round_robin"),
-               breakers=BreakerBoard(BreakerConfig(failure_threshold=1, cooldown_s=5.0), clock=lambda: clock[0]))
+    r = Router(
+        make_policy("round_robin"),
+        breakers=BreakerBoard(BreakerConfig(failure_threshold=1, cooldown_s=5.0), clock=lambda: clock[0]),
+    )
     pools = Pools(worker=(W1, cand("w2", "worker")))
     r.failed({"w1"}, {"w1"})
     assert {r.plan(REQ, pools).decode.instance_id for _ in range(4)} == {"w2"}
@@ -113,8 +133,10 @@ def err(code: int, iid: str = "") -> common_pb2.Error:
 
 
 def test_bad_requests_are_not_retried_and_blame_nobody() -> None:
-    for v in (classify(grpc.StatusCode.INVALID_ARGUMENT, None, SOLO),
-              classify(grpc.StatusCode.INVALID_ARGUMENT, err(E.ERROR_CODE_INVALID_ARGUMENT, "w1"), SOLO)):
+    for v in (
+        classify(grpc.StatusCode.INVALID_ARGUMENT, None, SOLO),
+        classify(grpc.StatusCode.INVALID_ARGUMENT, err(E.ERROR_CODE_INVALID_ARGUMENT, "w1"), SOLO),
+    ):
         assert v.kind == FailureKind.INVALID and not v.retryable and not v.blame
     v = classify(grpc.StatusCode.NOT_FOUND, err(E.ERROR_CODE_NOT_FOUND, "w1"), SOLO)
     assert v.kind == FailureKind.NOT_FOUND and not v.retryable

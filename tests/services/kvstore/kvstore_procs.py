@@ -25,9 +25,24 @@ class KVStoreProc(ServiceProc):
     def __init__(self, spec: Spec, tmp: Path, etcd: EtcdServer, nats: NatsServer) -> None:
         self.spec = spec
         self.instance_id = spec.instance_id
-        cmd = [sys.executable, "-m", "services.kvstore", "--etcd-endpoints", etcd.url, "--nats-url", nats.url,
-               "--cluster", spec.cluster, "--instance-id", spec.instance_id, "--lease-ttl-s", "5",
-               "--load-report-interval-s", "0.1", *spec.args]
+        cmd = [
+            sys.executable,
+            "-m",
+            "services.kvstore",
+            "--etcd-endpoints",
+            etcd.url,
+            "--nats-url",
+            nats.url,
+            "--cluster",
+            spec.cluster,
+            "--instance-id",
+            spec.instance_id,
+            "--lease-ttl-s",
+            "5",
+            "--load-report-interval-s",
+            "0.1",
+            *spec.args,
+        ]
         ServiceProcess.__init__(self, spec.instance_id, cmd, tmp)
 
     def wait_ready(self, timeout_s: float = READY_TIMEOUT_S) -> KVStoreProc:
@@ -35,8 +50,9 @@ class KVStoreProc(ServiceProc):
         return self
 
 
-def start_engines(tmp: Path, etcd: EtcdServer, nats: NatsServer, model: str | Path,
-                  specs: list[Spec]) -> dict[str, ServiceProc]:
+def start_engines(
+    tmp: Path, etcd: EtcdServer, nats: NatsServer, model: str | Path, specs: list[Spec]
+) -> dict[str, ServiceProc]:
     """start_services() with the bounds above; on failure what was started is stopped and the error re-raised."""
     procs = {s.instance_id: ServiceProc(s, tmp, etcd, nats, model) for s in specs}
     try:

@@ -49,7 +49,7 @@ class Cluster:
 
 
 @pytest.fixture(scope="module")
-def cluster(tmp_path_factory: pytest.TempPathFactory, tiny_llama_dir: Path) -> Iterator[Cluster]:  # noqa: F811
+def cluster(tmp_path_factory: pytest.TempPathFactory, tiny_llama_dir: Path) -> Iterator[Cluster]:
     tmp = tmp_path_factory.mktemp("kvstore")
     etcd = start_etcd(tmp)
     nats = start_nats(tmp)
@@ -57,10 +57,19 @@ def cluster(tmp_path_factory: pytest.TempPathFactory, tiny_llama_dir: Path) -> I
     procs: dict[str, ServiceProc] = {}
     try:
         kv.wait_ready()
-        procs = start_engines(tmp, etcd, nats, tiny_llama_dir, [
-            Spec("worker", "wa", CLUSTER, ENGINE), Spec("worker", "wb", CLUSTER, ENGINE),
-            Spec("worker", "w-off", CLUSTER, (*ENGINE, "--kvstore-use", "off")),
-            Spec("decode", "d1", CLUSTER, ENGINE), Spec("prefill", "p1", CLUSTER, ENGINE)])
+        procs = start_engines(
+            tmp,
+            etcd,
+            nats,
+            tiny_llama_dir,
+            [
+                Spec("worker", "wa", CLUSTER, ENGINE),
+                Spec("worker", "wb", CLUSTER, ENGINE),
+                Spec("worker", "w-off", CLUSTER, (*ENGINE, "--kvstore-use", "off")),
+                Spec("decode", "d1", CLUSTER, ENGINE),
+                Spec("prefill", "p1", CLUSTER, ENGINE),
+            ],
+        )
         yield Cluster(kv, procs)
     finally:
         alive = {iid for iid, p in [*procs.items(), (kv.instance_id, kv)] if p.alive()}
@@ -77,8 +86,11 @@ def _prompt(seed: int, n: int) -> list[int]:
 
 
 def _run(proc: ServiceProc, rid: str, prompt: list[int], max_tokens: int = 8, *, prefill: ServiceProc | None = None):
-    return asyncio.run(generate(proc.grpc, rid, prompt, max_tokens=max_tokens,
-                                prefill=prefill.target() if prefill is not None else None))
+    return asyncio.run(
+        generate(
+            proc.grpc, rid, prompt, max_tokens=max_tokens, prefill=prefill.target() if prefill is not None else None
+        )
+    )
 
 
 def _wait_stored(cl: Cluster, at_least: int, timeout_s: float = 20.0) -> worker_pb2.KVStoreStatsResponse:
@@ -135,8 +147,9 @@ def test_a_foreign_layout_is_refused(cluster: Cluster) -> None:
     async def lookup(layout: common_pb2.KVLayout, model: str) -> common_pb2.Error | None:
         async with grpc.aio.insecure_channel(cluster.kv.grpc) as ch:
             try:
-                await worker_pb2_grpc.KVStoreStub(ch).Lookup(worker_pb2.LookupRequest(
-                    block_hashes=[1, 2], layout=layout, model=model), timeout=5)
+                await worker_pb2_grpc.KVStoreStub(ch).Lookup(
+                    worker_pb2.LookupRequest(block_hashes=[1, 2], layout=layout, model=model), timeout=5
+                )
             except grpc.aio.AioRpcError as e:
                 return error_from_rpc(e)
         return None
@@ -159,8 +172,12 @@ def _arena_base(cluster: Cluster) -> int:
     async def call() -> int:
         async with grpc.aio.insecure_channel(cluster.kv.grpc) as ch:
             stub = worker_pb2_grpc.KVStoreStub(ch)
-            res = await stub.Put(worker_pb2.PutPagesRequest(block_hashes=[12345], layout=s.layout, model=s.model,
-                                                            backend=common_pb2.TRANSFER_BACKEND_NIXL), timeout=5)
+            res = await stub.Put(
+                worker_pb2.PutPagesRequest(
+                    block_hashes=[12345], layout=s.layout, model=s.model, backend=common_pb2.TRANSFER_BACKEND_NIXL
+                ),
+                timeout=5,
+            )
             await stub.CommitPut(worker_pb2.CommitPutRequest(put_id=res.put_id, abort=True), timeout=5)
             return res.slots.paged.base_address
 

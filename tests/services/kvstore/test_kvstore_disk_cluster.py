@@ -54,16 +54,34 @@ class Env:
 
 
 @pytest.fixture(scope="module")
-def env(tmp_path_factory: pytest.TempPathFactory, tiny_llama_dir: Path) -> Iterator[Env]:  # noqa: F811
+def env(tmp_path_factory: pytest.TempPathFactory, tiny_llama_dir: Path) -> Iterator[Env]:
     tmp = tmp_path_factory.mktemp("kvstore-disk")
     etcd, nats = start_etcd(tmp), start_nats(tmp)
-    spec = Spec("kvstore", "kv-d", CLUSTER, ("--kvstore-dram-bytes", "128KiB", "--kvstore-high-watermark", "0.5",
-                                             "--kvstore-disk-dir", str(tmp / "disk"), "--kvstore-chunk-pages", "4"))
+    spec = Spec(
+        "kvstore",
+        "kv-d",
+        CLUSTER,
+        (
+            "--kvstore-dram-bytes",
+            "128KiB",
+            "--kvstore-high-watermark",
+            "0.5",
+            "--kvstore-disk-dir",
+            str(tmp / "disk"),
+            "--kvstore-chunk-pages",
+            "4",
+        ),
+    )
     e = Env(tmp, etcd, nats, spec)
     procs: dict[str, ServiceProc] = {}
     try:
-        procs = start_engines(tmp, etcd, nats, tiny_llama_dir, [Spec("worker", "wd", CLUSTER, (
-            "--num-pages", "16", "--kvstore-load-timeout-s", "3"))])
+        procs = start_engines(
+            tmp,
+            etcd,
+            nats,
+            tiny_llama_dir,
+            [Spec("worker", "wd", CLUSTER, ("--num-pages", "16", "--kvstore-load-timeout-s", "3"))],
+        )
         e.worker = procs["wd"]
         yield e
     finally:

@@ -48,8 +48,15 @@ def test_chunk_codec_round_trip_and_rejects_damage() -> None:
 
 
 def _tier(master: MooncakeMaster, budget: int = 1 << 20) -> MooncakeTier:
-    t = MooncakeTier(master=master.address, metadata_url=master.metadata_url, host="127.0.0.1",
-                     segment_bytes=16 << 20, budget_bytes=budget, chunk_pages=4, timeout_s=2.0)
+    t = MooncakeTier(
+        master=master.address,
+        metadata_url=master.metadata_url,
+        host="127.0.0.1",
+        segment_bytes=16 << 20,
+        budget_bytes=budget,
+        chunk_pages=4,
+        timeout_s=2.0,
+    )
     t.bind("tiny", LAYOUT)
     return t
 
@@ -136,9 +143,14 @@ def test_remote_tier_config_is_checked_and_off_when_unset() -> None:
     from services.kvstore.service import open_remote_tier
 
     def k(**kw: object) -> SimpleNamespace:
-        base: dict[str, object] = {"kvstore_mooncake_master": None, "kvstore_mooncake_metadata_url": None,
-                                   "kvstore_mooncake_segment_bytes": 16 << 20, "kvstore_mooncake_bytes": 1 << 20,
-                                   "kvstore_chunk_pages": 4, "kvstore_mooncake_timeout_s": 1.0}
+        base: dict[str, object] = {
+            "kvstore_mooncake_master": None,
+            "kvstore_mooncake_metadata_url": None,
+            "kvstore_mooncake_segment_bytes": 16 << 20,
+            "kvstore_mooncake_bytes": 1 << 20,
+            "kvstore_chunk_pages": 4,
+            "kvstore_mooncake_timeout_s": 1.0,
+        }
         return SimpleNamespace(**{**base, **kw})
 
     assert open_remote_tier(k(), "127.0.0.1") is None
@@ -146,6 +158,7 @@ def test_remote_tier_config_is_checked_and_off_when_unset() -> None:
         open_remote_tier(k(kvstore_mooncake_master="nohost"), "127.0.0.1")
     with pytest.raises(ValueError, match="needs --kvstore-mooncake-metadata-url"):
         open_remote_tier(k(kvstore_mooncake_master="127.0.0.1:1"), "127.0.0.1")
-    t = open_remote_tier(k(kvstore_mooncake_master="127.0.0.1:1", kvstore_mooncake_metadata_url="http://x/m"),
-                         "127.0.0.1")
+    t = open_remote_tier(
+        k(kvstore_mooncake_master="127.0.0.1:1", kvstore_mooncake_metadata_url="http://x/m"), "127.0.0.1"
+    )
     assert t is not None and not t.up and t.capacity_bytes == 1 << 20

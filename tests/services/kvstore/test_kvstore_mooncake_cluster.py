@@ -55,20 +55,47 @@ class Env:
 
 
 @pytest.fixture(scope="module")
-def env(tmp_path_factory: pytest.TempPathFactory, tiny_llama_dir: Path) -> Iterator[Env]:  # noqa: F811
+def env(tmp_path_factory: pytest.TempPathFactory, tiny_llama_dir: Path) -> Iterator[Env]:
     tmp = tmp_path_factory.mktemp("kvstore-mc")
     etcd, nats = start_etcd(tmp), start_nats(tmp)
     master = MooncakeMaster(tmp / "mooncake", free_port(), start_timeout_s=60.0)
     master.start()
-    kv = KVStoreProc(Spec("kvstore", "kv-mc", CLUSTER, (
-        "--kvstore-dram-bytes", "128KiB", "--kvstore-high-watermark", "0.5", "--kvstore-chunk-pages", "4",
-        "--kvstore-mooncake-master", master.address, "--kvstore-mooncake-metadata-url", master.metadata_url,
-        "--kvstore-mooncake-segment-bytes", "16MiB", "--kvstore-mooncake-timeout-s", "1")), tmp, etcd, nats)
+    kv = KVStoreProc(
+        Spec(
+            "kvstore",
+            "kv-mc",
+            CLUSTER,
+            (
+                "--kvstore-dram-bytes",
+                "128KiB",
+                "--kvstore-high-watermark",
+                "0.5",
+                "--kvstore-chunk-pages",
+                "4",
+                "--kvstore-mooncake-master",
+                master.address,
+                "--kvstore-mooncake-metadata-url",
+                master.metadata_url,
+                "--kvstore-mooncake-segment-bytes",
+                "16MiB",
+                "--kvstore-mooncake-timeout-s",
+                "1",
+            ),
+        ),
+        tmp,
+        etcd,
+        nats,
+    )
     procs: dict[str, ServiceProc] = {}
     try:
         kv.wait_ready()
-        procs = start_engines(tmp, etcd, nats, tiny_llama_dir, [Spec("worker", "wmc", CLUSTER, (
-            "--num-pages", "16", "--kvstore-load-timeout-s", "3"))])
+        procs = start_engines(
+            tmp,
+            etcd,
+            nats,
+            tiny_llama_dir,
+            [Spec("worker", "wmc", CLUSTER, ("--num-pages", "16", "--kvstore-load-timeout-s", "3"))],
+        )
         yield Env(master, kv, procs["wmc"])
     finally:
         stop_services([*procs.values(), kv], timeout=STOP_TIMEOUT_S)

@@ -15,11 +15,20 @@ from tests.shared.cluster.test_localcluster import _ports, _wait_gone, pdrelay
 
 
 def test_status_shows_the_mooncake_tier() -> None:
-    load = LoadSnapshot(free_pages=1, total_pages=2, tiers=(TierFill("dram", 0, 1 << 30, 0),
-                                                            TierFill("mooncake", 64 << 20, 256 << 20, 512)))
-    row = StatusRow(role="kvstore", instance_id="kvstore-1", state="ready", epoch=1, grpc="127.0.0.1:1",
-                    load=LoadReport(instance_id="kvstore-1", role="kvstore", epoch=1, seq=1, ts=0.0, load=load),
-                    load_age_s=0.1)
+    load = LoadSnapshot(
+        free_pages=1,
+        total_pages=2,
+        tiers=(TierFill("dram", 0, 1 << 30, 0), TierFill("mooncake", 64 << 20, 256 << 20, 512)),
+    )
+    row = StatusRow(
+        role="kvstore",
+        instance_id="kvstore-1",
+        state="ready",
+        epoch=1,
+        grpc="127.0.0.1:1",
+        load=LoadReport(instance_id="kvstore-1", role="kvstore", epoch=1, seq=1, ts=0.0, load=load),
+        load_age_s=0.1,
+    )
     text = format_table(ClusterStatus(cluster="c", etcd_url="e", nats_url="n", rows=[row]))
     assert "kvstore-1 mooncake: 25.0% of 256.0 MiB (512 pages)" in text
 
@@ -29,9 +38,30 @@ def test_status_shows_the_mooncake_tier() -> None:
 @pytest.mark.timeout(240)
 def test_up_runs_a_mooncake_master_beside_the_kvstore(tmp_path: Path) -> None:
     run_dir = str(tmp_path / "run")
-    up = pdrelay("up", "--detach", "--run-dir", run_dir, "--cluster", "e2e-mc", "--gateway", "0", "--prefill", "0",
-                 "--decode", "0", "--kvstore", "1", "--lease-ttl-s", "2", "--kvstore-dram-bytes", "4MiB",
-                 "--kvstore-mooncake-segment-bytes", "16MiB", *_ports(), timeout=200)
+    up = pdrelay(
+        "up",
+        "--detach",
+        "--run-dir",
+        run_dir,
+        "--cluster",
+        "e2e-mc",
+        "--gateway",
+        "0",
+        "--prefill",
+        "0",
+        "--decode",
+        "0",
+        "--kvstore",
+        "1",
+        "--lease-ttl-s",
+        "2",
+        "--kvstore-dram-bytes",
+        "4MiB",
+        "--kvstore-mooncake-segment-bytes",
+        "16MiB",
+        *_ports(),
+        timeout=200,
+    )
     state = read_state(Path(run_dir))
     try:
         assert up.returncode == 0, up.stdout + up.stderr

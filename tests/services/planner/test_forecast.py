@@ -105,18 +105,33 @@ def test_client_itl_corrects_the_decode_estimate() -> None:
 
 
 def limits(**kw) -> Limits:  # type: ignore[no-untyped-def]
-    base: dict[str, object] = dict(ttft_target_s=3.0, itl_target_s=0.08, min_count={P: 1, D: 1}, max_count={P: 5, D: 5}, budget=6,  # noqa: C408
-                scale_up_cooldown_s=4, scale_down_cooldown_s=8, hysteresis=0.3, idle_threshold=0.5,
-                max_scale_step=3)
+    base: dict[str, object] = dict(
+        ttft_target_s=3.0,
+        itl_target_s=0.08,
+        min_count={P: 1, D: 1},
+        max_count={P: 5, D: 5},
+        budget=6,
+        scale_up_cooldown_s=4,
+        scale_down_cooldown_s=8,
+        hysteresis=0.3,
+        idle_threshold=0.5,
+        max_scale_step=3,
+    )
     base.update(kw)
     return Limits(**base)  # type: ignore[arg-type]
 
 
 def views(p: int, d: int, *, d_running: int = 4, d_step_ms: float = 55.0, p_pending: int = 0) -> dict:  # type: ignore[type-arg]
-    pl = tuple(InstanceLoad(f"p{i}", pending_prefill_tokens=p_pending // p, compute_tokens_per_s=400.0, busy=0.3,
-                            step_ms=80.0) for i in range(p))
-    dl = tuple(InstanceLoad(f"d{i}", running=d_running + i, step_ms=d_step_ms + 2 * i, busy=1.0, free_pages=900,
-                            total_pages=1000) for i in range(d))
+    pl = tuple(
+        InstanceLoad(f"p{i}", pending_prefill_tokens=p_pending // p, compute_tokens_per_s=400.0, busy=0.3, step_ms=80.0)
+        for i in range(p)
+    )
+    dl = tuple(
+        InstanceLoad(
+            f"d{i}", running=d_running + i, step_ms=d_step_ms + 2 * i, busy=1.0, free_pages=900, total_pages=1000
+        )
+        for i in range(d)
+    )
     return {P: RoleView(P, p, pl), D: RoleView(D, d, dl)}
 
 
@@ -150,8 +165,7 @@ def test_a_measured_prefill_breach_takes_the_budget_from_a_forecast() -> None:
     f = ramp_samples([4.0, 4.5, 5.0, 5.0], 32, 96)
     mem = {P: RoleMemory(), D: RoleMemory()}
     # prefill: 30000 pending tokens at 400 tok/s on 1 instance = 75 s >> 3 s; decode at 5 of 6 is calm
-    plans = {p.role: p for p in decide(views(1, 5, p_pending=30000), mem, limits(), 100.0,
-                                       Outlook(f, 4.0, 2.0, 0.058))}
+    plans = {p.role: p for p in decide(views(1, 5, p_pending=30000), mem, limits(), 100.0, Outlook(f, 4.0, 2.0, 0.058))}
     assert plans[P].action == Action.SCALE_UP and plans[P].target > 1
     assert sum(p.target for p in plans.values()) <= 6
 

@@ -46,9 +46,11 @@ def test_scale_patches_the_scale_subresource_and_marks_the_drained_pod(api) -> N
 
     asyncio.run(go())
     patches = [r for r in fake.requests if r.method == "PATCH"]
-    assert [r.path for r in patches] == ["/apis/apps/v1/namespaces/pdrelay/deployments/pdrelay-prefill/scale",
-                                         "/api/v1/namespaces/pdrelay/pods/pdrelay-decode-6b9f-x2x",
-                                         "/apis/apps/v1/namespaces/pdrelay/deployments/pdrelay-decode/scale"]
+    assert [r.path for r in patches] == [
+        "/apis/apps/v1/namespaces/pdrelay/deployments/pdrelay-prefill/scale",
+        "/api/v1/namespaces/pdrelay/pods/pdrelay-decode-6b9f-x2x",
+        "/apis/apps/v1/namespaces/pdrelay/deployments/pdrelay-decode/scale",
+    ]
     assert patches[0].body == {"spec": {"replicas": 3}}
     assert "merge-patch" in patches[0].content_type or "strategic-merge-patch" in patches[0].content_type
     assert fake.pod_annotations["pdrelay-decode-6b9f-x2x"] == {DELETION_COST: "-1000"}

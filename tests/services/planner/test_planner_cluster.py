@@ -15,9 +15,26 @@ from bench.scale_cluster import MockCluster, poisson_load
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow, pytest.mark.timeout(400)]
 
-PLANNER_FLAGS = ("--planner", "2", "--evaluation-interval-s", "1", "--ttft-target-ms", "800", "--itl-target-ms", "400",
-                 "--scale-up-cooldown-s", "2", "--scale-down-cooldown-s", "3", "--max-prefill", "3",
-                 "--max-decode", "2", "--budget", "5")
+PLANNER_FLAGS = (
+    "--planner",
+    "2",
+    "--evaluation-interval-s",
+    "1",
+    "--ttft-target-ms",
+    "800",
+    "--itl-target-ms",
+    "400",
+    "--scale-up-cooldown-s",
+    "2",
+    "--scale-down-cooldown-s",
+    "3",
+    "--max-prefill",
+    "3",
+    "--max-decode",
+    "2",
+    "--budget",
+    "5",
+)
 
 
 @pytest.fixture(scope="module")
@@ -56,8 +73,9 @@ def test_load_scales_prefill_up_and_idle_scales_it_down(cluster: MockCluster) ->
     assert up["numbers"]["est_ttft_ms"] > 800 and up["target"] > up["current"] >= 1
     assert "> target 800 ms" in up["reason"]
     cluster.wait("a second prefill instance ready", lambda: len(cluster.children("prefill")) >= 2, timeout=90)
-    down = cluster.wait("prefill drained back once idle",
-                        lambda: find(cluster, "prefill", "scale_down", up["seq"]), timeout=90)
+    down = cluster.wait(
+        "prefill drained back once idle", lambda: find(cluster, "prefill", "scale_down", up["seq"]), timeout=90
+    )
     assert down[0]["drain"] and "draining" in down[0]["reason"]
     assert not find(cluster, "decode", "scale_up", start), "decode kept its ITL: it should not have grown"
 
@@ -74,16 +92,22 @@ def test_manual_scale_is_a_pin_until_unpinned(cluster: MockCluster) -> None:
     assert not find(cluster, "decode", "scale_down", seq) and len(cluster.children("decode")) == 2
     un = cluster.cli("planner", "unpin", "decode")
     assert un.returncode == 0 and "unpinned decode" in un.stdout, un.stdout + un.stderr
-    cluster.wait("decode scaled back down after the unpin", lambda: find(cluster, "decode", "scale_down", seq),
-                 timeout=60)
+    cluster.wait(
+        "decode scaled back down after the unpin", lambda: find(cluster, "decode", "scale_down", seq), timeout=60
+    )
 
 
 def test_standby_planner_takes_over_when_the_leader_dies(cluster: MockCluster) -> None:
     leader, _ = decisions(cluster)
     pid = next(c.pid for c in cluster.state.children if c.instance_id == leader)
     os.kill(pid, signal.SIGKILL)
-    other = cluster.wait("the standby leads", lambda: (lambda got: got if got not in (None, leader) else None)(  # noqa: PLC3002
-        leader_now(cluster)), timeout=30)
+    other = cluster.wait(
+        "the standby leads",
+        lambda: (lambda got: got if got not in (None, leader) else None)(  # noqa: PLC3002
+            leader_now(cluster)
+        ),
+        timeout=30,
+    )
     assert other.startswith("planner-") and other != leader
     # the cluster kept serving at its size meanwhile
     results = asyncio.run(poisson_load(cluster.url, [(1.0, 3.0, 64, 4)], seed=2))

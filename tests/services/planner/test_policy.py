@@ -12,22 +12,39 @@ P, D = Role.PREFILL, Role.DECODE
 
 
 def limits(**kw) -> Limits:
-    base = dict(ttft_target_s=1.0, itl_target_s=0.1, min_count={P: 1, D: 1}, max_count={P: 6, D: 6}, budget=8,
-                scale_up_cooldown_s=10, scale_down_cooldown_s=30, hysteresis=0.3, idle_threshold=0.5,
-                max_scale_step=2)
+    base = dict(
+        ttft_target_s=1.0,
+        itl_target_s=0.1,
+        min_count={P: 1, D: 1},
+        max_count={P: 6, D: 6},
+        budget=8,
+        scale_up_cooldown_s=10,
+        scale_down_cooldown_s=30,
+        hysteresis=0.3,
+        idle_threshold=0.5,
+        max_scale_step=2,
+    )
     base.update(kw)
     return Limits(**base)
 
 
 def prefill(n: int, pending: int, *, rate: float = 1000.0, busy: float = 0.5, step_ms: float = 100.0) -> RoleView:
-    loads = tuple(InstanceLoad(f"p{i}", pending_prefill_tokens=pending // n, compute_tokens_per_s=rate, busy=busy,
-                               step_ms=step_ms) for i in range(n))
+    loads = tuple(
+        InstanceLoad(
+            f"p{i}", pending_prefill_tokens=pending // n, compute_tokens_per_s=rate, busy=busy, step_ms=step_ms
+        )
+        for i in range(n)
+    )
     return RoleView(P, n, loads)
 
 
 def decode(n: int, running: int, step_ms: float, *, queued: int = 0, busy: float = 1.0) -> RoleView:
-    loads = tuple(InstanceLoad(f"d{i}", running=running // n, queued=queued, step_ms=step_ms, busy=busy,
-                               free_pages=500, total_pages=1000) for i in range(n))
+    loads = tuple(
+        InstanceLoad(
+            f"d{i}", running=running // n, queued=queued, step_ms=step_ms, busy=busy, free_pages=500, total_pages=1000
+        )
+        for i in range(n)
+    )
     return RoleView(D, n, loads)
 
 

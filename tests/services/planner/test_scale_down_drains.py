@@ -34,8 +34,11 @@ def test_scale_down_mid_load_loses_no_request(tmp_path) -> None:
         assert not failed, f"{len(failed)} of {len(results)} requests failed: {failed[:3]}\n{cluster.logs()}"
         assert len(results) >= 10
         assert all(r.output_tokens == OUTPUT_TOKENS for _, r in results)
-        gone = cluster.wait("the drained instances exit", lambda: {"prefill-2", "decode-2"}.isdisjoint(
-            c.instance_id for c in cluster.state.children), timeout=60)
+        gone = cluster.wait(
+            "the drained instances exit",
+            lambda: {"prefill-2", "decode-2"}.isdisjoint(c.instance_id for c in cluster.state.children),
+            timeout=60,
+        )
         assert gone
         for iid in ("prefill-2", "decode-2"):
             log = (cluster.run_dir / "logs" / f"{iid}.log").read_text()

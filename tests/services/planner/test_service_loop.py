@@ -63,13 +63,29 @@ class Leader:
 
 
 def info(role: str, n: int) -> InstanceInfo:
-    return InstanceInfo(cluster="c", role=role, instance_id=f"{role}-{n}", grpc_address="x:1", epoch=n,
-                        state=InstanceState.READY)
+    return InstanceInfo(
+        cluster="c", role=role, instance_id=f"{role}-{n}", grpc_address="x:1", epoch=n, state=InstanceState.READY
+    )
 
 
 def planner(actuator: FakeActuator, members: list[InstanceInfo]) -> PlannerService:
-    cfg = resolve("planner", ["--ttft-target-ms", "1000", "--scale-retry-max-s", "8", "--scale-up-cooldown-s", "0",
-                              "--scale-down-cooldown-s", "0", "--scale-up-timeout-s", "30", "--cluster", "c"])
+    cfg = resolve(
+        "planner",
+        [
+            "--ttft-target-ms",
+            "1000",
+            "--scale-retry-max-s",
+            "8",
+            "--scale-up-cooldown-s",
+            "0",
+            "--scale-down-cooldown-s",
+            "0",
+            "--scale-up-timeout-s",
+            "30",
+            "--cluster",
+            "c",
+        ],
+    )
     svc = PlannerService(cfg, actuator=actuator)
     svc.election = Leader()  # type: ignore[assignment]
     svc.members = FakeMembers(members)  # type: ignore[assignment]
@@ -77,8 +93,9 @@ def planner(actuator: FakeActuator, members: list[InstanceInfo]) -> PlannerServi
 
 
 def report(svc: PlannerService, i: InstanceInfo, **load: float) -> None:
-    svc.loads.latest[i.instance_id] = LoadReport(instance_id=i.instance_id, role=i.role, epoch=i.epoch, seq=1,
-                                                 ts=time.time(), load=LoadSnapshot(**load))  # type: ignore[arg-type]
+    svc.loads.latest[i.instance_id] = LoadReport(
+        instance_id=i.instance_id, role=i.role, epoch=i.epoch, seq=1, ts=time.time(), load=LoadSnapshot(**load)
+    )  # type: ignore[arg-type]
     svc.loads.received_at[i.instance_id] = time.monotonic()
 
 
@@ -98,7 +115,7 @@ def test_refused_scale_up_backs_off_and_never_flaps() -> None:
 
     async def go() -> list:  # type: ignore[type-arg]
         out = []
-        for t in range(0, 40):
+        for t in range(40):
             overloaded(svc, members)
             out += await svc.evaluate(now=1000.0 + t)
         return out

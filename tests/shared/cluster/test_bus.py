@@ -76,7 +76,11 @@ async def test_headers_hook_travels_with_messages(nats_server) -> None:
         metas: list[Meta] = []
         await subscribe_cancel(b, "c", lambda m, meta: metas.append(meta))
         await asyncio.sleep(0.05)
-        await publish_cancel(a, "c", "r", )
+        await publish_cancel(
+            a,
+            "c",
+            "r",
+        )
         await _until(lambda: metas)
         assert metas[0].headers.get("traceparent") == tp and metas[0].subject == "pdrelay.c.cancel"
 
@@ -131,7 +135,10 @@ async def test_kv_event_batches_keep_order_and_accept_other_threads(nats_server)
         ev = events[0]
         assert (ev.instance_id, ev.epoch, ev.seq, ev.page_size) == ("p-1", 4, 1, 16)
         assert [(op.kind, op.block_hashes) for op in ev.ops] == [
-            (KVOpKind.STORED, (1, 2, 3)), (KVOpKind.EVICTED, (1,)), (KVOpKind.STORED, (9,))]
+            (KVOpKind.STORED, (1, 2, 3)),
+            (KVOpKind.EVICTED, (1,)),
+            (KVOpKind.STORED, (9,)),
+        ]
         pub.set_epoch(5)
         pub.stored([2**64 - 1])  # block hashes are full uint64
         await _until(lambda: len(events) == 2)
@@ -146,16 +153,18 @@ async def test_load_reports_arrive_periodically_and_latest_wins(nats_server) -> 
         table = await LoadTable().subscribe(b, "c")
         await asyncio.sleep(0.05)
         running = [0]
-        rep = LoadReporter(a, "c", "d-1", "decode", lambda: LoadSnapshot(running=running[0], free_pages=10),
-                           interval_s=0.05, epoch=3).start()
+        rep = LoadReporter(
+            a, "c", "d-1", "decode", lambda: LoadSnapshot(running=running[0], free_pages=10), interval_s=0.05, epoch=3
+        ).start()
         await _until(lambda: "d-1" in table.latest)
         running[0] = 7
         await _until(lambda: table.latest["d-1"].load.running == 7)
         r = table.latest["d-1"]
         assert r.seq >= 2 and r.epoch == 3 and r.role == "decode"
         # an older report arriving late does not overwrite the newer one
-        table._on_report(LoadReport(instance_id="d-1", role="decode", epoch=3, seq=1, ts=0, load=LoadSnapshot()),
-                         Meta("x", {}))
+        table._on_report(
+            LoadReport(instance_id="d-1", role="decode", epoch=3, seq=1, ts=0, load=LoadSnapshot()), Meta("x", {})
+        )
         assert table.latest["d-1"].load.running == 7
         await rep.close()
         await asyncio.sleep(0.3)

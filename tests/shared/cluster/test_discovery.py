@@ -59,8 +59,7 @@ async def test_join_update_leave_and_epochs(etcd_server) -> None:
         await a.deregister()  # revoke: gone at once, not after the TTL
         await m.wait_for(lambda m: _ids(m) == ["b"], 1.5)
         kinds = [(e.kind, e.instance.instance_id) for e in events]
-        assert kinds == [(EventKind.JOIN, "a"), (EventKind.JOIN, "b"), (EventKind.UPDATE, "a"),
-                         (EventKind.LEAVE, "a")]
+        assert kinds == [(EventKind.JOIN, "a"), (EventKind.JOIN, "b"), (EventKind.UPDATE, "a"), (EventKind.LEAVE, "a")]
         assert events[2].previous is not None and events[2].previous.state == InstanceState.STARTING
         await b.deregister()
     await c1.close()
@@ -111,8 +110,10 @@ async def test_key_expires_with_the_lease_when_keepalive_stops(etcd_server) -> N
 async def test_malformed_value_is_skipped(etcd_server, caplog: pytest.LogCaptureFixture) -> None:
     c = await _client(etcd_server.endpoint)
     await c.kv.put(instance_key("t", "decode", "junk"), b"{not json")
-    await c.kv.put(instance_key("t", "decode", "liar"), b'{"cluster":"t","role":"decode","instance_id":"other",'
-                                                         b'"grpc_address":"x:1"}')
+    await c.kv.put(
+        instance_key("t", "decode", "liar"),
+        b'{"cluster":"t","role":"decode","instance_id":"other","grpc_address":"x:1"}',
+    )
     with caplog.at_level(logging.WARNING, logger="shared.cluster.membership"):
         async with Membership(c, "t") as m:
             assert _ids(m) == []

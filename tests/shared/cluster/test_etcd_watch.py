@@ -34,8 +34,9 @@ async def test_etcd_restarts_leak_no_task(etcd_server: EtcdServer) -> None:
     previous = loop.get_exception_handler()
     loop.set_exception_handler(lambda _loop, ctx: reports.append(ctx))
     client = await connect_etcd([etcd_server.url])
-    reg = Registrar(client, InstanceInfo(cluster="w", role="decode", instance_id="d1", grpc_address="127.0.0.1:1"),
-                    ttl_s=2)
+    reg = Registrar(
+        client, InstanceInfo(cluster="w", role="decode", instance_id="d1", grpc_address="127.0.0.1:1"), ttl_s=2
+    )
     members = Membership(client, "w")
     try:
         await reg.register()

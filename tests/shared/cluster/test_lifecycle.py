@@ -20,9 +20,9 @@ from shared.cluster.bus.load import LoadTable
 from shared.cluster.etcd import connect_etcd
 from shared.cluster.grpc_errors import error_from_rpc
 from shared.cluster.instance import InstanceState
-from shared.serving.lifecycle import service_args, split_lifecycle_args
 from shared.cluster.localcluster.servers import free_port
 from shared.cluster.membership import Membership
+from shared.serving.lifecycle import service_args, split_lifecycle_args
 from tests.helpers.servers import EchoProcess
 
 pytestmark = [pytest.mark.timeout(90), pytest.mark.e2e]
@@ -58,9 +58,11 @@ def test_service_args_take_a_resolved_config_or_raw_flags(tmp_path, capsys) -> N
     assert got == cfg and opts.ready_file == "r.json"
     raw, _ = service_args("decode", ["--page-size", "64"])
     assert raw.cache.page_size == 64
-    for argv, role, words in ((["--resolved-config", str(path), "--page-size", "8"], "decode", "replaces"),
-                              (["--resolved-config", str(tmp_path / "none.json")], "decode", "cannot read"),
-                              (["--resolved-config", str(path)], "prefill", "not 'prefill'")):
+    for argv, role, words in (
+        (["--resolved-config", str(path), "--page-size", "8"], "decode", "replaces"),
+        (["--resolved-config", str(tmp_path / "none.json")], "decode", "cannot read"),
+        (["--resolved-config", str(path)], "prefill", "not 'prefill'"),
+    ):
         with pytest.raises(SystemExit) as e:
             service_args(role, argv)
         assert e.value.code == 2 and words in capsys.readouterr().err
@@ -84,8 +86,9 @@ async def test_ready_registration_health_and_rpcs(etcd_server, nats_server, tmp_
                 assert r.status == health_pb2.HealthCheckResponse.SERVING
             toks = await gateway_pb2_grpc.GatewayStub(ch).Tokenize(gateway_pb2.TokenizeRequest(text="héllo"))
             assert bytes(toks.token_ids) == "héllo".encode()
-            req = worker_pb2.DecodeRequest(request_id="r1", prompt_token_ids=[5, 6, 7, 8],
-                                           sampling=common_pb2.SamplingParams(max_tokens=3))
+            req = worker_pb2.DecodeRequest(
+                request_id="r1", prompt_token_ids=[5, 6, 7, 8], sampling=common_pb2.SamplingParams(max_tokens=3)
+            )
             out = [r async for r in worker_pb2_grpc.DecodeStub(ch).Generate(req)]
             assert [list(r.token_ids) for r in out[:-1]] == [[5], [6], [7]]
             assert out[-1].finish_reason == common_pb2.FINISH_REASON_LENGTH and out[-1].usage.completion_tokens == 3
@@ -183,15 +186,32 @@ def test_unreachable_control_plane_at_start_is_a_clear_error(etcd_server, nats_s
     etcd = dead if which == "etcd" else etcd_server.url
     nats = dead if which == "nats" else nats_server.url
     t0 = time.monotonic()
-    r = subprocess.run([sys.executable, "-m", "services.echo", "--etcd-endpoints", etcd, "--nats-url", nats,
-                        "--connect-timeout-s", "1"], capture_output=True, text=True, timeout=30,
-                       env={**os.environ, "PYTHONWARNINGS": "ignore"})
+    r = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "services.echo",
+            "--etcd-endpoints",
+            etcd,
+            "--nats-url",
+            nats,
+            "--connect-timeout-s",
+            "1",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=30,
+        env={**os.environ, "PYTHONWARNINGS": "ignore"},
+    )
     assert r.returncode == 2
     assert time.monotonic() - t0 < 15
     err = r.stderr
     assert dead in err and "pdrelay up" in err, err
-    assert ("--etcd-endpoints" in err and "etcd --data-dir" in err) if which == "etcd" else \
-        ("--nats-url" in err and "nats-server -a" in err), err
+    assert (
+        ("--etcd-endpoints" in err and "etcd --data-dir" in err)
+        if which == "etcd"
+        else ("--nats-url" in err and "nats-server -a" in err)
+    ), err
     assert "Traceback" not in err
 
 
@@ -202,15 +222,27 @@ def test_port_in_use_is_a_clear_error(etcd_server, nats_server) -> None:
         s.bind(("127.0.0.1", 0))
         s.listen()
         port = s.getsockname()[1]
-        r = subprocess.run([sys.executable, "-m", "services.echo", "--etcd-endpoints", etcd_server.url,
-                            "--nats-url", nats_server.url, "--grpc-port", str(port)],
-                           capture_output=True, text=True, timeout=30)
+        r = subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "services.echo",
+                "--etcd-endpoints",
+                etcd_server.url,
+                "--nats-url",
+                nats_server.url,
+                "--grpc-port",
+                str(port),
+            ],
+            capture_output=True,
+            text=True,
+            timeout=30,
+        )
     assert r.returncode == 2 and f"127.0.0.1:{port}" in r.stderr and "--grpc-port" in r.stderr, r.stderr
 
 
 @pytest.mark.slow
-async def test_service_reregisters_with_higher_epoch_after_etcd_is_replaced(etcd_server, nats_server,
-                                                                           tmp_path) -> None:
+async def test_service_reregisters_with_higher_epoch_after_etcd_is_replaced(etcd_server, nats_server, tmp_path) -> None:
     echo = EchoProcess(etcd_server, nats_server, tmp_path)
     try:
         ready = await asyncio.to_thread(echo.wait_ready)

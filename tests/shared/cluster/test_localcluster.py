@@ -21,8 +21,9 @@ pytestmark = pytest.mark.timeout(120)
 
 
 def pdrelay(*args: str, timeout: float = 60) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "services.cli", *args], capture_output=True, text=True,
-                          timeout=timeout)
+    return subprocess.run(
+        [sys.executable, "-m", "services.cli", *args], capture_output=True, text=True, timeout=timeout
+    )
 
 
 def _ports() -> list[str]:
@@ -46,12 +47,24 @@ def _wait_gone(pids: list[int], timeout: float = 15) -> list[int]:
 
 # ---------------------------------------------------------------- planning (no processes)
 
+
 def test_service_flags_go_to_the_roles_that_accept_them() -> None:
     argv = ["--page-size", "32", "--port", "8080", "--no-disable-radix-cache", "--bogus-flag", "x", "--model=d"]
-    assert split_flags(argv) == [["--page-size", "32"], ["--port", "8080"], ["--no-disable-radix-cache"],
-                                 ["--bogus-flag", "x"], ["--model=d"]]
-    assert flags_for_role("decode", argv) == ["--page-size", "32", "--no-disable-radix-cache", "--bogus-flag", "x",
-                                              "--model=d"]
+    assert split_flags(argv) == [
+        ["--page-size", "32"],
+        ["--port", "8080"],
+        ["--no-disable-radix-cache"],
+        ["--bogus-flag", "x"],
+        ["--model=d"],
+    ]
+    assert flags_for_role("decode", argv) == [
+        "--page-size",
+        "32",
+        "--no-disable-radix-cache",
+        "--bogus-flag",
+        "x",
+        "--model=d",
+    ]
     assert flags_for_role("gateway", argv) == ["--port", "8080", "--bogus-flag", "x", "--model=d"]
 
 
@@ -69,8 +82,14 @@ def test_build_spec_writes_a_resolved_config_per_instance(tmp_path: Path) -> Non
     gw = build_spec("gateway", 0, opts, "http://127.0.0.1:1", "nats://127.0.0.1:2", env={})
     assert ResolvedConfig.from_json(Path(gw.config_path).read_text()).http.port == 8123
     with pytest.raises(ConfigError, match="page-size"):
-        build_spec("decode", 0, UpOptions(run_dir=str(tmp_path), extra=("--page-size", "12")), "http://h:1",
-                   "nats://h:2", env={})
+        build_spec(
+            "decode",
+            0,
+            UpOptions(run_dir=str(tmp_path), extra=("--page-size", "12")),
+            "http://h:1",
+            "nats://h:2",
+            env={},
+        )
 
 
 def test_engines_split_the_hosts_cores_by_default(tmp_path: Path) -> None:
@@ -91,23 +110,37 @@ def test_engines_split_the_hosts_cores_by_default(tmp_path: Path) -> None:
 def test_role_flags_reach_only_their_role_and_win_over_shared_flags(tmp_path: Path) -> None:
     from shared.config import ResolvedConfig
 
-    opts = UpOptions(run_dir=str(tmp_path), extra=("--num-pages", "500"),
-                     role_extra={"prefill": ("--num-pages", "160", "--page-size", "32")})
-    cfgs = {role: ResolvedConfig.from_json(Path(build_spec(role, 0, opts, "http://127.0.0.1:1", "nats://127.0.0.1:2",
-                                                           env={}).config_path).read_text())
-            for role in ("prefill", "decode")}
+    opts = UpOptions(
+        run_dir=str(tmp_path),
+        extra=("--num-pages", "500"),
+        role_extra={"prefill": ("--num-pages", "160", "--page-size", "32")},
+    )
+    cfgs = {
+        role: ResolvedConfig.from_json(
+            Path(build_spec(role, 0, opts, "http://127.0.0.1:1", "nats://127.0.0.1:2", env={}).config_path).read_text()
+        )
+        for role in ("prefill", "decode")
+    }
     assert (cfgs["prefill"].cache.num_pages, cfgs["prefill"].cache.page_size) == (160, 32)
     assert (cfgs["decode"].cache.num_pages, cfgs["decode"].cache.page_size) == (500, 16)
     with pytest.raises(ConfigError, match="routing-policy"):  # a flag the role does not take is an error there
-        build_spec("prefill", 0, UpOptions(run_dir=str(tmp_path), role_extra={"prefill": ("--routing-policy", "x")}),
-                   "http://h:1", "nats://h:2", env={})
+        build_spec(
+            "prefill",
+            0,
+            UpOptions(run_dir=str(tmp_path), role_extra={"prefill": ("--routing-policy", "x")}),
+            "http://h:1",
+            "nats://h:2",
+            env={},
+        )
 
 
 def test_up_role_flags_are_parsed_and_checked() -> None:
     from services.commands.up import parse_role_flags
 
     assert parse_role_flags(["prefill=--num-pages 160", "decode=--page-size=32", "prefill=--threads 2"]) == {
-        "prefill": ("--num-pages", "160", "--threads", "2"), "decode": ("--page-size=32",)}
+        "prefill": ("--num-pages", "160", "--threads", "2"),
+        "decode": ("--page-size=32",),
+    }
     for bad in ("--num-pages 160", "nosuch=--num-pages 1", "prefill=", "prefill=160"):
         with pytest.raises(ValueError, match="role-flags"):
             parse_role_flags([bad])
@@ -133,11 +166,31 @@ def test_scale_targets_are_validated() -> None:
 
 # ---------------------------------------------------------------- real clusters
 
+
 @pytest.mark.e2e
 def test_up_status_scale_down_detached(tmp_path: Path) -> None:
     run_dir = str(tmp_path / "run")
-    up = pdrelay("up", "--detach", "--run-dir", run_dir, "--cluster", "e2e", "--gateway", "0", "--prefill", "0",
-                 "--decode", "0", "--encoder", "0", "--echo", "2", "--lease-ttl-s", "2", *_ports())
+    up = pdrelay(
+        "up",
+        "--detach",
+        "--run-dir",
+        run_dir,
+        "--cluster",
+        "e2e",
+        "--gateway",
+        "0",
+        "--prefill",
+        "0",
+        "--decode",
+        "0",
+        "--encoder",
+        "0",
+        "--echo",
+        "2",
+        "--lease-ttl-s",
+        "2",
+        *_ports(),
+    )
     state = read_state(Path(run_dir))
     try:
         assert up.returncode == 0, up.stdout + up.stderr
@@ -180,9 +233,30 @@ def test_up_status_scale_down_detached(tmp_path: Path) -> None:
 @pytest.mark.e2e
 def test_up_foreground_streams_logs_and_stops_on_ctrl_c(tmp_path: Path) -> None:
     run_dir = tmp_path / "run"
-    proc = subprocess.Popen([sys.executable, "-m", "services.cli", "up", "--run-dir", str(run_dir), "--gateway", "0",
-                             "--prefill", "0", "--decode", "0", "--encoder", "0", "--echo", "1", *_ports()],
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "services.cli",
+            "up",
+            "--run-dir",
+            str(run_dir),
+            "--gateway",
+            "0",
+            "--prefill",
+            "0",
+            "--decode",
+            "0",
+            "--encoder",
+            "0",
+            "--echo",
+            "1",
+            *_ports(),
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
     out: list[str] = []
     try:
         assert proc.stdout is not None
@@ -211,8 +285,23 @@ def test_up_foreground_streams_logs_and_stops_on_ctrl_c(tmp_path: Path) -> None:
 @pytest.mark.e2e
 def test_killed_supervisor_leaves_no_process_behind(tmp_path: Path) -> None:
     run_dir = str(tmp_path / "run")
-    up = pdrelay("up", "--detach", "--run-dir", run_dir, "--gateway", "0", "--prefill", "0", "--decode", "0",
-                 "--encoder", "0", "--echo", "1", *_ports())
+    up = pdrelay(
+        "up",
+        "--detach",
+        "--run-dir",
+        run_dir,
+        "--gateway",
+        "0",
+        "--prefill",
+        "0",
+        "--decode",
+        "0",
+        "--encoder",
+        "0",
+        "--echo",
+        "1",
+        *_ports(),
+    )
     assert up.returncode == 0, up.stdout + up.stderr
     state = read_state(Path(run_dir))
     os.kill(state.supervisor_pid, signal.SIGKILL)
@@ -222,13 +311,31 @@ def test_killed_supervisor_leaves_no_process_behind(tmp_path: Path) -> None:
 
 def test_up_with_unreachable_external_etcd_is_a_clear_error(tmp_path: Path) -> None:
     dead = f"http://127.0.0.1:{free_port()}"
-    r = pdrelay("up", "--run-dir", str(tmp_path / "run"), "--etcd", dead, "--gateway", "0", "--prefill", "0",
-                "--decode", "0", "--encoder", "0", "--echo", "1", *_ports(), timeout=60)
+    r = pdrelay(
+        "up",
+        "--run-dir",
+        str(tmp_path / "run"),
+        "--etcd",
+        dead,
+        "--gateway",
+        "0",
+        "--prefill",
+        "0",
+        "--decode",
+        "0",
+        "--encoder",
+        "0",
+        "--echo",
+        "1",
+        *_ports(),
+        timeout=60,
+    )
     assert r.returncode == 2, r.stdout + r.stderr
     assert dead in r.stdout and "pdrelay up" in r.stdout, r.stdout
     state = read_state(tmp_path / "run")
-    assert state is not None and state.error and state.etcd_pid == 0 and state.nats_pid == 0, \
+    assert state is not None and state.error and state.etcd_pid == 0 and state.nats_pid == 0, (
         "nothing may be started before the external etcd answered"
+    )
 
 
 def test_status_without_a_cluster_says_how_to_start_one(tmp_path: Path) -> None:

@@ -35,15 +35,34 @@ def _wait_state(run_dir: str, pred, timeout: float, what: str) -> RunState:  # t
         if state is not None and pred(state):
             return state
         time.sleep(0.2)
-    raise AssertionError(f"{what}: not within {timeout} s; state: {read_state(Path(run_dir))}\n"
-                         f"{(Path(run_dir) / 'supervisor.log').read_text(errors='replace')[-3000:]}")
+    raise AssertionError(
+        f"{what}: not within {timeout} s; state: {read_state(Path(run_dir))}\n"
+        f"{(Path(run_dir) / 'supervisor.log').read_text(errors='replace')[-3000:]}"
+    )
 
 
 @pytest.mark.e2e
 def test_crashed_child_etcd_and_nats_are_restarted_and_counted(tmp_path: Path) -> None:
     run_dir = str(tmp_path / "run")
-    up = pdrelay("up", "--detach", "--run-dir", run_dir, "--cluster", "restarts", "--gateway", "0", "--prefill", "0",
-                 "--decode", "0", "--echo", "1", "--lease-ttl-s", "2", *_ports())
+    up = pdrelay(
+        "up",
+        "--detach",
+        "--run-dir",
+        run_dir,
+        "--cluster",
+        "restarts",
+        "--gateway",
+        "0",
+        "--prefill",
+        "0",
+        "--decode",
+        "0",
+        "--echo",
+        "1",
+        "--lease-ttl-s",
+        "2",
+        *_ports(),
+    )
     state = read_state(Path(run_dir))
     pids: list[int] = []
     try:
@@ -52,17 +71,32 @@ def test_crashed_child_etcd_and_nats_are_restarted_and_counted(tmp_path: Path) -
         pids = _all_pids(state)
         child_pid = state.children[0].pid
         os.kill(child_pid, signal.SIGKILL)
-        state = _wait_state(run_dir, lambda s: s.children and s.children[0].restarts == 1
-                            and s.children[0].state == "ready" and s.children[0].pid != child_pid, 30,
-                            "echo-1 restarted")
+        state = _wait_state(
+            run_dir,
+            lambda s: (
+                s.children
+                and s.children[0].restarts == 1
+                and s.children[0].state == "ready"
+                and s.children[0].pid != child_pid
+            ),
+            30,
+            "echo-1 restarted",
+        )
         pids.append(state.children[0].pid)
 
         for name in ("etcd", "nats"):
             old = getattr(state, f"{name}_pid")
             os.kill(old, signal.SIGKILL)
-            state = _wait_state(run_dir, lambda s, n=name, o=old: getattr(s, f"{n}_restarts") == 1
-                                and getattr(s, f"{n}_pid") not in (0, o) and pid_alive(getattr(s, f"{n}_pid")), 30,
-                                f"{name} restarted")
+            state = _wait_state(
+                run_dir,
+                lambda s, n=name, o=old: (
+                    getattr(s, f"{n}_restarts") == 1
+                    and getattr(s, f"{n}_pid") not in (0, o)
+                    and pid_alive(getattr(s, f"{n}_pid"))
+                ),
+                30,
+                f"{name} restarted",
+            )
             pids.append(getattr(state, f"{name}_pid"))
 
         # the instance re-registers in the restarted etcd (same data dir) and the status shows the counts
@@ -83,8 +117,22 @@ def test_crashed_child_etcd_and_nats_are_restarted_and_counted(tmp_path: Path) -
 @pytest.mark.e2e
 def test_no_restart_only_reports(tmp_path: Path) -> None:
     run_dir = str(tmp_path / "run")
-    up = pdrelay("up", "--detach", "--no-restart", "--run-dir", run_dir, "--gateway", "0", "--prefill", "0",
-                 "--decode", "0", "--echo", "1", *_ports())
+    up = pdrelay(
+        "up",
+        "--detach",
+        "--no-restart",
+        "--run-dir",
+        run_dir,
+        "--gateway",
+        "0",
+        "--prefill",
+        "0",
+        "--decode",
+        "0",
+        "--echo",
+        "1",
+        *_ports(),
+    )
     state = read_state(Path(run_dir))
     try:
         assert up.returncode == 0, up.stdout + up.stderr

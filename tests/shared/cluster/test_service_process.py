@@ -23,8 +23,15 @@ from shared.cluster.localcluster.service_process import (
     wait_all_ready,
 )
 
-READY = {"event": "ready", "role": "worker", "instance_id": "w-1", "cluster": "c", "grpc": "127.0.0.1:1",
-         "epoch": 3, "pid": 1}
+READY = {
+    "event": "ready",
+    "role": "worker",
+    "instance_id": "w-1",
+    "cluster": "c",
+    "grpc": "127.0.0.1:1",
+    "epoch": 3,
+    "pid": 1,
+}
 
 
 def _child(code: str) -> list[str]:
@@ -47,8 +54,10 @@ def test_exit_before_ready_names_the_code_and_the_log(tmp_path: Path) -> None:
 
 
 def test_timeout_names_the_late_ones_and_stop_all_kills_what_ignores_sigterm(tmp_path: Path) -> None:
-    ignore = "import signal, sys, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); print('up', flush=True); " \
-             "sys.stderr.write('stuck\\n'); sys.stderr.flush(); time.sleep(60)"
+    ignore = (
+        "import signal, sys, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); print('up', flush=True); "
+        "sys.stderr.write('stuck\\n'); sys.stderr.flush(); time.sleep(60)"
+    )
     procs = [ServiceProcess("slow-1", _child(ignore), tmp_path), ServiceProcess("slow-2", _child(ignore), tmp_path)]
     with pytest.raises(TimeoutError, match=r"not ready within 1 s: \['slow-1', 'slow-2'\](.|\n)*stuck"):
         wait_all_ready(procs, 1.0)
@@ -73,8 +82,13 @@ def test_new_session_stops_the_whole_group(tmp_path: Path) -> None:
     # A shell that starts a grandchild and reports its pid: stopping the shell's group ends the grandchild too.
     pid_file = tmp_path / "grandchild.pid"
     cmd = ["bash", "-c", f"sleep 60 & echo $! > {pid_file}; wait"]
-    p = ServiceProcess("group", cmd, tmp_path, new_session=True,
-                       probe=lambda _: pid_file.exists() and pid_file.read_text().strip() != "")
+    p = ServiceProcess(
+        "group",
+        cmd,
+        tmp_path,
+        new_session=True,
+        probe=lambda _: pid_file.exists() and pid_file.read_text().strip() != "",
+    )
     p.wait_ready(30)
     grandchild = int(pid_file.read_text())
     p.stop(5.0)
@@ -98,9 +112,15 @@ def _running(pid: int) -> bool:
 def test_children_get_the_offline_env(tmp_path: Path) -> None:
     env = service_env(EXTRA="x")
     assert {k: env[k] for k in OFFLINE_ENV} == dict(OFFLINE_ENV) and env["OMP_NUM_THREADS"] == "1"
-    code = "import json, os; print(json.dumps({k: os.environ.get(k) for k in ('HF_HUB_OFFLINE', " \
-           "'TOKENIZERS_PARALLELISM', 'OMP_NUM_THREADS', 'EXTRA')}), flush=True)"
+    code = (
+        "import json, os; print(json.dumps({k: os.environ.get(k) for k in ('HF_HUB_OFFLINE', "
+        "'TOKENIZERS_PARALLELISM', 'OMP_NUM_THREADS', 'EXTRA')}), flush=True)"
+    )
     p = ServiceProcess("env", _child(code), tmp_path, env=env)
     assert p.proc.wait(30) == 0
-    assert json.loads(p.out_path.read_text()) == {"HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false",
-                                                  "OMP_NUM_THREADS": "1", "EXTRA": "x"}
+    assert json.loads(p.out_path.read_text()) == {
+        "HF_HUB_OFFLINE": "1",
+        "TOKENIZERS_PARALLELISM": "false",
+        "OMP_NUM_THREADS": "1",
+        "EXTRA": "x",
+    }

@@ -11,14 +11,23 @@ def _info(enc: EncoderInfo | None, role: str = "encoder") -> InstanceInfo:
 
 
 def test_status_lists_an_encoders_modalities_and_models() -> None:
-    both = EncoderInfo(modalities=(Modality.EMBEDDING, Modality.IMAGE), embedding_model="all-MiniLM-L6-v2",
-                       vision_model="tiny-llava")
+    both = EncoderInfo(
+        modalities=(Modality.EMBEDDING, Modality.IMAGE), embedding_model="all-MiniLM-L6-v2", vision_model="tiny-llava"
+    )
     assert _serves(_info(both)) == "embedding all-MiniLM-L6-v2, image tiny-llava"
     assert _serves(_info(EncoderInfo(modalities=(Modality.IMAGE,), vision_model="v"))) == "image v"
     assert _serves(_info(None, role="prefill")) == ""
-    rows = [StatusRow(role="encoder", instance_id="encoder-1", state="ready", epoch=1, grpc="127.0.0.1:1",
-                      serves=_serves(_info(both))),
-            StatusRow(role="prefill", instance_id="prefill-1", state="ready", epoch=1, grpc="127.0.0.1:2")]
+    rows = [
+        StatusRow(
+            role="encoder",
+            instance_id="encoder-1",
+            state="ready",
+            epoch=1,
+            grpc="127.0.0.1:1",
+            serves=_serves(_info(both)),
+        ),
+        StatusRow(role="prefill", instance_id="prefill-1", state="ready", epoch=1, grpc="127.0.0.1:2"),
+    ]
     text = format_table(ClusterStatus(cluster="c", etcd_url="e", nats_url="n", rows=rows))
     assert "  encoder-1 serves embedding all-MiniLM-L6-v2, image tiny-llava" in text.splitlines()
     assert "prefill-1 serves" not in text

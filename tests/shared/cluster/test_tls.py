@@ -59,11 +59,17 @@ async def test_grpc_mutual_tls(certs: Path, rogue: Path) -> None:
             assert await _health(ch) == health_pb2.HealthCheckResponse.SERVING
         refused = {
             "plaintext": open_channel(address, None),
-            "no client certificate": grpc.aio.secure_channel(address, grpc.ssl_channel_credentials(
-                (certs / "ca.pem").read_bytes())),
-            "another CA's client certificate": grpc.aio.secure_channel(address, grpc.ssl_channel_credentials(
-                (certs / "ca.pem").read_bytes(), (rogue / "gateway-key.pem").read_bytes(),
-                (rogue / "gateway.pem").read_bytes())),
+            "no client certificate": grpc.aio.secure_channel(
+                address, grpc.ssl_channel_credentials((certs / "ca.pem").read_bytes())
+            ),
+            "another CA's client certificate": grpc.aio.secure_channel(
+                address,
+                grpc.ssl_channel_credentials(
+                    (certs / "ca.pem").read_bytes(),
+                    (rogue / "gateway-key.pem").read_bytes(),
+                    (rogue / "gateway.pem").read_bytes(),
+                ),
+            ),
             "server not trusted": open_channel(address, identity(rogue, "gateway")),
         }
         for what, ch in refused.items():
@@ -106,8 +112,10 @@ async def test_etcd_and_nats_over_tls(tls_servers: tuple[EtcdServer, NatsServer]
         await connect_etcd([etcd.url], timeout_s=2)
 
     got: list[str] = []
-    async with Bus(nats.url, name="a", tls=identity(certs, "client")) as a, \
-            Bus(nats.url, name="b", tls=identity(certs, "decode")) as b:
+    async with (
+        Bus(nats.url, name="a", tls=identity(certs, "client")) as a,
+        Bus(nats.url, name="b", tls=identity(certs, "decode")) as b,
+    ):
         from shared.cluster.bus.drain import DrainCommand
 
         await b.subscribe("t.x", DrainCommand, lambda m, meta: got.append(m.instance_id))
@@ -164,11 +172,21 @@ def test_certs_reuse_the_ca_and_the_command_reports_errors(tmp_path: Path) -> No
     sans = cert.extensions.get_extension_for_class(x509.SubjectAlternativeName).value
     assert "node-7.example" in sans.get_values_for_type(x509.DNSName)
     assert first["decode"].key.stat().st_mode & 0o777 == 0o600
-    ok = subprocess.run([sys.executable, "-m", "services.cli", "certs", "--out", str(tmp_path / "c"), "--name",
-                         "gateway"], capture_output=True, text=True, timeout=60, check=False)
+    ok = subprocess.run(
+        [sys.executable, "-m", "services.cli", "certs", "--out", str(tmp_path / "c"), "--name", "gateway"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
     assert ok.returncode == 0 and "gateway.pem" in ok.stdout, ok.stderr
-    bad = subprocess.run([sys.executable, "-m", "services.cli", "certs", "--out", str(tmp_path / "c"), "--name",
-                          "../x"], capture_output=True, text=True, timeout=60, check=False)
+    bad = subprocess.run(
+        [sys.executable, "-m", "services.cli", "certs", "--out", str(tmp_path / "c"), "--name", "../x"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
     assert bad.returncode == 2 and "certificate name" in bad.stderr and "Traceback" not in bad.stderr
 
 
@@ -179,7 +197,9 @@ def test_up_hands_each_role_its_certificate_and_the_admin_secret(tmp_path: Path,
     (tmp_path / "admin.secret").write_text("x" * 64)
     for name in ("prefill",):
         make_certs(certs, (name,))
-    opts = UpOptions(run_dir=str(tmp_path), tls=True, tls_dir=str(certs), admin_secret_file=str(tmp_path / "admin.secret"))
+    opts = UpOptions(
+        run_dir=str(tmp_path), tls=True, tls_dir=str(certs), admin_secret_file=str(tmp_path / "admin.secret")
+    )
     for role in ("gateway", "decode", "prefill"):
         spec = build_spec(role, 0, opts, "https://127.0.0.1:1", "tls://127.0.0.1:2", env={})
         cfg = ResolvedConfig.from_json(Path(spec.config_path).read_text())
@@ -188,7 +208,12 @@ def test_up_hands_each_role_its_certificate_and_the_admin_secret(tmp_path: Path,
         if role == "gateway":
             assert cfg.http.ssl_certfile == str(certs / "gateway.pem")
     own = str(certs / "client.pem"), str(certs / "client-key.pem")  # a user's own public certificate wins
-    spec = build_spec("gateway", 0, UpOptions(run_dir=str(tmp_path), tls_dir=str(certs),
-                                              extra=("--ssl-certfile", own[0], "--ssl-keyfile", own[1])),
-                      "https://127.0.0.1:1", "tls://127.0.0.1:2", env={})
+    spec = build_spec(
+        "gateway",
+        0,
+        UpOptions(run_dir=str(tmp_path), tls_dir=str(certs), extra=("--ssl-certfile", own[0], "--ssl-keyfile", own[1])),
+        "https://127.0.0.1:1",
+        "tls://127.0.0.1:2",
+        env={},
+    )
     assert ResolvedConfig.from_json(Path(spec.config_path).read_text()).http.ssl_certfile == own[0]

@@ -19,7 +19,8 @@ def _err(role: str, argv: list[str], ctx: PassContext, env: dict[str, str] | Non
 
 def test_foreign_flag_names_the_roles_that_accept_it(ctx: PassContext) -> None:
     assert _err("decode", ["--api-key", "x"], ctx) == (
-        "--api-key is not accepted by role 'decode'; roles that accept it: gateway")
+        "--api-key is not accepted by role 'decode'; roles that accept it: gateway"
+    )
 
 
 @pytest.mark.parametrize("role", ROLES)
@@ -45,7 +46,8 @@ def test_foreign_key_in_file_is_rejected(tmp_path: Path, ctx: PassContext) -> No
 
 def test_unknown_flag_suggests_the_closest(ctx: PassContext) -> None:
     assert _err("decode", ["--page-sise", "16"], ctx) == (
-        "unknown flag --page-sise for role 'decode'; did you mean --page-size?")
+        "unknown flag --page-sise for role 'decode'; did you mean --page-size?"
+    )
     assert _err("decode", ["--no-log-jsn"], ctx).endswith("did you mean --no-log-json?")
     assert "--help" in _err("decode", ["--zzzzzz"], ctx)
 
@@ -55,41 +57,54 @@ def test_no_form_only_for_booleans(ctx: PassContext) -> None:
     assert "takes no value" in _err("decode", ["--no-log-json=true"], ctx)
 
 
-@pytest.mark.parametrize(("argv", "pattern"), [
-    (["--page-size", "abc"], r"^--page-size abc is not an integer; e\.g\. --page-size 16$"),
-    (["--mem-fraction-static", "lots"], r"^--mem-fraction-static lots is not a number; e\.g\. "
-                                        r"--mem-fraction-static 0\.9$"),
-    (["--mem-fraction-static", "nan"], r"is not a finite number"),
-    (["--log-json", "maybe"], r"^unexpected argument 'maybe' \(after --log-json\)"),
-    (["--log-json=maybe"], r"^--log-json maybe is not true or false; use one of"),
-    (["--kv-cache-memory-bytes", "4 parsecs"], r"is not an integer; .*units such as 4GiB"),
-    (["--cuda-graph-bs", "1,,2"], r"^--cuda-graph-bs 1,,2 has an empty item"),
-    (["--cuda-graph-bs", "1,x"], r"^--cuda-graph-bs 1,x is not an integer"),
-])
+@pytest.mark.parametrize(
+    ("argv", "pattern"),
+    [
+        (["--page-size", "abc"], r"^--page-size abc is not an integer; e\.g\. --page-size 16$"),
+        (
+            ["--mem-fraction-static", "lots"],
+            r"^--mem-fraction-static lots is not a number; e\.g\. "
+            r"--mem-fraction-static 0\.9$",
+        ),
+        (["--mem-fraction-static", "nan"], r"is not a finite number"),
+        (["--log-json", "maybe"], r"^unexpected argument 'maybe' \(after --log-json\)"),
+        (["--log-json=maybe"], r"^--log-json maybe is not true or false; use one of"),
+        (["--kv-cache-memory-bytes", "4 parsecs"], r"is not an integer; .*units such as 4GiB"),
+        (["--cuda-graph-bs", "1,,2"], r"^--cuda-graph-bs 1,,2 has an empty item"),
+        (["--cuda-graph-bs", "1,x"], r"^--cuda-graph-bs 1,x is not an integer"),
+    ],
+)
 def test_wrong_type(argv: list[str], pattern: str, ctx: PassContext) -> None:
     assert re.search(pattern, _err("decode", argv, ctx))
 
 
 def test_unknown_choice_lists_choices_and_suggests(ctx: PassContext) -> None:
     msg = _err("decode", ["--dtype", "bfloat61"], ctx)
-    assert msg == ("--dtype bfloat61 is not a valid choice; choose one of: auto, float32, bfloat16, float16 "
-                   "(did you mean bfloat16?)")
+    assert msg == (
+        "--dtype bfloat61 is not a valid choice; choose one of: auto, float32, bfloat16, float16 "
+        "(did you mean bfloat16?)"
+    )
 
 
-@pytest.mark.parametrize(("argv", "want"), [
-    (["--mem-fraction-static", "0.99"], "--mem-fraction-static 0.99 is above the maximum 0.95; use at most 0.95"),
-    (["--page-size", "0"], "--page-size 0 is below the minimum 1; use at least 1"),
-    (["--lease-ttl-s", "601"], "--lease-ttl-s 601 is above the maximum 600; use at most 600"),
-])
+@pytest.mark.parametrize(
+    ("argv", "want"),
+    [
+        (["--mem-fraction-static", "0.99"], "--mem-fraction-static 0.99 is above the maximum 0.95; use at most 0.95"),
+        (["--page-size", "0"], "--page-size 0 is below the minimum 1; use at least 1"),
+        (["--lease-ttl-s", "601"], "--lease-ttl-s 601 is above the maximum 600; use at most 600"),
+    ],
+)
 def test_out_of_range(argv: list[str], want: str, ctx: PassContext) -> None:
     assert _err("decode", argv, ctx) == want
 
 
 def test_env_errors_name_the_variable(ctx: PassContext) -> None:
     assert _err("decode", [], ctx, env={"PDRELAY_PAGE_SIZE": "big"}) == (
-        "PDRELAY_PAGE_SIZE=big is not an integer; e.g. PDRELAY_PAGE_SIZE=16")
+        "PDRELAY_PAGE_SIZE=big is not an integer; e.g. PDRELAY_PAGE_SIZE=16"
+    )
     assert _err("decode", [], ctx, env={"PDRELAY_LOG_LEVEL": "loud"}).startswith(
-        "PDRELAY_LOG_LEVEL=loud is not a valid choice")
+        "PDRELAY_LOG_LEVEL=loud is not a valid choice"
+    )
 
 
 def test_file_errors_name_the_key_and_file(tmp_path: Path, ctx: PassContext) -> None:
@@ -102,15 +117,19 @@ def test_file_errors_name_the_key_and_file(tmp_path: Path, ctx: PassContext) -> 
     assert "is not true or false" in _err("decode", ["--config", str(path)], ctx)
     path.write_text("page_size: 12\n")
     assert _err("decode", ["--config", str(path)], ctx) == (
-        f"page_size: 12 in {path} must be a power of two (got 12); try 16")
+        f"page_size: 12 in {path} must be a power of two (got 12); try 16"
+    )
     path.write_text("cache:\n  dtype: float32\n")
     assert "sits under 'cache' but belongs to 'model'" in _err("decode", ["--config", str(path)], ctx)
 
 
-@pytest.mark.parametrize(("text", "pattern"), [
-    ("a: [1, 2\n", r"is not valid YAML"),
-    ("- 1\n- 2\n", r"must hold a mapping of settings"),
-])
+@pytest.mark.parametrize(
+    ("text", "pattern"),
+    [
+        ("a: [1, 2\n", r"is not valid YAML"),
+        ("- 1\n- 2\n", r"must hold a mapping of settings"),
+    ],
+)
 def test_bad_files(tmp_path: Path, text: str, pattern: str, ctx: PassContext) -> None:
     path = tmp_path / "c.yaml"
     path.write_text(text)

@@ -106,7 +106,9 @@ def test_linear_backend(make_ctx, ctx: PassContext) -> None:
     assert resolve("worker", ["--dtype", "bfloat16"], env={}, ctx=ctx).kernels.linear_backend == "torch"
     assert resolve("worker", env={}, ctx=make_ctx(cuda=True, gpus=1)).kernels.linear_backend == "torch"
     assert resolve("worker", ["--linear-backend", "torch"], env={}, ctx=ctx).kernels.linear_backend == "torch"
-    with pytest.raises(ConfigError, match=r"^--linear-backend onednn runs on cpu, not cuda; use --linear-backend torch"):
+    with pytest.raises(
+        ConfigError, match=r"^--linear-backend onednn runs on cpu, not cuda; use --linear-backend torch"
+    ):
         resolve("worker", ["--linear-backend", "onednn"], env={}, ctx=make_ctx(cuda=True, gpus=1))
 
 
@@ -114,8 +116,9 @@ def test_served_model_name(ctx: PassContext) -> None:
     cfg = resolve("gateway", env={}, ctx=ctx)
     assert cfg.model.served_model_name == "smollm2-135m-instruct"
     _derived(cfg, "model.served_model_name")
-    assert resolve("decode", ["--model", "/models/Llama-3-8B/"], env={},
-                   ctx=ctx).model.served_model_name == "Llama-3-8B"
+    assert (
+        resolve("decode", ["--model", "/models/Llama-3-8B/"], env={}, ctx=ctx).model.served_model_name == "Llama-3-8B"
+    )
     assert resolve("decode", ["--served-model-name", "x"], env={}, ctx=ctx).model.served_model_name == "x"
     assert resolve("decode", env={}, ctx=ctx).discovery.instance_id is None  # per process: the service fills it
     with pytest.raises(ConfigError, match=r"^--model '' is empty"):
@@ -123,13 +126,17 @@ def test_served_model_name(ctx: PassContext) -> None:
 
 
 # -- CUDA graphs ----------------------------------------------------------------------------------------------------
-@pytest.mark.parametrize(("role", "decode_off", "prefill_off"), [
-    ("prefill", True, False), ("decode", False, True), ("worker", False, True)])
+@pytest.mark.parametrize(
+    ("role", "decode_off", "prefill_off"), [("prefill", True, False), ("decode", False, True), ("worker", False, True)]
+)
 def test_cuda_graph_defaults_per_role(role: str, decode_off: bool, prefill_off: bool, make_ctx) -> None:
     cfg = resolve(role, env={}, ctx=make_ctx(cuda=True, gpus=1))
     cg = cfg.cuda_graph
     assert (cg.disable_cuda_graph, cg.disable_decode_cuda_graph, cg.disable_prefill_cuda_graph) == (
-        False, decode_off, prefill_off)
+        False,
+        decode_off,
+        prefill_off,
+    )
     assert cfg.provenance["cuda_graph.disable_cuda_graph"] == Provenance("default")
     _derived(cfg, "cuda_graph.disable_decode_cuda_graph"), _derived(cfg, "cuda_graph.disable_prefill_cuda_graph")
 
@@ -150,8 +157,11 @@ def test_cuda_graphs_off_on_cpu(ctx: PassContext) -> None:
 
 def test_disable_all_conflicts_with_explicit_enable(make_ctx) -> None:
     gpu = make_ctx(cuda=True, gpus=1)
-    with pytest.raises(ConfigError, match=r"--disable-decode-cuda-graph false conflicts with "
-                                          r"--disable-cuda-graph true; drop one"):
+    with pytest.raises(
+        ConfigError,
+        match=r"--disable-decode-cuda-graph false conflicts with "
+        r"--disable-cuda-graph true; drop one",
+    ):
         resolve("decode", ["--disable-cuda-graph", "--disable-decode-cuda-graph", "false"], env={}, ctx=gpu)
     cfg = resolve("decode", ["--disable-cuda-graph"], env={}, ctx=gpu)
     assert cfg.cuda_graph.disable_decode_cuda_graph is True
@@ -165,7 +175,13 @@ def test_cuda_graph_batch_sizes_derived(make_ctx) -> None:
     _derived(cfg, "cuda_graph.cuda_graph_bs")
     # a max that is not a multiple of 8 is captured itself, so padding always finds a graph
     assert resolve("decode", ["--cuda-graph-max-bs", "20"], env={}, ctx=gpu).cuda_graph.cuda_graph_bs == (
-        1, 2, 4, 8, 16, 20)
+        1,
+        2,
+        4,
+        8,
+        16,
+        20,
+    )
     assert resolve("decode", ["--cuda-graph-max-bs", "3"], env={}, ctx=gpu).cuda_graph.cuda_graph_bs == (1, 2, 3)
     assert resolve("prefill", env={}, ctx=gpu).cuda_graph.cuda_graph_bs == ()  # no decode graphs on prefill
 
@@ -174,7 +190,8 @@ def test_cuda_graph_max_bs_capped_by_running_requests(make_ctx) -> None:
     gpu = make_ctx(cuda=True, gpus=1)
     cfg = resolve("decode", ["--max-running-requests", "12"], env={}, ctx=gpu)
     assert cfg.cuda_graph.cuda_graph_max_bs == 12 and "--max-running-requests 12" in _derived(
-        cfg, "cuda_graph.cuda_graph_max_bs")
+        cfg, "cuda_graph.cuda_graph_max_bs"
+    )
     assert cfg.cuda_graph.cuda_graph_bs == (1, 2, 4, 8, 12)
     mine = resolve("decode", ["--max-running-requests", "12", "--cuda-graph-max-bs", "32"], env={}, ctx=gpu)
     assert mine.cuda_graph.cuda_graph_max_bs == 32  # the user's own value is kept
@@ -215,8 +232,9 @@ def test_kv_memory_budget(make_ctx) -> None:
     big = resolve("decode", env={}, ctx=make_ctx(memory_bytes=64 << 30))
     assert big.cache.kv_cache_memory_bytes == 1 << 30
     assert "capped at 1.0 GiB" in _derived(big, "cache.kv_cache_memory_bytes")
-    gpu = resolve("decode", ["--mem-fraction-static", "0.5"], env={}, ctx=make_ctx(cuda=True, gpus=1,
-                                                                                    memory_bytes=80 << 30))
+    gpu = resolve(
+        "decode", ["--mem-fraction-static", "0.5"], env={}, ctx=make_ctx(cuda=True, gpus=1, memory_bytes=80 << 30)
+    )
     assert gpu.cache.kv_cache_memory_bytes == 40 << 30  # no cap on a GPU
     mine = resolve("decode", ["--kv-cache-memory-bytes", "1GiB"], env={}, ctx=make_ctx(memory_bytes=64 << 30))
     assert mine.cache.kv_cache_memory_bytes == 1 << 30
@@ -227,8 +245,9 @@ def test_kv_memory_budget(make_ctx) -> None:
         resolve("decode", ["--num-pages", "100", "--kv-cache-memory-bytes", "1GiB"], env={}, ctx=make_ctx())
 
 
-@pytest.mark.parametrize(("cuda", "memory", "want"), [(False, 16 << 30, 512), (True, 24 << 30, 2048),
-                                                      (True, 80 << 30, 4096)])
+@pytest.mark.parametrize(
+    ("cuda", "memory", "want"), [(False, 16 << 30, 512), (True, 24 << 30, 2048), (True, 80 << 30, 4096)]
+)
 def test_chunked_prefill_size_by_device(cuda: bool, memory: int, want: int, make_ctx) -> None:
     cfg = resolve("prefill", env={}, ctx=make_ctx(cuda=cuda, gpus=int(cuda), memory_bytes=memory))
     assert cfg.scheduler.chunked_prefill_size == want  # 8192 on a large GPU, capped by max-prefill-tokens 4096
@@ -242,8 +261,11 @@ def test_prefill_budget_reconciled(make_ctx, ctx: PassContext) -> None:
     cfg = resolve("prefill", ["--chunked-prefill-size", "8000"], env={}, ctx=ctx)
     assert cfg.scheduler.max_prefill_tokens == 8000
     assert "must fit in one step" in _derived(cfg, "scheduler.max_prefill_tokens")
-    with pytest.raises(ConfigError, match=r"^--chunked-prefill-size 8000 is larger than --max-prefill-tokens 1000; "
-                                          r"a chunk must fit in one step"):
+    with pytest.raises(
+        ConfigError,
+        match=r"^--chunked-prefill-size 8000 is larger than --max-prefill-tokens 1000; "
+        r"a chunk must fit in one step",
+    ):
         resolve("prefill", ["--chunked-prefill-size", "8000", "--max-prefill-tokens", "1000"], env={}, ctx=ctx)
 
 
@@ -251,8 +273,11 @@ def test_prefill_budget_reconciled(make_ctx, ctx: PassContext) -> None:
 def test_local_prefill_threshold_is_decode_only(ctx: PassContext) -> None:
     assert resolve("decode", ["--local-prefill-threshold", "64"], env={}, ctx=ctx).disagg.local_prefill_threshold == 64
     for role in ("prefill", "worker"):
-        with pytest.raises(ConfigError, match=rf"^--local-prefill-threshold 64 applies to the decode role only, "
-                                              rf"not '{role}'"):
+        with pytest.raises(
+            ConfigError,
+            match=rf"^--local-prefill-threshold 64 applies to the decode role only, "
+            rf"not '{role}'",
+        ):
             resolve(role, ["--local-prefill-threshold", "64"], env={}, ctx=ctx)
 
 
@@ -264,11 +289,17 @@ def test_kvstore_disk_tier_needs_room(ctx: PassContext, tmp_path) -> None:
 
 @pytest.mark.parametrize("role", ["prefill", "decode", "kvstore"])
 def test_transfer_backend_must_be_installed(role: str, make_ctx) -> None:
-    with pytest.raises(ConfigError, match=r"^--transfer-backend nixl is not available \(module nixl_cu12\._api is "
-                                          r"not installed\); pip install nixl-cu12 .*--transfer-backend mooncake$"):
+    with pytest.raises(
+        ConfigError,
+        match=r"^--transfer-backend nixl is not available \(module nixl_cu12\._api is "
+        r"not installed\); pip install nixl-cu12 .*--transfer-backend mooncake$",
+    ):
         resolve(role, env={}, ctx=make_ctx(modules=frozenset()))
-    with pytest.raises(ConfigError, match=r"libibverbs is not installed\); pip install "
-                                          r"mooncake-transfer-engine-non-cuda and apt-get install libibverbs1"):
+    with pytest.raises(
+        ConfigError,
+        match=r"libibverbs is not installed\); pip install "
+        r"mooncake-transfer-engine-non-cuda and apt-get install libibverbs1",
+    ):
         resolve(role, ["--transfer-backend", "mooncake"], env={}, ctx=make_ctx(libraries=frozenset()))
     skip = PassContext(probe=StaticProbe(), check_transfer_backends=False)
     assert resolve(role, env={}, ctx=skip).transfer.transfer_backend == "nixl"

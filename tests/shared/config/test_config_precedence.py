@@ -60,8 +60,11 @@ def test_file_group_sections(tmp_path: Path, ctx: PassContext) -> None:
 
 
 def test_file_values_are_typed_from_yaml(tmp_path: Path, ctx: PassContext) -> None:
-    path = _yaml(tmp_path, "etcd_endpoints: [http://a:1, http://b:2]\ncuda_graph_bs: 4\n"
-                           "handoff_timeout_s: 2\nkv_cache_memory_bytes: 1GiB\nserved_model_name: null\n")
+    path = _yaml(
+        tmp_path,
+        "etcd_endpoints: [http://a:1, http://b:2]\ncuda_graph_bs: 4\n"
+        "handoff_timeout_s: 2\nkv_cache_memory_bytes: 1GiB\nserved_model_name: null\n",
+    )
     cfg = resolve("decode", ["--config", path], env={}, ctx=ctx)
     assert cfg.discovery.etcd_endpoints == ("http://a:1", "http://b:2")
     assert cfg.cuda_graph.cuda_graph_bs == (4,)
@@ -90,19 +93,24 @@ def test_env_none_and_empty_mean_none_for_optional_fields(ctx: PassContext) -> N
         cfg = resolve("decode", ["--context-length", "64"], env={"PDRELAY_CONTEXT_LENGTH": text}, ctx=ctx)
         assert cfg.model.context_length == 64  # cli still wins
         assert resolve("decode", env={"PDRELAY_CONTEXT_LENGTH": text}, ctx=ctx).model.context_length is None
-        assert resolve("decode", env={"PDRELAY_CONTEXT_LENGTH": text}, ctx=ctx).provenance[
-            "model.context_length"].source == "env"
+        assert (
+            resolve("decode", env={"PDRELAY_CONTEXT_LENGTH": text}, ctx=ctx).provenance["model.context_length"].source
+            == "env"
+        )
 
 
-@pytest.mark.parametrize(("argv", "want"), [
-    (["--log-json"], True),
-    (["--log-json", "false"], False),
-    (["--log-json", "true"], True),
-    (["--log-json=no"], False),
-    (["--no-log-json"], False),
-    (["--log-json", "--no-log-json"], False),  # last one wins
-    (["--no-log-json", "--log-json"], True),
-])
+@pytest.mark.parametrize(
+    ("argv", "want"),
+    [
+        (["--log-json"], True),
+        (["--log-json", "false"], False),
+        (["--log-json", "true"], True),
+        (["--log-json=no"], False),
+        (["--no-log-json"], False),
+        (["--log-json", "--no-log-json"], False),  # last one wins
+        (["--no-log-json", "--log-json"], True),
+    ],
+)
 def test_cli_boolean_forms(argv: list[str], want: bool, ctx: PassContext) -> None:
     assert resolve("decode", argv, env={}, ctx=ctx).telemetry.log_json is want
 

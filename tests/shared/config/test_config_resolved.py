@@ -9,8 +9,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from shared.config import (ROLES, CacheConfig, ConfigError, PassContext, Provenance, ResolvedConfig, StaticProbe,
-                           resolve)
+from shared.config import ROLES, CacheConfig, ConfigError, PassContext, Provenance, ResolvedConfig, StaticProbe, resolve
 from shared.config.catalog import role_specs
 
 _CTX = PassContext(probe=StaticProbe(modules=frozenset({"nixl_cu12._api"})))
@@ -39,16 +38,26 @@ def test_json_has_provenance_for_every_field(ctx: PassContext) -> None:
     page_size=st.sampled_from([1, 2, 8, 16, 64, 256]),
     frac=st.floats(min_value=0.01, max_value=0.95, allow_nan=False),
     endpoints=st.lists(st.from_regex(r"http://[a-z]{1,8}:[1-9][0-9]{0,3}", fullmatch=True), max_size=3),
-    cluster=st.text(alphabet=st.characters(blacklist_categories=("Cs",), blacklist_characters="\x00"), min_size=1,
-                    max_size=12),
+    cluster=st.text(
+        alphabet=st.characters(blacklist_categories=("Cs",), blacklist_characters="\x00"), min_size=1, max_size=12
+    ),
     context=st.one_of(st.none(), st.integers(min_value=256, max_value=1 << 20)),
     log_json=st.booleans(),
 )
-def test_json_round_trip_property(page_size: int, frac: float, endpoints: list[str], cluster: str,
-                                  context: int | None, log_json: bool) -> None:
+def test_json_round_trip_property(
+    page_size: int, frac: float, endpoints: list[str], cluster: str, context: int | None, log_json: bool
+) -> None:
     env = {"PDRELAY_CLUSTER": cluster, "PDRELAY_LOG_JSON": str(log_json).lower()}
-    argv = ["--page-size", str(page_size), "--mem-fraction-static", repr(frac),
-            "--etcd-endpoints", ",".join(endpoints), "--context-length", "none" if context is None else str(context)]
+    argv = [
+        "--page-size",
+        str(page_size),
+        "--mem-fraction-static",
+        repr(frac),
+        "--etcd-endpoints",
+        ",".join(endpoints),
+        "--context-length",
+        "none" if context is None else str(context),
+    ]
     cfg = resolve("decode", argv, env=env, ctx=_CTX)
     assert cfg.cache.mem_fraction_static == frac and cfg.discovery.etcd_endpoints == tuple(endpoints)
     assert cfg.discovery.cluster == cluster and cfg.model.context_length == context
@@ -100,8 +109,17 @@ def test_groups_the_role_does_not_use_raise_attribute_error(ctx: PassContext) ->
     assert not hasattr(cfg, "kvstore") and hasattr(cfg, "cache")
     assert isinstance(cfg.cache, CacheConfig)
     assert list(cfg.groups()) == [g for g in cfg.groups()]  # display order, a plain copy
-    assert set(resolve("gateway", env={}, ctx=ctx).groups()) == {"model", "tokenizer", "http", "device", "discovery",
-                                                                   "bus", "grpc", "tls", "telemetry"}
+    assert set(resolve("gateway", env={}, ctx=ctx).groups()) == {
+        "model",
+        "tokenizer",
+        "http",
+        "device",
+        "discovery",
+        "bus",
+        "grpc",
+        "tls",
+        "telemetry",
+    }
 
 
 def test_frozen_everywhere(ctx: PassContext) -> None:

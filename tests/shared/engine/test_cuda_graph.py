@@ -50,18 +50,51 @@ def test_cpu_runner_builds_no_graphs(tiny_dir: Path) -> None:
 def test_graphs_need_a_capturable_backend_and_cuda(runner: ModelRunner, caplog: pytest.LogCaptureFixture) -> None:
     torch_attn = TorchAttentionBackend()
     with pytest.raises(ValueError, match="--attention-backend triton"):
-        CudaGraphDecodeRunner(runner.model, runner.kv, torch_attn, batch_sizes=(1,), max_pages_per_seq=16,
-                              page_size=PAGE, scratch_page=SCRATCH, use_graphs=False)
+        CudaGraphDecodeRunner(
+            runner.model,
+            runner.kv,
+            torch_attn,
+            batch_sizes=(1,),
+            max_pages_per_seq=16,
+            page_size=PAGE,
+            scratch_page=SCRATCH,
+            use_graphs=False,
+        )
     with caplog.at_level(logging.WARNING):
-        assert build_decode_graphs(runner.model, runner.kv, torch_attn, batch_sizes=(1,), context_length=64,
-                                   page_size=PAGE, scratch_page=SCRATCH) is None
+        assert (
+            build_decode_graphs(
+                runner.model,
+                runner.kv,
+                torch_attn,
+                batch_sizes=(1,),
+                context_length=64,
+                page_size=PAGE,
+                scratch_page=SCRATCH,
+            )
+            is None
+        )
     assert "decode CUDA graphs are off" in caplog.text
     with pytest.raises(ValueError, match="cuda device"):
-        CudaGraphDecodeRunner(runner.model, runner.kv, runner.attn, batch_sizes=(1,), max_pages_per_seq=16,
-                              page_size=PAGE, scratch_page=SCRATCH)
+        CudaGraphDecodeRunner(
+            runner.model,
+            runner.kv,
+            runner.attn,
+            batch_sizes=(1,),
+            max_pages_per_seq=16,
+            page_size=PAGE,
+            scratch_page=SCRATCH,
+        )
     with pytest.raises(ValueError, match="scratch_page"):
-        CudaGraphDecodeRunner(runner.model, runner.kv, runner.attn, batch_sizes=(1,), max_pages_per_seq=16,
-                              page_size=PAGE, scratch_page=NUM_PAGES, use_graphs=False)
+        CudaGraphDecodeRunner(
+            runner.model,
+            runner.kv,
+            runner.attn,
+            batch_sizes=(1,),
+            max_pages_per_seq=16,
+            page_size=PAGE,
+            scratch_page=NUM_PAGES,
+            use_graphs=False,
+        )
 
 
 class Seqs:
@@ -78,20 +111,31 @@ class Seqs:
             self.pages.append(tuple(free[:need]))
             free = free[need:]
             self.tokens.append(torch.randint(3, runner.vocab_size, (n,), generator=g).tolist())
-        out = SchedulerOutput(tuple(ScheduledSeq(f"s{i}", tuple(t), 0, self.pages[i], True)
-                                    for i, t in enumerate(self.tokens)))
+        out = SchedulerOutput(
+            tuple(ScheduledSeq(f"s{i}", tuple(t), 0, self.pages[i], True) for i, t in enumerate(self.tokens))
+        )
         for i, row in enumerate(runner.forward(out)):
             self.tokens[i].append(int(row.argmax()))
 
     def decode(self, rows: list[int]) -> SchedulerOutput:
-        return SchedulerOutput(tuple(ScheduledSeq(f"s{i}", (self.tokens[i][-1],), len(self.tokens[i]) - 1,
-                                                  self.pages[i], True) for i in rows))
+        return SchedulerOutput(
+            tuple(
+                ScheduledSeq(f"s{i}", (self.tokens[i][-1],), len(self.tokens[i]) - 1, self.pages[i], True) for i in rows
+            )
+        )
 
 
 def test_static_buffers_match_eager_steps(runner: ModelRunner) -> None:
-    graphs = CudaGraphDecodeRunner(runner.model, runner.kv, runner.attn, batch_sizes=(4, 1, 2),
-                                   max_pages_per_seq=64 // PAGE, page_size=PAGE, scratch_page=SCRATCH,
-                                   use_graphs=False)
+    graphs = CudaGraphDecodeRunner(
+        runner.model,
+        runner.kv,
+        runner.attn,
+        batch_sizes=(4, 1, 2),
+        max_pages_per_seq=64 // PAGE,
+        page_size=PAGE,
+        scratch_page=SCRATCH,
+        use_graphs=False,
+    )
     graphs.capture()
     seqs = Seqs(runner, [3, 9, 16, 1, 22, 6], seed=3)
     kv = runner.kv.buffer
@@ -123,8 +167,16 @@ def test_static_buffers_match_eager_steps(runner: ModelRunner) -> None:
 
 
 def test_prefill_and_partial_logits_steps_are_not_captured(runner: ModelRunner) -> None:
-    graphs = CudaGraphDecodeRunner(runner.model, runner.kv, runner.attn, batch_sizes=(2,), max_pages_per_seq=4,
-                                   page_size=PAGE, scratch_page=SCRATCH, use_graphs=False)
+    graphs = CudaGraphDecodeRunner(
+        runner.model,
+        runner.kv,
+        runner.attn,
+        batch_sizes=(2,),
+        max_pages_per_seq=4,
+        page_size=PAGE,
+        scratch_page=SCRATCH,
+        use_graphs=False,
+    )
     prefill = runner.prepare(SchedulerOutput((ScheduledSeq("p", (5, 6, 7), 0, (0,), True),)))
     one = runner.prepare(SchedulerOutput((ScheduledSeq("d", (5,), 3, (0,), True),)))
     no_logits = runner.prepare(SchedulerOutput((ScheduledSeq("d", (5,), 3, (0,), False),)))
@@ -139,8 +191,9 @@ def test_prefill_and_partial_logits_steps_are_not_captured(runner: ModelRunner) 
 @pytest.mark.gpu
 @pytest.mark.parametrize("dtype,tol", [("float32", 1e-4), ("bfloat16", 1e-1)])  # logits ~ +-3
 def test_gpu_replay_equals_eager(tiny_dir: Path, dtype: str, tol: float) -> None:
-    kw = dict(dtype=dtype, device="cuda", num_pages=NUM_PAGES, page_size=PAGE, attention_backend="triton",
-              context_length=64)
+    kw = dict(
+        dtype=dtype, device="cuda", num_pages=NUM_PAGES, page_size=PAGE, attention_backend="triton", context_length=64
+    )
     eager = ModelRunner(tiny_dir, **kw)
     graphed = ModelRunner(tiny_dir, cuda_graph_bs=(1, 2, 4), **kw)
     assert eager.graphs is None and graphed.graphs is not None

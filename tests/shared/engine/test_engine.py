@@ -10,12 +10,12 @@ import pytest
 import torch
 
 from shared.config.groups import CacheConfig, SchedulerConfig
-from shared.modelspec.block_hash import page_hashes
 from shared.engine.engine import Engine
 from shared.engine.errors import InvalidRequest
 from shared.engine.model_runner import ModelRunner
 from shared.engine.radix_cache import PagesStored
 from shared.engine.sampling_params import SamplingParams
+from shared.modelspec.block_hash import page_hashes
 from tests.helpers.tiny_models import tiny_llama_dir, tiny_qwen2_dir  # noqa: F401
 
 PAGE = 4
@@ -33,7 +33,7 @@ def hf_greedy(model_dir: Path, prompts: list[list[int]], n: int) -> list[tuple[l
     for p in prompts:
         with torch.no_grad():
             g = hf.generate(torch.tensor([p]), generation_config=cfg, output_logits=True, return_dict_in_generate=True)
-        toks = g.sequences[0, len(p):].tolist()
+        toks = g.sequences[0, len(p) :].tolist()
         lps = [torch.log_softmax(lg[0].float(), -1)[t].item() for lg, t in zip(g.logits, toks, strict=True)]
         out.append((toks, lps))
     return out
@@ -66,25 +66,32 @@ def check_parity(model_dir: Path, engine: Engine) -> None:
 def test_continuous_batch_matches_hf_generate(arch_dir: str, request: pytest.FixtureRequest):
     model_dir = request.getfixturevalue(arch_dir)
     runner = ModelRunner(model_dir, num_pages=256, page_size=PAGE)
-    engine = Engine(runner, cache=CacheConfig(page_size=PAGE, disable_radix_cache=False),
-                    scheduler=SchedulerConfig(max_running_requests=8, chunked_prefill_size=16, max_prefill_tokens=64))
+    engine = Engine(
+        runner,
+        cache=CacheConfig(page_size=PAGE, disable_radix_cache=False),
+        scheduler=SchedulerConfig(max_running_requests=8, chunked_prefill_size=16, max_prefill_tokens=64),
+    )
     check_parity(model_dir, engine)
     s = engine.stats
     assert s.num_cached_prompt_tokens > 0 and s.num_preemptions == 0 and s.num_running == 0
 
 
-def test_matches_hf_after_forced_preemption(tiny_llama_dir: Path):  # noqa: F811
+def test_matches_hf_after_forced_preemption(tiny_llama_dir: Path):
     # 8 x (up to 122 tokens) do not fit in 60 pages of 4: requests are preempted and recomputed
     runner = ModelRunner(tiny_llama_dir, num_pages=60, page_size=PAGE)
-    engine = Engine(runner, cache=CacheConfig(page_size=PAGE),
-                    scheduler=SchedulerConfig(max_running_requests=8, chunked_prefill_size=16, max_prefill_tokens=64,
-                                              new_token_ratio=0.0))
+    engine = Engine(
+        runner,
+        cache=CacheConfig(page_size=PAGE),
+        scheduler=SchedulerConfig(
+            max_running_requests=8, chunked_prefill_size=16, max_prefill_tokens=64, new_token_ratio=0.0
+        ),
+    )
     check_parity(tiny_llama_dir, engine)
     assert engine.stats.num_preemptions > 0
     assert engine.allocator.num_used == engine.cache.num_pages == engine.cache.num_evictable
 
 
-def test_bad_input_is_refused_and_the_engine_keeps_serving(tiny_llama_dir: Path):  # noqa: F811
+def test_bad_input_is_refused_and_the_engine_keeps_serving(tiny_llama_dir: Path):
     runner = ModelRunner(tiny_llama_dir, num_pages=64, page_size=PAGE, context_length=64)
     engine = Engine(runner, cache=CacheConfig(page_size=PAGE), scheduler=SchedulerConfig())
     ok = SamplingParams(max_tokens=8, temperature=0.0, ignore_eos=True)
@@ -106,7 +113,7 @@ def test_bad_input_is_refused_and_the_engine_keeps_serving(tiny_llama_dir: Path)
     assert engine.generate([[5, 6, 7]], ok)[0].token_ids == tuple(toks)  # and still serves new requests
 
 
-def test_stop_string_through_the_real_tokenizer(tiny_llama_dir: Path):  # noqa: F811
+def test_stop_string_through_the_real_tokenizer(tiny_llama_dir: Path):
     from transformers import AutoTokenizer
 
     tok = AutoTokenizer.from_pretrained(tiny_llama_dir)
@@ -117,20 +124,24 @@ def test_stop_string_through_the_real_tokenizer(tiny_llama_dir: Path):  # noqa: 
     assert free.text == tok.decode(list(free.token_ids), skip_special_tokens=True)
     # a stop string made of the end of one token's text and the start of the next one's
     pieces = [tok.decode(list(free.token_ids[: i + 1]), skip_special_tokens=True) for i in range(len(free.token_ids))]
-    cut = next(i for i in range(2, len(pieces)) if len(pieces[i - 1]) - len(pieces[i - 2]) >= 2 and
-               len(pieces[i]) > len(pieces[i - 1]))
+    cut = next(
+        i
+        for i in range(2, len(pieces))
+        if len(pieces[i - 1]) - len(pieces[i - 2]) >= 2 and len(pieces[i]) > len(pieces[i - 1])
+    )
     start = len(pieces[cut - 1]) - 1
     stop = free.text[start : start + 2]
     if free.text.find(stop) < start:
         pytest.skip("the chosen stop string occurs earlier in this random model's output")
-    got = engine.generate([prompt], SamplingParams(max_tokens=24, temperature=0.0, ignore_eos=True, stop=[stop]),
-                          prefix="stop")[0]
+    got = engine.generate(
+        [prompt], SamplingParams(max_tokens=24, temperature=0.0, ignore_eos=True, stop=[stop]), prefix="stop"
+    )[0]
     assert got.finish_reason == "stop" and got.stop_reason == stop
     assert got.text == free.text[:start]
     assert len(got.token_ids) == cut + 1
 
 
-def test_kv_events_carry_the_gateway_hashes(tiny_llama_dir: Path):  # noqa: F811
+def test_kv_events_carry_the_gateway_hashes(tiny_llama_dir: Path):
     events: list = []
     runner = ModelRunner(tiny_llama_dir, num_pages=64, page_size=PAGE)
     engine = Engine(runner, cache=CacheConfig(page_size=PAGE), scheduler=SchedulerConfig(), on_kv_event=events.append)
@@ -140,23 +151,43 @@ def test_kv_events_carry_the_gateway_hashes(tiny_llama_dir: Path):  # noqa: F811
     assert stored[:3] == page_hashes(prompt, PAGE)
 
 
-def test_from_groups_builds_a_working_engine(tiny_llama_dir: Path):  # noqa: F811
+def test_from_groups_builds_a_working_engine(tiny_llama_dir: Path):
     from shared.config.groups import CacheConfig, DeviceConfig, KernelConfig, ModelConfig, SchedulerConfig
 
-    engine = Engine.from_groups(model=ModelConfig(model=str(tiny_llama_dir)), cache=CacheConfig(num_pages=32, page_size=8),
-                                scheduler=SchedulerConfig(max_running_requests=4, chunked_prefill_size=32),
-                                kernels=KernelConfig(), device=DeviceConfig(device="cpu", threads=1))
+    engine = Engine.from_groups(
+        model=ModelConfig(model=str(tiny_llama_dir)),
+        cache=CacheConfig(num_pages=32, page_size=8),
+        scheduler=SchedulerConfig(max_running_requests=4, chunked_prefill_size=32),
+        kernels=KernelConfig(),
+        device=DeviceConfig(device="cpu", threads=1),
+    )
     assert engine.page_size == 8 and engine.allocator.capacity == 32 and engine.scheduler.token_budget == 32
     c = engine.generate([[5, 6, 7]], SamplingParams(max_tokens=4, temperature=0.0, ignore_eos=True))[0]
     assert len(c.token_ids) == 4 and isinstance(c.text, str)
 
 
-def test_from_config_takes_a_resolved_worker_config(tiny_llama_dir: Path):  # noqa: F811
+def test_from_config_takes_a_resolved_worker_config(tiny_llama_dir: Path):
     from shared.config.resolve import resolve
 
-    cfg = resolve("worker", ["--model", str(tiny_llama_dir), "--num-pages", "24", "--page-size", "8",
-                             "--device", "cpu", "--threads", "1", "--disable-radix-cache",
-                             "--schedule-policy", "priority"], env={})
+    cfg = resolve(
+        "worker",
+        [
+            "--model",
+            str(tiny_llama_dir),
+            "--num-pages",
+            "24",
+            "--page-size",
+            "8",
+            "--device",
+            "cpu",
+            "--threads",
+            "1",
+            "--disable-radix-cache",
+            "--schedule-policy",
+            "priority",
+        ],
+        env={},
+    )
     engine = Engine.from_config(cfg)
     assert engine.allocator.capacity == 24 and not engine.cache.enabled and engine.scheduler.policy == "priority"
     c = engine.generate([[5, 6, 7]], SamplingParams(max_tokens=3, temperature=0.0, ignore_eos=True))[0]

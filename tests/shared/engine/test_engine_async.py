@@ -38,8 +38,9 @@ def aengine():
     engines: list[AsyncEngine] = []
 
     def make(runner: FakeRunner | None = None, **sched) -> AsyncEngine:
-        e = AsyncEngine(Engine(runner or SlowRunner(64, P), cache=CacheConfig(page_size=P),
-                               scheduler=SchedulerConfig(**sched)))
+        e = AsyncEngine(
+            Engine(runner or SlowRunner(64, P), cache=CacheConfig(page_size=P), scheduler=SchedulerConfig(**sched))
+        )
         engines.append(e)
         return e
 
@@ -173,8 +174,9 @@ def test_merged_deltas_concatenate_and_keep_the_later_status() -> None:
 
     lp = TokenLogprobs(token_id=1, logprob=-0.5)
     a = RequestOutput("r", (1, 2), "ab", None, num_prompt_tokens=3, num_output_tokens=2)
-    b = RequestOutput("r", (3,), "c", None, finished=True, finish_reason="length", num_prompt_tokens=3,
-                      num_output_tokens=3)
+    b = RequestOutput(
+        "r", (3,), "c", None, finished=True, finish_reason="length", num_prompt_tokens=3, num_output_tokens=3
+    )
     m = merge_deltas(a, b)
     assert (m.new_token_ids, m.new_text, m.new_logprobs) == ((1, 2, 3), "abc", None)
     assert (m.finished, m.finish_reason, m.num_output_tokens) == (True, "length", 3)
@@ -186,10 +188,18 @@ async def test_coalescing_keeps_the_samples_of_one_queue_apart() -> None:
     from shared.engine.async_engine import _coalesce
 
     q: asyncio.Queue = asyncio.Queue()
-    for item in (RequestOutput("b", (2,)), RequestOutput("a", (3,)), RequestOutput("b", (4,), finished=True),
-                 RequestOutput("b", (5,)), RequestOutput("a", (6,))):
+    for item in (
+        RequestOutput("b", (2,)),
+        RequestOutput("a", (3,)),
+        RequestOutput("b", (4,), finished=True),
+        RequestOutput("b", (5,)),
+        RequestOutput("a", (6,)),
+    ):
         q.put_nowait(item)
     out = _coalesce(RequestOutput("a", (1,)), q)
     assert [(o.req_id, o.new_token_ids, o.finished) for o in out] == [
-        ("a", (1, 3, 6), False), ("b", (2, 4), True), ("b", (5,), False)]  # never merged into a finished delta
+        ("a", (1, 3, 6), False),
+        ("b", (2, 4), True),
+        ("b", (5,), False),
+    ]  # never merged into a finished delta
     assert q.empty()

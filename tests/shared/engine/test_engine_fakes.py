@@ -14,8 +14,8 @@ import numpy as np
 import pytest
 import torch
 
-from shared.modelspec.kv_layout import KVLayout
 from shared.engine.types import ScheduledSeq, SchedulerOutput
+from shared.modelspec.kv_layout import KVLayout
 
 VOCAB = 97
 
@@ -38,8 +38,16 @@ def reference_greedy(prompt: list[int], n: int, vocab: int = VOCAB, eos: tuple[i
 
 
 class FakeRunner:
-    def __init__(self, num_pages: int, page_size: int = 4, *, vocab_size: int = VOCAB, context_length: int = 4096,
-                 eos_token_ids: tuple[int, ...] = (), fail_on_token: int | None = None) -> None:
+    def __init__(
+        self,
+        num_pages: int,
+        page_size: int = 4,
+        *,
+        vocab_size: int = VOCAB,
+        context_length: int = 4096,
+        eos_token_ids: tuple[int, ...] = (),
+        fail_on_token: int | None = None,
+    ) -> None:
         self.num_pages = num_pages
         self.page_size = page_size
         self.vocab_size = vocab_size
@@ -94,7 +102,8 @@ def test_fake_runner_detects_wrong_pages():
     r.forward(SchedulerOutput((ScheduledSeq("b", (9, 9, 9, 9), 0, (2,), False),)))
     # "c" claims a cached prefix [1, 2, 3, 4] but is handed page 2, which holds b's tokens
     logits = r.forward(SchedulerOutput((ScheduledSeq("c", (5,), 4, (2, 5), True),)))
-    assert int(logits.argmax()) != reference_greedy([1, 2, 3, 4, 5], 1)[0] or next_token(
-        [9, 9, 9, 9, 5]) == next_token([1, 2, 3, 4, 5])
+    assert int(logits.argmax()) != reference_greedy([1, 2, 3, 4, 5], 1)[0] or next_token([9, 9, 9, 9, 5]) == next_token(
+        [1, 2, 3, 4, 5]
+    )
     with pytest.raises(AssertionError, match="never written"):
         r.forward(SchedulerOutput((ScheduledSeq("d", (5,), 4, (6, 7), True),)))

@@ -19,7 +19,7 @@ PAGE = 16
 
 
 @pytest.fixture(scope="module")
-def runner(tiny_llama_dir: Path) -> ModelRunner:  # noqa: F811
+def runner(tiny_llama_dir: Path) -> ModelRunner:
     return ModelRunner(tiny_llama_dir, num_pages=256, page_size=PAGE)
 
 
@@ -61,8 +61,12 @@ def test_seeded_samples_are_distinct_and_each_is_its_own_seed(runner: ModelRunne
     assert a == b  # reproducible
     assert len({tuple(v) for v in a.values()}) == 3  # distinct
     for i in range(3):
-        single = _run(_engine(runner), f"s{i}", prompt,
-                      SamplingParams(max_tokens=12, temperature=1.0, seed=11 + i, ignore_eos=True))[0]
+        single = _run(
+            _engine(runner),
+            f"s{i}",
+            prompt,
+            SamplingParams(max_tokens=12, temperature=1.0, seed=11 + i, ignore_eos=True),
+        )[0]
         assert a[i] == single
 
 

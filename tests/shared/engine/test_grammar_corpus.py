@@ -28,8 +28,12 @@ def _engine(model_dir: Path) -> tuple[Engine, object]:
 
     tok = AutoTokenizer.from_pretrained(model_dir)
     runner = ModelRunner(model_dir, num_pages=1024, page_size=16)
-    return Engine(runner, cache=CacheConfig(page_size=16),
-                  scheduler=SchedulerConfig(max_running_requests=64, max_prefill_tokens=2048), tokenizer=tok), tok
+    return Engine(
+        runner,
+        cache=CacheConfig(page_size=16),
+        scheduler=SchedulerConfig(max_running_requests=64, max_prefill_tokens=2048),
+        tokenizer=tok,
+    ), tok
 
 
 def test_corpus_is_large_and_every_schema_is_valid():
@@ -54,7 +58,7 @@ def test_corpus_validates_on_the_bundled_model(bundled_model_dir: Path):
     assert got[-1].finish_reason == "length" and len(got[-1].token_ids) == 8
 
 
-def test_corpus_validates_on_a_random_weight_model(tiny_llama_dir: Path):  # noqa: F811
+def test_corpus_validates_on_a_random_weight_model(tiny_llama_dir: Path):
     engine, tok = _engine(tiny_llama_dir)
     prompt = tok.encode("Numbers: 0 1 2 { } [ ]")
     free = engine.generate([prompt] * 4, SamplingParams(max_tokens=40, temperature=1.0, seed=1), prefix="free")
@@ -66,8 +70,10 @@ def test_corpus_validates_on_a_random_weight_model(tiny_llama_dir: Path):  # noq
             garbage += 1
     assert garbage == len(free), "the random model wrote valid JSON unconstrained: it proves nothing"
     for seed in (0, 1):
-        params = [SamplingParams(max_tokens=MAX_TOKENS * 2, temperature=1.0, seed=seed + i, structured=_spec(s))
-                  for i, s in enumerate(SCHEMAS)]
+        params = [
+            SamplingParams(max_tokens=MAX_TOKENS * 2, temperature=1.0, seed=seed + i, structured=_spec(s))
+            for i, s in enumerate(SCHEMAS)
+        ]
         got = engine.generate([prompt] * len(SCHEMAS), params, prefix=f"s{seed}")
         for i, (schema, c) in enumerate(zip(SCHEMAS, got, strict=True)):
             assert c.finish_reason == "stop", f"schema {i} {schema}: truncated ({c.finish_reason}): {c.text!r}"

@@ -19,8 +19,12 @@ from shared.grammar.spec import StructuredSpec
 from tests.helpers.tiny_models import tiny_llama_dir  # noqa: F401  (session fixture)
 
 WORDS = ["café", "naïve", "日本", "😀"]
-SCHEMA = {"type": "object", "properties": {"mot": {"enum": WORDS}, "名前": {"type": "string", "maxLength": 3}},
-          "required": ["mot", "名前"], "additionalProperties": False}
+SCHEMA = {
+    "type": "object",
+    "properties": {"mot": {"enum": WORDS}, "名前": {"type": "string", "maxLength": 3}},
+    "required": ["mot", "名前"],
+    "additionalProperties": False,
+}
 
 
 def _spec(**field: object) -> StructuredSpec:
@@ -30,22 +34,32 @@ def _spec(**field: object) -> StructuredSpec:
 
 
 @pytest.fixture(scope="module")
-def engine(tiny_llama_dir: Path) -> Engine:  # noqa: F811
+def engine(tiny_llama_dir: Path) -> Engine:
     from transformers import AutoTokenizer
 
     from shared.config.groups import CacheConfig, SchedulerConfig
 
     tok = AutoTokenizer.from_pretrained(tiny_llama_dir)
-    return Engine(ModelRunner(tiny_llama_dir, num_pages=128, page_size=16), cache=CacheConfig(page_size=16),
-                  scheduler=SchedulerConfig(), tokenizer=tok)
+    return Engine(
+        ModelRunner(tiny_llama_dir, num_pages=128, page_size=16),
+        cache=CacheConfig(page_size=16),
+        scheduler=SchedulerConfig(),
+        tokenizer=tok,
+    )
 
 
-@pytest.mark.parametrize("field,check", [
-    ({"choice": WORDS}, lambda t: t in WORDS),
-    ({"regex": "(café|naïve|日本|😀)[à-ü]"}, lambda t: t[:-1] in WORDS and "à" <= t[-1] <= "ü"),
-    ({"grammar": 'root ::= ("café" | "日本") " " [à-ü]'}, lambda t: t[:-2] in ("café", "日本") and "à" <= t[-1] <= "ü"),
-    ({"json": SCHEMA}, lambda t: jsonschema.validate(json.loads(t), SCHEMA) is None),
-])
+@pytest.mark.parametrize(
+    "field,check",
+    [
+        ({"choice": WORDS}, lambda t: t in WORDS),
+        ({"regex": "(café|naïve|日本|😀)[à-ü]"}, lambda t: t[:-1] in WORDS and "à" <= t[-1] <= "ü"),
+        (
+            {"grammar": 'root ::= ("café" | "日本") " " [à-ü]'},
+            lambda t: t[:-2] in ("café", "日本") and "à" <= t[-1] <= "ü",
+        ),
+        ({"json": SCHEMA}, lambda t: jsonschema.validate(json.loads(t), SCHEMA) is None),
+    ],
+)
 def test_non_ascii_constraints_are_accepted_and_followed(engine: Engine, field: dict, check) -> None:  # type: ignore[no-untyped-def]
     spec = _spec(**field)
     params = [SamplingParams(max_tokens=40, temperature=1.0, seed=s, structured=spec) for s in range(4)]

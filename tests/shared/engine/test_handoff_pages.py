@@ -28,8 +28,12 @@ P = 4
 GREEDY = SamplingParams(max_tokens=6, temperature=0.0, ignore_eos=True)
 
 
-def make_engine(num_pages: int = 64, *, max_running_requests: int | None = None,  # type: ignore[no-untyped-def]
-                **kw) -> Engine:
+def make_engine(
+    num_pages: int = 64,
+    *,
+    max_running_requests: int | None = None,  # type: ignore[no-untyped-def]
+    **kw,
+) -> Engine:
     sched = SchedulerConfig(max_prefill_tokens=64)
     if max_running_requests is not None:
         sched = dataclasses.replace(sched, max_running_requests=max_running_requests)
@@ -93,8 +97,13 @@ def check_accounting(e: Engine) -> None:
 
 def idle_and_clean(e: Engine) -> bool:
     s = e.scheduler
-    return (not s.running and not s.handoff.remote and not s.handoff.held and s.handoff.num_quarantined_pages == 0
-            and e.allocator.num_used == e.cache.num_pages == e.cache.num_evictable)
+    return (
+        not s.running
+        and not s.handoff.remote
+        and not s.handoff.held
+        and s.handoff.num_quarantined_pages == 0
+        and e.allocator.num_used == e.cache.num_pages == e.cache.num_evictable
+    )
 
 
 # ---- the whole round trip -----------------------------------------------------------------------------------------
@@ -102,8 +111,10 @@ def test_handoffs_match_reference_with_prefix_hits_on_both_sides():
     rng = random.Random(7)
     pre, dec = make_engine(), make_engine()
     shared = [rng.randrange(1, 97) for _ in range(13)]
-    prompts = [shared[: rng.choice([0, 4, 8, 13])] + [rng.randrange(1, 97) for _ in range(rng.randrange(1, 20))]
-               for _ in range(12)]
+    prompts = [
+        shared[: rng.choice([0, 4, 8, 13])] + [rng.randrange(1, 97) for _ in range(rng.randrange(1, 20))]
+        for _ in range(12)
+    ]
     prompts.append(list(prompts[3]))  # the very same prompt again: decode's cache covers all its full pages
     skips = []
     for i, p in enumerate(prompts):
@@ -139,8 +150,11 @@ def test_first_token_can_end_the_request_at_activation():
     assert idle_and_clean(dec)
     # EOS as the first token: reference's first token declared as EOS ends it with "stop"
     eos = reference_greedy(prompt, 1)[0]
-    dec2 = Engine(FakeRunner(32, P, eos_token_ids=(eos,)), cache=CacheConfig(page_size=P),
-                  scheduler=SchedulerConfig(max_prefill_tokens=64))
+    dec2 = Engine(
+        FakeRunner(32, P, eos_token_ids=(eos,)),
+        cache=CacheConfig(page_size=P),
+        scheduler=SchedulerConfig(max_prefill_tokens=64),
+    )
     res = dec2.reserve_remote("e", prompt, SamplingParams(max_tokens=5, temperature=0.0))
     first, held = prefill(pre, "e", prompt)
     copy_pages(pre, dec2, held, res.page_ids)

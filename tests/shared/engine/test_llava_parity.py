@@ -14,13 +14,13 @@ import torch
 from PIL import Image
 
 from shared.config.groups import CacheConfig, SchedulerConfig
-from shared.modelspec.block_hash import page_hashes
 from shared.engine.engine import Engine
 from shared.engine.model_runner import ModelRunner
 from shared.engine.request import MediaInput
 from shared.engine.sampling_params import SamplingParams
 from shared.engine.types import EmbedSlice, ScheduledSeq, SchedulerOutput
 from shared.engine.vision_runner import VisionEncoderRunner
+from shared.modelspec.block_hash import page_hashes
 from tests.helpers.tiny_vlm import make_image, tiny_llava_dir  # noqa: F401
 
 PAGE = 4
@@ -28,7 +28,7 @@ TOL = 1e-4
 
 
 @pytest.fixture(scope="module")
-def models(tiny_llava_dir: Path):  # noqa: F811
+def models(tiny_llava_dir: Path):
     from transformers import AutoImageProcessor, LlavaForConditionalGeneration
 
     hf = LlavaForConditionalGeneration.from_pretrained(tiny_llava_dir, dtype=torch.float32).eval()
@@ -95,9 +95,17 @@ def test_logits_with_images_spliced(models) -> None:
     ids, offs = prompt_with(vision, 2, seed=3)
     text, _ = prompt_with(vision, 0, seed=4)
     ref = hf_logits(hf, ids, px)
-    seqs = (ScheduledSeq("t", tuple(text), 0, tuple(range(npages(len(text)))), True),
-            ScheduledSeq("m", tuple(ids), 0, tuple(range(20, 20 + npages(len(ids)))), True,
-                         tuple(EmbedSlice(o, e) for o, e in zip(offs, emb))))
+    seqs = (
+        ScheduledSeq("t", tuple(text), 0, tuple(range(npages(len(text)))), True),
+        ScheduledSeq(
+            "m",
+            tuple(ids),
+            0,
+            tuple(range(20, 20 + npages(len(ids)))),
+            True,
+            tuple(EmbedSlice(o, e) for o, e in zip(offs, emb)),
+        ),
+    )
     logits = runner.forward(SchedulerOutput(seqs))
     assert_close(logits[0], hf_logits(hf, text, None)[-1])
     assert_close(logits[1], ref[-1])
@@ -134,9 +142,14 @@ def test_greedy_tokens_and_media_keyed_prefix_cache(models) -> None:
     def hf_greedy(k: int) -> list[int]:
         px = proc(images=[imgs[k]], return_tensors="pt")["pixel_values"]
         with torch.no_grad():
-            out = hf.generate(input_ids=torch.tensor([ids]), pixel_values=px, max_new_tokens=8, do_sample=False,
-                              attention_mask=torch.ones(1, len(ids), dtype=torch.long))
-        return out[0, len(ids):].tolist()
+            out = hf.generate(
+                input_ids=torch.tensor([ids]),
+                pixel_values=px,
+                max_new_tokens=8,
+                do_sample=False,
+                attention_mask=torch.ones(1, len(ids), dtype=torch.long),
+            )
+        return out[0, len(ids) :].tolist()
 
     first = run("a", 0)
     assert list(first.token_ids) == hf_greedy(0)

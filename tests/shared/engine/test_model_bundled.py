@@ -57,8 +57,9 @@ def test_bundled_model_matches_transformers(pair) -> None:
     for _ in range(7):
         for i, p in enumerate(prompts):
             p.append(int(logits[i].argmax()))
-        step = SchedulerOutput(tuple(ScheduledSeq(f"r{i}", (p[-1],), len(p) - 1, pages[i], True)
-                                     for i, p in enumerate(prompts)))
+        step = SchedulerOutput(
+            tuple(ScheduledSeq(f"r{i}", (p[-1],), len(p) - 1, pages[i], True) for i, p in enumerate(prompts))
+        )
         logits = runner.forward(step)
         for i, p in enumerate(prompts):
             close(logits[i], hf_last(hf, p))

@@ -15,8 +15,16 @@ from shared.engine.models import SUPPORTED_ARCHITECTURES, build_model, load_mode
 from shared.engine.weights import load_weights
 from tests.helpers.tiny_models import tiny_llama_dir, tiny_qwen2_dir, tiny_qwen3_dir  # noqa: F401
 
-BASE = {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "vocab_size": 100, "hidden_size": 32,
-        "intermediate_size": 64, "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2}
+BASE = {
+    "architectures": ["LlamaForCausalLM"],
+    "model_type": "llama",
+    "vocab_size": 100,
+    "hidden_size": 32,
+    "intermediate_size": 64,
+    "num_hidden_layers": 2,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+}
 
 
 def test_unsupported_architecture_names_it_and_the_supported_list() -> None:
@@ -30,8 +38,13 @@ def test_unsupported_architecture_names_it_and_the_supported_list() -> None:
 
 @pytest.mark.parametrize(
     "extra,match",
-    [({"hidden_act": "gelu"}, "gelu"), ({"use_sliding_window": True}, "sliding"), ({"mlp_bias": True}, "mlp_bias"),
-     ({"rope_scaling": {"rope_type": "yarn", "factor": 4.0}}, "yarn"), ({"num_key_value_heads": 3}, "multiple")],
+    [
+        ({"hidden_act": "gelu"}, "gelu"),
+        ({"use_sliding_window": True}, "sliding"),
+        ({"mlp_bias": True}, "mlp_bias"),
+        ({"rope_scaling": {"rope_type": "yarn", "factor": 4.0}}, "yarn"),
+        ({"num_key_value_heads": 3}, "multiple"),
+    ],
 )
 def test_unsupported_features_are_refused(extra: dict, match: str) -> None:
     with pytest.raises(ValueError, match=match):
@@ -39,12 +52,32 @@ def test_unsupported_features_are_refused(extra: dict, match: str) -> None:
 
 
 def test_both_rope_spellings() -> None:
-    old = parse_model_config(dict(BASE, rope_theta=5e5, rope_scaling={"rope_type": "llama3", "factor": 8.0,
-                                                                       "low_freq_factor": 1.0, "high_freq_factor": 4.0,
-                                                                       "original_max_position_embeddings": 8192}))
-    new = parse_model_config(dict(BASE, rope_parameters={"rope_type": "llama3", "rope_theta": 5e5, "factor": 8.0,
-                                                         "low_freq_factor": 1.0, "high_freq_factor": 4.0,
-                                                         "original_max_position_embeddings": 8192}))
+    old = parse_model_config(
+        dict(
+            BASE,
+            rope_theta=5e5,
+            rope_scaling={
+                "rope_type": "llama3",
+                "factor": 8.0,
+                "low_freq_factor": 1.0,
+                "high_freq_factor": 4.0,
+                "original_max_position_embeddings": 8192,
+            },
+        )
+    )
+    new = parse_model_config(
+        dict(
+            BASE,
+            rope_parameters={
+                "rope_type": "llama3",
+                "rope_theta": 5e5,
+                "factor": 8.0,
+                "low_freq_factor": 1.0,
+                "high_freq_factor": 4.0,
+                "original_max_position_embeddings": 8192,
+            },
+        )
+    )
     assert old.rope_theta == new.rope_theta == 5e5
     assert old.rope_scaling is not None and new.rope_scaling is not None
     assert old.rope_scaling["factor"] == new.rope_scaling["factor"] == 8.0

@@ -31,15 +31,16 @@ class Pages:
 
 
 @pytest.fixture(scope="module", params=[("torch", "torch"), ("native", "onednn")], ids=["reference", "cpu-default"])
-def pair(request, tiny_model_dir: Path):  # noqa: F811
+def pair(request, tiny_model_dir: Path):
     """(attention, linear) backends: the torch reference ops with F.linear (transformers' own GEMM), and the CPU
     default (C decode attention, oneDNN over prepacked weights)."""
     from transformers import AutoModelForCausalLM
 
     attention, linear = request.param
     hf = AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32).eval()
-    runner = ModelRunner(tiny_model_dir, num_pages=128, page_size=PAGE, attention_backend=attention,
-                         linear_backend=linear)
+    runner = ModelRunner(
+        tiny_model_dir, num_pages=128, page_size=PAGE, attention_backend=attention, linear_backend=linear
+    )
     assert (runner.attn.name, runner.linear.name) == request.param
     return hf, runner
 
@@ -135,18 +136,20 @@ def test_decode_and_prefill_in_one_step(pair) -> None:
     first = runner.forward(SchedulerOutput((ScheduledSeq("a", tuple(a), 0, a_pages, True),)))
     a.append(int(first[0].argmax()))
     b, c = prompt(42, 7, runner.vocab_size), prompt(43, 12, runner.vocab_size)
-    out = SchedulerOutput((
-        ScheduledSeq("b", tuple(b), 0, pages.take(2), True),
-        ScheduledSeq("a", (a[-1],), len(a) - 1, a_pages, True),
-        ScheduledSeq("c", tuple(c[:5]), 0, pages.take(3), False),  # first chunk of c: no logits
-    ))
+    out = SchedulerOutput(
+        (
+            ScheduledSeq("b", tuple(b), 0, pages.take(2), True),
+            ScheduledSeq("a", (a[-1],), len(a) - 1, a_pages, True),
+            ScheduledSeq("c", tuple(c[:5]), 0, pages.take(3), False),  # first chunk of c: no logits
+        )
+    )
     logits = runner.forward(out)
     assert logits.shape[0] == 2
     assert_close(logits[0], hf_logits(hf, b)[-1])
     assert_close(logits[1], hf_logits(hf, a)[-1])
 
 
-def test_bfloat16_runs_and_tracks_float32(tiny_model_dir: Path) -> None:  # noqa: F811
+def test_bfloat16_runs_and_tracks_float32(tiny_model_dir: Path) -> None:
     r32 = ModelRunner(tiny_model_dir, num_pages=16, page_size=PAGE)
     r16 = ModelRunner(tiny_model_dir, dtype="bfloat16", num_pages=16, page_size=PAGE)
     assert r16.kv.buffer.dtype == torch.bfloat16 and r16.layout.dtype == "bfloat16"

@@ -42,8 +42,14 @@ def test_encoder_cache_is_lru_within_items_and_bytes() -> None:
 
 def make_scheduler() -> Scheduler:
     alloc = PageAllocator(64)
-    return Scheduler(allocator=alloc, cache=RadixCache(alloc, P), page_size=P, max_model_len=256,
-                     config=SchedulerConfig(), vocab_size=100)
+    return Scheduler(
+        allocator=alloc,
+        cache=RadixCache(alloc, P),
+        page_size=P,
+        max_model_len=256,
+        config=SchedulerConfig(),
+        vocab_size=100,
+    )
 
 
 def test_scheduler_checks_media_and_slices_embeddings_per_chunk() -> None:

@@ -28,7 +28,7 @@ def _hf_logprobs(model_dir: Path, prompt: list[int]) -> torch.Tensor:
 
 
 @pytest.mark.parametrize("chunk", [0, 10], ids=["one-prefill", "chunked"])
-def test_prompt_logprobs_match_hf_and_greedy_is_unchanged(tiny_llama_dir: Path, chunk: int):  # noqa: F811
+def test_prompt_logprobs_match_hf_and_greedy_is_unchanged(tiny_llama_dir: Path, chunk: int):
     ref = _hf_logprobs(tiny_llama_dir, PROMPT)
     runner = ModelRunner(tiny_llama_dir, num_pages=64, page_size=PAGE)
     engine = Engine(runner, cache=CacheConfig(page_size=PAGE), scheduler=SchedulerConfig(chunked_prefill_size=chunk))

@@ -7,9 +7,9 @@ import struct
 import pytest
 import torch
 
-from shared.modelspec.block_hash import ROOT_HASH, page_hash, page_hashes
 from shared.engine.page_allocator import PageAllocator
 from shared.engine.radix_cache import AllPagesCleared, PagesEvicted, PagesStored, RadixCache
+from shared.modelspec.block_hash import ROOT_HASH, page_hash, page_hashes
 
 P = 4
 
@@ -157,7 +157,7 @@ def test_random_workload_keeps_invariants():
                 continue
             pages = list(m.page_ids) + new
             res = c.insert(toks, pages, start_page=m.num_pages, hashes=m.hashes)
-            c.lock(res.hashes[m.num_pages:])
+            c.lock(res.hashes[m.num_pages :])
             held.append((res.hashes, pages))
         c.check_invariants()
     for hashes, pages in held:

@@ -52,7 +52,7 @@ def test_forward_batch_rejects_bad_steps(seq: ScheduledSeq, kwargs: dict, match:
         build_forward_batch(SchedulerOutput((seq,)), page_size=4, **kwargs)
 
 
-def test_runner_attributes(tiny_llama_dir: Path) -> None:  # noqa: F811
+def test_runner_attributes(tiny_llama_dir: Path) -> None:
     r = ModelRunner(tiny_llama_dir, kv_budget_bytes=1 << 20, page_size=8)
     assert r.layout.num_layers == 2 and r.layout.num_kv_heads == 2 and r.layout.head_dim == 16
     assert r.layout.page_size == 8 and r.layout.dtype == "float32"
@@ -65,7 +65,7 @@ def test_runner_attributes(tiny_llama_dir: Path) -> None:  # noqa: F811
     assert r.hf_config.model_type == "llama"
 
 
-def test_runner_guards(tiny_llama_dir: Path) -> None:  # noqa: F811
+def test_runner_guards(tiny_llama_dir: Path) -> None:
     r = ModelRunner(tiny_llama_dir, num_pages=8, page_size=4, max_batch_tokens=16)
     assert r.forward(SchedulerOutput()).shape == (0, 512)
     too_many = SchedulerOutput((ScheduledSeq("x", tuple(range(3, 20)), 0, tuple(range(5)), True),))
@@ -79,7 +79,7 @@ def test_runner_guards(tiny_llama_dir: Path) -> None:  # noqa: F811
         ModelRunner(tiny_llama_dir / "nope")
 
 
-def test_forward_writes_kv_only_into_the_given_pages(tiny_llama_dir: Path) -> None:  # noqa: F811
+def test_forward_writes_kv_only_into_the_given_pages(tiny_llama_dir: Path) -> None:
     r = ModelRunner(tiny_llama_dir, num_pages=8, page_size=4)
     r.forward(SchedulerOutput((ScheduledSeq("x", (5, 6, 7, 8, 9), 0, (6, 2), True),)))
     touched = (r.kv.buffer != 0).flatten(1).any(1)

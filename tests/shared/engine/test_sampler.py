@@ -8,8 +8,8 @@ import torch
 from shared.engine.errors import InvalidRequest
 from shared.engine.request import Request
 from shared.engine.sampler import Sampler, StopChecker
-from shared.engine.sampler.text_window import TextWindow
 from shared.engine.sampler.penalties import apply_penalties
+from shared.engine.sampler.text_window import TextWindow
 from shared.engine.sampling_params import SamplingParams
 
 
@@ -108,8 +108,11 @@ def test_repetition_frequency_presence_penalties_match_their_definitions():
 
 def test_penalties_only_touch_the_rows_that_ask():
     logits = torch.ones(3, 4)
-    rs = [req(SamplingParams(), output=(1,)), req(SamplingParams(presence_penalty=1.0), output=(1,)),
-          req(SamplingParams(), output=(2,))]
+    rs = [
+        req(SamplingParams(), output=(1,)),
+        req(SamplingParams(presence_penalty=1.0), output=(1,)),
+        req(SamplingParams(), output=(2,)),
+    ]
     apply_penalties(logits, rs, [1])
     assert logits[0].tolist() == [1.0] * 4 and logits[2].tolist() == [1.0] * 4
     assert logits[1].tolist() == [1.0, 0.0, 1.0, 1.0]
@@ -118,9 +121,11 @@ def test_penalties_only_touch_the_rows_that_ask():
 def test_logprobs_are_the_raw_log_softmax():
     torch.manual_seed(3)
     logits = torch.randn(3, 30)
-    reqs = [req(SamplingParams(temperature=0.0, logprobs=5, repetition_penalty=1.5), output=(0, 1)),
-            req(SamplingParams(temperature=0.7)),
-            req(SamplingParams(temperature=1.0, logprobs=0))]
+    reqs = [
+        req(SamplingParams(temperature=0.0, logprobs=5, repetition_penalty=1.5), output=(0, 1)),
+        req(SamplingParams(temperature=0.7)),
+        req(SamplingParams(temperature=1.0, logprobs=0)),
+    ]
     out = Sampler().sample(logits.clone(), reqs)
     lsm = torch.log_softmax(logits, -1)
     assert out.logprobs is not None and out.logprobs[1] is None
@@ -186,14 +191,29 @@ def test_detokenizer_waits_for_a_whole_utf8_character():
 
 
 # ---- validation ----------------------------------------------------------------------------------------------
-@pytest.mark.parametrize(("kw", "field"), [
-    ({"temperature": -0.1}, "temperature"), ({"temperature": float("nan")}, "temperature"),
-    ({"top_p": 0.0}, "top_p"), ({"top_p": 1.5}, "top_p"), ({"top_k": 0}, "top_k"), ({"top_k": -2}, "top_k"),
-    ({"min_p": 1.5}, "min_p"), ({"max_tokens": 0}, "max_tokens"), ({"max_tokens": -3}, "max_tokens"),
-    ({"n": 0}, "n"), ({"n": 65}, "n"), ({"logprobs": 21}, "logprobs"), ({"repetition_penalty": 0.0}, "repetition_penalty"),
-    ({"frequency_penalty": 3.0}, "frequency_penalty"), ({"presence_penalty": -2.5}, "presence_penalty"),
-    ({"seed": -1}, "seed"), ({"stop": ("",)}, "stop"), ({"min_tokens": 5, "max_tokens": 2}, "min_tokens"),
-])
+@pytest.mark.parametrize(
+    ("kw", "field"),
+    [
+        ({"temperature": -0.1}, "temperature"),
+        ({"temperature": float("nan")}, "temperature"),
+        ({"top_p": 0.0}, "top_p"),
+        ({"top_p": 1.5}, "top_p"),
+        ({"top_k": 0}, "top_k"),
+        ({"top_k": -2}, "top_k"),
+        ({"min_p": 1.5}, "min_p"),
+        ({"max_tokens": 0}, "max_tokens"),
+        ({"max_tokens": -3}, "max_tokens"),
+        ({"n": 0}, "n"),
+        ({"n": 65}, "n"),
+        ({"logprobs": 21}, "logprobs"),
+        ({"repetition_penalty": 0.0}, "repetition_penalty"),
+        ({"frequency_penalty": 3.0}, "frequency_penalty"),
+        ({"presence_penalty": -2.5}, "presence_penalty"),
+        ({"seed": -1}, "seed"),
+        ({"stop": ("",)}, "stop"),
+        ({"min_tokens": 5, "max_tokens": 2}, "min_tokens"),
+    ],
+)
 def test_invalid_values_raise_typed_errors_naming_the_field(kw, field):
     with pytest.raises(InvalidRequest, match=field) as e:
         SamplingParams(**kw).validate()

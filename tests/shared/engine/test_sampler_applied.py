@@ -59,8 +59,9 @@ def test_stop_token_ids_end_the_request(tiny_engine_factory):
     engine = tiny_engine_factory()
     free = engine.generate([[5, 6, 7]], SamplingParams(max_tokens=12, temperature=0.0, ignore_eos=True))[0]
     stop = free.token_ids[4]
-    got = engine.generate([[5, 6, 7]], SamplingParams(max_tokens=12, temperature=0.0, ignore_eos=True,
-                                                      stop_token_ids=[stop]), prefix="s")[0]
+    got = engine.generate(
+        [[5, 6, 7]], SamplingParams(max_tokens=12, temperature=0.0, ignore_eos=True, stop_token_ids=[stop]), prefix="s"
+    )[0]
     k = free.token_ids.index(stop)
     assert got.token_ids == free.token_ids[: k + 1] and got.finish_reason == "stop" and got.stop_reason == stop
 
@@ -103,13 +104,16 @@ def test_masks_are_filled_while_the_forward_runs_and_skip_free_rows():
 
 
 @pytest.fixture
-def tiny_engine_factory(tiny_llama_dir):  # noqa: F811
+def tiny_engine_factory(tiny_llama_dir):
     from shared.engine.engine import Engine
     from shared.engine.model_runner import ModelRunner
 
     def make() -> Engine:
-        return Engine(ModelRunner(tiny_llama_dir, num_pages=64, page_size=16), cache=CacheConfig(page_size=16),
-                      scheduler=SchedulerConfig())
+        return Engine(
+            ModelRunner(tiny_llama_dir, num_pages=64, page_size=16),
+            cache=CacheConfig(page_size=16),
+            scheduler=SchedulerConfig(),
+        )
 
     return make
 

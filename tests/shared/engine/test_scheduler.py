@@ -17,13 +17,20 @@ from shared.engine.types import SchedulerOutput
 P = 4
 
 
-def make(num_pages: int = 64, *, prefix_cache: bool = True, max_model_len: int = 4096,
-         **sched) -> tuple[Scheduler, FakeRunner]:
+def make(
+    num_pages: int = 64, *, prefix_cache: bool = True, max_model_len: int = 4096, **sched
+) -> tuple[Scheduler, FakeRunner]:
     runner = FakeRunner(num_pages, P)
     alloc = PageAllocator(num_pages)
     cache = RadixCache(alloc, P, enabled=prefix_cache)
-    return Scheduler(allocator=alloc, cache=cache, page_size=P, max_model_len=max_model_len,
-                     config=SchedulerConfig(**sched), vocab_size=runner.vocab_size), runner
+    return Scheduler(
+        allocator=alloc,
+        cache=cache,
+        page_size=P,
+        max_model_len=max_model_len,
+        config=SchedulerConfig(**sched),
+        vocab_size=runner.vocab_size,
+    ), runner
 
 
 def step(s: Scheduler, r: FakeRunner) -> tuple[SchedulerOutput, list[RequestOutput]]:
@@ -62,7 +69,10 @@ def test_long_prompt_is_chunked_and_only_the_last_chunk_samples():
     s.add_request("a", prompt, greedy(3))
     outs = [step(s, r)[0] for _ in range(3)]
     assert [(o.seqs[0].start_pos, len(o.seqs[0].token_ids), o.seqs[0].need_logits) for o in outs] == [
-        (0, 4, False), (4, 4, False), (8, 2, True)]
+        (0, 4, False),
+        (4, 4, False),
+        (8, 2, True),
+    ]
     assert drain(s, r) == {"a": reference_greedy(prompt, 3)[1:]}
     assert_no_leak(s)
 

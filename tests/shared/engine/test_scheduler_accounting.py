@@ -40,9 +40,16 @@ def test_random_requests_leak_no_pages(policy: str):
     runner = FakeRunner(40, P)
     alloc = PageAllocator(40)
     cache = RadixCache(alloc, P)
-    s = Scheduler(allocator=alloc, cache=cache, page_size=P, max_model_len=4096,
-                  config=SchedulerConfig(max_running_requests=12, max_prefill_tokens=32, schedule_policy=policy,
-                                         new_token_ratio=0.2), vocab_size=runner.vocab_size)
+    s = Scheduler(
+        allocator=alloc,
+        cache=cache,
+        page_size=P,
+        max_model_len=4096,
+        config=SchedulerConfig(
+            max_running_requests=12, max_prefill_tokens=32, schedule_policy=policy, new_token_ratio=0.2
+        ),
+        vocab_size=runner.vocab_size,
+    )
     prefixes = [[rng.randrange(1, 97) for _ in range(rng.randrange(0, 25))] for _ in range(8)]
     prompts: dict[str, list[int]] = {}
     max_toks: dict[str, int] = {}
@@ -57,8 +64,12 @@ def test_random_requests_leak_no_pages(policy: str):
                 rid = f"r{added}"
                 prompts[rid] = rng.choice(prefixes) + [rng.randrange(1, 97) for _ in range(rng.randrange(1, 17))]
                 max_toks[rid] = rng.randrange(1, 17)
-                s.add_request(rid, prompts[rid], SamplingParams(max_tokens=max_toks[rid], temperature=0,
-                                                                ignore_eos=True), priority=rng.randrange(3))
+                s.add_request(
+                    rid,
+                    prompts[rid],
+                    SamplingParams(max_tokens=max_toks[rid], temperature=0, ignore_eos=True),
+                    priority=rng.randrange(3),
+                )
                 added += 1
         if s.requests and rng.random() < 0.08:
             rid = rng.choice(sorted(s.requests))

@@ -29,7 +29,8 @@ def test_triton_ops_agree_with_the_references() -> None:
         torch.testing.assert_close(a, b, atol=1e-5, rtol=1e-5)
     q = torch.randn(5, 3, 16, generator=g)
     ang = torch.rand(5, 1, 8, generator=g) * 6.28
-    torch.testing.assert_close(tri.apply_rotary(q, ang.cos(), ang.sin()),
-                               TORCH_OPS.apply_rotary(q, ang.cos(), ang.sin()), atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(
+        tri.apply_rotary(q, ang.cos(), ang.sin()), TORCH_OPS.apply_rotary(q, ang.cos(), ang.sin()), atol=1e-5, rtol=1e-5
+    )
     gu = torch.randn(5, 128, generator=g)
     torch.testing.assert_close(tri.silu_and_mul(gu), TORCH_OPS.silu_and_mul(gu), atol=1e-5, rtol=1e-5)

@@ -47,7 +47,9 @@ def test_backed_by_huge_pages_where_the_kernel_allows() -> None:
     t.fill_(1)  # first touch
     assert _anon_huge_kib(t.data_ptr()) >= 4096  # at least half of it on 2 MiB pages
     plain = torch.ones(8 << 20, dtype=torch.uint8)
-    print(f"huge-page buffer: {_anon_huge_kib(t.data_ptr())} KiB on huge pages; torch.ones: {_anon_huge_kib(plain.data_ptr())}")
+    print(
+        f"huge-page buffer: {_anon_huge_kib(t.data_ptr())} KiB on huge pages; torch.ones: {_anon_huge_kib(plain.data_ptr())}"
+    )
 
 
 def _rss_kib(addr: int) -> int:

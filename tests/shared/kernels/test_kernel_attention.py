@@ -7,8 +7,8 @@ import numpy as np
 import pytest
 import torch
 
-from shared.kernels.decode_attention import GatherWorkspace, decode_mask, paged_decode_attention
 from shared.kernels.attention_plan import length_groups
+from shared.kernels.decode_attention import GatherWorkspace, decode_mask, paged_decode_attention
 from shared.kernels.dispatch import TorchAttentionBackend, select_attention_backend, sequence_token_starts
 from shared.kernels.extend_attention import extend_attention
 from tests.shared.kernels.paged_ref import naive_attention, page_table, scatter_to_pages
@@ -18,8 +18,10 @@ SCALE = D**-0.5
 
 
 def _kv(lens: list[int], g: torch.Generator) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
-    return ([torch.randn(n, KV_HEADS, D, generator=g) for n in lens],
-            [torch.randn(n, KV_HEADS, D, generator=g) for n in lens])
+    return (
+        [torch.randn(n, KV_HEADS, D, generator=g) for n in lens],
+        [torch.randn(n, KV_HEADS, D, generator=g) for n in lens],
+    )
 
 
 @pytest.mark.parametrize("lens", [[1], [5, 1, 17, 8], [33, 2]])
@@ -38,8 +40,16 @@ def test_paged_decode_matches_naive(lens: list[int], use_workspace: bool) -> Non
         ref = naive_attention(q[i : i + 1], ks[i], vs[i], torch.tensor([n - 1]), SCALE)
         torch.testing.assert_close(out[i : i + 1].double(), ref, rtol=1e-5, atol=1e-5)
     if ws is not None:  # a second, smaller call reuses the buffers and is still right
-        out2 = paged_decode_attention(q[:1], k_cache, v_cache, pt[:1], seq_lens[:1], SCALE, workspace=ws,
-                                      mask=decode_mask(seq_lens[:1], pt.shape[1] * PAGE))
+        out2 = paged_decode_attention(
+            q[:1],
+            k_cache,
+            v_cache,
+            pt[:1],
+            seq_lens[:1],
+            SCALE,
+            workspace=ws,
+            mask=decode_mask(seq_lens[:1], pt.shape[1] * PAGE),
+        )
         torch.testing.assert_close(out2, out[:1])
 
 
@@ -155,7 +165,15 @@ def test_paged_decode_half_precision_tracks_float32(dtype: torch.dtype) -> None:
     q = torch.randn(len(lens), HEADS, D, generator=g)
     pt, seq_lens = page_table(pages), torch.tensor(lens)
     ref = paged_decode_attention(q, k_cache, v_cache, pt, seq_lens, SCALE)
-    out = paged_decode_attention(q.to(dtype), k_cache.to(dtype), v_cache.to(dtype), pt, seq_lens, SCALE,
-                                 mask=decode_mask(seq_lens, pt.shape[1] * PAGE, dtype), workspace=GatherWorkspace())
+    out = paged_decode_attention(
+        q.to(dtype),
+        k_cache.to(dtype),
+        v_cache.to(dtype),
+        pt,
+        seq_lens,
+        SCALE,
+        mask=decode_mask(seq_lens, pt.shape[1] * PAGE, dtype),
+        workspace=GatherWorkspace(),
+    )
     assert out.dtype == dtype and not out.isnan().any()
     torch.testing.assert_close(out.float(), ref, rtol=0, atol=3e-2)

@@ -43,10 +43,17 @@ def test_llama3_scaling_matches_transformers() -> None:
     from transformers import LlamaConfig
     from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
 
-    params = {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
-              "original_max_position_embeddings": 8192, "rope_theta": 500000.0}
-    cfg = LlamaConfig(hidden_size=512, num_attention_heads=8, head_dim=64, max_position_embeddings=131072,
-                      rope_parameters=params)
+    params = {
+        "rope_type": "llama3",
+        "factor": 8.0,
+        "low_freq_factor": 1.0,
+        "high_freq_factor": 4.0,
+        "original_max_position_embeddings": 8192,
+        "rope_theta": 500000.0,
+    }
+    cfg = LlamaConfig(
+        hidden_size=512, num_attention_heads=8, head_dim=64, max_position_embeddings=131072, rope_parameters=params
+    )
     ref, _ = ROPE_INIT_FUNCTIONS["llama3"](cfg, "cpu")
     mine = rope_inv_freq(64, 500000.0, params)
     assert not torch.equal(mine, rope_inv_freq(64, 500000.0))  # scaling really changed something

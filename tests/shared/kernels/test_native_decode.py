@@ -62,11 +62,20 @@ def test_refuses_sizes_past_its_buffers() -> None:
     q = torch.randn(1, 2, 512)
     cache = torch.randn(2, 4, 1, 512)
     with pytest.raises(ValueError, match="--attention-backend torch"):
-        native_paged_decode(q, cache, cache, torch.tensor([[0]]), torch.tensor([3]), torch.tensor([0]), 1.0,
-                            torch.empty_like(q))
+        native_paged_decode(
+            q, cache, cache, torch.tensor([[0]]), torch.tensor([3]), torch.tensor([0]), 1.0, torch.empty_like(q)
+        )
     with pytest.raises(ValueError, match="fp32"):
-        native_paged_decode(q.bfloat16(), cache.bfloat16(), cache.bfloat16(), torch.tensor([[0]]),
-                            torch.tensor([3]), torch.tensor([0]), 1.0, torch.empty_like(q).bfloat16())
+        native_paged_decode(
+            q.bfloat16(),
+            cache.bfloat16(),
+            cache.bfloat16(),
+            torch.tensor([[0]]),
+            torch.tensor([3]),
+            torch.tensor([0]),
+            1.0,
+            torch.empty_like(q).bfloat16(),
+        )
 
 
 def test_backend_plans_decode_flat() -> None:

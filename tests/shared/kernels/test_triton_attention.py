@@ -55,8 +55,7 @@ def test_decode_matches_reference_and_naive(gen: torch.Generator, lens: list[int
     qk = torch.randn(len(lens), HEADS + KV_HEADS, D, generator=gen)
     q = qk[:, :HEADS]  # strided, as the model hands it over
     out = nans(len(lens), HEADS, D)
-    got = dec.paged_decode_attention(q, k_cache, v_cache, pt, seq_lens, SCALE, num_splits=splits, block_n=16,
-                                     out=out)
+    got = dec.paged_decode_attention(q, k_cache, v_cache, pt, seq_lens, SCALE, num_splits=splits, block_n=16, out=out)
     assert got is out and not out.isnan().any()
     ref = dec.reference(q, k_cache, v_cache, pt, seq_lens, SCALE)
     torch.testing.assert_close(out, ref, rtol=1e-5, atol=1e-5)
@@ -77,8 +76,9 @@ def test_decode_half_precision_tracks_naive(gen: torch.Generator, dtype: torch.d
     assert out.dtype == dtype and not out.isnan().any()
     for i, n in enumerate(lens):
         # naive over the same rounded inputs: what is left is the output rounding (< 1 ulp of values ~1)
-        naive = naive_attention(q[i : i + 1].float(), ks[i].to(dtype).float(), vs[i].to(dtype).float(),
-                                torch.tensor([n - 1]), SCALE)
+        naive = naive_attention(
+            q[i : i + 1].float(), ks[i].to(dtype).float(), vs[i].to(dtype).float(), torch.tensor([n - 1]), SCALE
+        )
         torch.testing.assert_close(out[i : i + 1].double(), naive, rtol=0, atol=1e-2)
 
 
@@ -88,8 +88,15 @@ def test_decode_rejects_mismatched_shapes() -> None:
     with pytest.raises(ValueError, match="not a multiple of kv_heads"):
         dec.paged_decode_attention(q, kc, kc, torch.zeros(2, 1, dtype=torch.int64), torch.ones(2), SCALE)
     with pytest.raises(ValueError, match="block_n"):
-        dec.paged_decode_attention(torch.randn(2, 4, D), kc, kc, torch.zeros(2, 1, dtype=torch.int64),
-                                   torch.ones(2, dtype=torch.int64), SCALE, block_n=24)
+        dec.paged_decode_attention(
+            torch.randn(2, 4, D),
+            kc,
+            kc,
+            torch.zeros(2, 1, dtype=torch.int64),
+            torch.ones(2, dtype=torch.int64),
+            SCALE,
+            block_n=24,
+        )
 
 
 def _extend_case(g: torch.Generator, prefix: list[int], new: list[int], dtype: torch.dtype = torch.float32):
@@ -111,8 +118,19 @@ def test_extend_matches_reference_and_naive(gen: torch.Generator) -> None:
     rows = torch.tensor([order.index(i) for i in range(4)])
     starts = sequence_token_starts(new)
     out = nans(sum(new), HEADS, D)
-    ext.extend_attention(q, k_cache, v_cache, pt, rows, torch.from_numpy(starts), torch.tensor(prefix),
-                         torch.tensor(new), SCALE, max_extend_len=max(new), out=out)
+    ext.extend_attention(
+        q,
+        k_cache,
+        v_cache,
+        pt,
+        rows,
+        torch.from_numpy(starts),
+        torch.tensor(prefix),
+        torch.tensor(new),
+        SCALE,
+        max_extend_len=max(new),
+        out=out,
+    )
     assert not out.isnan().any()
     k_new = torch.cat([k[p:] for k, p in zip(ks, prefix)])
     v_new = torch.cat([v[p:] for v, p in zip(vs, prefix)])
@@ -128,8 +146,19 @@ def test_extend_leaves_rows_it_does_not_own(gen: torch.Generator) -> None:
     ks, vs, k_cache, v_cache, pages, q = _extend_case(gen, prefix, new)
     qq = torch.cat((q[:3], torch.randn(2, HEADS, D, generator=gen), q[3:]))  # two foreign rows at 3, 4
     out = nans(9, HEADS, D)
-    ext.extend_attention(qq, k_cache, v_cache, page_table(pages), torch.tensor([0, 1]), torch.tensor([0, 5]),
-                         torch.tensor(prefix), torch.tensor(new), SCALE, max_extend_len=4, out=out)
+    ext.extend_attention(
+        qq,
+        k_cache,
+        v_cache,
+        page_table(pages),
+        torch.tensor([0, 1]),
+        torch.tensor([0, 5]),
+        torch.tensor(prefix),
+        torch.tensor(new),
+        SCALE,
+        max_extend_len=4,
+        out=out,
+    )
     assert out[3:5].isnan().all() and not out[:3].isnan().any() and not out[5:].isnan().any()
     naive = naive_attention(qq[5:], ks[1], vs[1], torch.arange(0, 4), SCALE)
     torch.testing.assert_close(out[5:].double(), naive, rtol=1e-5, atol=1e-5)
@@ -139,13 +168,25 @@ def test_extend_bf16_tracks_naive(gen: torch.Generator) -> None:
     prefix, new = [6, 0], [5, 9]
     ks, vs, k_cache, v_cache, pages, q = _extend_case(gen, prefix, new, torch.bfloat16)
     out = nans(14, HEADS, D, dtype=torch.bfloat16)
-    ext.extend_attention(q, k_cache, v_cache, page_table(pages), torch.tensor([0, 1]), torch.tensor([0, 5]),
-                         torch.tensor(prefix), torch.tensor(new), SCALE, max_extend_len=9, out=out)
+    ext.extend_attention(
+        q,
+        k_cache,
+        v_cache,
+        page_table(pages),
+        torch.tensor([0, 1]),
+        torch.tensor([0, 5]),
+        torch.tensor(prefix),
+        torch.tensor(new),
+        SCALE,
+        max_extend_len=9,
+        out=out,
+    )
     assert not out.isnan().any()
     t0 = 0
     for i, (p, n) in enumerate(zip(prefix, new)):
-        naive = naive_attention(q[t0 : t0 + n].float(), ks[i].bfloat16().float(), vs[i].bfloat16().float(),
-                                torch.arange(p, p + n), SCALE)
+        naive = naive_attention(
+            q[t0 : t0 + n].float(), ks[i].bfloat16().float(), vs[i].bfloat16().float(), torch.arange(p, p + n), SCALE
+        )
         torch.testing.assert_close(out[t0 : t0 + n].double(), naive, rtol=0, atol=1e-2)
         t0 += n
 
@@ -163,8 +204,9 @@ def test_backend_is_selected_and_matches_torch_backend(gen: torch.Generator) -> 
     assert isinstance(meta, TritonAttentionMetadata) and not meta.all_decode and meta.max_extend_len == 7
     out = backend.forward(q, k_new, v_new, k_cache, v_cache, meta, SCALE)
     torch_backend = TorchAttentionBackend()
-    ref = torch_backend.forward(q, k_new, v_new, k_cache, v_cache, torch_backend.prepare(pt, pre, n, starts, PAGE),
-                                SCALE)
+    ref = torch_backend.forward(
+        q, k_new, v_new, k_cache, v_cache, torch_backend.prepare(pt, pre, n, starts, PAGE), SCALE
+    )
     torch.testing.assert_close(out, ref, rtol=1e-5, atol=1e-5)
 
     # an all-decode step: one decode launch over the batch, planned without masks or groups
@@ -224,8 +266,19 @@ def test_gpu_extend_real_sizes(gen: torch.Generator, dtype: torch.dtype) -> None
     q = torch.randn(sum(new), heads, d, generator=gen).to(dtype).cuda()
     starts = sequence_token_starts(new)
     out = nans(sum(new), heads, d, dtype=dtype, device="cuda")
-    ext.extend_attention(q, k_cache, v_cache, pt, torch.arange(4).cuda(), torch.from_numpy(starts).cuda(),
-                         torch.tensor(prefix).cuda(), torch.tensor(new).cuda(), d**-0.5, max_extend_len=512, out=out)
+    ext.extend_attention(
+        q,
+        k_cache,
+        v_cache,
+        pt,
+        torch.arange(4).cuda(),
+        torch.from_numpy(starts).cuda(),
+        torch.tensor(prefix).cuda(),
+        torch.tensor(new).cuda(),
+        d**-0.5,
+        max_extend_len=512,
+        out=out,
+    )
     assert not out.isnan().any()
     # the reference takes the new tokens' K/V separately: read them back out of the cache
     k_new, v_new = [], []
@@ -233,7 +286,16 @@ def test_gpu_extend_real_sizes(gen: torch.Generator, dtype: torch.dtype) -> None
         pos = torch.arange(p, p + n, device="cuda")
         pg = pt[i][pos // page]
         k_new.append(k_cache[pg, pos % page]), v_new.append(v_cache[pg, pos % page])
-    ref = ext.reference(q.float(), torch.cat(k_new).float(), torch.cat(v_new).float(), k_cache.float(),
-                        v_cache.float(), pt, prefix, new, d**-0.5)
+    ref = ext.reference(
+        q.float(),
+        torch.cat(k_new).float(),
+        torch.cat(v_new).float(),
+        k_cache.float(),
+        v_cache.float(),
+        pt,
+        prefix,
+        new,
+        d**-0.5,
+    )
     tol = 2e-2 if dtype == torch.bfloat16 else 1e-4
     torch.testing.assert_close(out.float(), ref, rtol=0, atol=tol)

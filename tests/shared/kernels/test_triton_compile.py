@@ -34,44 +34,126 @@ def _attention_strides(prefix: str) -> dict[str, str]:
 
 def decode_partial(dt: str, group: int, d: int) -> Case:
     block_n, warps = decode_attention.launch_config(d, DTYPES[dt])
-    sig = {"Q": f"*{dt}", "K": f"*{dt}", "V": f"*{dt}", "PageTable": "*i64", "SeqLens": "*i64", "MidO": "*fp32",
-           "MidLse": "*fp32", "scale": "fp32", "num_heads": I32, "num_splits": I32, "stride_qb": I32,
-           "stride_qh": I32, **_attention_strides("k"), **_attention_strides("v"), "stride_pt": I32}
-    const = {"GROUP": group, "HEAD_DIM": d, "PAGE_SIZE": 16, "BLOCK_H": max(16, group), "BLOCK_N": block_n,
-             "BLOCK_D": d, "F32_DOT": dt == "fp32"}
+    sig = {
+        "Q": f"*{dt}",
+        "K": f"*{dt}",
+        "V": f"*{dt}",
+        "PageTable": "*i64",
+        "SeqLens": "*i64",
+        "MidO": "*fp32",
+        "MidLse": "*fp32",
+        "scale": "fp32",
+        "num_heads": I32,
+        "num_splits": I32,
+        "stride_qb": I32,
+        "stride_qh": I32,
+        **_attention_strides("k"),
+        **_attention_strides("v"),
+        "stride_pt": I32,
+    }
+    const = {
+        "GROUP": group,
+        "HEAD_DIM": d,
+        "PAGE_SIZE": 16,
+        "BLOCK_H": max(16, group),
+        "BLOCK_N": block_n,
+        "BLOCK_D": d,
+        "F32_DOT": dt == "fp32",
+    }
     return decode_attention._decode_partial_kernel, sig, const, warps
 
 
 def decode_merge(dt: str, d: int) -> Case:
-    sig = {"MidO": "*fp32", "MidLse": "*fp32", "Out": f"*{dt}", "num_heads": I32, "num_splits": I32,
-           "stride_ob": I32, "stride_oh": I32}
-    return decode_attention._decode_merge_kernel, sig, {"HEAD_DIM": d, "BLOCK_S": 4, "BLOCK_D": d,
-                                                        "ROUND_BF16": False}, 4
+    sig = {
+        "MidO": "*fp32",
+        "MidLse": "*fp32",
+        "Out": f"*{dt}",
+        "num_heads": I32,
+        "num_splits": I32,
+        "stride_ob": I32,
+        "stride_oh": I32,
+    }
+    return (
+        decode_attention._decode_merge_kernel,
+        sig,
+        {"HEAD_DIM": d, "BLOCK_S": 4, "BLOCK_D": d, "ROUND_BF16": False},
+        4,
+    )
 
 
 def extend(dt: str, group: int, d: int) -> Case:
     block_m, block_n, warps = extend_attention.launch_config(d, DTYPES[dt], torch.device("cuda"))
-    sig = {"Q": f"*{dt}", "K": f"*{dt}", "V": f"*{dt}", "Out": f"*{dt}", "PageTable": "*i64", "Rows": "*i64",
-           "TokenStarts": "*i64", "PrefixLens": "*i64", "ExtendLens": "*i64", "scale": "fp32", "stride_qt": I32,
-           "stride_qh": I32, **_attention_strides("k"), **_attention_strides("v"), "stride_ot": I32,
-           "stride_oh": I32, "stride_pt": I32}
-    const = {"GROUP": group, "HEAD_DIM": d, "PAGE_SIZE": 16, "BLOCK_M": block_m, "BLOCK_N": block_n,
-             "BLOCK_D": d, "F32_DOT": dt == "fp32", "ROUND_BF16": False}
+    sig = {
+        "Q": f"*{dt}",
+        "K": f"*{dt}",
+        "V": f"*{dt}",
+        "Out": f"*{dt}",
+        "PageTable": "*i64",
+        "Rows": "*i64",
+        "TokenStarts": "*i64",
+        "PrefixLens": "*i64",
+        "ExtendLens": "*i64",
+        "scale": "fp32",
+        "stride_qt": I32,
+        "stride_qh": I32,
+        **_attention_strides("k"),
+        **_attention_strides("v"),
+        "stride_ot": I32,
+        "stride_oh": I32,
+        "stride_pt": I32,
+    }
+    const = {
+        "GROUP": group,
+        "HEAD_DIM": d,
+        "PAGE_SIZE": 16,
+        "BLOCK_M": block_m,
+        "BLOCK_N": block_n,
+        "BLOCK_D": d,
+        "F32_DOT": dt == "fp32",
+        "ROUND_BF16": False,
+    }
     return extend_attention._extend_kernel, sig, const, warps
 
 
 def norm(dt: str, residual: bool) -> Case:
-    sig = {"X": f"*{dt}", "R": f"*{dt}", "W": f"*{dt}", "Out": f"*{dt}", "ResOut": f"*{dt}", "d": I32,
-           "w_rows": I32, "eps": "fp32", "stride_x": I32, "stride_r": I32, "stride_o": I32, "stride_ro": I32,
-           "stride_w": I32}
-    return rms_norm._rms_norm_kernel, sig, {"BLOCK_D": 1024, "HAS_RESIDUAL": residual, "ROUND_X_BF16": False,
-                                            "ROUND_OUT_BF16": False}, 4
+    sig = {
+        "X": f"*{dt}",
+        "R": f"*{dt}",
+        "W": f"*{dt}",
+        "Out": f"*{dt}",
+        "ResOut": f"*{dt}",
+        "d": I32,
+        "w_rows": I32,
+        "eps": "fp32",
+        "stride_x": I32,
+        "stride_r": I32,
+        "stride_o": I32,
+        "stride_ro": I32,
+        "stride_w": I32,
+    }
+    return (
+        rms_norm._rms_norm_kernel,
+        sig,
+        {"BLOCK_D": 1024, "HAS_RESIDUAL": residual, "ROUND_X_BF16": False, "ROUND_OUT_BF16": False},
+        4,
+    )
 
 
 def rope(dt: str) -> Case:
-    sig = {"X": f"*{dt}", "Cos": f"*{dt}", "Sin": f"*{dt}", "Out": f"*{dt}", "heads": I32, "half": I32,
-           "stride_xt": I32, "stride_xh": I32, "stride_ct": I32, "stride_st": I32, "stride_ot": I32,
-           "stride_oh": I32}
+    sig = {
+        "X": f"*{dt}",
+        "Cos": f"*{dt}",
+        "Sin": f"*{dt}",
+        "Out": f"*{dt}",
+        "heads": I32,
+        "half": I32,
+        "stride_xt": I32,
+        "stride_xh": I32,
+        "stride_ct": I32,
+        "stride_st": I32,
+        "stride_ot": I32,
+        "stride_oh": I32,
+    }
     return rotary._rotary_kernel, sig, {"BLOCK_H": 64, "BLOCK_HALF": 64, "ROUND_BF16": False}, 4
 
 
@@ -115,10 +197,14 @@ def test_kernel_compiles_for_sm90_without_spills(case: str, tmp_path: Path, monk
     fn = triton.jit(kernel.fn)
     assert set(sig) | set(const) == set(fn.arg_names), "the signature lists every kernel argument"
     full = {**sig, **{k: "constexpr" for k in const}}
-    attrs = {(fn.arg_names.index(k),): [["tt.divisibility", 16]] for k, v in sig.items()
-             if v.startswith("*") or ALIGNED.fullmatch(k)}
-    compiled = triton.compile(ASTSource(fn, full, const, attrs), target=GPUTarget("cuda", 90, 32),
-                              options={"num_warps": warps})
+    attrs = {
+        (fn.arg_names.index(k),): [["tt.divisibility", 16]]
+        for k, v in sig.items()
+        if v.startswith("*") or ALIGNED.fullmatch(k)
+    }
+    compiled = triton.compile(
+        ASTSource(fn, full, const, attrs), target=GPUTarget("cuda", 90, 32), options={"num_warps": warps}
+    )
     assert ".entry " + kernel.fn.__name__ in compiled.asm["ptx"]
     cubin = tmp_path / "kernel.cubin"
     cubin.write_bytes(compiled.asm["cubin"])

@@ -154,5 +154,4 @@ def test_gpu_elementwise_real_sizes(gen: torch.Generator, dtype: torch.dtype) ->
     cos, sin = RotaryCache(d, 8192, 500000.0, device="cuda").lookup(torch.randint(0, 8192, (t,)).cuda(), dtype)
     check_rotary(rot.apply_rotary(qk, cos, sin, out=nans_like(qk)), qk, cos, sin)
     gu = torch.randn(t, 2 * inter, generator=gen).to(dtype).cuda()
-    close(act.silu_and_mul(gu, out=torch.full((t, inter), float("nan"), dtype=dtype, device="cuda")),
-          act.reference(gu))
+    close(act.silu_and_mul(gu, out=torch.full((t, inter), float("nan"), dtype=dtype, device="cuda")), act.reference(gu))

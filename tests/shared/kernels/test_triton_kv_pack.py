@@ -10,8 +10,8 @@ import pytest
 import torch
 
 from shared.engine.kv_pool import KVPool
-from shared.modelspec.kv_layout import KVLayout
 from shared.kernels.triton import kv_pack
+from shared.modelspec.kv_layout import KVLayout
 
 
 @pytest.fixture
@@ -32,12 +32,15 @@ def poison(shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
 
 
 # page sizes in bytes: multiples of 4 (int32 words), 2 mod 4 (int16 words), odd (bytes)
-@pytest.mark.parametrize("dtype,page_shape", [
-    (torch.float32, (2, 2, 4, 2, 8)),
-    (torch.bfloat16, (3, 2, 4, 1, 8)),
-    (torch.float16, (1, 2, 1, 1, 3)),
-    (torch.uint8, (1, 1, 1, 1, 5)),
-])
+@pytest.mark.parametrize(
+    "dtype,page_shape",
+    [
+        (torch.float32, (2, 2, 4, 2, 8)),
+        (torch.bfloat16, (3, 2, 4, 1, 8)),
+        (torch.float16, (1, 2, 1, 1, 3)),
+        (torch.uint8, (1, 1, 1, 1, 5)),
+    ],
+)
 def test_pack_then_unpack_round_trip(gen: torch.Generator, dtype: torch.dtype, page_shape: tuple[int, ...]) -> None:
     pool = random_pool(gen, (12, *page_shape), dtype)
     ids = torch.randperm(12, generator=gen)[:5]  # scattered, in no particular order

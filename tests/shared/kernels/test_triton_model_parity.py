@@ -94,8 +94,9 @@ def test_decode_steps_and_a_mixed_step(pair) -> None:
     pages = Pages(runner.num_pages, 2)
     seqs = {f"d{i}": prompt(30 + i, n, runner.vocab_size) for i, n in enumerate([3, 9, 16])}
     room = {r: pages.take(npages(len(p) + 4)) for r, p in seqs.items()}  # headroom for the decoded tokens
-    logits = runner.forward(SchedulerOutput(tuple(ScheduledSeq(r, tuple(p), 0, room[r], True)
-                                                  for r, p in seqs.items())))
+    logits = runner.forward(
+        SchedulerOutput(tuple(ScheduledSeq(r, tuple(p), 0, room[r], True) for r, p in seqs.items()))
+    )
     for _ in range(3):
         for i, (r, p) in enumerate(seqs.items()):
             assert_close(logits[i], hf_logits(hf, p)[-1])
@@ -110,11 +111,13 @@ def test_decode_steps_and_a_mixed_step(pair) -> None:
     a = seqs["d0"]
     a.append(int(logits[0].argmax()))
     b, c = prompt(42, 7, runner.vocab_size), prompt(43, 12, runner.vocab_size)
-    out = SchedulerOutput((
-        ScheduledSeq("b", tuple(b), 0, pages.take(2), True),
-        ScheduledSeq("d0", (a[-1],), len(a) - 1, room["d0"], True),
-        ScheduledSeq("c", tuple(c[:5]), 0, pages.take(3), False),
-    ))
+    out = SchedulerOutput(
+        (
+            ScheduledSeq("b", tuple(b), 0, pages.take(2), True),
+            ScheduledSeq("d0", (a[-1],), len(a) - 1, room["d0"], True),
+            ScheduledSeq("c", tuple(c[:5]), 0, pages.take(3), False),
+        )
+    )
     logits = runner.forward(out)
     assert logits.shape[0] == 2
     assert_close(logits[0], hf_logits(hf, b)[-1])

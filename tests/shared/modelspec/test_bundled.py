@@ -38,7 +38,7 @@ def test_prepared_bundled_model_loads_and_answers(bundled_model_dir):
     msgs = [{"role": "user", "content": "What is the capital of France?"}]
     enc = tok.apply_chat_template(msgs, add_generation_prompt=True, return_tensors="pt", return_dict=True)
     out = model.generate(**enc, max_new_tokens=12, do_sample=False)
-    answer = tok.decode(out[0, enc["input_ids"].shape[1]:], skip_special_tokens=True)
+    answer = tok.decode(out[0, enc["input_ids"].shape[1] :], skip_special_tokens=True)
     assert "Paris" in answer
 
 

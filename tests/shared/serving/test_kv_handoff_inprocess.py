@@ -34,8 +34,9 @@ PARAMS = SamplingParams(max_tokens=NEW, temperature=0.0, ignore_eos=True)
 
 def make_engine(model_dir: Path) -> Engine:
     runner = ModelRunner(model_dir, num_pages=96, page_size=P, max_batch_tokens=64)
-    return Engine(runner, cache=CacheConfig(page_size=P),
-                  scheduler=SchedulerConfig(max_running_requests=4, max_prefill_tokens=64))
+    return Engine(
+        runner, cache=CacheConfig(page_size=P), scheduler=SchedulerConfig(max_running_requests=4, max_prefill_tokens=64)
+    )
 
 
 @dataclasses.dataclass
@@ -49,7 +50,7 @@ class Rig:
 
 
 @pytest.fixture(scope="module", params=["nixl", "mooncake"])
-def rig(request: pytest.FixtureRequest, tiny_llama_dir: Path) -> Iterator[Rig]:  # noqa: F811
+def rig(request: pytest.FixtureRequest, tiny_llama_dir: Path) -> Iterator[Rig]:
     backend = request.param
     pre, dec, colo = (make_engine(tiny_llama_dir) for _ in range(3))
     t_pre = KVTransfer(backend, f"inproc-prefill-{backend}", "127.0.0.1", pre.runner.kv)

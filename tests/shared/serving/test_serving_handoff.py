@@ -8,8 +8,14 @@ import pytest
 from proto.pdrelay.v1 import common_pb2, worker_pb2
 from shared.modelspec.kv_layout import KVLayout
 from shared.serving.convert import layout_from_pb, layout_to_pb
-from shared.serving.handoff import (EpochClock, FencingLedger, accept_response, descs_from_pb, pages_needed,
-                                    paged_descriptors)
+from shared.serving.handoff import (
+    EpochClock,
+    FencingLedger,
+    accept_response,
+    descs_from_pb,
+    paged_descriptors,
+    pages_needed,
+)
 from shared.transfer.descs import PageDesc
 
 LAYOUT = KVLayout("float32", 16, 2, 2, 16)  # page_bytes = 2 * 2 * 16 * 2 * 16 * 4 = 8192
@@ -94,25 +100,36 @@ def test_paged_descriptors_round_trip_to_addresses():
     assert pb.memory_kind == common_pb2.MEMORY_KIND_DRAM
     got = descs_from_pb(pb, LAYOUT)
     pb_bytes = LAYOUT.page_bytes
-    assert got == [PageDesc(0x10000 + 5 * pb_bytes, pb_bytes), PageDesc(0x10000, pb_bytes),
-                   PageDesc(0x10000 + 9 * pb_bytes, pb_bytes)]
+    assert got == [
+        PageDesc(0x10000 + 5 * pb_bytes, pb_bytes),
+        PageDesc(0x10000, pb_bytes),
+        PageDesc(0x10000 + 9 * pb_bytes, pb_bytes),
+    ]
     assert paged_descriptors(1, 2, [0], device_id=3, on_gpu=True).memory_kind == common_pb2.MEMORY_KIND_VRAM
 
 
 def test_regions_descriptors():
-    pb = common_pb2.PageDescriptors(regions=common_pb2.RegionList(addresses=[100, 900000],
-                                                                  lengths=[LAYOUT.page_bytes] * 2))
+    pb = common_pb2.PageDescriptors(
+        regions=common_pb2.RegionList(addresses=[100, 900000], lengths=[LAYOUT.page_bytes] * 2)
+    )
     assert descs_from_pb(pb, LAYOUT) == [PageDesc(100, LAYOUT.page_bytes), PageDesc(900000, LAYOUT.page_bytes)]
 
 
-@pytest.mark.parametrize("pages, match", [
-    (common_pb2.PageDescriptors(), "no destination pages"),
-    (paged_descriptors(4096, 4096, [1, 2]), "4096 bytes but the layout says 8192"),
-    (common_pb2.PageDescriptors(regions=common_pb2.RegionList(addresses=[1, 2], lengths=[8192])),
-     "2 addresses but 1 lengths"),
-    (common_pb2.PageDescriptors(regions=common_pb2.RegionList(addresses=[1, 2], lengths=[8192, 100])),
-     "100 bytes is not one whole page of 8192"),
-])
+@pytest.mark.parametrize(
+    "pages, match",
+    [
+        (common_pb2.PageDescriptors(), "no destination pages"),
+        (paged_descriptors(4096, 4096, [1, 2]), "4096 bytes but the layout says 8192"),
+        (
+            common_pb2.PageDescriptors(regions=common_pb2.RegionList(addresses=[1, 2], lengths=[8192])),
+            "2 addresses but 1 lengths",
+        ),
+        (
+            common_pb2.PageDescriptors(regions=common_pb2.RegionList(addresses=[1, 2], lengths=[8192, 100])),
+            "100 bytes is not one whole page of 8192",
+        ),
+    ],
+)
 def test_malformed_descriptors_are_value_errors(pages: common_pb2.PageDescriptors, match: str):
     with pytest.raises(ValueError, match=match):
         descs_from_pb(pages, LAYOUT)

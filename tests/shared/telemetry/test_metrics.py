@@ -54,8 +54,9 @@ async def test_service_telemetry_binds_the_configured_port_or_says_so():
             await tel.start_metrics("127.0.0.1")
         off = ServiceTelemetry(TelemetryConfig(enable_metrics=False), role="decode", instance_id="d", cluster="c")
         assert await off.start_metrics("127.0.0.1") == "" and off.metrics_address == ""
-        free = ServiceTelemetry(TelemetryConfig(enable_metrics=True, metrics_port=0), role="decode",
-                                instance_id="d", cluster="c")
+        free = ServiceTelemetry(
+            TelemetryConfig(enable_metrics=True, metrics_port=0), role="decode", instance_id="d", cluster="c"
+        )
         address = await free.start_metrics("127.0.0.1", advertise_host="10.1.2.3")
         assert address.startswith("10.1.2.3:") and int(address.split(":")[1]) > 0
         await free.close()
@@ -64,10 +65,20 @@ async def test_service_telemetry_binds_the_configured_port_or_says_so():
 
 
 def test_engine_collector_reads_stats_at_scrape_time():
-    stats = SimpleNamespace(num_running=3, num_waiting=2, num_free_pages=50, num_evictable_pages=10,
-                            num_cached_pages=30, num_total_pages=100, num_prompt_tokens=400,
-                            num_cached_prompt_tokens=100, num_generated_tokens=77, num_preemptions=1, num_steps=9,
-                            totals=StepStats(0.1, 0.2, 3.0, 0.3, 0.4, num_tokens=500))
+    stats = SimpleNamespace(
+        num_running=3,
+        num_waiting=2,
+        num_free_pages=50,
+        num_evictable_pages=10,
+        num_cached_pages=30,
+        num_total_pages=100,
+        num_prompt_tokens=400,
+        num_cached_prompt_tokens=100,
+        num_generated_tokens=77,
+        num_preemptions=1,
+        num_steps=9,
+        totals=StepStats(0.1, 0.2, 3.0, 0.3, 0.4, num_tokens=500),
+    )
     current: list[object | None] = [None]
     reg = CollectorRegistry()
     reg.register(EngineCollector(lambda: current[0]))

@@ -29,8 +29,7 @@ def test_receiver_records_what_the_exporter_sent():
     try:
         t0 = time.monotonic()
         parent = tr.start_span("outer", kind=SpanKind.SERVER, start=t0, attributes={"pdrelay.request_id": "r-1"})
-        tr.record("inner", t0 + 0.001, t0 + 0.003, {"n": 7, "f": 0.5, "ok": True, "s": "x", "l": [1, 2]},
-                  parent=parent)
+        tr.record("inner", t0 + 0.001, t0 + 0.003, {"n": 7, "f": 0.5, "ok": True, "s": "x", "l": [1, 2]}, parent=parent)
         add_event(parent, "first_token", {"k": "v"}, at=t0 + 0.002)
         set_error(parent, "it broke", {"pdrelay.error.code": "internal"})
         tr.end(parent, t0 + 0.004)
@@ -69,21 +68,36 @@ def test_jsonl_round_trip(tmp_path: Path):
 
 
 def _span(name: str, sid: str, parent: str, start_ms: float, end_ms: float, **attrs: object) -> SpanRecord:
-    return SpanRecord(trace_id="t" * 32, span_id=sid, parent_span_id=parent, name=name, service="pdrelay-x",
-                      instance="x-1", start_ns=int(start_ms * 1e6), end_ns=int(end_ms * 1e6), attributes=dict(attrs))
+    return SpanRecord(
+        trace_id="t" * 32,
+        span_id=sid,
+        parent_span_id=parent,
+        name=name,
+        service="pdrelay-x",
+        instance="x-1",
+        start_ns=int(start_ms * 1e6),
+        end_ns=int(end_ms * 1e6),
+        attributes=dict(attrs),
+    )
 
 
 def _example() -> list[SpanRecord]:
     root = _span(names.GATEWAY_REQUEST, "r", "", 0, 100, **{names.REQUEST_ID: "req-1"})
-    root = SpanRecord(**{**{f: getattr(root, f) for f in root.__struct_fields__},
-                         "events": [SpanEvent(names.EVENT_FIRST_TOKEN, int(60e6))]})
-    return [root,
-            _span("a", "A", "r", 0, 10),            # leaf
-            _span("call", "B", "r", 10, 90),         # a client call ...
-            _span("server", "C", "B", 15, 85),       # ... its server side
-            _span("d", "D", "C", 20, 40),            # leaves inside the server
-            _span("e", "E", "C", 40, 50),
-            _span("late", "F", "C", 70, 80)]         # after the first token: not part of TTFT
+    root = SpanRecord(
+        **{
+            **{f: getattr(root, f) for f in root.__struct_fields__},
+            "events": [SpanEvent(names.EVENT_FIRST_TOKEN, int(60e6))],
+        }
+    )
+    return [
+        root,
+        _span("a", "A", "r", 0, 10),  # leaf
+        _span("call", "B", "r", 10, 90),  # a client call ...
+        _span("server", "C", "B", 15, 85),  # ... its server side
+        _span("d", "D", "C", 20, 40),  # leaves inside the server
+        _span("e", "E", "C", 40, 50),
+        _span("late", "F", "C", 70, 80),
+    ]  # after the first token: not part of TTFT
 
 
 def test_breakdown_charges_every_instant_to_the_deepest_span():
@@ -92,7 +106,12 @@ def test_breakdown_charges_every_instant_to_the_deepest_span():
     assert bd.ttft_ns == 60_000_000
     # by hand: a [0,10]; call's own [10,15]; server's own [15,20] + [50,60]; d [20,40]; e [40,50]
     assert {(n, leaf): ns / 1e6 for n, ns, leaf in bd.parts} == {
-        ("a", True): 10, ("call", False): 5, ("server", False): 15, ("d", True): 20, ("e", True): 10}
+        ("a", True): 10,
+        ("call", False): 5,
+        ("server", False): 15,
+        ("d", True): 20,
+        ("e", True): 10,
+    }
     assert bd.coverage == pytest.approx(40 / 60)
     assert sum(ns for _, ns, _ in bd.parts) == bd.ttft_ns
 
@@ -100,8 +119,10 @@ def test_breakdown_charges_every_instant_to_the_deepest_span():
 def test_breakdown_needs_the_gateway_root_and_its_first_token():
     trace = _example()
     assert breakdown(trace[1:]) is None  # no gateway.request
-    no_event = [SpanRecord(**{**{f: getattr(trace[0], f) for f in trace[0].__struct_fields__}, "events": []}),
-                *trace[1:]]
+    no_event = [
+        SpanRecord(**{**{f: getattr(trace[0], f) for f in trace[0].__struct_fields__}, "events": []}),
+        *trace[1:],
+    ]
     assert breakdown(no_event) is None
 
 

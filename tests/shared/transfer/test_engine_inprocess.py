@@ -175,7 +175,9 @@ def test_nixl_receiver_that_never_progresses_times_out(pair, pools) -> None:
         pytest.skip("Mooncake's receiver progresses on its own threads")
     src, dst = pools
     peer = w.connect(r.endpoint())
-    h = w.write(peer, w.describe_pages(w.regions()[0], [3], PAGE_BYTES), r.describe_pages(r.regions()[0], [4], PAGE_BYTES))
+    h = w.write(
+        peer, w.describe_pages(w.regions()[0], [3], PAGE_BYTES), r.describe_pages(r.regions()[0], [4], PAGE_BYTES)
+    )
     with pytest.raises(TransferTimeout, match="not done after 0.3 s"):
         w.wait(h, timeout_s=0.3)
     with pytest.raises(TransferError, match="in use by transfers"):

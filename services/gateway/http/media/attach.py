@@ -7,10 +7,10 @@ import asyncio
 
 import httpx
 
+from services.gateway.backend import PromptImage
 from services.gateway.http.errors import bad_request
 from services.gateway.http.media.images import DecodedImage, decode_image
 from services.gateway.http.media.parts import too_many
-from services.gateway.backend import PromptImage
 from services.gateway.http.media.processor import MediaProcessor
 from services.gateway.http.media.sources import MediaError, MediaLimits, load_bytes
 
@@ -26,8 +26,9 @@ class MediaInputs:
         """What an image part becomes in the chat text; None: the model is text-only (images are refused)."""
         return self.processor.placeholder if self.processor is not None else None
 
-    async def attach(self, urls: tuple[tuple[str, str], ...], prompt: tuple[int, ...]
-                     ) -> tuple[tuple[int, ...], tuple[PromptImage, ...]]:
+    async def attach(
+        self, urls: tuple[tuple[str, str], ...], prompt: tuple[int, ...]
+    ) -> tuple[tuple[int, ...], tuple[PromptImage, ...]]:
         """(param, url) of each image part + the tokenized prompt -> (expanded prompt, its images)."""
         if not urls:
             return prompt, ()

@@ -31,24 +31,29 @@ class MediaProcessor:
         if not isinstance(placeholder, str):
             raise ValueError(f"{model_dir}: image token id {cfg.image_token_id} is not in the tokenizer")
         spec = ImageSpec.for_model(model_dir, vision_kind=cfg.vision.kind, image_size=cfg.vision.image_size)
-        return cls(image_token_id=cfg.image_token_id, placeholder=placeholder,
-                   num_image_tokens=cfg.num_image_tokens, spec=spec)
+        return cls(
+            image_token_id=cfg.image_token_id, placeholder=placeholder, num_image_tokens=cfg.num_image_tokens, spec=spec
+        )
 
-    def expand(self, token_ids: tuple[int, ...], images: list[DecodedImage]) -> tuple[tuple[int, ...],
-                                                                                       list[PromptImage]]:
+    def expand(
+        self, token_ids: tuple[int, ...], images: list[DecodedImage]
+    ) -> tuple[tuple[int, ...], list[PromptImage]]:
         """Each placeholder token -> num_image_tokens of them, paired with the images in order. ValueError when
         the prompt's placeholders and the request's images do not pair up."""
         count = sum(1 for t in token_ids if t == self.image_token_id)
         if count != len(images):
-            raise ValueError(f"the prompt holds {count} image placeholder(s) ({self.placeholder!r}) but the request "
-                             f"has {len(images)} image(s); do not type {self.placeholder!r} in text parts")
+            raise ValueError(
+                f"the prompt holds {count} image placeholder(s) ({self.placeholder!r}) but the request "
+                f"has {len(images)} image(s); do not type {self.placeholder!r} in text parts"
+            )
         out: list[int] = []
         items: list[PromptImage] = []
         for t in token_ids:
             if t == self.image_token_id:
                 img = images[len(items)]
-                items.append(PromptImage(img.media_hash, self.spec.fit(img.image).tobytes(), len(out),
-                                         self.num_image_tokens))
+                items.append(
+                    PromptImage(img.media_hash, self.spec.fit(img.image).tobytes(), len(out), self.num_image_tokens)
+                )
                 out.extend([t] * self.num_image_tokens)
             else:
                 out.append(t)

@@ -39,8 +39,9 @@ class MediaError(ValueError):
 
 async def load_bytes(url: str, cfg: MediaLimits, client: httpx.AsyncClient | None = None) -> bytes:
     if not isinstance(url, str) or not url:
-        raise MediaError("image_url.url must be a non-empty string (a data: URI, or an allowed file:// or "
-                         "https:// URL)")
+        raise MediaError(
+            "image_url.url must be a non-empty string (a data: URI, or an allowed file:// or https:// URL)"
+        )
     scheme = url.split(":", 1)[0].lower() if ":" in url else ""
     if scheme == "data":
         return _data_uri(url, cfg)
@@ -48,8 +49,9 @@ async def load_bytes(url: str, cfg: MediaLimits, client: httpx.AsyncClient | Non
         return _local_file(url, cfg)
     if scheme in ("http", "https"):
         return await _fetch(url, cfg, client)
-    raise MediaError(f"image_url scheme {scheme or url[:16]!r} is not supported; send a data: URI "
-                     "(data:image/png;base64,...)")
+    raise MediaError(
+        f"image_url scheme {scheme or url[:16]!r} is not supported; send a data: URI (data:image/png;base64,...)"
+    )
 
 
 def _data_uri(url: str, cfg: MediaLimits) -> bytes:
@@ -75,8 +77,10 @@ def _data_uri(url: str, cfg: MediaLimits) -> bytes:
 
 def _local_file(url: str, cfg: MediaLimits) -> bytes:
     if not cfg.allowed_local_media_path:
-        raise MediaError("file:// image URLs are refused; start the gateway with --allowed-local-media-path DIR "
-                         "to allow reading images from DIR, or send a data: URI")
+        raise MediaError(
+            "file:// image URLs are refused; start the gateway with --allowed-local-media-path DIR "
+            "to allow reading images from DIR, or send a data: URI"
+        )
     parts = urlsplit(url)
     if parts.netloc not in ("", "localhost"):
         raise MediaError(f"file:// URL with host {parts.netloc!r}; use file:///absolute/path")
@@ -97,8 +101,10 @@ async def _fetch(url: str, cfg: MediaLimits, client: httpx.AsyncClient | None) -
     host = (urlsplit(url).hostname or "").lower()
     allowed = {d.lower() for d in cfg.allowed_media_domains if d}
     if not allowed:
-        raise MediaError("http(s) image URLs are refused by this server; send the image as a data: URI, or start "
-                         "the gateway with --allowed-media-domains HOST[,HOST...]")
+        raise MediaError(
+            "http(s) image URLs are refused by this server; send the image as a data: URI, or start "
+            "the gateway with --allowed-media-domains HOST[,HOST...]"
+        )
     if host not in allowed:
         raise MediaError(f"image host {host!r} is not in the allowed media domains (--allowed-media-domains)")
     own = client is None

@@ -25,10 +25,10 @@ from services.gateway.http.api_responses import (
     Usage,
 )
 from services.gateway.http.formatters import ChatFormatter
-from services.gateway.text.generation import Delta
-from services.gateway.text.tokenizer import GatewayTokenizer
 from services.gateway.http.tools.parse import START, ParsedCall, parse_output
 from services.gateway.http.tools.spec import ToolPlan
+from services.gateway.text.generation import Delta
+from services.gateway.text.tokenizer import GatewayTokenizer
 
 _ENC = msgspec.json.Encoder()
 
@@ -42,10 +42,26 @@ def _held_suffix(text: str) -> int:
 
 
 class ToolChatFormatter(ChatFormatter):
-    def __init__(self, tokenizer: GatewayTokenizer, response_id: str, created: int, model: str,
-                 include_usage: bool, want_logprobs: bool, plan: ToolPlan, want_prompt_logprobs: bool = False) -> None:
-        super().__init__(tokenizer, response_id, created, model, include_usage, want_logprobs,
-                         want_prompt_logprobs=want_prompt_logprobs)
+    def __init__(
+        self,
+        tokenizer: GatewayTokenizer,
+        response_id: str,
+        created: int,
+        model: str,
+        include_usage: bool,
+        want_logprobs: bool,
+        plan: ToolPlan,
+        want_prompt_logprobs: bool = False,
+    ) -> None:
+        super().__init__(
+            tokenizer,
+            response_id,
+            created,
+            model,
+            include_usage,
+            want_logprobs,
+            want_prompt_logprobs=want_prompt_logprobs,
+        )
         self.plan = plan
         self._text = ""  # everything generated so far
         self._sent = 0  # characters of _text already streamed as content
@@ -55,25 +71,27 @@ class ToolChatFormatter(ChatFormatter):
         self._text += d.text
         out = b""
         if not self._holding:
-            if START in self._text[self._sent:]:
+            if START in self._text[self._sent :]:
                 upto = self._text.index(START, self._sent)
                 self._holding = True
             else:
                 upto = len(self._text) - (0 if d.finish_reason else _held_suffix(self._text))
             if upto > self._sent:
-                out += self._content(self._text[self._sent:upto], d)
+                out += self._content(self._text[self._sent : upto], d)
                 self._sent = upto
         if d.finish_reason is None:
             return out
         _, calls = parse_output(self._text, self.plan) if d.finish_reason == "stop" else (self._text, [])
         if not calls:  # nothing parsed: the held text is content after all
             if len(self._text) > self._sent:
-                out += self._content(self._text[self._sent:], None)
-            return out + self._chunk(ChatChunkChoice(index=0, delta=ChatDelta(), finish_reason=d.finish_reason,
-                                                     stop_reason=d.stop_reason))
+                out += self._content(self._text[self._sent :], None)
+            return out + self._chunk(
+                ChatChunkChoice(index=0, delta=ChatDelta(), finish_reason=d.finish_reason, stop_reason=d.stop_reason)
+            )
         for i, c in enumerate(calls):
-            head = DeltaToolCall(index=i, id=c.id, type="function", function=DeltaFunctionCall(name=c.name,
-                                                                                                arguments=""))
+            head = DeltaToolCall(
+                index=i, id=c.id, type="function", function=DeltaFunctionCall(name=c.name, arguments="")
+            )
             out += self._chunk(ChatChunkChoice(index=0, delta=ChatDelta(tool_calls=[head])))
             body = DeltaToolCall(index=i, function=DeltaFunctionCall(arguments=c.arguments))
             out += self._chunk(ChatChunkChoice(index=0, delta=ChatDelta(tool_calls=[body])))
@@ -93,10 +111,23 @@ class ToolChatFormatter(ChatFormatter):
             msg = AssistantMessage("assistant", content, tool_calls=[_tool_call(c) for c in calls])
             choice = ChatChoice(index=0, message=msg, logprobs=logprobs, finish_reason="tool_calls")
         else:
-            choice = ChatChoice(index=0, message=AssistantMessage("assistant", text), logprobs=logprobs,
-                                finish_reason=last.finish_reason, stop_reason=last.stop_reason)
-        return _ENC.encode(ChatCompletionResponse(id=self.id, created=self.created, model=self.model,
-                                                  choices=[choice], usage=u, prompt_logprobs=self.prompt_logprobs(deltas)))
+            choice = ChatChoice(
+                index=0,
+                message=AssistantMessage("assistant", text),
+                logprobs=logprobs,
+                finish_reason=last.finish_reason,
+                stop_reason=last.stop_reason,
+            )
+        return _ENC.encode(
+            ChatCompletionResponse(
+                id=self.id,
+                created=self.created,
+                model=self.model,
+                choices=[choice],
+                usage=u,
+                prompt_logprobs=self.prompt_logprobs(deltas),
+            )
+        )
 
 
 def _tool_call(c: ParsedCall) -> ToolCall:

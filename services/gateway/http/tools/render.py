@@ -30,7 +30,7 @@ _INSTRUCTIONS = (
     "# Tools\n\nYou may call one or more functions to assist with the user query.\n\n"
     "You are provided with function signatures within <tools></tools> XML tags:\n<tools>\n{tools}\n</tools>\n\n"
     "For each function call, return a json object with function name and arguments within <tool_call></tool_call> "
-    "XML tags:\n<tool_call>\n{{\"name\": <function-name>, \"arguments\": <args-json-object>}}\n</tool_call>"
+    'XML tags:\n<tool_call>\n{{"name": <function-name>, "arguments": <args-json-object>}}\n</tool_call>'
 )
 
 
@@ -53,8 +53,11 @@ def _call_block(call: Any) -> str:
     return f"<tool_call>\n{body}\n</tool_call>"
 
 
-def render_messages(messages: list[dict[str, Any]], plan: ToolPlan | None, template: str | None,
-                    ) -> tuple[list[dict[str, Any]], dict[str, Any]]:
+def render_messages(
+    messages: list[dict[str, Any]],
+    plan: ToolPlan | None,
+    template: str | None,
+) -> tuple[list[dict[str, Any]], dict[str, Any]]:
     """-> (messages for the template, extra template kwargs)."""
     if template_has_tools(template):
         kwargs = {"tools": plan.openai_tools()} if plan is not None and plan.mode is not ToolChoiceMode.NONE else {}

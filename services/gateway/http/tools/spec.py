@@ -48,33 +48,40 @@ class ToolPlan:
 
     def openai_tools(self) -> list[dict[str, Any]]:
         """The tools as OpenAI sends them (what chat templates with a tools section expect)."""
-        return [{"type": "function", "function": {"name": f.name, "description": f.description,
-                                                  "parameters": f.parameters}} for f in self.functions]
+        return [
+            {"type": "function", "function": {"name": f.name, "description": f.description, "parameters": f.parameters}}
+            for f in self.functions
+        ]
 
     def grammar(self) -> StructuredSpec | None:
         if not self.constrained:
             return None
 
         def call(f: Function) -> dict[str, Any]:
-            return {"type": "object", "properties": {"name": {"const": f.name}, "arguments": f.parameters},
-                    "required": ["name", "arguments"], "additionalProperties": False}
+            return {
+                "type": "object",
+                "properties": {"name": {"const": f.name}, "arguments": f.parameters},
+                "required": ["name", "arguments"],
+                "additionalProperties": False,
+            }
 
         if self.mode is ToolChoiceMode.NAMED:
             schema = call(next(f for f in self.functions if f.name == self.named))
         else:
             one = {"anyOf": [call(f) for f in self.functions]} if len(self.functions) > 1 else call(self.functions[0])
-            schema = ({"type": "array", "items": one, "minItems": 1, "maxItems": MAX_PARALLEL_CALLS}
-                      if self.parallel else one)
+            schema = (
+                {"type": "array", "items": one, "minItems": 1, "maxItems": MAX_PARALLEL_CALLS} if self.parallel else one
+            )
         return StructuredSpec(GrammarKind.JSON_SCHEMA, json.dumps(schema, sort_keys=True))
 
 
 def _function(i: int, tool: Any) -> Function:
     where = f"tools[{i}]"
     if not isinstance(tool, dict) or tool.get("type", "function") != "function":
-        raise bad_request(f"{where} must be an object with type \"function\"", "tools")
+        raise bad_request(f'{where} must be an object with type "function"', "tools")
     fn = tool.get("function")
     if not isinstance(fn, dict):
-        raise bad_request(f"{where}.function is required: {{\"name\": ..., \"parameters\": {{...}}}}", "tools")
+        raise bad_request(f'{where}.function is required: {{"name": ..., "parameters": {{...}}}}', "tools")
     name = fn.get("name")
     if not isinstance(name, str) or not name or len(name) > 64:
         raise bad_request(f"{where}.function.name must be a string of 1 to 64 characters", "tools")
@@ -101,8 +108,10 @@ def plan_tools(tools: list[Any] | None, tool_choice: Any, parallel_tool_calls: b
         named = None
     elif isinstance(tool_choice, str):
         if tool_choice not in ("none", "auto", "required"):
-            raise bad_request(f"tool_choice must be \"none\", \"auto\", \"required\" or a named function (got "
-                              f"{tool_choice!r})", "tool_choice")
+            raise bad_request(
+                f'tool_choice must be "none", "auto", "required" or a named function (got {tool_choice!r})',
+                "tool_choice",
+            )
         mode, named = ToolChoiceMode(tool_choice), None
     elif isinstance(tool_choice, dict) and isinstance(tool_choice.get("function"), dict):
         named = tool_choice["function"].get("name")
@@ -110,8 +119,9 @@ def plan_tools(tools: list[Any] | None, tool_choice: Any, parallel_tool_calls: b
             raise bad_request(f"tool_choice names function {named!r}, which is not in tools ({names})", "tool_choice")
         mode = ToolChoiceMode.NAMED
     else:
-        raise bad_request("tool_choice must be a string or {\"type\": \"function\", \"function\": {\"name\": ...}}",
-                          "tool_choice")
+        raise bad_request(
+            'tool_choice must be a string or {"type": "function", "function": {"name": ...}}', "tool_choice"
+        )
     if mode in (ToolChoiceMode.AUTO, ToolChoiceMode.REQUIRED) and not functions:
         raise bad_request(f"tool_choice {mode.value!r} needs at least one tool in tools", "tool_choice")
     if not functions:

@@ -12,10 +12,18 @@ from shared.engine.types import ScheduledSeq, SchedulerOutput
 
 
 def _table() -> TimingTable:
-    return TimingTable(model="m", vocab_size=1000, eos_token_ids=(2,), context_length=4096, num_pages=64,
-                       threads=1, host="test", measured_at="2026-12-01",
-                       prefill=PrefillTable(tokens=(16, 128), ms=(10.0, 80.0)),
-                       decode=DecodeTable(batch=(1, 16), context=(64, 1024), ms=((20.0, 30.0), (50.0, 110.0))))
+    return TimingTable(
+        model="m",
+        vocab_size=1000,
+        eos_token_ids=(2,),
+        context_length=4096,
+        num_pages=64,
+        threads=1,
+        host="test",
+        measured_at="2026-12-01",
+        prefill=PrefillTable(tokens=(16, 128), ms=(10.0, 80.0)),
+        decode=DecodeTable(batch=(1, 16), context=(64, 1024), ms=((20.0, 30.0), (50.0, 110.0))),
+    )
 
 
 def test_predictions_interpolate_and_extend_the_measured_points() -> None:
@@ -50,8 +58,9 @@ def test_bad_table_path_names_the_flag(tmp_path) -> None:
 def test_runner_sleeps_the_modelled_time_and_writes_real_kv() -> None:
     slept: list[float] = []
     runner = MockRunner(_table(), page_size=16, num_pages=8, sleep=slept.append)
-    out = SchedulerOutput((ScheduledSeq("a", tuple(range(20, 40)), 0, (3, 5), True),
-                           ScheduledSeq("b", (7,), 63, (0, 1, 2, 4), True)))
+    out = SchedulerOutput(
+        (ScheduledSeq("a", tuple(range(20, 40)), 0, (3, 5), True), ScheduledSeq("b", (7,), 63, (0, 1, 2, 4), True))
+    )
     logits = runner.forward(out)
     assert logits.shape[0] == 2
     assert logits.argmax(-1).tolist() == [next_token(39, 20), next_token(7, 64)]

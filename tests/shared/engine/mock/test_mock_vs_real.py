@@ -52,15 +52,25 @@ def run_workload(engine: Engine, run: int) -> tuple[float, float]:
 def test_mock_ttft_and_tpot_match_the_real_engine(bundled_model_dir, tmp_path) -> None:
     real = Engine.from_config(resolve("worker", ["--threads", "1", "--num-pages", "128"]))
     run_workload(real, 0)  # warm
-    table = measure("bundled:smollm2-135m-instruct", 1, 2, prefill=(16, 128, 384), batch=(1, 4),
-                    context=(64, 256), progress=lambda line: None)
+    table = measure(
+        "bundled:smollm2-135m-instruct",
+        1,
+        2,
+        prefill=(16, 128, 384),
+        batch=(1, 4),
+        context=(64, 256),
+        progress=lambda line: None,
+    )
     path = tmp_path / "table.json"
     table.dump(path)
     real_ttft, real_tpot = run_workload(real, 1)
-    mock = build_mock_engine(resolve("worker", ["--engine", "mock", "--num-pages", "128",
-                                                "--mock-timing-table", str(path)]))
+    mock = build_mock_engine(
+        resolve("worker", ["--engine", "mock", "--num-pages", "128", "--mock-timing-table", str(path)])
+    )
     mock_ttft, mock_tpot = run_workload(mock, 2)
-    print(f"TTFT real {real_ttft * 1e3:.0f} ms mock {mock_ttft * 1e3:.0f} ms; "
-          f"TPOT real {real_tpot * 1e3:.1f} ms mock {mock_tpot * 1e3:.1f} ms")
+    print(
+        f"TTFT real {real_ttft * 1e3:.0f} ms mock {mock_ttft * 1e3:.0f} ms; "
+        f"TPOT real {real_tpot * 1e3:.1f} ms mock {mock_tpot * 1e3:.1f} ms"
+    )
     assert abs(mock_ttft / real_ttft - 1) <= TOLERANCE, (mock_ttft, real_ttft)
     assert abs(mock_tpot / real_tpot - 1) <= TOLERANCE, (mock_tpot, real_tpot)
