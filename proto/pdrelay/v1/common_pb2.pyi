@@ -1,11 +1,9 @@
-from collections.abc import Iterable as _Iterable
-from collections.abc import Mapping as _Mapping
-from typing import ClassVar as _ClassVar
-
-from google.protobuf import descriptor as _descriptor
-from google.protobuf import message as _message
 from google.protobuf.internal import containers as _containers
 from google.protobuf.internal import enum_type_wrapper as _enum_type_wrapper
+from google.protobuf import descriptor as _descriptor
+from google.protobuf import message as _message
+from collections.abc import Iterable as _Iterable, Mapping as _Mapping
+from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 
 DESCRIPTOR: _descriptor.FileDescriptor
 
@@ -60,7 +58,6 @@ class MemoryKind(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     MEMORY_KIND_UNSPECIFIED: _ClassVar[MemoryKind]
     MEMORY_KIND_DRAM: _ClassVar[MemoryKind]
     MEMORY_KIND_VRAM: _ClassVar[MemoryKind]
-
 GRAMMAR_KIND_UNSPECIFIED: GrammarKind
 GRAMMAR_KIND_JSON_OBJECT: GrammarKind
 GRAMMAR_KIND_JSON_SCHEMA: GrammarKind
@@ -97,36 +94,14 @@ MEMORY_KIND_DRAM: MemoryKind
 MEMORY_KIND_VRAM: MemoryKind
 
 class SamplingParams(_message.Message):
-    __slots__ = (
-        "temperature",
-        "top_p",
-        "top_k",
-        "min_p",
-        "seed",
-        "stop",
-        "stop_token_ids",
-        "max_tokens",
-        "min_tokens",
-        "ignore_eos",
-        "logprobs",
-        "top_logprobs",
-        "presence_penalty",
-        "frequency_penalty",
-        "repetition_penalty",
-        "skip_special_tokens",
-        "structured",
-        "logit_bias",
-        "n",
-        "prompt_logprobs",
-    )
+    __slots__ = ("temperature", "top_p", "top_k", "min_p", "seed", "stop", "stop_token_ids", "max_tokens", "min_tokens", "ignore_eos", "logprobs", "top_logprobs", "presence_penalty", "frequency_penalty", "repetition_penalty", "skip_special_tokens", "structured", "logit_bias", "n", "prompt_logprobs")
     class LogitBiasEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
         VALUE_FIELD_NUMBER: _ClassVar[int]
         key: int
         value: float
-        def __init__(self, key: int | None = ..., value: float | None = ...) -> None: ...
-
+        def __init__(self, key: _Optional[int] = ..., value: _Optional[float] = ...) -> None: ...
     TEMPERATURE_FIELD_NUMBER: _ClassVar[int]
     TOP_P_FIELD_NUMBER: _ClassVar[int]
     TOP_K_FIELD_NUMBER: _ClassVar[int]
@@ -167,29 +142,7 @@ class SamplingParams(_message.Message):
     logit_bias: _containers.ScalarMap[int, float]
     n: int
     prompt_logprobs: int
-    def __init__(
-        self,
-        temperature: float | None = ...,
-        top_p: float | None = ...,
-        top_k: int | None = ...,
-        min_p: float | None = ...,
-        seed: int | None = ...,
-        stop: _Iterable[str] | None = ...,
-        stop_token_ids: _Iterable[int] | None = ...,
-        max_tokens: int | None = ...,
-        min_tokens: int | None = ...,
-        ignore_eos: bool | None = ...,
-        logprobs: bool | None = ...,
-        top_logprobs: int | None = ...,
-        presence_penalty: float | None = ...,
-        frequency_penalty: float | None = ...,
-        repetition_penalty: float | None = ...,
-        skip_special_tokens: bool | None = ...,
-        structured: StructuredOutput | _Mapping | None = ...,
-        logit_bias: _Mapping[int, float] | None = ...,
-        n: int | None = ...,
-        prompt_logprobs: int | None = ...,
-    ) -> None: ...
+    def __init__(self, temperature: _Optional[float] = ..., top_p: _Optional[float] = ..., top_k: _Optional[int] = ..., min_p: _Optional[float] = ..., seed: _Optional[int] = ..., stop: _Optional[_Iterable[str]] = ..., stop_token_ids: _Optional[_Iterable[int]] = ..., max_tokens: _Optional[int] = ..., min_tokens: _Optional[int] = ..., ignore_eos: _Optional[bool] = ..., logprobs: _Optional[bool] = ..., top_logprobs: _Optional[int] = ..., presence_penalty: _Optional[float] = ..., frequency_penalty: _Optional[float] = ..., repetition_penalty: _Optional[float] = ..., skip_special_tokens: _Optional[bool] = ..., structured: _Optional[_Union[StructuredOutput, _Mapping]] = ..., logit_bias: _Optional[_Mapping[int, float]] = ..., n: _Optional[int] = ..., prompt_logprobs: _Optional[int] = ...) -> None: ...
 
 class StructuredOutput(_message.Message):
     __slots__ = ("kind", "spec", "accepted_token_ids")
@@ -199,12 +152,7 @@ class StructuredOutput(_message.Message):
     kind: GrammarKind
     spec: str
     accepted_token_ids: _containers.RepeatedScalarFieldContainer[int]
-    def __init__(
-        self,
-        kind: GrammarKind | str | None = ...,
-        spec: str | None = ...,
-        accepted_token_ids: _Iterable[int] | None = ...,
-    ) -> None: ...
+    def __init__(self, kind: _Optional[_Union[GrammarKind, str]] = ..., spec: _Optional[str] = ..., accepted_token_ids: _Optional[_Iterable[int]] = ...) -> None: ...
 
 class TopLogprob(_message.Message):
     __slots__ = ("token_id", "logprob")
@@ -212,7 +160,7 @@ class TopLogprob(_message.Message):
     LOGPROB_FIELD_NUMBER: _ClassVar[int]
     token_id: int
     logprob: float
-    def __init__(self, token_id: int | None = ..., logprob: float | None = ...) -> None: ...
+    def __init__(self, token_id: _Optional[int] = ..., logprob: _Optional[float] = ...) -> None: ...
 
 class TokenLogprob(_message.Message):
     __slots__ = ("token_id", "logprob", "top_logprobs", "rank")
@@ -224,13 +172,7 @@ class TokenLogprob(_message.Message):
     logprob: float
     top_logprobs: _containers.RepeatedCompositeFieldContainer[TopLogprob]
     rank: int
-    def __init__(
-        self,
-        token_id: int | None = ...,
-        logprob: float | None = ...,
-        top_logprobs: _Iterable[TopLogprob | _Mapping] | None = ...,
-        rank: int | None = ...,
-    ) -> None: ...
+    def __init__(self, token_id: _Optional[int] = ..., logprob: _Optional[float] = ..., top_logprobs: _Optional[_Iterable[_Union[TopLogprob, _Mapping]]] = ..., rank: _Optional[int] = ...) -> None: ...
 
 class MatchedStop(_message.Message):
     __slots__ = ("token_id", "text")
@@ -238,7 +180,7 @@ class MatchedStop(_message.Message):
     TEXT_FIELD_NUMBER: _ClassVar[int]
     token_id: int
     text: str
-    def __init__(self, token_id: int | None = ..., text: str | None = ...) -> None: ...
+    def __init__(self, token_id: _Optional[int] = ..., text: _Optional[str] = ...) -> None: ...
 
 class Usage(_message.Message):
     __slots__ = ("prompt_tokens", "completion_tokens", "cached_tokens")
@@ -248,9 +190,7 @@ class Usage(_message.Message):
     prompt_tokens: int
     completion_tokens: int
     cached_tokens: int
-    def __init__(
-        self, prompt_tokens: int | None = ..., completion_tokens: int | None = ..., cached_tokens: int | None = ...
-    ) -> None: ...
+    def __init__(self, prompt_tokens: _Optional[int] = ..., completion_tokens: _Optional[int] = ..., cached_tokens: _Optional[int] = ...) -> None: ...
 
 class Error(_message.Message):
     __slots__ = ("code", "message", "retryable", "instance_id")
@@ -262,13 +202,7 @@ class Error(_message.Message):
     message: str
     retryable: bool
     instance_id: str
-    def __init__(
-        self,
-        code: ErrorCode | str | None = ...,
-        message: str | None = ...,
-        retryable: bool | None = ...,
-        instance_id: str | None = ...,
-    ) -> None: ...
+    def __init__(self, code: _Optional[_Union[ErrorCode, str]] = ..., message: _Optional[str] = ..., retryable: _Optional[bool] = ..., instance_id: _Optional[str] = ...) -> None: ...
 
 class TraceContext(_message.Message):
     __slots__ = ("traceparent", "tracestate")
@@ -276,7 +210,7 @@ class TraceContext(_message.Message):
     TRACESTATE_FIELD_NUMBER: _ClassVar[int]
     traceparent: str
     tracestate: str
-    def __init__(self, traceparent: str | None = ..., tracestate: str | None = ...) -> None: ...
+    def __init__(self, traceparent: _Optional[str] = ..., tracestate: _Optional[str] = ...) -> None: ...
 
 class KVLayout(_message.Message):
     __slots__ = ("dtype", "page_size", "num_layers", "num_kv_heads", "head_dim")
@@ -290,14 +224,7 @@ class KVLayout(_message.Message):
     num_layers: int
     num_kv_heads: int
     head_dim: int
-    def __init__(
-        self,
-        dtype: DType | str | None = ...,
-        page_size: int | None = ...,
-        num_layers: int | None = ...,
-        num_kv_heads: int | None = ...,
-        head_dim: int | None = ...,
-    ) -> None: ...
+    def __init__(self, dtype: _Optional[_Union[DType, str]] = ..., page_size: _Optional[int] = ..., num_layers: _Optional[int] = ..., num_kv_heads: _Optional[int] = ..., head_dim: _Optional[int] = ...) -> None: ...
 
 class TransferPeer(_message.Message):
     __slots__ = ("backend", "endpoint", "agent_name", "agent_metadata")
@@ -309,13 +236,7 @@ class TransferPeer(_message.Message):
     endpoint: str
     agent_name: str
     agent_metadata: bytes
-    def __init__(
-        self,
-        backend: TransferBackend | str | None = ...,
-        endpoint: str | None = ...,
-        agent_name: str | None = ...,
-        agent_metadata: bytes | None = ...,
-    ) -> None: ...
+    def __init__(self, backend: _Optional[_Union[TransferBackend, str]] = ..., endpoint: _Optional[str] = ..., agent_name: _Optional[str] = ..., agent_metadata: _Optional[bytes] = ...) -> None: ...
 
 class RegionList(_message.Message):
     __slots__ = ("addresses", "lengths")
@@ -323,7 +244,7 @@ class RegionList(_message.Message):
     LENGTHS_FIELD_NUMBER: _ClassVar[int]
     addresses: _containers.RepeatedScalarFieldContainer[int]
     lengths: _containers.RepeatedScalarFieldContainer[int]
-    def __init__(self, addresses: _Iterable[int] | None = ..., lengths: _Iterable[int] | None = ...) -> None: ...
+    def __init__(self, addresses: _Optional[_Iterable[int]] = ..., lengths: _Optional[_Iterable[int]] = ...) -> None: ...
 
 class PagedRegion(_message.Message):
     __slots__ = ("base_address", "page_bytes", "page_ids")
@@ -333,9 +254,7 @@ class PagedRegion(_message.Message):
     base_address: int
     page_bytes: int
     page_ids: _containers.RepeatedScalarFieldContainer[int]
-    def __init__(
-        self, base_address: int | None = ..., page_bytes: int | None = ..., page_ids: _Iterable[int] | None = ...
-    ) -> None: ...
+    def __init__(self, base_address: _Optional[int] = ..., page_bytes: _Optional[int] = ..., page_ids: _Optional[_Iterable[int]] = ...) -> None: ...
 
 class PageDescriptors(_message.Message):
     __slots__ = ("memory_kind", "device_id", "regions", "paged", "backend_descs")
@@ -349,14 +268,7 @@ class PageDescriptors(_message.Message):
     regions: RegionList
     paged: PagedRegion
     backend_descs: bytes
-    def __init__(
-        self,
-        memory_kind: MemoryKind | str | None = ...,
-        device_id: int | None = ...,
-        regions: RegionList | _Mapping | None = ...,
-        paged: PagedRegion | _Mapping | None = ...,
-        backend_descs: bytes | None = ...,
-    ) -> None: ...
+    def __init__(self, memory_kind: _Optional[_Union[MemoryKind, str]] = ..., device_id: _Optional[int] = ..., regions: _Optional[_Union[RegionList, _Mapping]] = ..., paged: _Optional[_Union[PagedRegion, _Mapping]] = ..., backend_descs: _Optional[bytes] = ...) -> None: ...
 
 class MediaInput(_message.Message):
     __slots__ = ("media_hash", "mime_type", "data", "token_offset", "num_tokens", "encoder")
@@ -372,15 +284,7 @@ class MediaInput(_message.Message):
     token_offset: int
     num_tokens: int
     encoder: EncoderTarget
-    def __init__(
-        self,
-        media_hash: str | None = ...,
-        mime_type: str | None = ...,
-        data: bytes | None = ...,
-        token_offset: int | None = ...,
-        num_tokens: int | None = ...,
-        encoder: EncoderTarget | _Mapping | None = ...,
-    ) -> None: ...
+    def __init__(self, media_hash: _Optional[str] = ..., mime_type: _Optional[str] = ..., data: _Optional[bytes] = ..., token_offset: _Optional[int] = ..., num_tokens: _Optional[int] = ..., encoder: _Optional[_Union[EncoderTarget, _Mapping]] = ...) -> None: ...
 
 class EncoderTarget(_message.Message):
     __slots__ = ("instance_id", "grpc_address")
@@ -388,4 +292,4 @@ class EncoderTarget(_message.Message):
     GRPC_ADDRESS_FIELD_NUMBER: _ClassVar[int]
     instance_id: str
     grpc_address: str
-    def __init__(self, instance_id: str | None = ..., grpc_address: str | None = ...) -> None: ...
+    def __init__(self, instance_id: _Optional[str] = ..., grpc_address: _Optional[str] = ...) -> None: ...

@@ -1,12 +1,9 @@
-from collections.abc import Iterable as _Iterable
-from collections.abc import Mapping as _Mapping
-from typing import ClassVar as _ClassVar
-
+from proto.pdrelay.v1 import common_pb2 as _common_pb2
+from google.protobuf.internal import containers as _containers
 from google.protobuf import descriptor as _descriptor
 from google.protobuf import message as _message
-from google.protobuf.internal import containers as _containers
-
-from proto.pdrelay.v1 import common_pb2 as _common_pb2
+from collections.abc import Iterable as _Iterable, Mapping as _Mapping
+from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 
 DESCRIPTOR: _descriptor.FileDescriptor
 
@@ -16,34 +13,22 @@ class ChatMessage(_message.Message):
     CONTENT_FIELD_NUMBER: _ClassVar[int]
     role: str
     content: str
-    def __init__(self, role: str | None = ..., content: str | None = ...) -> None: ...
+    def __init__(self, role: _Optional[str] = ..., content: _Optional[str] = ...) -> None: ...
 
 class ChatMessages(_message.Message):
     __slots__ = ("messages",)
     MESSAGES_FIELD_NUMBER: _ClassVar[int]
     messages: _containers.RepeatedCompositeFieldContainer[ChatMessage]
-    def __init__(self, messages: _Iterable[ChatMessage | _Mapping] | None = ...) -> None: ...
+    def __init__(self, messages: _Optional[_Iterable[_Union[ChatMessage, _Mapping]]] = ...) -> None: ...
 
 class TokenIds(_message.Message):
     __slots__ = ("ids",)
     IDS_FIELD_NUMBER: _ClassVar[int]
     ids: _containers.RepeatedScalarFieldContainer[int]
-    def __init__(self, ids: _Iterable[int] | None = ...) -> None: ...
+    def __init__(self, ids: _Optional[_Iterable[int]] = ...) -> None: ...
 
 class GenerateRequest(_message.Message):
-    __slots__ = (
-        "request_id",
-        "model",
-        "text",
-        "token_ids",
-        "chat",
-        "sampling",
-        "return_token_ids",
-        "media",
-        "trace",
-        "priority",
-        "echo",
-    )
+    __slots__ = ("request_id", "model", "text", "token_ids", "chat", "sampling", "return_token_ids", "media", "trace", "priority", "echo")
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
     MODEL_FIELD_NUMBER: _ClassVar[int]
     TEXT_FIELD_NUMBER: _ClassVar[int]
@@ -66,35 +51,10 @@ class GenerateRequest(_message.Message):
     trace: _common_pb2.TraceContext
     priority: int
     echo: bool
-    def __init__(
-        self,
-        request_id: str | None = ...,
-        model: str | None = ...,
-        text: str | None = ...,
-        token_ids: TokenIds | _Mapping | None = ...,
-        chat: ChatMessages | _Mapping | None = ...,
-        sampling: _common_pb2.SamplingParams | _Mapping | None = ...,
-        return_token_ids: bool | None = ...,
-        media: _Iterable[_common_pb2.MediaInput | _Mapping] | None = ...,
-        trace: _common_pb2.TraceContext | _Mapping | None = ...,
-        priority: int | None = ...,
-        echo: bool | None = ...,
-    ) -> None: ...
+    def __init__(self, request_id: _Optional[str] = ..., model: _Optional[str] = ..., text: _Optional[str] = ..., token_ids: _Optional[_Union[TokenIds, _Mapping]] = ..., chat: _Optional[_Union[ChatMessages, _Mapping]] = ..., sampling: _Optional[_Union[_common_pb2.SamplingParams, _Mapping]] = ..., return_token_ids: _Optional[bool] = ..., media: _Optional[_Iterable[_Union[_common_pb2.MediaInput, _Mapping]]] = ..., trace: _Optional[_Union[_common_pb2.TraceContext, _Mapping]] = ..., priority: _Optional[int] = ..., echo: _Optional[bool] = ...) -> None: ...
 
 class GenerateResponse(_message.Message):
-    __slots__ = (
-        "request_id",
-        "text",
-        "token_ids",
-        "logprobs",
-        "finish_reason",
-        "matched_stop",
-        "usage",
-        "error",
-        "prompt_token_ids",
-        "prompt_logprobs",
-        "index",
-    )
+    __slots__ = ("request_id", "text", "token_ids", "logprobs", "finish_reason", "matched_stop", "usage", "error", "prompt_token_ids", "prompt_logprobs", "index")
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
     TEXT_FIELD_NUMBER: _ClassVar[int]
     TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
@@ -117,20 +77,7 @@ class GenerateResponse(_message.Message):
     prompt_token_ids: _containers.RepeatedScalarFieldContainer[int]
     prompt_logprobs: _containers.RepeatedCompositeFieldContainer[_common_pb2.TokenLogprob]
     index: int
-    def __init__(
-        self,
-        request_id: str | None = ...,
-        text: str | None = ...,
-        token_ids: _Iterable[int] | None = ...,
-        logprobs: _Iterable[_common_pb2.TokenLogprob | _Mapping] | None = ...,
-        finish_reason: _common_pb2.FinishReason | str | None = ...,
-        matched_stop: _common_pb2.MatchedStop | _Mapping | None = ...,
-        usage: _common_pb2.Usage | _Mapping | None = ...,
-        error: _common_pb2.Error | _Mapping | None = ...,
-        prompt_token_ids: _Iterable[int] | None = ...,
-        prompt_logprobs: _Iterable[_common_pb2.TokenLogprob | _Mapping] | None = ...,
-        index: int | None = ...,
-    ) -> None: ...
+    def __init__(self, request_id: _Optional[str] = ..., text: _Optional[str] = ..., token_ids: _Optional[_Iterable[int]] = ..., logprobs: _Optional[_Iterable[_Union[_common_pb2.TokenLogprob, _Mapping]]] = ..., finish_reason: _Optional[_Union[_common_pb2.FinishReason, str]] = ..., matched_stop: _Optional[_Union[_common_pb2.MatchedStop, _Mapping]] = ..., usage: _Optional[_Union[_common_pb2.Usage, _Mapping]] = ..., error: _Optional[_Union[_common_pb2.Error, _Mapping]] = ..., prompt_token_ids: _Optional[_Iterable[int]] = ..., prompt_logprobs: _Optional[_Iterable[_Union[_common_pb2.TokenLogprob, _Mapping]]] = ..., index: _Optional[int] = ...) -> None: ...
 
 class TokenizeRequest(_message.Message):
     __slots__ = ("model", "text", "chat", "add_special_tokens")
@@ -142,13 +89,7 @@ class TokenizeRequest(_message.Message):
     text: str
     chat: ChatMessages
     add_special_tokens: bool
-    def __init__(
-        self,
-        model: str | None = ...,
-        text: str | None = ...,
-        chat: ChatMessages | _Mapping | None = ...,
-        add_special_tokens: bool | None = ...,
-    ) -> None: ...
+    def __init__(self, model: _Optional[str] = ..., text: _Optional[str] = ..., chat: _Optional[_Union[ChatMessages, _Mapping]] = ..., add_special_tokens: _Optional[bool] = ...) -> None: ...
 
 class TokenizeResponse(_message.Message):
     __slots__ = ("token_ids", "max_model_len")
@@ -156,7 +97,7 @@ class TokenizeResponse(_message.Message):
     MAX_MODEL_LEN_FIELD_NUMBER: _ClassVar[int]
     token_ids: _containers.RepeatedScalarFieldContainer[int]
     max_model_len: int
-    def __init__(self, token_ids: _Iterable[int] | None = ..., max_model_len: int | None = ...) -> None: ...
+    def __init__(self, token_ids: _Optional[_Iterable[int]] = ..., max_model_len: _Optional[int] = ...) -> None: ...
 
 class ListModelsRequest(_message.Message):
     __slots__ = ()
@@ -174,20 +115,13 @@ class ModelCard(_message.Message):
     created: int
     max_model_len: int
     root: str
-    def __init__(
-        self,
-        id: str | None = ...,
-        owned_by: str | None = ...,
-        created: int | None = ...,
-        max_model_len: int | None = ...,
-        root: str | None = ...,
-    ) -> None: ...
+    def __init__(self, id: _Optional[str] = ..., owned_by: _Optional[str] = ..., created: _Optional[int] = ..., max_model_len: _Optional[int] = ..., root: _Optional[str] = ...) -> None: ...
 
 class ListModelsResponse(_message.Message):
     __slots__ = ("models",)
     MODELS_FIELD_NUMBER: _ClassVar[int]
     models: _containers.RepeatedCompositeFieldContainer[ModelCard]
-    def __init__(self, models: _Iterable[ModelCard | _Mapping] | None = ...) -> None: ...
+    def __init__(self, models: _Optional[_Iterable[_Union[ModelCard, _Mapping]]] = ...) -> None: ...
 
 class HealthRequest(_message.Message):
     __slots__ = ()
@@ -201,7 +135,7 @@ class RoleHealth(_message.Message):
     role: str
     ready: int
     total: int
-    def __init__(self, role: str | None = ..., ready: int | None = ..., total: int | None = ...) -> None: ...
+    def __init__(self, role: _Optional[str] = ..., ready: _Optional[int] = ..., total: _Optional[int] = ...) -> None: ...
 
 class HealthResponse(_message.Message):
     __slots__ = ("serving", "roles", "discovery_stale")
@@ -211,12 +145,7 @@ class HealthResponse(_message.Message):
     serving: bool
     roles: _containers.RepeatedCompositeFieldContainer[RoleHealth]
     discovery_stale: bool
-    def __init__(
-        self,
-        serving: bool | None = ...,
-        roles: _Iterable[RoleHealth | _Mapping] | None = ...,
-        discovery_stale: bool | None = ...,
-    ) -> None: ...
+    def __init__(self, serving: _Optional[bool] = ..., roles: _Optional[_Iterable[_Union[RoleHealth, _Mapping]]] = ..., discovery_stale: _Optional[bool] = ...) -> None: ...
 
 class EmbeddingsRequest(_message.Message):
     __slots__ = ("request_id", "model", "texts", "token_ids", "dimensions", "truncate_prompt_tokens", "trace")
@@ -234,22 +163,13 @@ class EmbeddingsRequest(_message.Message):
     dimensions: int
     truncate_prompt_tokens: int
     trace: _common_pb2.TraceContext
-    def __init__(
-        self,
-        request_id: str | None = ...,
-        model: str | None = ...,
-        texts: _Iterable[str] | None = ...,
-        token_ids: _Iterable[TokenIds | _Mapping] | None = ...,
-        dimensions: int | None = ...,
-        truncate_prompt_tokens: int | None = ...,
-        trace: _common_pb2.TraceContext | _Mapping | None = ...,
-    ) -> None: ...
+    def __init__(self, request_id: _Optional[str] = ..., model: _Optional[str] = ..., texts: _Optional[_Iterable[str]] = ..., token_ids: _Optional[_Iterable[_Union[TokenIds, _Mapping]]] = ..., dimensions: _Optional[int] = ..., truncate_prompt_tokens: _Optional[int] = ..., trace: _Optional[_Union[_common_pb2.TraceContext, _Mapping]] = ...) -> None: ...
 
 class Embedding(_message.Message):
     __slots__ = ("values",)
     VALUES_FIELD_NUMBER: _ClassVar[int]
     values: _containers.RepeatedScalarFieldContainer[float]
-    def __init__(self, values: _Iterable[float] | None = ...) -> None: ...
+    def __init__(self, values: _Optional[_Iterable[float]] = ...) -> None: ...
 
 class EmbeddingsResponse(_message.Message):
     __slots__ = ("request_id", "model", "data", "usage")
@@ -261,10 +181,4 @@ class EmbeddingsResponse(_message.Message):
     model: str
     data: _containers.RepeatedCompositeFieldContainer[Embedding]
     usage: _common_pb2.Usage
-    def __init__(
-        self,
-        request_id: str | None = ...,
-        model: str | None = ...,
-        data: _Iterable[Embedding | _Mapping] | None = ...,
-        usage: _common_pb2.Usage | _Mapping | None = ...,
-    ) -> None: ...
+    def __init__(self, request_id: _Optional[str] = ..., model: _Optional[str] = ..., data: _Optional[_Iterable[_Union[Embedding, _Mapping]]] = ..., usage: _Optional[_Union[_common_pb2.Usage, _Mapping]] = ...) -> None: ...

@@ -1,13 +1,10 @@
-from collections.abc import Iterable as _Iterable
-from collections.abc import Mapping as _Mapping
-from typing import ClassVar as _ClassVar
-
-from google.protobuf import descriptor as _descriptor
-from google.protobuf import message as _message
+from proto.pdrelay.v1 import common_pb2 as _common_pb2
 from google.protobuf.internal import containers as _containers
 from google.protobuf.internal import enum_type_wrapper as _enum_type_wrapper
-
-from proto.pdrelay.v1 import common_pb2 as _common_pb2
+from google.protobuf import descriptor as _descriptor
+from google.protobuf import message as _message
+from collections.abc import Iterable as _Iterable, Mapping as _Mapping
+from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 
 DESCRIPTOR: _descriptor.FileDescriptor
 
@@ -22,7 +19,6 @@ class StorageTier(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     STORAGE_TIER_DRAM: _ClassVar[StorageTier]
     STORAGE_TIER_DISK: _ClassVar[StorageTier]
     STORAGE_TIER_PEER: _ClassVar[StorageTier]
-
 CHECKSUM_ALGORITHM_UNSPECIFIED: ChecksumAlgorithm
 CHECKSUM_ALGORITHM_CRC32: ChecksumAlgorithm
 STORAGE_TIER_UNSPECIFIED: StorageTier
@@ -38,22 +34,10 @@ class PrefillTarget(_message.Message):
     instance_id: str
     grpc_address: str
     epoch: int
-    def __init__(
-        self, instance_id: str | None = ..., grpc_address: str | None = ..., epoch: int | None = ...
-    ) -> None: ...
+    def __init__(self, instance_id: _Optional[str] = ..., grpc_address: _Optional[str] = ..., epoch: _Optional[int] = ...) -> None: ...
 
 class DecodeRequest(_message.Message):
-    __slots__ = (
-        "request_id",
-        "prompt_token_ids",
-        "sampling",
-        "model",
-        "prefill",
-        "media",
-        "trace",
-        "priority",
-        "attempt",
-    )
+    __slots__ = ("request_id", "prompt_token_ids", "sampling", "model", "prefill", "media", "trace", "priority", "attempt")
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
     PROMPT_TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
     SAMPLING_FIELD_NUMBER: _ClassVar[int]
@@ -72,18 +56,7 @@ class DecodeRequest(_message.Message):
     trace: _common_pb2.TraceContext
     priority: int
     attempt: int
-    def __init__(
-        self,
-        request_id: str | None = ...,
-        prompt_token_ids: _Iterable[int] | None = ...,
-        sampling: _common_pb2.SamplingParams | _Mapping | None = ...,
-        model: str | None = ...,
-        prefill: PrefillTarget | _Mapping | None = ...,
-        media: _Iterable[_common_pb2.MediaInput | _Mapping] | None = ...,
-        trace: _common_pb2.TraceContext | _Mapping | None = ...,
-        priority: int | None = ...,
-        attempt: int | None = ...,
-    ) -> None: ...
+    def __init__(self, request_id: _Optional[str] = ..., prompt_token_ids: _Optional[_Iterable[int]] = ..., sampling: _Optional[_Union[_common_pb2.SamplingParams, _Mapping]] = ..., model: _Optional[str] = ..., prefill: _Optional[_Union[PrefillTarget, _Mapping]] = ..., media: _Optional[_Iterable[_Union[_common_pb2.MediaInput, _Mapping]]] = ..., trace: _Optional[_Union[_common_pb2.TraceContext, _Mapping]] = ..., priority: _Optional[int] = ..., attempt: _Optional[int] = ...) -> None: ...
 
 class DecodeTimings(_message.Message):
     __slots__ = ("queue_s", "prefill_s", "transfer_s")
@@ -93,24 +66,10 @@ class DecodeTimings(_message.Message):
     queue_s: float
     prefill_s: float
     transfer_s: float
-    def __init__(
-        self, queue_s: float | None = ..., prefill_s: float | None = ..., transfer_s: float | None = ...
-    ) -> None: ...
+    def __init__(self, queue_s: _Optional[float] = ..., prefill_s: _Optional[float] = ..., transfer_s: _Optional[float] = ...) -> None: ...
 
 class DecodeResponse(_message.Message):
-    __slots__ = (
-        "request_id",
-        "token_ids",
-        "logprobs",
-        "finish_reason",
-        "matched_stop",
-        "usage",
-        "error",
-        "timings",
-        "prefill_instance_id",
-        "index",
-        "prompt_logprobs",
-    )
+    __slots__ = ("request_id", "token_ids", "logprobs", "finish_reason", "matched_stop", "usage", "error", "timings", "prefill_instance_id", "index", "prompt_logprobs")
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
     TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
     LOGPROBS_FIELD_NUMBER: _ClassVar[int]
@@ -133,38 +92,10 @@ class DecodeResponse(_message.Message):
     prefill_instance_id: str
     index: int
     prompt_logprobs: _containers.RepeatedCompositeFieldContainer[_common_pb2.TokenLogprob]
-    def __init__(
-        self,
-        request_id: str | None = ...,
-        token_ids: _Iterable[int] | None = ...,
-        logprobs: _Iterable[_common_pb2.TokenLogprob | _Mapping] | None = ...,
-        finish_reason: _common_pb2.FinishReason | str | None = ...,
-        matched_stop: _common_pb2.MatchedStop | _Mapping | None = ...,
-        usage: _common_pb2.Usage | _Mapping | None = ...,
-        error: _common_pb2.Error | _Mapping | None = ...,
-        timings: DecodeTimings | _Mapping | None = ...,
-        prefill_instance_id: str | None = ...,
-        index: int | None = ...,
-        prompt_logprobs: _Iterable[_common_pb2.TokenLogprob | _Mapping] | None = ...,
-    ) -> None: ...
+    def __init__(self, request_id: _Optional[str] = ..., token_ids: _Optional[_Iterable[int]] = ..., logprobs: _Optional[_Iterable[_Union[_common_pb2.TokenLogprob, _Mapping]]] = ..., finish_reason: _Optional[_Union[_common_pb2.FinishReason, str]] = ..., matched_stop: _Optional[_Union[_common_pb2.MatchedStop, _Mapping]] = ..., usage: _Optional[_Union[_common_pb2.Usage, _Mapping]] = ..., error: _Optional[_Union[_common_pb2.Error, _Mapping]] = ..., timings: _Optional[_Union[DecodeTimings, _Mapping]] = ..., prefill_instance_id: _Optional[str] = ..., index: _Optional[int] = ..., prompt_logprobs: _Optional[_Iterable[_Union[_common_pb2.TokenLogprob, _Mapping]]] = ...) -> None: ...
 
 class HandoffTicket(_message.Message):
-    __slots__ = (
-        "request_id",
-        "epoch",
-        "decode_instance_id",
-        "decode_instance_epoch",
-        "decode_peer",
-        "pages",
-        "layout",
-        "prompt_token_ids",
-        "skip_tokens",
-        "sampling",
-        "trace",
-        "media",
-        "deadline_s",
-        "attempt",
-    )
+    __slots__ = ("request_id", "epoch", "decode_instance_id", "decode_instance_epoch", "decode_peer", "pages", "layout", "prompt_token_ids", "skip_tokens", "sampling", "trace", "media", "deadline_s", "attempt")
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
     EPOCH_FIELD_NUMBER: _ClassVar[int]
     DECODE_INSTANCE_ID_FIELD_NUMBER: _ClassVar[int]
@@ -193,23 +124,7 @@ class HandoffTicket(_message.Message):
     media: _containers.RepeatedCompositeFieldContainer[_common_pb2.MediaInput]
     deadline_s: float
     attempt: int
-    def __init__(
-        self,
-        request_id: str | None = ...,
-        epoch: int | None = ...,
-        decode_instance_id: str | None = ...,
-        decode_instance_epoch: int | None = ...,
-        decode_peer: _common_pb2.TransferPeer | _Mapping | None = ...,
-        pages: _common_pb2.PageDescriptors | _Mapping | None = ...,
-        layout: _common_pb2.KVLayout | _Mapping | None = ...,
-        prompt_token_ids: _Iterable[int] | None = ...,
-        skip_tokens: int | None = ...,
-        sampling: _common_pb2.SamplingParams | _Mapping | None = ...,
-        trace: _common_pb2.TraceContext | _Mapping | None = ...,
-        media: _Iterable[_common_pb2.MediaInput | _Mapping] | None = ...,
-        deadline_s: float | None = ...,
-        attempt: int | None = ...,
-    ) -> None: ...
+    def __init__(self, request_id: _Optional[str] = ..., epoch: _Optional[int] = ..., decode_instance_id: _Optional[str] = ..., decode_instance_epoch: _Optional[int] = ..., decode_peer: _Optional[_Union[_common_pb2.TransferPeer, _Mapping]] = ..., pages: _Optional[_Union[_common_pb2.PageDescriptors, _Mapping]] = ..., layout: _Optional[_Union[_common_pb2.KVLayout, _Mapping]] = ..., prompt_token_ids: _Optional[_Iterable[int]] = ..., skip_tokens: _Optional[int] = ..., sampling: _Optional[_Union[_common_pb2.SamplingParams, _Mapping]] = ..., trace: _Optional[_Union[_common_pb2.TraceContext, _Mapping]] = ..., media: _Optional[_Iterable[_Union[_common_pb2.MediaInput, _Mapping]]] = ..., deadline_s: _Optional[float] = ..., attempt: _Optional[int] = ...) -> None: ...
 
 class PrefillTimings(_message.Message):
     __slots__ = ("queue_s", "compute_s", "transfer_s", "total_s")
@@ -221,31 +136,10 @@ class PrefillTimings(_message.Message):
     compute_s: float
     transfer_s: float
     total_s: float
-    def __init__(
-        self,
-        queue_s: float | None = ...,
-        compute_s: float | None = ...,
-        transfer_s: float | None = ...,
-        total_s: float | None = ...,
-    ) -> None: ...
+    def __init__(self, queue_s: _Optional[float] = ..., compute_s: _Optional[float] = ..., transfer_s: _Optional[float] = ..., total_s: _Optional[float] = ...) -> None: ...
 
 class PrefillResponse(_message.Message):
-    __slots__ = (
-        "request_id",
-        "epoch",
-        "first_token_id",
-        "first_logprob",
-        "checksum_algorithm",
-        "checksum",
-        "pages_written",
-        "bytes_written",
-        "cached_tokens",
-        "computed_tokens",
-        "timings",
-        "prefill_instance_id",
-        "finish_reason",
-        "prompt_logprobs",
-    )
+    __slots__ = ("request_id", "epoch", "first_token_id", "first_logprob", "checksum_algorithm", "checksum", "pages_written", "bytes_written", "cached_tokens", "computed_tokens", "timings", "prefill_instance_id", "finish_reason", "prompt_logprobs")
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
     EPOCH_FIELD_NUMBER: _ClassVar[int]
     FIRST_TOKEN_ID_FIELD_NUMBER: _ClassVar[int]
@@ -274,23 +168,7 @@ class PrefillResponse(_message.Message):
     prefill_instance_id: str
     finish_reason: _common_pb2.FinishReason
     prompt_logprobs: _containers.RepeatedCompositeFieldContainer[_common_pb2.TokenLogprob]
-    def __init__(
-        self,
-        request_id: str | None = ...,
-        epoch: int | None = ...,
-        first_token_id: int | None = ...,
-        first_logprob: _common_pb2.TokenLogprob | _Mapping | None = ...,
-        checksum_algorithm: ChecksumAlgorithm | str | None = ...,
-        checksum: int | None = ...,
-        pages_written: int | None = ...,
-        bytes_written: int | None = ...,
-        cached_tokens: int | None = ...,
-        computed_tokens: int | None = ...,
-        timings: PrefillTimings | _Mapping | None = ...,
-        prefill_instance_id: str | None = ...,
-        finish_reason: _common_pb2.FinishReason | str | None = ...,
-        prompt_logprobs: _Iterable[_common_pb2.TokenLogprob | _Mapping] | None = ...,
-    ) -> None: ...
+    def __init__(self, request_id: _Optional[str] = ..., epoch: _Optional[int] = ..., first_token_id: _Optional[int] = ..., first_logprob: _Optional[_Union[_common_pb2.TokenLogprob, _Mapping]] = ..., checksum_algorithm: _Optional[_Union[ChecksumAlgorithm, str]] = ..., checksum: _Optional[int] = ..., pages_written: _Optional[int] = ..., bytes_written: _Optional[int] = ..., cached_tokens: _Optional[int] = ..., computed_tokens: _Optional[int] = ..., timings: _Optional[_Union[PrefillTimings, _Mapping]] = ..., prefill_instance_id: _Optional[str] = ..., finish_reason: _Optional[_Union[_common_pb2.FinishReason, str]] = ..., prompt_logprobs: _Optional[_Iterable[_Union[_common_pb2.TokenLogprob, _Mapping]]] = ...) -> None: ...
 
 class EncodeRequest(_message.Message):
     __slots__ = ("request_id", "media", "trace", "destination_peer", "destination")
@@ -304,14 +182,7 @@ class EncodeRequest(_message.Message):
     trace: _common_pb2.TraceContext
     destination_peer: _common_pb2.TransferPeer
     destination: _common_pb2.PageDescriptors
-    def __init__(
-        self,
-        request_id: str | None = ...,
-        media: _Iterable[_common_pb2.MediaInput | _Mapping] | None = ...,
-        trace: _common_pb2.TraceContext | _Mapping | None = ...,
-        destination_peer: _common_pb2.TransferPeer | _Mapping | None = ...,
-        destination: _common_pb2.PageDescriptors | _Mapping | None = ...,
-    ) -> None: ...
+    def __init__(self, request_id: _Optional[str] = ..., media: _Optional[_Iterable[_Union[_common_pb2.MediaInput, _Mapping]]] = ..., trace: _Optional[_Union[_common_pb2.TraceContext, _Mapping]] = ..., destination_peer: _Optional[_Union[_common_pb2.TransferPeer, _Mapping]] = ..., destination: _Optional[_Union[_common_pb2.PageDescriptors, _Mapping]] = ...) -> None: ...
 
 class Tensor(_message.Message):
     __slots__ = ("dtype", "shape", "data")
@@ -321,9 +192,7 @@ class Tensor(_message.Message):
     dtype: _common_pb2.DType
     shape: _containers.RepeatedScalarFieldContainer[int]
     data: bytes
-    def __init__(
-        self, dtype: _common_pb2.DType | str | None = ..., shape: _Iterable[int] | None = ..., data: bytes | None = ...
-    ) -> None: ...
+    def __init__(self, dtype: _Optional[_Union[_common_pb2.DType, str]] = ..., shape: _Optional[_Iterable[int]] = ..., data: _Optional[bytes] = ...) -> None: ...
 
 class MediaEmbedding(_message.Message):
     __slots__ = ("media_hash", "embedding", "cache_hit", "checksum")
@@ -335,37 +204,22 @@ class MediaEmbedding(_message.Message):
     embedding: Tensor
     cache_hit: bool
     checksum: int
-    def __init__(
-        self,
-        media_hash: str | None = ...,
-        embedding: Tensor | _Mapping | None = ...,
-        cache_hit: bool | None = ...,
-        checksum: int | None = ...,
-    ) -> None: ...
+    def __init__(self, media_hash: _Optional[str] = ..., embedding: _Optional[_Union[Tensor, _Mapping]] = ..., cache_hit: _Optional[bool] = ..., checksum: _Optional[int] = ...) -> None: ...
 
 class EncodeResponse(_message.Message):
     __slots__ = ("embeddings",)
     EMBEDDINGS_FIELD_NUMBER: _ClassVar[int]
     embeddings: _containers.RepeatedCompositeFieldContainer[MediaEmbedding]
-    def __init__(self, embeddings: _Iterable[MediaEmbedding | _Mapping] | None = ...) -> None: ...
+    def __init__(self, embeddings: _Optional[_Iterable[_Union[MediaEmbedding, _Mapping]]] = ...) -> None: ...
 
 class EmbedTokens(_message.Message):
     __slots__ = ("ids",)
     IDS_FIELD_NUMBER: _ClassVar[int]
     ids: _containers.RepeatedScalarFieldContainer[int]
-    def __init__(self, ids: _Iterable[int] | None = ...) -> None: ...
+    def __init__(self, ids: _Optional[_Iterable[int]] = ...) -> None: ...
 
 class EmbedRequest(_message.Message):
-    __slots__ = (
-        "model",
-        "texts",
-        "normalize",
-        "token_inputs",
-        "truncate_prompt_tokens",
-        "dimensions",
-        "request_id",
-        "trace",
-    )
+    __slots__ = ("model", "texts", "normalize", "token_inputs", "truncate_prompt_tokens", "dimensions", "request_id", "trace")
     MODEL_FIELD_NUMBER: _ClassVar[int]
     TEXTS_FIELD_NUMBER: _ClassVar[int]
     NORMALIZE_FIELD_NUMBER: _ClassVar[int]
@@ -382,17 +236,7 @@ class EmbedRequest(_message.Message):
     dimensions: int
     request_id: str
     trace: _common_pb2.TraceContext
-    def __init__(
-        self,
-        model: str | None = ...,
-        texts: _Iterable[str] | None = ...,
-        normalize: bool | None = ...,
-        token_inputs: _Iterable[EmbedTokens | _Mapping] | None = ...,
-        truncate_prompt_tokens: int | None = ...,
-        dimensions: int | None = ...,
-        request_id: str | None = ...,
-        trace: _common_pb2.TraceContext | _Mapping | None = ...,
-    ) -> None: ...
+    def __init__(self, model: _Optional[str] = ..., texts: _Optional[_Iterable[str]] = ..., normalize: _Optional[bool] = ..., token_inputs: _Optional[_Iterable[_Union[EmbedTokens, _Mapping]]] = ..., truncate_prompt_tokens: _Optional[int] = ..., dimensions: _Optional[int] = ..., request_id: _Optional[str] = ..., trace: _Optional[_Union[_common_pb2.TraceContext, _Mapping]] = ...) -> None: ...
 
 class EmbedResponse(_message.Message):
     __slots__ = ("embeddings", "prompt_tokens", "instance_id")
@@ -402,9 +246,7 @@ class EmbedResponse(_message.Message):
     embeddings: Tensor
     prompt_tokens: int
     instance_id: str
-    def __init__(
-        self, embeddings: Tensor | _Mapping | None = ..., prompt_tokens: int | None = ..., instance_id: str | None = ...
-    ) -> None: ...
+    def __init__(self, embeddings: _Optional[_Union[Tensor, _Mapping]] = ..., prompt_tokens: _Optional[int] = ..., instance_id: _Optional[str] = ...) -> None: ...
 
 class LookupRequest(_message.Message):
     __slots__ = ("block_hashes", "layout", "model", "lease_s", "trace")
@@ -418,14 +260,7 @@ class LookupRequest(_message.Message):
     model: str
     lease_s: float
     trace: _common_pb2.TraceContext
-    def __init__(
-        self,
-        block_hashes: _Iterable[int] | None = ...,
-        layout: _common_pb2.KVLayout | _Mapping | None = ...,
-        model: str | None = ...,
-        lease_s: float | None = ...,
-        trace: _common_pb2.TraceContext | _Mapping | None = ...,
-    ) -> None: ...
+    def __init__(self, block_hashes: _Optional[_Iterable[int]] = ..., layout: _Optional[_Union[_common_pb2.KVLayout, _Mapping]] = ..., model: _Optional[str] = ..., lease_s: _Optional[float] = ..., trace: _Optional[_Union[_common_pb2.TraceContext, _Mapping]] = ...) -> None: ...
 
 class LookupResponse(_message.Message):
     __slots__ = ("num_hit_pages", "tiers")
@@ -433,7 +268,7 @@ class LookupResponse(_message.Message):
     TIERS_FIELD_NUMBER: _ClassVar[int]
     num_hit_pages: int
     tiers: _containers.RepeatedScalarFieldContainer[StorageTier]
-    def __init__(self, num_hit_pages: int | None = ..., tiers: _Iterable[StorageTier | str] | None = ...) -> None: ...
+    def __init__(self, num_hit_pages: _Optional[int] = ..., tiers: _Optional[_Iterable[_Union[StorageTier, str]]] = ...) -> None: ...
 
 class PutPagesRequest(_message.Message):
     __slots__ = ("request_id", "block_hashes", "layout", "source_peer", "source", "trace", "model", "backend")
@@ -453,17 +288,7 @@ class PutPagesRequest(_message.Message):
     trace: _common_pb2.TraceContext
     model: str
     backend: _common_pb2.TransferBackend
-    def __init__(
-        self,
-        request_id: str | None = ...,
-        block_hashes: _Iterable[int] | None = ...,
-        layout: _common_pb2.KVLayout | _Mapping | None = ...,
-        source_peer: _common_pb2.TransferPeer | _Mapping | None = ...,
-        source: _common_pb2.PageDescriptors | _Mapping | None = ...,
-        trace: _common_pb2.TraceContext | _Mapping | None = ...,
-        model: str | None = ...,
-        backend: _common_pb2.TransferBackend | str | None = ...,
-    ) -> None: ...
+    def __init__(self, request_id: _Optional[str] = ..., block_hashes: _Optional[_Iterable[int]] = ..., layout: _Optional[_Union[_common_pb2.KVLayout, _Mapping]] = ..., source_peer: _Optional[_Union[_common_pb2.TransferPeer, _Mapping]] = ..., source: _Optional[_Union[_common_pb2.PageDescriptors, _Mapping]] = ..., trace: _Optional[_Union[_common_pb2.TraceContext, _Mapping]] = ..., model: _Optional[str] = ..., backend: _Optional[_Union[_common_pb2.TransferBackend, str]] = ...) -> None: ...
 
 class PutPagesResponse(_message.Message):
     __slots__ = ("pages_stored", "pages_present", "put_id", "indexes", "store_peer", "slots", "expires_s")
@@ -481,16 +306,7 @@ class PutPagesResponse(_message.Message):
     store_peer: _common_pb2.TransferPeer
     slots: _common_pb2.PageDescriptors
     expires_s: float
-    def __init__(
-        self,
-        pages_stored: int | None = ...,
-        pages_present: int | None = ...,
-        put_id: int | None = ...,
-        indexes: _Iterable[int] | None = ...,
-        store_peer: _common_pb2.TransferPeer | _Mapping | None = ...,
-        slots: _common_pb2.PageDescriptors | _Mapping | None = ...,
-        expires_s: float | None = ...,
-    ) -> None: ...
+    def __init__(self, pages_stored: _Optional[int] = ..., pages_present: _Optional[int] = ..., put_id: _Optional[int] = ..., indexes: _Optional[_Iterable[int]] = ..., store_peer: _Optional[_Union[_common_pb2.TransferPeer, _Mapping]] = ..., slots: _Optional[_Union[_common_pb2.PageDescriptors, _Mapping]] = ..., expires_s: _Optional[float] = ...) -> None: ...
 
 class CommitPutRequest(_message.Message):
     __slots__ = ("put_id", "page_checksums", "abort")
@@ -500,9 +316,7 @@ class CommitPutRequest(_message.Message):
     put_id: int
     page_checksums: _containers.RepeatedScalarFieldContainer[int]
     abort: bool
-    def __init__(
-        self, put_id: int | None = ..., page_checksums: _Iterable[int] | None = ..., abort: bool | None = ...
-    ) -> None: ...
+    def __init__(self, put_id: _Optional[int] = ..., page_checksums: _Optional[_Iterable[int]] = ..., abort: _Optional[bool] = ...) -> None: ...
 
 class CommitPutResponse(_message.Message):
     __slots__ = ("pages_stored", "pages_rejected")
@@ -510,20 +324,10 @@ class CommitPutResponse(_message.Message):
     PAGES_REJECTED_FIELD_NUMBER: _ClassVar[int]
     pages_stored: int
     pages_rejected: int
-    def __init__(self, pages_stored: int | None = ..., pages_rejected: int | None = ...) -> None: ...
+    def __init__(self, pages_stored: _Optional[int] = ..., pages_rejected: _Optional[int] = ...) -> None: ...
 
 class GetPagesRequest(_message.Message):
-    __slots__ = (
-        "request_id",
-        "epoch",
-        "block_hashes",
-        "layout",
-        "destination_peer",
-        "destination",
-        "trace",
-        "model",
-        "deadline_s",
-    )
+    __slots__ = ("request_id", "epoch", "block_hashes", "layout", "destination_peer", "destination", "trace", "model", "deadline_s")
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
     EPOCH_FIELD_NUMBER: _ClassVar[int]
     BLOCK_HASHES_FIELD_NUMBER: _ClassVar[int]
@@ -542,18 +346,7 @@ class GetPagesRequest(_message.Message):
     trace: _common_pb2.TraceContext
     model: str
     deadline_s: float
-    def __init__(
-        self,
-        request_id: str | None = ...,
-        epoch: int | None = ...,
-        block_hashes: _Iterable[int] | None = ...,
-        layout: _common_pb2.KVLayout | _Mapping | None = ...,
-        destination_peer: _common_pb2.TransferPeer | _Mapping | None = ...,
-        destination: _common_pb2.PageDescriptors | _Mapping | None = ...,
-        trace: _common_pb2.TraceContext | _Mapping | None = ...,
-        model: str | None = ...,
-        deadline_s: float | None = ...,
-    ) -> None: ...
+    def __init__(self, request_id: _Optional[str] = ..., epoch: _Optional[int] = ..., block_hashes: _Optional[_Iterable[int]] = ..., layout: _Optional[_Union[_common_pb2.KVLayout, _Mapping]] = ..., destination_peer: _Optional[_Union[_common_pb2.TransferPeer, _Mapping]] = ..., destination: _Optional[_Union[_common_pb2.PageDescriptors, _Mapping]] = ..., trace: _Optional[_Union[_common_pb2.TraceContext, _Mapping]] = ..., model: _Optional[str] = ..., deadline_s: _Optional[float] = ...) -> None: ...
 
 class GetPagesResponse(_message.Message):
     __slots__ = ("pages_written", "checksum_algorithm", "checksum", "transfer_s", "page_checksums", "pages_corrupt")
@@ -569,15 +362,7 @@ class GetPagesResponse(_message.Message):
     transfer_s: float
     page_checksums: _containers.RepeatedScalarFieldContainer[int]
     pages_corrupt: int
-    def __init__(
-        self,
-        pages_written: int | None = ...,
-        checksum_algorithm: ChecksumAlgorithm | str | None = ...,
-        checksum: int | None = ...,
-        transfer_s: float | None = ...,
-        page_checksums: _Iterable[int] | None = ...,
-        pages_corrupt: int | None = ...,
-    ) -> None: ...
+    def __init__(self, pages_written: _Optional[int] = ..., checksum_algorithm: _Optional[_Union[ChecksumAlgorithm, str]] = ..., checksum: _Optional[int] = ..., transfer_s: _Optional[float] = ..., page_checksums: _Optional[_Iterable[int]] = ..., pages_corrupt: _Optional[int] = ...) -> None: ...
 
 class KVStoreStatsRequest(_message.Message):
     __slots__ = ()
@@ -593,26 +378,10 @@ class TierStats(_message.Message):
     used_bytes: int
     capacity_bytes: int
     pages: int
-    def __init__(
-        self,
-        tier: StorageTier | str | None = ...,
-        used_bytes: int | None = ...,
-        capacity_bytes: int | None = ...,
-        pages: int | None = ...,
-    ) -> None: ...
+    def __init__(self, tier: _Optional[_Union[StorageTier, str]] = ..., used_bytes: _Optional[int] = ..., capacity_bytes: _Optional[int] = ..., pages: _Optional[int] = ...) -> None: ...
 
 class KVStoreStatsResponse(_message.Message):
-    __slots__ = (
-        "tiers",
-        "lookups",
-        "hit_pages",
-        "stored_pages",
-        "evicted_pages",
-        "corrupt_pages",
-        "get_pages",
-        "model",
-        "layout",
-    )
+    __slots__ = ("tiers", "lookups", "hit_pages", "stored_pages", "evicted_pages", "corrupt_pages", "get_pages", "model", "layout")
     TIERS_FIELD_NUMBER: _ClassVar[int]
     LOOKUPS_FIELD_NUMBER: _ClassVar[int]
     HIT_PAGES_FIELD_NUMBER: _ClassVar[int]
@@ -631,15 +400,4 @@ class KVStoreStatsResponse(_message.Message):
     get_pages: int
     model: str
     layout: _common_pb2.KVLayout
-    def __init__(
-        self,
-        tiers: _Iterable[TierStats | _Mapping] | None = ...,
-        lookups: int | None = ...,
-        hit_pages: int | None = ...,
-        stored_pages: int | None = ...,
-        evicted_pages: int | None = ...,
-        corrupt_pages: int | None = ...,
-        get_pages: int | None = ...,
-        model: str | None = ...,
-        layout: _common_pb2.KVLayout | _Mapping | None = ...,
-    ) -> None: ...
+    def __init__(self, tiers: _Optional[_Iterable[_Union[TierStats, _Mapping]]] = ..., lookups: _Optional[int] = ..., hit_pages: _Optional[int] = ..., stored_pages: _Optional[int] = ..., evicted_pages: _Optional[int] = ..., corrupt_pages: _Optional[int] = ..., get_pages: _Optional[int] = ..., model: _Optional[str] = ..., layout: _Optional[_Union[_common_pb2.KVLayout, _Mapping]] = ...) -> None: ...
