@@ -80,8 +80,10 @@ def quiet_nixl_logging() -> None:
     send them to stderr, at WARNING unless NIXL_LOG_LEVEL (NIXL's own knob) asks for something else."""
     lg = logging.getLogger("nixl")
     for h in lg.handlers:
-        if type(h) is logging.StreamHandler:
-            h.setStream(sys.stderr)
+        if type(h) is logging.StreamHandler and h.stream is not sys.stderr:
+            # Assigned, not setStream(): that flushes the old stream first, which may already be closed (an earlier
+            # engine in the same process set it to a stderr that was since replaced, as pytest's capture does).
+            h.stream = sys.stderr
     if not os.environ.get("NIXL_LOG_LEVEL"):
         lg.setLevel(logging.WARNING)
 
