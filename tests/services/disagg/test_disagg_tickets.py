@@ -13,9 +13,7 @@ from tests.services.disagg.disagg_client import Loads, hf_greedy
 from tests.services.disagg.disagg_procs import BackendCluster
 from tests.services.disagg.disagg_tickets import LocalDecode, send
 
-# In the full suite this module's cluster starts seconds after the faults module's, whose killed instances' etcd
-# leases (5 s) may still be live under the same names: a rerun waits past them instead of the suite's 1 s.
-pytestmark = [pytest.mark.e2e, pytest.mark.slow, pytest.mark.flaky(reruns=2, reruns_delay=12)]
+pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 
 CONTEXT = 512  # the tiny model's
 
