@@ -10,83 +10,9 @@ from __future__ import annotations
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
-# Seconds. Low buckets matter too: with mock workers the whole request takes about a millisecond.
-_TTFT_BUCKETS = (
-    0.0005,
-    0.001,
-    0.0025,
-    0.005,
-    0.01,
-    0.02,
-    0.04,
-    0.06,
-    0.08,
-    0.1,
-    0.25,
-    0.5,
-    0.75,
-    1.0,
-    2.5,
-    5.0,
-    7.5,
-    10.0,
-    20.0,
-    40.0,
-    80.0,
-    160.0,
-    640.0,
-)
-_ITL_BUCKETS = (
-    0.0005,
-    0.001,
-    0.0025,
-    0.005,
-    0.01,
-    0.025,
-    0.05,
-    0.075,
-    0.1,
-    0.15,
-    0.2,
-    0.3,
-    0.4,
-    0.5,
-    0.75,
-    1.0,
-    2.5,
-    5.0,
-    10.0,
-    20.0,
-    80.0,
-)
-_E2E_BUCKETS = (
-    0.001,
-    0.0025,
-    0.005,
-    0.01,
-    0.025,
-    0.05,
-    0.1,
-    0.3,
-    0.5,
-    0.8,
-    1.0,
-    1.5,
-    2.0,
-    2.5,
-    5.0,
-    10.0,
-    15.0,
-    20.0,
-    30.0,
-    60.0,
-    120.0,
-    240.0,
-    480.0,
-    960.0,
-    1920.0,
-    7680.0,
-)
+# Seconds, the engines' buckets (low ones matter too: with mock workers a request takes about a millisecond), so
+# the gateway's and the engines' histograms compare bucket by bucket.
+from shared.telemetry.metrics import E2E_BUCKETS, ITL_BUCKETS, TTFT_BUCKETS
 
 CONTENT_TYPE = CONTENT_TYPE_LATEST
 
@@ -105,19 +31,19 @@ class GatewayMetrics:
         self.ttft = Histogram(
             "pdrelay:time_to_first_token_seconds",
             "Request arrival to first generated token",
-            buckets=_TTFT_BUCKETS,
+            buckets=TTFT_BUCKETS,
             registry=r,
         )
         self.itl = Histogram(
             "pdrelay:inter_token_latency_seconds",
             "Time between token chunks of one request",
-            buckets=_ITL_BUCKETS,
+            buckets=ITL_BUCKETS,
             registry=r,
         )
         self.e2e = Histogram(
             "pdrelay:e2e_request_latency_seconds",
             "Request arrival to last byte of the answer",
-            buckets=_E2E_BUCKETS,
+            buckets=E2E_BUCKETS,
             registry=r,
         )
         self.prompt_tokens = Counter("pdrelay:prompt_tokens", "Prompt tokens of served requests", registry=r)
