@@ -71,7 +71,9 @@ def by_choice(deltas: Sequence[Delta]) -> list[tuple[int, list[Delta]]]:
     return [(i, list(g)) for i, g in groupby(ordered, key=lambda d: d.index)]
 
 
-class ChatFormatter:
+class _Answer:
+    """What both formatters are built from: the request's identity and what it asked to be shown."""
+
     def __init__(
         self,
         tokenizer: GatewayTokenizer,
@@ -91,6 +93,8 @@ class ChatFormatter:
         # OpenAI: with include_usage every chunk has "usage": null and one extra chunk carries the totals.
         self._usage_field: Usage | None | msgspec.UnsetType = None if include_usage else msgspec.UNSET
 
+
+class ChatFormatter(_Answer):
     def logprobs(self, entries: Sequence[TokenLogprob] | None) -> ChatLogprobs | None:
         if entries is None:
             return None
@@ -162,7 +166,7 @@ class ChatFormatter:
         return prompt_logprobs(self.tok, deltas) if self.want_prompt_logprobs else msgspec.UNSET
 
 
-class CompletionFormatter:
+class CompletionFormatter(_Answer):
     def __init__(
         self,
         tokenizer: GatewayTokenizer,
@@ -174,12 +178,7 @@ class CompletionFormatter:
         n: int = 1,
         want_prompt_logprobs: bool = False,
     ) -> None:
-        self.n = n
-        self.want_prompt_logprobs = want_prompt_logprobs  # vLLM's prompt_logprobs field (whole answers only)
-        self.tok = tokenizer
-        self.id, self.created, self.model = response_id, created, model
-        self.want_logprobs = want_logprobs
-        self._usage_field: Usage | None | msgspec.UnsetType = None if include_usage else msgspec.UNSET
+        super().__init__(tokenizer, response_id, created, model, include_usage, want_logprobs, n, want_prompt_logprobs)
         self.echo: dict[int, str] = {}  # echo=true: choice index -> prompt text, sent before its first text
         self._echo_len: dict[int, int] = {}  # choice index -> characters echoed (completion text_offset starts after)
 
