@@ -1,7 +1,7 @@
 """Serving overhead: pdrelay served colocated (gateway + one worker, HTTP, the bench client) vs the same engine in
 this process, same workload, interleaved round by round so a shared box's drift hits both alike.
 
-    python -m bench.serve_overhead --random-input-len 128 --random-output-len 64 --num-prompts 64 \\
+    python -m bench.serve.overhead --random-input-len 128 --random-output-len 64 --num-prompts 64 \\
         --max-concurrency 16 --repeat 3
 
 Starts `pdrelay up --worker 1 --prefill 0 --decode 0` with its defaults (no --threads), then per round: the
@@ -28,7 +28,7 @@ TARGET = 0.9
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    from bench.serve import add_arguments as serve_arguments
+    from bench.serve.main import add_arguments as serve_arguments
 
     serve_arguments(p)
     p.add_argument("--repeat", type=int, default=3, help="rounds (each: in-process, then served)")
@@ -50,7 +50,7 @@ def run(ns: argparse.Namespace) -> int:
     from shared.modelspec.bundled import resolve_model_path
 
     if ns.repeat < 1:
-        print(f"bench serve_overhead: --repeat {ns.repeat} must be >= 1", file=sys.stderr)
+        print(f"bench serve overhead: --repeat {ns.repeat} must be >= 1", file=sys.stderr)
         return 2
     model_dir = resolve_model_path(ns.model or DEFAULT_MODEL)
     ns.model = None  # the served name comes from GET /v1/models
@@ -162,7 +162,7 @@ def run(ns: argparse.Namespace) -> int:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m bench.serve_overhead", description=__doc__.split("\n\n")[0])
+    p = argparse.ArgumentParser(prog="python -m bench.serve.overhead", description=__doc__.split("\n\n")[0])
     add_arguments(p)
     return run(p.parse_args(argv))
 
