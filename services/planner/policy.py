@@ -34,7 +34,9 @@ if TYPE_CHECKING:
     from shared.config.groups import PlannerConfig
 
 
-class Role(enum.StrEnum):
+class ScaledRole(enum.StrEnum):
+    """The roles the planner scales (a subset of shared.config.roles.Role, with the same values)."""
+
     PREFILL = "prefill"
     DECODE = "decode"
 
@@ -43,8 +45,8 @@ class Role(enum.StrEnum):
 class Limits:
     ttft_target_s: float
     itl_target_s: float
-    min_count: dict[Role, int]
-    max_count: dict[Role, int]
+    min_count: dict[ScaledRole, int]
+    max_count: dict[ScaledRole, int]
     budget: int
     scale_up_cooldown_s: float = 10.0
     scale_down_cooldown_s: float = 30.0
@@ -55,8 +57,8 @@ class Limits:
     @classmethod
     def from_config(cls, c: PlannerConfig) -> Limits:
         """From a PlannerConfig (shared/config/groups.py)."""
-        mins = {Role.PREFILL: c.min_prefill, Role.DECODE: c.min_decode}
-        maxs = {Role.PREFILL: c.max_prefill, Role.DECODE: c.max_decode}
+        mins = {ScaledRole.PREFILL: c.min_prefill, ScaledRole.DECODE: c.min_decode}
+        maxs = {ScaledRole.PREFILL: c.max_prefill, ScaledRole.DECODE: c.max_decode}
         return cls(
             ttft_target_s=c.ttft_target_ms / 1e3,
             itl_target_s=c.itl_target_ms / 1e3,
@@ -70,15 +72,15 @@ class Limits:
             max_scale_step=c.max_scale_step,
         )
 
-    def target_s(self, role: Role) -> float:
-        return self.ttft_target_s if role == Role.PREFILL else self.itl_target_s
+    def target_s(self, role: ScaledRole) -> float:
+        return self.ttft_target_s if role == ScaledRole.PREFILL else self.itl_target_s
 
 
 @dataclass(frozen=True)
 class RoleView:
     """One role as the planner sees it now."""
 
-    role: Role
+    role: ScaledRole
     current: int  # instances it has or is getting (ready + starting, or what the actuator was told)
     loads: tuple[InstanceLoad, ...]  # ready instances with a fresh load report
     starting: int = 0
@@ -100,7 +102,7 @@ class RoleMemory:
 
 @dataclass(frozen=True)
 class Plan:
-    role: Role
+    role: ScaledRole
     action: Action
     current: int
     target: int
@@ -129,22 +131,22 @@ class Outlook:
 
 
 def _estimate(view: RoleView, mem: RoleMemory, limits: Limits, client_itl_s: float | None = None) -> Estimate:
-    if view.role == Role.PREFILL:
+    if view.role == ScaledRole.PREFILL:
         return estimate_prefill(view.loads, view.current, mem.learned, limits.ttft_target_s)
     return estimate_decode(view.loads, view.current, mem.learned, limits.itl_target_s, limits.hysteresis, client_itl_s)
 
 
-def forecast_for(outlook: Outlook, memory: dict[Role, RoleMemory], limits: Limits) -> Forecast | None:
+def forecast_for(outlook: Outlook, memory: dict[ScaledRole, RoleMemory], limits: Limits) -> Forecast | None:
     """Both roles' sizes for the forecast traffic, with the capacities the estimates fitted."""
-    p, d = memory[Role.PREFILL].learned, memory[Role.DECODE].learned
+    p, d = memory[ScaledRole.PREFILL].learned, memory[ScaledRole.DECODE].learned
     cap = Capacity(p.prefill_rate, d.itl_line, d.itl_correction)
     return outlook.forecaster.forecast(
         outlook.horizon_s, outlook.interval_s, cap, limits.itl_target_s * (1 - limits.hysteresis / 2)
     )
 
 
-def _what(role: Role) -> str:
-    return "TTFT" if role == Role.PREFILL else "ITL"
+def _what(role: ScaledRole) -> str:
+    return "TTFT" if role == ScaledRole.PREFILL else "ITL"
 
 
 def plan_role(
@@ -210,7 +212,7 @@ def plan_role(
     if n > max(lo, 1) and est.fewer_s is not None and n > max(est.needed, ahead):
         calm = est.calm(n - 1, target, limits.hysteresis)
         # A decode instance is "busy" whenever it holds one request: its ITL says more than its busy share.
-        idle = role == Role.DECODE or est.util / (n - 1) <= limits.idle_threshold
+        idle = role == ScaledRole.DECODE or est.util / (n - 1) <= limits.idle_threshold
         if calm and idle:
             silent = (view.ready if view.ready is not None else len(view.loads)) - len(view.loads)
             if silent > 0:  # a busy engine can delay its reports: missing numbers are not an idle instance
@@ -229,7 +231,7 @@ def plan_role(
             drain = _idlest(view.loads, 1)
             busy = (
                 f" and they would be busy {est.util / (n - 1):.0%} (<= {limits.idle_threshold:.0%})"
-                if role == Role.PREFILL
+                if role == ScaledRole.PREFILL
                 else ""
             )
             return plan(
@@ -245,7 +247,7 @@ def plan_role(
     return plan(Action.HOLD, n, f"estimated {_what(role)} {est.now_s * 1e3:.0f} ms within target {target * 1e3:.0f} ms")
 
 
-def _now_text(est: Estimate, role: Role, target: float) -> str:
+def _now_text(est: Estimate, role: ScaledRole, target: float) -> str:
     if est.now_s is None:
         return f"no {_what(role)} measurement yet"
     return f"estimated {_what(role)} {est.now_s * 1e3:.0f} ms, target {target * 1e3:.0f} ms"
@@ -272,7 +274,7 @@ def _rebalance(up: Plan, donor: Plan, limits: Limits, want: int) -> Plan | None:
         after = est.at(n - give - 1)
         if after is None or not (after <= target if urgent else est.calm(n - give - 1, target, limits.hysteresis)):
             break
-        if donor.role == Role.PREFILL and est.util / (n - give - 1) > limits.idle_threshold:
+        if donor.role == ScaledRole.PREFILL and est.util / (n - give - 1) > limits.idle_threshold:
             break
         give += 1
     if give <= already:
@@ -296,8 +298,8 @@ def _rebalance(up: Plan, donor: Plan, limits: Limits, want: int) -> Plan | None:
 
 
 def decide(
-    views: dict[Role, RoleView],
-    memory: dict[Role, RoleMemory],
+    views: dict[ScaledRole, RoleView],
+    memory: dict[ScaledRole, RoleMemory],
     limits: Limits,
     now: float,
     outlook: Outlook | None = None,
@@ -306,10 +308,10 @@ def decide(
     budget blocks takes instances from the other role when that one can spare them. With an outlook, the
     forecast (sized with this evaluation's fitted capacities) scales roles up ahead of the load."""
     itl = outlook.client_itl_s if outlook is not None else None
-    if outlook is not None and Role.DECODE in views:
-        outlook.forecaster.update_streams(float(sum(x.running + x.queued for x in views[Role.DECODE].loads)))
+    if outlook is not None and ScaledRole.DECODE in views:
+        outlook.forecaster.update_streams(float(sum(x.running + x.queued for x in views[ScaledRole.DECODE].loads)))
     ests = {role: _estimate(view, memory[role], limits, itl) for role, view in views.items()}
-    fc = forecast_for(outlook, memory, limits) if outlook is not None and len(memory) == len(Role) else None
+    fc = forecast_for(outlook, memory, limits) if outlook is not None and len(memory) == len(ScaledRole) else None
     plans = {role: plan_role(view, memory[role], limits, now, ests[role], fc) for role, view in views.items()}
     # a role scaling down frees its instances for the other one in the same evaluation
     total = sum(p.target for p in plans.values())

@@ -24,7 +24,7 @@ from services.planner.actuators.base import Actuator, DrainTarget, ScaleError
 from services.planner.estimate import InstanceLoad
 from services.planner.forecast import Forecaster
 from services.planner.leader import LeaderElection
-from services.planner.policy import Limits, Outlook, Plan, Role, RoleMemory, RoleView, decide
+from services.planner.policy import Limits, Outlook, Plan, RoleMemory, RoleView, ScaledRole, decide
 from services.planner.traffic import GatewayScraper
 from shared.cluster.bus.admin_auth import AdminAuth
 from shared.cluster.bus.client import Bus
@@ -41,12 +41,12 @@ from shared.cluster.bus.planner import (
 from shared.cluster.instance import InstanceInfo, InstanceState
 from shared.cluster.membership import Membership
 from shared.config.resolved import ResolvedConfig
-from shared.config.roles import Role as ServiceRole
+from shared.config.roles import Role
 from shared.serving.lifecycle import Service, ServiceOptions
 
 log = logging.getLogger(__name__)
 
-ROLES = (Role.PREFILL, Role.DECODE)
+ROLES = (ScaledRole.PREFILL, ScaledRole.DECODE)
 
 
 def build_actuator(cfg: ResolvedConfig, bus: Bus, cluster: str, auth: AdminAuth | None = None) -> Actuator:
@@ -61,7 +61,7 @@ def build_actuator(cfg: ResolvedConfig, bus: Bus, cluster: str, auth: AdminAuth 
 
 
 class PlannerService(Service):
-    role = ServiceRole.PLANNER
+    role = Role.PLANNER
 
     def __init__(
         self, cfg: ResolvedConfig, options: ServiceOptions = ServiceOptions(), actuator: Actuator | None = None
@@ -85,8 +85,8 @@ class PlannerService(Service):
         self.memory = {r: RoleMemory() for r in ROLES}
         self.decisions: deque[Decision] = deque(maxlen=self.pcfg.planner_log_size)
         self._seq = 0
-        self._last_kind: dict[Role, str] = {}
-        self._expect: dict[Role, tuple[int, float, float]] = {}  # role -> (count being started, deadline, since)
+        self._last_kind: dict[ScaledRole, str] = {}
+        self._expect: dict[ScaledRole, tuple[int, float, float]] = {}  # role -> (count being started, deadline, since)
         # throughput mode: the gateways' traffic, forecast as far ahead as a new instance takes to start serving
         self.forecaster = Forecaster()
         self.scraper: GatewayScraper | None = None
@@ -174,7 +174,7 @@ class PlannerService(Service):
         await self._actuator.refresh()
         for role_name, count in self._actuator.take_manual().items():
             if role_name in ROLES:
-                out += await self._pin(Role(role_name), count, now)
+                out += await self._pin(ScaledRole(role_name), count, now)
         views, failed = self._views(now)
         out += [await self._record_plan(p) for p in failed]
         for plan in decide(views, self.memory, self.limits, now, await self._outlook(now)):
@@ -198,7 +198,7 @@ class PlannerService(Service):
         self.forecaster.update(sample)
         return Outlook(self.forecaster, self.start_s, self.pcfg.evaluation_interval_s, sample.itl_s)
 
-    def _views(self, now: float) -> tuple[dict[Role, RoleView], list[Plan]]:
+    def _views(self, now: float) -> tuple[dict[ScaledRole, RoleView], list[Plan]]:
         assert self.members is not None
         max_age = max(2.0, 5 * self.cfg.bus.load_report_interval_s)
         fresh = self.loads.fresh(max_age)
@@ -207,7 +207,7 @@ class PlannerService(Service):
         for iid in [k for k in self.loads.latest if k not in known and k not in fresh]:
             self.loads.latest.pop(iid, None)
             self.loads.received_at.pop(iid, None)
-        views: dict[Role, RoleView] = {}
+        views: dict[ScaledRole, RoleView] = {}
         failed: list[Plan] = []
         for role in ROLES:
             infos = [i for i in self.members.instances(role) if i.state != InstanceState.DRAINING]
@@ -247,7 +247,7 @@ class PlannerService(Service):
             views[role] = RoleView(role, current, loads, starting=len(infos) - len(ready), ready=len(ready))
         return views, failed
 
-    def _failed(self, role: Role, want: int, have: int, now: float, why: str) -> Plan:
+    def _failed(self, role: ScaledRole, want: int, have: int, now: float, why: str) -> Plan:
         mem = self.memory[role]
         mem.failures += 1
         wait = min(self.pcfg.scale_retry_max_s, 2.0**mem.failures)
@@ -261,7 +261,7 @@ class PlannerService(Service):
             {"failures": float(mem.failures), "retry_in_s": wait},
         )
 
-    async def _pin(self, role: Role, count: int, now: float) -> list[Decision]:
+    async def _pin(self, role: ScaledRole, count: int, now: float) -> list[Decision]:
         mem = self.memory[role]
         mem.pin = count
         pin_s = self.pcfg.manual_pin_s
@@ -276,7 +276,7 @@ class PlannerService(Service):
     async def _apply(self, plan: Plan, view: RoleView, now: float) -> Decision | None:
         role, mem = plan.role, self.memory[plan.role]
         self._m_target.labels(role.value).set(plan.target)
-        est = plan.numbers.get("est_ttft_ms" if role == Role.PREFILL else "est_itl_ms")
+        est = plan.numbers.get("est_ttft_ms" if role == ScaledRole.PREFILL else "est_itl_ms")
         if est is not None:
             self._m_estimate.labels(role.value).set(est)
         if plan.action in (Action.HOLD, Action.PINNED):

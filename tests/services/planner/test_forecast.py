@@ -15,11 +15,11 @@ from services.planner.forecast import (
     size_decode,
     size_prefill,
 )
-from services.planner.policy import Limits, Outlook, Role, RoleMemory, RoleView, decide
+from services.planner.policy import Limits, Outlook, RoleMemory, RoleView, ScaledRole, decide
 from services.planner.traffic import GatewayCounters, parse_counters, sample_between
 from shared.cluster.bus.planner import Action
 
-P, D = Role.PREFILL, Role.DECODE
+P, D = ScaledRole.PREFILL, ScaledRole.DECODE
 
 
 def test_holt_follows_a_linear_rise_and_reads_it_ahead() -> None:

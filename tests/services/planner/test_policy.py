@@ -5,10 +5,10 @@ from __future__ import annotations
 import pytest
 
 from services.planner.estimate import InstanceLoad
-from services.planner.policy import Limits, Role, RoleMemory, RoleView, decide, plan_role
+from services.planner.policy import Limits, RoleMemory, RoleView, ScaledRole, decide, plan_role
 from shared.cluster.bus.planner import Action
 
-P, D = Role.PREFILL, Role.DECODE
+P, D = ScaledRole.PREFILL, ScaledRole.DECODE
 
 
 def limits(**kw) -> Limits:
