@@ -259,12 +259,17 @@ def _coalesce(
 
 
 def merge_deltas(a: RequestOutput, b: RequestOutput) -> RequestOutput:
-    """Two consecutive deltas of one request as one (b is the later: its status and counters win)."""
+    """Two consecutive deltas of one request as one (b is the later: its status and counters win; the prompt
+    logprobs ride on the first delta only, so a's are kept)."""
     lps = (
         None
         if a.new_logprobs is None and b.new_logprobs is None
         else (*(a.new_logprobs or ()), *(b.new_logprobs or ()))
     )
     return dataclasses.replace(
-        b, new_token_ids=a.new_token_ids + b.new_token_ids, new_text=a.new_text + b.new_text, new_logprobs=lps
+        b,
+        new_token_ids=a.new_token_ids + b.new_token_ids,
+        new_text=a.new_text + b.new_text,
+        new_logprobs=lps,
+        prompt_logprobs=a.prompt_logprobs if a.prompt_logprobs is not None else b.prompt_logprobs,
     )

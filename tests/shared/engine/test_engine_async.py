@@ -182,6 +182,9 @@ def test_merged_deltas_concatenate_and_keep_the_later_status() -> None:
     assert (m.finished, m.finish_reason, m.num_output_tokens) == (True, "length", 3)
     with_lp = merge_deltas(RequestOutput("r", (1,), new_logprobs=(lp,)), RequestOutput("r", (2,), new_logprobs=(lp,)))
     assert with_lp.new_logprobs == (lp, lp)
+    # the prompt logprobs come on a request's first delta only: merging it into a later one must keep them
+    first = RequestOutput("r", (1,), prompt_logprobs=(lp,))
+    assert merge_deltas(first, RequestOutput("r", (2,))).prompt_logprobs == (lp,)
 
 
 async def test_coalescing_keeps_the_samples_of_one_queue_apart() -> None:
