@@ -36,6 +36,7 @@ from bench.serve.measure import Target, _new_loop, measure
 
 READY_TIMEOUT_S = 600.0
 PEERS = {"vllm": "vllm_peer.sh"}  # peer name -> start script in bench/
+BENCH_DIR = Path(__file__).resolve().parent.parent  # bench/ (this module lives in bench/serve/)
 PEER_SETTINGS = {"vllm": {"default": {"VLLM_PEER_CORES": "default"}, "all": {"VLLM_PEER_CORES": "all"}}}
 SETUPS = {"colocated": {"gateway": 1, "worker": 1}, "cluster": {"gateway": 1, "prefill": 1, "decode": 1}}
 
@@ -353,7 +354,7 @@ def _run_pdrelay(setup: str, spec: CompareSpec, model_dir: Path, tmp: Path, **kw
 def _run_peer(setting: str, spec: CompareSpec, model_dir: Path, **kw: Any) -> dict[str, dict[str, Any]]:
     from bench.serve.peer import PeerProcess
 
-    script = Path(__file__).resolve().parent / PEERS[spec.peer]
+    script = BENCH_DIR / PEERS[spec.peer]
     env = {f"{spec.peer.upper()}_PYTHON": spec.peer_python, **PEER_SETTINGS[spec.peer][setting]}
     assigns = " ".join(f"{k}={shlex.quote(v)}" for k, v in env.items())
     cmd = f"{assigns} exec {shlex.quote(str(script))} {{port}} {{pid_file}} {shlex.quote(str(model_dir))}"

@@ -192,3 +192,13 @@ def test_control_plane_commands_fail_in_one_line_on_bad_urls(argv: tuple[str, ..
     assert proc.returncode in (1, 2), proc.stderr
     # (the bus client may log its reconnect attempt first)
     assert "Traceback" not in proc.stderr and proc.stderr.strip().splitlines()[-1].startswith("pdrelay "), proc.stderr
+
+
+def test_every_peer_start_script_exists_and_is_executable() -> None:
+    import os
+
+    from bench.serve.compare import BENCH_DIR, PEERS
+
+    for peer, script in PEERS.items():
+        path = BENCH_DIR / script
+        assert path.is_file() and os.access(path, os.X_OK), f"{peer}: {path}"
