@@ -134,7 +134,8 @@ class EngineService(Service):
 
     # ---- warm-up -----------------------------------------------------------------------------------------------
     def build_engine(self) -> Engine:
-        """Runs in a worker thread: loading weights takes seconds and must not block the event loop."""
+        """Runs on the engine thread (AsyncEngine.build): loading weights takes seconds and must not block the
+        event loop."""
         if self.cfg.engine.engine == "mock":
             from shared.engine.mock import build_mock_engine
 
@@ -143,7 +144,7 @@ class EngineService(Service):
 
     def build_vision(self, engine: Engine) -> LocalVision | None:
         """The vision tower of a vision-language model: the worker and prefill encode with it (prefill when no
-        encoder answers), decode when it prefills a prompt itself (no prefill target). Runs in a worker thread."""
+        encoder answers), decode when it prefills a prompt itself (no prefill target). Runs on the engine thread."""
         runner = engine.runner
         if getattr(runner, "llava", None) is None:
             return None
@@ -158,9 +159,11 @@ class EngineService(Service):
 
     async def warm_up(self) -> None:
         t0 = time.monotonic()
-        self.engine = await asyncio.to_thread(self.build_engine)
-        self.vision = await asyncio.to_thread(self.build_vision, self.engine)
-        self.aengine = AsyncEngine(self.engine)
+        # built on the engine thread, which then runs every torch op of the engine (one OpenMP team: async_engine)
+        self.aengine = await AsyncEngine.build(self.build_engine)
+        self.engine = self.aengine.engine
+        engine = self.engine
+        self.vision = await self.aengine.call(lambda: self.build_vision(engine))
         assert self.bus is not None  # connected in start(), before the engine
         self._kv_pub = KVEventPublisher(
             self.bus, self.cluster, self.instance_id, epoch=self.epoch, page_size=self.engine.page_size

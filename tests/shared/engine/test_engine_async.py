@@ -206,3 +206,30 @@ async def test_coalescing_keeps_the_samples_of_one_queue_apart() -> None:
         ("b", (5,), False),
     ]  # never merged into a finished delta
     assert q.empty()
+
+
+async def test_build_makes_the_engine_on_the_engine_thread_and_serves_from_it() -> None:
+    # One thread runs every torch op of the engine, loading included (one OpenMP team: see async_engine)
+    built_on: list[str] = []
+
+    def factory() -> Engine:
+        import threading
+
+        built_on.append(threading.current_thread().name)
+        return Engine(SlowRunner(64, P), cache=CacheConfig(page_size=P), scheduler=SchedulerConfig())
+
+    ae = await AsyncEngine.build(factory)
+    try:
+        assert built_on == ["pdrelay-engine"] and ae.engine is not None
+        outs = await collect(ae, "b", [5, 6], greedy(4))
+        assert [x for o in outs for x in o.new_token_ids] == reference_greedy([5, 6], 4)
+    finally:
+        ae.shutdown()
+
+
+async def test_build_raises_what_the_factory_raised_and_ends_the_thread() -> None:
+    def factory() -> Engine:
+        raise FileNotFoundError("no weights in /nowhere")
+
+    with pytest.raises(FileNotFoundError, match="no weights"):
+        await AsyncEngine.build(factory)
