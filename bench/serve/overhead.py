@@ -55,19 +55,25 @@ def run(ns: argparse.Namespace) -> int:
     model_dir = resolve_model_path(ns.model or DEFAULT_MODEL)
     ns.model = None  # the served name comes from GET /v1/models
     tok = BenchTokenizer.from_dir(Path(model_dir))
-    reqs = random_dataset(
-        tok,
-        num_prompts=ns.num_prompts,
-        input_len=ns.random_input_len,
-        output_len=ns.random_output_len,
-        seed=ns.seed,
-        range_ratio=ns.random_range_ratio,
-        token_ids=ns.random_prompt_format == "ids",
-    )
+
+    def workload(seed: int) -> tuple[list[Any], tuple[tuple[tuple[int, ...], int], ...]]:
+        """The seeded requests (for HTTP) and the same prompts as ids (for the in-process engine)."""
+        reqs = random_dataset(
+            tok,
+            num_prompts=ns.num_prompts,
+            input_len=ns.random_input_len,
+            output_len=ns.random_output_len,
+            seed=seed,
+            range_ratio=ns.random_range_ratio,
+            token_ids=ns.random_prompt_format == "ids",
+        )
+        ids = tuple(
+            (tuple(tok.encode(r.prompt)) if isinstance(r.prompt, str) else tuple(r.prompt), r.output_len) for r in reqs
+        )
+        return reqs, ids
+
     name = f"random {ns.random_input_len}/{ns.random_output_len} range {ns.random_range_ratio:g}"
-    ids = tuple(
-        (tuple(tok.encode(r.prompt)) if isinstance(r.prompt, str) else tuple(r.prompt), r.output_len) for r in reqs
-    )
+    _, warm_ids = workload(ns.seed + 1000)
     conc = ns.max_concurrency or ns.num_prompts
     rounds: list[dict[str, Any]] = []
     with tempfile.TemporaryDirectory(prefix="pdrelay-bench-overhead-") as tmp:
@@ -98,9 +104,11 @@ def run(ns: argparse.Namespace) -> int:
             cfg = resolve("worker", ["--model", str(model_dir)], env={}, ctx=PassContext(exclusive_host=True))
             engine = Engine.from_config(cfg)
             try:
-                warm = EngineWorkload("warm", conc, ids[: max(1, ns.num_warmups)])
+                warm = EngineWorkload("warm", conc, warm_ids[: max(1, ns.num_warmups)])
                 run_engine(engine, _NullMeter(), warm, "warm")
                 for r in range(ns.repeat):
+                    # new prompts every round: a repeated one would be served from both engines' prefix caches
+                    reqs, ids = workload(ns.seed + r)
                     res = run_engine(engine, _NullMeter(), EngineWorkload(name, conc, ids), f"r{r}")
                     served = _measure_all(
                         "pdrelay-colocated",

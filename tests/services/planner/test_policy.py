@@ -132,6 +132,17 @@ def test_a_blocked_scale_up_takes_the_budget_from_a_calm_role() -> None:
     assert sum(p.target for p in plans.values()) <= 6
 
 
+def test_a_donor_keeps_its_headroom_even_for_a_breach() -> None:
+    # decode: 16 streams at 10 ms + 5 ms per request; one instance would run ~80 ms, inside the 100 ms target but
+    # not calm (over 70 % of the headroom): a donor cut to its target breaches as soon as its own load returns
+    mem = {P: RoleMemory(), D: RoleMemory()}
+    mem[D].learned.itl_points.extend([(1.0, 0.015), (8.0, 0.050)])
+    views = {P: prefill(1, 30000), D: decode(4, 16, 20.0)}
+    plans = {p.role: p for p in decide(views, mem, limits(budget=4), 100)}  # prefill wants 3 of the 4
+    assert plans[D].action == Action.SCALE_DOWN and plans[D].target == 2
+    assert plans[P].action == Action.SCALE_UP and plans[P].target == 2
+
+
 def test_missing_load_reports_are_not_read_as_idle() -> None:
     view = prefill(3, 0, busy=0.1)
     silent = RoleView(P, 3, view.loads[:1], ready=3)  # two ready instances did not report lately
