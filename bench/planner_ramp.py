@@ -24,16 +24,27 @@ from pathlib import Path
 
 from bench.scale_cluster import MockCluster, Phase, pdrelay, poisson_load
 
-# short prompts, long answers (decode-heavy: ~1 prefill + 3-4 decode) -> long prompts, short answers (prefill-heavy:
-# ~5 prefill + 1 decode) -> back. With a budget of 6 no fixed split serves both halves. Rates are for engines at
-# the table's speed (--speedup 1); --speedup S multiplies them by S and divides the targets by S (the same ramp,
-# time-compressed: fewer, heavier requests at S = 1 keep the client and the gateway off a shared box's limits).
-DEFAULT_RAMP = (
-    Phase(15, 0.5, 32, 96, rate_end=4.0),
-    Phase(25, 5.0, 32, 96),
-    Phase(30, 2.0, 768, 8),
-    Phase(20, 5.0, 32, 96, rate_end=0.5),
-)
+# Short prompts with long answers (decode-heavy: ~1 prefill + 5 decode) -> long prompts with short answers
+# (prefill-heavy: ~4 prefill + 1-2 decode) -> back, each phase lasting long enough (30-60 s, three minutes in all)
+# for a scale-up to pay for the ~5 s an instance takes to start on two cores: with a budget of 6 no fixed split
+# serves both halves. Rates are for engines at the table's speed (--speedup 1); --speedup S multiplies them by S
+# and divides the targets by S (the same ramp, time-compressed).
+RAMPS = {
+    "minutes": (
+        Phase(30, 0.5, 32, 96, rate_end=5.0),
+        Phase(45, 5.0, 32, 96),
+        Phase(60, 1.2, 768, 8),
+        Phase(45, 5.0, 32, 96, rate_end=0.5),
+    ),
+    # the first, 90-second ramp: its long-prompt phase (2 req/s of 768 tokens, ~1.5k prompt tokens a second)
+    # needs more prefill than the whole budget, so no split serves it and every shift costs a quarter of a phase
+    "short": (
+        Phase(15, 0.5, 32, 96, rate_end=4.0),
+        Phase(25, 5.0, 32, 96),
+        Phase(30, 2.0, 768, 8),
+        Phase(20, 5.0, 32, 96, rate_end=0.5),
+    ),
+}
 
 
 def compressed(ramp: Sequence[Phase], speedup: float) -> tuple[Phase, ...]:
@@ -87,6 +98,7 @@ def run_planner(
             for d in decisions
         ],
         "reaction_intervals": reaction_intervals(res, decisions, t0, interval_s, ttft_ms, itl_ms),
+        "window_reaction_intervals": window_reaction_intervals(res, decisions, t0, interval_s, ttft_ms, itl_ms),
         "t0_unix": t0,
         "requests_detail": [(round(at, 3), r.success, round(r.ttft_s, 4), round(r.tpot_s, 5)) for at, r in res],
         "sizes": inst.samples,
@@ -264,17 +276,7 @@ def reaction_intervals(
             if r.success and (r.ttft_s * 1e3 > ttft_ms if role == "prefill" else r.tpot_s * 1e3 > itl_ms)
         )
         mine = sorted((d for d in decisions if d["role"] == role), key=lambda d: d["ts"])
-        acting = [
-            (
-                d["ts"] - t0_unix,
-                d["action"] == "scale_up"
-                or (
-                    d["action"] == "hold"
-                    and any(w in d["reason"] for w in ("> target", "wait for admission", "busy", "KV pages"))
-                ),
-            )
-            for d in mine
-        ]
+        acting = _acting(decisions, role, t0_unix)
         ups = [t for t, _ in acting if t in {d["ts"] - t0_unix for d in mine if d["action"] == "scale_up"}]
         worst: float | None = None
         for t in late:
@@ -295,6 +297,60 @@ def reaction_intervals(
             if first is not None:
                 worst_up = max(worst_up or 0.0, (u - first) / interval_s)
         out[f"{role}_scale_up"] = worst_up
+    return out
+
+
+def _acting(decisions, role: str, t0_unix: float) -> list[tuple[float, bool]]:  # type: ignore[no-untyped-def]
+    """(seconds into the run, whether the planner is acting on a breach of `role` from then on) per decision."""
+    mine = sorted((d for d in decisions if d["role"] == role), key=lambda d: d["ts"])
+    return [
+        (
+            d["ts"] - t0_unix,
+            d["action"] == "scale_up" or (d["action"] == "hold" and any(w in d["reason"] for w in ACTING_WORDS)),
+        )
+        for d in mine
+    ]
+
+
+ACTING_WORDS = ("> target", "wait for admission", "busy", "KV pages")
+
+
+def window_reaction_intervals(
+    results,  # type: ignore[no-untyped-def]
+    decisions,
+    t0_unix: float,
+    interval_s: float,
+    ttft_ms: float,
+    itl_ms: float,
+) -> dict[str, float | None]:
+    """Per role, worst case, in evaluation intervals, from the moment an interval's clients were late on average
+    to the planner acting on it (the aggregate an SLA planner such as Dynamo's acts on, where
+    `reaction_intervals` takes every request alone). An interval is late when the mean TTFT of the requests that
+    arrived in it (prefill), or the mean TPOT of those whose first token came in it (decode), breaks the target;
+    it is observable at its end plus the target (prefill) or two ITL targets (decode)."""
+    out: dict[str, float | None] = {}
+    for role in ("prefill", "decode"):
+        target = (ttft_ms if role == "prefill" else itl_ms) / 1e3
+        windows: dict[int, list[float]] = {}
+        for at, r in results:
+            if r.success:
+                key = int((at if role == "prefill" else at + r.ttft_s) // interval_s)
+                windows.setdefault(key, []).append(r.ttft_s if role == "prefill" else r.tpot_s)
+        acting = _acting(decisions, role, t0_unix)
+        worst: float | None = None
+        for k in sorted(windows):
+            if sum(windows[k]) / len(windows[k]) <= target:
+                continue
+            seen = (k + 1) * interval_s + (target if role == "prefill" else 2 * target)
+            if next((a for ts, a in reversed(acting) if ts <= seen), False):
+                r_ = 0.0
+            else:
+                nxt = next((ts for ts, a in acting if ts > seen and a), None)
+                if nxt is None:
+                    continue  # the run ended first
+                r_ = (nxt - seen) / interval_s
+            worst = r_ if worst is None else max(worst, r_)
+        out[role] = worst
     return out
 
 
@@ -319,6 +375,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--interval-s", type=float, default=2.0, help="the planner's --evaluation-interval-s")
     p.add_argument("--max-scale-step", type=int, default=4, help="the planner's --max-scale-step")
     p.add_argument("--seed", type=int, default=7)
+    p.add_argument("--ramp", choices=sorted(RAMPS), default="minutes", help="the load ramp (see RAMPS)")
     p.add_argument("--quick", action="store_true", help="a 20 s ramp and one split (checks the harness)")
     p.add_argument("--planner-only", action="store_true", help="only the planner's run (no fixed splits, no ratios)")
     p.add_argument("--run-dir", default="/tmp/pdrelay-planner-ramp")
@@ -332,7 +389,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if ns.smoke_real:
         return smoke(ns)
     ns.ttft_ms, ns.itl_ms = ns.ttft_ms / ns.speedup, ns.itl_ms / ns.speedup
-    ramp = compressed(DEFAULT_RAMP, ns.speedup)
+    ramp = compressed(RAMPS[ns.ramp], ns.speedup)
     ramp = ramp if not ns.quick else tuple(Phase(5, p.rate, p.isl, p.osl, p.rate_end) for p in ramp)
     splits = [int(x) for x in ns.splits.split(",")] if not ns.quick else [ns.budget // 2]
     run_dir = Path(ns.run_dir)
@@ -341,6 +398,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     cluster = MockCluster(run_dir, "--prefill", "1", "--decode", "1", *engine_flags)
     report: dict = {
         "budget": ns.budget,
+        "ramp_name": ns.ramp,
         "speedup": ns.speedup,
         "ttft_ms": ns.ttft_ms,
         "itl_ms": ns.itl_ms,
@@ -407,7 +465,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             print(
                 f"  t={d['t']:6.1f}s {d['role']:8} {d['action']:10} {d['current']}->{d['target']}  {d['reason'][:150]}"
             )
-        print("reaction (evaluation intervals):", runs["planner"]["reaction_intervals"])
+        print("reaction (evaluation intervals), per request:", runs["planner"]["reaction_intervals"])
+        print("reaction (evaluation intervals), per interval:", runs["planner"]["window_reaction_intervals"])
     finally:
         cluster.down()
     if ns.out:

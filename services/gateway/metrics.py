@@ -47,11 +47,28 @@ class GatewayMetrics:
             registry=r,
         )
         self.prompt_tokens = Counter("pdrelay:prompt_tokens", "Prompt tokens of served requests", registry=r)
+        # counted when a request arrives (the counters above when it ends): the planner's forecast reads the mix
+        # of the traffic coming in, not of what finished a request's lifetime ago
+        self.admitted = Counter("pdrelay:admitted_requests", "Generation requests admitted", registry=r)
+        self.admitted_prompt_tokens = Counter(
+            "pdrelay:admitted_prompt_tokens", "Prompt tokens of admitted generation requests", registry=r
+        )
         self.generation_tokens = Counter(
             "pdrelay:generation_tokens", "Tokens generated for served requests", registry=r
         )
         # labels() costs a few microseconds per call; the set of (endpoint, status) pairs is small.
         self._children: dict[tuple[str, int], Counter] = {}
+
+    def started(self, prompt_tokens: int) -> None:
+        """A generation request begins (both front doors)."""
+        self.in_flight.inc()
+        self.admitted.inc()
+        self.admitted_prompt_tokens.inc(prompt_tokens)
+
+    def ended(self, prompt_tokens: int, generated: int) -> None:
+        self.in_flight.dec()
+        self.prompt_tokens.inc(prompt_tokens)
+        self.generation_tokens.inc(generated)
 
     def count_request(self, endpoint: str, status: int) -> None:
         key = (endpoint, status)

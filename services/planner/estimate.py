@@ -65,18 +65,28 @@ class Estimate:
     numbers: dict[str, float] = field(default_factory=dict)
     at: Callable[[int], float | None] = lambda m: None  # the estimate with m instances (None: unknown)
     floor_s: float = 0.0  # what no number of instances goes below (one step; decode's step at batch 0)
+    load: float = 0.0  # what the estimate scales with: decode's requests, prefill's pending prompt tokens
+    at_load: Callable[[int, float], float | None] = lambda m, load: None  # with m instances and that load
 
-    def calm(self, m: int, target_s: float, hysteresis: float) -> bool:
-        """With m instances the estimate stays `hysteresis` of the headroom (target - floor) under the target:
-        a floor close to the target (a slow step) still leaves room to scale down."""
-        got = self.at(m)
+    def calm(self, m: int, target_s: float, hysteresis: float, load: float | None = None) -> bool:
+        """With m instances (and `load` instead of the present one) the estimate stays `hysteresis` of the
+        headroom (target - floor) under the target: a floor close to the target (a slow step) still leaves room
+        to scale down."""
+        got = self.at(m) if load is None or load <= self.load else self.at_load(m, load)
         if got is None:
             return False
         floor = min(self.floor_s, target_s)
         return got <= floor + (target_s - floor) * (1 - hysteresis)
 
 
-def estimate_prefill(loads: tuple[InstanceLoad, ...], n: int, learned: Learned, target_s: float) -> Estimate:
+def estimate_prefill(
+    loads: tuple[InstanceLoad, ...],
+    n: int,
+    learned: Learned,
+    target_s: float,
+    client_ttft_s: float | None = None,
+) -> Estimate:
+    """client_ttft_s: the mean TTFT the gateways saw over the last interval (None: unknown)."""
     rates = [x.compute_tokens_per_s for x in loads if x.compute_tokens_per_s > 0]
     if rates:
         mean = sum(rates) / len(rates)
@@ -95,16 +105,26 @@ def estimate_prefill(loads: tuple[InstanceLoad, ...], n: int, learned: Learned, 
         "busy_instances": util,
     }
 
-    def ttft(m: int) -> float | None:
+    def ttft_at(m: int, tokens: float) -> float | None:
         if not rate:
             return None
-        return pending / (max(m, 1) * rate) + base
+        return tokens / (max(m, 1) * rate) + base
+
+    def ttft(m: int) -> float | None:
+        return ttft_at(m, pending)
 
     needed = max(1, math.ceil(util / UTIL_HIGH)) if util else 0
     if rate and pending:
         room = max(target_s - base, 0.1 * target_s)
         needed = max(needed, math.ceil(pending / (rate * room)))
     now, fewer = ttft(n), (ttft(n - 1) if n > 1 else None)
+    if client_ttft_s is not None:
+        numbers["client_ttft_ms"] = client_ttft_s * 1e3
+        # what the clients waited counts when prompts are waiting at prefill (else the wait was elsewhere: a
+        # decode admission, a hop): measured on the load ramp, a burst at the pool's maximum kept the model's
+        # estimate within the target for 5 s while the clients' TTFT was over it
+        if pending and now is not None:
+            now = max(now, client_ttft_s)
     pressure = ""
     if n and util / n > UTIL_HIGH:
         pressure = f"prefill busy {util / n:.0%} of the time (> {UTIL_HIGH:.0%})"
@@ -114,7 +134,7 @@ def estimate_prefill(loads: tuple[InstanceLoad, ...], n: int, learned: Learned, 
         numbers["est_ttft_ms"] = now * 1e3
     if fewer is not None:
         numbers["est_ttft_fewer_ms"] = fewer * 1e3
-    return Estimate(now, fewer, needed, util, pressure, numbers, ttft, base)
+    return Estimate(now, fewer, needed, util, pressure, numbers, ttft, base, float(pending), ttft_at)
 
 
 def _line(points: deque[tuple[float, float]]) -> tuple[float, float] | None:
@@ -162,10 +182,13 @@ def estimate_decode(
     if measured is not None:
         numbers["measured_itl_ms"] = measured * 1e3
 
-    def itl(m: int) -> float | None:
+    def itl_at(m: int, requests: float) -> float | None:
         if line is None or m < 1:
             return None
-        return corr * (line[0] + line[1] * demand / m)
+        return corr * (line[0] + line[1] * requests / m)
+
+    def itl(m: int) -> float | None:
+        return itl_at(m, demand)
 
     if line is not None:
         numbers["itl_fit_base_ms"], numbers["itl_fit_per_request_ms"] = line[0] * 1e3, line[1] * 1e3
@@ -195,4 +218,4 @@ def estimate_decode(
         return itl(m) if line is not None else (measured if not demand and m >= 1 else None)
 
     floor = corr * line[0] if line is not None else (measured or 0.0)
-    return Estimate(now, fewer, max(1, needed), util, pressure, numbers, itl_or_idle, floor)
+    return Estimate(now, fewer, max(1, needed), util, pressure, numbers, itl_or_idle, floor, float(demand), itl_at)

@@ -137,7 +137,10 @@ class Forecaster:
     """Holt series of arrival rate, prompt and answer length; `forecast()` sizes both roles `horizon` ahead."""
 
     def __init__(self) -> None:
-        self.rate, self.isl, self.osl, self.streams = Holt(), Holt(), Holt(), Holt()
+        # lengths are smoothed without a trend: a shift of the mix (long prompts to short) read on its trend
+        # overshoots below the new length (to 0 tokens, measured on the load ramp) for several intervals
+        self.rate, self.streams = Holt(), Holt()
+        self.isl, self.osl = Holt(beta=0.0), Holt(beta=0.0)
         self.samples = 0
         self.streams_now = 0.0
 

@@ -16,13 +16,14 @@
                 more instances for scales up before its target breaks (same bounds, cooldown and budget; it yields
                 the budget to a measured breach), and no role scales down below what the forecast needs
 
-Pure: `decide(views, memory, limits, now)` returns decisions and touches nothing but `memory.learned` (and
-the forecaster it is given).
+Pure: `decide(views, memory, limits, now)` returns decisions and touches nothing but `memory` (what estimation
+learned, the recent loads) and the forecaster it is given.
 """
 
 from __future__ import annotations
 
 import enum
+from collections import deque
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
@@ -98,6 +99,7 @@ class RoleMemory:
     failures: int = 0
     retry_at: float = float("-inf")
     learned: Learned = field(default_factory=Learned)
+    loads: deque[tuple[float, float]] = field(default_factory=deque)  # (when, Estimate.load) of recent evaluations
 
 
 @dataclass(frozen=True)
@@ -122,18 +124,22 @@ FORECAST_SEVERITY = 1.0
 @dataclass(frozen=True)
 class Outlook:
     """The throughput mode's inputs: the forecaster (updated by the caller with the last traffic sample), how far
-    ahead to size (how long a new instance takes to serve), and the client-visible ITL of the last interval."""
+    ahead to size (how long a new instance takes to serve), and the client-visible ITL and TTFT of the last
+    interval."""
 
     forecaster: Forecaster
     horizon_s: float
     interval_s: float
     client_itl_s: float | None = None
+    client_ttft_s: float | None = None
 
 
-def _estimate(view: RoleView, mem: RoleMemory, limits: Limits, client_itl_s: float | None = None) -> Estimate:
+def _estimate(view: RoleView, mem: RoleMemory, limits: Limits, outlook: Outlook | None = None) -> Estimate:
     if view.role == ScaledRole.PREFILL:
-        return estimate_prefill(view.loads, view.current, mem.learned, limits.ttft_target_s)
-    return estimate_decode(view.loads, view.current, mem.learned, limits.itl_target_s, limits.hysteresis, client_itl_s)
+        ttft = outlook.client_ttft_s if outlook is not None else None
+        return estimate_prefill(view.loads, view.current, mem.learned, limits.ttft_target_s, ttft)
+    itl = outlook.client_itl_s if outlook is not None else None
+    return estimate_decode(view.loads, view.current, mem.learned, limits.itl_target_s, limits.hysteresis, itl)
 
 
 def forecast_for(outlook: Outlook, memory: dict[ScaledRole, RoleMemory], limits: Limits) -> Forecast | None:
@@ -209,8 +215,15 @@ def plan_role(
             f"(now: {_now_text(est, role, target)})",
             severity=FORECAST_SEVERITY,
         )
+    # The load a scale-down must carry is the peak of the last scale-down cooldown, not the present one (like
+    # Kubernetes' downscale stabilization window): measured on the load ramp at a steady 5 req/s, decode drained
+    # 5 -> 4 -> 3 on momentary dips of its streams and breached ITL until it had scaled back up.
+    mem.loads.append((now, est.load))
+    while mem.loads and mem.loads[0][0] < now - limits.scale_down_cooldown_s:
+        mem.loads.popleft()
+    peak = max(x for _, x in mem.loads)
     if n > max(lo, 1) and est.fewer_s is not None and n > max(est.needed, ahead):
-        calm = est.calm(n - 1, target, limits.hysteresis)
+        calm = est.calm(n - 1, target, limits.hysteresis, peak)
         # A decode instance is "busy" whenever it holds one request: its ITL says more than its busy share.
         idle = role == ScaledRole.DECODE or est.util / (n - 1) <= limits.idle_threshold
         if calm and idle:
@@ -237,7 +250,8 @@ def plan_role(
             return plan(
                 Action.SCALE_DOWN,
                 n - 1,
-                f"with {n - 1} instances the estimated {_what(role)} is {est.fewer_s * 1e3:.0f} ms, "
+                f"with {n - 1} instances the estimated {_what(role)} is {est.fewer_s * 1e3:.0f} ms"
+                f"{_at_peak(est, n - 1, peak, limits.scale_down_cooldown_s)}, "
                 f"{limits.hysteresis:.0%} of the headroom under the target{busy}: draining "
                 f"{', '.join(drain) or 'one'}",
                 drain=drain,
@@ -245,6 +259,11 @@ def plan_role(
     if est.now_s is None:
         return plan(Action.HOLD, n, f"no {_what(role)} measurement yet")
     return plan(Action.HOLD, n, f"estimated {_what(role)} {est.now_s * 1e3:.0f} ms within target {target * 1e3:.0f} ms")
+
+
+def _at_peak(est: Estimate, m: int, peak: float, window_s: float) -> str:
+    got = est.at_load(m, peak) if peak > est.load else None
+    return "" if got is None else f" ({got * 1e3:.0f} ms at the peak load of the last {window_s:.0f} s)"
 
 
 def _now_text(est: Estimate, role: ScaledRole, target: float) -> str:
@@ -259,24 +278,35 @@ def _idlest(loads: tuple[InstanceLoad, ...], k: int) -> tuple[str, ...]:
 
 
 def _rebalance(up: Plan, donor: Plan, limits: Limits, want: int) -> Plan | None:
-    """The budget blocks `up` by `want` instances: take up to that many from `donor` if it stays calm without them
-    (Estimate.calm: under (1 - hysteresis) of its headroom). No cooldown: the budget moves to where the load is."""
+    """The budget blocks `up` by `want` instances: take up to that many from `donor` if it can spare them. No
+    cooldown: the budget moves to where the load is.
+
+    The donor never goes below what its own forecast needs (its load coming back). For a forecast, it gives only
+    what leaves it calm (Estimate.calm: under (1 - hysteresis) of its headroom), for a measured breach whatever
+    leaves it within its target: a stream that breaks its ITL now is lost for sure, a donor at its target is not."""
     est, target = donor.estimate, limits.target_s(donor.role)
     if est is None or donor.action not in (Action.HOLD, Action.SCALE_DOWN):
         return None
     lo, n = max(limits.min_count[donor.role], 1), donor.current
+    # Measured on the load ramp (bench/RESULTS.md, "Planner"): without its forecast as a floor, two forecasts
+    # that each needed more than the budget traded one instance back and forth (decode 5 -> 4 -> 5 and prefill
+    # 1 -> 2 -> 1 three times in 15 s, every swap a drain and a start); a donor held to "calm" when the other role
+    # breached left decode at one instance for 4 s of breaching streams while prefill's backlog was within target.
+    lo = max(lo, int(donor.numbers.get("forecast_needed", 0)))
+    measured = up.severity > FORECAST_SEVERITY
     already = n - donor.target  # a donor scaling down on its own gives that much anyway
     want += already
     give = 0
-    # The donor keeps the headroom of an idle scale-down even when the other role breaks its target: a donor cut
-    # to its target has no room for its own load to come back. Measured on the load ramp (bench/RESULTS.md,
-    # "Planner"): decode cut 4 -> 1 at an estimated 70 of 80 ms for the long prompts breached every stream of the
-    # short prompts that followed, until new instances had started.
     while give < want and n - give - 1 >= lo:
-        if not est.calm(n - give - 1, target, limits.hysteresis):
+        m = n - give - 1
+        if measured:
+            after = est.at(m)
+            if after is None or after > target:
+                break
+        elif not est.calm(m, target, limits.hysteresis):
             break
-        if donor.role == ScaledRole.PREFILL and est.util / (n - give - 1) > limits.idle_threshold:
-            break
+        elif donor.role == ScaledRole.PREFILL and est.util / m > limits.idle_threshold:
+            break  # (for a measured breach the estimate within the target already counts the pending prompts)
         give += 1
     if give <= already:
         return None
@@ -308,10 +338,9 @@ def decide(
     """One evaluation: a plan per role, scale-ups trimmed to the budget (the worse breach first); a scale-up the
     budget blocks takes instances from the other role when that one can spare them. With an outlook, the
     forecast (sized with this evaluation's fitted capacities) scales roles up ahead of the load."""
-    itl = outlook.client_itl_s if outlook is not None else None
     if outlook is not None and ScaledRole.DECODE in views:
         outlook.forecaster.update_streams(float(sum(x.running + x.queued for x in views[ScaledRole.DECODE].loads)))
-    ests = {role: _estimate(view, memory[role], limits, itl) for role, view in views.items()}
+    ests = {role: _estimate(view, memory[role], limits, outlook) for role, view in views.items()}
     fc = forecast_for(outlook, memory, limits) if outlook is not None and len(memory) == len(ScaledRole) else None
     plans = {role: plan_role(view, memory[role], limits, now, ests[role], fc) for role, view in views.items()}
     # a role scaling down frees its instances for the other one in the same evaluation

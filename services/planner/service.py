@@ -196,7 +196,7 @@ class PlannerService(Service):
         if sample is None:
             return None
         self.forecaster.update(sample)
-        return Outlook(self.forecaster, self.start_s, self.pcfg.evaluation_interval_s, sample.itl_s)
+        return Outlook(self.forecaster, self.start_s, self.pcfg.evaluation_interval_s, sample.itl_s, sample.ttft_s)
 
     def _views(self, now: float) -> tuple[dict[ScaledRole, RoleView], list[Plan]]:
         assert self.members is not None

@@ -3,7 +3,9 @@ the change of its counters since the last scrape into one TrafficSample.
 
     arrivals        finished generation requests + change of the in-flight gauge (requests are counted when they
                     end; in flight + finished counts them when they arrive, which a backlog would otherwise hide)
-    prompt/answer   prompt and generated tokens of the requests that finished, per request
+    prompt          prompt tokens of the requests admitted, per request (of those that finished from a gateway
+                    without the admission counters)
+    answer          generated tokens of the requests that finished, per request (unknown before the end)
     ITL             time between token chunks, summed over all streams, per gap (what clients see, including what
                     the engines' step times leave out: hops, queueing in the gateway and in the decode servicer)
 
@@ -40,6 +42,8 @@ class GatewayCounters:
     itl_count: float = 0.0
     ttft_sum: float = 0.0
     ttft_count: float = 0.0
+    admitted: float = 0.0
+    admitted_prompt_tokens: float = 0.0
 
 
 def parse_counters(text: str, at: float) -> GatewayCounters:
@@ -61,6 +65,8 @@ def parse_counters(text: str, at: float) -> GatewayCounters:
         v.get("pdrelay:inter_token_latency_seconds_count", 0.0),
         v.get("pdrelay:time_to_first_token_seconds_sum", 0.0),
         v.get("pdrelay:time_to_first_token_seconds_count", 0.0),
+        v.get("pdrelay:admitted_requests_total", 0.0),
+        v.get("pdrelay:admitted_prompt_tokens_total", 0.0),
     )
 
 
@@ -82,14 +88,22 @@ def sample_between(pairs: list[tuple[GatewayCounters, GatewayCounters]]) -> Traf
             "itl_count",
             "ttft_sum",
             "ttft_count",
+            "admitted",
+            "admitted_prompt_tokens",
         )
     }
     arrivals = max(0.0, d["finished"] + d["in_flight"])
     done = d["finished"]
+    # prompts as they arrive (a gateway that counts admissions); else those of the requests that finished
+    prompt = (
+        d["admitted_prompt_tokens"] / d["admitted"]
+        if d["admitted"] > 0
+        else (d["prompt_tokens"] / done if done > 0 else 0.0)
+    )
     return TrafficSample(
         interval_s=dt,
         arrivals_per_s=arrivals / dt,
-        prompt_tokens=d["prompt_tokens"] / done if done > 0 else 0.0,
+        prompt_tokens=prompt,
         answer_tokens=d["generation_tokens"] / done if done > 0 else 0.0,
         itl_s=d["itl_sum"] / d["itl_count"] if d["itl_count"] > 0 else None,
         ttft_s=d["ttft_sum"] / d["ttft_count"] if d["ttft_count"] > 0 else None,

@@ -298,7 +298,7 @@ class GatewayApi(gateway_pb2_grpc.GatewayServicer):
             metrics=ctx.metrics,
             arrival=arrival,
         )
-        ctx.metrics.in_flight.inc()
+        ctx.metrics.started(gen.num_prompt_tokens)
         first = True
         echo = ctx.tokenizer.decode(breq.prompt_token_ids, skip_special_tokens=False) if plan.echo else ""
         echoed: set[int] = set()  # samples whose stream began with the prompt
@@ -324,9 +324,7 @@ class GatewayApi(gateway_pb2_grpc.GatewayServicer):
                 if gen.finished:  # n > 1: every sample has ended
                     return
         finally:
-            ctx.metrics.in_flight.dec()
-            ctx.metrics.prompt_tokens.inc(gen.num_prompt_tokens)
-            ctx.metrics.generation_tokens.inc(gen.num_generated)
+            ctx.metrics.ended(gen.num_prompt_tokens, gen.num_generated)
             await gen.aclose()  # stop string, error or cancelled RPC: abort the request on the worker
 
     @staticmethod

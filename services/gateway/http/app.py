@@ -448,13 +448,11 @@ class GatewayApp:
             for q in reqs
         ]
         gen: Generation | BatchGeneration = gens[0] if len(gens) == 1 else BatchGeneration(gens, sampling.n)
-        self.metrics.in_flight.inc()
+        self.metrics.started(gen.num_prompt_tokens)
         try:
             await cancel_on_disconnect(self._run(gen, plan, fmt, r), receive)
         finally:
-            self.metrics.in_flight.dec()
-            self.metrics.prompt_tokens.inc(gen.num_prompt_tokens)
-            self.metrics.generation_tokens.inc(gen.num_generated)
+            self.metrics.ended(gen.num_prompt_tokens, gen.num_generated)
             if r.ended and r.status == 200:
                 self.metrics.e2e.observe(time.perf_counter() - arrival)
             if span.is_recording():

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from services.gateway.metrics import GatewayMetrics
-from services.planner.estimate import InstanceLoad, Learned, estimate_decode
+from services.planner.estimate import InstanceLoad, Learned, estimate_decode, estimate_prefill
 from services.planner.forecast import (
     Capacity,
     Forecaster,
@@ -91,6 +91,39 @@ def test_gateway_counters_give_arrivals_lengths_and_client_itl() -> None:
     assert s.itl_s == pytest.approx(0.07)
     assert sample_between([]) is None
     assert sample_between([(GatewayCounters(at=5.0), GatewayCounters(at=5.0))]) is None
+
+
+def test_prompt_lengths_are_read_as_requests_arrive() -> None:
+    m = GatewayMetrics()
+    before = parse_counters(m.render().decode(), at=10.0)
+    for _ in range(4):  # long prompts finish while short ones arrive: the forecast wants the arriving mix
+        m.started(32)
+    for _ in range(2):
+        m.count_request("/v1/completions", 200)
+        m.prompt_tokens.inc(768)
+        m.generation_tokens.inc(8)
+    s = sample_between([(before, parse_counters(m.render().decode(), at=12.0))])
+    assert s is not None and s.prompt_tokens == 32.0 and s.answer_tokens == 8.0
+    f = ramp_samples([2.0] * 5, 768, 8)
+    for _ in range(3):
+        f.update(TrafficSample(interval_s=2.0, arrivals_per_s=5.0, prompt_tokens=32, answer_tokens=8))
+    fc = f.forecast(4.0, 2.0, Capacity(400.0, (0.05, 0.002)), 0.068)
+    # smoothed without a trend: on its way down from 768 to 32 tokens, never below the new length
+    assert fc is not None and 32 <= fc.prompt_tokens < 768 * 0.2
+
+
+def test_client_ttft_counts_when_prompts_wait_at_prefill() -> None:
+    waiting = tuple(
+        InstanceLoad(f"p{i}", pending_prefill_tokens=800, compute_tokens_per_s=400.0, busy=0.9, step_ms=100.0)
+        for i in range(5)
+    )
+    model = estimate_prefill(waiting, 5, Learned(), 3.0)
+    assert model.now_s == pytest.approx(2.1)  # 4000 tokens / (5 x 400 tok/s) + one step: within 3 s
+    seen = estimate_prefill(waiting, 5, Learned(), 3.0, client_ttft_s=3.6)
+    assert seen.now_s == pytest.approx(3.6) and seen.numbers["client_ttft_ms"] == pytest.approx(3600)
+    idle = tuple(InstanceLoad(f"p{i}", compute_tokens_per_s=400.0, busy=0.1, step_ms=100.0) for i in range(5))
+    # nothing waits at prefill: a slow first token was someone else's (decode admission, a hop)
+    assert estimate_prefill(idle, 5, Learned(), 3.0, client_ttft_s=3.6).now_s == pytest.approx(0.1)
 
 
 def test_client_itl_corrects_the_decode_estimate() -> None:
