@@ -278,18 +278,7 @@ def reaction_intervals(
         mine = sorted((d for d in decisions if d["role"] == role), key=lambda d: d["ts"])
         acting = _acting(decisions, role, t0_unix)
         ups = [t for t, _ in acting if t in {d["ts"] - t0_unix for d in mine if d["action"] == "scale_up"}]
-        worst: float | None = None
-        for t in late:
-            state = next((a for ts, a in reversed(acting) if ts <= t), False)
-            if state:
-                r = 0.0
-            else:
-                nxt = next((ts for ts, a in acting if ts > t and a), None)
-                if nxt is None:
-                    continue  # the run ended first
-                r = (nxt - t) / interval_s
-            worst = r if worst is None else max(worst, r)
-        out[role] = worst
+        out[role] = _worst_response(late, acting, interval_s)
         worst_up = None
         for i, u in enumerate(ups):
             prev = ups[i - 1] if i else float("-inf")
@@ -315,6 +304,22 @@ def _acting(decisions, role: str, t0_unix: float) -> list[tuple[float, bool]]:  
 ACTING_WORDS = ("> target", "wait for admission", "busy", "KV pages")
 
 
+def _worst_response(late: Sequence[float], acting: list[tuple[float, bool]], interval_s: float) -> float | None:
+    """The longest wait, in intervals, from a moment of `late` to the planner acting (0 if it already was);
+    None when nothing was late (or the run ended before any response)."""
+    worst: float | None = None
+    for t in late:
+        if next((a for ts, a in reversed(acting) if ts <= t), False):
+            r = 0.0
+        else:
+            nxt = next((ts for ts, a in acting if ts > t and a), None)
+            if nxt is None:
+                continue  # the run ended first
+            r = (nxt - t) / interval_s
+        worst = r if worst is None else max(worst, r)
+    return worst
+
+
 def window_reaction_intervals(
     results,  # type: ignore[no-untyped-def]
     decisions,
@@ -336,21 +341,12 @@ def window_reaction_intervals(
             if r.success:
                 key = int((at if role == "prefill" else at + r.ttft_s) // interval_s)
                 windows.setdefault(key, []).append(r.ttft_s if role == "prefill" else r.tpot_s)
-        acting = _acting(decisions, role, t0_unix)
-        worst: float | None = None
-        for k in sorted(windows):
-            if sum(windows[k]) / len(windows[k]) <= target:
-                continue
-            seen = (k + 1) * interval_s + (target if role == "prefill" else 2 * target)
-            if next((a for ts, a in reversed(acting) if ts <= seen), False):
-                r_ = 0.0
-            else:
-                nxt = next((ts for ts, a in acting if ts > seen and a), None)
-                if nxt is None:
-                    continue  # the run ended first
-                r_ = (nxt - seen) / interval_s
-            worst = r_ if worst is None else max(worst, r_)
-        out[role] = worst
+        seen = [
+            (k + 1) * interval_s + (target if role == "prefill" else 2 * target)
+            for k in sorted(windows)
+            if sum(windows[k]) / len(windows[k]) > target
+        ]
+        out[role] = _worst_response(seen, _acting(decisions, role, t0_unix), interval_s)
     return out
 
 
