@@ -42,6 +42,7 @@ from shared.telemetry import spans
 from shared.telemetry.metrics import CountersCollector, error_label
 from shared.telemetry.service import ServiceTelemetry
 from shared.telemetry.tracing import SpanKind, add_event, current_span, inject, set_error
+from shared.transfer.checksum import PageChecksum
 
 log = logging.getLogger(__name__)
 
@@ -457,7 +458,15 @@ class RemotePrefillClient:
             raise HandoffFailed(why, common_pb2.ERROR_CODE_STALE_EPOCH)
         written = list(res.page_ids[res.skip_tokens // self.aengine.engine.page_size :])
         t_verify = time.monotonic()
-        mine = await asyncio.to_thread(self.transfer.checksum, written)
+        try:
+            algorithm = PageChecksum(resp.checksum_algorithm)
+        except ValueError:
+            raise HandoffFailed(
+                f"prefill {target_id} summed the pages with checksum algorithm {resp.checksum_algorithm}, "
+                "which this decode does not know",
+                common_pb2.ERROR_CODE_CHECKSUM_MISMATCH,
+            ) from None
+        mine = await asyncio.to_thread(self.transfer.checksum, written, algorithm)
         self.telemetry.tracing.record(
             spans.DECODE_VERIFY,
             t_verify,

@@ -29,7 +29,7 @@ from shared.serving.convert import BACKEND_FROM_PB, layout_from_pb, logprob_to_p
 from shared.serving.decode_servicer import local_media
 from shared.serving.engine_service import EngineService
 from shared.serving.faults import Faults
-from shared.serving.handoff import COMPUTED_KEY, Fence, FencingLedger, descs_from_pb, pages_needed
+from shared.serving.handoff import COMPUTED_KEY, HANDOFF_CHECKSUM, Fence, FencingLedger, descs_from_pb, pages_needed
 from shared.serving.kv_transfer import KVTransfer
 from shared.serving.kvstore_client import KVStoreClient, attach_kvstore
 from shared.serving.remote_media import RemoteVision
@@ -351,7 +351,7 @@ class PrefillServicer(worker_pb2_grpc.PrefillServicer):
                 context, common_pb2.ERROR_CODE_TRANSFER_FAILED, f"KV write to decode failed: {e}", instance_id=me
             )
         t_sent = time.monotonic()
-        checksum = await asyncio.to_thread(transfer.checksum, src_pages)
+        checksum = await asyncio.to_thread(transfer.checksum, src_pages, HANDOFF_CHECKSUM)
         self._observe(
             first,
             job.t_start,
@@ -390,7 +390,7 @@ class PrefillServicer(worker_pb2_grpc.PrefillServicer):
             request_id=ticket.request_id,
             epoch=ticket.epoch,
             first_token_id=first.new_token_ids[0],
-            checksum_algorithm=worker_pb2.CHECKSUM_ALGORITHM_CRC32,
+            checksum_algorithm=worker_pb2.ChecksumAlgorithm.Value(f"CHECKSUM_ALGORITHM_{HANDOFF_CHECKSUM.name}"),
             checksum=sent.checksum,
             pages_written=sent.pages,
             bytes_written=sent.nbytes,

@@ -17,6 +17,7 @@ from dataclasses import dataclass
 
 from proto.pdrelay.v1 import common_pb2, worker_pb2
 from shared.modelspec.kv_layout import KVLayout
+from shared.transfer.checksum import PageChecksum
 from shared.transfer.descs import PageDesc
 
 # Remember this many request ids per prefill instance for fencing and idempotent replies.
@@ -24,6 +25,9 @@ _LEDGER_SIZE = 8192
 # Initial metadata a prefill sends once the prompt is computed (only the page write remains): decode gives the rest
 # of the hand-off a short deadline of its own (services/decode/liveness.py).
 COMPUTED_KEY = "pdrelay-prefill-computed"
+# What prefill sums the written pages with (decode checks with the algorithm the answer names): both sides sum
+# every page on the request's TTFT path, and XXH3 does 45 MiB in ~2 ms where CRC-32 took ~17 (bench/RESULTS.md).
+HANDOFF_CHECKSUM = PageChecksum.XXH3_64
 
 
 class EpochClock:

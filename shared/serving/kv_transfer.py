@@ -19,7 +19,7 @@ from shared.serving.convert import BACKEND_TO_PB
 from shared.serving.handoff import paged_descriptors
 from shared.transfer import create_engine
 from shared.transfer.base import TransferEngine, TransferHandle
-from shared.transfer.checksum import checksum_pages
+from shared.transfer.checksum import PageChecksum, checksum_pages
 from shared.transfer.descs import PageDesc, RegionHandle
 from shared.transfer.errors import TransferError, TransferTimeout
 
@@ -123,8 +123,8 @@ class KVTransfer:
             delay = min(0.001, delay + 0.0001)
 
     # ---- both ----------------------------------------------------------------------------------------------------
-    def checksum(self, page_ids: Sequence[int]) -> int:
-        return checksum_pages(self.pool.buffer, page_ids)
+    def checksum(self, page_ids: Sequence[int], algorithm: PageChecksum = PageChecksum.CRC32) -> int:
+        return checksum_pages(self.pool.buffer, page_ids, algorithm)
 
     async def close(self) -> None:
         if self._task is not None:

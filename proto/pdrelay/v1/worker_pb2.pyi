@@ -12,6 +12,7 @@ class ChecksumAlgorithm(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     __slots__ = ()
     CHECKSUM_ALGORITHM_UNSPECIFIED: _ClassVar[ChecksumAlgorithm]
     CHECKSUM_ALGORITHM_CRC32: _ClassVar[ChecksumAlgorithm]
+    CHECKSUM_ALGORITHM_XXH3_64: _ClassVar[ChecksumAlgorithm]
 
 class StorageTier(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     __slots__ = ()
@@ -21,6 +22,7 @@ class StorageTier(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     STORAGE_TIER_PEER: _ClassVar[StorageTier]
 CHECKSUM_ALGORITHM_UNSPECIFIED: ChecksumAlgorithm
 CHECKSUM_ALGORITHM_CRC32: ChecksumAlgorithm
+CHECKSUM_ALGORITHM_XXH3_64: ChecksumAlgorithm
 STORAGE_TIER_UNSPECIFIED: StorageTier
 STORAGE_TIER_DRAM: StorageTier
 STORAGE_TIER_DISK: StorageTier

@@ -16,6 +16,7 @@ from proto.pdrelay.v1 import worker_pb2, worker_pb2_grpc
 from shared.engine.model_runner import ModelRunner
 from shared.engine.sampling_params import SamplingParams
 from shared.serving.convert import layout_to_pb, sampling_to_pb
+from shared.serving.handoff import HANDOFF_CHECKSUM
 from shared.serving.kv_transfer import KVTransfer
 
 PAGE = 16  # the services' default --page-size
@@ -56,7 +57,8 @@ class LocalDecode:
         return t
 
     def checksum(self, page_ids: list[int]) -> int:
-        return self.transfer.checksum(page_ids)
+        """With the algorithm prefill sums a hand-off's pages with."""
+        return self.transfer.checksum(page_ids, HANDOFF_CHECKSUM)
 
     def zero(self, page_ids: list[int]) -> None:
         self.runner.kv.buffer[page_ids] = 0

@@ -36,7 +36,7 @@ async def test_replay_is_idempotent_and_a_stale_epoch_is_refused(pd: BackendClus
         assert r1.request_id == "replayed" and r1.epoch == 1000 and r1.prefill_instance_id == prefill.instance_id
         assert r1.first_token_id == first_ref[0]
         assert r1.pages_written == 3 and r1.bytes_written == 3 * local.runner.layout.page_bytes
-        assert r1.checksum_algorithm == worker_pb2.CHECKSUM_ALGORITHM_CRC32
+        assert r1.checksum_algorithm == worker_pb2.CHECKSUM_ALGORITHM_XXH3_64
         assert r1.checksum == local.checksum(pages), "the pages we hold differ from what prefill wrote"
         # the same ticket again (a network-level retry): the same answer, and nothing is written again
         local.zero(pages)

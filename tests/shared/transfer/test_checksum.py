@@ -1,4 +1,5 @@
-"""Page checksums: equal to CRC-32 of the same bytes computed another way, order-sensitive, dtype-agnostic."""
+"""Page checksums: equal to CRC-32 / XXH3 of the same bytes computed another way, order-sensitive, dtype-agnostic,
+numbered as the proto's ChecksumAlgorithm."""
 
 from __future__ import annotations
 
@@ -7,8 +8,10 @@ import zlib
 
 import pytest
 import torch
+import xxhash
 
-from shared.transfer.checksum import checksum_buffers, checksum_pages
+from proto.pdrelay.v1 import worker_pb2
+from shared.transfer.checksum import PageChecksum, checksum_buffers, checksum_pages
 
 
 def test_matches_crc32_of_the_concatenated_page_bytes() -> None:
@@ -20,13 +23,29 @@ def test_matches_crc32_of_the_concatenated_page_bytes() -> None:
     assert checksum_buffers([pool[p].numpy().tobytes() for p in pages]) == expected
 
 
-def test_detects_swapped_pages_and_single_bit_flips() -> None:
+def test_xxh3_matches_the_hash_of_the_concatenated_page_bytes() -> None:
+    pool = torch.randn(8, 3, 2, 16)
+    pages = [5, 0, 7]
+    expected = xxhash.xxh3_64_intdigest(b"".join(pool[p].numpy().tobytes() for p in pages))
+    assert checksum_pages(pool, pages, PageChecksum.XXH3_64) == expected
+    assert expected != checksum_pages(pool, pages)  # not CRC-32
+
+
+def test_algorithms_are_numbered_as_the_proto() -> None:
+    for a in PageChecksum:
+        assert worker_pb2.ChecksumAlgorithm.Value(f"CHECKSUM_ALGORITHM_{a.name}") == a.value
+    with pytest.raises(ValueError, match="unknown page checksum"):
+        checksum_pages(torch.zeros(2, 8), [0], 7)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("algorithm", list(PageChecksum))
+def test_detects_swapped_pages_and_single_bit_flips(algorithm: PageChecksum) -> None:
     pool = torch.randn(4, 256)
-    base = checksum_pages(pool, [0, 1, 2])
-    assert checksum_pages(pool, [1, 0, 2]) != base
+    base = checksum_pages(pool, [0, 1, 2], algorithm)
+    assert checksum_pages(pool, [1, 0, 2], algorithm) != base
     flipped = pool.clone()
     flipped.view(torch.int32)[2, 17] ^= 1
-    assert checksum_pages(flipped, [0, 1, 2]) != base
+    assert checksum_pages(flipped, [0, 1, 2], algorithm) != base
 
 
 def test_bfloat16_pages() -> None:
