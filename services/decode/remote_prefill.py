@@ -36,7 +36,7 @@ from shared.engine.scheduler.handoff_pages import Reservation
 from shared.serving.convert import layout_to_pb, logprob_from_pb, sampling_to_pb
 from shared.serving.decode_servicer import HandoffFailed
 from shared.serving.faults import Faults
-from shared.serving.handoff import COMPUTED_KEY, EpochClock, accept_response, pages_needed
+from shared.serving.handoff import COMPUTED_KEY, EpochClock, accept_response, checksums_to_pb, pages_needed
 from shared.serving.kv_transfer import KVTransfer
 from shared.telemetry import spans
 from shared.telemetry.metrics import CountersCollector, error_label
@@ -369,6 +369,7 @@ class RemotePrefillClient:
             deadline_s=deadline_s,
             attempt=request.attempt,
             media=request.media,
+            checksums=checksums_to_pb(),
         )
 
     async def _hand_off(

@@ -29,11 +29,19 @@ from shared.serving.convert import BACKEND_FROM_PB, layout_from_pb, logprob_to_p
 from shared.serving.decode_servicer import local_media
 from shared.serving.engine_service import EngineService
 from shared.serving.faults import Faults
-from shared.serving.handoff import COMPUTED_KEY, HANDOFF_CHECKSUM, Fence, FencingLedger, descs_from_pb, pages_needed
+from shared.serving.handoff import (
+    COMPUTED_KEY,
+    Fence,
+    FencingLedger,
+    choose_checksum,
+    descs_from_pb,
+    pages_needed,
+)
 from shared.serving.kv_transfer import KVTransfer
 from shared.serving.kvstore_client import KVStoreClient, attach_kvstore
 from shared.serving.remote_media import RemoteVision
 from shared.telemetry import spans
+from shared.transfer.checksum import PageChecksum
 from shared.transfer.descs import PageDesc
 from shared.transfer.errors import TransferError
 
@@ -112,6 +120,7 @@ class _Sent:
 
     pages: int
     nbytes: int
+    algorithm: PageChecksum
     checksum: int
     t_computed: float
     t_sent: float
@@ -351,7 +360,8 @@ class PrefillServicer(worker_pb2_grpc.PrefillServicer):
                 context, common_pb2.ERROR_CODE_TRANSFER_FAILED, f"KV write to decode failed: {e}", instance_id=me
             )
         t_sent = time.monotonic()
-        checksum = await asyncio.to_thread(transfer.checksum, src_pages, HANDOFF_CHECKSUM)
+        algorithm = choose_checksum(ticket)
+        checksum = await asyncio.to_thread(transfer.checksum, src_pages, algorithm)
         self._observe(
             first,
             job.t_start,
@@ -366,7 +376,7 @@ class PrefillServicer(worker_pb2_grpc.PrefillServicer):
         )
         if svc.faults.active(Fault.PREFILL_CORRUPT_CHECKSUM):
             checksum ^= 1
-        return _Sent(len(src_pages), handle.nbytes, checksum, t_computed, t_sent)
+        return _Sent(len(src_pages), handle.nbytes, algorithm, checksum, t_computed, t_sent)
 
     async def _release(self, rid: str, request_id: str) -> None:
         """Always, and shielded: when decode goes away (the RPC is cancelled) the request may have finished in the
@@ -390,7 +400,7 @@ class PrefillServicer(worker_pb2_grpc.PrefillServicer):
             request_id=ticket.request_id,
             epoch=ticket.epoch,
             first_token_id=first.new_token_ids[0],
-            checksum_algorithm=worker_pb2.ChecksumAlgorithm.Value(f"CHECKSUM_ALGORITHM_{HANDOFF_CHECKSUM.name}"),
+            checksum_algorithm=worker_pb2.ChecksumAlgorithm.Value(f"CHECKSUM_ALGORITHM_{sent.algorithm.name}"),
             checksum=sent.checksum,
             pages_written=sent.pages,
             bytes_written=sent.nbytes,

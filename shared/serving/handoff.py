@@ -25,9 +25,23 @@ _LEDGER_SIZE = 8192
 # Initial metadata a prefill sends once the prompt is computed (only the page write remains): decode gives the rest
 # of the hand-off a short deadline of its own (services/decode/liveness.py).
 COMPUTED_KEY = "pdrelay-prefill-computed"
-# What prefill sums the written pages with (decode checks with the algorithm the answer names): both sides sum
-# every page on the request's TTFT path, and XXH3 does 45 MiB in ~2 ms where CRC-32 took ~17 (bench/RESULTS.md).
-HANDOFF_CHECKSUM = PageChecksum.XXH3_64
+# What decode can check the written pages with, preferred first (the ticket's `checksums`; prefill sums with the
+# first it knows and names it in the answer): both sides sum every page on the request's TTFT path, and XXH3
+# does 45 MiB in ~2 ms where CRC-32 takes ~13 (bench/RESULTS.md). A ticket without the list comes from a decode
+# that knows only CRC-32.
+HANDOFF_CHECKSUMS = (PageChecksum.XXH3_64, PageChecksum.CRC32)
+
+
+def checksums_to_pb(
+    algorithms: tuple[PageChecksum, ...] = HANDOFF_CHECKSUMS,
+) -> list[worker_pb2.ChecksumAlgorithm]:
+    return [worker_pb2.ChecksumAlgorithm.Value(f"CHECKSUM_ALGORITHM_{a.name}") for a in algorithms]
+
+
+def choose_checksum(ticket: worker_pb2.HandoffTicket) -> PageChecksum:
+    """The first algorithm of the ticket's list that this side knows; CRC-32 for a ticket without one."""
+    known = {a.value for a in PageChecksum}
+    return next((PageChecksum(a) for a in ticket.checksums if a in known), PageChecksum.CRC32)
 
 
 class EpochClock:

@@ -97,7 +97,7 @@ class DecodeResponse(_message.Message):
     def __init__(self, request_id: _Optional[str] = ..., token_ids: _Optional[_Iterable[int]] = ..., logprobs: _Optional[_Iterable[_Union[_common_pb2.TokenLogprob, _Mapping]]] = ..., finish_reason: _Optional[_Union[_common_pb2.FinishReason, str]] = ..., matched_stop: _Optional[_Union[_common_pb2.MatchedStop, _Mapping]] = ..., usage: _Optional[_Union[_common_pb2.Usage, _Mapping]] = ..., error: _Optional[_Union[_common_pb2.Error, _Mapping]] = ..., timings: _Optional[_Union[DecodeTimings, _Mapping]] = ..., prefill_instance_id: _Optional[str] = ..., index: _Optional[int] = ..., prompt_logprobs: _Optional[_Iterable[_Union[_common_pb2.TokenLogprob, _Mapping]]] = ...) -> None: ...
 
 class HandoffTicket(_message.Message):
-    __slots__ = ("request_id", "epoch", "decode_instance_id", "decode_instance_epoch", "decode_peer", "pages", "layout", "prompt_token_ids", "skip_tokens", "sampling", "trace", "media", "deadline_s", "attempt")
+    __slots__ = ("request_id", "epoch", "decode_instance_id", "decode_instance_epoch", "decode_peer", "pages", "layout", "prompt_token_ids", "skip_tokens", "sampling", "trace", "media", "deadline_s", "attempt", "checksums")
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
     EPOCH_FIELD_NUMBER: _ClassVar[int]
     DECODE_INSTANCE_ID_FIELD_NUMBER: _ClassVar[int]
@@ -112,6 +112,7 @@ class HandoffTicket(_message.Message):
     MEDIA_FIELD_NUMBER: _ClassVar[int]
     DEADLINE_S_FIELD_NUMBER: _ClassVar[int]
     ATTEMPT_FIELD_NUMBER: _ClassVar[int]
+    CHECKSUMS_FIELD_NUMBER: _ClassVar[int]
     request_id: str
     epoch: int
     decode_instance_id: str
@@ -126,7 +127,8 @@ class HandoffTicket(_message.Message):
     media: _containers.RepeatedCompositeFieldContainer[_common_pb2.MediaInput]
     deadline_s: float
     attempt: int
-    def __init__(self, request_id: _Optional[str] = ..., epoch: _Optional[int] = ..., decode_instance_id: _Optional[str] = ..., decode_instance_epoch: _Optional[int] = ..., decode_peer: _Optional[_Union[_common_pb2.TransferPeer, _Mapping]] = ..., pages: _Optional[_Union[_common_pb2.PageDescriptors, _Mapping]] = ..., layout: _Optional[_Union[_common_pb2.KVLayout, _Mapping]] = ..., prompt_token_ids: _Optional[_Iterable[int]] = ..., skip_tokens: _Optional[int] = ..., sampling: _Optional[_Union[_common_pb2.SamplingParams, _Mapping]] = ..., trace: _Optional[_Union[_common_pb2.TraceContext, _Mapping]] = ..., media: _Optional[_Iterable[_Union[_common_pb2.MediaInput, _Mapping]]] = ..., deadline_s: _Optional[float] = ..., attempt: _Optional[int] = ...) -> None: ...
+    checksums: _containers.RepeatedScalarFieldContainer[ChecksumAlgorithm]
+    def __init__(self, request_id: _Optional[str] = ..., epoch: _Optional[int] = ..., decode_instance_id: _Optional[str] = ..., decode_instance_epoch: _Optional[int] = ..., decode_peer: _Optional[_Union[_common_pb2.TransferPeer, _Mapping]] = ..., pages: _Optional[_Union[_common_pb2.PageDescriptors, _Mapping]] = ..., layout: _Optional[_Union[_common_pb2.KVLayout, _Mapping]] = ..., prompt_token_ids: _Optional[_Iterable[int]] = ..., skip_tokens: _Optional[int] = ..., sampling: _Optional[_Union[_common_pb2.SamplingParams, _Mapping]] = ..., trace: _Optional[_Union[_common_pb2.TraceContext, _Mapping]] = ..., media: _Optional[_Iterable[_Union[_common_pb2.MediaInput, _Mapping]]] = ..., deadline_s: _Optional[float] = ..., attempt: _Optional[int] = ..., checksums: _Optional[_Iterable[_Union[ChecksumAlgorithm, str]]] = ...) -> None: ...
 
 class PrefillTimings(_message.Message):
     __slots__ = ("queue_s", "compute_s", "transfer_s", "total_s")

@@ -16,8 +16,9 @@ from proto.pdrelay.v1 import worker_pb2, worker_pb2_grpc
 from shared.engine.model_runner import ModelRunner
 from shared.engine.sampling_params import SamplingParams
 from shared.serving.convert import layout_to_pb, sampling_to_pb
-from shared.serving.handoff import HANDOFF_CHECKSUM
+from shared.serving.handoff import checksums_to_pb
 from shared.serving.kv_transfer import KVTransfer
+from shared.transfer.checksum import PageChecksum
 
 PAGE = 16  # the services' default --page-size
 
@@ -45,6 +46,7 @@ class LocalDecode:
             skip_tokens=0,
             sampling=sampling_to_pb(SamplingParams(max_tokens=max_tokens, temperature=0.0, ignore_eos=True)),
             deadline_s=20.0,
+            checksums=checksums_to_pb(),
         )
         for k, v in fields.items():
             if hasattr(v, "CopyFrom"):
@@ -57,8 +59,8 @@ class LocalDecode:
         return t
 
     def checksum(self, page_ids: list[int]) -> int:
-        """With the algorithm prefill sums a hand-off's pages with."""
-        return self.transfer.checksum(page_ids, HANDOFF_CHECKSUM)
+        """With the algorithm prefill sums a hand-off's pages with (the tickets here name XXH3 first)."""
+        return self.transfer.checksum(page_ids, PageChecksum.XXH3_64)
 
     def zero(self, page_ids: list[int]) -> None:
         self.runner.kv.buffer[page_ids] = 0

@@ -9,6 +9,7 @@ import pytest
 
 from proto.pdrelay.v1 import common_pb2, worker_pb2
 from shared.cluster.grpc_errors import error_from_rpc
+from shared.transfer.checksum import PageChecksum
 from tests.services.disagg.disagg_client import Loads, hf_greedy
 from tests.services.disagg.disagg_procs import BackendCluster
 from tests.services.disagg.disagg_tickets import LocalDecode, send
@@ -50,9 +51,12 @@ async def test_replay_is_idempotent_and_a_stale_epoch_is_refused(pd: BackendClus
         assert info.value.code() == grpc.StatusCode.FAILED_PRECONDITION
         assert err.code == common_pb2.ERROR_CODE_STALE_EPOCH and "999" in err.message
         assert err.instance_id == prefill.instance_id
-        # a newer epoch runs again and writes
-        r3 = await send(prefill.grpc, local.ticket("replayed", 1001, prompt, pages))
-        assert r3.epoch == 1001 and r3.first_token_id == first_ref[0] and r3.checksum == local.checksum(pages)
+        # a newer epoch runs again and writes; a ticket naming no checksum (a decode that knows only CRC-32) gets
+        # the pages summed with CRC-32
+        r3 = await send(prefill.grpc, local.ticket("replayed", 1001, prompt, pages, checksums=[]))
+        assert r3.epoch == 1001 and r3.first_token_id == first_ref[0]
+        assert r3.checksum_algorithm == worker_pb2.CHECKSUM_ALGORITHM_CRC32
+        assert r3.checksum == local.transfer.checksum(pages, PageChecksum.CRC32)
     finally:
         await local.close()
 

@@ -11,6 +11,7 @@ import torch
 import xxhash
 
 from proto.pdrelay.v1 import worker_pb2
+from shared.serving.handoff import checksums_to_pb, choose_checksum
 from shared.transfer.checksum import PageChecksum, checksum_buffers, checksum_pages
 
 
@@ -36,6 +37,12 @@ def test_algorithms_are_numbered_as_the_proto() -> None:
         assert worker_pb2.ChecksumAlgorithm.Value(f"CHECKSUM_ALGORITHM_{a.name}") == a.value
     with pytest.raises(ValueError, match="unknown page checksum"):
         checksum_pages(torch.zeros(2, 8), [0], 7)  # type: ignore[arg-type]
+
+
+def test_prefill_sums_with_the_first_algorithm_the_ticket_names_that_it_knows() -> None:
+    assert choose_checksum(worker_pb2.HandoffTicket(checksums=checksums_to_pb())) == PageChecksum.XXH3_64
+    assert choose_checksum(worker_pb2.HandoffTicket()) == PageChecksum.CRC32  # a decode that knows only CRC-32
+    assert choose_checksum(worker_pb2.HandoffTicket(checksums=[9, 1])) == PageChecksum.CRC32  # 9: not known here
 
 
 @pytest.mark.parametrize("algorithm", list(PageChecksum))
