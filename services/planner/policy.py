@@ -173,6 +173,15 @@ def plan_role(
         nums.update(forecast.numbers)
         nums["forecast_needed"] = float(ahead)
 
+    # The load a scale-down must carry is the peak of the last scale-down cooldown, not the present one (like
+    # Kubernetes' downscale stabilization window), so every evaluation records it, a breach's included: measured
+    # on the load ramp at a steady 5 req/s, decode drained 5 -> 4 -> 3 on momentary dips of its streams and
+    # breached ITL until it had scaled back up.
+    mem.loads.append((now, est.load))
+    while mem.loads and mem.loads[0][0] < now - limits.scale_down_cooldown_s:
+        mem.loads.popleft()
+    peak = max(x for _, x in mem.loads)
+
     def plan(action: Action, to: int, reason: str, **kw: object) -> Plan:
         return Plan(role, action, n, to, reason, nums, estimate=est, loads=view.loads, **kw)  # type: ignore[arg-type]  # kw: Plan fields
 
@@ -215,13 +224,6 @@ def plan_role(
             f"(now: {_now_text(est, role, target)})",
             severity=FORECAST_SEVERITY,
         )
-    # The load a scale-down must carry is the peak of the last scale-down cooldown, not the present one (like
-    # Kubernetes' downscale stabilization window): measured on the load ramp at a steady 5 req/s, decode drained
-    # 5 -> 4 -> 3 on momentary dips of its streams and breached ITL until it had scaled back up.
-    mem.loads.append((now, est.load))
-    while mem.loads and mem.loads[0][0] < now - limits.scale_down_cooldown_s:
-        mem.loads.popleft()
-    peak = max(x for _, x in mem.loads)
     if n > max(lo, 1) and est.fewer_s is not None and n > max(est.needed, ahead):
         calm = est.calm(n - 1, target, limits.hysteresis, peak)
         # A decode instance is "busy" whenever it holds one request: its ITL says more than its busy share.

@@ -185,6 +185,9 @@ def test_a_scale_down_carries_the_peak_load_of_its_cooldown_window() -> None:
     assert dip.action == Action.HOLD
     later = plan_role(decode(4, 16, 30.0), mem, lim, 111)  # the peak has left the window
     assert later.action == Action.SCALE_DOWN and later.target == 3
+    # a breach's load counts too: 80 streams (110 ms) at t = 200, a dip at 205 drains nothing
+    assert plan_role(decode(4, 80, 110.0), mem, lim, 200).action == Action.SCALE_UP
+    assert plan_role(decode(4, 16, 30.0), mem, lim, 205).action == Action.HOLD
 
 
 def test_missing_load_reports_are_not_read_as_idle() -> None:
