@@ -29,6 +29,7 @@ class LinearBackend(enum.StrEnum):
     AUTO = "auto"
     TORCH = "torch"
     ONEDNN = "onednn"
+    NATIVE = "native"
 
 
 class TransferBackend(enum.StrEnum):

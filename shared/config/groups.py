@@ -147,7 +147,8 @@ class KernelConfig:
     linear_backend: A[
         str,
         Arg(
-            "Dense projections ('auto': oneDNN over prepacked weights for fp32 on CPU, torch's F.linear elsewhere)",
+            "Dense projections ('auto': for fp32 on CPU the native few-row kernel for decode steps and oneDNN over "
+            "prepacked weights for larger ones; torch's F.linear elsewhere)",
             choices=tuple(LinearBackend),
         ),
     ] = LinearBackend.AUTO.value

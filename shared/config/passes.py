@@ -139,11 +139,13 @@ def resolve_attention_backend(cfg: ResolvedConfig, ctx: PassContext) -> Resolved
 
 
 def resolve_linear_backend(cfg: ResolvedConfig, ctx: PassContext) -> ResolvedConfig:
-    """linear_backend is concrete: auto -> onednn for float32 on cpu, torch otherwise; onednn on cuda is an error."""
+    """linear_backend: auto -> torch off cpu or for dtypes other than float32; for float32 on cpu it stays auto, for
+    the runner to pick native (the few-row C kernel over oneDNN, built for the host at first use) or oneDNN alone
+    where no compiler builds it. onednn or native off cpu is an error."""
     if not cfg.has("kernels"):
         return cfg
     backend, device = cfg.kernels.linear_backend, cfg.device.device
-    if backend == "onednn" and device != "cpu":
+    if backend in ("onednn", "native") and device != "cpu":
         raise cfg.origin("kernels.linear_backend").fail(
             backend, f"runs on cpu, not {device}", "use --linear-backend torch (or auto)"
         )
@@ -151,7 +153,7 @@ def resolve_linear_backend(cfg: ResolvedConfig, ctx: PassContext) -> ResolvedCon
         return cfg
     dtype = cfg.model.dtype if cfg.has("model") else "float32"
     if device == "cpu" and dtype == "float32":
-        return cfg.derive("kernels.linear_backend", "onednn", "auto: prepacked oneDNN GEMMs for float32 on cpu")
+        return cfg
     return cfg.derive("kernels.linear_backend", "torch", f"auto: torch F.linear for {dtype} on {device}")
 
 

@@ -8,31 +8,66 @@ weight reordered once into its blocked layout measured 1.7-1.9x faster on the bu
 
 The model decides which projections take the fast kernel (see models/llama.py: the down projection stays on
 F.linear for HF parity). A backend is chosen once per model runner, like the attention backend.
+
+The `native` backend (the CPU default where the C kernels build) runs steps of few rows, decode steps, on
+shared/kernels/native/skinny_gemm.c and larger ones on the backend it wraps. At 16 rows (2 threads, fp32, weights far
+larger than the caches) it measured 1.1-1.3x oneDNN's speed on the bundled model's hidden-size projections, on par
+on its lm_head, and ~1.8x MKL's on the down projection; at one row 1.5-2x oneDNN's. From ~64 rows up oneDNN's
+blocking wins (the native kernel is at ~0.75x at 512). Its sums are blocked like MKL's (rounding error on par with
+MKL's, half of oneDNN's on K = 1536), so the down projection may take it without leaving the HF-parity contract.
+Cost: each weight is held twice (the native panels next to the wrapped backend's copy).
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Protocol
 
 import torch
 import torch.nn.functional as F
 
-LINEAR_BACKENDS = ("auto", "torch", "onednn")
+LINEAR_BACKENDS = ("auto", "torch", "onednn", "native")
+
+# Steps of up to this many rows take the native kernel. Against oneDNN the whole decode step measured faster at 16
+# rows (70.6 vs 79 ms on the bundled model) and slower at 32 (82 vs 77 ms); against MKL's F.linear (the down
+# projection) the kernel is faster up to ~256 rows and on par at 512.
+NATIVE_MAX_ROWS = 24
+NATIVE_EXACT_MAX_ROWS = 256
 
 # oneDNN picks its kernel blocking from a row-count hint when it reorders a weight; any row count runs afterwards.
 # 16 is the decode batch the reorder is tuned for (measured: the hint changes nothing at M = 1-2048 here).
 _REORDER_ROWS_HINT = 16
 
 
+@dataclass(frozen=True)
+class NativePacked:
+    """A weight as the native backend holds it: 16-column panels for few rows, the wrapped backend's handle else."""
+
+    panels: torch.Tensor
+    wide: torch.Tensor
+    out_features: int
+
+    @property
+    def shape(self) -> tuple[int, int]:
+        return self.out_features, int(self.panels.shape[1])
+
+
+PackedWeight = torch.Tensor | NativePacked
+
+
 class LinearBackend(Protocol):
     name: str
 
-    def pack(self, weight: torch.Tensor) -> torch.Tensor:
+    def pack(self, weight: torch.Tensor) -> PackedWeight:
         """[out, in] weight -> the handle `apply` takes (may be the weight itself)."""
         ...
 
-    def apply(self, x: torch.Tensor, packed: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+    def apply(self, x: torch.Tensor, packed: PackedWeight, bias: torch.Tensor | None = None) -> torch.Tensor:
         """x [M, in] -> [M, out] = x @ weight.T + bias."""
+        ...
+
+    def exact(self) -> LinearBackend:
+        """This backend with F.linear where it would use oneDNN: for the projections HF parity needs MKL's sums on."""
         ...
 
 
@@ -41,11 +76,15 @@ class TorchLinear:
 
     name = "torch"
 
-    def pack(self, weight: torch.Tensor) -> torch.Tensor:
+    def pack(self, weight: torch.Tensor) -> PackedWeight:
         return weight
 
-    def apply(self, x: torch.Tensor, packed: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+    def apply(self, x: torch.Tensor, packed: PackedWeight, bias: torch.Tensor | None = None) -> torch.Tensor:
+        assert isinstance(packed, torch.Tensor)
         return F.linear(x, packed, bias)
+
+    def exact(self) -> LinearBackend:
+        return self
 
 
 class OneDnnLinear:
@@ -56,15 +95,48 @@ class OneDnnLinear:
 
     name = "onednn"
 
-    def pack(self, weight: torch.Tensor) -> torch.Tensor:
+    def pack(self, weight: torch.Tensor) -> PackedWeight:
         if weight.device.type != "cpu" or weight.dim() != 2:
             raise ValueError(f"onednn linear packs 2-D CPU weights, got {tuple(weight.shape)} on {weight.device}")
         return torch.ops.mkldnn._reorder_linear_weight(weight.detach().contiguous(), _REORDER_ROWS_HINT)
 
-    def apply(self, x: torch.Tensor, packed: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+    def exact(self) -> LinearBackend:
+        return TorchLinear()
+
+    def apply(self, x: torch.Tensor, packed: PackedWeight, bias: torch.Tensor | None = None) -> torch.Tensor:
+        assert isinstance(packed, torch.Tensor)
         if x.shape[0] == 0:  # no rows (a step where no sequence wants logits): oneDNN rejects empty shapes
             return x.new_empty((0, packed.shape[0]))
         return torch.ops.mkldnn._linear_pointwise(x.contiguous(), packed, bias, "none", [], "")
+
+
+class NativeLinear:
+    """The native few-row kernel for steps of up to `max_rows` rows, `wide` for larger ones. CPU, fp32."""
+
+    name = "native"
+
+    def __init__(self, wide: LinearBackend, max_rows: int = NATIVE_MAX_ROWS) -> None:
+        self.wide = wide
+        self.max_rows = max_rows
+
+    def pack(self, weight: torch.Tensor) -> PackedWeight:
+        from shared.kernels.native.gemm import pack_panels
+
+        wide = self.wide.pack(weight)
+        assert isinstance(wide, torch.Tensor)  # the wrapped backend is torch or oneDNN, never native again
+        return NativePacked(pack_panels(weight), wide, int(weight.shape[0]))
+
+    def apply(self, x: torch.Tensor, packed: PackedWeight, bias: torch.Tensor | None = None) -> torch.Tensor:
+        from shared.kernels.native.gemm import native_gemm
+
+        assert isinstance(packed, NativePacked)
+        if x.shape[0] > self.max_rows:
+            return self.wide.apply(x, packed.wide, bias)
+        return native_gemm(x, packed.panels, packed.out_features, bias)
+
+    def exact(self) -> LinearBackend:
+        wide = self.wide.exact()
+        return NativeLinear(wide, NATIVE_EXACT_MAX_ROWS if wide.name == "torch" else self.max_rows)
 
 
 def onednn_available() -> bool:
@@ -72,16 +144,29 @@ def onednn_available() -> bool:
 
 
 def select_linear_backend(name: str, device: torch.device | str, dtype: torch.dtype) -> LinearBackend:
-    """'auto' | 'torch' | 'onednn' for weights of `dtype` on `device` -> a backend.
+    """'auto' | 'torch' | 'onednn' | 'native' for weights of `dtype` on `device` -> a backend.
 
-    auto: oneDNN for fp32 on CPU where torch was built with it, F.linear otherwise (on GPU cuBLAS is the fast
-    path; for bf16 on CPU F.linear already runs oneDNN's bf16 GEMM).
+    auto: for fp32 on CPU, native over oneDNN where the C kernels build and torch has oneDNN (oneDNN alone, or
+    F.linear, where either is missing); F.linear elsewhere (on GPU cuBLAS is the fast path; for bf16 on CPU F.linear
+    already runs oneDNN's bf16 GEMM).
     """
     dev = torch.device(device)
     if name not in LINEAR_BACKENDS:
         raise ValueError(f"linear_backend {name!r} is unknown; use one of: {', '.join(LINEAR_BACKENDS)}")
+    fp32_cpu = dev.type == "cpu" and dtype == torch.float32
     if name == "auto":
-        name = "onednn" if dev.type == "cpu" and dtype == torch.float32 and onednn_available() else "torch"
+        name = "onednn" if fp32_cpu and onednn_available() else "torch"
+        if fp32_cpu and _native_ok()[0]:
+            name = "native"
+    if name == "native":
+        if not fp32_cpu:
+            raise ValueError(
+                f"linear_backend 'native' runs fp32 on cpu, not {dtype} on {dev.type}; use --linear-backend torch"
+            )
+        ok, why = _native_ok()
+        if not ok:
+            raise ValueError(f"linear_backend 'native' is unavailable: {why}; use --linear-backend onednn")
+        return NativeLinear(OneDnnLinear() if onednn_available() else TorchLinear())
     if name == "onednn":
         if dev.type != "cpu":
             raise ValueError(f"linear_backend 'onednn' runs on cpu, not {dev.type}; use --linear-backend torch")
@@ -91,3 +176,9 @@ def select_linear_backend(name: str, device: torch.device | str, dtype: torch.dt
             )
         return OneDnnLinear()
     return TorchLinear()
+
+
+def _native_ok() -> tuple[bool, str]:
+    from shared.kernels.native.build import native_available
+
+    return native_available()

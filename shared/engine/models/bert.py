@@ -22,7 +22,7 @@ import torch.nn.functional as F
 from safetensors import safe_open
 from torch import nn
 
-from shared.kernels.linear import LinearBackend, TorchLinear, select_linear_backend
+from shared.kernels.linear import LinearBackend, PackedWeight, TorchLinear, select_linear_backend
 
 _ACTIVATIONS = {"gelu": lambda x: F.gelu(x), "gelu_new": lambda x: F.gelu(x, approximate="tanh"), "relu": F.relu}
 
@@ -158,7 +158,7 @@ class BertLayer(nn.Module):
         self.out_norm = nn.LayerNorm(H, eps=cfg.layer_norm_eps)
         self.act = _ACTIVATIONS[cfg.hidden_act]
         self.linear: LinearBackend = TorchLinear()
-        self._packed: dict[str, tuple[torch.Tensor, torch.Tensor]] = {}
+        self._packed: dict[str, tuple[PackedWeight, torch.Tensor]] = {}
 
     def prepare(self, linear: LinearBackend) -> None:
         """After loading: Q, K and V as one projection (one GEMM, not three), weights packed for `linear`."""

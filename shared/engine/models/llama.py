@@ -22,7 +22,7 @@ from shared.engine.kv_pool import KVPool
 from shared.engine.models.config import ModelArchConfig
 from shared.kernels.dispatch import AttentionBackend, AttentionMetadata
 from shared.kernels.elementwise import TORCH_OPS, ElementwiseOps
-from shared.kernels.linear import LinearBackend, TorchLinear
+from shared.kernels.linear import LinearBackend, PackedWeight, TorchLinear
 from shared.kernels.rotary import RotaryCache
 
 
@@ -65,27 +65,32 @@ class DecoderLayer(nn.Module):
         self.gate_up_weight = _param(2 * cfg.intermediate_size, cfg.hidden_size, dtype=dtype)
         self.down_weight = _param(cfg.hidden_size, cfg.intermediate_size, dtype=dtype)
         self.linear: LinearBackend = TorchLinear()
-        # What self.linear.apply takes for qkv, o and gate_up: the parameters themselves until use_linear packs them
-        # (a plain dict: a Parameter stored as a module attribute would register twice).
-        self.packed: dict[str, torch.Tensor] = {
+        self.exact: LinearBackend = TorchLinear()  # the down projection's (see use_linear)
+        # What self.linear.apply takes for qkv, o and gate_up (self.exact.apply for down): the parameters themselves
+        # until use_linear packs them (a plain dict: a Parameter stored as a module attribute would register twice).
+        self.packed: dict[str, PackedWeight] = {
             "qkv": self.qkv_weight,
             "o": self.o_weight,
             "gate_up": self.gate_up_weight,
+            "down": self.down_weight,
         }
 
     def use_linear(self, backend: LinearBackend) -> None:
         """Run qkv, o and gate_up through `backend` (packing their weights once; call after loading).
 
-        The down projection (inner size = intermediate) stays on F.linear, the GEMM transformers runs: oneDNN's fp32
-        kernel there measured ~3x the float64-reference error of MKL's on the bundled model (max logit error 2.0e-4
-        vs 6.7e-5, transformers' own fp32 error being 6.4e-5), past the 1e-4 HF-parity contract; with the hidden-size
-        projections on oneDNN the logits stay at 7-9e-5.
+        The down projection (inner size = intermediate) runs on `backend.exact()`: F.linear, the GEMM transformers
+        runs, where the backend would use oneDNN. oneDNN's fp32 kernel there measured ~3x the float64-reference error
+        of MKL's on the bundled model (max logit error 2.0e-4 vs 6.7e-5, transformers' own fp32 error being 6.4e-5),
+        past the 1e-4 HF-parity contract; with the hidden-size projections on oneDNN the logits stay at 7-9e-5. The
+        native kernel's blocked sums are on par with MKL's, so decode steps take it for down too.
         """
         self.linear = backend
+        self.exact = backend.exact()
         self.packed = {
             "qkv": backend.pack(self.qkv_weight),
             "o": backend.pack(self.o_weight),
             "gate_up": backend.pack(self.gate_up_weight),
+            "down": self.exact.pack(self.down_weight),
         }
         if backend.name != "torch":  # the packed copies replace the originals: do not hold the weights twice
             for p in (self.qkv_weight, self.o_weight, self.gate_up_weight):
@@ -100,7 +105,7 @@ class DecoderLayer(nn.Module):
         """
         if x.shape[0] > 64 or x.device.type != "cpu" or self.ops.name != "torch" or self.linear.name != "torch":
             return self.ops.silu_and_mul(self.linear.apply(x, self.packed["gate_up"]))
-        inter = self.gate_up_weight.shape[0] // 2
+        inter = self.gate_up_weight.shape[0] // 2  # F.linear on the parameter itself (the torch backend packs nothing)
         return F.silu(F.linear(x, self.gate_up_weight[:inter])) * F.linear(x, self.gate_up_weight[inter:])
 
     def weight_map(self, cfg: ModelArchConfig) -> dict[str, WeightSlot]:
@@ -161,7 +166,7 @@ class DecoderLayer(nn.Module):
         o = attn.forward(q, k, v, kv.k(self.layer_id), kv.v(self.layer_id), meta, self.scale)  # [T, H, D]
         x = self.linear.apply(o.reshape(t, self.q_size), self.packed["o"], self.o_bias)
         x, residual = self.ops.fused_add_rms_norm(x, residual, self.post_norm, self.eps)
-        x = F.linear(self._gated(x), self.down_weight)
+        x = self.exact.apply(self._gated(x), self.packed["down"])
         return x, residual
 
 
@@ -191,7 +196,7 @@ class LlamaForCausalLM(nn.Module):
         # Bytes of the checkpoint's weights (a tied lm_head once), fixed here: packing may replace parameters.
         self.weight_bytes = sum(p.numel() * p.element_size() for p in self.parameters())
         self.linear: LinearBackend = TorchLinear()
-        self.packed: dict[str, torch.Tensor] = {"lm_head": self.lm_head}
+        self.packed: dict[str, PackedWeight] = {"lm_head": self.lm_head}
 
     def use_linear(self, backend: LinearBackend) -> None:
         """Run the projections and the lm_head through `backend` (after the weights are loaded and on their device).

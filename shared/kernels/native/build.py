@@ -22,7 +22,7 @@ from pathlib import Path
 
 log = logging.getLogger(__name__)
 
-_SRC = Path(__file__).with_name("paged_decode.c")
+_SOURCES = tuple(Path(__file__).with_name(n) for n in ("paged_decode.c", "skinny_gemm.c"))
 # -ffast-math: lets the compiler vectorise the dot-product sums and call glibc's vector expf (the kernel keeps every
 # value finite, which fast-math assumes). Compile only: linking with -ffast-math adds crtfastmath.o, whose constructor
 # turns on flush-to-zero for the whole process when the library loads (torch's and Python's subnormals would vanish),
@@ -62,7 +62,8 @@ def _cpu_flags() -> str:
 def _key(cc: str) -> str:
     version = subprocess.run([cc, "--version"], capture_output=True, text=True, timeout=30).stdout
     h = hashlib.sha256()
-    for part in (_SRC.read_bytes(), " ".join(CFLAGS + LDFLAGS).encode(), version.encode(), _cpu_flags().encode()):
+    parts = [src.read_bytes() for src in _SOURCES] + [" ".join(CFLAGS + LDFLAGS).encode(), version.encode()]
+    for part in (*parts, _cpu_flags().encode()):
         h.update(part)
     return h.hexdigest()[:16]
 
@@ -75,15 +76,16 @@ def _build(cc: str, out: Path) -> None:
             return
         fd, tmp = tempfile.mkstemp(suffix=".so", dir=out.parent)
         os.close(fd)
-        obj = tmp[:-3] + ".o"
+        objs = [f"{tmp[:-3]}.{src.stem}.o" for src in _SOURCES]
         try:
-            for cmd in ([cc, *CFLAGS, "-o", obj, str(_SRC)], [cc, "-o", tmp, obj, *LDFLAGS]):
+            cmds = [[cc, *CFLAGS, "-o", obj, str(src)] for src, obj in zip(_SOURCES, objs, strict=True)]
+            for cmd in [*cmds, [cc, "-o", tmp, *objs, *LDFLAGS]]:
                 res = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
                 if res.returncode != 0:
                     raise RuntimeError(f"{' '.join(cmd[:2])} failed: {res.stderr.strip()[-500:]}")
             os.replace(tmp, out)
         finally:
-            for leftover in (tmp, obj):
+            for leftover in (tmp, *objs):
                 if os.path.exists(leftover):
                     os.unlink(leftover)
 
@@ -112,6 +114,10 @@ def load_library() -> ctypes.CDLL:
     fn = lib.pdr_paged_decode_f32
     fn.restype = INT
     fn.argtypes = [PTR, I64, PTR, PTR, I64, PTR, I64, PTR, PTR, PTR, I64, INT, INT, INT, INT, INT, ctypes.c_float, INT]
+    lib.pdr_gemm_pack_f32.restype = None
+    lib.pdr_gemm_pack_f32.argtypes = [PTR, I64, I64, PTR]
+    lib.pdr_gemm_f32.restype = None
+    lib.pdr_gemm_f32.argtypes = [PTR, I64, I64, I64, PTR, I64, PTR, PTR, I64, INT]
     return lib
 
 

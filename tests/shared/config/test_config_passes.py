@@ -101,8 +101,8 @@ def test_attention_backend(make_ctx, ctx: PassContext) -> None:
 
 
 def test_linear_backend(make_ctx, ctx: PassContext) -> None:
-    assert resolve("worker", env={}, ctx=ctx).kernels.linear_backend == "onednn"
-    _derived(resolve("worker", env={}, ctx=ctx), "kernels.linear_backend")
+    # fp32 on cpu stays auto: the runner picks native (C kernel) over oneDNN, or oneDNN where no compiler builds it
+    assert resolve("worker", env={}, ctx=ctx).kernels.linear_backend == "auto"
     assert resolve("worker", ["--dtype", "bfloat16"], env={}, ctx=ctx).kernels.linear_backend == "torch"
     assert resolve("worker", env={}, ctx=make_ctx(cuda=True, gpus=1)).kernels.linear_backend == "torch"
     assert resolve("worker", ["--linear-backend", "torch"], env={}, ctx=ctx).kernels.linear_backend == "torch"

@@ -30,10 +30,14 @@ class Pages:
         return tuple(got)
 
 
-@pytest.fixture(scope="module", params=[("torch", "torch"), ("native", "onednn")], ids=["reference", "cpu-default"])
+@pytest.fixture(
+    scope="module",
+    params=[("torch", "torch"), ("native", "native"), ("native", "onednn")],
+    ids=["reference", "cpu-default", "cpu-onednn"],
+)
 def pair(request, tiny_model_dir: Path):
-    """(attention, linear) backends: the torch reference ops with F.linear (transformers' own GEMM), and the CPU
-    default (C decode attention, oneDNN over prepacked weights)."""
+    """(attention, linear) backends: the torch reference ops with F.linear (transformers' own GEMM), the CPU
+    default (C decode attention, the native few-row GEMM over oneDNN) and oneDNN alone."""
     from transformers import AutoModelForCausalLM
 
     attention, linear = request.param

@@ -1,0 +1,96 @@
+"""The native few-row GEMM (shared/kernels/native/skinny_gemm.c) and the `native` linear backend around it: the
+float64 reference's result (fp32 rounding apart) at every row count a register tile can end on, column counts off
+the 16-column panel, inner sizes off the 256-k block, with and without bias, strided rows, no rows; larger steps go
+to the wrapped backend; selection."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from shared.kernels.linear import (
+    NATIVE_EXACT_MAX_ROWS,
+    NATIVE_MAX_ROWS,
+    NativeLinear,
+    NativePacked,
+    OneDnnLinear,
+    TorchLinear,
+    onednn_available,
+    select_linear_backend,
+)
+from shared.kernels.native.build import native_available
+
+pytestmark = pytest.mark.skipif(not native_available()[0], reason=f"native kernels: {native_available()[1]}")
+
+
+def _ref(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None) -> torch.Tensor:
+    return F.linear(x.double(), w.double(), b.double() if b is not None else None)
+
+
+@pytest.mark.parametrize("rows", [0, 1, 5, 6, 7, 15, 16, 17, 24])
+@pytest.mark.parametrize(("out_features", "in_features"), [(96, 80), (37, 300), (16, 513)])
+@pytest.mark.parametrize("with_bias", [False, True])
+def test_matches_float64_reference(rows: int, out_features: int, in_features: int, with_bias: bool) -> None:
+    g = torch.Generator().manual_seed(rows * 1000 + out_features)
+    w = torch.randn(out_features, in_features, generator=g) * 0.1
+    b = torch.randn(out_features, generator=g) if with_bias else None
+    x = torch.randn(rows, in_features, generator=g)
+    kernel = NativeLinear(TorchLinear())
+    out = kernel.apply(x, kernel.pack(w), b)
+    assert out.shape == (rows, out_features) and out.dtype == torch.float32
+    if rows:
+        assert (out.double() - _ref(x, w, b)).abs().max().item() < 2e-5
+
+
+def test_error_is_on_par_with_mkl_on_a_long_inner_size() -> None:
+    """K = 1536 (the bundled model's down projection): the blocked sums keep the error near F.linear's."""
+    g = torch.Generator().manual_seed(3)
+    w, x = torch.randn(576, 1536, generator=g), torch.randn(16, 1536, generator=g)
+    kernel = NativeLinear(TorchLinear())
+    ref = _ref(x, w, None)
+    native = (kernel.apply(x, kernel.pack(w)).double() - ref).abs().max().item()
+    mkl = (F.linear(x, w).double() - ref).abs().max().item()
+    assert native < 2 * mkl
+
+
+def test_takes_strided_rows_and_copies_the_weight() -> None:
+    w = torch.randn(40, 16)
+    base = torch.randn(10, 32)
+    x = base[:, :16]  # rows 32 floats apart, each contiguous
+    kernel = NativeLinear(TorchLinear())
+    packed = kernel.pack(w)
+    before = kernel.apply(x, packed)
+    assert torch.allclose(before, F.linear(x, w), atol=1e-5)
+    w_copy = w.clone()
+    w.zero_()  # the panels are a copy: the model may free the original
+    assert torch.equal(kernel.apply(x, packed)[:, :], before)
+    assert torch.allclose(before, F.linear(x, w_copy), atol=1e-5)
+
+
+def test_larger_steps_go_to_the_wrapped_backend(monkeypatch) -> None:
+    w = torch.randn(32, 16)
+    kernel = NativeLinear(TorchLinear())
+    packed = kernel.pack(w)
+    assert isinstance(packed, NativePacked) and packed.shape == (32, 16) and packed.wide is w
+    calls = []
+    monkeypatch.setattr("shared.kernels.native.gemm.load_library", lambda: calls.append(1) or pytest.fail("native"))
+    x = torch.randn(NATIVE_MAX_ROWS + 1, 16)
+    assert torch.equal(kernel.apply(x, packed), F.linear(x, w))
+
+
+def test_exact_keeps_mkl_for_wide_steps() -> None:
+    wide = OneDnnLinear() if onednn_available() else TorchLinear()
+    exact = NativeLinear(wide).exact()
+    assert isinstance(exact, NativeLinear) and exact.wide.name == "torch"
+    assert exact.max_rows == NATIVE_EXACT_MAX_ROWS
+
+
+def test_selection() -> None:
+    assert select_linear_backend("auto", "cpu", torch.float32).name == "native"
+    assert select_linear_backend("native", "cpu", torch.float32).name == "native"
+    assert select_linear_backend("auto", "cpu", torch.bfloat16).name == "torch"
+    with pytest.raises(ValueError, match="--linear-backend torch"):
+        select_linear_backend("native", "cuda", torch.float32)
+    with pytest.raises(ValueError, match="--linear-backend torch"):
+        select_linear_backend("native", "cpu", torch.bfloat16)
