@@ -22,9 +22,21 @@ pytestmark = pytest.mark.skipif(not ok, reason=f"native kernels unavailable: {wh
 
 @pytest.mark.parametrize("heads,kv_heads,d", [(4, 4, 32), (9, 3, 64), (8, 2, 128), (16, 1, 64)])
 @pytest.mark.parametrize("page", [1, 4, 16])
-def test_matches_reference(heads: int, kv_heads: int, d: int, page: int) -> None:
+@pytest.mark.parametrize("threads,few", [(2, False), (2, True), (1, False)], ids=["per-seq", "per-head", "1-thread"])
+def test_matches_reference(heads: int, kv_heads: int, d: int, page: int, threads: int, few: bool) -> None:
+    """Every work split the kernel takes: a whole sequence per item (enough sequences for the threads), one kv head
+    per item (fewer), one thread."""
     g = torch.Generator().manual_seed(heads * 1000 + d + page)
-    lens = [1, page, page + 1, 3 * page, 37, 2]
+    lens = [3 * page + 1, 37] if few else [1, page, page + 1, 3 * page, 37, 2]
+    before = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        _check(heads, kv_heads, d, page, lens, g)
+    finally:
+        torch.set_num_threads(before)
+
+
+def _check(heads: int, kv_heads: int, d: int, page: int, lens: list[int], g: torch.Generator) -> None:
     ks = [torch.randn(n, kv_heads, d, generator=g) for n in lens]
     vs = [torch.randn(n, kv_heads, d, generator=g) for n in lens]
     k_cache, v_cache, pages = scatter_to_pages(ks, vs, sum(-(-n // page) for n in lens) + 5, page, g)
