@@ -110,6 +110,11 @@ def test_linear_backend(make_ctx, ctx: PassContext) -> None:
         ConfigError, match=r"^--linear-backend onednn runs on cpu, not cuda; use --linear-backend torch"
     ):
         resolve("worker", ["--linear-backend", "onednn"], env={}, ctx=make_ctx(cuda=True, gpus=1))
+    with pytest.raises(
+        ConfigError, match=r"^--linear-backend native runs on cpu, not cuda; use --linear-backend torch"
+    ):
+        resolve("worker", ["--linear-backend", "native"], env={}, ctx=make_ctx(cuda=True, gpus=1))
+    assert resolve("worker", ["--linear-backend", "native"], env={}, ctx=ctx).kernels.linear_backend == "native"
 
 
 def test_served_model_name(ctx: PassContext) -> None:
