@@ -6,13 +6,14 @@ weight reordered once into its blocked layout measured 1.7-1.9x faster on the bu
 ~3x on its lm_head at M = 16 (fp32, 2 threads, weights far larger than the caches), and ~1.4x at M = 2048
 (prefill). vLLM's CPU backend makes the same choice (prepacked oneDNN GEMMs).
 
-The model decides which projections take the fast kernel (see models/llama.py: the down projection stays on
-F.linear for HF parity). A backend is chosen once per model runner, like the attention backend.
+The model decides which projections take the fast kernel (see models/llama.py: the down projection runs on the
+backend's `exact()` form, F.linear where the backend would use oneDNN, for HF parity). A backend is chosen once per
+model runner, like the attention backend.
 
 The `native` backend (the CPU default where the C kernels build) runs steps of few rows, decode steps, on
 shared/kernels/native/skinny_gemm.c and larger ones on the backend it wraps. At 16 rows (2 threads, fp32, weights far
 larger than the caches) it measured 1.1-1.3x oneDNN's speed on the bundled model's hidden-size projections, on par
-on its lm_head, and ~1.8x MKL's on the down projection; at one row 1.5-2x oneDNN's. From ~64 rows up oneDNN's
+on its lm_head, and ~1.8x MKL's on the down projection; at one row 1.5-2x oneDNN's. From ~24-32 rows up oneDNN's
 blocking wins (the native kernel is at ~0.75x at 512). Its sums are blocked like MKL's (rounding error on par with
 MKL's, half of oneDNN's on K = 1536), so the down projection may take it without leaving the HF-parity contract.
 Cost: each weight is held twice (the native panels next to the wrapped backend's copy).
@@ -116,23 +117,23 @@ class NativeLinear:
     name = "native"
 
     def __init__(self, wide: LinearBackend, max_rows: int = NATIVE_MAX_ROWS) -> None:
+        # imported here, once: a torch- or oneDNN-backend process never loads the C library
+        from shared.kernels.native import gemm
+
         self.wide = wide
         self.max_rows = max_rows
+        self._gemm = gemm
 
     def pack(self, weight: torch.Tensor) -> PackedWeight:
-        from shared.kernels.native.gemm import pack_panels
-
         wide = self.wide.pack(weight)
         assert isinstance(wide, torch.Tensor)  # the wrapped backend is torch or oneDNN, never native again
-        return NativePacked(pack_panels(weight), wide, int(weight.shape[0]))
+        return NativePacked(self._gemm.pack_panels(weight), wide, int(weight.shape[0]))
 
     def apply(self, x: torch.Tensor, packed: PackedWeight, bias: torch.Tensor | None = None) -> torch.Tensor:
-        from shared.kernels.native.gemm import native_gemm
-
         assert isinstance(packed, NativePacked)
         if x.shape[0] > self.max_rows:
             return self.wide.apply(x, packed.wide, bias)
-        return native_gemm(x, packed.panels, packed.out_features, bias)
+        return self._gemm.native_gemm(x, packed.panels, packed.out_features, bias)
 
     def exact(self) -> LinearBackend:
         wide = self.wide.exact()

@@ -76,7 +76,8 @@ class DecoderLayer(nn.Module):
         }
 
     def use_linear(self, backend: LinearBackend) -> None:
-        """Run qkv, o and gate_up through `backend` (packing their weights once; call after loading).
+        """Run qkv, o and gate_up through `backend`, down through `backend.exact()` (packing the weights once; call
+        after loading).
 
         The down projection (inner size = intermediate) runs on `backend.exact()`: F.linear, the GEMM transformers
         runs, where the backend would use oneDNN. oneDNN's fp32 kernel there measured ~3x the float64-reference error

@@ -37,6 +37,27 @@ typedef struct {
     float scale;
 } job_t;
 
+/* Per query head: scaled q, a zero accumulator, running max and sum at their start values. */
+static void start_heads(const float *q, float scale, int heads, int d, float (*qs)[MAX_DIM], float (*acc)[MAX_DIM],
+                        float *m, float *l) {
+    for (int h = 0; h < heads; h++) {
+        for (int x = 0; x < d; x++) {
+            qs[h][x] = q[h * d + x] * scale;
+            acc[h][x] = 0.0f;
+        }
+        m[h] = -FLT_MAX;
+        l[h] = 0.0f;
+    }
+}
+
+/* out[h] = acc[h] / l[h] for each query head. */
+static void finish_heads(float *o, int heads, int d, float (*acc)[MAX_DIM], const float *l) {
+    for (int h = 0; h < heads; h++) {
+        const float inv = 1.0f / l[h];
+        for (int x = 0; x < d; x++) o[h * d + x] = acc[h][x] * inv;
+    }
+}
+
 static void attend(const job_t *j, int i, int kh) {
     const int g = j->heads / j->kv_heads, d = j->dim, P = j->page_size;
     const int64_t tok_stride = (int64_t)j->kv_heads * d;
@@ -45,14 +66,7 @@ static void attend(const job_t *j, int i, int kh) {
     const int64_t *pt = j->page_table + (int64_t)i * j->pt_stride;
     float qs[MAX_GROUP][MAX_DIM], acc[MAX_GROUP][MAX_DIM], s[MAX_GROUP][MAX_PAGE];
     float m[MAX_GROUP], l[MAX_GROUP];
-    for (int h = 0; h < g; h++) {
-        for (int x = 0; x < d; x++) {
-            qs[h][x] = q[h * d + x] * j->scale;
-            acc[h][x] = 0.0f;
-        }
-        m[h] = -FLT_MAX;
-        l[h] = 0.0f;
-    }
+    start_heads(q, j->scale, g, d, qs, acc, m, l);
     for (int64_t start = 0; start < len; start += P) {
         const int cnt = (int)(len - start < P ? len - start : P);
         const int64_t page = pt[start / P];
@@ -86,11 +100,7 @@ static void attend(const job_t *j, int i, int kh) {
             }
         }
     }
-    float *o = j->out + row * j->out_stride + (int64_t)kh * g * d;
-    for (int h = 0; h < g; h++) {
-        const float inv = 1.0f / l[h];
-        for (int x = 0; x < d; x++) o[h * d + x] = acc[h][x] * inv;
-    }
+    finish_heads(j->out + row * j->out_stride + (int64_t)kh * g * d, g, d, acc, l);
 }
 
 #if defined(__AVX512F__)
@@ -116,14 +126,7 @@ static void attend_avx512(const job_t *j, int i, int kh0, int kh1) {
     const int64_t *pt = j->page_table + (int64_t)i * j->pt_stride;
     float qs[MAX_HEADS][MAX_DIM] __attribute__((aligned(64))), acc[MAX_HEADS][MAX_DIM] __attribute__((aligned(64)));
     float s[MAX_PAGE], m[MAX_HEADS], l[MAX_HEADS];
-    for (int h = 0; h < gh; h++) {
-        for (int x = 0; x < d; x++) {
-            qs[h][x] = q[h * d + x] * j->scale;
-            acc[h][x] = 0.0f;
-        }
-        m[h] = -FLT_MAX;
-        l[h] = 0.0f;
-    }
+    start_heads(q, j->scale, gh, d, qs, acc, m, l);
     for (int64_t start = 0; start < len; start += P) {
         const int cnt = (int)(len - start < P ? len - start : P);
         const int64_t page = pt[start / P];
@@ -174,11 +177,7 @@ static void attend_avx512(const job_t *j, int i, int kh0, int kh1) {
             }
         }
     }
-    float *o = j->out + row * j->out_stride + (int64_t)kh0 * g * d;
-    for (int h = 0; h < gh; h++) {
-        const float inv = 1.0f / l[h];
-        for (int x = 0; x < d; x++) o[h * d + x] = acc[h][x] * inv;
-    }
+    finish_heads(j->out + row * j->out_stride + (int64_t)kh0 * g * d, gh, d, acc, l);
 }
 #endif
 
