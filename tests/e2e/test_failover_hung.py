@@ -269,11 +269,16 @@ def _grpc(h: Hung, name: str) -> str:
 
 async def test_stale_prefill_choice_is_not_handed_off_to(hung: Hung, reference) -> None:
     prompt = _prompt(1)
-    # The gateway saw prefill-1 at epoch 1 on a port where nothing listens any more (its old incarnation). On a
-    # busy box decode's own view of prefill-1 can lag for a moment (a lease renewed late): then it trusts the
-    # gateway, as it should, and the request is served by the alternate; a later try finds the view current (within
-    # 20 s: the full suite on two cores has seen the view lag for more than three).
-    stale = _target(hung, "prefill-1", address="127.0.0.1:9", epoch=1)
+    # Epochs come from one counter per cluster, so the prefill that registered first may hold epoch 1, below which
+    # no older incarnation can exist: the test takes the prefill with the higher epoch (at least 2) as the choice.
+    chosen = max(("prefill-1", "prefill-2"), key=lambda n: _target(hung, n).epoch)
+    epoch = _target(hung, chosen).epoch
+    assert epoch >= 2, f"two prefills registered, one of them has epoch >= 2: {chosen} has {epoch}"
+    # The gateway saw the chosen prefill one epoch ago, on a port where nothing listens any more (its old
+    # incarnation). On a busy box decode's own view of it can lag for a moment (a lease renewed late): then it trusts
+    # the gateway, as it should, and the request is served by the alternate; a later try finds the view current
+    # (within 20 s: the full suite on two cores has seen the view lag for more than three).
+    stale = _target(hung, chosen, address="127.0.0.1:9", epoch=epoch - 1)
     served_by: list[str] = []
     deadline = time.monotonic() + 20.0
     while time.monotonic() < deadline:
@@ -281,10 +286,10 @@ async def test_stale_prefill_choice_is_not_handed_off_to(hung: Hung, reference) 
         res = await generate(_grpc(hung, "decode-1"), f"stale-epoch-{i}", prompt, prefill=stale, max_tokens=8)
         assert res.tokens == reference(prompt, 8)
         served_by.append(res.prefill_instance_id)
-        if res.prefill_instance_id == "prefill-1":
+        if res.prefill_instance_id == chosen:
             break
         await asyncio.sleep(1.0)
-    assert served_by[-1] == "prefill-1", f"the current incarnation of the chosen prefill serves it: {served_by}"
+    assert served_by[-1] == chosen, f"the current incarnation of the chosen prefill {chosen} serves it: {served_by}"
     log = hung.procs["decode-1"].log()
     assert "chosen by the gateway is stale" in log
     assert f"hand-off of stale-epoch-{len(served_by) - 1}" not in log, "no hand-off to the stale address was tried"
