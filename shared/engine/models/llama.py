@@ -157,14 +157,18 @@ class DecoderLayer(nn.Module):
         t = x.shape[0]
         h, kvh, d = self.num_heads, self.num_kv_heads, self.head_dim
         qkv = self.linear.apply(x, self.packed["qkv"], self.qkv_bias)  # [T, (H + 2 * KVH) * D]
-        qk = qkv[:, : self.q_size + self.kv_size].view(t, h + kvh, d)
-        if self.qk_norm is not None:
-            qk = self.ops.rms_norm(qk, self.qk_norm, self.eps)
-        qk = self.ops.apply_rotary(qk, cos, sin)  # [T, H + KVH, D]
-        q, k = qk[:, :h], qk[:, h:]
         v = qkv[:, self.q_size + self.kv_size :].view(t, kvh, d)
-        kv.write(self.layer_id, batch.out_pages, batch.out_offsets, k, v)
-        o = attn.forward(q, k, v, kv.k(self.layer_id), kv.v(self.layer_id), meta, self.scale)  # [T, H, D]
+        k_cache, v_cache = kv.k(self.layer_id), kv.v(self.layer_id)
+        if self.ops.rope_store is not None and self.qk_norm is None:  # one call: rotate, store K/V, q/k contiguous
+            q, k = self.ops.rope_store(qkv, h, kvh, d, cos, sin, k_cache, v_cache, batch.out_pages, batch.out_offsets)
+        else:
+            qk = qkv[:, : self.q_size + self.kv_size].view(t, h + kvh, d)
+            if self.qk_norm is not None:
+                qk = self.ops.rms_norm(qk, self.qk_norm, self.eps)
+            qk = self.ops.apply_rotary(qk, cos, sin)  # [T, H + KVH, D]
+            q, k = qk[:, :h], qk[:, h:]
+            kv.write(self.layer_id, batch.out_pages, batch.out_offsets, k, v)
+        o = attn.forward(q, k, v, k_cache, v_cache, meta, self.scale)  # [T, H, D]
         x = self.linear.apply(o.reshape(t, self.q_size), self.packed["o"], self.o_bias)
         x, residual = self.ops.fused_add_rms_norm(x, residual, self.post_norm, self.eps)
         x = self.exact.apply(self._gated(x), self.packed["down"])

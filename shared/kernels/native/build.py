@@ -22,7 +22,7 @@ from pathlib import Path
 
 log = logging.getLogger(__name__)
 
-_SOURCES = tuple(Path(__file__).with_name(n) for n in ("paged_decode.c", "skinny_gemm.c"))
+_SOURCES = tuple(Path(__file__).with_name(n) for n in ("paged_decode.c", "skinny_gemm.c", "elementwise.c"))
 # -ffast-math: lets the compiler vectorise the dot-product sums and call glibc's vector expf (the kernel keeps every
 # value finite, which fast-math assumes). Compile only: linking with -ffast-math adds crtfastmath.o, whose constructor
 # turns on flush-to-zero for the whole process when the library loads (torch's and Python's subnormals would vanish),
@@ -118,6 +118,15 @@ def load_library() -> ctypes.CDLL:
     lib.pdr_gemm_pack_f32.argtypes = [PTR, I64, I64, PTR]
     lib.pdr_gemm_f32.restype = None
     lib.pdr_gemm_f32.argtypes = [PTR, I64, I64, I64, PTR, I64, PTR, PTR, I64, INT]
+    lib.pdr_add_rms_norm_f32.restype = None
+    lib.pdr_add_rms_norm_f32.argtypes = [PTR, I64, PTR, I64, PTR, PTR, PTR, I64, I64, ctypes.c_float, INT]
+    lib.pdr_rope_store_f32.restype = INT
+    lib.pdr_rope_store_f32.argtypes = [
+        *(PTR, I64, I64, I64, I64, I64, PTR, PTR, PTR, PTR, PTR, PTR),
+        *(I64, I64, I64, PTR, PTR, INT),
+    ]
+    lib.pdr_silu_mul_f32.restype = None
+    lib.pdr_silu_mul_f32.argtypes = [PTR, I64, PTR, I64, I64, INT]
     return lib
 
 
