@@ -30,10 +30,14 @@ import torch.nn.functional as F
 LINEAR_BACKENDS = ("auto", "torch", "onednn", "native")
 
 # Steps of up to this many rows take the native kernel. Against oneDNN the whole decode step measured faster at 16
-# rows (70.6 vs 79 ms on the bundled model) and slower at 32 (82 vs 77 ms); against MKL's F.linear (the down
-# projection) the kernel is faster up to ~256 rows and on par at 512.
+# rows (70.6 vs 79 ms on the bundled model, Zen 4) and slower at 32 (82 vs 77 ms); on Zen 5 per projection the kernel
+# wins at 16 rows, oneDNN on most shapes from 32-48 up.
 NATIVE_MAX_ROWS = 24
-NATIVE_EXACT_MAX_ROWS = 256
+# The down projection's exact form (in place of MKL's F.linear, see models/llama.py) takes the native kernel at every
+# step size: on Zen 4 it was faster than MKL up to ~256 rows and on par at 512; on Zen 5 MKL's fp32 GEMM runs at
+# 55-170 GFLOPS at 16-512 rows against the kernel's 185-270 (oneDNN 160-365), so prefill chunks gain too (engine,
+# 64 requests 128/64 at concurrency 16: 220-224 -> 243-261 tok/s). None: no limit.
+NATIVE_EXACT_MAX_ROWS: int | None = None
 
 # oneDNN picks its kernel blocking from a row-count hint when it reorders a weight; any row count runs afterwards.
 # 16 is the decode batch the reorder is tuned for (measured: the hint changes nothing at M = 1-2048 here).
@@ -112,11 +116,12 @@ class OneDnnLinear:
 
 
 class NativeLinear:
-    """The native few-row kernel for steps of up to `max_rows` rows, `wide` for larger ones. CPU, fp32."""
+    """The native few-row kernel for steps of up to `max_rows` rows (None: every step), `wide` for larger ones. CPU,
+    fp32."""
 
     name = "native"
 
-    def __init__(self, wide: LinearBackend, max_rows: int = NATIVE_MAX_ROWS) -> None:
+    def __init__(self, wide: LinearBackend, max_rows: int | None = NATIVE_MAX_ROWS) -> None:
         # imported here, once: a torch- or oneDNN-backend process never loads the C library
         from shared.kernels.native import gemm
 
@@ -131,7 +136,7 @@ class NativeLinear:
 
     def apply(self, x: torch.Tensor, packed: PackedWeight, bias: torch.Tensor | None = None) -> torch.Tensor:
         assert isinstance(packed, NativePacked)
-        if x.shape[0] > self.max_rows:
+        if self.max_rows is not None and x.shape[0] > self.max_rows:
             return self.wide.apply(x, packed.wide, bias)
         return self._gemm.native_gemm(x, packed.panels, packed.out_features, bias)
 

@@ -79,11 +79,16 @@ def test_larger_steps_go_to_the_wrapped_backend(monkeypatch) -> None:
     assert torch.equal(kernel.apply(x, packed), F.linear(x, w))
 
 
-def test_exact_keeps_mkl_for_wide_steps() -> None:
+def test_exact_takes_the_native_kernel_at_every_step(monkeypatch) -> None:
     wide = OneDnnLinear() if onednn_available() else TorchLinear()
     exact = NativeLinear(wide).exact()
     assert isinstance(exact, NativeLinear) and exact.wide.name == "torch"
-    assert exact.max_rows == NATIVE_EXACT_MAX_ROWS
+    assert exact.max_rows is NATIVE_EXACT_MAX_ROWS is None
+    w = torch.randn(40, 300)
+    packed = exact.pack(w)
+    monkeypatch.setattr(exact.wide, "apply", lambda *a: pytest.fail("a prefill-sized step left the native kernel"))
+    x = torch.randn(600, 300, dtype=torch.float64).float()
+    torch.testing.assert_close(exact.apply(x, packed), _ref(x, w, None).float(), atol=1e-4, rtol=1e-5)
 
 
 def test_selection() -> None:
