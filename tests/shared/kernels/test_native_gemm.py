@@ -1,5 +1,5 @@
 """The native few-row GEMM (shared/kernels/native/skinny_gemm.c) and the `native` linear backend around it: the
-float64 reference's result (fp32 rounding apart) at every row count a register tile can end on, column counts off
+float64 reference's result (fp32 rounding apart) at every row count a register tile can end on, column counts off the 32-column pair tile and
 the 16-column panel, inner sizes off the 256-k block, with and without bias, strided rows, no rows; larger steps go
 to the wrapped backend; selection."""
 
@@ -28,8 +28,8 @@ def _ref(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None) -> torch.Tens
     return F.linear(x.double(), w.double(), b.double() if b is not None else None)
 
 
-@pytest.mark.parametrize("rows", [0, 1, 5, 6, 7, 15, 16, 17, 24])
-@pytest.mark.parametrize(("out_features", "in_features"), [(96, 80), (37, 300), (16, 513)])
+@pytest.mark.parametrize("rows", [0, 1, 5, 6, 7, 8, 9, 15, 16, 17, 24])
+@pytest.mark.parametrize(("out_features", "in_features"), [(96, 80), (37, 300), (16, 513), (20, 64), (64, 700)])
 @pytest.mark.parametrize("with_bias", [False, True])
 def test_matches_float64_reference(rows: int, out_features: int, in_features: int, with_bias: bool) -> None:
     g = torch.Generator().manual_seed(rows * 1000 + out_features)
