@@ -111,6 +111,7 @@ class ModelRunner:
         # the scheduler hands out.
         want_graphs = self.device.type == "cuda" and bool(cuda_graph_bs)
         self.kv = KVPool(self.layout, num_pages + int(want_graphs), self.device)
+        self.kv.populate_in_background()  # host pools: fault the pool in now, not in the first steps that write it
         self.graphs: CudaGraphDecodeRunner | None = None
         if want_graphs:
             self.graphs = build_decode_graphs(

@@ -83,3 +83,20 @@ def test_prefault_populates_each_page_once_and_keeps_contents() -> None:
     assert pool.prefault([1, 2, 3, 4, 5, 6]) == 3
     assert float(pool.page_view(2).min()) == 3.0 and float(pool.page_view(2).max()) == 3.0
     assert not pool.page_view(4).any()
+
+
+def test_populate_in_background_makes_every_page_resident_and_keeps_contents(monkeypatch) -> None:
+    from shared.kernels.hostmem import populate
+
+    monkeypatch.setattr("shared.engine.kv_pool._POPULATE_CHUNK_BYTES", 3 * LAYOUT.page_bytes)  # several chunks
+    pool = KVPool(LAYOUT, num_pages=10)
+    if not populate(pool.page_ptr(9), pool.bytes_per_page):
+        pytest.skip("MADV_POPULATE_WRITE needs Linux >= 5.14")
+    pool.page_view(4).fill_(2.5)  # written before: kept
+    t = pool.populate_in_background()
+    assert t is not None and t.daemon
+    t.join(timeout=30)
+    assert not t.is_alive()
+    assert pool.prefault(range(10)) == 0, "every page is resident"
+    assert float(pool.page_view(4).min()) == 2.5 == float(pool.page_view(4).max())
+    assert not pool.page_view(5).any() and not pool.page_view(0).any()
