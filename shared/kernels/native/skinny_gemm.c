@@ -235,6 +235,21 @@ static void tile2(int r, const float *x, int64_t ldx, const float *w0, const flo
 }
 #endif
 
+/* Panel p alone: rows in tiles of MR, k in blocks of KC. */
+static void one_panel(const float *x, int64_t ldx, int64_t m, int64_t k, const float *wp, int64_t n,
+                      const float *bias, float *out, int64_t ldo, int64_t p) {
+    const float *panel = wp + p * k * NR;
+    const int cols = (int)(n - p * NR < NR ? n - p * NR : NR);
+    const float *b = bias ? bias + p * NR : 0;
+    for (int64_t k0 = 0; k0 < k; k0 += KC) {
+        const int64_t kc = k - k0 < KC ? k - k0 : KC;
+        for (int64_t m0 = 0; m0 < m; m0 += MR) {
+            const int r = (int)(m - m0 < MR ? m - m0 : MR);
+            tile(r, x + m0 * ldx + k0, ldx, panel + k0 * NR, kc, out + m0 * ldo + p * NR, ldo, k0 == 0, b, cols);
+        }
+    }
+}
+
 /* out [m, n] (row stride ldo) = x [m, k] (row stride ldx) @ w^T (+ bias [n] or NULL), w packed by pdr_gemm_pack_f32. */
 void pdr_gemm_f32(const float *x, int64_t ldx, int64_t m, int64_t k, const float *wp, int64_t n, const float *bias,
                   float *out, int64_t ldo, int nthreads) {
@@ -247,43 +262,25 @@ void pdr_gemm_f32(const float *x, int64_t ldx, int64_t m, int64_t k, const float
 #pragma omp parallel for schedule(static) num_threads(nthreads)
     for (int64_t u = 0; u < units; u++) {
         const int64_t p = 2 * u;
-        const float *panel = wp + p * k * NR;
-        const int64_t left = n - p * NR;
-        const float *b = bias ? bias + p * NR : 0;
-        if (p + 1 < panels) {
-            const int cols = (int)(left < 2 * NR ? left : 2 * NR);
-            for (int64_t k0 = 0; k0 < k; k0 += KC) {
-                const int64_t kc = k - k0 < KC ? k - k0 : KC;
-                for (int64_t m0 = 0; m0 < m; m0 += MR2) {
-                    const int r = (int)(m - m0 < MR2 ? m - m0 : MR2);
-                    tile2(r, x + m0 * ldx + k0, ldx, panel + k0 * NR, panel + k * NR + k0 * NR, kc,
-                          out + m0 * ldo + p * NR, ldo, k0 == 0, b, cols);
-                }
-            }
+        if (p + 1 == panels) {
+            one_panel(x, ldx, m, k, wp, n, bias, out, ldo, p);
             continue;
         }
-        const int cols = (int)(left < NR ? left : NR);
+        const float *panel = wp + p * k * NR;
+        const int64_t left = n - p * NR;
+        const int cols = (int)(left < 2 * NR ? left : 2 * NR);
+        const float *b = bias ? bias + p * NR : 0;
         for (int64_t k0 = 0; k0 < k; k0 += KC) {
             const int64_t kc = k - k0 < KC ? k - k0 : KC;
-            for (int64_t m0 = 0; m0 < m; m0 += MR) {
-                const int r = (int)(m - m0 < MR ? m - m0 : MR);
-                tile(r, x + m0 * ldx + k0, ldx, panel + k0 * NR, kc, out + m0 * ldo + p * NR, ldo, k0 == 0, b, cols);
+            for (int64_t m0 = 0; m0 < m; m0 += MR2) {
+                const int r = (int)(m - m0 < MR2 ? m - m0 : MR2);
+                tile2(r, x + m0 * ldx + k0, ldx, panel + k0 * NR, panel + k * NR + k0 * NR, kc,
+                      out + m0 * ldo + p * NR, ldo, k0 == 0, b, cols);
             }
         }
     }
 #else
 #pragma omp parallel for schedule(static) num_threads(nthreads)
-    for (int64_t p = 0; p < panels; p++) {
-        const float *panel = wp + p * k * NR;
-        const int cols = (int)(n - p * NR < NR ? n - p * NR : NR);
-        const float *b = bias ? bias + p * NR : 0;
-        for (int64_t k0 = 0; k0 < k; k0 += KC) {
-            const int64_t kc = k - k0 < KC ? k - k0 : KC;
-            for (int64_t m0 = 0; m0 < m; m0 += MR) {
-                const int r = (int)(m - m0 < MR ? m - m0 : MR);
-                tile(r, x + m0 * ldx + k0, ldx, panel + k0 * NR, kc, out + m0 * ldo + p * NR, ldo, k0 == 0, b, cols);
-            }
-        }
-    }
+    for (int64_t p = 0; p < panels; p++) one_panel(x, ldx, m, k, wp, n, bias, out, ldo, p);
 #endif
 }
