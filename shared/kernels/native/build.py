@@ -22,7 +22,9 @@ from pathlib import Path
 
 log = logging.getLogger(__name__)
 
-_SOURCES = tuple(Path(__file__).with_name(n) for n in ("paged_decode.c", "skinny_gemm.c", "elementwise.c"))
+_SOURCES = tuple(
+    Path(__file__).with_name(n) for n in ("paged_decode.c", "paged_extend.c", "skinny_gemm.c", "elementwise.c")
+)
 # -ffast-math: lets the compiler vectorise the dot-product sums and call glibc's vector expf (the kernel keeps every
 # value finite, which fast-math assumes). Compile only: linking with -ffast-math adds crtfastmath.o, whose constructor
 # turns on flush-to-zero for the whole process when the library loads (torch's and Python's subnormals would vanish),
@@ -114,6 +116,12 @@ def load_library() -> ctypes.CDLL:
     fn = lib.pdr_paged_decode_f32
     fn.restype = INT
     fn.argtypes = [PTR, I64, PTR, PTR, I64, PTR, I64, PTR, PTR, PTR, I64, INT, INT, INT, INT, INT, ctypes.c_float, INT]
+    fn = lib.pdr_paged_extend_f32
+    fn.restype = INT
+    fn.argtypes = [
+        *(PTR, I64, PTR, PTR, I64, PTR, I64, PTR, PTR, PTR, PTR, I64),
+        *(INT, INT, INT, INT, INT, ctypes.c_float, INT),
+    ]
     lib.pdr_gemm_pack_f32.restype = None
     lib.pdr_gemm_pack_f32.argtypes = [PTR, I64, I64, PTR]
     lib.pdr_gemm_f32.restype = None

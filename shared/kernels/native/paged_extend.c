@@ -1,0 +1,212 @@
+/* Paged extend (prefill) attention over the KV pool in place, for CPU (fp32): each sequence's new tokens attend to
+ * its cached prefix and causally to each other, every key and value read straight from the pages the page table
+ * lists (the new tokens' K/V are already written there).
+ *
+ * Why: torch's SDPA ran these shapes at 55-75 GFLOPS here (9 heads, head_dim 64: 345 us a layer for a 128-token
+ * prompt, 4.1 ms for 512), and a prompt with a cached prefix first gathered the prefix pages into a copy and
+ * built a mask. A prefill chunk of 512 tokens spent ~12% of its time there.
+ *
+ * Work item = (sequence, query head, block of 16 query tokens). The block's q is held transposed, [d][16], so a
+ * score tile (16 queries x 8 keys) is 8 independent FMA chains over d with each key's element broadcast from
+ * memory: no horizontal sums. The online softmax runs lane-wise (one lane per query), and P.V accumulates the
+ * output transposed, [d][16], in L1, in chunks of 16 rows of d held in registers. Causality and the sequence end
+ * are lane masks on the last key blocks. fp32 throughout (max, rescaled sum and accumulator per query).
+ *
+ * Built at run time by build.py with -O3 -march=native -ffast-math (see paged_decode.c for why that is safe: every
+ * value stays finite). Without AVX-512 the same blocking runs in plain loops the compiler vectorises.
+ */
+#include <float.h>
+#include <math.h>
+#include <stdint.h>
+#include <stdlib.h>
+#if defined(__AVX512F__)
+#include <immintrin.h>
+#endif
+
+#define QB 16       /* query tokens per item: one vector lane each */
+#ifndef KB
+#define KB 8 /* keys per score tile: independent accumulators */
+#endif
+#define MAX_DIM 256 /* head_dim the per-item buffers take */
+
+typedef struct {
+    const float *q;
+    int64_t q_stride; /* floats between two tokens' q rows */
+    const float *k, *v;
+    int64_t page_stride;
+    const int64_t *page_table;
+    int64_t pt_stride;
+    const int64_t *starts, *prefix, *lens; /* per sequence: first token row, cached tokens, new tokens */
+    float *out;
+    int64_t out_stride;
+    int heads, kv_heads, dim, page_size;
+    float scale;
+} job_t;
+
+/* Sequence s, query head h, new tokens [i0, i0 + nq) (nq <= 16). */
+static void attend_block(const job_t *j, int s, int h, int64_t i0, int nq) {
+    const int d = j->dim, g = j->heads / j->kv_heads, kh = h / g;
+    const int64_t p = j->prefix[s], row0 = j->starts[s] + i0;
+    const int64_t q_first = p + i0;           /* position of the block's first query */
+    const int64_t keys = q_first + nq;        /* keys any query of the block sees: positions [0, keys) */
+    float qt[MAX_DIM][QB] __attribute__((aligned(64)));  /* scaled q, transposed; lanes past nq zero */
+    float ot[MAX_DIM][QB] __attribute__((aligned(64)));  /* output accumulator, transposed */
+    float m[QB] __attribute__((aligned(64))), l[QB] __attribute__((aligned(64)));
+    float pt[KB][QB] __attribute__((aligned(64)));       /* a tile's probabilities, per key */
+    for (int x = 0; x < d; x++)
+        for (int t = 0; t < QB; t++) {
+            qt[x][t] = t < nq ? j->q[(row0 + t) * j->q_stride + (int64_t)h * d + x] * j->scale : 0.0f;
+            ot[x][t] = 0.0f;
+        }
+    for (int t = 0; t < QB; t++) {
+        m[t] = -FLT_MAX;
+        l[t] = 0.0f;
+    }
+    const float *kr[KB], *vr[KB];
+    const int64_t *pt_row = j->page_table + (int64_t)s * j->pt_stride, tok_stride = (int64_t)j->kv_heads * d;
+    for (int64_t k0 = 0; k0 < keys; k0 += KB) {
+        const int kc = keys - k0 < KB ? (int)(keys - k0) : KB;
+        {
+            int64_t pi = k0 / j->page_size, slot = k0 % j->page_size; /* one division a tile, then walk */
+            for (int c = 0; c < kc; c++) {
+                const int64_t at = pt_row[pi] * j->page_stride + slot * tok_stride + (int64_t)kh * d;
+                kr[c] = j->k + at;
+                vr[c] = j->v + at;
+                if (++slot == j->page_size) {
+                    slot = 0;
+                    pi++;
+                }
+            }
+        }
+        /* a query at q_first + t sees key k0 + c when k0 + c <= q_first + t: lanes t >= k0 + c - q_first */
+        const int64_t diag = k0 + kc - 1 - q_first; /* > 0: some lanes of this tile are masked */
+#if defined(__AVX512F__)
+        __m512 sc[KB];
+        for (int c = 0; c < KB; c++) sc[c] = _mm512_setzero_ps();
+        if (kc == KB) { /* full tile: fixed trip counts, unrolled */
+            for (int x = 0; x < d; x++) {
+                const __m512 qx = _mm512_load_ps(qt[x]);
+                for (int c = 0; c < KB; c++) sc[c] = _mm512_fmadd_ps(qx, _mm512_set1_ps(kr[c][x]), sc[c]);
+            }
+        } else {
+            for (int x = 0; x < d; x++) {
+                const __m512 qx = _mm512_load_ps(qt[x]);
+                for (int c = 0; c < kc; c++) sc[c] = _mm512_fmadd_ps(qx, _mm512_set1_ps(kr[c][x]), sc[c]);
+            }
+        }
+        const __m512 neg = _mm512_set1_ps(-FLT_MAX);
+        __m512 top = _mm512_load_ps(m);
+        for (int c = 0; c < kc; c++) {
+            if (diag > 0) {
+                const int64_t first = k0 + c - q_first; /* first lane that sees key k0 + c */
+                if (first > 0) {
+                    const __mmask16 see = first >= QB ? 0 : (__mmask16)(0xFFFFu << first);
+                    sc[c] = _mm512_mask_blend_ps(see, neg, sc[c]);
+                }
+            }
+            top = _mm512_max_ps(top, sc[c]);
+        }
+        _mm512_store_ps(pt[0], _mm512_sub_ps(_mm512_load_ps(m), top)); /* scratch: m - max, for corr */
+        float corr[QB] __attribute__((aligned(64)));
+#pragma omp simd
+        for (int t = 0; t < QB; t++) corr[t] = expf(pt[0][t]);
+        for (int c = 0; c < kc; c++) _mm512_store_ps(pt[c], _mm512_sub_ps(sc[c], top));
+        for (int c = 0; c < kc; c++) {
+#pragma omp simd
+            for (int t = 0; t < QB; t++) pt[c][t] = expf(pt[c][t]);
+        }
+        __m512 sum = _mm512_setzero_ps();
+        for (int c = 0; c < kc; c++) sum = _mm512_add_ps(sum, _mm512_load_ps(pt[c]));
+        const __m512 cv = _mm512_load_ps(corr);
+        _mm512_store_ps(l, _mm512_fmadd_ps(_mm512_load_ps(l), cv, sum));
+        _mm512_store_ps(m, top);
+        __m512 pv[KB];
+        for (int c = 0; c < KB; c++) pv[c] = c < kc ? _mm512_load_ps(pt[c]) : _mm512_setzero_ps();
+        if (kc == KB) {
+            for (int x = 0; x < d; x++) {
+                __m512 o = _mm512_mul_ps(_mm512_load_ps(ot[x]), cv);
+                for (int c = 0; c < KB; c++) o = _mm512_fmadd_ps(pv[c], _mm512_set1_ps(vr[c][x]), o);
+                _mm512_store_ps(ot[x], o);
+            }
+        } else {
+            for (int x = 0; x < d; x++) {
+                __m512 o = _mm512_mul_ps(_mm512_load_ps(ot[x]), cv);
+                for (int c = 0; c < kc; c++) o = _mm512_fmadd_ps(pv[c], _mm512_set1_ps(vr[c][x]), o);
+                _mm512_store_ps(ot[x], o);
+            }
+        }
+#else
+        float sc[KB][QB];
+        for (int c = 0; c < KB; c++)
+            for (int t = 0; t < QB; t++) sc[c][t] = 0.0f;
+        for (int x = 0; x < d; x++)
+            for (int c = 0; c < kc; c++) {
+                const float kx = kr[c][x];
+#pragma omp simd
+                for (int t = 0; t < QB; t++) sc[c][t] += qt[x][t] * kx;
+            }
+        float top[QB], corr[QB];
+        for (int t = 0; t < QB; t++) top[t] = m[t];
+        for (int c = 0; c < kc; c++)
+            for (int t = 0; t < QB; t++) {
+                if (diag > 0 && k0 + c > q_first + t) sc[c][t] = -FLT_MAX;
+                top[t] = sc[c][t] > top[t] ? sc[c][t] : top[t];
+            }
+        for (int t = 0; t < QB; t++) corr[t] = expf(m[t] - top[t]);
+        for (int c = 0; c < kc; c++)
+            for (int t = 0; t < QB; t++) pt[c][t] = expf(sc[c][t] - top[t]);
+        for (int t = 0; t < QB; t++) {
+            float sum = 0.0f;
+            for (int c = 0; c < kc; c++) sum += pt[c][t];
+            l[t] = l[t] * corr[t] + sum;
+            m[t] = top[t];
+        }
+        for (int x = 0; x < d; x++) {
+            float o[QB];
+            for (int t = 0; t < QB; t++) o[t] = ot[x][t] * corr[t];
+            for (int c = 0; c < kc; c++) {
+                const float vx = vr[c][x];
+#pragma omp simd
+                for (int t = 0; t < QB; t++) o[t] += pt[c][t] * vx;
+            }
+            for (int t = 0; t < QB; t++) ot[x][t] = o[t];
+        }
+#endif
+    }
+    for (int t = 0; t < nq; t++) {
+        float *o = j->out + (row0 + t) * j->out_stride + (int64_t)h * d;
+        const float inv = 1.0f / l[t];
+        for (int x = 0; x < d; x++) o[x] = ot[x][t] * inv;
+    }
+}
+
+/* Returns 0, or -1 when head_dim is past the per-item buffers (the caller says which flag avoids it). */
+int pdr_paged_extend_f32(const float *q, int64_t q_stride, const float *k, const float *v, int64_t page_stride,
+                         const int64_t *page_table, int64_t pt_stride, const int64_t *starts, const int64_t *prefix,
+                         const int64_t *lens, float *out, int64_t out_stride, int n, int heads, int kv_heads,
+                         int dim, int page_size, float scale, int nthreads) {
+    if (kv_heads <= 0 || heads % kv_heads || dim > MAX_DIM || dim <= 0) return -1;
+    if (n <= 0) return 0;
+    const job_t j = {q, q_stride, k, v, page_stride, page_table, pt_stride, starts, prefix, lens,
+                     out, out_stride, heads, kv_heads, dim, page_size, scale};
+    /* items: every (sequence, block of 16 new tokens), times the heads; first[s] = the sequence's first block */
+    int64_t *first = malloc(sizeof(int64_t) * (size_t)(n + 1));
+    if (!first) return -2;
+    first[0] = 0;
+    for (int s = 0; s < n; s++) first[s + 1] = first[s] + (lens[s] + QB - 1) / QB;
+    const int64_t items = first[n] * heads;
+    if (nthreads < 1) nthreads = 1;
+    /* Heaviest first: blocks later in a sequence see more keys; dynamic hand-out balances the rest. */
+#pragma omp parallel for schedule(dynamic, 1) num_threads(nthreads)
+    for (int64_t it = items - 1; it >= 0; it--) {
+        const int64_t blk = it / heads;
+        const int h = (int)(it % heads);
+        int s = 0;
+        while (first[s + 1] <= blk) s++;
+        const int64_t i0 = (blk - first[s]) * QB;
+        const int nq = (int)(lens[s] - i0 < QB ? lens[s] - i0 : QB);
+        attend_block(&j, s, h, i0, nq);
+    }
+    free(first);
+    return 0;
+}
