@@ -46,6 +46,16 @@ class Workload:
         return sum(n for _, n in self.requests)
 
 
+def fresh_prompts(w: Workload, k: int, vocab: int) -> Workload:
+    """`w` whose prompts miss the prefix cache of runs 0..k-1: run k shifts each prompt's first token by k (the
+    radix cache matches from the first token on, so a repeated prompt would be served from the cache)."""
+    if k == 0:
+        return w
+    lo = min(100, vocab // 4)
+    shift = tuple((((p[0] - lo + k) % (vocab - lo)) + lo, *p[1:]) if p else p for p, _ in w.requests)
+    return Workload(w.name, w.concurrency, tuple((q, n) for q, (_, n) in zip(shift, w.requests, strict=True)))
+
+
 def make_workloads(vocab: int, *, quick: bool, seed: int, concurrency: Sequence[int] | None) -> list[Workload]:
     rng = random.Random(seed)
     lo = min(100, vocab // 4)  # skip the low ids, where tokenizers keep their special tokens
@@ -330,9 +340,10 @@ def run(ns: argparse.Namespace) -> int:
             print(f"pdrelay bench engine: {e}", file=sys.stderr)
             return 2
     model_dir = resolve_model_path(ns.model)
+    vocab = _vocab_size(model_dir)
     workloads = [
         w
-        for w in make_workloads(_vocab_size(model_dir), quick=ns.quick, seed=ns.seed, concurrency=concs)
+        for w in make_workloads(vocab, quick=ns.quick, seed=ns.seed, concurrency=concs)
         if w.name.split("-")[0] in wanted
     ]
     max_conc = max(w.concurrency for w in workloads)
@@ -395,7 +406,7 @@ def run(ns: argparse.Namespace) -> int:
         eng: dict[str, Any] = {}
         base: dict[str, Any] = {}
         for k in range(ns.repeat):
-            e = run_engine(engine, metered.meter, w, f"w{i}.{k}")
+            e = run_engine(engine, metered.meter, fresh_prompts(w, k, vocab), f"w{i}.{k}")
             e.update(roofline(e, machine))
             eng = e if not eng or e["output_tok_s"] > eng["output_tok_s"] else eng
             if hf is not None:

@@ -1,16 +1,21 @@
-"""`pdrelay bench serve --compare-peer vllm`: pdrelay and a peer server, each started alone on this box, one after
-the other, under the same seeded workloads; one table with the throughput ratios and the compute roofline.
+"""`pdrelay bench serve --compare-peer vllm`: pdrelay and a peer server on this box under the same seeded workloads;
+one table with the throughput ratios and the compute roofline.
 
     pdrelay bench serve --compare-peer vllm --peer-python /opt/vllm/bin/python \\
         --random-input-len 128 --random-output-len 64 --num-prompts 64 --max-concurrency 16 \\
-        --compare-range-ratios 0,0.5
+        --compare-range-ratios 0,0.5 --rounds 3
 
-First pdrelay's engine in this process (the worker's resolved config, every core; `--no-in-process` skips it),
-then the servers, in this order, each started, warmed up, measured on every workload and stopped before the next
-starts: pdrelay's `--pdrelay-setups` (default `colocated`: gateway + one worker; `cluster`: the default `pdrelay up`, gateway
-+ prefill + decode), each with its defaults (`--pdrelay-role-flags` adds flags), then the peer at each of
+The contenders: pdrelay's engine in this process (the worker's resolved config, every core; `--no-in-process`
+skips it), pdrelay's `--pdrelay-setups` (default `colocated`: gateway + one worker; `cluster`: the default `pdrelay
+up`, gateway + prefill + decode), each with its defaults (`--pdrelay-role-flags` adds flags), and the peer at each of
 `--peer-settings` (vLLM: `default`, its own core split, and `all`: its engine on every core, none reserved).
 pdrelay is never given `--threads`: what is measured is what a user gets.
+
+With `--rounds 1` (the default) each server is started alone, measured on every workload and stopped before the
+next starts. With `--rounds N` every server is started first and all stay up (idle ones cost ~1% of a core), then
+each round draws new prompts (seed + round: no prefix-cache hits across rounds) and runs every workload on every
+contender, the order rotated each round. The table gives medians, and a ratio is the median of the per-round
+ratios: a 2-core box drifts by 10% over minutes, and a pair measured minutes apart, many times, sees through it.
 
 The roofline: the workload's model FLOPs (every prompt and output token through every dense projection, the LM
 head only where a token is sampled, attention over the context), divided by the fp32 matmul rate this box
@@ -22,27 +27,37 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
+import functools
 import json
-import shlex
+import shutil
 import sys
 import tempfile
 import time
+from collections.abc import Callable
+from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from bench.serve.compare_report import (
+    combine_rounds,
+    comparison_lines,
+    engine_profile,
+    matmul_gflops,
+    scrape_engine,
+    workload_flops,
+)
+from bench.serve.compare_servers import BENCH_DIR, PEER_SETTINGS, PEERS, SETUPS, Endpoint, pdrelay_server, peer_server
 from bench.serve.datasets import BenchRequest, BenchTokenizer, random_dataset
 from bench.serve.measure import Target, _new_loop, measure
 
-READY_TIMEOUT_S = 600.0
-PEERS = {"vllm": "vllm_peer.sh"}  # peer name -> start script in bench/
-BENCH_DIR = Path(__file__).resolve().parent.parent  # bench/ (this module lives in bench/serve/)
-PEER_SETTINGS = {"vllm": {"default": {"VLLM_PEER_CORES": "default"}, "all": {"VLLM_PEER_CORES": "all"}}}
-SETUPS = {"colocated": {"gateway": 1, "worker": 1}, "cluster": {"gateway": 1, "prefill": 1, "decode": 1}}
+__all__ = ["BENCH_DIR", "PEERS", "add_compare_arguments", "comparison_lines", "engine_profile", "run_compare"]
+__all__ += ["validate", "workload_flops"]
 
 
 def add_compare_arguments(p: argparse.ArgumentParser) -> None:
-    g = p.add_argument_group("pdrelay vs a peer server (each started alone, one after the other)")
+    g = p.add_argument_group("pdrelay vs a peer server, same box, same seeded workloads")
     g.add_argument(
         "--compare-peer",
         default=None,
@@ -97,6 +112,14 @@ def add_compare_arguments(p: argparse.ArgumentParser) -> None:
         help="workloads: --random-range-ratio values, each run on every server while it is up "
         "(default: --random-range-ratio alone)",
     )
+    g.add_argument(
+        "--rounds",
+        type=int,
+        default=1,
+        metavar="N",
+        help="1: each server alone, one after the other; N > 1: every server up at once, N rounds of new "
+        "prompts over all of them in rotating order, medians and per-round ratios",
+    )
 
 
 @dataclass(frozen=True)
@@ -107,6 +130,7 @@ class CompareSpec:
     setups: tuple[str, ...]
     role_flags: dict[str, tuple[str, ...]]
     range_ratios: tuple[float, ...]
+    rounds: int = 1
 
 
 def _names(flag: str, text: str, allowed: Any) -> tuple[str, ...]:
@@ -155,6 +179,8 @@ def validate(ns: argparse.Namespace) -> CompareSpec:
         )
     except ValueError:
         raise ValueError(f"--compare-range-ratios {ratios_text!r} must be numbers in [0, 1), e.g. 0,0.5") from None
+    if ns.rounds < 1:
+        raise ValueError(f"--rounds must be >= 1 (got {ns.rounds})")
     if ns.roofline_gflops is not None and not ns.roofline_gflops > 0:
         raise ValueError(f"--roofline-gflops must be > 0 (got {ns.roofline_gflops})")
     if not ratios or any(not 0 <= r < 1 for r in ratios):
@@ -170,91 +196,12 @@ def validate(ns: argparse.Namespace) -> CompareSpec:
         _names("--pdrelay-setups", ns.pdrelay_setups, SETUPS),
         role_flags,
         ratios,
+        ns.rounds,
     )
-
-
-# ---- roofline -----------------------------------------------------------------------------------------------------
-def workload_flops(model_dir: Path, requests: list[BenchRequest]) -> float:
-    """Model FLOPs of serving `requests` (prompt + output tokens): 2 x the dense weights each token passes, the LM
-    head for each sampled token only, and 4 x layers x q-width x context for attention (QK^T and PV)."""
-    from shared.engine.models import load_model_config
-
-    c = load_model_config(model_dir)
-    h, layers = c.hidden_size, c.num_layers
-    q, kv = c.num_heads * c.head_dim, c.num_kv_heads * c.head_dim
-    per_layer = h * q + 2 * h * kv + q * h + 3 * h * c.intermediate_size
-    body, head = 2 * layers * per_layer, 2 * h * c.vocab_size
-    total = 0.0
-    for r in requests:
-        n = r.prompt_len + r.output_len
-        total += n * body + r.output_len * head
-        total += 4 * layers * q * (n * (n + 1) / 2)  # token at position p attends to p + 1 keys
-    return total
-
-
-def matmul_gflops(model_dir: Path) -> float:
-    """This box's fp32 matmul rate on the model's MLP shape, all cores (bench engine's measurement)."""
-    import os
-
-    import torch
-
-    from bench.engine import measure_machine
-    from shared.engine.models import load_model_config
-
-    c = load_model_config(model_dir)
-    torch.set_num_threads(os.cpu_count() or 1)
-    try:
-        return measure_machine(c.hidden_size, c.intermediate_size, batch=256)["matmul_gflops"]
-    finally:
-        torch.set_num_threads(1)
-
-
-# ---- the servers --------------------------------------------------------------------------------------------------
-@dataclass(frozen=True)
-class Server:
-    label: str
-    kind: str  # "pdrelay" | the peer's name
-    setting: str  # pdrelay setup or peer setting
 
 
 def _log(msg: str) -> None:
     print(f"[bench serve] {msg}", file=sys.stderr, flush=True)
-
-
-ENGINE_COUNTERS = ("pdrelay:engine_steps", "pdrelay:engine_step_seconds", "pdrelay:engine_step_tokens")
-
-
-def engine_profile(before: dict[str, float], after: dict[str, float], duration_s: float) -> dict[str, float]:
-    """One engine over a measured run, from its counters: busy share of the wall time (the rest it waited for
-    work: the serving path's doing), steps, mean step, and the forward pass's share of busy time."""
-    d = {k: after.get(k, 0.0) - before.get(k, 0.0) for k in after}
-    steps = d.get("pdrelay:engine_steps", 0.0)
-    busy = d.get("pdrelay:engine_step_seconds", 0.0)
-    return {
-        "engine_busy_share": busy / duration_s if duration_s else 0.0,
-        "engine_steps": steps,
-        "engine_step_ms": 1e3 * busy / steps if steps else 0.0,
-        "engine_tokens_per_step": d.get("pdrelay:engine_step_tokens", 0.0) / steps if steps else 0.0,
-        "engine_forward_share": d.get("pdrelay:engine_step_seconds{forward}", 0.0) / busy if busy else 0.0,
-    }
-
-
-def _scrape(address: str) -> dict[str, float]:
-    import urllib.request
-
-    from prometheus_client.parser import text_string_to_metric_families
-
-    with urllib.request.urlopen(f"http://{address}/metrics", timeout=10.0) as resp:
-        text = resp.read().decode()
-    out: dict[str, float] = {}
-    for fam in text_string_to_metric_families(text):
-        if fam.name in ENGINE_COUNTERS:
-            for smp in fam.samples:
-                if smp.name.endswith("_total"):
-                    out[fam.name] = out.get(fam.name, 0.0) + smp.value
-                    if "phase" in smp.labels:
-                        out[f"{fam.name}{{{smp.labels['phase']}}}"] = smp.value
-    return out
 
 
 def _measure_all(
@@ -269,8 +216,10 @@ def _measure_all(
     percentiles: tuple[float, ...],
     deadline: float,
     engines: dict[str, str] | None = None,
+    warm: list[BenchRequest] | None = None,
 ) -> dict[str, dict[str, Any]]:
-    """Every workload against one server; `engines` (instance id -> metrics address) adds each engine's profile."""
+    """Every workload against one server; `engines` (instance id -> metrics address) adds each engine's profile;
+    `warm`: warm-up requests apart from the measured ones (default: the first --num-warmups of each workload)."""
 
     async def go() -> dict[str, dict[str, Any]]:
         out: dict[str, dict[str, Any]] = {}
@@ -280,7 +229,7 @@ def _measure_all(
             before: dict[str, dict[str, float]] = {}
 
             def snap(before: dict[str, dict[str, float]] = before) -> None:
-                before.update({iid: _scrape(addr) for iid, addr in (engines or {}).items()})
+                before.update({iid: scrape_engine(addr) for iid, addr in (engines or {}).items()})
 
             summary, _ = await measure(
                 target,
@@ -293,10 +242,11 @@ def _measure_all(
                 percentiles=percentiles,
                 max_concurrency=ns.max_concurrency,
                 on_start=snap,
+                warm=warm,
             )
             if engines:
                 summary["engines"] = {
-                    iid: engine_profile(before.get(iid, {}), _scrape(addr), summary["duration"])
+                    iid: engine_profile(before.get(iid, {}), scrape_engine(addr), summary["duration"])
                     for iid, addr in engines.items()
                 }
                 for iid, prof in summary["engines"].items():
@@ -316,107 +266,65 @@ def _measure_all(
         return runner.run(go())
 
 
-def _run_pdrelay(setup: str, spec: CompareSpec, model_dir: Path, tmp: Path, **kw: Any) -> dict[str, dict[str, Any]]:
-    from shared.cluster.handshake import read_ready_file
-    from shared.cluster.localcluster import detached
-    from shared.cluster.localcluster.plan import UpOptions
-    from shared.cluster.localcluster.servers import free_port
-
-    run_dir = tmp / f"pdrelay-{setup}"
-    opts = UpOptions(
-        run_dir=str(run_dir),
-        cluster=f"bench-{setup}",
-        etcd_port=free_port(),
-        nats_port=free_port(),
-        counts=SETUPS[setup],
-        extra=("--model", str(model_dir), "--port", str(free_port())),
-        role_extra=spec.role_flags,
-        ready_timeout_s=READY_TIMEOUT_S,
-        echo_log=False,
-    )
-    _log(f"pdrelay {setup}: starting {', '.join(f'{n} {r}' for r, n in SETUPS[setup].items())} in {run_dir}")
-    t0 = time.monotonic()
-    try:
-        state = detached.start(opts)
-        gateway = next(c for c in state.children if c.role == "gateway")
-        workers = tuple(c.pid for c in state.children if c.role != "gateway")
-        engines = {}
-        for c in state.children:
-            info = read_ready_file(run_dir / "ready" / f"{c.instance_id}.json") if c.role != "gateway" else None
-            if info is not None and info.metrics:
-                engines[c.instance_id] = info.metrics
-        _log(f"pdrelay {setup}: ready in {time.monotonic() - t0:.0f} s on http://{gateway.http}")
-        return _measure_all(f"pdrelay-{setup}", f"http://{gateway.http}", gateway.pid, workers, engines=engines, **kw)
-    finally:
-        detached.stop(run_dir, timeout_s=30.0, say=lambda m: _log(f"pdrelay {setup}: {m}"))
+def _measure_endpoint(ep: Endpoint, **kw: Any) -> dict[str, dict[str, Any]]:
+    return _measure_all(ep.label, ep.base_url, ep.pid, ep.worker_pids, engines=ep.engines, **kw)
 
 
-def _run_peer(setting: str, spec: CompareSpec, model_dir: Path, **kw: Any) -> dict[str, dict[str, Any]]:
-    from bench.serve.peer import PeerProcess
+class InProcess:
+    """pdrelay's engine in this process, from the worker's resolved config (every core): the workloads closed loop
+    at --max-concurrency like the client, output tok/s and duration only (no HTTP, so no TTFT / TPOT)."""
 
-    script = BENCH_DIR / PEERS[spec.peer]
-    env = {f"{spec.peer.upper()}_PYTHON": spec.peer_python, **PEER_SETTINGS[spec.peer][setting]}
-    assigns = " ".join(f"{k}={shlex.quote(v)}" for k, v in env.items())
-    cmd = f"{assigns} exec {shlex.quote(str(script))} {{port}} {{pid_file}} {shlex.quote(str(model_dir))}"
-    label = f"{spec.peer}-{setting}"
-    _log(f"{label}: starting {cmd}")
-    peer = PeerProcess(cmd)
-    try:
-        t0 = time.monotonic()
-        model = peer.wait_ready(READY_TIMEOUT_S)
-        pids = peer.pids()
-        for _ in range(50):  # the script names the engine processes right after the server first answers
-            if pids["worker"]:
-                break
-            time.sleep(0.1)
-            pids = peer.pids()
-        _log(f"{label}: ready in {time.monotonic() - t0:.0f} s on {peer.base_url} ({model})")
-        return _measure_all(label, peer.base_url, pids["front"][0], pids["worker"], **kw)
-    finally:
-        peer.stop()
+    label = "pdrelay-in-process"
 
+    def __init__(self, ns: argparse.Namespace, tok: BenchTokenizer, model_dir: Path) -> None:
+        from shared.config import PassContext, resolve
+        from shared.engine.engine import Engine
 
-def _run_in_process(
-    workloads: list[tuple[str, list[BenchRequest]]], ns: argparse.Namespace, tok: BenchTokenizer, model_dir: Path
-) -> dict[str, dict[str, Any]]:
-    """The workloads through the worker's engine in this process (its resolved config, every core), closed loop at
-    --max-concurrency like the client: output tok/s and duration only (no HTTP, so no TTFT / TPOT)."""
-    import gc
+        self.ns, self.tok = ns, tok
+        self.cfg = resolve("worker", ["--model", str(model_dir)], env={}, ctx=PassContext(exclusive_host=True))
+        self.engine: Any = Engine.from_config(self.cfg)
+        self._runs = 0
 
-    from bench.engine import Workload as EngineWorkload
-    from bench.engine import run_engine
-    from shared.config import PassContext, resolve
-    from shared.engine.engine import Engine
+    def _ids(self, reqs: list[BenchRequest]) -> tuple[tuple[tuple[int, ...], int], ...]:
+        return tuple(
+            (tuple(self.tok.encode(r.prompt)) if isinstance(r.prompt, str) else tuple(r.prompt), r.output_len)
+            for r in reqs
+        )
 
-    cfg = resolve("worker", ["--model", str(model_dir)], env={}, ctx=PassContext(exclusive_host=True))
-    engine = Engine.from_config(cfg)
-    out: dict[str, dict[str, Any]] = {}
-    try:
-        conc = ns.max_concurrency or ns.num_prompts
-        for i, (name, reqs) in enumerate(workloads):
-            ids = tuple(
-                (tuple(tok.encode(r.prompt)) if isinstance(r.prompt, str) else tuple(r.prompt), r.output_len)
-                for r in reqs
-            )
-            warm = EngineWorkload("warm", conc, ids[: max(1, ns.num_warmups)])
-            run_engine(engine, _NullMeter(), warm, f"warm{i}")
-            res = run_engine(engine, _NullMeter(), EngineWorkload(name, conc, ids), f"w{i}")
+    def run(
+        self, workloads: list[tuple[str, list[BenchRequest]]], warm: list[BenchRequest]
+    ) -> dict[str, dict[str, Any]]:
+        from bench.engine import Workload as EngineWorkload
+        from bench.engine import run_engine
+
+        conc = self.ns.max_concurrency or self.ns.num_prompts
+        out: dict[str, dict[str, Any]] = {}
+        for name, reqs in workloads:
+            self._runs += 1
+            if warm:
+                run_engine(
+                    self.engine, _NullMeter(), EngineWorkload("warm", conc, self._ids(warm)), f"warm{self._runs}"
+                )
+            res = run_engine(self.engine, _NullMeter(), EngineWorkload(name, conc, self._ids(reqs)), f"w{self._runs}")
             out[name] = {
                 "output_throughput": res["output_tok_s"],
                 "duration": res["elapsed_s"],
                 "steps": res["steps"],
                 "step_ms_mean": res["step_ms_mean"],
                 "forward_share": res["forward_share"],
-                "threads": cfg.device.threads,
+                "threads": self.cfg.device.threads,
             }
             _log(
-                f"pdrelay in-process / {name}: {res['output_tok_s']:.1f} output tok/s ({cfg.device.threads} "
+                f"{self.label} / {name}: {res['output_tok_s']:.1f} output tok/s ({self.cfg.device.threads} "
                 f"threads, {res['steps']} steps of {res['step_ms_mean']:.0f} ms)"
             )
-    finally:
-        del engine
+        return out
+
+    def close(self) -> None:
+        import gc
+
+        del self.engine
         gc.collect()
-    return out
 
 
 class _NullMeter:
@@ -427,48 +335,26 @@ class _NullMeter:
         self.bytes: list[float] = []
 
 
-# ---- report -------------------------------------------------------------------------------------------------------
-def _ms(s: dict[str, Any], key: str, width: int, digits: int) -> str:
-    v = s.get(key)
-    return f"{'-':>{width}}" if v is None else f"{v:>{width - 2}.{digits}f}ms"
-
-
-def comparison_lines(
-    results: dict[str, dict[str, dict[str, Any]]], peers: list[str], floors: dict[str, float], workloads: list[str]
-) -> list[str]:
-    """Per workload: one row per server (output tok/s, TTFT, TPOT, roofline fraction, ratio vs each peer run)."""
-    lines: list[str] = []
-    for w in workloads:
-        lines.append(f"workload {w}")
-        head = (
-            f"  {'server':<22}{'out tok/s':>10}{'mean TTFT':>11}{'mean TPOT':>11}{'med TPOT':>10}"
-            f"{'p99 ITL':>9}{'roofline':>10}" + "".join(f"{'/ ' + p:>18}" for p in peers)
+# ---- the run ------------------------------------------------------------------------------------------------------
+def _workloads(
+    ns: argparse.Namespace, tok: BenchTokenizer, spec: CompareSpec, seed: int
+) -> tuple[list[tuple[str, list[BenchRequest]]], list[BenchRequest]]:
+    """The round's workloads (one per range ratio) and its warm-up requests, all drawn from `seed`."""
+    out: list[tuple[str, list[BenchRequest]]] = []
+    warm: list[BenchRequest] = []
+    for r in spec.range_ratios:
+        reqs = random_dataset(
+            tok,
+            num_prompts=ns.num_prompts + ns.num_warmups,
+            input_len=ns.random_input_len,
+            output_len=ns.random_output_len,
+            seed=seed,
+            range_ratio=r,
+            token_ids=ns.random_prompt_format == "ids",
         )
-        lines.append(head)
-        for label, by_w in results.items():
-            s = by_w.get(w)
-            if s is None:
-                continue
-            frac = floors[w] / s["duration"] if s.get("duration") else 0.0
-            row = (
-                f"  {label:<22}{s['output_throughput']:>10.1f}{_ms(s, 'mean_ttft_ms', 11, 0)}"
-                f"{_ms(s, 'mean_tpot_ms', 11, 1)}{_ms(s, 'median_tpot_ms', 10, 1)}{_ms(s, 'p99_itl_ms', 9, 0)}"
-                f"{frac:>10.1%}"
-            )
-            for p in peers:
-                ps = results.get(p, {}).get(w)
-                r = s["output_throughput"] / ps["output_throughput"] if ps and ps["output_throughput"] else None
-                row += f"{'-' if r is None else f'{r:.2f}x':>18}"
-            lines.append(row)
-        for label, by_w in results.items():
-            for iid, prof in (by_w.get(w) or {}).get("engines", {}).items():
-                lines.append(
-                    f"  {label} {iid}: engine busy {prof['engine_busy_share']:.0%} of the run, "
-                    f"{prof['engine_steps']:.0f} steps of {prof['engine_step_ms']:.0f} ms "
-                    f"({prof['engine_tokens_per_step']:.0f} tokens each), forward pass "
-                    f"{prof['engine_forward_share']:.0%} of it"
-                )
-    return lines
+        warm = warm or reqs[: ns.num_warmups]
+        out.append((f"random {ns.random_input_len}/{ns.random_output_len} range {r:g}", reqs[ns.num_warmups :]))
+    return out, warm
 
 
 def run_compare(
@@ -480,65 +366,91 @@ def run_compare(
     percentiles: tuple[float, ...],
 ) -> int:
     spec = validate(ns)
-    workloads: list[tuple[str, list[BenchRequest]]] = []
-    for r in spec.range_ratios:
-        reqs = random_dataset(
-            tok,
-            num_prompts=ns.num_prompts,
-            input_len=ns.random_input_len,
-            output_len=ns.random_output_len,
-            seed=ns.seed,
-            range_ratio=r,
-            token_ids=ns.random_prompt_format == "ids",
-        )
-        workloads.append((f"random {ns.random_input_len}/{ns.random_output_len} range {r:g}", reqs))
+    rounds = [_workloads(ns, tok, spec, ns.seed + i) for i in range(spec.rounds)]
+    names = [n for n, _ in rounds[0][0]]
     gflops = ns.roofline_gflops or matmul_gflops(tokenizer_dir)
-    floors = {name: workload_flops(tokenizer_dir, reqs) / (gflops * 1e9) for name, reqs in workloads}
-    for name, reqs in workloads:
+    floor_s = [{n: workload_flops(tokenizer_dir, reqs) / (gflops * 1e9) for n, reqs in wl} for wl, _ in rounds]
+    for name, reqs in rounds[0][0]:
         toks = sum(q.output_len for q in reqs)
         _log(
             f"{name}: {workload_flops(tokenizer_dir, reqs) / 1e12:.2f} TFLOP; at {gflops:.0f} GFLOPS the roofline "
-            f"is {floors[name]:.1f} s = {toks / floors[name]:.0f} output tok/s"
+            f"is {floor_s[0][name]:.1f} s = {toks / floor_s[0][name]:.0f} output tok/s"
         )
     deadline = time.monotonic() + ns.total_timeout_s
-    kw: dict[str, Any] = {
-        "workloads": workloads,
-        "ns": ns,
-        "tok": tok,
-        "slo": slo,
-        "percentiles": percentiles,
-        "deadline": deadline,
-    }
-    results: dict[str, dict[str, dict[str, Any]]] = {}
+    kw: dict[str, Any] = {"ns": ns, "tok": tok, "slo": slo, "percentiles": percentiles, "deadline": deadline}
+    runs: dict[str, list[dict[str, dict[str, Any]]]] = {}  # label -> per round: workload -> summary
     failed: list[str] = []
-    if ns.in_process:
-        results["pdrelay-in-process"] = _run_in_process(workloads, ns, tok, tokenizer_dir)
-    with tempfile.TemporaryDirectory(prefix="pdrelay-bench-compare-") as tmp:
-        for setup in spec.setups:
-            try:
-                results[f"pdrelay-{setup}"] = _run_pdrelay(setup, spec, tokenizer_dir, Path(tmp), **kw)
-            except (RuntimeError, TimeoutError, ValueError, OSError) as e:
-                failed.append(f"pdrelay-{setup}: {e}")
-                _log(f"pdrelay {setup} failed: {e}")
-        for setting in spec.peer_settings:
-            try:
-                results[f"{spec.peer}-{setting}"] = _run_peer(setting, spec, tokenizer_dir, **kw)
-            except (RuntimeError, TimeoutError, ValueError, OSError) as e:
-                failed.append(f"{spec.peer}-{setting}: {e}")
-                _log(f"{spec.peer} {setting} failed: {str(e)[-2000:]}")
+    tmp = Path(tempfile.mkdtemp(prefix="pdrelay-bench-compare-"))
+    servers: list[tuple[str, Callable[[], AbstractContextManager[Endpoint]]]] = [
+        (f"pdrelay-{s}", functools.partial(pdrelay_server, s, spec.role_flags, tokenizer_dir, tmp)) for s in spec.setups
+    ]
+    servers += [
+        (f"{spec.peer}-{s}", functools.partial(peer_server, spec.peer, s, spec.peer_python, tokenizer_dir))
+        for s in spec.peer_settings
+    ]
+    inproc = InProcess(ns, tok, tokenizer_dir) if ns.in_process else None
+    try:
+        if spec.rounds == 1:  # each server alone: started, measured, stopped
+            workloads, warm = rounds[0]
+            if inproc is not None:
+                runs[inproc.label] = [inproc.run(workloads, warm)]
+                inproc.close()
+                inproc = None
+            for label, start in servers:
+                try:
+                    with start() as ep:
+                        runs[label] = [_measure_endpoint(ep, workloads=workloads, warm=warm, **kw)]
+                except (RuntimeError, TimeoutError, ValueError, OSError) as e:
+                    failed.append(f"{label}: {e}")
+                    _log(f"{label} failed: {str(e)[-2000:]}")
+        else:
+            with contextlib.ExitStack() as stack:
+                endpoints: list[Endpoint] = []
+                for label, start in servers:
+                    try:
+                        endpoints.append(stack.enter_context(start()))
+                    except (RuntimeError, TimeoutError, ValueError, OSError) as e:
+                        failed.append(f"{label}: {e}")
+                        _log(f"{label} failed: {str(e)[-2000:]}")
+                order: list[Endpoint | InProcess] = [*([inproc] if inproc is not None else []), *endpoints]
+                for i, (workloads, warm) in enumerate(rounds):
+                    _log(f"round {i + 1} of {spec.rounds}")
+                    for c in order[i % len(order) :] + order[: i % len(order)]:
+                        try:
+                            got = (
+                                c.run(workloads, warm)
+                                if isinstance(c, InProcess)
+                                else _measure_endpoint(c, workloads=workloads, warm=warm, **kw)
+                            )
+                        except (RuntimeError, TimeoutError, ValueError, OSError) as e:
+                            failed.append(f"{c.label} round {i + 1}: {e}")
+                            _log(f"{c.label} round {i + 1} failed: {str(e)[-2000:]}")
+                            continue
+                        runs.setdefault(c.label, []).append(got)
+    finally:
+        if inproc is not None:
+            inproc.close()
+        shutil.rmtree(tmp, ignore_errors=True)
+    results = {
+        label: {n: combine_rounds([r[n] for r in per_round], [f[n] for f in floor_s[: len(per_round)]]) for n in names}
+        for label, per_round in runs.items()
+        if len(per_round) == spec.rounds
+    }
     peers = [f"{spec.peer}-{s}" for s in spec.peer_settings]
+    how = "one after the other" if spec.rounds == 1 else f"{spec.rounds} rounds, medians (ratios: per round)"
     print(
         f"matmul {gflops:.0f} GFLOPS (fp32, all cores); roofline = workload FLOPs / that rate; ratios are "
-        "output tok/s over the peer's; servers ran one after the other"
+        f"output tok/s over the peer's; servers ran {how}"
     )
-    for line in comparison_lines(results, peers, floors, [n for n, _ in workloads]):
+    for line in comparison_lines(results, peers, floor_s[0], names):
         print(line)
     if ns.output_json:
         doc = {
             **settings,
             "compare_peer": spec.peer,
+            "rounds": spec.rounds,
             "matmul_gflops": gflops,
-            "roofline_s": floors,
+            "roofline_s": floor_s[0],
             "results": results,
             "failed": failed,
         }

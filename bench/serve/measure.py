@@ -60,9 +60,11 @@ async def measure(
     percentiles: tuple[float, ...],
     max_concurrency: int | None,
     on_start: Callable[[], None] | None = None,
+    warm: list[BenchRequest] | None = None,
 ) -> tuple[dict[str, Any], RunOutcome]:
     """Warm up, then run the workload against one target; the summary dict has vLLM's keys plus CPU figures.
-    on_start runs after the warm-up, right before the measured run (e.g. to snapshot server counters)."""
+    on_start runs after the warm-up, right before the measured run (e.g. to snapshot server counters). warm: the
+    warm-up requests (default: the first --num-warmups of `requests`, which then meet a warm prefix cache)."""
     workload = Workload(
         tuple(requests),
         request_rate=ns.request_rate,
@@ -89,12 +91,13 @@ async def measure(
         opts = RequestOptions(
             ns.endpoint, model, ignore_eos=ns.ignore_eos, temperature=ns.temperature, extra_body=extra
         )
-        if ns.num_warmups > 0:
-            _log(f"{target.label}: {ns.num_warmups} warm-up requests to {target.base_url} ({model})")
-            warm = await warm_up(
+        warm = requests[: ns.num_warmups] if warm is None else warm
+        if warm:
+            _log(f"{target.label}: {len(warm)} warm-up requests to {target.base_url} ({model})")
+            warmed = await warm_up(
                 http,
                 opts,
-                requests[: ns.num_warmups],
+                warm,
                 max_concurrency=max_concurrency,
                 timeout_s=ns.timeout_s,
                 count_tokens=count,
@@ -102,7 +105,7 @@ async def measure(
                 deadline_s=max(0.0, deadline - time.monotonic()),
             )
             # (stopped during warm-up: the measured run below returns at once, reported as partial)
-            bad = [r.error for r in warm.results if not r.success]
+            bad = [r.error for r in warmed.results if not r.success]
             if bad:
                 raise RuntimeError(f"{target.label}: warm-up requests to {target.base_url} failed: {bad[0]}")
         _log(

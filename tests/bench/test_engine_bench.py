@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from bench.engine import add_arguments, make_workloads, run
+from bench.engine import add_arguments, fresh_prompts, make_workloads, run
 from tests.helpers.tiny_models import tiny_llama_dir  # noqa: F401
 
 
@@ -21,6 +21,18 @@ def test_workloads_follow_the_spec():
     assert varied.concurrency == 16 and len(varied.requests) == 64
     assert all(32 <= len(p) <= 512 and 16 <= n <= 256 for p, n in varied.requests)
     assert make_workloads(49152, quick=False, seed=0, concurrency=None)[-1] == varied  # seeded
+
+
+def test_repeats_draw_prompts_the_prefix_cache_has_not_seen():
+    """--repeat k runs the workload again: every prompt's first token differs from every earlier run's, so no page
+    of it matches the radix cache (a repeat had been served from the cache and looked 1.7x faster)."""
+    w = make_workloads(49152, quick=True, seed=0, concurrency=None)[0]
+    runs = [fresh_prompts(w, k, 49152) for k in range(4)]
+    assert runs[0] == w
+    for i, (p, n) in enumerate(w.requests):
+        firsts = {r.requests[i][0][0] for r in runs}
+        assert len(firsts) == 4 and all(100 <= t < 49152 for t in firsts)
+        assert all(r.requests[i][0][1:] == p[1:] and r.requests[i][1] == n for r in runs)
 
 
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])

@@ -202,3 +202,30 @@ def test_every_peer_start_script_exists_and_is_executable() -> None:
     for peer, script in PEERS.items():
         path = BENCH_DIR / script
         assert path.is_file() and os.access(path, os.X_OK), f"{peer}: {path}"
+
+
+def test_rounds_give_medians_and_per_round_ratios() -> None:
+    """Three rounds: the row shows the median throughput, and the ratio is the median of the per-round ratios (the
+    box drifting between rounds moves both servers of a round together)."""
+    from bench.serve.compare_report import combine_rounds, ratio
+
+    def run(tps: float, dur: float) -> dict[str, float]:
+        return {"output_throughput": tps, "duration": dur, "mean_ttft_ms": 1000.0 / tps, "mean_tpot_ms": 50.0}
+
+    ours = combine_rounds([run(120, 40), run(90, 50), run(150, 30)], [20.0, 20.0, 21.0])
+    peer = combine_rounds([run(100, 48), run(100, 45), run(100, 30)], [20.0, 20.0, 21.0])
+    assert ours["output_throughput"] == 120 and ours["round_throughputs"] == [120, 90, 150]
+    assert ours["roofline_fraction"] == pytest.approx(0.5)  # median of 0.5, 0.4, 0.7
+    assert ratio(ours, peer) == pytest.approx(1.2)  # median of 1.2, 0.9, 1.5
+    assert ratio(ours, {"output_throughput": 60.0}) == pytest.approx(2.0)  # no rounds: plain ratio
+    lines = comparison_lines({"a": {"w": ours}, "b": {"w": peer}}, ["b"], {"w": 20.0}, ["w"])
+    assert any(line.strip() == "a rounds: 120.0 90.0 150.0 tok/s" for line in lines)
+    assert "1.20x" in next(line for line in lines if line.strip().startswith("a ") and "%" in line)
+
+
+def test_rounds_must_be_positive(tmp_path: Path) -> None:
+    py = tmp_path / "python"
+    py.write_text("")
+    with pytest.raises(ValueError, match="--rounds"):
+        validate(_ns("--compare-peer", "vllm", "--peer-python", str(py), "--rounds", "0"))
+    assert validate(_ns("--compare-peer", "vllm", "--peer-python", str(py), "--rounds", "3")).rounds == 3
