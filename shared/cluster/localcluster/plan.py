@@ -22,8 +22,10 @@ import msgspec
 # starts last, once there is a cluster to plan for.
 ROLE_ORDER = ("kvstore", "encoder", "prefill", "decode", "worker", "echo", "gateway", "planner")
 ECHO_MODULE = "services.echo"
-# Roles whose processes run a model engine: `--threads 0` splits the host's cores among their instances.
-ENGINE_ROLES = ("prefill", "decode", "worker", "encoder")
+# Roles whose processes run an LLM engine: `--threads 0` splits the host's cores among their instances. Encoders
+# run a model too, but beside LLM engines they take one thread (shared.config.passes.resolve_threads).
+ENGINE_ROLES = ("prefill", "decode", "worker")
+ENCODER_ROLE = "encoder"
 # Set by `pdrelay up` for every instance; a user flag for them would fight the per-instance value.
 PER_INSTANCE_FLAGS = frozenset(
     {
@@ -163,7 +165,10 @@ def build_spec(
     from shared.config import PassContext, resolve
 
     user = [*flags_for_role(role, opts.extra), *opts.role_extra.get(role, ())]
-    ctx = PassContext(engines_on_host=sum(opts.counts.get(r, 0) for r in ENGINE_ROLES))
+    ctx = PassContext(
+        engines_on_host=sum(opts.counts.get(r, 0) for r in ENGINE_ROLES),
+        encoders_on_host=opts.counts.get(ENCODER_ROLE, 0),
+    )
     cfg = resolve(role, [*user, *per_instance], os.environ if env is None else env, ctx=ctx)
     cfg_path = (run_dir / "config" / f"{iid}.json").resolve()
     cfg_path.parent.mkdir(parents=True, exist_ok=True)

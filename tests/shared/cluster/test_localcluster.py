@@ -105,6 +105,11 @@ def test_engines_split_the_hosts_cores_by_default(tmp_path: Path) -> None:
     assert threads("worker", {"gateway": 1, "worker": 1}) == cores  # a lone worker beside a gateway: every core
     assert threads("decode", {"gateway": 1, "prefill": 1, "decode": 1}) == max(1, cores // 2)
     assert threads("worker", {"gateway": 1, "worker": 1}, "--threads", "1") == 1
+    # the encoder `pdrelay up` starts by default is left out of the split and takes one thread
+    colocated = {"gateway": 1, "worker": 1, "encoder": 1, "kvstore": 1}
+    assert threads("worker", colocated) == cores
+    assert threads("encoder", colocated) == 1
+    assert threads("decode", {"gateway": 1, "prefill": 1, "decode": 1, "encoder": 1}) == max(1, cores // 2)
 
 
 def test_role_flags_reach_only_their_role_and_win_over_shared_flags(tmp_path: Path) -> None:

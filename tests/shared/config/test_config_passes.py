@@ -91,6 +91,19 @@ def test_threads_split_the_cores_among_the_engines_on_the_host() -> None:
     assert user.device.threads == 1 and user.provenance["device.threads"].source == "cli"
 
 
+def test_an_encoder_beside_llm_engines_takes_one_thread_and_is_left_out_of_their_split() -> None:
+    probe = StaticProbe(cores=2, modules=frozenset({"nixl_cu12._api"}))
+    ctx = PassContext(probe=probe, engines_on_host=1, encoders_on_host=1)  # `pdrelay up --worker 1 --prefill 0 ...`
+    worker = resolve("worker", env={}, ctx=ctx)
+    assert worker.device.threads == 2 and "1 engine process(es) share 2 cores" in _derived(worker, "device.threads")
+    encoder = resolve("encoder", env={}, ctx=ctx)
+    assert encoder.device.threads == 1 and "beside 1 LLM engine" in _derived(encoder, "device.threads")
+    alone = resolve("encoder", env={}, ctx=PassContext(probe=StaticProbe(cores=8), encoders_on_host=2))
+    assert alone.device.threads == 4 and "2 encoder process(es) share 8 cores" in _derived(alone, "device.threads")
+    user = resolve("encoder", ["--threads", "2"], env={}, ctx=ctx)
+    assert user.device.threads == 2 and user.provenance["device.threads"].source == "cli"
+
+
 def test_attention_backend(make_ctx, ctx: PassContext) -> None:
     # on cpu auto stays for the runner: native where a C compiler builds it, torch otherwise
     assert resolve("worker", env={}, ctx=ctx).kernels.attention_backend == "auto"
