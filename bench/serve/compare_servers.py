@@ -16,7 +16,15 @@ READY_TIMEOUT_S = 600.0
 PEERS = {"vllm": "vllm_peer.sh"}  # peer name -> start script in bench/
 BENCH_DIR = Path(__file__).resolve().parent.parent  # bench/ (this module lives in bench/serve/)
 PEER_SETTINGS = {"vllm": {"default": {"VLLM_PEER_CORES": "default"}, "all": {"VLLM_PEER_CORES": "all"}}}
-SETUPS = {"colocated": {"gateway": 1, "worker": 1}, "cluster": {"gateway": 1, "prefill": 1, "decode": 1}}
+# What `pdrelay up --worker 1 --prefill 0 --decode 0` and a plain `pdrelay up` start: the encoder and the kvstore come
+# with the engines there (services/commands/up.py), so they are here too. Measured without them the bench would show
+# a cluster no user runs (the encoder took a core of the worker's split; the kvstore looks up and stores every
+# request).
+WITH_ENGINES = {"encoder": 1, "kvstore": 1}
+SETUPS = {
+    "colocated": {"gateway": 1, "worker": 1, **WITH_ENGINES},
+    "cluster": {"gateway": 1, "prefill": 1, "decode": 1, **WITH_ENGINES},
+}
 
 
 @dataclass(frozen=True)

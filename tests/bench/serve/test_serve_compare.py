@@ -229,3 +229,16 @@ def test_rounds_must_be_positive(tmp_path: Path) -> None:
     with pytest.raises(ValueError, match="--rounds"):
         validate(_ns("--compare-peer", "vllm", "--peer-python", str(py), "--rounds", "0"))
     assert validate(_ns("--compare-peer", "vllm", "--peer-python", str(py), "--rounds", "3")).rounds == 3
+
+
+def test_the_setups_are_what_pdrelay_up_starts() -> None:
+    """The compared clusters carry the services `pdrelay up` starts beside the engines (encoder, kvstore): a bench
+    without them would measure a cluster no user runs."""
+    from bench.serve.compare_servers import SETUPS
+    from services.commands.up import _WITH_ENGINES, DEFAULT_COUNTS
+
+    engines = ("prefill", "decode", "worker")
+    assert SETUPS["cluster"] == {r: n for r, n in DEFAULT_COUNTS.items() if n}
+    colocated = {r: n for r, n in DEFAULT_COUNTS.items() if n and r not in engines} | {"worker": 1}
+    assert SETUPS["colocated"] == colocated
+    assert all(SETUPS[s][r] == DEFAULT_COUNTS[r] for s in SETUPS for r in _WITH_ENGINES)
