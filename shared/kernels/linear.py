@@ -13,8 +13,8 @@ model runner, like the attention backend.
 The `native` backend (the CPU default where the C kernels build) runs steps of few rows, decode steps, on
 shared/kernels/native/skinny_gemm.c and larger ones on the backend it wraps. At 16 rows (2 threads, fp32, weights far
 larger than the caches) it measured 1.1-1.3x oneDNN's speed on the bundled model's hidden-size projections, on par
-on its lm_head, and ~1.8x MKL's on the down projection; at one row 1.5-2x oneDNN's. From ~24-32 rows up oneDNN's
-blocking wins (the native kernel is at ~0.75x at 512). Its sums are blocked like MKL's (rounding error on par with
+on its lm_head, and ~1.8x MKL's on the down projection; at one row 1.5-2x oneDNN's (before its L2 lookahead; since,
+1.1-1.4x at 16 rows). At a full prefill chunk (512 rows) oneDNN's blocking wins (see NATIVE_MAX_ROWS). Its sums are blocked like MKL's (rounding error on par with
 MKL's, half of oneDNN's on K = 1536), so the down projection may take it without leaving the HF-parity contract.
 Cost: each weight is held twice (the native panels next to the wrapped backend's copy).
 """
@@ -31,7 +31,10 @@ LINEAR_BACKENDS = ("auto", "torch", "onednn", "native")
 
 # Steps of up to this many rows take the native kernel. Against oneDNN the whole decode step measured faster at 16
 # rows (70.6 vs 79 ms on the bundled model, Zen 4) and slower at 32 (82 vs 77 ms); on Zen 5 per projection the kernel
-# wins at 16 rows, oneDNN on most shapes from 32-48 up.
+# wins at 16 rows, oneDNN on most shapes from 32-48 up. Since the kernel streams its next K block into L2
+# (skinny_gemm.c) it leads oneDNN per layer projection up to ~144 rows on Zen 4 (qkv at 32 / 64 / 144 rows: 223 /
+# 373 / 802 us vs 320 / 526 / 897), but a limit of 144 (the LM head kept at 24) measured no change end to end
+# (engine, 64 requests at concurrency 16, 128/64 and varied lengths: within the runs' +-5%), so it stays at 24.
 NATIVE_MAX_ROWS = 24
 # The down projection's exact form (in place of MKL's F.linear, see models/llama.py) takes the native kernel at every
 # step size: on Zen 4 it was faster than MKL up to ~256 rows and on par at 512; on Zen 5 MKL's fp32 GEMM runs at
