@@ -50,7 +50,7 @@ def pdrelay_server(
     """`pdrelay up` with SETUPS[setup]'s services and their defaults (plus role_flags), on free ports."""
     from shared.cluster.handshake import read_ready_file
     from shared.cluster.localcluster import detached
-    from shared.cluster.localcluster.plan import UpOptions
+    from shared.cluster.localcluster.plan import ENGINE_ROLES, UpOptions
     from shared.cluster.localcluster.servers import free_port
 
     run_dir = tmp / f"pdrelay-{setup}"
@@ -73,7 +73,8 @@ def pdrelay_server(
         workers = tuple(c.pid for c in state.children if c.role != "gateway")
         engines = {}
         for c in state.children:
-            info = read_ready_file(run_dir / "ready" / f"{c.instance_id}.json") if c.role != "gateway" else None
+            # the LLM engines' step counters (the kvstore and encoder serve /metrics too, without engine steps)
+            info = read_ready_file(run_dir / "ready" / f"{c.instance_id}.json") if c.role in ENGINE_ROLES else None
             if info is not None and info.metrics:
                 engines[c.instance_id] = info.metrics
         _log(f"pdrelay {setup}: ready in {time.monotonic() - t0:.0f} s on http://{gateway.http}")
