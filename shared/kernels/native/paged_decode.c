@@ -181,16 +181,36 @@ static void attend_avx512(const job_t *j, int i, int kh0, int kh1) {
     for (int64_t start = 0; start < len; start += P) {
         const int cnt = (int)(len - start < P ? len - start : P);
         const int64_t page = pt[start / P];
+        /* The next page of a whole-sequence item (its K and V each one contiguous range) goes out a share per query
+         * head, spread over this page's compute; one burst of all its lines here stalled the loads behind it
+         * (Zen 4, 30 layers from DRAM at 16 sequences of 160 tokens: 8.6-9.2 -> 6.8-8.5 ms; of 512: 32 -> 21.5 ms).
+         * A one-head item's rows are strided: one burst. */
+        const float *nk = 0, *nv = 0;
+        int64_t nlines = 0;
         if (start + P < len) {
             const int64_t next = pt[start / P + 1];
             const int ncnt = (int)(len - start - P < P ? len - start - P : P);
-            prefetch_page(j->k + next * j->page_stride + (int64_t)kh0 * d, ncnt, tok_stride, span);
-            prefetch_page(j->v + next * j->page_stride + (int64_t)kh0 * d, ncnt, tok_stride, span);
+            if (span == tok_stride) {
+                nk = j->k + next * j->page_stride;
+                nv = j->v + next * j->page_stride;
+                nlines = ((int64_t)ncnt * span + 15) / 16;
+            } else {
+                prefetch_page(j->k + next * j->page_stride + (int64_t)kh0 * d, ncnt, tok_stride, span);
+                prefetch_page(j->v + next * j->page_stride + (int64_t)kh0 * d, ncnt, tok_stride, span);
+            }
         }
+        const int64_t share = (nlines + gh - 1) / gh;
         for (int t0 = 0; t0 < cnt; t0 += 16) {
             const int bc = cnt - t0 < 16 ? cnt - t0 : 16;
             const __mmask16 live = (__mmask16)(bc == 16 ? 0xFFFFu : (1u << bc) - 1u);
             for (int h = 0; h < gh; h++) {
+                if (nlines && t0 == 0) {
+                    const int64_t lo = h * share, hi = lo + share < nlines ? lo + share : nlines;
+                    for (int64_t x = lo; x < hi; x++) {
+                        _mm_prefetch((const char *)(nk + x * 16), _MM_HINT_T1);
+                        _mm_prefetch((const char *)(nv + x * 16), _MM_HINT_T1);
+                    }
+                }
                 const int64_t at = page * j->page_stride + (int64_t)(kh0 + h / g) * d + t0 * tok_stride;
                 const float *kp = j->k + at, *vp = j->v + at;
                 __m512 a[16];
