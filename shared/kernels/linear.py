@@ -12,9 +12,9 @@ model runner, like the attention backend.
 
 The `native` backend (the CPU default where the C kernels build) runs steps of few rows, decode steps, on
 shared/kernels/native/skinny_gemm.c and larger ones on the backend it wraps. At 16 rows (2 threads, fp32, weights far
-larger than the caches) it measured 1.1-1.3x oneDNN's speed on the bundled model's hidden-size projections, on par
-on its lm_head, and ~1.8x MKL's on the down projection; at one row 1.5-2x oneDNN's (before its L2 lookahead; since,
-1.1-1.4x at 16 rows). At a full prefill chunk (512 rows) oneDNN's blocking wins (see NATIVE_MAX_ROWS). Its sums are blocked like MKL's (rounding error on par with
+larger than the caches) it measured 1.1-1.4x oneDNN's speed on the bundled model's hidden-size projections, ~1.1x
+on its lm_head, and ~2x MKL's on the down projection; at one row 1.1-1.7x oneDNN's. At a full prefill chunk (512
+rows) oneDNN's blocking wins (see NATIVE_MAX_ROWS). Its sums are blocked like MKL's (rounding error on par with
 MKL's, half of oneDNN's on K = 1536), so the down projection may take it without leaving the HF-parity contract.
 Cost: each weight is held twice (the native panels next to the wrapped backend's copy).
 """
