@@ -5,12 +5,12 @@ after, never failing or changing a request.
     loaded = await client.load(rid, prompt, budget_s)   # before the engine sees the request; 0 on any problem
     client.store_later(tokens, reused=...)              # after it: in the background, bounded, off the TTFT path
 
-load(): on a radix miss of at least --kvstore-min-pages beyond the local prefix, Lookup (with a short lease), take
-pages from the engine's pool, Get (the store writes into them over the transfer backend), check every page's
-CRC-32, hand the good leading pages to the radix cache. Its deadline is derived from the prompt (a share of what
-computing the missed tokens costs) unless --kvstore-load-timeout-s sets one; a timeout, an RPC error, a dead store
-or a checksum mismatch just means the engine computes those tokens. Pages of a load that did not finish go to
-quarantine (the store may still be writing), never back to the pool at once.
+load(): Lookup the prompt's pages (with a short lease); when the store holds at least --kvstore-min-pages beyond
+the engine's local prefix, take pages from the engine's pool, Get (the store writes into them over the transfer
+backend), check every page's CRC-32, hand the good leading pages to the radix cache. Its deadline is derived from
+the prompt (a share of what computing its tokens costs) unless --kvstore-load-timeout-s sets one; a timeout, an RPC
+error, a dead store or a checksum mismatch just means the engine computes those tokens. Pages of a load that did not
+finish go to quarantine (the store may still be writing), never back to the pool at once.
 """
 
 from __future__ import annotations
@@ -244,12 +244,12 @@ class KVStoreClient:
         if transfer is None:
             return 0
         t0 = time.monotonic()
-        engine = self.engine
-        local = await self.aengine.call(lambda: pages.local_prefix(engine, prompt, hashes))
-        miss = hashes[local:]
-        if len(miss) < self.cfg.kvstore_min_pages:
-            return 0
-        limit = self._deadline_s(len(miss) * self.page_size)
+        # The store is asked first, over the whole prompt: on a miss (a cold store, a new prompt) the request then
+        # never waits on the engine thread, whose answer (the local prefix) comes only between steps, a whole
+        # prefill chunk later at worst. That wait had cost every missed request ~1 step of TTFT. The price: the
+        # short lease also covers pages the engine holds itself, and a store missing a prefix's first pages but
+        # holding later ones is not used (its eviction drops a prefix's later pages first).
+        limit = self._deadline_s(len(hashes) * self.page_size)
         if budget_s is not None:
             limit = min(limit, budget_s)
         deadline = t0 + limit
@@ -261,22 +261,24 @@ class KVStoreClient:
             self.lookups += 1
             resp = await stub.Lookup(
                 worker_pb2.LookupRequest(
-                    block_hashes=miss, layout=layout_pb, model=self.model, lease_s=limit + 1.0, trace=trace
+                    block_hashes=hashes, layout=layout_pb, model=self.model, lease_s=limit + 1.0, trace=trace
                 ),
                 timeout=max(0.01, deadline - time.monotonic()),
             )
             t_lookup = time.monotonic()
+            hit = resp.num_hit_pages
             self._span(
-                spans.KVSTORE_LOOKUP,
-                t0,
-                t_lookup,
-                trace,
-                {spans.PAGES: len(miss), spans.KVSTORE_HIT_PAGES: resp.num_hit_pages},
+                spans.KVSTORE_LOOKUP, t0, t_lookup, trace, {spans.PAGES: len(hashes), spans.KVSTORE_HIT_PAGES: hit}
             )
-            n = resp.num_hit_pages
-            if n < self.cfg.kvstore_min_pages:
+            if hit < self.cfg.kvstore_min_pages:
                 return 0
-            outcome, cached = await self._get(rid, stub, store, transfer, prompt, hashes, local, n, deadline, trace)
+            engine = self.engine
+            local = await self.aengine.call(lambda: pages.local_prefix(engine, prompt, hashes[:hit]))
+            if hit - local < self.cfg.kvstore_min_pages:
+                return 0
+            outcome, cached = await self._get(
+                rid, stub, store, transfer, prompt, hashes, local, hit - local, deadline, trace
+            )
             return cached
         except grpc.aio.AioRpcError as e:
             self.load_failures += 1
