@@ -8,9 +8,9 @@ after, never failing or changing a request.
 load(): Lookup the prompt's pages (with a short lease); when the store holds at least --kvstore-min-pages beyond
 the engine's local prefix, take pages from the engine's pool, Get (the store writes into them over the transfer
 backend), check every page's CRC-32, hand the good leading pages to the radix cache. Its deadline is derived from
-the prompt (a share of what computing its tokens costs) unless --kvstore-load-timeout-s sets one; a timeout, an RPC
-error, a dead store or a checksum mismatch just means the engine computes those tokens. Pages of a load that did not
-finish go to quarantine (the store may still be writing), never back to the pool at once.
+the prompt (a share of what computing the missed tokens costs) unless --kvstore-load-timeout-s sets one; a
+timeout, an RPC error, a dead store or a checksum mismatch just means the engine computes those tokens. Pages of a
+load that did not finish go to quarantine (the store may still be writing), never back to the pool at once.
 """
 
 from __future__ import annotations
@@ -41,7 +41,6 @@ from shared.transfer.checksum import checksum_pages
 
 if TYPE_CHECKING:
     from shared.config.groups import KVStoreClientConfig
-    from shared.serving.engine_service import EngineService
     from shared.telemetry.service import ServiceTelemetry
 from shared.transfer.errors import TransferError
 
@@ -246,9 +245,10 @@ class KVStoreClient:
         t0 = time.monotonic()
         # The store is asked first, over the whole prompt: on a miss (a cold store, a new prompt) the request then
         # never waits on the engine thread, whose answer (the local prefix) comes only between steps, a whole
-        # prefill chunk later at worst. That wait had cost every missed request ~1 step of TTFT. The price: the
-        # short lease also covers pages the engine holds itself, and a store missing a prefix's first pages but
-        # holding later ones is not used (its eviction drops a prefix's later pages first).
+        # prefill chunk later at worst. The price: the short lease also covers pages the engine holds itself, and
+        # a store missing a prefix's first pages but holding later ones is not used (its eviction drops a
+        # prefix's later pages first). The lookup's deadline is derived from the whole prompt; the load's, once
+        # the local prefix is known, from the tokens the engine would compute.
         limit = self._deadline_s(len(hashes) * self.page_size)
         if budget_s is not None:
             limit = min(limit, budget_s)
@@ -276,6 +276,7 @@ class KVStoreClient:
             local = await self.aengine.call(lambda: pages.local_prefix(engine, prompt, hashes[:hit]))
             if hit - local < self.cfg.kvstore_min_pages:
                 return 0
+            deadline = min(deadline, t0 + self._deadline_s((len(hashes) - local) * self.page_size))
             outcome, cached = await self._get(
                 rid, stub, store, transfer, prompt, hashes, local, hit - local, deadline, trace
             )
@@ -497,37 +498,3 @@ def _verified_prefix(transfer: KVTransfer, page_ids: Sequence[int], crcs: Sequen
         if checksum_pages(transfer.pool.buffer, [p]) != c:
             return i
     return min(len(page_ids), len(crcs))
-
-
-async def attach_kvstore(svc: EngineService, transfer: KVTransfer | None) -> KVStoreClient | None:
-    """The client of an engine service (after its engine and transfer engine exist); None with --kvstore-use off.
-    Without a transfer engine of its own (the colocated worker) it builds one over the KV pool on first use, with
-    the backend the store advertises."""
-    cfg = svc.cfg
-    kc = cfg.kvstore_client
-    if kc.kvstore_use == "off" or svc.etcd is None or svc.aengine is None:
-        return None
-    from shared.serving.lifecycle import advertised_host
-
-    engine = svc.aengine.engine
-    host = cfg.transfer.transfer_host if cfg.has("transfer") else advertised_host(cfg.grpc.host)
-
-    def make_transfer(backend: str) -> KVTransfer:
-        return KVTransfer(backend, svc.instance_id, host, engine.runner.kv)
-
-    client = KVStoreClient(
-        kc,
-        instance_id=svc.instance_id,
-        model=cfg.model.served_model_name or cfg.model.model,
-        etcd=svc.etcd,
-        cluster=svc.cluster,
-        aengine=svc.aengine,
-        transfer=transfer,
-        make_transfer=None if transfer is not None else make_transfer,
-        telemetry=svc.telemetry,
-        tls=svc.tls,
-    )
-    await client.start()
-    if transfer is not None:
-        transfer.start_progress()  # the store writes into our pool: the receive side must progress
-    return client
