@@ -20,7 +20,8 @@ from shared.serving.decode_servicer import DecodeServicer
 from shared.serving.engine_service import EngineService
 from shared.serving.faults import Faults
 from shared.serving.kv_transfer import KVTransfer
-from shared.serving.kvstore_client import KVStoreClient, attach_kvstore
+from shared.serving.kvstore_attach import attach_kvstore
+from shared.serving.kvstore_client import KVStoreClient
 
 
 class DecodeService(EngineService):

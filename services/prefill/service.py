@@ -38,7 +38,8 @@ from shared.serving.handoff import (
     pages_needed,
 )
 from shared.serving.kv_transfer import KVTransfer
-from shared.serving.kvstore_client import KVStoreClient, attach_kvstore
+from shared.serving.kvstore_attach import attach_kvstore
+from shared.serving.kvstore_client import KVStoreClient
 from shared.serving.remote_media import RemoteVision
 from shared.telemetry import spans
 from shared.transfer.checksum import PageChecksum

@@ -11,7 +11,8 @@ from proto.pdrelay.v1 import worker_pb2_grpc
 from shared.config.roles import Role
 from shared.serving.decode_servicer import DecodeServicer
 from shared.serving.engine_service import EngineService
-from shared.serving.kvstore_client import KVStoreClient, attach_kvstore
+from shared.serving.kvstore_attach import attach_kvstore
+from shared.serving.kvstore_client import KVStoreClient
 
 
 class WorkerService(EngineService):
