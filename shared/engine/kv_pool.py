@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import hashlib
 import logging
-import os
 import threading
 import time
 from collections.abc import Sequence
@@ -23,7 +22,6 @@ from shared.modelspec.kv_layout import KVLayout
 
 log = logging.getLogger(__name__)
 
-_POPULATE_CHUNK_BYTES = 64 << 20  # one madvise per 64 MiB: the pages ahead of the engine become resident in order
 
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
@@ -137,12 +135,11 @@ class KVPool:
         return t
 
     def _populate_all(self) -> None:
-        try:
-            os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), 19)  # this thread only (a Linux task)
-        except (OSError, AttributeError):
-            pass
+        from shared.kernels.hostmem import POPULATE_CHUNK_BYTES, lower_this_thread
+
+        lower_this_thread()
         start = time.monotonic()
-        per = max(1, _POPULATE_CHUNK_BYTES // self.bytes_per_page)
+        per = max(1, POPULATE_CHUNK_BYTES // self.bytes_per_page)
         for first in range(0, self.num_pages, per):
             last = min(self.num_pages, first + per)
             self.prefault(range(first, last))

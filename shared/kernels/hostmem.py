@@ -10,15 +10,22 @@ any staging buffer) with alloc_host_buffer; where the kernel's THP mode is "neve
 from __future__ import annotations
 
 import ctypes
+import logging
 import math
 import mmap
+import os
 import sys
+import threading
+import time
 from collections.abc import Sequence
 
 import torch
 
+log = logging.getLogger(__name__)
+
 HUGE_PAGE = 2 << 20
 _MADV_POPULATE_WRITE = 23  # Linux >= 5.14; not in the mmap module
+POPULATE_CHUNK_BYTES = 64 << 20  # one madvise per 64 MiB: the buffer becomes resident in order, front first
 
 
 def alloc_host_buffer(
@@ -61,3 +68,34 @@ def populate(addr: int, nbytes: int) -> bool:
     libc = ctypes.CDLL(None, use_errno=True)
     rc = libc.madvise(ctypes.c_void_p(lo), ctypes.c_size_t(hi - lo), _MADV_POPULATE_WRITE)  # releases the GIL
     return rc == 0
+
+
+def lower_this_thread() -> None:
+    """Run the calling thread (a Linux task of its own) at nice 19: background work that yields to the engine's
+    threads whenever they run."""
+    try:
+        os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), 19)
+    except (OSError, AttributeError):
+        pass
+
+
+def populate_in_background(buffer: torch.Tensor, what: str) -> threading.Thread:
+    """Fault a whole alloc_host_buffer tensor in, front to back, on a daemon thread at nice 19.
+
+    For buffers peers write into whose pages are not tracked one by one (the kvstore's DRAM tier): a peer's first
+    write into a page left unbacked faults it in inside the peer's process_vm_writev, on the writer's thread and
+    its transfer call (see populate). The thread holds the tensor, so the mapping outlives every madvise on it.
+    """
+
+    def run() -> None:
+        lower_this_thread()
+        start = time.monotonic()
+        addr, nbytes = buffer.data_ptr(), buffer.numel() * buffer.element_size()
+        for off in range(0, nbytes, POPULATE_CHUNK_BYTES):
+            if not populate(addr + off, min(POPULATE_CHUNK_BYTES, nbytes - off)):
+                return  # unsupported here: first writes fault pages in themselves
+        log.info("%s resident: %d MiB in %.1f s", what, nbytes >> 20, time.monotonic() - start)
+
+    t = threading.Thread(target=run, name="populate", daemon=True)
+    t.start()
+    return t

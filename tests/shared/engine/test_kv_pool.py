@@ -88,7 +88,7 @@ def test_prefault_populates_each_page_once_and_keeps_contents() -> None:
 def test_populate_in_background_makes_every_page_resident_and_keeps_contents(monkeypatch) -> None:
     from shared.kernels.hostmem import populate
 
-    monkeypatch.setattr("shared.engine.kv_pool._POPULATE_CHUNK_BYTES", 3 * LAYOUT.page_bytes)  # several chunks
+    monkeypatch.setattr("shared.kernels.hostmem.POPULATE_CHUNK_BYTES", 3 * LAYOUT.page_bytes)  # several chunks
     pool = KVPool(LAYOUT, num_pages=10)
     if not populate(pool.page_ptr(9), pool.bytes_per_page):
         pytest.skip("MADV_POPULATE_WRITE needs Linux >= 5.14")

@@ -77,3 +77,23 @@ def test_populate_backs_pages_without_changing_them() -> None:
     assert int(t[: 4 << 20].min()) == 7 and int(t[: 4 << 20].max()) == 7  # data kept
     assert not t[4 << 20 :].any()  # the rest still reads as zeros
     assert not populate(t.data_ptr(), 0)
+
+
+def test_populate_in_background_backs_the_whole_buffer_in_chunks(monkeypatch) -> None:
+    from shared.kernels import hostmem
+
+    if not Path("/proc/self/smaps").exists():
+        pytest.skip("needs Linux /proc")
+    monkeypatch.setattr(hostmem, "POPULATE_CHUNK_BYTES", 3 << 20)  # several chunks, the last one short
+    t = alloc_host_buffer((16 << 20,), torch.uint8)  # 16 MiB, untouched
+    t[:1024] = 9
+    if not populate(t.data_ptr(), 4096):
+        pytest.skip("MADV_POPULATE_WRITE needs Linux >= 5.14")
+    before = _rss_kib(t.data_ptr())
+    th = hostmem.populate_in_background(t, "test buffer")
+    assert th.daemon
+    th.join(timeout=30)
+    assert not th.is_alive()
+    assert before < 15 * 1024 <= _rss_kib(t.data_ptr())  # all 16 MiB backed now, not before
+    assert int(t[:1024].min()) == 9 == int(t[:1024].max())  # data kept
+    assert not t[1024:].any()
