@@ -13,6 +13,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 import grpc
+import torch
 
 from proto.pdrelay.v1 import common_pb2, worker_pb2, worker_pb2_grpc
 from services.kvstore.disk import open_disk_tier
@@ -71,6 +72,9 @@ class KVStoreService(Service):
             tls=cfg.tls,
         )
         self.cfg = cfg
+        # torch's default is every core: each page copy of a Put's eviction would wake a second OpenMP thread and
+        # preempt the engines beside us (resolve_threads gives the kvstore one thread unless --threads says more)
+        torch.set_num_threads(max(1, cfg.device.threads))
         k = cfg.kvstore
         if k.kvstore_dram_bytes < 64 << 10:
             raise ValueError(

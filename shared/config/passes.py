@@ -122,6 +122,12 @@ def resolve_threads(cfg: ResolvedConfig, ctx: PassContext) -> ResolvedConfig:
         n = ctx.probe.cpu_count()
         return cfg.derive("device.threads", n, f"the caller owns this host: all {n} cores")
     cores = ctx.probe.cpu_count()
+    if cfg.role == "kvstore":
+        # Its tensor work is page copies (evictions into the Mooncake Store's staging, promotions): memory-bound
+        # bursts that a second OpenMP thread does not speed up, but that then takes the engines' other core too.
+        return cfg.derive(
+            "device.threads", 1, "the kvstore's tensor work is page copies (one thread); set --threads N to override"
+        )
     if cfg.role == "encoder" and ctx.engines_on_host > 0:
         return cfg.derive(
             "device.threads",

@@ -81,8 +81,10 @@ def test_tier_put_fetch_share_budget_and_master_restart(tmp_path: Path) -> None:
         try:
             await _until(lambda: a.up)
             pages = {h: _page(h) for h in range(1, 9)}
+            slot = torch.empty(PB, dtype=torch.uint8)  # one DRAM slot, reused right after each eviction
             for h, p in pages.items():
-                a.demote(h, p, _crc(p))
+                slot.copy_(p)
+                a.demote(h, slot, _crc(p))
             await _until(lambda: a.counters.put_chunks == 2)
             got = await a.fetch(list(pages) + [99], limit=100)
             assert [h for h, _, _ in got] == list(pages)

@@ -104,6 +104,16 @@ def test_an_encoder_beside_llm_engines_takes_one_thread_and_is_left_out_of_their
     assert user.device.threads == 2 and user.provenance["device.threads"].source == "cli"
 
 
+def test_a_kvstore_takes_one_thread_beside_the_engines() -> None:
+    probe = StaticProbe(cores=2, modules=frozenset({"nixl_cu12._api"}))
+    ctx = PassContext(probe=probe, engines_on_host=1, encoders_on_host=1)
+    kvstore = resolve("kvstore", env={}, ctx=ctx)
+    assert kvstore.device.threads == 1 and "page copies" in _derived(kvstore, "device.threads")
+    assert resolve("worker", env={}, ctx=ctx).device.threads == 2  # not counted among the engines
+    user = resolve("kvstore", ["--threads", "2"], env={}, ctx=ctx)
+    assert user.device.threads == 2 and user.provenance["device.threads"].source == "cli"
+
+
 def test_attention_backend(make_ctx, ctx: PassContext) -> None:
     # on cpu auto stays for the runner: native where a C compiler builds it, torch otherwise
     assert resolve("worker", env={}, ctx=ctx).kernels.attention_backend == "auto"
