@@ -74,7 +74,9 @@ def namespace_digest(model: str, layout: KVLayout) -> str:
 def encode_chunk(page_bytes: int, pages: Sequence[tuple[int, torch.Tensor, int]]) -> bytes:
     head = _HEAD.pack(MAGIC, page_bytes, len(pages)) + b"".join(_ENTRY.pack(h, c) for h, _, c in pages)
     # join reads the pages' memory in place: one copy of the chunk, not two (a tobytes() per page, then the join)
-    return b"".join([head, _CRC.pack(zlib.crc32(head))] + [memoryview(d.numpy()) for _, d, _ in pages])
+    parts: list[bytes | memoryview] = [head, _CRC.pack(zlib.crc32(head))]
+    parts.extend(d.numpy().data for _, d, _ in pages)
+    return b"".join(parts)
 
 
 def decode_chunk(blob: bytes, page_bytes: int) -> list[tuple[int, int, memoryview]] | None:

@@ -9,6 +9,7 @@ import pytest
 import torch
 
 from shared.kernels.hostmem import HUGE_PAGE, alloc_host_buffer, populate
+from tests.helpers.smaps import mapping_kib
 
 
 def test_shape_dtype_alignment_and_zeroes() -> None:
@@ -27,16 +28,7 @@ def test_rejects_empty_shape() -> None:
 
 
 def _anon_huge_kib(addr: int) -> int:
-    """AnonHugePages of the mapping holding `addr`, from /proc/self/smaps."""
-    inside = False
-    for line in Path("/proc/self/smaps").read_text().splitlines():
-        head = line.split()[0]
-        if "-" in head and ":" not in head:
-            lo, hi = (int(x, 16) for x in head.split("-"))
-            inside = lo <= addr < hi
-        elif inside and line.startswith("AnonHugePages:"):
-            return int(line.split()[1])
-    return 0
+    return mapping_kib(addr, "AnonHugePages")
 
 
 def test_backed_by_huge_pages_where_the_kernel_allows() -> None:
@@ -53,16 +45,7 @@ def test_backed_by_huge_pages_where_the_kernel_allows() -> None:
 
 
 def _rss_kib(addr: int) -> int:
-    """Rss of the mapping holding `addr`, from /proc/self/smaps."""
-    inside = False
-    for line in Path("/proc/self/smaps").read_text().splitlines():
-        head = line.split()[0]
-        if "-" in head and ":" not in head:
-            lo, hi = (int(x, 16) for x in head.split("-"))
-            inside = lo <= addr < hi
-        elif inside and line.startswith("Rss:"):
-            return int(line.split()[1])
-    return 0
+    return mapping_kib(addr, "Rss")
 
 
 def test_populate_backs_pages_without_changing_them() -> None:
