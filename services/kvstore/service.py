@@ -74,7 +74,7 @@ class KVStoreService(Service):
         self.cfg = cfg
         # torch's default is every core: each page copy of a Put's eviction would wake a second OpenMP thread and
         # preempt the engines beside us (resolve_threads gives the kvstore one thread unless --threads says more)
-        torch.set_num_threads(max(1, cfg.device.threads))
+        torch.set_num_threads(cfg.device.threads)  # >= 1 once resolved
         k = cfg.kvstore
         if k.kvstore_dram_bytes < 64 << 10:
             raise ValueError(

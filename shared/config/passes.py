@@ -115,7 +115,8 @@ def resolve_threads(cfg: ResolvedConfig, ctx: PassContext) -> ResolvedConfig:
     embedding request, a request's images) and idles otherwise, so a core set aside for it sits idle under text
     traffic. Counted in, it halved the colocated worker of the default `pdrelay up` to 1 thread of 2 cores (served
     98 vs 153 output tok/s, 128/64 at concurrency 16); left out, a busy encoder borrows one core from the engines
-    for as long as it works. Encoders alone on a host split its cores among themselves."""
+    for as long as it works. Encoders alone on a host split its cores among themselves. A kvstore takes one thread
+    (its tensor work is page copies)."""
     if cfg.device.threads != 0:
         return cfg
     if ctx.exclusive_host:
