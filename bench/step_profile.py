@@ -6,14 +6,16 @@ GEMM group's GFLOPS and the attention's KV read rate, against this box's fp32 ma
 
 Builds the engine from the worker's resolved config (every core, as `bench serve --compare-peer` runs it in
 process), runs one warm-up wave, then times one wave with a clock around each kernel call. What the components
-leave of the step is the model's Python between calls and the calls' own overhead. The clock adds ~1 us a call
-(~300 calls a step), so the steps here are ~1% slower than untimed ones.
+leave of the step is the model's Python between calls and the calls' own overhead. Each clock reading costs
+about a microsecond and a decode step makes ~270 clocked calls, so timed steps run a little slower than untimed ones.
+That cost is an estimate and was not measured on its own.
 """
 
 from __future__ import annotations
 
 import argparse
 import dataclasses
+import os
 import random
 import sys
 import time
@@ -110,8 +112,8 @@ def run(ns: argparse.Namespace) -> int:
     peak = ns.gflops or matmul_gflops(model_dir)
     cfg = resolve("worker", ["--model", str(model_dir)], env={}, ctx=PassContext(exclusive_host=True))
     engine = Engine.from_config(cfg)
-    if engine.threads:
-        torch.set_num_threads(engine.threads)
+    # matmul_gflops leaves torch on one thread: the engine's own count, or every core when it has none
+    torch.set_num_threads(engine.threads or os.cpu_count() or 1)
     prof = profile_wave(engine, ns.requests, ns.input_len, ns.output_len)
     print(
         f"{model_dir.name}: {engine.threads or 'all'} threads, matmul peak {peak:.0f} GFLOPS; "
