@@ -46,14 +46,23 @@ class _Clock:
 
 
 class _TimedLinear:
-    """A linear backend whose apply() is clocked under `tag` (FLOPs from the call's shapes: 2 x M x K x N)."""
+    """A linear backend whose apply() is clocked under `tag` (FLOPs from the call's shapes: 2 x M x K x N), and its
+    apply_gated() too (N = 2 x the call's outputs; its silu-and-mul epilogue counts as the GEMM's time)."""
 
     def __init__(self, inner: Any, clock: _Clock, tag: str) -> None:
         self.inner, self.name = inner, inner.name
         self.apply = clock.timed(tag, inner.apply, lambda a, out: 2.0 * a[0].shape[0] * a[0].shape[1] * out.shape[1])
+        self.apply_gated = clock.timed(
+            tag,
+            inner.apply_gated,
+            lambda a, out: 0.0 if out is None else 4.0 * a[0].shape[0] * a[0].shape[1] * out.shape[1],
+        )
 
     def pack(self, weight: Any) -> Any:
         return self.inner.pack(weight)
+
+    def pack_gated(self, weight: Any) -> Any:
+        return self.inner.pack_gated(weight)
 
     def exact(self) -> Any:
         return self.inner.exact()

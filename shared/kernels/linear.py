@@ -49,11 +49,15 @@ _REORDER_ROWS_HINT = 16
 
 @dataclass(frozen=True)
 class NativePacked:
-    """A weight as the native backend holds it: 16-column panels for few rows, the wrapped backend's handle else."""
+    """A weight as the native backend holds it: 16-column panels for few rows, the wrapped backend's handle else.
+
+    gated: a fused gate_up weight whose panels come in gate/up pairs (pack_gated); only apply_gated reads those.
+    """
 
     panels: torch.Tensor
     wide: torch.Tensor
     out_features: int
+    gated: bool = False
 
     @property
     def shape(self) -> tuple[int, int]:
@@ -78,6 +82,15 @@ class LinearBackend(Protocol):
         """This backend with F.linear where it would use oneDNN: for the projections HF parity needs MKL's sums on."""
         ...
 
+    def pack_gated(self, weight: torch.Tensor) -> PackedWeight:
+        """A fused [2 inter, in] gate_up weight -> the handle `apply` and `apply_gated` take."""
+        ...
+
+    def apply_gated(self, x: torch.Tensor, packed: PackedWeight) -> torch.Tensor | None:
+        """silu(x @ gate.T) * (x @ up.T) in one call where the backend fuses it at this row count, else None (the
+        caller runs `apply` and its own silu_and_mul)."""
+        ...
+
 
 class TorchLinear:
     """F.linear: the same GEMM transformers runs (MKL on CPU, cuBLAS on GPU)."""
@@ -93,6 +106,12 @@ class TorchLinear:
 
     def exact(self) -> LinearBackend:
         return self
+
+    def pack_gated(self, weight: torch.Tensor) -> PackedWeight:
+        return self.pack(weight)
+
+    def apply_gated(self, x: torch.Tensor, packed: PackedWeight) -> torch.Tensor | None:
+        return None
 
 
 class OneDnnLinear:
@@ -116,6 +135,12 @@ class OneDnnLinear:
         if x.shape[0] == 0:  # no rows (a step where no sequence wants logits): oneDNN rejects empty shapes
             return x.new_empty((0, packed.shape[0]))
         return torch.ops.mkldnn._linear_pointwise(x.contiguous(), packed, bias, "none", [], "")
+
+    def pack_gated(self, weight: torch.Tensor) -> PackedWeight:
+        return self.pack(weight)
+
+    def apply_gated(self, x: torch.Tensor, packed: PackedWeight) -> torch.Tensor | None:
+        return None
 
 
 class NativeLinear:
@@ -141,7 +166,24 @@ class NativeLinear:
         assert isinstance(packed, NativePacked)
         if self.max_rows is not None and x.shape[0] > self.max_rows:
             return self.wide.apply(x, packed.wide, bias)
+        if packed.gated:  # its panels are gate/up pairs, in an order no caller of apply expects
+            raise ValueError("a weight packed by pack_gated takes apply_gated at this row count")
         return self._gemm.native_gemm(x, packed.panels, packed.out_features, bias)
+
+    def pack_gated(self, weight: torch.Tensor) -> PackedWeight:
+        wide = self.wide.pack(weight)
+        assert isinstance(wide, torch.Tensor)
+        return NativePacked(self._gemm.pack_gated_panels(weight), wide, int(weight.shape[0]), gated=True)
+
+    def apply_gated(self, x: torch.Tensor, packed: PackedWeight) -> torch.Tensor | None:
+        """The few-row steps' gate_up projection with silu-and-mul in the GEMM's epilogue (skinny_gemm.c): each
+        thread finishes the 16 outputs of the gate/up panel pair it just summed, so the activation neither reads the
+        projection back from DRAM or the other core's cache nor costs a call of its own. The same sums and formula
+        as apply + the native silu_and_mul (bit-identical). Larger steps: None (the wide GEMM, then the op)."""
+        assert isinstance(packed, NativePacked)
+        if not packed.gated or (self.max_rows is not None and x.shape[0] > self.max_rows):
+            return None
+        return self._gemm.native_gemm_silu_mul(x, packed.panels, packed.out_features // 2)
 
     def exact(self) -> LinearBackend:
         wide = self.wide.exact()

@@ -91,7 +91,7 @@ class DecoderLayer(nn.Module):
         self.packed = {
             "qkv": backend.pack(self.qkv_weight),
             "o": backend.pack(self.o_weight),
-            "gate_up": backend.pack(self.gate_up_weight),
+            "gate_up": backend.pack_gated(self.gate_up_weight),
             "down": self.exact.pack(self.down_weight),
         }
         if backend.name != "torch":  # the packed copies replace the originals: do not hold the weights twice
@@ -106,6 +106,9 @@ class DecoderLayer(nn.Module):
         packed weight the fused GEMM + silu_and_mul is as fast and one op fewer.
         """
         if x.shape[0] > 64 or x.device.type != "cpu" or self.ops.name != "torch" or self.linear.name != "torch":
+            fused = self.linear.apply_gated(x, self.packed["gate_up"])  # the native backend at decode batch sizes
+            if fused is not None:
+                return fused
             return self.ops.silu_and_mul(self.linear.apply(x, self.packed["gate_up"]))
         inter = self.gate_up_weight.shape[0] // 2  # F.linear on the parameter itself (the torch backend packs nothing)
         return F.silu(F.linear(x, self.gate_up_weight[:inter])) * F.linear(x, self.gate_up_weight[inter:])

@@ -126,6 +126,10 @@ def load_library() -> ctypes.CDLL:
     lib.pdr_gemm_pack_f32.argtypes = [PTR, I64, I64, PTR]
     lib.pdr_gemm_f32.restype = None
     lib.pdr_gemm_f32.argtypes = [PTR, I64, I64, I64, PTR, I64, PTR, PTR, I64, INT]
+    lib.pdr_gemm_pack_gated_f32.restype = None
+    lib.pdr_gemm_pack_gated_f32.argtypes = [PTR, I64, I64, PTR]
+    lib.pdr_gemm_silu_mul_f32.restype = None
+    lib.pdr_gemm_silu_mul_f32.argtypes = [PTR, I64, I64, I64, PTR, I64, PTR, PTR, I64, INT]
     lib.pdr_add_rms_norm_f32.restype = None
     lib.pdr_add_rms_norm_f32.argtypes = [PTR, I64, PTR, I64, PTR, PTR, PTR, I64, I64, ctypes.c_float, INT]
     lib.pdr_rope_store_f32.restype = INT

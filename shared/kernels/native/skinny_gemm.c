@@ -20,6 +20,7 @@
  * Built by build.py with -march=native; without AVX2 + FMA the same loops run in plain C (the compiler vectorises
  * what it can).
  */
+#include <math.h>
 #include <stdint.h>
 #include <string.h>
 
@@ -262,9 +263,25 @@ static void one_panel(const float *x, int64_t ldx, int64_t m, int64_t k, const f
     }
 }
 
-/* out [m, n] (row stride ldo) = x [m, k] (row stride ldx) @ w^T (+ bias [n] or NULL), w packed by pdr_gemm_pack_f32. */
-void pdr_gemm_f32(const float *x, int64_t ldx, int64_t m, int64_t k, const float *wp, int64_t n, const float *bias,
-                  float *out, int64_t ldo, int nthreads) {
+/* One gate/up panel pair's epilogue: g [m, 32] rows (stride lds) hold 16 gate | 16 up columns; out's 16 columns (the
+ * first `cols`) = silu(gate) * up, the formula and order of pdr_silu_mul_f32 (elementwise.c). */
+static void silu_mul_pair(const float *g, int64_t lds, int64_t m, float *out, int64_t ldo, int cols) {
+    for (int64_t i = 0; i < m; i++) {
+        const float *gi = g + i * lds, *ui = gi + NR;
+        float *o = out + i * ldo;
+        for (int j = 0; j < cols; j++) {
+            const float e = expf(fminf(-gi[j], 88.0f));
+            o[j] = gi[j] / (1.0f + e) * ui[j];
+        }
+    }
+}
+
+/* The GEMM; with gated != NULL the weight's panels alternate gate and up (pdr_gemm_pack_gated_f32), `out` is the
+ * scratch their sums land in, and each pair's thread writes silu(gate) * up for its 16 columns into gated (row
+ * stride ldg, `inter` columns in all) as soon as the pair's last K block is summed, while those sums are still in
+ * its own L1. */
+static void gemm(const float *x, int64_t ldx, int64_t m, int64_t k, const float *wp, int64_t n, const float *bias,
+                 float *out, int64_t ldo, int nthreads, float *gated, int64_t ldg, int64_t inter) {
     const int64_t panels = (n + NR - 1) / NR;
     if (nthreads < 1) nthreads = 1;
     if (panels < 2 * nthreads) nthreads = 1; /* a tiny projection: waking the team costs more than it saves */
@@ -319,9 +336,47 @@ void pdr_gemm_f32(const float *x, int64_t ldx, int64_t m, int64_t k, const float
                       q0 ? q1 + lo * NR : 0, hi > lo ? hi - lo : 0, tiles);
             }
         }
+        if (gated) {
+            const int64_t left_g = inter - u * NR;
+            silu_mul_pair(out + p * NR, ldo, m, gated + u * NR, ldg, (int)(left_g < NR ? left_g : NR));
+        }
     }
 #else
 #pragma omp parallel for schedule(static) num_threads(nthreads)
     for (int64_t p = 0; p < panels; p++) one_panel(x, ldx, m, k, wp, n, bias, out, ldo, p);
+    if (gated) /* no pair tile here: the epilogue runs over the whole scratch after the GEMM */
+        for (int64_t u = 0; u < panels / 2; u++) {
+            const int64_t left_g = inter - u * NR;
+            silu_mul_pair(out + 2 * u * NR, ldo, m, gated + u * NR, ldg, (int)(left_g < NR ? left_g : NR));
+        }
 #endif
+}
+
+/* out [m, n] (row stride ldo) = x [m, k] (row stride ldx) @ w^T (+ bias [n] or NULL), w packed by pdr_gemm_pack_f32. */
+void pdr_gemm_f32(const float *x, int64_t ldx, int64_t m, int64_t k, const float *wp, int64_t n, const float *bias,
+                  float *out, int64_t ldo, int nthreads) {
+    gemm(x, ldx, m, k, wp, n, bias, out, ldo, nthreads, 0, 0, 0);
+}
+
+/* w [2 inter, K] holding gate | up rows -> 2 ceil(inter / 16) panels, gate panel p then up panel p (zero-padded
+ * columns past inter): the pair one AVX-512 tile covers, so one thread sums both halves of its 16 outputs. */
+void pdr_gemm_pack_gated_f32(const float *w, int64_t inter, int64_t k, float *out) {
+    const int64_t panels = (inter + NR - 1) / NR;
+    for (int64_t p = 0; p < panels; p++) {
+        const int64_t cols = inter - p * NR < NR ? inter - p * NR : NR;
+        pdr_gemm_pack_f32(w + p * NR * k, cols, k, out + 2 * p * k * NR);
+        pdr_gemm_pack_f32(w + (inter + p * NR) * k, cols, k, out + (2 * p + 1) * k * NR);
+    }
+}
+
+/* out [m, inter] (row stride ldo) = silu(x @ gate^T) * (x @ up^T), w packed by pdr_gemm_pack_gated_f32; scratch
+ * [m, 2 ceil(inter / 16) * 16] holds the projection's sums (the same sums pdr_gemm_f32 makes, so the result equals
+ * pdr_gemm_f32 followed by pdr_silu_mul_f32). Saves the activation's separate pass: at 16 rows it read the 196 KB
+ * projection back, half of it from the other core's cache. Zen 4, 2 threads, the bundled model's 30 MLPs (gate_up,
+ * activation, down; weights from DRAM), medians of 30 alternating rounds: 15 rows 15.2 -> 14.8 ms, 16 rows
+ * 17.6 -> 16.9 ms. */
+void pdr_gemm_silu_mul_f32(const float *x, int64_t ldx, int64_t m, int64_t k, const float *wp, int64_t inter,
+                           float *scratch, float *out, int64_t ldo, int nthreads) {
+    const int64_t n = 2 * ((inter + NR - 1) / NR) * NR;
+    gemm(x, ldx, m, k, wp, n, 0, scratch, n, nthreads, out, ldo, inter);
 }

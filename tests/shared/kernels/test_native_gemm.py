@@ -1,7 +1,7 @@
 """The native few-row GEMM (shared/kernels/native/skinny_gemm.c) and the `native` linear backend around it: the
 float64 reference's result (fp32 rounding apart) at every row count a register tile can end on, column counts off the 32-column pair tile and
 the 16-column panel, inner sizes off the 256-k block, with and without bias, strided rows, no rows; larger steps go
-to the wrapped backend; selection."""
+to the wrapped backend; the gated form (silu-and-mul in the epilogue) equal to the GEMM then the op; selection."""
 
 from __future__ import annotations
 
@@ -19,6 +19,7 @@ from shared.kernels.linear import (
     onednn_available,
     select_linear_backend,
 )
+from shared.kernels.native import elementwise
 from shared.kernels.native.build import native_available
 
 pytestmark = pytest.mark.skipif(not native_available()[0], reason=f"native kernels: {native_available()[1]}")
@@ -89,6 +90,36 @@ def test_exact_takes_the_native_kernel_at_every_step(monkeypatch) -> None:
     monkeypatch.setattr(exact.wide, "apply", lambda *a: pytest.fail("a prefill-sized step left the native kernel"))
     x = torch.randn(600, 300, dtype=torch.float64).float()
     torch.testing.assert_close(exact.apply(x, packed), _ref(x, w, None).float(), atol=1e-4, rtol=1e-5)
+
+
+@pytest.mark.parametrize("rows", [1, 7, 8, 9, 15, 16, 17, 24])
+@pytest.mark.parametrize(("inter", "in_features"), [(1536, 576), (40, 300), (37, 513), (16, 64)])
+def test_gated_equals_the_gemm_then_silu_and_mul(rows: int, inter: int, in_features: int) -> None:
+    """Panel pairs off the 16-column panel and inner sizes off the 256-k block: the same sums, the same formula."""
+    g = torch.Generator().manual_seed(rows * 7 + inter)
+    w = torch.randn(2 * inter, in_features, generator=g) * 0.1
+    x = torch.randn(rows, in_features, generator=g)
+    kernel = NativeLinear(TorchLinear())
+    gated = kernel.pack_gated(w)
+    assert isinstance(gated, NativePacked) and gated.gated
+    out = kernel.apply_gated(x, gated)
+    assert out is not None and out.shape == (rows, inter)
+    assert torch.equal(out, elementwise.silu_and_mul(kernel.apply(x, kernel.pack(w))))
+    ref = _ref(x, w, None)
+    torch.testing.assert_close(out.double(), F.silu(ref[:, :inter]) * ref[:, inter:], atol=1e-4, rtol=1e-4)
+
+
+def test_gated_larger_steps_and_other_backends_decline() -> None:
+    w, x = torch.randn(64, 16), torch.randn(NATIVE_MAX_ROWS + 1, 16)
+    kernel = NativeLinear(TorchLinear())
+    gated = kernel.pack_gated(w)
+    assert kernel.apply_gated(x, gated) is None  # a prefill chunk: the wide GEMM, then the op
+    assert torch.equal(kernel.apply(x, gated), F.linear(x, w))
+    with pytest.raises(ValueError, match="apply_gated"):  # pair-ordered panels never reach the plain path
+        kernel.apply(x[:4], gated)
+    assert kernel.apply_gated(x[:4], kernel.pack(w)) is None  # a plainly packed weight
+    for other in (TorchLinear(), *((OneDnnLinear(),) if onednn_available() else ())):
+        assert other.apply_gated(x[:4], other.pack_gated(w)) is None
 
 
 def test_selection() -> None:
