@@ -7,7 +7,7 @@
  *
  * Packed layout: panels of 16 output columns, [ceil(N / 16)][K][16] (the last panel zero-padded), so a panel is one
  * sequential stream, one 64-byte line per k. Each thread takes whole panels. Within a panel the K range is cut into
- * blocks of KC: a block of the panel (16 x KC floats = 16 KiB) stays in L1 while every register tile of rows runs
+ * blocks of KC: a block of the panel (16 x KC floats = 12 KiB) stays in L1 while every register tile of rows runs
  * over it, one broadcast of x per row and k. AVX-512: a thread takes two panels at a time, 8 rows x 32 columns in 16
  * zmm accumulators (an odd last panel: 16 rows x 16 columns); AVX2: one panel, 6 rows in 12 ymm. With AVX-512 the
  * panels are prefetched into L1 PF k ahead, and the tiles over a block stream the thread's next block into L2
@@ -37,7 +37,15 @@
 #endif
 
 #define NR 16  /* output columns per panel */
-#define KC 256 /* k per L1 block */
+#ifndef KC
+/* k per L1 block. A pair's block at 256 was 32 KiB, all of Zen 4's L1D, so the second row tile re-read it partly from
+ * L2, and K = 576 split as 256 + 256 + 64 left the short last block too few k steps to stream the next pair's first
+ * block (the lookahead, below). At 192 (24 KiB a pair; 576 = 3 x 192, 1536 = 8 x 192), Zen 4, 2 threads, the
+ * bundled model's 30 layers' projections + LM head from DRAM, medians of 15 alternating rounds: 8 rows 18.0 ->
+ * 16.5 ms, 15-16 rows 24.1-27.1 -> 22.0-24.2 ms (gate_up -10-15%, LM head -15%), 24 rows -3%, 1 row and a 417-row
+ * down projection unchanged. */
+#define KC 192
+#endif
 #ifndef PF
 /* Rows of 16 floats ahead: 4 KiB. Far enough to cover DRAM latency on the faster cores: on Zen 5 (two 512-bit FMA
  * pipes) 64 measured 15-20% faster than 32 at 16 rows (208 -> 240-250 GFLOPS over the bundled model's projections),
