@@ -1,6 +1,6 @@
 """The native few-row GEMM (shared/kernels/native/skinny_gemm.c) and the `native` linear backend around it: the
 float64 reference's result (fp32 rounding apart) at every row count a register tile can end on, column counts off the 32-column pair tile and
-the 16-column panel, inner sizes off the 256-k block, with and without bias, strided rows, no rows; larger steps go
+the 16-column panel, inner sizes off the 192-k block, with and without bias, strided rows, no rows; larger steps go
 to the wrapped backend; the gated form (silu-and-mul in the epilogue) equal to the GEMM then the op; selection."""
 
 from __future__ import annotations
@@ -95,7 +95,7 @@ def test_exact_takes_the_native_kernel_at_every_step(monkeypatch) -> None:
 @pytest.mark.parametrize("rows", [1, 7, 8, 9, 15, 16, 17, 24])
 @pytest.mark.parametrize(("inter", "in_features"), [(1536, 576), (40, 300), (37, 513), (16, 64)])
 def test_gated_equals_the_gemm_then_silu_and_mul(rows: int, inter: int, in_features: int) -> None:
-    """Panel pairs off the 16-column panel and inner sizes off the 256-k block: the same sums, the same formula."""
+    """Panel pairs off the 16-column panel and inner sizes off the 192-k block: the same sums, the same formula."""
     g = torch.Generator().manual_seed(rows * 7 + inter)
     w = torch.randn(2 * inter, in_features, generator=g) * 0.1
     x = torch.randn(rows, in_features, generator=g)
