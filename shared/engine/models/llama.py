@@ -5,13 +5,16 @@ Inference only, laid out for few ops per layer on CPU:
   - RoPE (and Qwen3's q/k norm) applied to q and k heads together, as one [T, H + KVH, D] tensor;
   - cos/sin looked up once per forward, shared by all layers;
   - logits only for the rows that need them;
-  - projections through a LinearBackend (shared/kernels/linear.py), chosen once after the weights load.
+  - projections through a LinearBackend (shared/kernels/linear.py), chosen once after the weights load;
+  - with every kernel native (CPU, fp32), a pure decode step runs all layers in one C call
+    (shared/kernels/native/decode_layers.py), bit-identical to the layers one by one.
 The fused parameters are filled from the checkpoint's separate tensors by `hf_weight_map` (see weights.py).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import torch
 import torch.nn.functional as F
@@ -20,10 +23,13 @@ from torch import nn
 from shared.engine.forward_batch import ForwardBatch
 from shared.engine.kv_pool import KVPool
 from shared.engine.models.config import ModelArchConfig
-from shared.kernels.dispatch import AttentionBackend, AttentionMetadata
+from shared.kernels.dispatch import AttentionBackend, AttentionMetadata, NativeAttentionBackend
 from shared.kernels.elementwise import TORCH_OPS, ElementwiseOps
-from shared.kernels.linear import LinearBackend, PackedWeight, TorchLinear
+from shared.kernels.linear import LinearBackend, NativeLinear, NativePacked, PackedWeight, TorchLinear
 from shared.kernels.rotary import RotaryCache
+
+if TYPE_CHECKING:
+    from shared.kernels.native.decode_layers import NativeDecodeLayers
 
 
 @dataclass(frozen=True)
@@ -206,6 +212,10 @@ class LlamaForCausalLM(nn.Module):
         self.weight_bytes = sum(p.numel() * p.element_size() for p in self.parameters())
         self.linear: LinearBackend = TorchLinear()
         self.packed: dict[str, PackedWeight] = {"lm_head": self.lm_head}
+        # All layers of a pure decode step in one C call, when every kernel is native (set by use_linear); it runs
+        # only while the backends it was built from are still in place (a profiler that wraps them gets the layers).
+        self.fused_decode: NativeDecodeLayers | None = None
+        self._fused_with: tuple[LinearBackend, ElementwiseOps] | None = None
 
     def use_linear(self, backend: LinearBackend) -> None:
         """Run the projections and the lm_head through `backend` (after the weights are loaded and on their device).
@@ -219,6 +229,56 @@ class LlamaForCausalLM(nn.Module):
         self.packed = {"lm_head": backend.pack(self.lm_head)}
         if backend.name != "torch" and not self.cfg.tie_word_embeddings:
             self.lm_head.data = self.lm_head.data.new_empty(0)
+        self.fused_decode = self._native_decode_layers(backend)
+        self._fused_with = (backend, self.ops)
+
+    def _native_decode_layers(self, backend: LinearBackend) -> NativeDecodeLayers | None:
+        """The one-call decode layers, where every layer's kernels are the native ones it calls (fp32 CPU, native
+        GEMMs for the projections and the down projection, native rope_store, no q/k norm); None elsewhere."""
+        if not isinstance(backend, NativeLinear) or self.ops.name != "native" or self.ops.rope_store is None:
+            return None
+        if self.cfg.qk_norm or self.dtype != torch.float32:
+            return None
+        from shared.kernels.native.decode_layers import LayerWeights, NativeDecodeLayers
+
+        weights = []
+        for layer in self.layers:
+            assert isinstance(layer, DecoderLayer)
+            p = layer.packed
+            if not isinstance(layer.exact, NativeLinear) or layer.exact.max_rows not in (None, backend.max_rows):
+                return None
+            qkv, o, gate_up, down = (p[n] for n in ("qkv", "o", "gate_up", "down"))
+            if not (
+                isinstance(qkv, NativePacked)
+                and isinstance(o, NativePacked)
+                and isinstance(gate_up, NativePacked)
+                and isinstance(down, NativePacked)
+                and gate_up.gated
+            ):
+                return None
+            weights.append(
+                LayerWeights(
+                    layer.input_norm,
+                    qkv.panels,
+                    layer.qkv_bias,
+                    o.panels,
+                    layer.o_bias,
+                    layer.post_norm,
+                    gate_up.panels,
+                    down.panels,
+                )
+            )
+        c = self.cfg
+        return NativeDecodeLayers(
+            weights,
+            hidden=c.hidden_size,
+            heads=c.num_heads,
+            kv_heads=c.num_kv_heads,
+            head_dim=c.head_dim,
+            inter=c.intermediate_size,
+            eps=c.rms_norm_eps,
+            max_rows=backend.max_rows,
+        )
 
     def hf_weight_map(self) -> dict[str, WeightSlot]:
         """Every checkpoint tensor this model needs, by its Hugging Face name."""
@@ -245,8 +305,32 @@ class LlamaForCausalLM(nn.Module):
             hidden.index_copy_(0, batch.embed_rows, batch.embed_values.to(hidden.dtype))
         cos, sin = self.rotary.lookup(batch.positions, self.dtype)  # [T, 1, D / 2] each
         residual: torch.Tensor | None = None
-        for layer in self.layers:
-            hidden, residual = layer(hidden, residual, cos, sin, batch, kv, attn, meta)
+        fused = self.fused_decode
+        if (
+            fused is not None
+            and isinstance(attn, NativeAttentionBackend)
+            and self._fused_with == (self.linear, self.ops)
+            and fused.takes(hidden.shape[0], meta.flat_decode, meta.extend_rows)
+        ):
+            assert meta.flat_decode is not None
+            first = self.layers[0]
+            assert isinstance(first, DecoderLayer)
+            x0 = self.ops.rms_norm(hidden, first.input_norm, first.eps)  # layer 0's norm, as its forward does it
+            n = len(self.layers)
+            hidden, residual = fused.run(
+                x0,
+                hidden,
+                cos,
+                sin,
+                batch.out_pages,
+                batch.out_offsets,
+                meta.flat_decode,
+                [kv.k(i) for i in range(n)],
+                [kv.v(i) for i in range(n)],
+            )
+        else:
+            for layer in self.layers:
+                hidden, residual = layer(hidden, residual, cos, sin, batch, kv, attn, meta)
         assert residual is not None
         idx = batch.logits_indices
         if idx.numel() != hidden.shape[0] or batch.num_prompt_rows:

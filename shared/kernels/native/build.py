@@ -23,7 +23,8 @@ from pathlib import Path
 log = logging.getLogger(__name__)
 
 _SOURCES = tuple(
-    Path(__file__).with_name(n) for n in ("paged_decode.c", "paged_extend.c", "skinny_gemm.c", "elementwise.c")
+    Path(__file__).with_name(n)
+    for n in ("paged_decode.c", "paged_extend.c", "skinny_gemm.c", "elementwise.c", "decode_layers.c")
 )
 # -ffast-math: lets the compiler vectorise the dot-product sums and call glibc's vector expf (the kernel keeps every
 # value finite, which fast-math assumes). Compile only: linking with -ffast-math adds crtfastmath.o, whose constructor
@@ -139,6 +140,8 @@ def load_library() -> ctypes.CDLL:
     ]
     lib.pdr_silu_mul_f32.restype = None
     lib.pdr_silu_mul_f32.argtypes = [PTR, I64, PTR, I64, I64, INT]
+    lib.pdr_decode_layers_f32.restype = INT
+    lib.pdr_decode_layers_f32.argtypes = [*(PTR,) * 12, ctypes.c_float, ctypes.c_float]
     return lib
 
 

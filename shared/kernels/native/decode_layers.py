@@ -1,0 +1,160 @@
+"""Every decoder layer of a pure decode step in one C call (decode_layers.c), for llama-family models whose
+projections, elementwise ops and attention all run on the native backends.
+
+The C side calls the same kernels with the same arguments, in the same order, as the layers' Python forward, so
+the hidden states are bit-identical (tests/shared/kernels/test_native_decode_layers.py); what goes is the ~240
+Python wrappers a step and the Python between them. Steps it does not take (prefill chunks, mixed steps, more
+rows than the few-row GEMM's limit) run the layers one by one as before.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import TYPE_CHECKING
+
+import torch
+
+from shared.kernels.native.build import load_library
+
+if TYPE_CHECKING:
+    from shared.kernels.attention_plan import FlatDecode
+
+_PTRS_PER_LAYER = 10  # decode_layers.c's L_N
+
+
+class LayerWeights:
+    """One layer's tensors as the C call reads them: norms, biases and the native GEMM's packed panels (gate_up's
+    in gate/up pairs, gemm.pack_gated_panels; the others gemm.pack_panels)."""
+
+    def __init__(
+        self,
+        input_norm: torch.Tensor,
+        qkv: torch.Tensor,
+        qkv_bias: torch.Tensor | None,
+        o: torch.Tensor,
+        o_bias: torch.Tensor | None,
+        post_norm: torch.Tensor,
+        gate_up: torch.Tensor,
+        down: torch.Tensor,
+    ) -> None:
+        # fp32 contiguous (a no-op for the model's own tensors), held here so the addresses stay valid
+        self.tensors = [
+            t.detach().float().contiguous() if t is not None else None
+            for t in (input_norm, qkv, qkv_bias, o, o_bias, post_norm, gate_up, down)
+        ]
+
+    def addresses(self) -> list[int]:
+        return [t.data_ptr() if t is not None else 0 for t in self.tensors]
+
+
+class NativeDecodeLayers:
+    """The C call over all layers, with the per-layer addresses packed once (weights) or once per KV pool (caches)."""
+
+    def __init__(
+        self,
+        layers: Sequence[LayerWeights],
+        *,
+        hidden: int,
+        heads: int,
+        kv_heads: int,
+        head_dim: int,
+        inter: int,
+        eps: float,
+        max_rows: int | None,
+    ) -> None:
+        self.layers = list(layers)
+        self.hidden, self.heads, self.kv_heads, self.head_dim, self.inter = hidden, heads, kv_heads, head_dim, inter
+        self.eps, self.scale, self.max_rows = eps, head_dim**-0.5, max_rows
+        self._weights = [layer.addresses() for layer in self.layers]
+        self._table: torch.Tensor | None = None  # [layers, 10] int64 addresses, for the cache pair in _caches
+        self._caches: tuple[int, ...] = ()
+        self._lib = load_library()
+
+    def takes(self, rows: int, flat: FlatDecode | None, extend_rows: Sequence[int]) -> bool:
+        """A step this call runs: only decode tokens (all planned flat), within the few-row GEMM's row limit."""
+        return (
+            flat is not None
+            and not extend_rows
+            and 0 < rows == flat.token_idx.shape[0]
+            and (self.max_rows is None or rows <= self.max_rows)
+        )
+
+    def _layer_table(self, k_caches: Sequence[torch.Tensor], v_caches: Sequence[torch.Tensor]) -> torch.Tensor:
+        caches = tuple(t.data_ptr() for t in (*k_caches, *v_caches))
+        if self._table is None or caches != self._caches:
+            rows = [[*w, k.data_ptr(), v.data_ptr()] for w, k, v in zip(self._weights, k_caches, v_caches, strict=True)]
+            self._table = torch.tensor(rows, dtype=torch.int64)
+            assert self._table.shape[1] == _PTRS_PER_LAYER
+            self._caches = caches
+        return self._table
+
+    def run(
+        self,
+        x0: torch.Tensor,
+        residual: torch.Tensor,
+        cos: torch.Tensor,
+        sin: torch.Tensor,
+        out_pages: torch.Tensor,
+        out_offsets: torch.Tensor,
+        flat: FlatDecode,
+        k_caches: Sequence[torch.Tensor],
+        v_caches: Sequence[torch.Tensor],
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """x0: layer 0's normed input [T, hidden]; residual: layer 0's residual (updated in place) -> (the last
+        layer's MLP output, the residual stream), as the layers' forward returns them."""
+        t = x0.shape[0]
+        k0 = k_caches[0]
+        num_pages, page_size = k0.shape[0], k0.shape[1]
+        for c in (*k_caches, *v_caches):  # the pool's views: one layout for every layer's keys and values
+            if c.stride() != k0.stride() or c.shape != k0.shape or c.dtype != torch.float32:
+                raise ValueError("every layer's K/V cache must share one fp32 layout for the fused decode call")
+        if k0.stride(3) != 1 or k0.stride(2) != self.head_dim or k0.stride(1) != self.kv_heads * self.head_dim:
+            raise ValueError(f"fused decode needs each cache page contiguous, got strides {k0.stride()}")
+        x0, residual = x0.contiguous(), residual.contiguous()
+        cos, sin = cos.contiguous(), sin.contiguous()
+        pages, offsets = out_pages.contiguous(), out_offsets.contiguous()
+        out = torch.empty((t, self.hidden), dtype=torch.float32)
+        dims = torch.tensor(
+            [
+                t,
+                self.hidden,
+                self.heads,
+                self.kv_heads,
+                self.head_dim,
+                self.inter,
+                num_pages,
+                page_size,
+                k0.stride(0),
+                flat.seq_lens.shape[0],
+                flat.page_table.stride(0),
+                len(self.layers),
+                torch.get_num_threads(),
+            ],
+            dtype=torch.int64,
+        )
+        rc = self._lib.pdr_decode_layers_f32(
+            self._layer_table(k_caches, v_caches).data_ptr(),
+            dims.data_ptr(),
+            x0.data_ptr(),
+            residual.data_ptr(),
+            out.data_ptr(),
+            cos.data_ptr(),
+            sin.data_ptr(),
+            pages.data_ptr(),
+            offsets.data_ptr(),
+            flat.page_table.data_ptr(),
+            flat.seq_lens.data_ptr(),
+            flat.token_idx.data_ptr(),
+            self.eps,
+            self.scale,
+        )
+        if rc == -1:
+            raise IndexError(f"a K/V slot lies outside the cache of {num_pages} x {page_size} slots")
+        if rc == -2:
+            raise ValueError(
+                f"native decode attention does not take heads {self.heads} / kv_heads {self.kv_heads}, head_dim "
+                f"{self.head_dim}, page_size {page_size}; use --attention-backend torch"
+            )
+        if rc != 0:
+            raise MemoryError("the fused decode call could not allocate its scratch")
+        return out, residual
