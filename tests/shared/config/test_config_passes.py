@@ -282,6 +282,18 @@ def test_chunked_prefill_size_by_device(cuda: bool, memory: int, want: int, make
     _derived(cfg, "scheduler.chunked_prefill_size")
 
 
+def test_the_cpu_worker_takes_larger_chunks_than_the_split_roles(make_ctx) -> None:
+    """The colocated worker's chunks share the engine with its decode steps (1024 balances TTFT and TPOT there);
+    the prefill and decode roles keep 512; a chunk the user sets wins."""
+    assert resolve("worker", env={}, ctx=make_ctx()).scheduler.chunked_prefill_size == 1024
+    assert "TTFT and TPOT" in _derived(resolve("worker", env={}, ctx=make_ctx()), "scheduler.chunked_prefill_size")
+    assert resolve("decode", env={}, ctx=make_ctx()).scheduler.chunked_prefill_size == 512
+    mine = resolve("worker", ["--chunked-prefill-size", "256"], env={}, ctx=make_ctx())
+    assert mine.scheduler.chunked_prefill_size == 256
+    gpu = make_ctx(cuda=True, gpus=1, memory_bytes=24 << 30)
+    assert resolve("worker", env={}, ctx=gpu).scheduler.chunked_prefill_size == 2048
+
+
 def test_prefill_budget_reconciled(make_ctx, ctx: PassContext) -> None:
     big = make_ctx(cuda=True, gpus=1, memory_bytes=80 << 30)
     cfg = resolve("prefill", ["--max-prefill-tokens", "16384"], env={}, ctx=big)
