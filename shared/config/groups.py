@@ -96,13 +96,7 @@ class SchedulerConfig:
             min=0,
         ),
     ] = 30.0
-    chunked_prefill_size: A[
-        int,
-        Arg(
-            "Most prompt tokens per prefill chunk (0: derived: 512 on cpu, 1024 for a cpu worker, by GPU memory on cuda)",
-            min=0,
-        ),
-    ] = 0
+    chunked_prefill_size: A[int, Arg("Most prompt tokens per prefill chunk (0: derived by device and role)", min=0)] = 0
     max_prefill_tokens: A[int, Arg("Most prompt tokens in one step, all requests together", min=16)] = 4096
     schedule_policy: A[str, Arg("Order of waiting requests", choices=tuple(SchedulePolicy))] = SchedulePolicy.FCFS.value
     new_token_ratio: A[

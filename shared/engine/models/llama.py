@@ -316,18 +316,10 @@ class LlamaForCausalLM(nn.Module):
             first = self.layers[0]
             assert isinstance(first, DecoderLayer)
             x0 = self.ops.rms_norm(hidden, first.input_norm, first.eps)  # layer 0's norm, as its forward does it
-            n = len(self.layers)
-            hidden, residual = fused.run(
-                x0,
-                hidden,
-                cos,
-                sin,
-                batch.out_pages,
-                batch.out_offsets,
-                meta.flat_decode,
-                [kv.k(i) for i in range(n)],
-                [kv.v(i) for i in range(n)],
-            )
+            if fused.pool is not kv:  # the caches' addresses, once per pool
+                n = len(self.layers)
+                fused.bind_caches(kv, [kv.k(i) for i in range(n)], [kv.v(i) for i in range(n)])
+            hidden, residual = fused.run(x0, hidden, cos, sin, batch.out_pages, batch.out_offsets, meta.flat_decode)
         else:
             for layer in self.layers:
                 hidden, residual = layer(hidden, residual, cos, sin, batch, kv, attn, meta)

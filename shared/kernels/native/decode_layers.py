@@ -66,8 +66,9 @@ class NativeDecodeLayers:
         self.hidden, self.heads, self.kv_heads, self.head_dim, self.inter = hidden, heads, kv_heads, head_dim, inter
         self.eps, self.scale, self.max_rows = eps, head_dim**-0.5, max_rows
         self._weights = [layer.addresses() for layer in self.layers]
-        self._table: torch.Tensor | None = None  # [layers, 10] int64 addresses, for the cache pair in _caches
-        self._caches: tuple[int, ...] = ()
+        self._table: torch.Tensor | None = None  # [layers, 10] int64 addresses, set by bind_caches
+        self._cache_shape: tuple[int, int, int] = (0, 0, 0)  # pages, tokens a page, elements between pages
+        self.pool: object | None = None  # what owns the bound caches (the caller's KV pool)
         self._lib = load_library()
 
     def takes(self, rows: int, flat: FlatDecode | None, extend_rows: Sequence[int]) -> bool:
@@ -79,14 +80,20 @@ class NativeDecodeLayers:
             and (self.max_rows is None or rows <= self.max_rows)
         )
 
-    def _layer_table(self, k_caches: Sequence[torch.Tensor], v_caches: Sequence[torch.Tensor]) -> torch.Tensor:
-        caches = tuple(t.data_ptr() for t in (*k_caches, *v_caches))
-        if self._table is None or caches != self._caches:
-            rows = [[*w, k.data_ptr(), v.data_ptr()] for w, k, v in zip(self._weights, k_caches, v_caches, strict=True)]
-            self._table = torch.tensor(rows, dtype=torch.int64)
-            assert self._table.shape[1] == _PTRS_PER_LAYER
-            self._caches = caches
-        return self._table
+    def bind_caches(self, pool: object, k_caches: Sequence[torch.Tensor], v_caches: Sequence[torch.Tensor]) -> None:
+        """Every layer's K/V cache (`pool`'s views, one layout for all), checked and packed with the weights'
+        addresses once per pool, not once per step. The caches must outlive the calls that follow."""
+        k0 = k_caches[0]
+        for c in (*k_caches, *v_caches):
+            if c.stride() != k0.stride() or c.shape != k0.shape or c.dtype != torch.float32:
+                raise ValueError("every layer's K/V cache must share one fp32 layout for the fused decode call")
+        if k0.stride(3) != 1 or k0.stride(2) != self.head_dim or k0.stride(1) != self.kv_heads * self.head_dim:
+            raise ValueError(f"fused decode needs each cache page contiguous, got strides {k0.stride()}")
+        rows = [[*w, k.data_ptr(), v.data_ptr()] for w, k, v in zip(self._weights, k_caches, v_caches, strict=True)]
+        self._table = torch.tensor(rows, dtype=torch.int64)
+        assert self._table.shape[1] == _PTRS_PER_LAYER
+        self._cache_shape = (k0.shape[0], k0.shape[1], k0.stride(0))
+        self.pool = pool
 
     def run(
         self,
@@ -97,19 +104,13 @@ class NativeDecodeLayers:
         out_pages: torch.Tensor,
         out_offsets: torch.Tensor,
         flat: FlatDecode,
-        k_caches: Sequence[torch.Tensor],
-        v_caches: Sequence[torch.Tensor],
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """x0: layer 0's normed input [T, hidden]; residual: layer 0's residual (updated in place) -> (the last
-        layer's MLP output, the residual stream), as the layers' forward returns them."""
+        layer's MLP output, the residual stream), as the layers' forward returns them. The caches: bind_caches."""
+        if self._table is None:
+            raise RuntimeError("bind_caches first: the fused decode call has no K/V caches")
         t = x0.shape[0]
-        k0 = k_caches[0]
-        num_pages, page_size = k0.shape[0], k0.shape[1]
-        for c in (*k_caches, *v_caches):  # the pool's views: one layout for every layer's keys and values
-            if c.stride() != k0.stride() or c.shape != k0.shape or c.dtype != torch.float32:
-                raise ValueError("every layer's K/V cache must share one fp32 layout for the fused decode call")
-        if k0.stride(3) != 1 or k0.stride(2) != self.head_dim or k0.stride(1) != self.kv_heads * self.head_dim:
-            raise ValueError(f"fused decode needs each cache page contiguous, got strides {k0.stride()}")
+        num_pages, page_size, page_stride = self._cache_shape
         x0, residual = x0.contiguous(), residual.contiguous()
         cos, sin = cos.contiguous(), sin.contiguous()
         pages, offsets = out_pages.contiguous(), out_offsets.contiguous()
@@ -124,7 +125,7 @@ class NativeDecodeLayers:
                 self.inter,
                 num_pages,
                 page_size,
-                k0.stride(0),
+                page_stride,
                 flat.seq_lens.shape[0],
                 flat.page_table.stride(0),
                 len(self.layers),
@@ -133,7 +134,7 @@ class NativeDecodeLayers:
             dtype=torch.int64,
         )
         rc = self._lib.pdr_decode_layers_f32(
-            self._layer_table(k_caches, v_caches).data_ptr(),
+            self._table.data_ptr(),
             dims.data_ptr(),
             x0.data_ptr(),
             residual.data_ptr(),

@@ -24,8 +24,8 @@ class Counted:
     def __init__(self, inner) -> None:
         self.inner, self.calls = inner, 0
 
-    def takes(self, *a):
-        return self.inner.takes(*a)
+    def __getattr__(self, name: str):
+        return getattr(self.inner, name)
 
     def run(self, *a):
         self.calls += 1
@@ -147,6 +147,7 @@ def test_a_slot_outside_the_cache_is_refused_before_any_write(tiny_model_dir: Pa
     flat = FlatDecode(
         torch.zeros(1, dtype=torch.int64), torch.zeros((1, 1), dtype=torch.int64), torch.ones(1, dtype=torch.int64)
     )
+    fused.bind_caches(kv, [kv.k(i) for i in range(n)], [kv.v(i) for i in range(n)])
     with pytest.raises(IndexError, match="outside the cache"):
         fused.run(
             torch.zeros((1, hidden)),
@@ -156,7 +157,5 @@ def test_a_slot_outside_the_cache_is_refused_before_any_write(tiny_model_dir: Pa
             torch.tensor([16], dtype=torch.int64),  # page 16 of 16
             torch.zeros(1, dtype=torch.int64),
             flat,
-            [kv.k(i) for i in range(n)],
-            [kv.v(i) for i in range(n)],
         )
     assert all(torch.equal(b, kv.k(i)) for i, b in enumerate(before))
