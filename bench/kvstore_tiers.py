@@ -17,13 +17,13 @@ import os
 import statistics
 import tempfile
 import time
-import zlib
 from pathlib import Path
 
 import torch
 
 from services.kvstore.disk import open_disk_tier
 from shared.modelspec.kv_layout import KVLayout
+from shared.transfer.checksum import crc32
 
 LAYOUT = KVLayout(dtype="float32", page_size=16, num_layers=30, num_kv_heads=3, head_dim=64)  # SmolLM2-135M
 
@@ -33,7 +33,7 @@ def _pages(n: int) -> list[tuple[int, torch.Tensor, int]]:
     out = []
     for i in range(n):
         t = torch.randint(0, 256, (LAYOUT.page_bytes,), dtype=torch.uint8, generator=g)
-        out.append((1000 + i, t, zlib.crc32(t.numpy().tobytes())))
+        out.append((1000 + i, t, crc32(t.numpy().tobytes())))
     return out
 
 

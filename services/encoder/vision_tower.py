@@ -13,7 +13,6 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-import zlib
 from typing import Any
 
 import torch
@@ -27,6 +26,7 @@ from shared.serving.convert import BACKEND_FROM_PB
 from shared.serving.media import LocalVision
 from shared.transfer import create_engine
 from shared.transfer.base import TransferEngine
+from shared.transfer.checksum import crc32
 from shared.transfer.descs import PageDesc, RegionHandle
 from shared.transfer.errors import TransferError
 
@@ -99,7 +99,7 @@ class TowerEncoder:
             )
             resp.embeddings.append(
                 worker_pb2.MediaEmbedding(
-                    media_hash=m.media_hash, embedding=t, cache_hit=hit, checksum=zlib.crc32(b.numpy().data)
+                    media_hash=m.media_hash, embedding=t, cache_hit=hit, checksum=crc32(b.numpy().data)
                 )
             )
         return resp

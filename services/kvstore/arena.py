@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import itertools
 import time
-import zlib
 from collections import OrderedDict
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -27,6 +26,7 @@ from dataclasses import dataclass
 import torch
 
 from shared.kernels.hostmem import alloc_host_buffer
+from shared.transfer.checksum import crc32
 
 
 @dataclass
@@ -75,8 +75,8 @@ class ArenaCounters:
 
 
 def page_crc(buf: torch.Tensor) -> int:
-    """CRC-32 of one page's bytes (a contiguous uint8 CPU tensor); zlib releases the GIL on large buffers."""
-    return zlib.crc32(buf.numpy().data)
+    """CRC-32 of one page's bytes (a contiguous uint8 CPU tensor); zlib-ng, see shared/transfer/checksum.py."""
+    return crc32(buf.numpy().data)
 
 
 class DramArena:

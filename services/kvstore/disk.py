@@ -20,7 +20,6 @@ import os
 import shutil
 import struct
 import threading
-import zlib
 from collections import OrderedDict
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
@@ -29,6 +28,7 @@ from pathlib import Path
 import torch
 
 from shared.modelspec.kv_layout import KVLayout
+from shared.transfer.checksum import crc32
 
 log = logging.getLogger(__name__)
 
@@ -172,7 +172,7 @@ class DiskTier:
                 raise ValueError("not a chunk of this namespace")
             body = f.read(n * _ENTRY.size)
             (crc,) = _CRC.unpack(f.read(_CRC.size))
-            if zlib.crc32(head + body) != crc:
+            if crc32(head + body) != crc:
                 raise ValueError("header checksum mismatch")
         if p.stat().st_size != self._data_offset(n) + n * page_bytes:
             raise ValueError("truncated")
@@ -246,7 +246,7 @@ class DiskTier:
             tmp = path.with_suffix(".tmp")
             try:
                 with open(tmp, "wb") as f:
-                    f.write(head + _CRC.pack(zlib.crc32(head)))
+                    f.write(head + _CRC.pack(crc32(head)))
                     f.writelines(data.numpy().data for _, data, _ in batch)
                 os.replace(tmp, path)  # a chunk appears whole or not at all
             except OSError as e:
@@ -306,7 +306,7 @@ class DiskTier:
                     data = f.read(self.page_bytes)
             except (OSError, AssertionError):
                 data = b""
-            if len(data) != self.page_bytes or zlib.crc32(data) != crc:
+            if len(data) != self.page_bytes or crc32(data) != crc:
                 self.counters.corrupt += 1
                 log.warning(
                     "kvstore: page %d of %s failed its checksum; dropped",

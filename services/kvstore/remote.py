@@ -26,7 +26,6 @@ import socket
 import struct
 import threading
 import time
-import zlib
 from collections import OrderedDict, deque
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
@@ -35,6 +34,7 @@ from typing import Any
 import torch
 
 from shared.modelspec.kv_layout import KVLayout
+from shared.transfer.checksum import crc32
 
 log = logging.getLogger(__name__)
 
@@ -74,7 +74,7 @@ def namespace_digest(model: str, layout: KVLayout) -> str:
 def encode_chunk(page_bytes: int, pages: Sequence[tuple[int, torch.Tensor, int]]) -> bytes:
     head = _HEAD.pack(MAGIC, page_bytes, len(pages)) + b"".join(_ENTRY.pack(h, c) for h, _, c in pages)
     # join reads the pages' memory in place: one copy of the chunk, not two (a tobytes() per page, then the join)
-    parts: list[bytes | memoryview] = [head, _CRC.pack(zlib.crc32(head))]
+    parts: list[bytes | memoryview] = [head, _CRC.pack(crc32(head))]
     parts.extend(d.numpy().data for _, d, _ in pages)
     return b"".join(parts)
 
@@ -87,7 +87,7 @@ def decode_chunk(blob: bytes, page_bytes: int) -> list[tuple[int, int, memoryvie
     end = _HEAD.size + n * _ENTRY.size
     if magic != MAGIC or pb != page_bytes or len(blob) != end + _CRC.size + n * page_bytes:
         return None
-    if _CRC.unpack_from(blob, end)[0] != zlib.crc32(blob[:end]):
+    if _CRC.unpack_from(blob, end)[0] != crc32(blob[:end]):
         return None
     view, base = memoryview(blob), end + _CRC.size
     out = []
@@ -344,7 +344,7 @@ class MooncakeTier:
             for ph, crc, data in pages[pos:]:
                 if len(out) >= len(hashes) or ph != hashes[len(out)]:
                     break
-                if zlib.crc32(data) != crc:
+                if crc32(data) != crc:
                     self.counters.corrupt += 1
                     log.warning("kvstore: a page of Mooncake Store object %s failed its checksum; dropped", key)
                     break

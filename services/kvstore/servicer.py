@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import time
-import zlib
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -15,6 +14,7 @@ from shared.cluster.grpc_errors import abort
 from shared.serving.convert import BACKEND_FROM_PB, layout_from_pb, layout_to_pb
 from shared.serving.handoff import descs_from_pb
 from shared.telemetry import spans
+from shared.transfer.checksum import crc32
 from shared.transfer.errors import PeerError, RegionError, TransferError, TransferTimeout
 
 if TYPE_CHECKING:
@@ -137,7 +137,7 @@ class KVStoreServicer(worker_pb2_grpc.KVStoreServicer):
             await abort(context, common_pb2.ERROR_CODE_TRANSFER_FAILED, str(e), instance_id=me)
         crc = 0
         for c in read.crcs:
-            crc = zlib.crc32(c.to_bytes(4, "little"), crc)
+            crc = crc32(c.to_bytes(4, "little"), crc)
         nbytes = len(read.hashes) * layout.page_bytes
         svc.record(
             spans.KVSTORE_GET,

@@ -9,7 +9,6 @@ tower: an encoder can make a request faster, never fail it.
 from __future__ import annotations
 
 import logging
-import zlib
 from collections.abc import Sequence
 
 import grpc
@@ -22,6 +21,7 @@ from shared.serving.kv_transfer import KVTransfer
 from shared.serving.media import LocalVision
 from shared.telemetry import spans
 from shared.telemetry.tracing import SpanKind, Tracing, inject, set_error
+from shared.transfer.checksum import crc32
 
 log = logging.getLogger(__name__)
 
@@ -136,7 +136,7 @@ class RemoteVision:
             out = []
             for m, e, s in zip(items, resp.embeddings, slots, strict=True):
                 raw = self.arena.buffer[s * self.arena.slot_bytes : (s + 1) * self.arena.slot_bytes]
-                if zlib.crc32(raw.numpy().data) != e.checksum:
+                if crc32(raw.numpy().data) != e.checksum:
                     raise ValueError(f"embedding of {m.media_hash} arrived with a wrong checksum")
                 # a copy: the slot is reused by the next request
                 emb = raw.clone().view(self.dtype).view(self.num_tokens, self.hidden)

@@ -12,7 +12,7 @@ import xxhash
 
 from proto.pdrelay.v1 import worker_pb2
 from shared.serving.handoff import checksums_to_pb, choose_checksum
-from shared.transfer.checksum import PageChecksum, checksum_buffers, checksum_pages
+from shared.transfer.checksum import PageChecksum, checksum_buffers, checksum_pages, crc32
 
 
 def test_matches_crc32_of_the_concatenated_page_bytes() -> None:
@@ -22,6 +22,17 @@ def test_matches_crc32_of_the_concatenated_page_bytes() -> None:
     assert checksum_pages(pool, pages) == expected
     assert checksum_buffers([pool[p] for p in pages]) == expected
     assert checksum_buffers([pool[p].numpy().tobytes() for p in pages]) == expected
+
+
+@pytest.mark.parametrize("size", [0, 1, 15, 16, 63, 4096, 737_281])
+def test_fast_crc32_is_zlibs_crc32(size: int) -> None:
+    """The stored sums (kvstore pages, disk and Mooncake Store objects) stay readable: zlib-ng's CRC-32 is zlib's,
+    chained included, at every length the SIMD paths split differently."""
+    data = torch.randint(0, 256, (size,), dtype=torch.uint8, generator=torch.Generator().manual_seed(size)).numpy()
+    raw = data.tobytes()
+    assert crc32(data) == zlib.crc32(raw)
+    assert crc32(raw[size // 3 :], crc32(raw[: size // 3])) == zlib.crc32(raw)
+    assert crc32(memoryview(raw), 12345) == zlib.crc32(raw, 12345)
 
 
 def test_xxh3_matches_the_hash_of_the_concatenated_page_bytes() -> None:
