@@ -102,6 +102,9 @@ class SchedulerConfig:
     new_token_ratio: A[
         float, Arg("Share of max_tokens reserved when admitting (lower admits more, may preempt)", min=0.0, max=1.0)
     ] = 0.4
+    stream_interval: A[
+        int, Arg("Tokens per streamed delta: the first and last go at once, the rest in groups of N", min=1, max=1024)
+    ] = 1
 
 
 @dataclass(frozen=True, kw_only=True)

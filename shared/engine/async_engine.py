@@ -44,12 +44,24 @@ class AsyncEngine:
     All engine state is touched by the engine thread only: callers submit commands (add, abort) to it.
     """
 
-    def __init__(self, engine: Engine | None = None, *, _build: Callable[[], Engine] | None = None) -> None:
+    def __init__(
+        self,
+        engine: Engine | None = None,
+        *,
+        stream_interval: int = 1,
+        _build: Callable[[], Engine] | None = None,
+    ) -> None:
+        """stream_interval: a request's deltas after its first go out once they hold that many tokens (its last at
+        once): fewer, larger messages through the event loop, gRPC and the gateway (--stream-interval)."""
         assert (engine is None) != (_build is None), "an engine, or (through AsyncEngine.build) a factory"
+        if stream_interval < 1:
+            raise ValueError(f"stream_interval must be >= 1 (got {stream_interval})")
         self.engine: Engine = engine  # type: ignore[assignment]  # None until the engine thread sets it (build)
+        self.stream_interval = stream_interval
         self._cmds: queue.SimpleQueue[Callable[[], object]] = queue.SimpleQueue()
         self._wake = threading.Event()
         self._streams: dict[str, tuple[asyncio.AbstractEventLoop, asyncio.Queue[RequestOutput | BaseException]]] = {}
+        self._held: dict[str, RequestOutput] = {}  # engine thread: deltas gathered under stream_interval
         self._stopping = False
         self.last_error: BaseException | None = None
         self._built: concurrent.futures.Future[Engine] = concurrent.futures.Future()
@@ -59,11 +71,11 @@ class AsyncEngine:
         self._thread.start()
 
     @classmethod
-    async def build(cls, factory: Callable[[], Engine]) -> AsyncEngine:
+    async def build(cls, factory: Callable[[], Engine], *, stream_interval: int = 1) -> AsyncEngine:
         """An AsyncEngine whose engine `factory` builds on the engine thread (loading weights takes seconds, off
         the event loop): every torch op of the engine, loading included, then runs on one thread (see the module
         docstring). The factory's exception is raised here and the thread ends."""
-        ae = cls(_build=factory)
+        ae = cls(stream_interval=stream_interval, _build=factory)
         await asyncio.wrap_future(ae._built)
         return ae
 
@@ -244,7 +256,15 @@ class AsyncEngine:
         for req_id, item in items:
             target = self._streams.get(req_id)
             if target is None:
+                self._held.pop(req_id, None)
                 continue
+            if isinstance(item, BaseException):
+                self._held.pop(req_id, None)
+            elif self.stream_interval > 1:
+                gathered = self._gather(item)
+                if gathered is None:
+                    continue
+                item = gathered
             if isinstance(item, BaseException) or item.finished:
                 del self._streams[req_id]
             loop, q = target
@@ -254,6 +274,21 @@ class AsyncEngine:
                 loop.call_soon_threadsafe(_put_all, batch)
             except RuntimeError:  # the caller's loop is closed: nobody is listening any more
                 pass
+
+    def _gather(self, item: RequestOutput) -> RequestOutput | None:
+        """Under stream_interval > 1: the delta to send now, merged with what was held back for its request, or
+        None (held). Sent at once: a request's first delta (TTFT is never delayed) and its last; the rest once
+        they hold stream_interval tokens, as vLLM's and SGLang's --stream-interval do. Each message costs the event
+        loop time that the engine thread then waits for (they share the GIL). Two colocated clusters on 2 cores, 64
+        requests at concurrency 16, interval 4 against 1: varied lengths +2% and +11% in two A/Bs, 128/64 +0-3%."""
+        held = self._held.pop(item.req_id, None)
+        if held is not None:
+            item = merge_deltas(held, item)
+        first = item.num_output_tokens <= len(item.new_token_ids)
+        if item.finished or first or len(item.new_token_ids) >= self.stream_interval:
+            return item
+        self._held[item.req_id] = item
+        return None
 
 
 def _put_all(batch: list[tuple[asyncio.Queue[RequestOutput | BaseException], RequestOutput | BaseException]]) -> None:

@@ -160,7 +160,7 @@ class EngineService(Service):
     async def warm_up(self) -> None:
         t0 = time.monotonic()
         # built on the engine thread, which then runs every torch op of the engine (one OpenMP team: async_engine)
-        self.aengine = await AsyncEngine.build(self.build_engine)
+        self.aengine = await AsyncEngine.build(self.build_engine, stream_interval=self.cfg.scheduler.stream_interval)
         self.engine = self.aengine.engine
         engine = self.engine
         self.vision = await self.aengine.call(lambda: self.build_vision(engine))

@@ -73,7 +73,16 @@ def pd(request: pytest.FixtureRequest, servers: Servers) -> Iterator[BackendClus
             "decode",
             f"d-{b}",
             cluster,
-            (*common, "--handoff-timeout-s", str(HANDOFF_TIMEOUT_S), "--handoff-retries", "1"),
+            # deltas in groups of 3 (the first and last at once): the parity test's HF equality covers the path
+            (
+                *common,
+                "--handoff-timeout-s",
+                str(HANDOFF_TIMEOUT_S),
+                "--handoff-retries",
+                "1",
+                "--stream-interval",
+                "3",
+            ),
         ),
         Spec("decode", f"d-kill-{b}", cluster, (*common, "--handoff-timeout-s", "30")),
         Spec("prefill", f"pa-healthy-{b}", cluster, common),

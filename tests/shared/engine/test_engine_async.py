@@ -233,3 +233,36 @@ async def test_build_raises_what_the_factory_raised_and_ends_the_thread() -> Non
 
     with pytest.raises(FileNotFoundError, match="no weights"):
         await AsyncEngine.build(factory)
+
+
+async def test_stream_interval_sends_the_first_token_at_once_then_groups_and_the_same_tokens() -> None:
+    ae = AsyncEngine(_engine(), stream_interval=3)
+    try:
+        prompt = [3, 4, 5]
+        outs = await collect(ae, "si", prompt, greedy(11))
+        assert [x for o in outs for x in o.new_token_ids] == reference_greedy(prompt, 11)
+        sizes = [len(o.new_token_ids) for o in outs]
+        # 1 at once (TTFT), then groups of 3 (a slow consumer may merge whole groups), the last 1 with the finish
+        assert sizes[0] == 1 and sizes[-1] == 1 and all(s % 3 == 0 for s in sizes[1:-1]), sizes
+        assert outs[-1].finished and outs[-1].num_output_tokens == 11 and not any(o.finished for o in outs[:-1])
+        # an abort sends what was held back with it: nothing generated is lost
+        gen = ae.generate("si-abort", prompt, greedy(10_000))
+        got = [await gen.__anext__()]
+        got.append(await gen.__anext__())
+        ae.abort("si-abort")
+        got += [o async for o in gen]
+        assert got[-1].finish_reason == "abort"
+        assert sum(len(o.new_token_ids) for o in got) == got[-1].num_output_tokens
+        assert [x for o in got for x in o.new_token_ids] == reference_greedy(prompt, got[-1].num_output_tokens)
+        assert not ae._held  # nothing left behind for finished requests
+    finally:
+        ae.shutdown()
+
+
+def test_stream_interval_below_one_is_refused() -> None:
+    with pytest.raises(ValueError, match="stream_interval"):
+        AsyncEngine(_engine(), stream_interval=0)
+
+
+def _engine() -> Engine:
+    return Engine(SlowRunner(64, P), cache=CacheConfig(page_size=P), scheduler=SchedulerConfig())
