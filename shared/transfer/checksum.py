@@ -6,8 +6,9 @@ whatever the pool's dtype), with one of two algorithms (their numbers are worker
     CRC32     CRC-32 (zlib's polynomial and values), chained, computed by zlib-ng: ~57 GB/s on a 720 KiB page here
               against ~4.3 GB/s for the system zlib (blake2b ~0.9 GB/s, sha256 ~1.8 GB/s); the kvstore's per-page
               sums (stored with the page) and the encoder's embeddings use it
-    XXH3_64   XXH3's 64-bit hash, streamed: 45 MiB in ~2 ms vs ~17 ms for CRC-32 on this box; the prefill -> decode
-              hand-off uses it, since both of its sides sum every written page on the request's TTFT path
+    XXH3_64   XXH3's 64-bit hash, streamed: 45 MiB in ~2 ms (the system zlib's CRC-32 took ~17 ms when this was
+              chosen); the prefill -> decode hand-off uses it, since both of its sides sum every written page on
+              the request's TTFT path
 
 Either catches corruption and misplaced pages; neither is a defence against a malicious peer.
 """
@@ -19,16 +20,11 @@ from collections.abc import Iterable
 from typing import Any
 
 import xxhash
-from zlib_ng.zlib_ng import crc32 as _crc32
 
-
-def crc32(data: Any, value: int = 0) -> int:
-    """zlib.crc32's value for a bytes-like object (chained from `value`), at zlib-ng's speed.
-
-    Every CRC-32 of KV pages, kvstore objects and embeddings goes through here: a colocated worker with the kvstore
-    sums each finished conversation's pages (~9 MiB for 192 tokens of the bundled model) and the store sums them
-    again at commit, so with the system zlib the two held ~1 s of CPU over a 64-request benchmark on 2 cores."""
-    return _crc32(data, value)
+# CRC-32 with zlib.crc32's values and signature (data, value=0), chained as zlib's, at zlib-ng's speed. Every CRC-32
+# of KV pages, kvstore objects and embeddings comes from here: the kvstore's pages are summed by the writer, again
+# at commit and on every Get, so at zlib's ~4.3 GB/s one thread would cap the store's ingest near 4 GB/s.
+from zlib_ng.zlib_ng import crc32
 
 
 class PageChecksum(enum.IntEnum):
