@@ -8,9 +8,10 @@ export HF_HUB_OFFLINE=1 TOKENIZERS_PARALLELISM=false
 "$VENV/bin/pdrelay" model prepare >/dev/null
 # One rerun of a failed test: the suite drives real etcd, NATS, transfer engines and model processes on a small
 # shared box, where a timing assumption can break once under load. A rerun is printed in the summary ("R", "rerun")
-# and is a bug to fix; a test that fails twice still fails the run. PDRELAY_TEST_RERUNS=0 turns this off.
+# with the traceback of the failed try, since a passing rerun leaves no other trace of why: it is a bug to fix; a
+# test that fails twice still fails the run. PDRELAY_TEST_RERUNS=0 turns this off.
 set +e
-"$VENV/bin/python" -m pytest --reruns "${PDRELAY_TEST_RERUNS:-1}" --reruns-delay 1 "$@"
+"$VENV/bin/python" -m pytest --reruns "${PDRELAY_TEST_RERUNS:-1}" --reruns-delay 1 --rerun-show-tracebacks "$@"
 rc=$?
 set -e
 # pytest exits 5 when nothing was collected: that is a failure of the suite, not a pass.
