@@ -450,7 +450,9 @@ class KVStoreClient:
         ok = False
         try:
             # a known store without a thread hop (each wakes a thread beside the engine's on a small box)
-            peer = transfer.connected(resp.store_peer) or await asyncio.to_thread(transfer.connect, resp.store_peer)
+            peer = transfer.connected(resp.store_peer)
+            if peer is None:
+                peer = await asyncio.to_thread(transfer.connect, resp.store_peer)
             dst = descs_from_pb(resp.slots, self.layout)
             handle = transfer.write_pages(peer, src, dst, b"")
             await transfer.wait(handle, max(0.1, resp.expires_s - 1.0))
