@@ -24,7 +24,7 @@ class WorkerService(EngineService):
         return ("pdrelay.v1.Decode",)
 
     async def after_engine(self) -> None:
-        self.kvstore = await attach_kvstore(self, None)  # its transfer engine is made on first use of a store
+        self.kvstore = await attach_kvstore(self, None)  # its transfer engine is made once a store shows up
 
     async def on_stop(self) -> None:
         kv = self.kvstore

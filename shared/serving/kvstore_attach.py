@@ -14,8 +14,8 @@ if TYPE_CHECKING:
 
 async def attach_kvstore(svc: EngineService, transfer: KVTransfer | None) -> KVStoreClient | None:
     """The client of an engine service (after its engine and transfer engine exist); None with --kvstore-use off.
-    Without a transfer engine of its own (the colocated worker) it builds one over the KV pool on first use, with
-    the backend the store advertises."""
+    Without a transfer engine of its own (the colocated worker) it builds one over the KV pool once a store shows
+    up, with the backend the store advertises."""
     cfg = svc.cfg
     kc = cfg.kvstore_client
     if kc.kvstore_use == "off" or svc.etcd is None or svc.aengine is None:

@@ -84,7 +84,7 @@ class KVStoreClient:
         tls: TlsFiles | None = None,
     ) -> None:
         """transfer: the service's own engine over its KV pool (prefill, decode); make_transfer(backend) builds
-        one on first use where the service has none (the colocated worker)."""
+        one once a store shows up where the service has none (the colocated worker)."""
         self.cfg = cfg
         self.instance_id = instance_id
         self.model = model
@@ -192,8 +192,8 @@ class KVStoreClient:
         return worker_pb2_grpc.KVStoreStub(ch)
 
     async def _transfer_for(self, m: InstanceInfo) -> KVTransfer | None:
-        """Our transfer engine; built on first use where the service has none (not on a request's deadline:
-        creating an agent and registering the pool takes a while)."""
+        """Our transfer engine; where the service has none, built once (started by _warm_ready when a store shows
+        up, so not on a request's deadline: creating an agent and registering the pool takes a while)."""
         if self.transfer is None and self.make_transfer is not None and m.transfer_backend:
             if self._making is None:
                 self._making = asyncio.ensure_future(asyncio.to_thread(self.make_transfer, m.transfer_backend))
