@@ -82,6 +82,7 @@ class Membership:
         self._need_snapshot = False
         self._last_restart = 0.0
         self._counter_created = 0  # create_revision of the epoch counter at the last full read (0: absent)
+        self._counter_read_at = 0  # the revision of that read
         self.resyncs = 0  # full reads after the first one
         self.watch_restarts = 0
 
@@ -187,7 +188,7 @@ class Membership:
             if info is not None:
                 fresh[key] = info
         rev = resp.header.revision
-        self._counter_created = await self._counter_create_revision()
+        self._counter_created, self._counter_read_at = await self._counter_create_revision()
         events: list[MembershipEvent] = []
         for key, old in self._by_key.items():
             if key not in fresh:
@@ -206,17 +207,27 @@ class Membership:
             )
         await self._emit(events)
 
-    async def _counter_create_revision(self) -> int:
+    async def _counter_create_revision(self) -> tuple[int, int]:
+        """(create_revision of the cluster's epoch counter, 0 if absent; the revision of this read)."""
         assert self._client.kv is not None, "etcd client is not connected"
         resp = await self._client.kv.get(epoch_counter_key(self.cluster), timeout=2.0)
-        return int(resp.kvs[0].create_revision) if resp.kvs else 0
+        return (int(resp.kvs[0].create_revision) if resp.kvs else 0), int(resp.header.revision)
 
     async def _store_replaced(self, header_revision: int) -> bool:
         """On every (re)created watch: is this still the etcd store we were watching? (One small read.)"""
         if header_revision < self._revision:
             return True
         # Same revision range but a recreated counter: a new store that already took as many writes.
-        return await self._counter_create_revision() != self._counter_created
+        created, read_at = await self._counter_create_revision()
+        if created == self._counter_created:
+            return False
+        if self._counter_created == 0 and created > self._counter_read_at:
+            # No counter when we last read it, and one created since: the cluster's first instance registered
+            # after we started, in this very store. Calling that a new store made the watch resync from a full read
+            # taken after a short-lived instance had come and gone, so its join and leave were never emitted.
+            self._counter_created, self._counter_read_at = created, read_at
+            return False
+        return True
 
     def _apply(self, ev: Any, rev: int) -> MembershipEvent | None:  # ev: an etcd watch Event (untyped protobuf)
         kv = ev.kv

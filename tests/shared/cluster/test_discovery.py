@@ -94,6 +94,20 @@ async def test_async_iteration_of_events(etcd_server) -> None:
     await c.close()
 
 
+async def test_the_first_instance_registering_after_start_is_not_a_new_store(etcd_server) -> None:
+    # A fresh cluster has no epoch counter until its first instance registers. A watch created after that (the
+    # first one, or one the client re-created) must not take the new counter for a replaced etcd: that resync came
+    # from a full read, so an instance that joined and left in between was never seen at all.
+    c = await _client(etcd_server.endpoint)
+    async with Membership(c, "t", role="decode") as m:
+        r = Registrar(c, _info("x"), ttl_s=TTL)
+        await r.register()
+        await r.deregister()
+        assert not await m._store_replaced(m._revision)
+        assert not await m._store_replaced(m._revision)  # the counter it now knows
+    await c.close()
+
+
 async def test_key_expires_with_the_lease_when_keepalive_stops(etcd_server) -> None:
     c1, c2 = await _client(etcd_server.endpoint), await _client(etcd_server.endpoint)
     async with Membership(c2, "t") as m:
