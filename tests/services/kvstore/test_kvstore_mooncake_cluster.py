@@ -79,7 +79,7 @@ def env(tmp_path_factory: pytest.TempPathFactory, tiny_llama_dir: Path) -> Itera
                 "--kvstore-mooncake-segment-bytes",
                 "16MiB",
                 "--kvstore-mooncake-timeout-s",
-                "1",
+                "3",  # a put that times out drops its chunk: leave room for a loaded machine
             ),
         ),
         tmp,
@@ -89,6 +89,9 @@ def env(tmp_path_factory: pytest.TempPathFactory, tiny_llama_dir: Path) -> Itera
     procs: dict[str, ServiceProc] = {}
     try:
         kv.wait_ready()
+        # the store answers before its Mooncake client has connected (T3 is optional); pages evicted before then are
+        # dropped, so on a loaded machine the first requests could demote nothing
+        assert _until(lambda: "Mooncake Store tier T3" in kv.log(), 60.0), kv.log()[-2000:]
         procs = start_engines(
             tmp,
             etcd,
@@ -107,7 +110,7 @@ def env(tmp_path_factory: pytest.TempPathFactory, tiny_llama_dir: Path) -> Itera
 def test_t3_serves_evicted_pages_survives_a_dead_master_and_comes_back(env: Env) -> None:
     a, b, c = _prompt(21), _prompt(22), _prompt(23)
     first = {k: env.run(f"m-{k}", p) for k, p in (("a", a), ("b", b), ("c", c))}
-    assert _until(lambda: _t3_pages(env.kv.grpc) >= 8), "nothing demoted to the Mooncake Store"
+    assert _until(lambda: _t3_pages(env.kv.grpc) >= 8), f"nothing demoted to the Mooncake Store: {env.kv.log()[-2000:]}"
     # a is out of the worker's pool and out of the store's DRAM (it keeps 8 slots, the newest): only T3 holds it
     again = env.run("m-a2", a)
     assert again.tokens == first["a"].tokens
