@@ -192,6 +192,11 @@ class DramArena:
         if p is not None:
             self._free.extend(p.slots)
 
+    @property
+    def pending_puts(self) -> int:
+        """Puts reserved and not yet committed, aborted or expired."""
+        return len(self._pending)
+
     def expire(self, now: float | None = None) -> None:
         """Reclaim slots of puts never committed (the writer died): their writes may still be landing, but the
         writer's deadline is long past, and a reused slot is checked by CRC at its own commit anyway."""

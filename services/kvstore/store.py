@@ -28,6 +28,7 @@ from shared.transfer import create_engine
 from shared.transfer.base import TransferEngine, TransferHandle
 from shared.transfer.descs import PageDesc, RegionHandle
 from shared.transfer.errors import TransferError, TransferTimeout
+from shared.transfer.pace import ProgressPace
 
 if TYPE_CHECKING:
     from services.kvstore.disk import DiskTier
@@ -96,7 +97,7 @@ class PageStore:
         self._buffer: torch.Tensor | None = None
         self._endpoint = b""
         self.counters = StoreCounters()
-        self._active = 0
+        self._pace = ProgressPace()  # progress fast while a Get writes or a Put is reserved
         self._progress: asyncio.Task[None] | None = None
         self._bound_hooks: list[Callable[[Namespace], None]] = []
 
@@ -177,7 +178,9 @@ class PageStore:
             except TransferError as e:
                 log.warning("kvstore transfer progress: %s", e)
             self._maintain()
-            await asyncio.sleep(0.002 if self._active else 0.02)
+            # A reserved Put is fast-paced until it is committed, aborted or expired (a writer that died), so a
+            # lost commit cannot leave the store progressing at the fast pace for good.
+            await self._pace.nap(busy=self.arena is not None and self.arena.pending_puts > 0)
 
     def _maintain(self) -> None:
         arena = self.arena
@@ -250,14 +253,13 @@ class PageStore:
         res = arena.reserve(hashes)
         self._publish_removed()
         if res.put_id:
-            self._active += 1
+            self._pace.wake()
         return res
 
     def commit(self, put_id: int, crcs: Sequence[int], abort: bool) -> tuple[int, int]:
         arena = self.arena
         if arena is None:
             return 0, 0
-        self._active = max(0, self._active - 1)
         if abort:
             arena.abort(put_id)
             return 0, 0
@@ -288,7 +290,7 @@ class PageStore:
             if not hashes and peer.agent_metadata:  # a caller's warm-up: load its endpoint now, not on a deadline
                 await asyncio.to_thread(self.engine.connect, peer.agent_metadata)
             return read, 0.0
-        self._active += 1
+        self._pace.begin()
         try:
             peer_id = await asyncio.to_thread(self.engine.connect, peer.agent_metadata)
             if time.monotonic() >= deadline:
@@ -303,7 +305,7 @@ class PageStore:
             self.counters.get_failures += 1
             raise
         finally:
-            self._active = max(0, self._active - 1)
+            self._pace.end()
             arena.end_read(read)
         self.counters.get_pages += len(read.hashes)
         return read, took

@@ -22,6 +22,7 @@ from shared.transfer.base import TransferEngine, TransferHandle
 from shared.transfer.checksum import PageChecksum, checksum_pages
 from shared.transfer.descs import PageDesc, RegionHandle
 from shared.transfer.errors import TransferError, TransferTimeout
+from shared.transfer.pace import ProgressPace
 
 log = logging.getLogger(__name__)
 
@@ -34,7 +35,7 @@ class KVTransfer:
         self.region: RegionHandle = self.engine.register(pool.buffer)
         self.page_bytes = pool.bytes_per_page
         self._endpoint = self.engine.endpoint()
-        self._active = 0  # hand-offs in flight: progress fast while any is, slowly otherwise
+        self._pace = ProgressPace()  # hand-offs in flight: progress fast while any is, slowly otherwise
         self._task: asyncio.Task[None] | None = None
         # Faults in pages a peer is about to write (KVPool.prefault), off the event loop and the engine thread.
         self._prefaulter = ThreadPoolExecutor(1, thread_name_prefix="kv-prefault")
@@ -72,10 +73,10 @@ class KVTransfer:
         return self._prefaulter.submit(self.pool.prefault, list(page_ids))
 
     def begin_receive(self) -> None:
-        self._active += 1
+        self._pace.begin()
 
     def end_receive(self) -> None:
-        self._active = max(0, self._active - 1)
+        self._pace.end()
 
     def start_progress(self) -> None:
         if self._task is None:  # idempotent: a kvstore client also needs the receive side progressing
@@ -88,9 +89,9 @@ class KVTransfer:
                 self.engine.notifications()  # drains completion notices and progresses the backend
             except TransferError as e:
                 log.warning("transfer progress: %s", e)
-            # Fast enough to never hold up a writer (its own wait polls the transfer), slow enough to cost little
-            # CPU while a prefill computes: the first write to a new peer needs a few progress calls here.
-            await asyncio.sleep(0.002 if self._active else 0.02)
+            # Fast while a write is expected (never holding up a writer; the first write to a new peer needs a
+            # few progress calls here), a few times a second otherwise (see shared/transfer/pace.py).
+            await self._pace.nap()
 
     # ---- writing side (prefill) --------------------------------------------------------------------------------
     def connect(self, peer: common_pb2.TransferPeer) -> str:

@@ -92,6 +92,9 @@ def test_abandoned_puts_expire_and_indexes_stay_bounded() -> None:
         arena.reserve([1000 + i], now=float(i))
     assert arena.counters.expired_puts >= 98
     assert arena.used_bytes <= 2 * PB
+    assert arena.pending_puts <= 2  # what keeps the store's transfer progress fast: never the vanished writers
+    arena.expire(now=1000.0)
+    assert arena.pending_puts == 0
     for i in range(0, 400, 4):  # far more pages than slots
         _put(arena, [i, i + 1, i + 2, i + 3])
     assert arena.num_pages <= arena.num_slots and len(arena.entries()) == arena.num_pages

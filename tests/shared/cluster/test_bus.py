@@ -14,7 +14,7 @@ from shared.cluster.bus.cancel import Cancel, publish_cancel, subscribe_cancel
 from shared.cluster.bus.client import Bus, Meta
 from shared.cluster.bus.drain import DrainCommand, send_drain, subscribe_drain
 from shared.cluster.bus.kv_events import KVEventBatch, KVEventPublisher, KVOpKind, subscribe_kv_events
-from shared.cluster.bus.load import LoadReport, LoadReporter, LoadSnapshot, LoadTable
+from shared.cluster.bus.load import LoadReport, LoadReporter, LoadSnapshot, LoadTable, subscribe_load
 from shared.cluster.bus.scale import ScaleReply, ScaleRequest, request_scale, serve_scale
 from shared.cluster.errors import ControlPlaneUnavailable
 from shared.cluster.localcluster.servers import free_port
@@ -229,3 +229,23 @@ async def test_full_outage_buffer_drops_instead_of_raising(nats_server) -> None:
     assert results[0] is True and results[-1] is False
     assert bus.stats.dropped > 0 and bus.stats.dropped + bus.stats.buffered_during_outage == 100
     await bus.close()
+
+
+async def test_a_repeated_load_report_waits_for_the_heartbeat_and_a_change_goes_at_once(nats_server) -> None:
+    async with Bus(nats_server.url) as a, Bus(nats_server.url) as b:
+        got: list[tuple[float, LoadReport]] = []
+        sub = await subscribe_load(b, "c", lambda r, meta: got.append((time.monotonic(), r)))
+        await asyncio.sleep(0.05)
+        running = [0]
+        # interval 0.05 s: a heartbeat every 0.25 s while nothing changes
+        rep = LoadReporter(a, "c", "d-1", "decode", lambda: LoadSnapshot(running=running[0]), interval_s=0.05).start()
+        await asyncio.sleep(1.0)
+        idle = len(got)
+        assert 3 <= idle <= 6, [r.seq for _, r in got]  # ~4 heartbeats, not ~20 reports
+        assert [r.seq for _, r in got] == list(range(1, idle + 1))  # held-back reports take no sequence number
+        running[0] = 3
+        changed = time.monotonic()
+        await _until(lambda: got[-1][1].load.running == 3)
+        assert got[-1][0] - changed < 0.2  # one interval, not a heartbeat
+        await rep.close()
+        await sub.unsubscribe()
