@@ -237,7 +237,7 @@ async def test_a_repeated_load_report_waits_for_the_heartbeat_and_a_change_goes_
         sub = await subscribe_load(b, "c", lambda r, meta: got.append((time.monotonic(), r)))
         await asyncio.sleep(0.05)
         running = [0]
-        # interval 0.05 s: a heartbeat every 0.25 s while nothing changes
+        # interval 0.05 s: a heartbeat every 5th tick (0.25 s) while nothing changes
         rep = LoadReporter(a, "c", "d-1", "decode", lambda: LoadSnapshot(running=running[0]), interval_s=0.05).start()
         await asyncio.sleep(1.0)
         idle = len(got)
@@ -249,3 +249,28 @@ async def test_a_repeated_load_report_waits_for_the_heartbeat_and_a_change_goes_
         assert got[-1][0] - changed < 0.2  # one interval, not a heartbeat
         await rep.close()
         await sub.unsubscribe()
+
+
+class _RecordingBus:
+    def __init__(self) -> None:
+        self.sent: list[LoadReport] = []
+
+    async def publish(self, subject: str, msg: LoadReport) -> bool:
+        self.sent.append(msg)
+        return True
+
+
+@pytest.mark.parametrize(("interval_s", "every"), [(0.2, 2), (0.1, 5), (0.05, 5), (0.3, 1), (1.0, 1)])
+async def test_the_heartbeat_is_counted_in_ticks_and_at_most_half_a_second(interval_s: float, every: int) -> None:
+    # `pdrelay status` listens for 0.6 s: an idle instance must report within that, whatever the tick phase
+    bus = _RecordingBus()
+    rep = LoadReporter(bus, "c", "d-1", "decode", LoadSnapshot, interval_s=interval_s)  # type: ignore[arg-type]
+    sent = []
+    for _ in range(3 * every):
+        before = len(bus.sent)
+        await rep.report_now(unless_repeat=True)
+        sent.append(len(bus.sent) - before)
+    assert sent == ([1] + [0] * (every - 1)) * 3
+    assert every * interval_s <= 0.5 or every == 1
+    await rep.report_now()  # an explicit report is never held back
+    assert len(bus.sent) == 4
