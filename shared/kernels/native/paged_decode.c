@@ -15,8 +15,9 @@
 #include <float.h>
 #include <math.h>
 #include <stdint.h>
-#if defined(__AVX512F__)
+#if defined(__AVX512F__) || (defined(__AVX2__) && defined(__FMA__))
 #include <immintrin.h>
+#define PDR_SIMD 1 /* a vector path below: AVX-512, else AVX2 + FMA */
 #endif
 
 #define MAX_GROUP 16
@@ -103,6 +104,47 @@ static void attend(const job_t *j, int i, int kh) {
     finish_heads(j->out + row * j->out_stride + (int64_t)kh * g * d, g, d, acc, l);
 }
 
+#if defined(PDR_SIMD)
+/* The lines of `cnt` tokens' rows (d floats each, tok_stride apart) into L2. Into L2, not L1: a page's K and V for
+ * every kv head of a sequence (24 KiB at 3 x 64) plus the next one's would not fit L1 beside the working set
+ * (measured 10-15% slower with _MM_HINT_T0 at 16 sequences of 160 tokens from DRAM). */
+static void prefetch_page(const float *p, int cnt, int64_t tok_stride, int d) {
+    for (int t = 0; t < cnt; t++)
+        for (int x = 0; x < d; x += 16) _mm_prefetch((const char *)(p + t * tok_stride + x), _MM_HINT_T1);
+}
+
+/* The page after the one at `start`, for an item over kv heads [kh0, kh0 + span / d) of a sequence of `len` tokens.
+ * A whole-sequence item's K and V of a page are each one contiguous range: *nk, *nv get their starts and the result
+ * is the count of 64-byte lines, which the caller spreads over this page's compute, a share per query head (one
+ * burst of all its lines stalled the loads behind it: Zen 4, 30 layers from DRAM at 16 sequences of 160 tokens,
+ * 8.6-9.2 -> 6.8-8.5 ms; of 512: 32 -> 21.5 ms). A one-head item's rows are strided: prefetched here in one burst,
+ * and the result is 0. */
+static int64_t next_page(const job_t *j, const int64_t *pt, int64_t start, int64_t len, int kh0, int span,
+                         const float **nk, const float **nv) {
+    const int64_t P = j->page_size, tok_stride = (int64_t)j->kv_heads * j->dim;
+    if (start + P >= len) return 0;
+    const int64_t next = pt[start / P + 1];
+    const int ncnt = (int)(len - start - P < P ? len - start - P : P);
+    if (span == tok_stride) {
+        *nk = j->k + next * j->page_stride;
+        *nv = j->v + next * j->page_stride;
+        return ((int64_t)ncnt * span + 15) / 16;
+    }
+    prefetch_page(j->k + next * j->page_stride + (int64_t)kh0 * j->dim, ncnt, tok_stride, span);
+    prefetch_page(j->v + next * j->page_stride + (int64_t)kh0 * j->dim, ncnt, tok_stride, span);
+    return 0;
+}
+
+/* Query head h's share of the next page's lines, prefetched into L2. */
+static inline void prefetch_share(const float *nk, const float *nv, int64_t nlines, int gh, int h) {
+    const int64_t share = (nlines + gh - 1) / gh, lo = h * share, hi = lo + share < nlines ? lo + share : nlines;
+    for (int64_t x = lo; x < hi; x++) {
+        _mm_prefetch((const char *)(nk + x * 16), _MM_HINT_T1);
+        _mm_prefetch((const char *)(nv + x * 16), _MM_HINT_T1);
+    }
+}
+#endif
+
 #if defined(__AVX512F__)
 /* out[t] = the sum of a[t]'s 16 lanes, for 16 vectors at once: a transpose folded into the adds (45 shuffles and
  * adds where 16 horizontal sums take ~130, with no chain from one token to the next). */
@@ -120,14 +162,6 @@ static inline __m512 hsum16(const __m512 *a) {
     const __m512 w01 = _mm512_add_ps(_mm512_shuffle_f32x4(u[0], u[1], 0x44), _mm512_shuffle_f32x4(u[0], u[1], 0xEE));
     const __m512 w23 = _mm512_add_ps(_mm512_shuffle_f32x4(u[2], u[3], 0x44), _mm512_shuffle_f32x4(u[2], u[3], 0xEE));
     return _mm512_add_ps(_mm512_shuffle_f32x4(w01, w23, 0x88), _mm512_shuffle_f32x4(w01, w23, 0xDD));
-}
-
-/* The lines of `cnt` tokens' rows (d floats each, tok_stride apart) into L2. Into L2, not L1: a page's K and V for
- * every kv head of a sequence (24 KiB at 3 x 64) plus the next one's would not fit L1 beside the working set
- * (measured 10-15% slower with _MM_HINT_T0 at 16 sequences of 160 tokens from DRAM). */
-static void prefetch_page(const float *p, int cnt, int64_t tok_stride, int d) {
-    for (int t = 0; t < cnt; t++)
-        for (int x = 0; x < d; x += 16) _mm_prefetch((const char *)(p + t * tok_stride + x), _MM_HINT_T1);
 }
 
 /* P.V for one query head over `cnt` tokens: acc = acc * corr + sum_t p[t] v_t. d = 64 keeps the row in 4 registers
@@ -181,36 +215,13 @@ static void attend_avx512(const job_t *j, int i, int kh0, int kh1) {
     for (int64_t start = 0; start < len; start += P) {
         const int cnt = (int)(len - start < P ? len - start : P);
         const int64_t page = pt[start / P];
-        /* The next page of a whole-sequence item (its K and V each one contiguous range) goes out a share per query
-         * head, spread over this page's compute; one burst of all its lines here stalled the loads behind it
-         * (Zen 4, 30 layers from DRAM at 16 sequences of 160 tokens: 8.6-9.2 -> 6.8-8.5 ms; of 512: 32 -> 21.5 ms).
-         * A one-head item's rows are strided: one burst. */
         const float *nk = 0, *nv = 0;
-        int64_t nlines = 0;
-        if (start + P < len) {
-            const int64_t next = pt[start / P + 1];
-            const int ncnt = (int)(len - start - P < P ? len - start - P : P);
-            if (span == tok_stride) {
-                nk = j->k + next * j->page_stride;
-                nv = j->v + next * j->page_stride;
-                nlines = ((int64_t)ncnt * span + 15) / 16;
-            } else {
-                prefetch_page(j->k + next * j->page_stride + (int64_t)kh0 * d, ncnt, tok_stride, span);
-                prefetch_page(j->v + next * j->page_stride + (int64_t)kh0 * d, ncnt, tok_stride, span);
-            }
-        }
-        const int64_t share = (nlines + gh - 1) / gh;
+        const int64_t nlines = next_page(j, pt, start, len, kh0, span, &nk, &nv);
         for (int t0 = 0; t0 < cnt; t0 += 16) {
             const int bc = cnt - t0 < 16 ? cnt - t0 : 16;
             const __mmask16 live = (__mmask16)(bc == 16 ? 0xFFFFu : (1u << bc) - 1u);
             for (int h = 0; h < gh; h++) {
-                if (nlines && t0 == 0) {
-                    const int64_t lo = h * share, hi = lo + share < nlines ? lo + share : nlines;
-                    for (int64_t x = lo; x < hi; x++) {
-                        _mm_prefetch((const char *)(nk + x * 16), _MM_HINT_T1);
-                        _mm_prefetch((const char *)(nv + x * 16), _MM_HINT_T1);
-                    }
-                }
+                if (nlines && t0 == 0) prefetch_share(nk, nv, nlines, gh, h);
                 const int64_t at = page * j->page_stride + (int64_t)(kh0 + h / g) * d + t0 * tok_stride;
                 const float *kp = j->k + at, *vp = j->v + at;
                 __m512 a[16];
@@ -237,6 +248,135 @@ static void attend_avx512(const job_t *j, int i, int kh0, int kh1) {
     }
     finish_heads(j->out + row * j->out_stride + (int64_t)kh0 * g * d, gh, d, acc, l);
 }
+#define ATTEND_VEC attend_avx512
+#define VEC_DIM 16
+#elif defined(PDR_SIMD)
+/* The AVX2 + FMA forms of hsum16, weigh_values and attend_avx512: 8 lanes, 16 registers. */
+
+/* out[t] = the sum of a[t]'s 8 lanes, for 8 vectors at once (the transpose folded into the adds). */
+static inline __m256 hsum8(const __m256 *a) {
+    __m256 u[2];
+    for (int b = 0; b < 2; b++) {
+        const __m256 *x = a + 4 * b;
+        /* per 128-bit lane: pairwise sums of x0 / x1 and of x2 / x3, then the lane's sums of x0 x1 x2 x3 in order */
+        const __m256 t01 = _mm256_add_ps(_mm256_unpacklo_ps(x[0], x[1]), _mm256_unpackhi_ps(x[0], x[1]));
+        const __m256 t23 = _mm256_add_ps(_mm256_unpacklo_ps(x[2], x[3]), _mm256_unpackhi_ps(x[2], x[3]));
+        u[b] = _mm256_add_ps(_mm256_castpd_ps(_mm256_unpacklo_pd(_mm256_castps_pd(t01), _mm256_castps_pd(t23))),
+                             _mm256_castpd_ps(_mm256_unpackhi_pd(_mm256_castps_pd(t01), _mm256_castps_pd(t23))));
+    }
+    /* u[b]'s two 128-bit lanes hold the low and high halves' sums of tokens 4b..4b+3 */
+    return _mm256_add_ps(_mm256_permute2f128_ps(u[0], u[1], 0x20), _mm256_permute2f128_ps(u[0], u[1], 0x31));
+}
+
+static inline float hmax8(__m256 v) {
+    v = _mm256_max_ps(v, _mm256_permute2f128_ps(v, v, 1));
+    v = _mm256_max_ps(v, _mm256_shuffle_ps(v, v, 0x4E));
+    v = _mm256_max_ps(v, _mm256_shuffle_ps(v, v, 0xB1));
+    return _mm256_cvtss_f32(v);
+}
+
+static inline float hadd8(__m256 v) {
+    __m128 x = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    x = _mm_add_ps(x, _mm_movehl_ps(x, x));
+    return _mm_cvtss_f32(_mm_add_ss(x, _mm_movehdup_ps(x)));
+}
+
+/* acc = acc * corr + sum_t p[t] v_t over `cnt` tokens; d = 64 keeps the row in 8 registers over all of them. */
+static inline void weigh_values(float *acc, const float *vp, int64_t tok_stride, const float *p, int cnt, int d,
+                                float corr) {
+    const __m256 c = _mm256_set1_ps(corr);
+    if (d == 64) {
+        __m256 r[8];
+        for (int x = 0; x < 8; x++) r[x] = _mm256_mul_ps(_mm256_load_ps(acc + 8 * x), c);
+        for (int t = 0; t < cnt; t++) {
+            const float *vt = vp + t * tok_stride;
+            const __m256 w = _mm256_set1_ps(p[t]);
+            for (int x = 0; x < 8; x++) r[x] = _mm256_fmadd_ps(w, _mm256_loadu_ps(vt + 8 * x), r[x]);
+        }
+        for (int x = 0; x < 8; x++) _mm256_store_ps(acc + 8 * x, r[x]);
+        return;
+    }
+    for (int x = 0; x < d; x += 8) _mm256_store_ps(acc + x, _mm256_mul_ps(_mm256_load_ps(acc + x), c));
+    for (int t = 0; t < cnt; t++) {
+        const float *vt = vp + t * tok_stride;
+        const __m256 w = _mm256_set1_ps(p[t]);
+        for (int x = 0; x < d; x += 8)
+            _mm256_store_ps(acc + x, _mm256_fmadd_ps(w, _mm256_loadu_ps(vt + x), _mm256_load_ps(acc + x)));
+    }
+}
+
+/* Scores of query head qh against tokens [0, bc) of kp (bc <= 8), lanes past bc at -FLT_MAX. x outer, tokens inner:
+ * 8 independent FMA chains (a token's 8 chained FMAs, token after token, left the FMA units waiting on their
+ * latency), one load of q for every 8 FMAs. */
+static inline __m256 scores8(const float *qh, const float *kp, int64_t tok_stride, int d, int bc) {
+    __m256 a[8];
+    for (int t = 0; t < 8; t++) a[t] = _mm256_setzero_ps();
+    if (bc == 8) {
+        for (int x = 0; x < d; x += 8) {
+            const __m256 qx = _mm256_load_ps(qh + x);
+            for (int t = 0; t < 8; t++) a[t] = _mm256_fmadd_ps(qx, _mm256_loadu_ps(kp + t * tok_stride + x), a[t]);
+        }
+        return hsum8(a);
+    }
+    for (int x = 0; x < d; x += 8) {
+        const __m256 qx = _mm256_load_ps(qh + x);
+        for (int t = 0; t < bc; t++) a[t] = _mm256_fmadd_ps(qx, _mm256_loadu_ps(kp + t * tok_stride + x), a[t]);
+    }
+    const __m256 live = _mm256_cmp_ps(_mm256_setr_ps(0, 1, 2, 3, 4, 5, 6, 7), _mm256_set1_ps((float)bc), _CMP_LT_OQ);
+    return _mm256_blendv_ps(_mm256_set1_ps(-FLT_MAX), hsum8(a), live);
+}
+
+/* attend_avx512 in 8-lane vectors, head_dim a multiple of 8, 16 tokens a block (two vectors of scores: one max,
+ * one rescale of the accumulator, one exp call of 16 for every 16 tokens). The generic attend() it replaces summed
+ * each token's dot product horizontally, one exp a token, and waited on DRAM for every scattered page. */
+static void attend_avx2(const job_t *j, int i, int kh0, int kh1) {
+    const int g = j->heads / j->kv_heads, d = j->dim, P = j->page_size;
+    const int64_t tok_stride = (int64_t)j->kv_heads * d;
+    const int64_t row = j->rows[i], len = j->seq_lens[i];
+    const int gh = (kh1 - kh0) * g;
+    const int span = (kh1 - kh0) * d;
+    const float *q = j->q + row * j->q_stride + (int64_t)kh0 * g * d;
+    const int64_t *pt = j->page_table + (int64_t)i * j->pt_stride;
+    float qs[MAX_HEADS][MAX_DIM] __attribute__((aligned(32))), acc[MAX_HEADS][MAX_DIM] __attribute__((aligned(32)));
+    float p[16] __attribute__((aligned(32))), m[MAX_HEADS], l[MAX_HEADS];
+    const __m256 lane = _mm256_setr_ps(0, 1, 2, 3, 4, 5, 6, 7), neg = _mm256_set1_ps(-FLT_MAX);
+    start_heads(q, j->scale, gh, d, qs, acc, m, l);
+    for (int64_t start = 0; start < len; start += P) {
+        const int cnt = (int)(len - start < P ? len - start : P);
+        const int64_t page = pt[start / P];
+        const float *nk = 0, *nv = 0;
+        const int64_t nlines = next_page(j, pt, start, len, kh0, span, &nk, &nv);
+        for (int t0 = 0; t0 < cnt; t0 += 16) {
+            const int bc = cnt - t0 < 16 ? cnt - t0 : 16;
+            const __m256 live0 = _mm256_cmp_ps(lane, _mm256_set1_ps((float)bc), _CMP_LT_OQ);
+            const __m256 live1 = _mm256_cmp_ps(lane, _mm256_set1_ps((float)(bc - 8)), _CMP_LT_OQ);
+            for (int h = 0; h < gh; h++) {
+                if (nlines && t0 == 0) prefetch_share(nk, nv, nlines, gh, h);
+                const int64_t at = page * j->page_stride + (int64_t)(kh0 + h / g) * d + t0 * tok_stride;
+                const float *kp = j->k + at, *vp = j->v + at;
+                const __m256 s0 = scores8(qs[h], kp, tok_stride, d, bc < 8 ? bc : 8);
+                const __m256 s1 = bc > 8 ? scores8(qs[h], kp + 8 * tok_stride, tok_stride, d, bc - 8) : neg;
+                const float top = hmax8(_mm256_max_ps(s0, s1));
+                const float mx = top > m[h] ? top : m[h];
+                const float corr = expf(m[h] - mx); /* 0 on the first block: m = -FLT_MAX */
+                const __m256 mv = _mm256_set1_ps(mx);
+                _mm256_store_ps(p, _mm256_and_ps(live0, _mm256_sub_ps(s0, mv)));
+                _mm256_store_ps(p + 8, _mm256_and_ps(live1, _mm256_sub_ps(s1, mv)));
+#pragma omp simd
+                for (int t = 0; t < 16; t++) p[t] = expf(p[t]);
+                /* exp(0) = 1 in the lanes past bc: masked out */
+                const __m256 p0 = _mm256_and_ps(live0, _mm256_load_ps(p));
+                const __m256 p1 = _mm256_and_ps(live1, _mm256_load_ps(p + 8));
+                l[h] = l[h] * corr + hadd8(_mm256_add_ps(p0, p1));
+                m[h] = mx;
+                weigh_values(acc[h], vp, tok_stride, p, bc, d, corr);
+            }
+        }
+    }
+    finish_heads(j->out + row * j->out_stride + (int64_t)kh0 * g * d, gh, d, acc, l);
+}
+#define ATTEND_VEC attend_avx2
+#define VEC_DIM 8
 #endif
 
 /* Returns 0, or -1 when a size is past the fixed per-item buffers (the caller says which flag avoids it). */
@@ -250,17 +390,18 @@ int pdr_paged_decode_f32(const float *q, int64_t q_stride, const float *k, const
                      n, heads, kv_heads, dim, page_size, scale};
     const int items = n * kv_heads;
     if (nthreads < 1) nthreads = 1;
-    /* AVX-512, head_dim a multiple of 16: with enough sequences to go round, an item is a whole sequence, every kv
-     * head page by page (a page's heads share its cache lines: 418 -> 343 us a layer over 30 layers at 16 sequences
-     * of 160 tokens, against one head per item), else one kv head (every thread busy with few sequences). */
-#if defined(__AVX512F__)
-    if (dim % 16 == 0) {
+    /* AVX-512 or AVX2, head_dim a multiple of the vector: with enough sequences to go round, an item is a whole
+     * sequence, every kv head page by page (a page's heads share its cache lines: 418 -> 343 us a layer over 30
+     * layers at 16 sequences of 160 tokens on Zen 4, against one head per item), else one kv head (every thread
+     * busy with few sequences). */
+#if defined(ATTEND_VEC)
+    if (dim % VEC_DIM == 0) {
         if (n >= 2 * nthreads && heads <= MAX_HEADS) {
 #pragma omp parallel for schedule(dynamic, 1) num_threads(nthreads)
-            for (int i = 0; i < n; i++) attend_avx512(&j, i, 0, kv_heads);
+            for (int i = 0; i < n; i++) ATTEND_VEC(&j, i, 0, kv_heads);
         } else {
 #pragma omp parallel for schedule(dynamic, 1) num_threads(nthreads)
-            for (int it = 0; it < items; it++) attend_avx512(&j, it / kv_heads, it % kv_heads, it % kv_heads + 1);
+            for (int it = 0; it < items; it++) ATTEND_VEC(&j, it / kv_heads, it % kv_heads, it % kv_heads + 1);
         }
         return 0;
     }
