@@ -19,7 +19,7 @@
 #include <math.h>
 #include <stdint.h>
 #include <stdlib.h>
-#if defined(__AVX512F__)
+#if defined(__AVX512F__) || (defined(__AVX2__) && defined(__FMA__))
 #include <immintrin.h>
 #endif
 
@@ -43,6 +43,117 @@ typedef struct {
     float scale;
 } job_t;
 
+#if !defined(__AVX512F__) && defined(__AVX2__) && defined(__FMA__)
+/* exp of 8 lanes, in registers: n = round(x log2 e), r = x - n ln 2 in two FMA steps (Cody-Waite), e^r by Cephes'
+ * degree-7 polynomial (about 1 ulp), times 2^n through the exponent bits; 0 below -87 (masked scores sit at
+ * -FLT_MAX). FMAs, not a mul and a sub, so -ffast-math cannot merge the two steps of the reduction. Inline because
+ * the vectoriser turned the 8-lane expf loops into 3 scalar calls and a 4-lane one. */
+static inline __m256 exp8(__m256 x) {
+    const __m256 lo = _mm256_set1_ps(-87.0f);
+    const __m256 zero = _mm256_cmp_ps(x, lo, _CMP_LT_OQ);
+    x = _mm256_min_ps(_mm256_max_ps(x, lo), _mm256_set1_ps(88.0f));
+    const __m256 n = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(1.44269504088896341f)),
+                                     _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    __m256 r = _mm256_fnmadd_ps(n, _mm256_set1_ps(0.693359375f), x);
+    r = _mm256_fnmadd_ps(n, _mm256_set1_ps(-2.12194440e-4f), r);
+    __m256 y = _mm256_set1_ps(1.9875691500e-4f);
+    y = _mm256_fmadd_ps(y, r, _mm256_set1_ps(1.3981999507e-3f));
+    y = _mm256_fmadd_ps(y, r, _mm256_set1_ps(8.3334519073e-3f));
+    y = _mm256_fmadd_ps(y, r, _mm256_set1_ps(4.1665795894e-2f));
+    y = _mm256_fmadd_ps(y, r, _mm256_set1_ps(1.6666665459e-1f));
+    y = _mm256_fmadd_ps(y, r, _mm256_set1_ps(5.0000001201e-1f));
+    y = _mm256_fmadd_ps(y, _mm256_mul_ps(r, r), _mm256_add_ps(r, _mm256_set1_ps(1.0f)));
+    const __m256i e = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
+    return _mm256_andnot_ps(zero, _mm256_mul_ps(y, _mm256_castsi256_ps(e)));
+}
+
+/* One key tile for 8 of a block's 16 query lanes (those at lane offset o8), AVX2: the AVX-512 tile below in 8-lane
+ * vectors. 8 score accumulators and 8 probability vectors fit the 16 ymm registers beside q (or the output row) and
+ * a broadcast; all 16 lanes at once would spill. Always 8 keys (fixed trip counts, so the accumulators stay in
+ * registers; a short tile's missing keys repeat its first key's rows and are masked out), qt, ot, m, l point at the
+ * half's first lane (rows QB apart). The generic loops it replaces kept the 8 x 16 scores in memory, a load and a
+ * store around every FMA. */
+static inline void tile_half(float (*qt)[QB], float (*ot)[QB], float *m, float *l, const float *const *kr,
+                             const float *const *vr, int kc, int d, int64_t first0) {
+    __m256 sc[KB];
+    for (int c = 0; c < KB; c++) sc[c] = _mm256_setzero_ps();
+    for (int x = 0; x < d; x++) {
+        const __m256 qx = _mm256_load_ps(qt[x]);
+        for (int c = 0; c < KB; c++) sc[c] = _mm256_fmadd_ps(qx, _mm256_broadcast_ss(kr[c] + x), sc[c]);
+    }
+    /* lane u sees key c when c < kc and u >= first0 + c (first0: the first lane that sees the tile's first key) */
+    const __m256 lane = _mm256_setr_ps(0, 1, 2, 3, 4, 5, 6, 7), neg = _mm256_set1_ps(-FLT_MAX);
+    __m256 top = _mm256_load_ps(m);
+    for (int c = 0; c < KB; c++) {
+        const int64_t from = c < kc ? first0 + c : 8;
+        if (from > 0) sc[c] = _mm256_blendv_ps(neg, sc[c], _mm256_cmp_ps(lane, _mm256_set1_ps((float)from), _CMP_GE_OQ));
+        top = _mm256_max_ps(top, sc[c]);
+    }
+    const __m256 cv = exp8(_mm256_sub_ps(_mm256_load_ps(m), top));
+    __m256 sum = _mm256_setzero_ps();
+    for (int c = 0; c < KB; c++) {
+        sc[c] = exp8(_mm256_sub_ps(sc[c], top)); /* now the probabilities */
+        sum = _mm256_add_ps(sum, sc[c]);
+    }
+    _mm256_store_ps(l, _mm256_fmadd_ps(_mm256_load_ps(l), cv, sum));
+    _mm256_store_ps(m, top);
+    /* two chains of 4 FMAs an output row, not one of 8: the row's latency, not the FMA units, set the pace */
+    for (int x = 0; x < d; x++) {
+        __m256 o = _mm256_mul_ps(_mm256_load_ps(ot[x]), cv), e = _mm256_mul_ps(sc[4], _mm256_broadcast_ss(vr[4] + x));
+        for (int c = 0; c < 4; c++) {
+            o = _mm256_fmadd_ps(sc[c], _mm256_broadcast_ss(vr[c] + x), o);
+            if (c < 3) e = _mm256_fmadd_ps(sc[c + 5], _mm256_broadcast_ss(vr[c + 5] + x), e);
+        }
+        _mm256_store_ps(ot[x], _mm256_add_ps(o, e));
+    }
+}
+
+/* r[i] <- column i of the 8 x 8 block r (rows in, columns out). */
+static inline void transpose8(__m256 *r) {
+    __m256 t[8], u[8];
+    for (int i = 0; i < 8; i += 2) {
+        t[i] = _mm256_unpacklo_ps(r[i], r[i + 1]);
+        t[i + 1] = _mm256_unpackhi_ps(r[i], r[i + 1]);
+    }
+    for (int i = 0; i < 8; i += 4) {
+        u[i] = _mm256_shuffle_ps(t[i], t[i + 2], 0x44);
+        u[i + 1] = _mm256_shuffle_ps(t[i], t[i + 2], 0xEE);
+        u[i + 2] = _mm256_shuffle_ps(t[i + 1], t[i + 3], 0x44);
+        u[i + 3] = _mm256_shuffle_ps(t[i + 1], t[i + 3], 0xEE);
+    }
+    for (int i = 0; i < 4; i++) {
+        r[i] = _mm256_permute2f128_ps(u[i], u[i + 4], 0x20);
+        r[i + 4] = _mm256_permute2f128_ps(u[i], u[i + 4], 0x31);
+    }
+}
+
+/* The block's q rows into qt (transposed, scaled; lanes past nq zero) and its output rows out of ot, 8 x 8 at a
+ * time (d a multiple of 8): one element at a time they took ~15% of a 128-token prompt's attention. */
+static void load_q_t(float (*qt)[QB], const float *q, int64_t stride, int nq, int d, float scale) {
+    const __m256 sv = _mm256_set1_ps(scale);
+    for (int t0 = 0; t0 < QB; t0 += 8)
+        for (int x0 = 0; x0 < d; x0 += 8) {
+            __m256 r[8];
+            for (int i = 0; i < 8; i++)
+                r[i] = t0 + i < nq ? _mm256_mul_ps(_mm256_loadu_ps(q + (t0 + i) * stride + x0), sv) : _mm256_setzero_ps();
+            transpose8(r);
+            for (int i = 0; i < 8; i++) _mm256_store_ps(&qt[x0 + i][t0], r[i]);
+        }
+}
+
+static void store_out_t(float (*ot)[QB], const float *l, float *out, int64_t stride, int nq, int d) {
+    for (int t0 = 0; t0 < nq; t0 += 8)
+        for (int x0 = 0; x0 < d; x0 += 8) {
+            __m256 r[8];
+            for (int i = 0; i < 8; i++) r[i] = _mm256_load_ps(&ot[x0 + i][t0]);
+            transpose8(r);
+            for (int i = 0; i < 8 && t0 + i < nq; i++)
+                _mm256_storeu_ps(out + (t0 + i) * stride + x0, _mm256_mul_ps(r[i], _mm256_set1_ps(1.0f / l[t0 + i])));
+        }
+}
+#define PDR_AVX2_EXTEND 1
+#endif
+
 /* Sequence s, query head h, new tokens [i0, i0 + nq) (nq <= 16). */
 static void attend_block(const job_t *j, int s, int h, int64_t i0, int nq) {
     const int d = j->dim, g = j->heads / j->kv_heads, kh = h / g;
@@ -52,12 +163,18 @@ static void attend_block(const job_t *j, int s, int h, int64_t i0, int nq) {
     float qt[MAX_DIM][QB] __attribute__((aligned(64)));  /* scaled q, transposed; lanes past nq zero */
     float ot[MAX_DIM][QB] __attribute__((aligned(64)));  /* output accumulator, transposed */
     float m[QB] __attribute__((aligned(64))), l[QB] __attribute__((aligned(64)));
-    float pt[KB][QB] __attribute__((aligned(64)));       /* a tile's probabilities, per key */
-    for (int x = 0; x < d; x++)
-        for (int t = 0; t < QB; t++) {
-            qt[x][t] = t < nq ? j->q[(row0 + t) * j->q_stride + (int64_t)h * d + x] * j->scale : 0.0f;
-            ot[x][t] = 0.0f;
-        }
+#if defined(PDR_AVX2_EXTEND)
+    if (d % 8 == 0) {
+        load_q_t(qt, j->q + row0 * j->q_stride + (int64_t)h * d, j->q_stride, nq, d, j->scale);
+        for (int x = 0; x < d; x++)
+            for (int t = 0; t < QB; t++) ot[x][t] = 0.0f;
+    } else
+#endif
+        for (int x = 0; x < d; x++)
+            for (int t = 0; t < QB; t++) {
+                qt[x][t] = t < nq ? j->q[(row0 + t) * j->q_stride + (int64_t)h * d + x] * j->scale : 0.0f;
+                ot[x][t] = 0.0f;
+            }
     for (int t = 0; t < QB; t++) {
         m[t] = -FLT_MAX;
         l[t] = 0.0f;
@@ -81,6 +198,7 @@ static void attend_block(const job_t *j, int s, int h, int64_t i0, int nq) {
         /* a query at q_first + t sees key k0 + c when k0 + c <= q_first + t: lanes t >= k0 + c - q_first */
         const int64_t diag = k0 + kc - 1 - q_first; /* > 0: some lanes of this tile are masked */
 #if defined(__AVX512F__)
+        float pt[KB][QB] __attribute__((aligned(64))); /* a tile's probabilities, per key */
         __m512 sc[KB];
         for (int c = 0; c < KB; c++) sc[c] = _mm512_setzero_ps();
         if (kc == KB) { /* full tile: fixed trip counts, unrolled */
@@ -135,8 +253,17 @@ static void attend_block(const job_t *j, int s, int h, int64_t i0, int nq) {
                 _mm512_store_ps(ot[x], o);
             }
         }
+#elif defined(__AVX2__) && defined(__FMA__)
+        (void)diag;
+        for (int c = kc; c < KB; c++) { /* a short tile: rows that exist, masked out in tile_half */
+            kr[c] = kr[0];
+            vr[c] = vr[0];
+        }
+        for (int o8 = 0; o8 < nq; o8 += 8) /* a half past nq holds no query */
+            tile_half((float(*)[QB])&qt[0][o8], (float(*)[QB])&ot[0][o8], m + o8, l + o8, kr, vr, kc, d,
+                      k0 - q_first - o8);
 #else
-        float sc[KB][QB];
+        float pt[KB][QB], sc[KB][QB];
         for (int c = 0; c < KB; c++)
             for (int t = 0; t < QB; t++) sc[c][t] = 0.0f;
         for (int x = 0; x < d; x++)
@@ -173,6 +300,12 @@ static void attend_block(const job_t *j, int s, int h, int64_t i0, int nq) {
         }
 #endif
     }
+#if defined(PDR_AVX2_EXTEND)
+    if (d % 8 == 0) {
+        store_out_t(ot, l, j->out + row0 * j->out_stride + (int64_t)h * d, j->out_stride, nq, d);
+        return;
+    }
+#endif
     for (int t = 0; t < nq; t++) {
         float *o = j->out + (row0 + t) * j->out_stride + (int64_t)h * d;
         const float inv = 1.0f / l[t];

@@ -20,7 +20,7 @@ ok, why = build.native_available()
 pytestmark = pytest.mark.skipif(not ok, reason=f"native kernels unavailable: {why}")
 
 
-@pytest.mark.parametrize("heads,kv_heads,d", [(4, 4, 32), (9, 3, 64), (8, 2, 128), (16, 1, 64)])
+@pytest.mark.parametrize("heads,kv_heads,d", [(4, 4, 32), (9, 3, 64), (8, 2, 128), (16, 1, 64), (2, 1, 20)])
 @pytest.mark.parametrize("page", [1, 4, 16, 32])
 @pytest.mark.parametrize("threads,few", [(2, False), (2, True), (1, False)], ids=["per-seq", "per-head", "1-thread"])
 def test_matches_reference(heads: int, kv_heads: int, d: int, page: int, threads: int, few: bool) -> None:

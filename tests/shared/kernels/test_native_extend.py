@@ -28,7 +28,7 @@ def _case(
     return ks, vs, k_cache, v_cache, page_table(pages, pad=int(pages[0][0]))  # type: ignore[return-value]
 
 
-@pytest.mark.parametrize("heads,kv_heads,d", [(4, 4, 32), (9, 3, 64), (8, 2, 128), (16, 1, 64), (6, 3, 48)])
+@pytest.mark.parametrize("heads,kv_heads,d", [(4, 4, 32), (9, 3, 64), (8, 2, 128), (16, 1, 64), (6, 3, 48), (2, 1, 20)])
 @pytest.mark.parametrize("page", [1, 4, 16, 32])
 @pytest.mark.parametrize("threads", [1, 2])
 def test_matches_reference(heads: int, kv_heads: int, d: int, page: int, threads: int) -> None:
