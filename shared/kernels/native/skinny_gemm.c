@@ -9,8 +9,9 @@
  * sequential stream, one 64-byte line per k. Each thread takes whole panels. Within a panel the K range is cut into
  * blocks of KC: a block of the panel (16 x KC floats = 12 KiB) stays in L1 while every register tile of rows runs
  * over it, one broadcast of x per row and k. AVX-512: a thread takes two panels at a time, 8 rows x 32 columns in 16
- * zmm accumulators (an odd last panel: 16 rows x 16 columns); AVX2: one panel, 6 rows in 12 ymm. With AVX-512 the
- * panels are prefetched into L1 PF k ahead, and the tiles over a block stream the thread's next block into L2
+ * zmm accumulators (an odd last panel: 16 rows x 16 columns); AVX2: one panel, 6 rows in 12 ymm. The panels are
+ * prefetched into L1 PF k ahead (AVX2, Zen 3, 2 threads, the bundled model's projections + LM head from DRAM: 16-24
+ * rows 8% faster, 1 row unchanged), and with AVX-512 the tiles over a block stream the thread's next block into L2
  * (the lookahead, below), so the weight stream never waits for the tiles that re-read a block from L1.
  *
  * Accuracy: each output sums KC products in a register, then adds the block sums in order, so the rounding error
@@ -101,6 +102,7 @@ static inline __m256i cols_mask(int cols) {
             a1[i] = _mm256_setzero_ps();                                                                          \
         }                                                                                                         \
         for (int64_t kk = 0; kk < kc; kk++) {                                                                     \
+            _mm_prefetch((const char *)(wp + (kk + PF) * NR), _MM_HINT_T0);                                      \
             const __m256 w0 = _mm256_loadu_ps(wp + kk * NR), w1 = _mm256_loadu_ps(wp + kk * NR + 8);              \
             for (int i = 0; i < R; i++) {                                                                         \
                 const __m256 xb = _mm256_broadcast_ss(x + i * ldx + kk);                                          \
@@ -350,7 +352,10 @@ static void gemm(const float *x, int64_t ldx, int64_t m, int64_t k, const float 
         }
     }
 #else
-#pragma omp parallel for schedule(static) num_threads(nthreads)
+    /* Chunks of panels, as above: a thread preempted by the server's other threads no longer holds the other one
+     * at the loop's end for its whole static share. */
+    const int64_t chunk = panels / (8 * (int64_t)nthreads) > 1 ? panels / (8 * (int64_t)nthreads) : 1;
+#pragma omp parallel for schedule(dynamic, chunk) num_threads(nthreads)
     for (int64_t p = 0; p < panels; p++) one_panel(x, ldx, m, k, wp, n, bias, out, ldo, p);
     if (gated) /* no pair tile here: the epilogue runs over the whole scratch after the GEMM */
         for (int64_t u = 0; u < panels / 2; u++) {
