@@ -10,8 +10,9 @@
  * blocks of KC: a block of the panel (16 x KC floats = 12 KiB) stays in L1 while every register tile of rows runs
  * over it, one broadcast of x per row and k. AVX-512: a thread takes two panels at a time, 8 rows x 32 columns in 16
  * zmm accumulators (an odd last panel: 16 rows x 16 columns); AVX2: one panel, 6 rows in 12 ymm. The panels are
- * prefetched into L1 PF k ahead (AVX2, Zen 3, 2 threads, the bundled model's projections + LM head from DRAM: 16-24
- * rows 8% faster, 1 row unchanged), and with AVX-512 the tiles over a block stream the thread's next block into L2
+ * prefetched into L1 PF k ahead (AVX2: by tiles of 4 rows or more; Zen 3, 2 threads, the bundled model's projections
+ * + LM head from DRAM: 8-24 rows 6-13% faster; at 1 row it cost 11-17%), and with AVX-512 the tiles over a block
+ * stream the thread's next block into L2
  * (the lookahead, below), so the weight stream never waits for the tiles that re-read a block from L1.
  *
  * Accuracy: each output sums KC products in a register, then adds the block sums in order, so the rounding error
@@ -102,7 +103,8 @@ static inline __m256i cols_mask(int cols) {
             a1[i] = _mm256_setzero_ps();                                                                          \
         }                                                                                                         \
         for (int64_t kk = 0; kk < kc; kk++) {                                                                     \
-            _mm_prefetch((const char *)(wp + (kk + PF) * NR), _MM_HINT_T0);                                      \
+            if (R >= 4) /* a tile of 1-3 rows streams at DRAM speed without it and measured slower with it */    \
+                _mm_prefetch((const char *)(wp + (kk + PF) * NR), _MM_HINT_T0);                                  \
             const __m256 w0 = _mm256_loadu_ps(wp + kk * NR), w1 = _mm256_loadu_ps(wp + kk * NR + 8);              \
             for (int i = 0; i < R; i++) {                                                                         \
                 const __m256 xb = _mm256_broadcast_ss(x + i * ldx + kk);                                          \
