@@ -328,7 +328,9 @@ static inline __m256 scores8(const float *qh, const float *kp, int64_t tok_strid
 
 /* attend_avx512 in 8-lane vectors, head_dim a multiple of 8, 16 tokens a block (two vectors of scores: one max,
  * one rescale of the accumulator, one exp call of 16 for every 16 tokens). The generic attend() it replaces summed
- * each token's dot product horizontally, one exp a token, and waited on DRAM for every scattered page. */
+ * each token's dot product horizontally, one exp a token, and waited on DRAM for every scattered page: Zen 3, 2
+ * threads, 30 layers from DRAM (python -m bench.kernels_cpu), 16 sequences of 160 tokens 12.8-16.6 -> 7.2-11.3 ms,
+ * of 512 tokens 40.7-46.4 -> 20.7-24.9 ms. */
 static void attend_avx2(const job_t *j, int i, int kh0, int kh1) {
     const int g = j->heads / j->kv_heads, d = j->dim, P = j->page_size;
     const int64_t tok_stride = (int64_t)j->kv_heads * d;

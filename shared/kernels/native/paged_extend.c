@@ -72,7 +72,8 @@ static inline __m256 exp8(__m256 x) {
  * a broadcast; all 16 lanes at once would spill. Always 8 keys (fixed trip counts, so the accumulators stay in
  * registers; a short tile's missing keys repeat its first key's rows and are masked out), qt, ot, m, l point at the
  * half's first lane (rows QB apart). The generic loops it replaces kept the 8 x 16 scores in memory, a load and a
- * store around every FMA. */
+ * store around every FMA: Zen 3, 2 threads, 30 layers (python -m bench.kernels_cpu), 16 prompts of 128 tokens
+ * 424-437 -> 123-143 ms, one of 512 334-346 -> 93-106 ms. */
 static inline void tile_half(float (*qt)[QB], float (*ot)[QB], float *m, float *l, const float *const *kr,
                              const float *const *vr, int kc, int d, int64_t first0) {
     __m256 sc[KB];
