@@ -37,10 +37,16 @@ LINEAR_BACKENDS = ("auto", "torch", "onednn", "native")
 # (engine, 64 requests at concurrency 16, 128/64 and varied lengths: within the runs' +-5%), so it stays at 24.
 NATIVE_MAX_ROWS = 24
 # The down projection's exact form (in place of MKL's F.linear, see models/llama.py) takes the native kernel at every
-# step size: on Zen 4 it was faster than MKL up to ~256 rows and on par at 512; on Zen 5 MKL's fp32 GEMM runs at
-# 55-170 GFLOPS at 16-512 rows against the kernel's 185-270 (oneDNN 160-365), so prefill chunks gain too (engine,
-# 64 requests 128/64 at concurrency 16: 220-224 -> 243-261 tok/s). None: no limit.
+# step size where its tiles are AVX-512: on Zen 4 it was faster than MKL up to ~256 rows and on par at 512; on Zen 5
+# MKL's fp32 GEMM runs at 55-170 GFLOPS at 16-512 rows against the kernel's 185-270 (oneDNN 160-365), so prefill
+# chunks gain too (engine, 64 requests 128/64 at concurrency 16: 220-224 -> 243-261 tok/s). None: no limit.
 NATIVE_EXACT_MAX_ROWS: int | None = None
+# With AVX2 tiles (6 rows x 16 columns, no AVX-512) MKL takes over above this many rows. Zen 3, 2 threads, 30 down
+# projections from DRAM, GFLOPS native / MKL: 48-112 rows 129-135 / 112-125, 128 rows 130-135 / 111-150, 160-192
+# 115-120 / 122-130, 690 rows 124-128 / 155-173 (the kernel re-reads each row tile's x from L3 for every panel, MKL
+# blocks both). In the engine a 690-token prefill step's down projections took 300 -> 227-244 ms, the step 1210 ->
+# 1121-1134 ms.
+NATIVE_EXACT_MAX_ROWS_AVX2 = 128
 
 # oneDNN picks its kernel blocking from a row-count hint when it reorders a weight; any row count runs afterwards.
 # 16 is the decode batch the reorder is tuned for (measured: the hint changes nothing at M = 1-2048 here).
@@ -187,7 +193,14 @@ class NativeLinear:
 
     def exact(self) -> LinearBackend:
         wide = self.wide.exact()
-        return NativeLinear(wide, NATIVE_EXACT_MAX_ROWS if wide.name == "torch" else self.max_rows)
+        if wide.name != "torch":
+            return NativeLinear(wide, self.max_rows)
+        return NativeLinear(wide, native_exact_max_rows(self._gemm.vector_bits()))
+
+
+def native_exact_max_rows(vector_bits: int) -> int | None:
+    """The most rows the exact form's native kernel takes, for tiles of `vector_bits` (None: every step)."""
+    return NATIVE_EXACT_MAX_ROWS if vector_bits >= 512 else NATIVE_EXACT_MAX_ROWS_AVX2
 
 
 def onednn_available() -> bool:

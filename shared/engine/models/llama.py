@@ -245,7 +245,10 @@ class LlamaForCausalLM(nn.Module):
         for layer in self.layers:
             assert isinstance(layer, DecoderLayer)
             p = layer.packed
-            if not isinstance(layer.exact, NativeLinear) or layer.exact.max_rows not in (None, backend.max_rows):
+            if not isinstance(layer.exact, NativeLinear):
+                return None
+            limit = layer.exact.max_rows  # the down projection must stay native at every step the call takes
+            if limit is not None and (backend.max_rows is None or limit < backend.max_rows):
                 return None
             qkv, o, gate_up, down = (p[n] for n in ("qkv", "o", "gate_up", "down"))
             if not (

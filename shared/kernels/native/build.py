@@ -123,6 +123,8 @@ def load_library() -> ctypes.CDLL:
         *(PTR, I64, PTR, PTR, I64, PTR, I64, PTR, PTR, PTR, PTR, I64),
         *(INT, INT, INT, INT, INT, ctypes.c_float, INT),
     ]
+    lib.pdr_gemm_vector_bits.restype = INT
+    lib.pdr_gemm_vector_bits.argtypes = []
     lib.pdr_gemm_pack_f32.restype = None
     lib.pdr_gemm_pack_f32.argtypes = [PTR, I64, I64, PTR]
     lib.pdr_gemm_f32.restype = None

@@ -12,6 +12,11 @@ from shared.kernels.native.build import load_library
 PANEL = 16  # output columns per panel (NR in skinny_gemm.c)
 
 
+def vector_bits() -> int:
+    """The width the kernel's tiles were built for on this host: 512 (AVX-512), 256 (AVX2 + FMA), 0 (plain C)."""
+    return int(load_library().pdr_gemm_vector_bits())
+
+
 def pack_panels(weight: torch.Tensor) -> torch.Tensor:
     """[out, in] fp32 CPU weight -> its panels, [ceil(out / 16), in, 16] (columns past `out` zero)."""
     if weight.dtype != torch.float32 or weight.device.type != "cpu" or weight.dim() != 2:

@@ -10,10 +10,10 @@
  * blocks of KC: a block of the panel (16 x KC floats = 12 KiB) stays in L1 while every register tile of rows runs
  * over it, one broadcast of x per row and k. AVX-512: a thread takes two panels at a time, 8 rows x 32 columns in 16
  * zmm accumulators (an odd last panel: 16 rows x 16 columns); AVX2: one panel, 6 rows in 12 ymm. The panels are
- * prefetched into L1 PF k ahead (AVX2: by tiles of 4 rows or more; Zen 3, 2 threads, the bundled model's projections
- * + LM head from DRAM: 8-24 rows 6-13% faster; at 1 row it cost 11-17%), and with AVX-512 the tiles over a block
- * stream the thread's next block into L2
- * (the lookahead, below), so the weight stream never waits for the tiles that re-read a block from L1.
+ * prefetched into L1 PF k ahead by the tile that first meets a block (AVX2: by tiles of 4 rows or more; Zen 3, 2
+ * threads, the bundled model's projections + LM head from DRAM: 8-24 rows 6-13% faster; at 1 row it cost 11-17%),
+ * and the later tiles over a block stream the thread's next block (AVX-512: into L2, the lookahead below; AVX2: into
+ * L1, one_panel), so the weight stream never waits for the tiles that re-read a block from L1.
  *
  * Accuracy: each output sums KC products in a register, then adds the block sums in order, so the rounding error
  * grows with KC + K / KC rather than K (a plain running sum over K = 1536 measured ~4x MKL's error against a
@@ -72,7 +72,8 @@ void pdr_gemm_pack_f32(const float *w, int64_t n, int64_t k, float *out) {
 #if defined(PDR_AVX512)
 #define TILE(R)                                                                                                   \
     static inline void tile_##R(const float *x, int64_t ldx, const float *wp, int64_t kc, float *o, int64_t ldo, \
-                                int first, const float *bias, int cols) {                                         \
+                                int first, const float *bias, int cols, const float *pf) {                        \
+        (void)pf; /* the odd last panel of a pair tile build: it prefetches PF k ahead itself */                   \
         __m512 a[R];                                                                                              \
         for (int i = 0; i < R; i++) a[i] = _mm512_setzero_ps();                                                   \
         for (int64_t kk = 0; kk < kc; kk++) {                                                                     \
@@ -96,16 +97,19 @@ static inline __m256i cols_mask(int cols) {
 }
 #define TILE(R)                                                                                                   \
     static inline void tile_##R(const float *x, int64_t ldx, const float *wp, int64_t kc, float *o, int64_t ldo, \
-                                int first, const float *bias, int cols) {                                         \
+                                int first, const float *bias, int cols, const float *pf) {                        \
         __m256 a0[R], a1[R];                                                                                      \
         for (int i = 0; i < R; i++) {                                                                             \
             a0[i] = _mm256_setzero_ps();                                                                          \
             a1[i] = _mm256_setzero_ps();                                                                          \
         }                                                                                                         \
         for (int64_t kk = 0; kk < kc; kk++) {                                                                     \
-            if (R >= 4) /* a tile of 1-3 rows streams at DRAM speed without it and measured slower with it */    \
-                _mm_prefetch((const char *)(wp + (kk + PF) * NR), _MM_HINT_T0);                                  \
-            const __m256 w0 = _mm256_loadu_ps(wp + kk * NR), w1 = _mm256_loadu_ps(wp + kk * NR + 8);              \
+            _mm_prefetch((const char *)(pf + kk * NR), _MM_HINT_T0);                                             \
+            __m256 w0 = _mm256_loadu_ps(wp + kk * NR), w1 = _mm256_loadu_ps(wp + kk * NR + 8);                    \
+            /* Both loads stay in registers: GCC otherwise folds them into every FMA's memory operand, 2R + R    \
+             * loads for 2R FMAs, and a tile of 3-4 rows became load-bound (hot in L1, one core: 4 rows 60 -> 87 \
+             * GFLOPS, 3 rows 59 -> 68; 5-6 rows, where it kept them, 86-89). */                                 \
+            __asm__("" : "+x"(w0), "+x"(w1));                                                                     \
             for (int i = 0; i < R; i++) {                                                                         \
                 const __m256 xb = _mm256_broadcast_ss(x + i * ldx + kk);                                          \
                 a0[i] = _mm256_fmadd_ps(xb, w0, a0[i]);                                                           \
@@ -126,7 +130,8 @@ static inline __m256i cols_mask(int cols) {
 #else
 #define TILE(R)                                                                                                   \
     static inline void tile_##R(const float *x, int64_t ldx, const float *wp, int64_t kc, float *o, int64_t ldo, \
-                                int first, const float *bias, int cols) {                                         \
+                                int first, const float *bias, int cols, const float *pf) {                        \
+        (void)pf;                                                                                                 \
         float acc[R][NR];                                                                                         \
         memset(acc, 0, sizeof(acc));                                                                              \
         for (int64_t kk = 0; kk < kc; kk++)                                                                       \
@@ -163,9 +168,9 @@ TILE(16)
 #endif
 
 #define CASE(R) \
-    case R: tile_##R(x, ldx, wp, kc, o, ldo, first, bias, cols); break;
+    case R: tile_##R(x, ldx, wp, kc, o, ldo, first, bias, cols, pf); break;
 static void tile(int r, const float *x, int64_t ldx, const float *wp, int64_t kc, float *o, int64_t ldo, int first,
-                 const float *bias, int cols) {
+                 const float *bias, int cols, const float *pf) {
     switch (r) {
         CASE(1)
         CASE(2)
@@ -183,9 +188,9 @@ static void tile(int r, const float *x, int64_t ldx, const float *wp, int64_t kc
         CASE(13)
         CASE(14)
         CASE(15)
-        default: tile_16(x, ldx, wp, kc, o, ldo, first, bias, cols); break;
+        default: tile_16(x, ldx, wp, kc, o, ldo, first, bias, cols, pf); break;
 #else
-        default: tile_6(x, ldx, wp, kc, o, ldo, first, bias, cols); break;
+        default: tile_6(x, ldx, wp, kc, o, ldo, first, bias, cols, pf); break;
 #endif
     }
 }
@@ -260,7 +265,14 @@ static void tile2(int r, const float *x, int64_t ldx, const float *w0, const flo
 }
 #endif
 
-/* Panel p alone: rows in tiles of MR, k in blocks of KC. */
+/* Panel p alone: rows in tiles of MR, k in blocks of KC.
+ *
+ * What each AVX2 tile prefetches, one line a k (pf): the first tile of a block, the one that meets it from DRAM,
+ * PF k ahead when it has 4 rows or more (with fewer it streams at DRAM speed anyway and measured slower with it), else
+ * its own lines (free: the loads want them); every later tile the next block of the panels, this panel's or the next
+ * one's first, so that block streams in while they compute from L1 and the next first tile finds it there. Zen 3, 2
+ * threads, the bundled model's projections + LM head from DRAM, both builds in one process: 8-24 rows 4-7% faster, 1
+ * row on par. The next panel may be another thread's: one wasted block at the end of a chunk. */
 static void one_panel(const float *x, int64_t ldx, int64_t m, int64_t k, const float *wp, int64_t n,
                       const float *bias, float *out, int64_t ldo, int64_t p) {
     const float *panel = wp + p * k * NR;
@@ -268,9 +280,11 @@ static void one_panel(const float *x, int64_t ldx, int64_t m, int64_t k, const f
     const float *b = bias ? bias + p * NR : 0;
     for (int64_t k0 = 0; k0 < k; k0 += KC) {
         const int64_t kc = k - k0 < KC ? k - k0 : KC;
+        const float *block = panel + k0 * NR, *next = block + kc * NR; /* panels lie back to back */
         for (int64_t m0 = 0; m0 < m; m0 += MR) {
             const int r = (int)(m - m0 < MR ? m - m0 : MR);
-            tile(r, x + m0 * ldx + k0, ldx, panel + k0 * NR, kc, out + m0 * ldo + p * NR, ldo, k0 == 0, b, cols);
+            const float *pf = m0 > 0 ? next : r >= 4 ? block + PF * NR : block;
+            tile(r, x + m0 * ldx + k0, ldx, block, kc, out + m0 * ldo + p * NR, ldo, k0 == 0, b, cols, pf);
         }
     }
 }
@@ -364,6 +378,17 @@ static void gemm(const float *x, int64_t ldx, int64_t m, int64_t k, const float 
             const int64_t left_g = inter - u * NR;
             silu_mul_pair(out + 2 * u * NR, ldo, m, gated + u * NR, ldg, (int)(left_g < NR ? left_g : NR));
         }
+#endif
+}
+
+/* The vector width this build's tiles run at, in bits: 512 (AVX-512), 256 (AVX2 + FMA) or 0 (plain C). */
+int pdr_gemm_vector_bits(void) {
+#if defined(PDR_AVX512)
+    return 512;
+#elif defined(PDR_AVX2)
+    return 256;
+#else
+    return 0;
 #endif
 }
 

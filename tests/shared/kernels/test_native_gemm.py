@@ -11,6 +11,7 @@ import torch.nn.functional as F
 
 from shared.kernels.linear import (
     NATIVE_EXACT_MAX_ROWS,
+    NATIVE_EXACT_MAX_ROWS_AVX2,
     NATIVE_MAX_ROWS,
     NativeLinear,
     NativePacked,
@@ -20,7 +21,9 @@ from shared.kernels.linear import (
     select_linear_backend,
 )
 from shared.kernels.native import elementwise
+from shared.kernels.native import gemm as gemm_module
 from shared.kernels.native.build import native_available
+from shared.kernels.native.gemm import native_gemm
 
 pytestmark = pytest.mark.skipif(not native_available()[0], reason=f"native kernels: {native_available()[1]}")
 
@@ -80,7 +83,8 @@ def test_larger_steps_go_to_the_wrapped_backend(monkeypatch) -> None:
     assert torch.equal(kernel.apply(x, packed), F.linear(x, w))
 
 
-def test_exact_takes_the_native_kernel_at_every_step(monkeypatch) -> None:
+def test_exact_takes_the_native_kernel_at_every_step_with_avx512_tiles(monkeypatch) -> None:
+    monkeypatch.setattr("shared.kernels.native.gemm.vector_bits", lambda: 512)
     wide = OneDnnLinear() if onednn_available() else TorchLinear()
     exact = NativeLinear(wide).exact()
     assert isinstance(exact, NativeLinear) and exact.wide.name == "torch"
@@ -90,6 +94,23 @@ def test_exact_takes_the_native_kernel_at_every_step(monkeypatch) -> None:
     monkeypatch.setattr(exact.wide, "apply", lambda *a: pytest.fail("a prefill-sized step left the native kernel"))
     x = torch.randn(600, 300, dtype=torch.float64).float()
     torch.testing.assert_close(exact.apply(x, packed), _ref(x, w, None).float(), atol=1e-4, rtol=1e-5)
+
+
+@pytest.mark.parametrize("bits", [256, 0])
+def test_exact_hands_prefill_steps_to_mkl_with_narrower_tiles(monkeypatch, bits: int) -> None:
+    monkeypatch.setattr("shared.kernels.native.gemm.vector_bits", lambda: bits)
+    exact = NativeLinear(TorchLinear()).exact()
+    assert isinstance(exact, NativeLinear) and exact.max_rows == NATIVE_EXACT_MAX_ROWS_AVX2
+    w = torch.randn(40, 300)
+    packed = exact.pack(w)
+    x = torch.randn(NATIVE_EXACT_MAX_ROWS_AVX2 + 1, 300)
+    assert torch.equal(exact.apply(x, packed), F.linear(x, w))  # MKL's sums, bit for bit
+    few = x[:NATIVE_EXACT_MAX_ROWS_AVX2]
+    assert torch.equal(exact.apply(few, packed), native_gemm(few, packed.panels, 40, None))
+
+
+def test_the_build_reports_its_tile_width() -> None:
+    assert gemm_module.vector_bits() in (0, 256, 512)
 
 
 @pytest.mark.parametrize("rows", [1, 7, 8, 9, 15, 16, 17, 24])
