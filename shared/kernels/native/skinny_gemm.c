@@ -371,13 +371,24 @@ static void gemm(const float *x, int64_t ldx, int64_t m, int64_t k, const float 
     /* Chunks of panels, as above: a thread preempted by the server's other threads no longer holds the other one
      * at the loop's end for its whole static share. */
     const int64_t chunk = panels / (8 * (int64_t)nthreads) > 1 ? panels / (8 * (int64_t)nthreads) : 1;
-#pragma omp parallel for schedule(dynamic, chunk) num_threads(nthreads)
-    for (int64_t p = 0; p < panels; p++) one_panel(x, ldx, m, k, wp, n, bias, out, ldo, p);
-    if (gated) /* no pair tile here: the epilogue runs over the whole scratch after the GEMM */
-        for (int64_t u = 0; u < panels / 2; u++) {
+    if (gated) {
+        /* A thread takes a gate/up panel pair at a time and writes the pair's 16 outputs while its sums are in L1,
+         * as the AVX-512 pair tile does; the epilogue used to run over the whole scratch after the loop, on one
+         * thread. Zen 3, 2 threads, 30 gate_up projections from DRAM, alternating: 16 rows 2.4-2.8% faster, 24
+         * rows 7-9%, 1-8 rows on par. */
+        const int64_t pairs = panels / 2;
+        const int64_t pchunk = pairs / (8 * (int64_t)nthreads) > 1 ? pairs / (8 * (int64_t)nthreads) : 1;
+#pragma omp parallel for schedule(dynamic, pchunk) num_threads(nthreads)
+        for (int64_t u = 0; u < pairs; u++) {
+            one_panel(x, ldx, m, k, wp, n, bias, out, ldo, 2 * u);
+            one_panel(x, ldx, m, k, wp, n, bias, out, ldo, 2 * u + 1);
             const int64_t left_g = inter - u * NR;
             silu_mul_pair(out + 2 * u * NR, ldo, m, gated + u * NR, ldg, (int)(left_g < NR ? left_g : NR));
         }
+        return;
+    }
+#pragma omp parallel for schedule(dynamic, chunk) num_threads(nthreads)
+    for (int64_t p = 0; p < panels; p++) one_panel(x, ldx, m, k, wp, n, bias, out, ldo, p);
 #endif
 }
 
