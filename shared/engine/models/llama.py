@@ -89,8 +89,8 @@ class DecoderLayer(nn.Module):
         runs, where the backend would use oneDNN. oneDNN's fp32 kernel there measured ~3x the float64-reference error
         of MKL's on the bundled model (max logit error 2.0e-4 vs 6.7e-5, transformers' own fp32 error being 6.4e-5),
         past the 1e-4 HF-parity contract; with the hidden-size projections on oneDNN the logits stay at 7-9e-5. The
-        native kernel's blocked sums are on par with MKL's, so every step takes it for down (faster than MKL at every
-        step size measured, see linear.NATIVE_EXACT_MAX_ROWS).
+        native kernel's blocked sums are on par with MKL's, so down takes it wherever it is the faster of the two:
+        every step with AVX-512 tiles, steps of up to 128 rows with AVX2 ones (linear.native_exact_max_rows).
         """
         self.linear = backend
         self.exact = backend.exact()

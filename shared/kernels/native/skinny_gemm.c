@@ -73,7 +73,7 @@ void pdr_gemm_pack_f32(const float *w, int64_t n, int64_t k, float *out) {
 #define TILE(R)                                                                                                   \
     static inline void tile_##R(const float *x, int64_t ldx, const float *wp, int64_t kc, float *o, int64_t ldo, \
                                 int first, const float *bias, int cols, const float *pf) {                        \
-        (void)pf; /* the odd last panel of a pair tile build: it prefetches PF k ahead itself */                   \
+        (void)pf; /* AVX-512 runs this tile only on an odd last panel, which prefetches PF k ahead itself */      \
         __m512 a[R];                                                                                              \
         for (int i = 0; i < R; i++) a[i] = _mm512_setzero_ps();                                                   \
         for (int64_t kk = 0; kk < kc; kk++) {                                                                     \
@@ -265,6 +265,12 @@ static void tile2(int r, const float *x, int64_t ldx, const float *w0, const flo
 }
 #endif
 
+/* The dynamic schedule's chunk: an eighth of a thread's share of `units`, at least 1 (see gemm). */
+static inline int64_t chunk_of(int64_t units, int nthreads) {
+    const int64_t c = units / (8 * (int64_t)nthreads);
+    return c > 1 ? c : 1;
+}
+
 /* Panel p alone: rows in tiles of MR, k in blocks of KC.
  *
  * What each AVX2 tile prefetches, one line a k (pf): the first tile of a block, the one that meets it from DRAM,
@@ -320,7 +326,7 @@ static void gemm(const float *x, int64_t ldx, int64_t m, int64_t k, const float 
      * start. A chunk's last pair prefetches the next pair's first block, perhaps another thread's (one block).
      * Engine at 16 x 128/64 on 2 threads beside a process busy 2 of every 10 ms: 167-168 -> 170-176 tok/s; alone,
      * no change. */
-    const int64_t chunk = units / (8 * (int64_t)nthreads) > 1 ? units / (8 * (int64_t)nthreads) : 1;
+    const int64_t chunk = chunk_of(units, nthreads);
 #pragma omp parallel for schedule(dynamic, chunk) num_threads(nthreads)
     for (int64_t u = 0; u < units; u++) {
         const int64_t p = 2 * u;
@@ -370,15 +376,13 @@ static void gemm(const float *x, int64_t ldx, int64_t m, int64_t k, const float 
 #else
     /* Chunks of panels, as above: a thread preempted by the server's other threads no longer holds the other one
      * at the loop's end for its whole static share. */
-    const int64_t chunk = panels / (8 * (int64_t)nthreads) > 1 ? panels / (8 * (int64_t)nthreads) : 1;
     if (gated) {
         /* A thread takes a gate/up panel pair at a time and writes the pair's 16 outputs while its sums are in L1,
          * as the AVX-512 pair tile does; the epilogue used to run over the whole scratch after the loop, on one
          * thread. Zen 3, 2 threads, 30 gate_up projections from DRAM, alternating: 16 rows 2.4-2.8% faster, 24
          * rows 7-9%, 1-8 rows on par. */
-        const int64_t pairs = panels / 2;
-        const int64_t pchunk = pairs / (8 * (int64_t)nthreads) > 1 ? pairs / (8 * (int64_t)nthreads) : 1;
-#pragma omp parallel for schedule(dynamic, pchunk) num_threads(nthreads)
+        const int64_t pairs = panels / 2, chunk = chunk_of(pairs, nthreads);
+#pragma omp parallel for schedule(dynamic, chunk) num_threads(nthreads)
         for (int64_t u = 0; u < pairs; u++) {
             one_panel(x, ldx, m, k, wp, n, bias, out, ldo, 2 * u);
             one_panel(x, ldx, m, k, wp, n, bias, out, ldo, 2 * u + 1);
@@ -387,6 +391,7 @@ static void gemm(const float *x, int64_t ldx, int64_t m, int64_t k, const float 
         }
         return;
     }
+    const int64_t chunk = chunk_of(panels, nthreads);
 #pragma omp parallel for schedule(dynamic, chunk) num_threads(nthreads)
     for (int64_t p = 0; p < panels; p++) one_panel(x, ldx, m, k, wp, n, bias, out, ldo, p);
 #endif
