@@ -31,6 +31,7 @@ _E = common_pb2
 REFUSED_BEFORE_WRITE = frozenset(
     {
         _E.ERROR_CODE_INVALID_ARGUMENT,
+        _E.ERROR_CODE_REQUEST_FAILED,  # its first token failed: the pages are written only after it
         _E.ERROR_CODE_LAYOUT_MISMATCH,
         _E.ERROR_CODE_STALE_EPOCH,
         _E.ERROR_CODE_OVERLOADED,
@@ -46,6 +47,7 @@ _NOT_SICK = frozenset(
         _E.ERROR_CODE_STALE_EPOCH,
         _E.ERROR_CODE_INVALID_ARGUMENT,
         _E.ERROR_CODE_CANCELLED,
+        _E.ERROR_CODE_REQUEST_FAILED,  # the request's own failure: it fails the same way on every prefill
     }
 )
 

@@ -29,7 +29,7 @@ from shared.cluster.tls import TlsFiles, open_channel
 from shared.config.choices import Fault
 from shared.config.groups import DisaggConfig
 from shared.engine.async_engine import AsyncEngine
-from shared.engine.errors import InvalidRequest
+from shared.engine.errors import InvalidRequest, RequestFailed
 from shared.engine.request import MediaInput, RequestOutput, TokenLogprobs
 from shared.engine.sampling_params import SamplingParams
 from shared.engine.scheduler.handoff_pages import Reservation
@@ -433,6 +433,9 @@ class RemotePrefillClient:
             if failure.code == common_pb2.ERROR_CODE_INVALID_ARGUMENT:
                 await aengine.call(lambda: engine.cancel_remote(rid, 0.0))
                 raise InvalidRequest(failure.message) from None
+            if failure.code == common_pb2.ERROR_CODE_REQUEST_FAILED:  # it would fail the same way on any prefill
+                await aengine.call(lambda: engine.cancel_remote(rid, 0.0))
+                raise RequestFailed(failure.message) from None
         except HandoffFailed as e:
             failure.code, failure.message, sick = e.code, f"prefill {target_id}: {e}", True
             silent = isinstance(e, PrefillSilent)

@@ -159,6 +159,11 @@ class BackendTimeout(BackendError):
     """A worker did not answer in time (HTTP 504)."""
 
 
+class RequestFailed(BackendError):
+    """Processing this one request failed on its worker (its logits processing, grammar, detokenizing), which went
+    on serving the others (HTTP 500 naming the reason). Not retried elsewhere, where it would fail the same way."""
+
+
 @runtime_checkable
 class GenerateBackend(Protocol):
     """What the HTTP layer needs from the token generators behind it."""

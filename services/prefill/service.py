@@ -22,8 +22,9 @@ from shared.cluster.grpc_errors import abort
 from shared.config.choices import Fault
 from shared.config.roles import Role
 from shared.engine.engine import Engine
-from shared.engine.errors import EngineError, InvalidRequest, QueueFull
+from shared.engine.errors import EngineError, InvalidRequest, QueueFull, RequestFailed
 from shared.engine.request import MediaInput, RequestOutput
+from shared.engine.sampler.sampler import poison_marks
 from shared.engine.sampling_params import SamplingParams
 from shared.serving.convert import BACKEND_FROM_PB, layout_from_pb, logprob_to_pb, sampling_from_pb
 from shared.serving.decode_servicer import local_media
@@ -290,9 +291,11 @@ class PrefillServicer(worker_pb2_grpc.PrefillServicer):
         assert aengine is not None
         engine = aengine.engine
         ticket, params = job.ticket, job.params
-        # One token only, sampled with the request's own parameters; stop strings are decode's business.
-        # n > 1 samples fork at decode, after this one prefill.
-        first_params = dataclasses.replace(params, max_tokens=1, min_tokens=min(params.min_tokens, 1), stop=(), n=1)
+        # One token only, sampled with the request's own parameters; stop strings are decode's business (but for
+        # the request_poison fault's marker). n > 1 samples fork at decode, after this one prefill.
+        first_params = dataclasses.replace(
+            params, max_tokens=1, min_tokens=min(params.min_tokens, 1), stop=poison_marks(params.stop), n=1
+        )
         accepted: list[float] = []  # when the engine thread took the request: the end of its queue wait
 
         def admit() -> list[RequestOutput]:
@@ -314,6 +317,8 @@ class PrefillServicer(worker_pb2_grpc.PrefillServicer):
             await abort(context, common_pb2.ERROR_CODE_INVALID_ARGUMENT, str(e), instance_id=me)
         except QueueFull as e:
             await abort(context, common_pb2.ERROR_CODE_OVERLOADED, str(e), instance_id=me)
+        except RequestFailed as e:  # the request's own failure, not this instance's
+            await abort(context, common_pb2.ERROR_CODE_REQUEST_FAILED, str(e), instance_id=me)
         except EngineError as e:
             await abort(context, common_pb2.ERROR_CODE_INTERNAL, str(e), instance_id=me)
         assert first is not None and first.new_token_ids

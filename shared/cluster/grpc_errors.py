@@ -28,6 +28,7 @@ _STATUS: dict[int, grpc.StatusCode] = {
     common_pb2.ERROR_CODE_CANCELLED: grpc.StatusCode.CANCELLED,
     common_pb2.ERROR_CODE_UNAVAILABLE: grpc.StatusCode.UNAVAILABLE,
     common_pb2.ERROR_CODE_INTERNAL: grpc.StatusCode.INTERNAL,
+    common_pb2.ERROR_CODE_REQUEST_FAILED: grpc.StatusCode.INTERNAL,
 }
 
 # Retrying (same request id, new epoch, another instance) is safe and useful for these.

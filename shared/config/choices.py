@@ -48,6 +48,8 @@ class Fault(enum.StrEnum):
     DECODE_CRASH_MID_STREAM = "decode_crash_mid_stream"
     ENCODER_CRASH = "encoder_crash"
     ENCODER_HANG = "encoder_hang"
+    # a request with the stop string "pdrelay:poison" fails in its logits processing (prefill, decode, worker)
+    REQUEST_POISON = "request_poison"
 
 
 HANDOFF_FAULTS: tuple[Fault, ...] = (
@@ -57,5 +59,6 @@ HANDOFF_FAULTS: tuple[Fault, ...] = (
     Fault.PREFILL_HANG,
     Fault.PREFILL_CORRUPT_CHECKSUM,
     Fault.DECODE_CRASH_MID_STREAM,
+    Fault.REQUEST_POISON,
 )
 ENCODER_FAULTS: tuple[Fault, ...] = (Fault.NONE, Fault.ENCODER_CRASH, Fault.ENCODER_HANG)

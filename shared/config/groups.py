@@ -202,7 +202,12 @@ class DisaggConfig:
     handoff_retries: A[int, Arg("Retries of a failed hand-off on another prefill instance", min=0, max=10)] = 1
     # Fault injection is a product feature: operators rehearse failures on a staging cluster with the real code.
     fault_injection: A[
-        str, Arg("Inject one failure into every hand-off (chaos testing; never in production)", choices=HANDOFF_FAULTS)
+        str,
+        Arg(
+            "Inject one failure into every hand-off, or into every request with the stop string pdrelay:poison "
+            "(request_poison) (chaos testing; never in production)",
+            choices=HANDOFF_FAULTS,
+        ),
     ] = Fault.NONE.value
 
 

@@ -23,7 +23,7 @@ from typing import TypeVar
 import torch
 
 from shared.engine.engine import Engine, EngineStats, EngineStepError
-from shared.engine.errors import EngineError
+from shared.engine.errors import EngineError, RequestFailed
 from shared.engine.request import MediaInput, RequestOutput
 from shared.engine.sampling_params import SamplingParams
 from shared.engine.scheduler.forks import fork_id
@@ -242,7 +242,8 @@ class AsyncEngine:
                 self.last_error = e
                 self._deliver([(rid, e) for rid in e.req_ids])
                 continue
-            self._deliver([(o.req_id, o) for o in outputs])
+            # a request whose own processing failed ends its stream with RequestFailed; the others go on
+            self._deliver([(o.req_id, RequestFailed(o.error) if o.error else o) for o in outputs])
         stopped = EngineError("the engine shut down before this request finished")
         self._deliver([(rid, stopped) for rid in list(self._streams)])
 

@@ -13,6 +13,7 @@ optional `prepare(out)` + `forward_batch(batch)` let the engine time batching ap
 
 from __future__ import annotations
 
+import logging
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -20,7 +21,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 import torch
 
-from shared.config.choices import AttentionBackend, LinearBackend
+from shared.config.choices import AttentionBackend, Fault, LinearBackend
 from shared.engine.errors import EngineError
 from shared.engine.grammar import GrammarBackend, MaskFiller
 from shared.engine.page_allocator import PageAllocator
@@ -48,6 +49,9 @@ if TYPE_CHECKING:
     )
     from shared.config.resolved import ResolvedConfig
     from shared.engine.kv_pool import KVPool
+
+
+log = logging.getLogger(__name__)
 
 
 class Runner(Protocol):
@@ -169,9 +173,11 @@ class Engine:
         context_length: int | None = None,
         handoff_quarantine_s: float = DEFAULT_QUARANTINE_S,
         grammar_backend: str = "xgrammar",
+        poison: bool = False,
     ) -> None:
         """cache: page size and prefix sharing (num_pages is the runner's); scheduler: limits and policy. Both are
-        the config groups of shared/config/groups.py, which declares every default once."""
+        the config groups of shared/config/groups.py, which declares every default once. poison: the
+        request_poison fault is injected (--fault-injection; shared/engine/sampler/sampler.py)."""
         if threads:
             torch.set_num_threads(threads)  # per-thread OpenMP setting: AsyncEngine repeats it on its thread
         self.threads = threads
@@ -217,7 +223,7 @@ class Engine:
         )
         self.scheduler.handoff.abort_quarantine_s = handoff_quarantine_s
         self.scheduler.forks.can_copy = hasattr(getattr(runner, "kv", None), "copy_pages")
-        self.sampler = Sampler(eos_token_ids=runner.eos_token_ids)
+        self.sampler = Sampler(eos_token_ids=runner.eos_token_ids, poison=poison)
         self._split_prepare = hasattr(runner, "prepare") and hasattr(runner, "forward_batch")
         self._totals = _Totals()
         self._last = StepStats()
@@ -278,6 +284,7 @@ class Engine:
             context_length=model.context_length,
             handoff_quarantine_s=disagg.handoff_timeout_s if disagg is not None else DEFAULT_QUARANTINE_S,
             grammar_backend=kernels.grammar_backend if kernels is not None else "xgrammar",
+            poison=disagg is not None and disagg.fault_injection == Fault.REQUEST_POISON,
         )
 
     @classmethod
@@ -383,7 +390,10 @@ class Engine:
                 if prompt_rows is not None:
                     prompt_logprobs.record(prompt_rows, out.seqs, self.scheduler.requests)
                 sampled = self.sampler.sample(
-                    logits, reqs, None if pending is None else (lambda x: self.masks.apply(pending, x))
+                    logits,
+                    reqs,
+                    None if pending is None else (lambda x: self.masks.apply(pending, x)),
+                    None if pending is None else (lambda x, i: self.masks.apply_row(pending, x, i)),
                 )
                 tokens, logprobs = sampled.token_ids, sampled.logprobs
                 t4 = time.perf_counter()
@@ -391,6 +401,9 @@ class Engine:
                 ids = tuple(s.req_id for s in out.seqs)
                 self.scheduler.cancel_step()  # abort deltas come out of the next step
                 raise EngineStepError(f"step over {len(ids)} requests failed: {e!r}; they were aborted", ids) from e
+            for i, why in sampled.failed.items():  # one request's logits processing: it fails alone
+                log.warning("%s: %s; the request is aborted", reqs[i].req_id, why)
+                self.scheduler.fail(reqs[i], why)
         outputs = self.scheduler.update_from_output(out, tokens, logprobs)
         t5 = time.perf_counter()
         stats = StepStats(

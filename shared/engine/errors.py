@@ -1,7 +1,9 @@
 """Typed errors the engine raises for user input and capacity, so callers map them to protocol codes.
 
 InvalidRequest -> HTTP 400 / gRPC INVALID_ARGUMENT (do not retry); QueueFull -> HTTP 503 / gRPC
-RESOURCE_EXHAUSTED (retry, possibly elsewhere). Internal invariants use assert instead.
+RESOURCE_EXHAUSTED (retry, possibly elsewhere); RequestFailed -> HTTP 500 naming the reason / pdrelay
+REQUEST_FAILED (the request's own failure: not retried, never held against the instance). Internal invariants use
+assert instead.
 """
 
 from __future__ import annotations
@@ -33,3 +35,9 @@ class UnknownRequest(EngineError, KeyError):
 
     def __str__(self) -> str:  # KeyError quotes its argument; keep the message readable
         return str(self.args[0]) if self.args else ""
+
+
+class RequestFailed(EngineError):
+    """Processing this one request failed (its logits processing, grammar step, detokenizing or stop check) and
+    it was aborted; the engine and the other requests of its batch go on untouched. Neither the client's input
+    (that is InvalidRequest, refused before admission) nor a sick instance: a circuit breaker never counts it."""

@@ -56,6 +56,8 @@ class RequestOutput:
     num_output_tokens: int = 0  # generated so far, this delta included
     index: int = 0  # which sample of an n > 1 request (0 for the others)
     prompt_logprobs: tuple[TokenLogprobs, ...] | None = None  # prompt tokens 1.. (first delta, when asked for)
+    # finish_reason "abort" because processing this request failed (not a cancel): why, for RequestFailed
+    error: str | None = None
 
 
 @dataclass(frozen=True)

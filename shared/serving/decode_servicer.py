@@ -15,7 +15,7 @@ import grpc
 
 from proto.pdrelay.v1 import common_pb2, worker_pb2, worker_pb2_grpc
 from shared.cluster.grpc_errors import abort, make_error
-from shared.engine.errors import EngineError, InvalidRequest, QueueFull
+from shared.engine.errors import EngineError, InvalidRequest, QueueFull, RequestFailed
 from shared.engine.request import MediaInput, RequestOutput
 from shared.engine.sampling_params import SamplingParams
 from shared.serving.convert import finish_to_pb, logprob_to_pb, matched_stop_to_pb, sampling_from_pb
@@ -151,6 +151,20 @@ class DecodeServicer(worker_pb2_grpc.DecodeServicer):
             await abort(context, common_pb2.ERROR_CODE_OVERLOADED, str(e), instance_id=svc.instance_id)
         except HandoffFailed as e:
             await abort(context, e.code, str(e), instance_id=svc.instance_id)
+        except RequestFailed as e:
+            # The request's own failure (its logits processing, grammar, detokenizing): the batch and this instance
+            # are fine, so the gateway neither retries it nor holds it against this instance's breaker.
+            log.warning("%s: request %s failed alone: %s", svc.instance_id, rid, e)
+            yield worker_pb2.DecodeResponse(
+                request_id=request.request_id,
+                finish_reason=common_pb2.FINISH_REASON_ERROR,
+                error=make_error(
+                    common_pb2.ERROR_CODE_REQUEST_FAILED,
+                    f"the request failed on {svc.instance_id}: {e}",
+                    instance_id=svc.instance_id,
+                    retryable=False,
+                ),
+            )
         except EngineError as e:
             # Mid-stream engine failure: end the stream with a typed error the gateway can retry on.
             log.warning("%s: request %s failed: %s", svc.instance_id, rid, e)

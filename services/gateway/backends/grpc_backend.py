@@ -37,6 +37,7 @@ from services.gateway.backend import (
     BackendUnavailable,
     InvalidRequest,
     ModelNotFound,
+    RequestFailed,
 )
 from services.gateway.routing.breaker import BreakerBoard, BreakerConfig
 from services.gateway.routing.channels import ChannelPool
@@ -390,6 +391,8 @@ class GrpcBackend:
     def _final_error(verdict: Verdict) -> BackendError:
         if verdict.kind == FailureKind.NOT_FOUND:
             return ModelNotFound(verdict.message)
+        if verdict.kind == FailureKind.REQUEST:
+            return RequestFailed(verdict.message)
         return InvalidRequest(verdict.message)
 
     # ------------------------------------------------------------------ cancellation

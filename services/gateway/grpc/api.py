@@ -34,7 +34,7 @@ from services.gateway.backend import (
 )
 from services.gateway.http.api_requests import ChatCompletionRequest, CompletionRequest
 from services.gateway.http.embeddings import Embeddings
-from services.gateway.http.errors import ApiError, bad_request, from_backend
+from services.gateway.http.errors import REQUEST_FAILED_CODE, ApiError, bad_request, from_backend
 from services.gateway.http.validation import Plan, plan_chat, plan_completion
 from services.gateway.metrics import GatewayMetrics
 from services.gateway.routing.discovery import MembershipView
@@ -76,6 +76,8 @@ class ApiContext:
 
 
 def error_code(err: ApiError) -> int:
+    if err.code == REQUEST_FAILED_CODE:
+        return common_pb2.ERROR_CODE_REQUEST_FAILED
     return _CODES.get(err.status, common_pb2.ERROR_CODE_INTERNAL)
 
 

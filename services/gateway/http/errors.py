@@ -2,7 +2,8 @@
 
 Every rejection names the offending value and the fix. Backend errors map to status codes here and only here:
 InvalidRequest 400, ModelNotFound 404, BackendOverloaded 429 (or 503) + Retry-After, BackendUnavailable 503,
-BackendTimeout 504, anything else 500 with a message that does not leak internals.
+BackendTimeout 504, RequestFailed 500 with the worker's reason, anything else 500 with a message that does not leak
+internals.
 """
 
 from __future__ import annotations
@@ -18,10 +19,12 @@ from services.gateway.backend import (
     BackendUnavailable,
     InvalidRequest,
     ModelNotFound,
+    RequestFailed,
 )
 from services.gateway.http.api_responses import ErrorInfo, ErrorResponse
 
 _ENCODER = msgspec.json.Encoder()
+REQUEST_FAILED_CODE = "request_failed"  # the error body's code of RequestFailed (the gRPC API's REQUEST_FAILED)
 
 # status -> OpenAI error "type"
 _TYPES = {
@@ -90,6 +93,8 @@ def from_backend(exc: BackendError) -> ApiError:
         return ApiError(503, f"{msg}; retry later", code="unavailable", retry_after_s=exc.retry_after_s)
     if isinstance(exc, BackendTimeout):
         return ApiError(504, msg, code="timeout")
+    if isinstance(exc, RequestFailed):
+        return ApiError(500, msg, code=REQUEST_FAILED_CODE)
     return ApiError(500, f"the backend failed: {msg}", code="backend_error")
 
 

@@ -3,7 +3,8 @@
 Pure functions of the gRPC status, the typed pdrelay `Error` in the trailers (shared.cluster.grpc_errors) and the
 plan that was tried. Three questions per failure:
 
-    retry?     the request itself is wrong (INVALID_ARGUMENT, NOT_FOUND) -> no; anything else -> yes, elsewhere
+    retry?     the request itself is wrong (INVALID_ARGUMENT, NOT_FOUND) or failed alone on a healthy instance
+               (REQUEST_FAILED: it would fail the same way anywhere) -> no; anything else -> yes, elsewhere
     exclude    instances not to try again for this request
     blame      instances whose circuit breaker records a failure: only server-side failures (unreachable,
                crashed, INTERNAL). Overloaded / draining / stale-epoch refusals are the protocol working, not a
@@ -33,6 +34,7 @@ class FailureKind(enum.StrEnum):
     NOT_FOUND = "not_found"  # unknown model (or id) on the instance
     OVERLOADED = "overloaded"  # queue full / no KV pages: try another instance or later
     DRAINING = "draining"  # shutting down: try another instance
+    REQUEST = "request"  # processing this request failed on a healthy instance (the request's fault, not the server's)
     HANDOFF = "handoff"  # the prefill side of a pair failed or refused: re-choose the pair
     SERVER = "server"  # crashed, unreachable, internal error
 
@@ -46,7 +48,7 @@ class Verdict:
 
     @property
     def retryable(self) -> bool:
-        return self.kind not in (FailureKind.INVALID, FailureKind.NOT_FOUND)
+        return self.kind not in (FailureKind.INVALID, FailureKind.NOT_FOUND, FailureKind.REQUEST)
 
     @property
     def uses_retry_budget(self) -> bool:
@@ -96,6 +98,8 @@ def _typed(error: common_pb2.Error, msg: str, decode: str, prefill: str | None, 
         return Verdict(FailureKind.INVALID, msg)
     if code == _E.ERROR_CODE_NOT_FOUND:
         return Verdict(FailureKind.NOT_FOUND, msg)
+    if code == _E.ERROR_CODE_REQUEST_FAILED:  # before or after the first token, on prefill or decode: no blame
+        return Verdict(FailureKind.REQUEST, msg)
     who = error.instance_id or decode
     if code == _E.ERROR_CODE_OVERLOADED:
         return Verdict(FailureKind.OVERLOADED, msg, exclude=frozenset({who}))

@@ -98,6 +98,19 @@ class MaskFiller:
         stats.steps += 1
         stats.rows += len(pending.rows)
 
+    def apply_row(self, pending: PendingMask, logits: torch.Tensor, row: int) -> None:
+        """The mask of one constrained row onto its logits alone ([1, V], in place): the batch's sampling failed,
+        so each row is filled and masked by itself and a failure stays with its request."""
+        import xgrammar as xgr
+
+        if not pending.done.cancel():
+            pending.done.exception()  # wait for the helper thread; what failed there is redone for this row below
+        g = pending.grammars[pending.rows.index(row)]
+        g.fill(pending.bitmask, row)
+        xgr.apply_token_bitmask_inplace(
+            logits, pending.bitmask[row : row + 1].to(logits.device), vocab_size=self.vocab_size
+        )
+
     def close(self) -> None:
         if self._pool is not None:
             self._pool.shutdown(wait=False)

@@ -4,12 +4,18 @@ and the exponential-race trick (argmax(p / q), q ~ Exp(1), is a draw from p) so 
 A request with a seed draws its noise from its own torch.Generator, so its tokens do not depend on what else is
 in the batch. Logprobs are taken from the raw logits (before penalties, temperature and truncation), as the
 OpenAI API reports them.
+
+A request fails alone: when the batch's sampling raises (one request's bias, penalty or grammar mask), each row is
+sampled again by itself from the step's logits, and the rows that fail again are reported in
+`SamplerOutput.failed` for the engine to abort; the other rows get the same tokens the batch would have given them
+(greedy rows exactly; a seeded row draws from its own generator, whose draws come last in a row's sampling).
 """
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
@@ -17,28 +23,94 @@ from shared.engine.request import Request, TokenLogprobs
 from shared.engine.sampler.filters import apply_min_p, apply_top_k_top_p
 from shared.engine.sampler.penalties import apply_penalties
 
+# Fault injection (--fault-injection request_poison): a request with this stop string fails in its logits
+# processing, so the isolation of one failing request can be rehearsed with the real code path; with a suffix,
+# "pdrelay:poison@N", from its N-th output token on (0 is the first: the prefill role's; 1 fails mid-stream).
+POISON_STOP = "pdrelay:poison"
+
+
+def poison_marks(stop: Sequence[str]) -> tuple[str, ...]:
+    """The poison markers among a request's stop strings (the prefill role keeps them, though not the others)."""
+    return tuple(s for s in stop if s.startswith(POISON_STOP))
+
+
+def _poisoned(req: Request) -> bool:
+    for mark in poison_marks(req.params.stop):
+        at = mark.removeprefix(POISON_STOP).removeprefix("@")
+        if req.num_output_tokens >= (int(at) if at.isdigit() else 0):
+            return True
+    return False
+
 
 @dataclass(frozen=True)
 class SamplerOutput:
-    token_ids: list[int]  # one per row
+    token_ids: list[int]  # one per row (a failed row's entry is a placeholder)
     logprobs: list[TokenLogprobs | None] | None = None  # None when no row asked for logprobs
+    failed: dict[int, str] = field(default_factory=dict)  # row -> why its sampling failed: abort its request
 
 
 class Sampler:
-    def __init__(self, *, eos_token_ids: Iterable[int] = ()) -> None:
+    def __init__(self, *, eos_token_ids: Iterable[int] = (), poison: bool = False) -> None:
+        """poison: the request_poison fault is injected (see POISON_STOP)."""
         self.eos_token_ids = tuple(eos_token_ids)
+        self.poison = poison
 
+    @torch.inference_mode()  # logits come out of the forward pass as inference tensors, updated in place here
     def sample(
-        self, logits: torch.Tensor, reqs: Sequence[Request], constrain: Callable[[torch.Tensor], None] | None = None
+        self,
+        logits: torch.Tensor,
+        reqs: Sequence[Request],
+        constrain: Callable[[torch.Tensor], None] | None = None,
+        constrain_row: Callable[[torch.Tensor, int], None] | None = None,
     ) -> SamplerOutput:
-        """logits: [B, V], row i belongs to reqs[i]. May modify logits in place. constrain: masks the logits of
-        grammar-constrained rows in place (after logprobs are taken: they stay the model's own)."""
+        """logits: [B, V], row i belongs to reqs[i]; left unchanged. constrain: masks the logits of
+        grammar-constrained rows in place (after logprobs are taken: they stay the model's own); constrain_row(x,
+        i): the same for row i alone ([1, V]), when rows are sampled one by one after the batch failed."""
         B = len(reqs)
         assert logits.dim() == 2 and logits.shape[0] == B, f"logits {tuple(logits.shape)} for {B} requests"
         if B == 0:
             return SamplerOutput([])
         logits = logits.float()
+        # Bias, penalties and masks write into the logits: keep the step's own for a row-by-row retry. Greedy
+        # rows without them (the common decode step) write nothing, and pay no copy.
+        edits = constrain is not None or any(r.params.logit_bias or r.params.min_tokens for r in reqs)
+        edits = edits or any(r.params.has_penalties for r in reqs)
+        try:
+            return self._sample(logits.clone() if edits else logits, reqs, constrain)
+        except Exception:  # noqa: BLE001 - one request's processing: find it, the others keep their tokens
+            return self._row_by_row(logits, reqs, constrain_row)
+
+    def _row_by_row(
+        self, logits: torch.Tensor, reqs: Sequence[Request], constrain_row: Callable[[torch.Tensor, int], None] | None
+    ) -> SamplerOutput:
+        tokens: list[int] = []
+        logprobs: list[TokenLogprobs | None] = []
+        failed: dict[int, str] = {}
+        for i, r in enumerate(reqs):
+            x = logits[i : i + 1].clone()  # [1, V]
+            mask = None
+            if constrain_row is not None and r.grammar is not None:
+                mask = functools.partial(_constrain_row, constrain_row, i)
+            try:
+                out = self._sample(x, [r], mask)
+            except Exception as e:  # noqa: BLE001 - reported per row; the engine aborts that request
+                failed[i] = f"sampling failed: {e!r}"
+                tokens.append(0)
+                logprobs.append(None)
+                continue
+            tokens.append(out.token_ids[0])
+            logprobs.append(out.logprobs[0] if out.logprobs is not None else None)
+        any_lp = any(r.params.logprobs is not None for r in reqs)
+        return SamplerOutput(tokens, logprobs if any_lp else None, failed)
+
+    def _sample(
+        self, logits: torch.Tensor, reqs: Sequence[Request], constrain: Callable[[torch.Tensor], None] | None
+    ) -> SamplerOutput:
+        """The batch's sampling; modifies logits ([B, V] float32) in place."""
+        B = len(reqs)
         params = [r.params for r in reqs]
+        if self.poison and any(_poisoned(r) for r in reqs):
+            raise RuntimeError("fault injection request_poison: this request's logits processing fails")
 
         lp_rows = [i for i, p in enumerate(params) if p.logprobs is not None]
         raw_logprobs = torch.log_softmax(logits[lp_rows], dim=-1) if lp_rows else None  # [L, V]
@@ -104,6 +176,10 @@ class Sampler:
             q[j].exponential_(generator=r.generator)
         # q == 0 would turn a removed token (p = 0) into 0/0 = NaN, which argmax prefers
         return (probs / q.clamp_min_(1e-30)).argmax(dim=-1)
+
+
+def _constrain_row(constrain_row: Callable[[torch.Tensor, int], None], row: int, x: torch.Tensor) -> None:
+    constrain_row(x, row)
 
 
 def _apply_logit_bias(logits: torch.Tensor, reqs: Sequence[Request]) -> None:

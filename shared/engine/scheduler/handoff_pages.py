@@ -15,6 +15,7 @@ can be sent; `release_held` gives them back (full prompt pages stay in the prefi
 from __future__ import annotations
 
 import bisect
+import logging
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -35,6 +36,8 @@ if TYPE_CHECKING:
     from shared.engine.scheduler.forks import Forks
     from shared.engine.scheduler.kv import KVManager
     from shared.engine.scheduler.scheduler import SchedulerCounters
+
+log = logging.getLogger(__name__)
 
 
 class Batch(Protocol):
@@ -65,6 +68,12 @@ class Batch(Protocol):
         ...
 
     def advance(self, req: Request, tok: int) -> StopResult: ...
+
+    def fail(self, req: Request, why: str) -> None:
+        """Abort a request whose own processing failed (its final delta carries why)."""
+        ...
+
+    def take_pending_outputs(self) -> list[RequestOutput]: ...
 
     def emit_delta(
         self, req: Request, toks: tuple[int, ...], text: str, lps: tuple[TokenLogprobs, ...] | None, *, finished: bool
@@ -159,7 +168,12 @@ class HandoffPages:
         if req.params.seed is not None and not req.params.greedy:
             req.generator_skip = 1  # prefill drew the first token from this seed: continue after it
         # The first token was sampled by prefill under the same grammar: the local matcher consumes it here.
-        res = b.advance(req, int(first_token))
+        try:
+            res = b.advance(req, int(first_token))
+        except Exception as e:  # this request's grammar, detokenizer or stop check: it fails alone
+            log.exception("%s: processing its first token failed; the request is aborted", req_id)
+            b.fail(req, f"processing the output failed: {e!r}")
+            return b.take_pending_outputs()
         return [
             b.emit_delta(
                 req,

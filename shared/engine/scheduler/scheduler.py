@@ -13,6 +13,7 @@ waiting requests are admitted while the token budget, max_running_requests and t
 from __future__ import annotations
 
 import itertools
+import logging
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -32,6 +33,8 @@ from shared.engine.scheduler.handoff_pages import HandoffPages
 from shared.engine.scheduler.kv import KVManager
 from shared.engine.scheduler.policy import WaitingQueue, sort_key
 from shared.engine.types import EmbedSlice, ScheduledSeq, SchedulerOutput
+
+log = logging.getLogger(__name__)
 
 CLIP_MAX_NEW_TOKENS = 4096  # output headroom reserved per request is capped at this many tokens (as in SGLang)
 
@@ -211,9 +214,10 @@ class Scheduler:
             self._finish(req, res.finish_reason, res.stop_reason)
         return res
 
-    def abort(self, req_id: str) -> bool:
+    def abort(self, req_id: str, error: str | None = None) -> bool:
         """Stop a request wherever it is (waiting, running, mid-step); its final delta (finish_reason "abort")
-        comes out of the next update_from_output / take_pending_outputs. False if the id is unknown."""
+        comes out of the next update_from_output / take_pending_outputs. False if the id is unknown. error: the
+        request failed (why, carried by its final delta) rather than being cancelled."""
         # A reserved (arriving) request: a prefill may still be writing into its pages, so they are quarantined.
         if self.handoff.cancel_remote(req_id, self.handoff.abort_quarantine_s):
             self._abort_forks(req_id)
@@ -229,8 +233,14 @@ class Scheduler:
             self.running.remove(req)
         req.status, req.finish_reason = RequestStatus.FINISHED, "abort"
         self._finished_ids.append(req_id)
-        self._pending.append(self._delta(req, (), "", None, finished=True))
+        self._pending.append(self._delta(req, (), "", None, finished=True, error=error))
         return True
+
+    def fail(self, req: Request, why: str) -> None:
+        """Abort a request whose own processing failed; its final delta carries `why` (RequestFailed upstream)."""
+        if not self.abort(req.req_id, error=why):  # it finished inside the call that failed: no delta went out yet
+            req.finish_reason = "abort"
+            self._pending.append(self._delta(req, (), "", None, finished=True, error=why))
 
     def _abort_forks(self, req_id: str) -> None:
         """n > 1: aborting sample 0 aborts the others (started or not); each ends with an abort delta."""
@@ -443,9 +453,15 @@ class Scheduler:
             self.kv.commit(req)
             if tok is None:
                 continue
-            if req.num_output_tokens == 0 and req.req_id in self.forks.pending:
-                self.forks.on_prompt_done(req)
-            res = self.advance(req, tok)
+            try:
+                if req.num_output_tokens == 0 and req.req_id in self.forks.pending:
+                    self.forks.on_prompt_done(req)
+                res = self.advance(req, tok)
+            except Exception as e:  # this request's grammar, detokenizer or stop check: it fails alone
+                log.exception("%s: processing its token %d failed; the request is aborted", req.req_id, tok)
+                self.fail(req, f"processing the output failed: {e!r}")
+                outputs.extend(self.take_pending_outputs())
+                continue
             outputs.append(
                 self._delta(
                     req, (tok,), res.new_text, None if lp is None else (lp,), finished=res.finish_reason is not None
@@ -465,7 +481,14 @@ class Scheduler:
         self._finished_ids.append(req.req_id)
 
     def _delta(
-        self, req: Request, toks: tuple[int, ...], text: str, lps: tuple[TokenLogprobs, ...] | None, *, finished: bool
+        self,
+        req: Request,
+        toks: tuple[int, ...],
+        text: str,
+        lps: tuple[TokenLogprobs, ...] | None,
+        *,
+        finished: bool,
+        error: str | None = None,
     ) -> RequestOutput:
         plps = None
         if req.params.prompt_logprobs is not None and not req.prompt_logprobs_sent:
@@ -483,6 +506,7 @@ class Scheduler:
             req.num_output_tokens,
             req.index,
             plps,
+            error,
         )
 
 

@@ -142,6 +142,14 @@ def test_bad_requests_are_not_retried_and_blame_nobody() -> None:
     assert v.kind == FailureKind.NOT_FOUND and not v.retryable
 
 
+def test_a_request_that_failed_alone_is_not_retried_and_blames_nobody() -> None:
+    """REQUEST_FAILED: the request's own processing failed on a healthy instance, before or after its first token,
+    on a worker, a decode or (before the first token) the pair's prefill: no retry, no breaker, no exclusion."""
+    for plan, who, started in ((SOLO, "w1", False), (SOLO, "w1", True), (PAIR, "p1", False), (PAIR, "d1", True)):
+        v = classify(grpc.StatusCode.INTERNAL, err(E.ERROR_CODE_REQUEST_FAILED, who), plan, started=started)
+        assert v.kind == FailureKind.REQUEST and not v.retryable and not v.blame and not v.exclude, (who, started)
+
+
 def test_connection_failures_blame_the_instance_called() -> None:
     for status in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.INTERNAL, grpc.StatusCode.UNKNOWN):
         v = classify(status, None, PAIR)
