@@ -194,6 +194,53 @@ async def run_load(
     return outcomes
 
 
+# The poison scenario's requests: standard parameters that take the engine's less travelled paths (token ids are
+# small enough for any vocabulary). Each must be answered with a 200.
+POISON_BODIES: tuple[dict[str, object], ...] = (
+    {"logit_bias": {"5": 8, "6": -100}},
+    {"frequency_penalty": 1.2, "presence_penalty": 0.8},
+    {"repetition_penalty": 1.6},
+    {"min_tokens": 4, "stop_token_ids": [3]},
+    {"temperature": 0.9, "top_k": 20, "top_p": 0.8, "min_p": 0.05, "seed": 11, "n": 2},
+    {"structured_outputs": {"regex": "[a-z]{1,12}"}},
+    {"logprobs": 3, "echo": True, "logit_bias": {"7": 2}, "frequency_penalty": 0.3},
+)
+
+
+async def poison_load(client: LoadClient, prompts: Sequence[str], *, duration_s: float, seed: int) -> list[Outcome]:
+    """One client sending the POISON_BODIES in turn for `duration_s`, beside the ordinary load. An answer is
+    correct when it is a 200 with one choice per sample; its text is not judged (the parameters change it)."""
+    rng = random.Random(seed)
+    end = time.monotonic() + duration_s
+    outcomes: list[Outcome] = []
+    i = 0
+    while time.monotonic() < end:
+        extra = POISON_BODIES[i % len(POISON_BODIES)]
+        i += 1
+        body = {**client._body(prompts[rng.randrange(len(prompts))], False, None), "ignore_eos": False, **extra}
+        t0 = time.monotonic()
+        tag = "poison " + ",".join(sorted(extra))
+        try:
+            r = await asyncio.wait_for(client.http.post("/v1/completions", json=body), client.timeout_s)
+        except (TimeoutError, httpx.TimeoutException):
+            outcomes.append(Outcome(Verdict.HUNG, t0, time.monotonic(), f"{tag}: no answer"))
+            continue
+        except httpx.TransportError as e:
+            outcomes.append(Outcome(Verdict.CLEAR, t0, time.monotonic(), f"{tag}: {type(e).__name__}"))
+            continue
+        if r.status_code != 200:
+            clear, detail = _error_detail(r.status_code, r.content)
+            verdict = Verdict.CLEAR if clear else Verdict.WRONG
+            outcomes.append(Outcome(verdict, t0, time.monotonic(), f"{tag}: {detail}"))
+            continue
+        n = int(extra.get("n", 1))  # type: ignore[call-overload]  # the bodies above hold ints there
+        ok = len(r.json().get("choices", ())) == n
+        outcomes.append(
+            Outcome(Verdict.CORRECT if ok else Verdict.WRONG, t0, time.monotonic(), "" if ok else f"{tag}: choices")
+        )
+    return outcomes
+
+
 async def burst(
     client: LoadClient, prompts: Sequence[str], baseline: Sequence[str], *, count: int, seed: int
 ) -> list[Outcome]:

@@ -23,6 +23,7 @@ class ScenarioResult(msgspec.Struct, kw_only=True):
     slowest_after_fault_s: float = 0.0  # longest wait for an answer of a request in flight at or sent after it
     answer_within_s: float | None = None  # the target for slowest_after_fault_s (hang scenarios), else None
     skipped: str = ""  # why the scenario did not run
+    strict: bool = False  # no fault but the requests: a clear error fails the scenario too
     errors: dict[str, int] = msgspec.field(default_factory=dict)  # clear errors and wrong answers, by message
 
     @property
@@ -30,7 +31,8 @@ class ScenarioResult(msgspec.Struct, kw_only=True):
         if self.skipped:
             return True
         late = self.answer_within_s is not None and self.slowest_after_fault_s > self.answer_within_s
-        return not (self.wrong or self.hung or self.leaked_pages or late or self.recovery_s is None)
+        refused = self.strict and self.clear_errors
+        return not (self.wrong or self.hung or self.leaked_pages or late or refused or self.recovery_s is None)
 
 
 class ChaosReport(msgspec.Struct, kw_only=True):

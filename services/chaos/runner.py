@@ -21,9 +21,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from services.chaos.cluster import LiveCluster
-from services.chaos.load import LoadClient, Outcome, Verdict, burst, rejudge, run_load, seeded_prompts
+from services.chaos.load import LoadClient, Outcome, Verdict, burst, poison_load, rejudge, run_load, seeded_prompts
 from services.chaos.report import ChaosReport, ScenarioResult, tally
-from services.chaos.scenarios import HANG_SCENARIOS, NotApplicable, Scenario, inject
+from services.chaos.scenarios import HANG_SCENARIOS, STRICT_SCENARIOS, NotApplicable, Scenario, inject
 
 log = logging.getLogger(__name__)
 
@@ -100,7 +100,11 @@ async def run_chaos(opts: ChaosOptions) -> ChaosReport:
 async def _scenario(
     sc: Scenario, opts: ChaosOptions, cluster: LiveCluster, client: LoadClient, prompts: list[str], baseline: list[str]
 ) -> ScenarioResult:
-    result = ScenarioResult(scenario=str(sc), answer_within_s=opts.answer_within_s if sc in HANG_SCENARIOS else None)
+    result = ScenarioResult(
+        scenario=str(sc),
+        answer_within_s=opts.answer_within_s if sc in HANG_SCENARIOS else None,
+        strict=sc in STRICT_SCENARIOS,
+    )
     before = await cluster.ready_epochs()
     if before is None:
         result.skipped = "etcd does not answer before the scenario"
@@ -143,6 +147,8 @@ async def _scenario(
         )
         if sc == Scenario.OVERLOAD:
             extra = await burst(client, prompts, baseline, count=opts.overload_requests, seed=seed)
+        if sc == Scenario.POISON:
+            extra = await poison_load(client, prompts, duration_s=opts.duration_s - opts.fault_after_s, seed=seed)
         if injected.heal is not None:
             await asyncio.sleep(opts.hang_s)
             await injected.heal()

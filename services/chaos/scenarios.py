@@ -6,6 +6,9 @@ etcd-outage            SIGKILL etcd (the supervisor restarts it with its data di
 nats-outage            SIGKILL nats-server (restarted the same way)
 fault-prefill-<fault>  one more prefill with --fault-injection prefill_<fault> joins for the scenario
 overload               a burst of --overload-requests at once on top of the load
+poison                 requests with unusual but valid parameters (logit_bias, penalties, min_tokens, stop ids,
+                       seeded top-k/top-p/min-p with n > 1, a grammar, logprobs + echo) mixed into the load: each
+                       must be answered, and every ordinary request must complete correctly (no clear errors either)
 """
 
 from __future__ import annotations
@@ -35,9 +38,12 @@ class Scenario(enum.StrEnum):
     FAULT_PREFILL_CORRUPT = "fault-prefill-corrupt"
     FAULT_PREFILL_CRASH = "fault-prefill-crash"
     OVERLOAD = "overload"
+    POISON = "poison"
 
 
 ALL = tuple(Scenario)
+# No fault but the requests themselves: not even a clear error is acceptable for an ordinary request.
+STRICT_SCENARIOS = frozenset({Scenario.POISON})
 # Hangs: every request must still be answered (served elsewhere, or refused clearly) soon after the fault.
 HANG_SCENARIOS = frozenset({Scenario.STOP_DECODE, Scenario.STOP_PREFILL, Scenario.FAULT_PREFILL_HANG})
 _FAULTS = {
@@ -110,6 +116,8 @@ async def inject(sc: Scenario, cluster: LiveCluster) -> Injected:
             await asyncio.to_thread(_stop, proc)
 
         return Injected(iid, cleanup=stop)
+    if sc == Scenario.POISON:
+        return Injected("requests")
     assert sc == Scenario.OVERLOAD
     return Injected("gateway")
 

@@ -1,5 +1,5 @@
 """`pdrelay chaos`: its pieces on their own, then the command itself on a small live cluster (`pdrelay up` on a tiny
-model: a gateway, one prefill, two decodes) with two short scenarios."""
+model: a gateway, one prefill, two decodes) with three short scenarios."""
 
 from __future__ import annotations
 
@@ -138,7 +138,7 @@ def test_chaos_on_a_small_cluster(tmp_path: Path) -> None:
             "--run-dir",
             run_dir,
             "--scenarios",
-            "stop-decode,nats-outage",
+            "stop-decode,nats-outage,poison",
             "--duration",
             "8",
             "--fault-after-s",
@@ -158,10 +158,13 @@ def test_chaos_on_a_small_cluster(tmp_path: Path) -> None:
         assert r.returncode == 0, r.stdout + r.stderr
         assert "stop-decode" in r.stdout and "result: every scenario" in r.stdout
         res = json.loads(out.read_text())
-        assert res["ok"] and [s["scenario"] for s in res["scenarios"]] == ["stop-decode", "nats-outage"]
+        assert res["ok"] and [s["scenario"] for s in res["scenarios"]] == ["stop-decode", "nats-outage", "poison"]
         for s in res["scenarios"]:
             assert s["sent"] > 0 and s["correct"] > 0 and s["wrong"] == s["hung"] == s["leaked_pages"] == 0, s
             assert s["recovery_s"] is not None
+        poison = res["scenarios"][2]  # ordinary and unusual requests all answered, none refused
+        assert poison["clear_errors"] == 0 and poison["correct"] == poison["sent"], poison
+        assert poison["sent"] > 3, poison
         stop = res["scenarios"][0]
         assert stop["target"] == "decode-1" and stop["slowest_after_fault_s"] <= 10, stop
     finally:
