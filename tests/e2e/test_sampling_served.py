@@ -188,3 +188,24 @@ def test_a_stream_that_fails_mid_way_ends_with_an_error_event(cluster: ApiCluste
     assert "request_poison" in events[-1]["error"]["message"], events
     sent = [t for e in events[:-1] for c in e["choices"] if c.get("logprobs") for t in c["logprobs"]["content"]]
     assert len(sent) == 3  # the tokens before the failure went out
+
+
+def test_the_grpc_api_names_a_request_failure(cluster: ApiCluster) -> None:
+    """On the gateway's gRPC API: logit_bias and penalties are served; a failed request is REQUEST_FAILED."""
+    import grpc
+
+    from proto.pdrelay.v1 import common_pb2, gateway_pb2, gateway_pb2_grpc
+    from shared.cluster.grpc_errors import error_from_rpc
+
+    with grpc.insecure_channel(cluster.grpc) as ch:
+        stub = gateway_pb2_grpc.GatewayStub(ch)
+        biased = common_pb2.SamplingParams(
+            temperature=0, max_tokens=6, ignore_eos=True, logit_bias={77: 100.0}, frequency_penalty=0.5
+        )
+        msgs = list(stub.Generate(gateway_pb2.GenerateRequest(text=PROMPT, sampling=biased, return_token_ids=True)))
+        assert [t for m in msgs for t in m.token_ids] == [77] * 6
+        poison = common_pb2.SamplingParams(temperature=0, max_tokens=6, stop=[POISON_STOP])
+        with pytest.raises(grpc.RpcError) as e:
+            list(stub.Generate(gateway_pb2.GenerateRequest(text=PROMPT, sampling=poison), timeout=60))
+        err = error_from_rpc(e.value)
+        assert err is not None and err.code == common_pb2.ERROR_CODE_REQUEST_FAILED, e.value
