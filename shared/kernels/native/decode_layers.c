@@ -12,20 +12,7 @@
 #include <stdint.h>
 #include <stdlib.h>
 
-void pdr_add_rms_norm_f32(const float *x, int64_t xs, const float *res, int64_t rs, const float *w, float *norm_out,
-                          float *res_out, int64_t t, int64_t d, float eps, int threads);
-int pdr_rope_store_f32(const float *qkv, int64_t qs, int64_t t, int64_t h, int64_t kvh, int64_t d, const float *cos,
-                       const float *sin, float *q_out, float *k_out, float *k_cache, float *v_cache, int64_t ps,
-                       int64_t num_pages, int64_t page_size, const int64_t *pages, const int64_t *offsets,
-                       int threads);
-int pdr_paged_decode_f32(const float *q, int64_t q_stride, const float *k, const float *v, int64_t page_stride,
-                         const int64_t *page_table, int64_t pt_stride, const int64_t *seq_lens, const int64_t *rows,
-                         float *out, int64_t out_stride, int n, int heads, int kv_heads, int dim, int page_size,
-                         float scale, int nthreads);
-void pdr_gemm_f32(const float *x, int64_t ldx, int64_t m, int64_t k, const float *wp, int64_t n, const float *bias,
-                  float *out, int64_t ldo, int nthreads);
-void pdr_gemm_silu_mul_f32(const float *x, int64_t ldx, int64_t m, int64_t k, const float *wp, int64_t inter,
-                           float *scratch, float *out, int64_t ldo, int nthreads);
+#include "pdr_kernels.h"
 
 /* Per layer, in this order, as addresses (0: none): */
 enum { L_INPUT_NORM, L_QKV, L_QKV_BIAS, L_O, L_O_BIAS, L_POST_NORM, L_GATE_UP, L_DOWN, L_K_CACHE, L_V_CACHE, L_N };

@@ -7,6 +7,8 @@
 #include <math.h>
 #include <stdint.h>
 
+#include "pdr_kernels.h"
+
 #define PAR_MIN_ELEMS 65536  // rows x columns below which one thread does the whole call
 
 // res_out = x + res; norm_out = res_out * rsqrt(mean(res_out^2) + eps) * w, per row of d.

@@ -15,6 +15,9 @@
 #include <float.h>
 #include <math.h>
 #include <stdint.h>
+
+#include "pdr_kernels.h"
+
 #if defined(__AVX512F__) || (defined(__AVX2__) && defined(__FMA__))
 #include <immintrin.h>
 #define PDR_SIMD 1 /* a vector path below: AVX-512, else AVX2 + FMA */

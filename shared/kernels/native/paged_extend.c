@@ -19,6 +19,9 @@
 #include <math.h>
 #include <stdint.h>
 #include <stdlib.h>
+
+#include "pdr_kernels.h"
+
 #if defined(__AVX512F__) || (defined(__AVX2__) && defined(__FMA__))
 #include <immintrin.h>
 #endif

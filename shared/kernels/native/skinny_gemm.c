@@ -26,6 +26,8 @@
 #include <stdint.h>
 #include <string.h>
 
+#include "pdr_kernels.h"
+
 #if defined(__AVX512F__)
 #include <immintrin.h>
 #define PDR_AVX512 1
