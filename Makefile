@@ -21,7 +21,8 @@ down:
 status:
 	@$(VENV)/bin/pdrelay status
 
-# ruff (lint + format), mypy, import-linter's contracts and deptry; settings in pyproject.toml.
+# ruff (lint + format), mypy, import-linter's contracts and deptry (settings in pyproject.toml); the native kernels'
+# C layout (clang-format) and warnings (scripts/check_native.py).
 lint: install
 	@bash scripts/lint.sh
 

@@ -17,6 +17,7 @@ check "ruff format" "$bin/ruff" format --check --quiet .
 check "mypy" "$bin/mypy"
 check "lint-imports" "$bin/lint-imports"  # the contracts in .importlinter
 check "deptry" "$bin/deptry" .
+check "native C" "$bin/python" scripts/check_native.py  # clang-format, and -Werror builds for AVX-512 / AVX2 / x86-64
 if [ ${#failed[@]} -gt 0 ]; then
   echo "[lint] failed: ${failed[*]}" >&2
   exit 1

@@ -40,8 +40,7 @@ void pdr_add_rms_norm_f32(const float *x, int64_t xs, const float *res, int64_t 
                           float *res_out, int64_t t, int64_t d, float eps, int threads);
 int pdr_rope_store_f32(const float *qkv, int64_t qs, int64_t t, int64_t h, int64_t kvh, int64_t d, const float *cos,
                        const float *sin, float *q_out, float *k_out, float *k_cache, float *v_cache, int64_t ps,
-                       int64_t num_pages, int64_t page_size, const int64_t *pages, const int64_t *offsets,
-                       int threads);
+                       int64_t num_pages, int64_t page_size, const int64_t *pages, const int64_t *offsets, int threads);
 void pdr_silu_mul_f32(const float *x, int64_t xs, float *out, int64_t t, int64_t inter, int threads);
 
 /* decode_layers.c: every decoder layer of a decode step in one call, over the kernels above. */
