@@ -35,7 +35,8 @@ _HEADERS = (abi.HEADER,)  # included by every source: part of the cache key
 # so the link step below runs without it. -fopenmp links libgomp.so.1: loaded after torch, the dynamic loader binds
 # it to torch's already loaded copy of that soname, so the kernel's parallel loop shares torch's thread pool.
 # Warnings are errors, and -Wmissing-prototypes makes every exported function come from pdr_kernels.h, the
-# declarations ctypes is set up from (abi.py).
+# declarations ctypes is set up from (abi.py). `make lint` builds the AVX-512, AVX2 and plain x86-64 paths with these
+# flags whatever the host runs (scripts/check_native.py).
 WARNINGS = ("-Wall", "-Wextra", "-Wmissing-prototypes", "-Werror")
 CFLAGS = ("-O3", "-march=native", "-ffast-math", "-fopenmp", "-fPIC", *WARNINGS, "-c")
 LDFLAGS = ("-shared", "-fopenmp", "-lm")
