@@ -21,7 +21,9 @@ down:
 status:
 	@$(VENV)/bin/pdrelay status
 
-# ruff (lint + format), mypy, import-linter's contracts and deptry; settings in pyproject.toml.
+# ruff (lint + format), mypy, import-linter's contracts and deptry (settings in pyproject.toml); the native kernels'
+# C layout (clang-format) and warnings (scripts/check_native.py); the largest files and functions (scripts/size_report.py,
+# report only).
 lint: install
 	@bash scripts/lint.sh
 

@@ -17,6 +17,9 @@ check "ruff format" "$bin/ruff" format --check --quiet .
 check "mypy" "$bin/mypy"
 check "lint-imports" "$bin/lint-imports"  # the contracts in .importlinter
 check "deptry" "$bin/deptry" .
+check "native C" "$bin/python" scripts/check_native.py  # clang-format, and -Werror builds for AVX-512 / AVX2 / x86-64
+# Report only for now (lists what is over the limits, never fails): drop --report-only to enforce them.
+check "size report" "$bin/python" scripts/size_report.py --top 0 --max-function-lines 80 --max-file-lines 500 --report-only
 if [ ${#failed[@]} -gt 0 ]; then
   echo "[lint] failed: ${failed[*]}" >&2
   exit 1

@@ -20,18 +20,25 @@ import subprocess
 import tempfile
 from pathlib import Path
 
+from shared.kernels.native import abi
+
 log = logging.getLogger(__name__)
 
 _SOURCES = tuple(
     Path(__file__).with_name(n)
     for n in ("paged_decode.c", "paged_extend.c", "skinny_gemm.c", "elementwise.c", "decode_layers.c")
 )
+_HEADERS = (abi.HEADER,)  # included by every source: part of the cache key
 # -ffast-math: lets the compiler vectorise the dot-product sums and call glibc's vector expf (the kernel keeps every
 # value finite, which fast-math assumes). Compile only: linking with -ffast-math adds crtfastmath.o, whose constructor
 # turns on flush-to-zero for the whole process when the library loads (torch's and Python's subnormals would vanish),
 # so the link step below runs without it. -fopenmp links libgomp.so.1: loaded after torch, the dynamic loader binds
 # it to torch's already loaded copy of that soname, so the kernel's parallel loop shares torch's thread pool.
-CFLAGS = ("-O3", "-march=native", "-ffast-math", "-fopenmp", "-fPIC", "-c")
+# Warnings are errors, and -Wmissing-prototypes makes every exported function come from pdr_kernels.h, the
+# declarations ctypes is set up from (abi.py). `make lint` builds the AVX-512, AVX2 and plain x86-64 paths with these
+# flags whatever the host runs (scripts/check_native.py).
+WARNINGS = ("-Wall", "-Wextra", "-Wmissing-prototypes", "-Werror")
+CFLAGS = ("-O3", "-march=native", "-ffast-math", "-fopenmp", "-fPIC", *WARNINGS, "-c")
 LDFLAGS = ("-shared", "-fopenmp", "-lm")
 
 
@@ -65,7 +72,10 @@ def _cpu_flags() -> str:
 def _key(cc: str) -> str:
     version = subprocess.run([cc, "--version"], capture_output=True, text=True, timeout=30).stdout
     h = hashlib.sha256()
-    parts = [src.read_bytes() for src in _SOURCES] + [" ".join(CFLAGS + LDFLAGS).encode(), version.encode()]
+    parts = [src.read_bytes() for src in (*_SOURCES, *_HEADERS)] + [
+        " ".join(CFLAGS + LDFLAGS).encode(),
+        version.encode(),
+    ]
     for part in (*parts, _cpu_flags().encode()):
         h.update(part)
     return h.hexdigest()[:16]
@@ -113,37 +123,7 @@ def load_library() -> ctypes.CDLL:
         lib = ctypes.CDLL(str(path))
     except (OSError, RuntimeError, subprocess.SubprocessError) as e:
         raise NativeUnavailable(f"building the native CPU kernels failed: {e}") from e
-    I64, PTR, INT = ctypes.c_int64, ctypes.c_void_p, ctypes.c_int
-    fn = lib.pdr_paged_decode_f32
-    fn.restype = INT
-    fn.argtypes = [PTR, I64, PTR, PTR, I64, PTR, I64, PTR, PTR, PTR, I64, INT, INT, INT, INT, INT, ctypes.c_float, INT]
-    fn = lib.pdr_paged_extend_f32
-    fn.restype = INT
-    fn.argtypes = [
-        *(PTR, I64, PTR, PTR, I64, PTR, I64, PTR, PTR, PTR, PTR, I64),
-        *(INT, INT, INT, INT, INT, ctypes.c_float, INT),
-    ]
-    lib.pdr_gemm_vector_bits.restype = INT
-    lib.pdr_gemm_vector_bits.argtypes = []
-    lib.pdr_gemm_pack_f32.restype = None
-    lib.pdr_gemm_pack_f32.argtypes = [PTR, I64, I64, PTR]
-    lib.pdr_gemm_f32.restype = None
-    lib.pdr_gemm_f32.argtypes = [PTR, I64, I64, I64, PTR, I64, PTR, PTR, I64, INT]
-    lib.pdr_gemm_pack_gated_f32.restype = None
-    lib.pdr_gemm_pack_gated_f32.argtypes = [PTR, I64, I64, PTR]
-    lib.pdr_gemm_silu_mul_f32.restype = None
-    lib.pdr_gemm_silu_mul_f32.argtypes = [PTR, I64, I64, I64, PTR, I64, PTR, PTR, I64, INT]
-    lib.pdr_add_rms_norm_f32.restype = None
-    lib.pdr_add_rms_norm_f32.argtypes = [PTR, I64, PTR, I64, PTR, PTR, PTR, I64, I64, ctypes.c_float, INT]
-    lib.pdr_rope_store_f32.restype = INT
-    lib.pdr_rope_store_f32.argtypes = [
-        *(PTR, I64, I64, I64, I64, I64, PTR, PTR, PTR, PTR, PTR, PTR),
-        *(I64, I64, I64, PTR, PTR, INT),
-    ]
-    lib.pdr_silu_mul_f32.restype = None
-    lib.pdr_silu_mul_f32.argtypes = [PTR, I64, PTR, I64, I64, INT]
-    lib.pdr_decode_layers_f32.restype = INT
-    lib.pdr_decode_layers_f32.argtypes = [*(PTR,) * 12, ctypes.c_float, ctypes.c_float]
+    abi.bind(lib)  # every exported function's restype and argtypes, from pdr_kernels.h
     return lib
 
 

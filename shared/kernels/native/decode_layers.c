@@ -12,20 +12,7 @@
 #include <stdint.h>
 #include <stdlib.h>
 
-void pdr_add_rms_norm_f32(const float *x, int64_t xs, const float *res, int64_t rs, const float *w, float *norm_out,
-                          float *res_out, int64_t t, int64_t d, float eps, int threads);
-int pdr_rope_store_f32(const float *qkv, int64_t qs, int64_t t, int64_t h, int64_t kvh, int64_t d, const float *cos,
-                       const float *sin, float *q_out, float *k_out, float *k_cache, float *v_cache, int64_t ps,
-                       int64_t num_pages, int64_t page_size, const int64_t *pages, const int64_t *offsets,
-                       int threads);
-int pdr_paged_decode_f32(const float *q, int64_t q_stride, const float *k, const float *v, int64_t page_stride,
-                         const int64_t *page_table, int64_t pt_stride, const int64_t *seq_lens, const int64_t *rows,
-                         float *out, int64_t out_stride, int n, int heads, int kv_heads, int dim, int page_size,
-                         float scale, int nthreads);
-void pdr_gemm_f32(const float *x, int64_t ldx, int64_t m, int64_t k, const float *wp, int64_t n, const float *bias,
-                  float *out, int64_t ldo, int nthreads);
-void pdr_gemm_silu_mul_f32(const float *x, int64_t ldx, int64_t m, int64_t k, const float *wp, int64_t inter,
-                           float *scratch, float *out, int64_t ldo, int nthreads);
+#include "pdr_kernels.h"
 
 /* Per layer, in this order, as addresses (0: none): */
 enum { L_INPUT_NORM, L_QKV, L_QKV_BIAS, L_O, L_O_BIAS, L_POST_NORM, L_GATE_UP, L_DOWN, L_K_CACHE, L_V_CACHE, L_N };
@@ -52,10 +39,10 @@ enum {
  * token's K/V goes; page_table [seqs, *], seq_lens, rows [seqs]: as pdr_paged_decode_f32 takes them.
  * Returns 0; -1 (nothing written) when a K/V slot lies outside the caches; -2 when the attention kernel does not
  * take the head shapes; -3 when the scratch cannot be allocated. */
-int pdr_decode_layers_f32(const int64_t *layer_ptrs, const int64_t *dims, const float *x0, float *residual,
-                          float *out, const float *cos, const float *sin, const int64_t *pages,
-                          const int64_t *offsets, const int64_t *page_table, const int64_t *seq_lens,
-                          const int64_t *rows, float eps, float scale) {
+int pdr_decode_layers_f32(const int64_t *layer_ptrs, const int64_t *dims, const float *x0, float *residual, float *out,
+                          const float *cos, const float *sin, const int64_t *pages, const int64_t *offsets,
+                          const int64_t *page_table, const int64_t *seq_lens, const int64_t *rows, float eps,
+                          float scale) {
     const int64_t t = dims[D_ROWS], hd = dims[D_HIDDEN], h = dims[D_HEADS], kvh = dims[D_KV_HEADS];
     const int64_t d = dims[D_HEAD_DIM], inter = dims[D_INTER], layers = dims[D_LAYERS];
     const int nt = (int)dims[D_THREADS];
@@ -78,13 +65,13 @@ int pdr_decode_layers_f32(const int64_t *layer_ptrs, const int64_t *dims, const 
         }
         pdr_gemm_f32(xin, hd, t, hd, (const float *)p[L_QKV], nqkv, (const float *)p[L_QKV_BIAS], qkv, nqkv, nt);
         float *kc = (float *)p[L_K_CACHE], *vc = (float *)p[L_V_CACHE];
-        if (pdr_rope_store_f32(qkv, nqkv, t, h, kvh, d, cos, sin, q, k, kc, vc, dims[D_PAGE_STRIDE],
-                               dims[D_NUM_PAGES], dims[D_PAGE_SIZE], pages, offsets, nt) != 0) {
+        if (pdr_rope_store_f32(qkv, nqkv, t, h, kvh, d, cos, sin, q, k, kc, vc, dims[D_PAGE_STRIDE], dims[D_NUM_PAGES],
+                               dims[D_PAGE_SIZE], pages, offsets, nt) != 0) {
             rc = -1; /* not reached: the slots were checked above */
             break;
         }
-        if (pdr_paged_decode_f32(q, qd, kc, vc, dims[D_PAGE_STRIDE], page_table, dims[D_PT_STRIDE], seq_lens, rows,
-                                 att, qd, (int)dims[D_SEQS], (int)h, (int)kvh, (int)d, (int)dims[D_PAGE_SIZE], scale,
+        if (pdr_paged_decode_f32(q, qd, kc, vc, dims[D_PAGE_STRIDE], page_table, dims[D_PT_STRIDE], seq_lens, rows, att,
+                                 qd, (int)dims[D_SEQS], (int)h, (int)kvh, (int)d, (int)dims[D_PAGE_SIZE], scale,
                                  nt) != 0) {
             rc = -2;
             break;

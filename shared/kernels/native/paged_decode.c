@@ -15,6 +15,9 @@
 #include <float.h>
 #include <math.h>
 #include <stdint.h>
+
+#include "pdr_kernels.h"
+
 #if defined(__AVX512F__) || (defined(__AVX2__) && defined(__FMA__))
 #include <immintrin.h>
 #define PDR_SIMD 1 /* a vector path below: AVX-512, else AVX2 + FMA */
@@ -388,8 +391,8 @@ int pdr_paged_decode_f32(const float *q, int64_t q_stride, const float *k, const
                          float scale, int nthreads) {
     if (kv_heads <= 0 || heads % kv_heads || heads / kv_heads > MAX_GROUP || dim > MAX_DIM || page_size > MAX_PAGE)
         return -1;
-    const job_t j = {q, q_stride, k, v, page_stride, page_table, pt_stride, seq_lens, rows, out, out_stride,
-                     n, heads, kv_heads, dim, page_size, scale};
+    const job_t j = {q,   q_stride,   k, v,     page_stride, page_table, pt_stride, seq_lens, rows,
+                     out, out_stride, n, heads, kv_heads,    dim,        page_size, scale};
     const int items = n * kv_heads;
     if (nthreads < 1) nthreads = 1;
     /* AVX-512 or AVX2, head_dim a multiple of the vector: with enough sequences to go round, an item is a whole

@@ -19,6 +19,9 @@
 #include <math.h>
 #include <stdint.h>
 #include <stdlib.h>
+
+#include "pdr_kernels.h"
+
 #if defined(__AVX512F__) || (defined(__AVX2__) && defined(__FMA__))
 #include <immintrin.h>
 #endif
@@ -140,8 +143,8 @@ static void load_q_t(float (*qt)[QB], const float *q, int64_t stride, int nq, in
         for (int x0 = 0; x0 < d; x0 += 8) {
             __m256 r[8];
             for (int i = 0; i < 8; i++)
-                r[i] = t0 + i < nq ? _mm256_mul_ps(_mm256_loadu_ps(q + (t0 + i) * stride + x0), sv)
-                                   : _mm256_setzero_ps();
+                r[i] =
+                    t0 + i < nq ? _mm256_mul_ps(_mm256_loadu_ps(q + (t0 + i) * stride + x0), sv) : _mm256_setzero_ps();
             transpose8(r);
             for (int i = 0; i < 8; i++) _mm256_store_ps(&qt[x0 + i][t0], r[i]);
         }
@@ -266,7 +269,7 @@ static void attend_block(const job_t *j, int s, int h, int64_t i0, int nq) {
             vr[c] = vr[0];
         }
         for (int o8 = 0; o8 < nq; o8 += 8) /* a half past nq holds no query */
-            tile_half((float(*)[QB])&qt[0][o8], (float(*)[QB])&ot[0][o8], m + o8, l + o8, kr, vr, kc, d,
+            tile_half((float (*)[QB])(&qt[0][o8]), (float (*)[QB])(&ot[0][o8]), m + o8, l + o8, kr, vr, kc, d,
                       k0 - q_first - o8);
 #else
         float pt[KB][QB], sc[KB][QB];
@@ -322,12 +325,12 @@ static void attend_block(const job_t *j, int s, int h, int64_t i0, int nq) {
 /* Returns 0, or -1 when head_dim is past the per-item buffers (the caller says which flag avoids it). */
 int pdr_paged_extend_f32(const float *q, int64_t q_stride, const float *k, const float *v, int64_t page_stride,
                          const int64_t *page_table, int64_t pt_stride, const int64_t *starts, const int64_t *prefix,
-                         const int64_t *lens, float *out, int64_t out_stride, int n, int heads, int kv_heads,
-                         int dim, int page_size, float scale, int nthreads) {
+                         const int64_t *lens, float *out, int64_t out_stride, int n, int heads, int kv_heads, int dim,
+                         int page_size, float scale, int nthreads) {
     if (kv_heads <= 0 || heads % kv_heads || dim > MAX_DIM || dim <= 0) return -1;
     if (n <= 0) return 0;
-    const job_t j = {q, q_stride, k, v, page_stride, page_table, pt_stride, starts, prefix, lens,
-                     out, out_stride, heads, kv_heads, dim, page_size, scale};
+    const job_t j = {q,    q_stride, k,          v,     page_stride, page_table, pt_stride, starts, prefix,
+                     lens, out,      out_stride, heads, kv_heads,    dim,        page_size, scale};
     /* items: every (sequence, block of 16 new tokens), times the heads; first[s] = the sequence's first block */
     int64_t *first = malloc(sizeof(int64_t) * (size_t)(n + 1));
     if (!first) return -2;

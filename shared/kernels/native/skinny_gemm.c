@@ -26,6 +26,8 @@
 #include <stdint.h>
 #include <string.h>
 
+#include "pdr_kernels.h"
+
 #if defined(__AVX512F__)
 #include <immintrin.h>
 #define PDR_AVX512 1
@@ -70,24 +72,24 @@ void pdr_gemm_pack_f32(const float *w, int64_t n, int64_t k, float *out) {
 
 /* acc (rows x 16) over k in [k0, k0 + kc) of one panel; first block: out = acc (+ bias), later: out += acc. */
 #if defined(PDR_AVX512)
-#define TILE(R)                                                                                                   \
+#define TILE(R)                                                                                                  \
     static inline void tile_##R(const float *x, int64_t ldx, const float *wp, int64_t kc, float *o, int64_t ldo, \
-                                int first, const float *bias, int cols, const float *pf) {                        \
-        (void)pf; /* AVX-512 runs this tile only on an odd last panel, which prefetches PF k ahead itself */      \
-        __m512 a[R];                                                                                              \
-        for (int i = 0; i < R; i++) a[i] = _mm512_setzero_ps();                                                   \
-        for (int64_t kk = 0; kk < kc; kk++) {                                                                     \
+                                int first, const float *bias, int cols, const float *pf) {                       \
+        (void)pf; /* AVX-512 runs this tile only on an odd last panel, which prefetches PF k ahead itself */     \
+        __m512 a[R];                                                                                             \
+        for (int i = 0; i < R; i++) a[i] = _mm512_setzero_ps();                                                  \
+        for (int64_t kk = 0; kk < kc; kk++) {                                                                    \
             _mm_prefetch((const char *)(wp + (kk + PF) * NR), _MM_HINT_T0);                                      \
-            const __m512 w = _mm512_loadu_ps(wp + kk * NR);                                                       \
-            for (int i = 0; i < R; i++) a[i] = _mm512_fmadd_ps(_mm512_set1_ps(x[i * ldx + kk]), w, a[i]);         \
-        }                                                                                                         \
-        const __mmask16 m = (__mmask16)((1u << cols) - 1u);                                                       \
-        const __m512 b = bias && first ? _mm512_maskz_loadu_ps(m, bias) : _mm512_setzero_ps();                    \
-        for (int i = 0; i < R; i++) {                                                                             \
-            float *row = o + i * ldo;                                                                             \
+            const __m512 w = _mm512_loadu_ps(wp + kk * NR);                                                      \
+            for (int i = 0; i < R; i++) a[i] = _mm512_fmadd_ps(_mm512_set1_ps(x[i * ldx + kk]), w, a[i]);        \
+        }                                                                                                        \
+        const __mmask16 m = (__mmask16)((1u << cols) - 1u);                                                      \
+        const __m512 b = bias && first ? _mm512_maskz_loadu_ps(m, bias) : _mm512_setzero_ps();                   \
+        for (int i = 0; i < R; i++) {                                                                            \
+            float *row = o + i * ldo;                                                                            \
             const __m512 p = first ? b : _mm512_maskz_loadu_ps(m, row);                                          \
-            _mm512_mask_storeu_ps(row, m, _mm512_add_ps(p, a[i]));                                                \
-        }                                                                                                         \
+            _mm512_mask_storeu_ps(row, m, _mm512_add_ps(p, a[i]));                                               \
+        }                                                                                                        \
     }
 #elif defined(PDR_AVX2)
 /* lanes [0, cols) of 8 set (cols may be <= 0 or >= 8) */
@@ -95,57 +97,57 @@ static inline __m256i cols_mask(int cols) {
     const __m256i lane = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
     return _mm256_cmpgt_epi32(_mm256_set1_epi32(cols), lane);
 }
-#define TILE(R)                                                                                                   \
-    static inline void tile_##R(const float *x, int64_t ldx, const float *wp, int64_t kc, float *o, int64_t ldo, \
-                                int first, const float *bias, int cols, const float *pf) {                        \
-        __m256 a0[R], a1[R];                                                                                      \
-        for (int i = 0; i < R; i++) {                                                                             \
-            a0[i] = _mm256_setzero_ps();                                                                          \
-            a1[i] = _mm256_setzero_ps();                                                                          \
-        }                                                                                                         \
-        for (int64_t kk = 0; kk < kc; kk++) {                                                                     \
-            _mm_prefetch((const char *)(pf + kk * NR), _MM_HINT_T0);                                             \
-            __m256 w0 = _mm256_loadu_ps(wp + kk * NR), w1 = _mm256_loadu_ps(wp + kk * NR + 8);                    \
+#define TILE(R)                                                                                                    \
+    static inline void tile_##R(const float *x, int64_t ldx, const float *wp, int64_t kc, float *o, int64_t ldo,   \
+                                int first, const float *bias, int cols, const float *pf) {                         \
+        __m256 a0[R], a1[R];                                                                                       \
+        for (int i = 0; i < R; i++) {                                                                              \
+            a0[i] = _mm256_setzero_ps();                                                                           \
+            a1[i] = _mm256_setzero_ps();                                                                           \
+        }                                                                                                          \
+        for (int64_t kk = 0; kk < kc; kk++) {                                                                      \
+            _mm_prefetch((const char *)(pf + kk * NR), _MM_HINT_T0);                                               \
+            __m256 w0 = _mm256_loadu_ps(wp + kk * NR), w1 = _mm256_loadu_ps(wp + kk * NR + 8);                     \
             /* Both loads stay in registers: GCC otherwise folds them into every FMA's memory operand, 2R + R    \
              * loads for 2R FMAs, and a tile of 3-4 rows became load-bound (hot in L1, one core: 4 rows 60 -> 87 \
-             * GFLOPS, 3 rows 59 -> 68; 5-6 rows, where it kept them, 86-89). */                                 \
-            __asm__("" : "+x"(w0), "+x"(w1));                                                                     \
-            for (int i = 0; i < R; i++) {                                                                         \
-                const __m256 xb = _mm256_broadcast_ss(x + i * ldx + kk);                                          \
-                a0[i] = _mm256_fmadd_ps(xb, w0, a0[i]);                                                           \
-                a1[i] = _mm256_fmadd_ps(xb, w1, a1[i]);                                                           \
-            }                                                                                                     \
-        }                                                                                                         \
-        const __m256i m0 = cols_mask(cols), m1 = cols_mask(cols - 8);                                            \
-        const __m256 b0 = bias && first ? _mm256_maskload_ps(bias, m0) : _mm256_setzero_ps();                    \
-        const __m256 b1 = bias && first ? _mm256_maskload_ps(bias + 8, m1) : _mm256_setzero_ps();                \
-        for (int i = 0; i < R; i++) {                                                                             \
-            float *row = o + i * ldo;                                                                             \
-            const __m256 p0 = first ? b0 : _mm256_maskload_ps(row, m0);                                          \
-            const __m256 p1 = first ? b1 : _mm256_maskload_ps(row + 8, m1);                                      \
-            _mm256_maskstore_ps(row, m0, _mm256_add_ps(p0, a0[i]));                                               \
-            _mm256_maskstore_ps(row + 8, m1, _mm256_add_ps(p1, a1[i]));                                           \
-        }                                                                                                         \
+             * GFLOPS, 3 rows 59 -> 68; 5-6 rows, where it kept them, 86-89). */ \
+            __asm__("" : "+x"(w0), "+x"(w1));                                                                      \
+            for (int i = 0; i < R; i++) {                                                                          \
+                const __m256 xb = _mm256_broadcast_ss(x + i * ldx + kk);                                           \
+                a0[i] = _mm256_fmadd_ps(xb, w0, a0[i]);                                                            \
+                a1[i] = _mm256_fmadd_ps(xb, w1, a1[i]);                                                            \
+            }                                                                                                      \
+        }                                                                                                          \
+        const __m256i m0 = cols_mask(cols), m1 = cols_mask(cols - 8);                                              \
+        const __m256 b0 = bias && first ? _mm256_maskload_ps(bias, m0) : _mm256_setzero_ps();                      \
+        const __m256 b1 = bias && first ? _mm256_maskload_ps(bias + 8, m1) : _mm256_setzero_ps();                  \
+        for (int i = 0; i < R; i++) {                                                                              \
+            float *row = o + i * ldo;                                                                              \
+            const __m256 p0 = first ? b0 : _mm256_maskload_ps(row, m0);                                            \
+            const __m256 p1 = first ? b1 : _mm256_maskload_ps(row + 8, m1);                                        \
+            _mm256_maskstore_ps(row, m0, _mm256_add_ps(p0, a0[i]));                                                \
+            _mm256_maskstore_ps(row + 8, m1, _mm256_add_ps(p1, a1[i]));                                            \
+        }                                                                                                          \
     }
 #else
-#define TILE(R)                                                                                                   \
+#define TILE(R)                                                                                                  \
     static inline void tile_##R(const float *x, int64_t ldx, const float *wp, int64_t kc, float *o, int64_t ldo, \
-                                int first, const float *bias, int cols, const float *pf) {                        \
-        (void)pf;                                                                                                 \
-        float acc[R][NR];                                                                                         \
-        memset(acc, 0, sizeof(acc));                                                                              \
-        for (int64_t kk = 0; kk < kc; kk++)                                                                       \
-            for (int i = 0; i < R; i++) {                                                                         \
-                const float xv = x[i * ldx + kk];                                                                 \
-                for (int j = 0; j < NR; j++) acc[i][j] += xv * wp[kk * NR + j];                                   \
-            }                                                                                                     \
-        for (int i = 0; i < R; i++) {                                                                             \
-            float *row = o + i * ldo;                                                                             \
-            if (first)                                                                                            \
-                for (int j = 0; j < cols; j++) row[j] = acc[i][j] + (bias ? bias[j] : 0.0f);                      \
-            else                                                                                                  \
-                for (int j = 0; j < cols; j++) row[j] += acc[i][j];                                               \
-        }                                                                                                         \
+                                int first, const float *bias, int cols, const float *pf) {                       \
+        (void)pf;                                                                                                \
+        float acc[R][NR];                                                                                        \
+        memset(acc, 0, sizeof(acc));                                                                             \
+        for (int64_t kk = 0; kk < kc; kk++)                                                                      \
+            for (int i = 0; i < R; i++) {                                                                        \
+                const float xv = x[i * ldx + kk];                                                                \
+                for (int j = 0; j < NR; j++) acc[i][j] += xv * wp[kk * NR + j];                                  \
+            }                                                                                                    \
+        for (int i = 0; i < R; i++) {                                                                            \
+            float *row = o + i * ldo;                                                                            \
+            if (first)                                                                                           \
+                for (int j = 0; j < cols; j++) row[j] = acc[i][j] + (bias ? bias[j] : 0.0f);                     \
+            else                                                                                                 \
+                for (int j = 0; j < cols; j++) row[j] += acc[i][j];                                              \
+        }                                                                                                        \
     }
 #endif
 TILE(1)
@@ -201,42 +203,42 @@ static void tile(int r, const float *x, int64_t ldx, const float *wp, int64_t kc
  * a [3072, 576] weight in cache the one-panel tile stopped at ~263 GFLOPS at 16-128 rows (oneDNN 330-408), this one
  * runs at 346-384; over the bundled model's projections from DRAM, 48 rows: 253-268 -> 333-336 GFLOPS, 16 rows on
  * par (the weight stream is the limit there). cols: of the 32. */
-#define TILE2(R)                                                                                                  \
-    static inline void tile2_##R(const float *x, int64_t ldx, const float *w0, const float *w1, int64_t kc,      \
-                                 float *o, int64_t ldo, int first, const float *bias, int cols, const float *q0,  \
-                                 const float *q1, int64_t qn, int every) {                                        \
-        __m512 a[R], b[R];                                                                                        \
-        int cd = every;                                                                                           \
-        for (int i = 0; i < R; i++) a[i] = b[i] = _mm512_setzero_ps();                                            \
-        for (int64_t kk = 0; kk < kc; kk++) {                                                                     \
-            _mm_prefetch((const char *)(w0 + (kk + PF) * NR), _MM_HINT_T0);                                      \
-            _mm_prefetch((const char *)(w1 + (kk + PF) * NR), _MM_HINT_T0);                                      \
-            if (qn > 0 && --cd == 0) { /* the lookahead stream: one line of each panel every `every` k */          \
-                cd = every;                                                                                       \
-                _mm_prefetch((const char *)q0, _MM_HINT_T1);                                                     \
-                _mm_prefetch((const char *)q1, _MM_HINT_T1);                                                     \
-                q0 += NR;                                                                                         \
-                q1 += NR;                                                                                         \
-                qn--;                                                                                             \
-            }                                                                                                     \
-            const __m512 v0 = _mm512_loadu_ps(w0 + kk * NR), v1 = _mm512_loadu_ps(w1 + kk * NR);                \
-            for (int i = 0; i < R; i++) {                                                                         \
-                const __m512 xb = _mm512_set1_ps(x[i * ldx + kk]);                                                \
-                a[i] = _mm512_fmadd_ps(xb, v0, a[i]);                                                             \
-                b[i] = _mm512_fmadd_ps(xb, v1, b[i]);                                                             \
-            }                                                                                                     \
-        }                                                                                                         \
-        const __mmask16 m0 = (__mmask16)(cols >= 16 ? 0xFFFFu : (1u << cols) - 1u);                               \
-        const __mmask16 m1 = (__mmask16)(cols >= 32 ? 0xFFFFu : cols <= 16 ? 0u : (1u << (cols - 16)) - 1u);      \
-        const __m512 b0 = bias && first ? _mm512_maskz_loadu_ps(m0, bias) : _mm512_setzero_ps();                  \
-        const __m512 b1 = bias && first ? _mm512_maskz_loadu_ps(m1, bias + 16) : _mm512_setzero_ps();             \
-        for (int i = 0; i < R; i++) {                                                                             \
-            float *row = o + i * ldo;                                                                             \
-            const __m512 p0 = first ? b0 : _mm512_maskz_loadu_ps(m0, row);                                       \
-            const __m512 p1 = first ? b1 : _mm512_maskz_loadu_ps(m1, row + 16);                                  \
-            _mm512_mask_storeu_ps(row, m0, _mm512_add_ps(p0, a[i]));                                              \
-            _mm512_mask_storeu_ps(row + 16, m1, _mm512_add_ps(p1, b[i]));                                         \
-        }                                                                                                         \
+#define TILE2(R)                                                                                                      \
+    static inline void tile2_##R(const float *x, int64_t ldx, const float *w0, const float *w1, int64_t kc, float *o, \
+                                 int64_t ldo, int first, const float *bias, int cols, const float *q0,                \
+                                 const float *q1, int64_t qn, int every) {                                            \
+        __m512 a[R], b[R];                                                                                            \
+        int cd = every;                                                                                               \
+        for (int i = 0; i < R; i++) a[i] = b[i] = _mm512_setzero_ps();                                                \
+        for (int64_t kk = 0; kk < kc; kk++) {                                                                         \
+            _mm_prefetch((const char *)(w0 + (kk + PF) * NR), _MM_HINT_T0);                                           \
+            _mm_prefetch((const char *)(w1 + (kk + PF) * NR), _MM_HINT_T0);                                           \
+            if (qn > 0 && --cd == 0) { /* the lookahead stream: one line of each panel every `every` k */             \
+                cd = every;                                                                                           \
+                _mm_prefetch((const char *)q0, _MM_HINT_T1);                                                          \
+                _mm_prefetch((const char *)q1, _MM_HINT_T1);                                                          \
+                q0 += NR;                                                                                             \
+                q1 += NR;                                                                                             \
+                qn--;                                                                                                 \
+            }                                                                                                         \
+            const __m512 v0 = _mm512_loadu_ps(w0 + kk * NR), v1 = _mm512_loadu_ps(w1 + kk * NR);                      \
+            for (int i = 0; i < R; i++) {                                                                             \
+                const __m512 xb = _mm512_set1_ps(x[i * ldx + kk]);                                                    \
+                a[i] = _mm512_fmadd_ps(xb, v0, a[i]);                                                                 \
+                b[i] = _mm512_fmadd_ps(xb, v1, b[i]);                                                                 \
+            }                                                                                                         \
+        }                                                                                                             \
+        const __mmask16 m0 = (__mmask16)(cols >= 16 ? 0xFFFFu : (1u << cols) - 1u);                                   \
+        const __mmask16 m1 = (__mmask16)(cols >= 32 ? 0xFFFFu : cols <= 16 ? 0u : (1u << (cols - 16)) - 1u);          \
+        const __m512 b0 = bias && first ? _mm512_maskz_loadu_ps(m0, bias) : _mm512_setzero_ps();                      \
+        const __m512 b1 = bias && first ? _mm512_maskz_loadu_ps(m1, bias + 16) : _mm512_setzero_ps();                 \
+        for (int i = 0; i < R; i++) {                                                                                 \
+            float *row = o + i * ldo;                                                                                 \
+            const __m512 p0 = first ? b0 : _mm512_maskz_loadu_ps(m0, row);                                            \
+            const __m512 p1 = first ? b1 : _mm512_maskz_loadu_ps(m1, row + 16);                                       \
+            _mm512_mask_storeu_ps(row, m0, _mm512_add_ps(p0, a[i]));                                                  \
+            _mm512_mask_storeu_ps(row + 16, m1, _mm512_add_ps(p1, b[i]));                                             \
+        }                                                                                                             \
     }
 TILE2(1)
 TILE2(2)
@@ -279,8 +281,8 @@ static inline int64_t chunk_of(int64_t units, int nthreads) {
  * one's first, so that block streams in while they compute from L1 and the next first tile finds it there. Zen 3, 2
  * threads, the bundled model's projections + LM head from DRAM, both builds in one process: 8-24 rows 4-7% faster, 1
  * row on par. The next panel may be another thread's: one wasted block at the end of a chunk. */
-static void one_panel(const float *x, int64_t ldx, int64_t m, int64_t k, const float *wp, int64_t n,
-                      const float *bias, float *out, int64_t ldo, int64_t p) {
+static void one_panel(const float *x, int64_t ldx, int64_t m, int64_t k, const float *wp, int64_t n, const float *bias,
+                      float *out, int64_t ldo, int64_t p) {
     const float *panel = wp + p * k * NR;
     const int cols = (int)(n - p * NR < NR ? n - p * NR : NR);
     const float *b = bias ? bias + p * NR : 0;
@@ -363,9 +365,9 @@ static void gemm(const float *x, int64_t ldx, int64_t m, int64_t k, const float 
             for (int64_t m0 = 0; m0 < m; m0 += MR2, t++) {
                 const int r = (int)(m - m0 < MR2 ? m - m0 : MR2);
                 const int64_t lo = t * share, hi = lo + share < qk ? lo + share : qk;
-                tile2(r, x + m0 * ldx + k0, ldx, panel + k0 * NR, panel + k * NR + k0 * NR, kc,
-                      out + m0 * ldo + p * NR, ldo, k0 == 0, b, cols, q0 ? q0 + lo * NR : 0,
-                      q0 ? q1 + lo * NR : 0, hi > lo ? hi - lo : 0, tiles);
+                tile2(r, x + m0 * ldx + k0, ldx, panel + k0 * NR, panel + k * NR + k0 * NR, kc, out + m0 * ldo + p * NR,
+                      ldo, k0 == 0, b, cols, q0 ? q0 + lo * NR : 0, q0 ? q1 + lo * NR : 0, hi > lo ? hi - lo : 0,
+                      tiles);
             }
         }
         if (gated) {
