@@ -34,10 +34,12 @@ _HEADERS = (abi.HEADER,)  # included by every source: part of the cache key
 # turns on flush-to-zero for the whole process when the library loads (torch's and Python's subnormals would vanish),
 # so the link step below runs without it. -fopenmp links libgomp.so.1: loaded after torch, the dynamic loader binds
 # it to torch's already loaded copy of that soname, so the kernel's parallel loop shares torch's thread pool.
-# Warnings are errors, and -Wmissing-prototypes makes every exported function come from pdr_kernels.h, the
-# declarations ctypes is set up from (abi.py). `make lint` builds the AVX-512, AVX2 and plain x86-64 paths with these
-# flags whatever the host runs (scripts/check_native.py).
-WARNINGS = ("-Wall", "-Wextra", "-Wmissing-prototypes", "-Werror")
+# -Wmissing-prototypes makes every exported function come from pdr_kernels.h, the declarations ctypes is set up from
+# (abi.py). `make lint` builds the AVX-512, AVX2 and plain x86-64 paths with these flags plus -Werror whatever the
+# host runs (scripts/check_native.py), so no warning lands. The build on a user's machine keeps warnings warnings:
+# another compiler's new warning must not turn the native kernels off there (a definition that contradicts the
+# header is an error under any flags).
+WARNINGS = ("-Wall", "-Wextra", "-Wmissing-prototypes")
 CFLAGS = ("-O3", "-march=native", "-ffast-math", "-fopenmp", "-fPIC", *WARNINGS, "-c")
 LDFLAGS = ("-shared", "-fopenmp", "-lm")
 
