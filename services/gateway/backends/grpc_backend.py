@@ -22,85 +22,41 @@ and turns the stream into BackendChunks. Then:
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import time
-from collections.abc import AsyncIterator, Collection, Sequence
+from collections.abc import AsyncIterator, Sequence
+from typing import TYPE_CHECKING
 
 import grpc
 
-from proto.pdrelay.v1 import common_pb2, worker_pb2_grpc
-from services.gateway.backend import (
-    BackendChunk,
-    BackendError,
-    BackendOverloaded,
-    BackendRequest,
-    BackendUnavailable,
-    InvalidRequest,
-    ModelNotFound,
-    RequestFailed,
-)
+from services.gateway.backend import BackendChunk, BackendRequest
+from services.gateway.backends.attempt import Attempt, AttemptDeps
+from services.gateway.backends.retry_loop import RetryLoop
 from services.gateway.routing.breaker import BreakerBoard, BreakerConfig
 from services.gateway.routing.channels import ChannelPool
 from services.gateway.routing.discovery import Discovery, MembershipView
 from services.gateway.routing.encoders import EncoderRouter
-from services.gateway.routing.failures import FailureKind, Verdict, classify, classify_lost, classify_stream_end
 from services.gateway.routing.kv_index import KVIndex, PromptHashes
 from services.gateway.routing.media_affinity import MediaAffinity
 from services.gateway.routing.policies import make_policy
-from services.gateway.routing.router import NoRoute, NoRouteReason, Router
-from services.gateway.routing.views import RoutePlan, RouteRequest
-from services.gateway.routing.wire import chunk_from_pb, decode_request, remaining_max_tokens
+from services.gateway.routing.router import NoRoute, Router
 from shared.cluster.bus.cancel import CancelReason, publish_cancel
 from shared.cluster.bus.client import Bus
-from shared.cluster.grpc_errors import error_from_rpc
 from shared.cluster.instance import InstanceInfo, InstanceState
 from shared.cluster.tls import TlsFiles
 from shared.telemetry import spans
-from shared.telemetry.tracing import SpanKind, Tracing, add_event, current_span, inject, set_error
+from shared.telemetry.tracing import Tracing, add_event, current_span
+
+if TYPE_CHECKING:
+    from opentelemetry.trace import Span
 
 log = logging.getLogger(__name__)
-
-
-def _route_attributes(
-    plan: RoutePlan, policy: str, attempt: int, excluded: Collection[str], prompt_len: int
-) -> dict[str, object]:
-    """The gateway.route span's attributes: the chosen pair and why (policy, predicted cache hit, loads)."""
-    d = plan.decode
-    why = [
-        f"{policy} policy, {plan.mode}",
-        f"{d.role} {d.instance_id}: {d.load.running} running, "
-        f"{d.load.free_pages}/{d.load.total_pages} pages free" + ("" if d.load.known else " (no load report)"),
-    ]
-    if plan.prefill is not None:
-        p = plan.prefill
-        why.append(f"prefill {p.instance_id}: {p.load.queued_prefill_tokens} queued prompt tokens")
-    if plan.cached_tokens:
-        why.append(f"{plan.cached_tokens} of {prompt_len} prompt tokens predicted cached")
-    if excluded:
-        why.append(f"excluded after failures: {', '.join(sorted(excluded))}")
-    attrs: dict[str, object] = {
-        spans.ROUTE_MODE: str(plan.mode),
-        spans.ROUTE_DECODE: d.instance_id,
-        spans.ROUTE_POLICY: policy,
-        spans.ROUTE_CACHED_TOKENS: plan.cached_tokens,
-        spans.ROUTE_REASON: "; ".join(why),
-        spans.ATTEMPT: attempt,
-    }
-    if plan.prefill is not None:
-        attrs[spans.ROUTE_PREFILL] = plan.prefill.instance_id
-    return attrs
 
 
 def _lost(info: InstanceInfo) -> bool:
     """An instance whose key vanished while it was not draining lost its lease: nobody will answer its calls."""
     return info.state != InstanceState.DRAINING
-
-
-def _cancelled_by_us() -> bool:
-    """Is the running task itself being cancelled (client gone, server shutting down)? A CancelledError raised while
-    it is not comes from grpc: the call was cancelled locally because its channel was closed under it."""
-    task = asyncio.current_task()
-    return task is not None and task.cancelling() > 0
 
 
 class GrpcBackend:
@@ -205,195 +161,71 @@ class GrpcBackend:
     # ------------------------------------------------------------------ one request
 
     async def _generate(self, req: BackendRequest) -> AsyncIterator[BackendChunk]:
-        prompt_len = len(req.prompt_token_ids)
-        want_logprobs = req.sampling.logprobs is not None
+        """The request's attempts (attempt.py) under its retry loop (retry_loop.py), until one completes or the loop
+        gives up; a client that goes away cancels the attempt's call and every instance's work for it."""
+        loop = RetryLoop(
+            req,
+            self.request_retries,
+            retry_after_s=self._retry_after_s,
+            breaker_cooldown_s=self.router.breakers.config.cooldown_s,
+        )
         hashes = PromptHashes(req.prompt_token_ids, [(m.offset, m.num_tokens, m.media_hash) for m in req.media])
-        sent: list[int] = []  # output tokens already handed to the client, over all attempts
-        n = req.sampling.n
-        done_samples: set[int] = set()  # n > 1: samples finished so far (the stream ends with the last one)
-        streamed = False  # n > 1: some tokens went to the client (such a stream cannot be replayed)
-        exclude: set[str] = set()
-        verdicts: list[Verdict] = []
-        failures = 0
-        attempt = 0
-        call: grpc.aio.UnaryStreamCall | None = None
-        plans: list[RoutePlan] = []
-        completed = False
-        tr = self.tracing
-        request_span = current_span()  # the HTTP layer's gateway.request (retries and migrations are its events)
+        deps = AttemptDeps(self.router, self.channels, self.media_affinity, self.tracing)
+        request_span = current_span()  # the HTTP layer's gateway.request: retries and migrations are its events
+        attempt: Attempt | None = None
         try:
             while True:
-                left = remaining_max_tokens(req.sampling, len(sent))
-                if left == 0:
-                    # Every token was streamed; only the last message got lost with its instance.
-                    completed = True
-                    yield BackendChunk((), None, "length", None, prompt_len, None)
+                route_req = loop.route_request()
+                if route_req is None:  # every token was streamed; only the last message got lost with its instance
+                    yield loop.final_chunk()
                     return
-                route_req = RouteRequest(req.request_id, (*req.prompt_token_ids, *sent), left)
                 t_route = time.monotonic()
                 try:
                     plan = self.router.plan(
-                        route_req, self.discovery.pools(req.model), exclude, hashes if not sent else None
+                        route_req, self.discovery.pools(req.model), loop.exclude, hashes if not loop.sent else None
                     )
                 except NoRoute as e:
-                    raise self._no_route_error(req, e, verdicts, bool(sent)) from None
-                if tr.enabled:
-                    policy = getattr(self.router.policy, "name", type(self.router.policy).__name__)
-                    tr.record(
-                        spans.GATEWAY_ROUTE,
-                        t_route,
-                        time.monotonic(),
-                        _route_attributes(plan, policy, attempt, exclude, len(route_req.prompt_token_ids)),
-                    )
-                plans.append(plan)
-                msg = decode_request(req, plan, sent, attempt)
-                if msg.media and plan.prefill is not None:  # disaggregated: images go to encoders (EPD)
-                    self.media_affinity.assign(msg.media, req.model)
-                call_span = tr.start_span(
-                    spans.GATEWAY_DECODE_CALL,
-                    kind=SpanKind.CLIENT,
-                    attributes={
-                        spans.INSTANCE: plan.decode.instance_id,
-                        spans.ATTEMPT: attempt,
-                        spans.RPC_SYSTEM: "grpc",
-                        spans.RPC_METHOD: "pdrelay.v1.Decode/Generate",
-                        spans.SERVER_ADDRESS: plan.decode.grpc_address,
-                    },
-                )
-                inject(call_span, msg.trace)  # decode's spans are children of this call
-                channel = self.channels.get(plan.decode.instance_id, plan.decode.grpc_address)
-                lease = self.router.begin(plan, len(msg.prompt_token_ids))
-                started = False
-                verdict: Verdict | None = None
-                try:
-                    call = worker_pb2_grpc.DecodeStub(channel).Generate(msg)
-                    async for resp in call:
-                        if resp.finish_reason == common_pb2.FINISH_REASON_ERROR:
-                            verdict = classify(grpc.StatusCode.INTERNAL, resp.error, plan, started=started)
-                            break
-                        if not started and (resp.token_ids or resp.finish_reason):
-                            started = True
-                            lease.first_token()
-                            add_event(call_span, spans.EVENT_FIRST_TOKEN)
-                            self.router.succeeded(plan.instance_ids)
-                        chunk = chunk_from_pb(
-                            resp,
-                            want_logprobs=want_logprobs,
-                            num_prompt_tokens=prompt_len,
-                            first=not sent and not streamed,
-                        )
-                        if n == 1:
-                            sent.extend(chunk.token_ids)
-                        streamed = streamed or bool(chunk.token_ids)
-                        if chunk.finish_reason is not None:
-                            done_samples.add(chunk.index)
-                            completed = len(done_samples) >= n
-                        if chunk.token_ids or chunk.finish_reason is not None:
-                            yield chunk
-                        if completed:
-                            return
-                    else:
-                        verdict = classify_stream_end(plan)
-                except grpc.aio.AioRpcError as e:
-                    verdict = classify(e.code(), error_from_rpc(e), plan, details=e.details() or "", started=started)
-                except asyncio.CancelledError:
-                    if _cancelled_by_us():
-                        raise
-                    verdict = classify_lost(plan)
-                finally:
-                    lease.release()
-                    if not completed and verdict is None:
-                        self.router.abandoned(plan.instance_ids)  # closed by the client: no verdict on anyone
-                    if verdict is not None:
-                        set_error(call_span, verdict.message, {"pdrelay.failure": str(verdict.kind)})
-                    tr.end(call_span)
-                assert verdict is not None and call is not None
-                call.cancel()  # a stream ended by an error message may still be open
-                call = None
-                self.router.failed(verdict.blame, plan.instance_ids)
-                verdicts.append(verdict)
-                log.warning(
-                    "request %s attempt %d on %s failed (%s): %s",
-                    req.request_id,
-                    attempt,
-                    plan.describe(),
-                    verdict.kind,
-                    verdict.message,
-                )
-                if not verdict.retryable:
-                    raise self._final_error(verdict)
-                if streamed and n > 1:
-                    raise BackendUnavailable(
-                        f"the stream of {n} samples broke after tokens were sent ({verdict.message});"
-                        " n > 1 streams are not replayed, retry the request",
-                        retry_after_s=self._retry_after_s,
-                    )
-                exclude |= verdict.exclude
-                if verdict.uses_retry_budget:
-                    failures += 1
-                    if failures > self.request_retries:
-                        raise BackendUnavailable(
-                            f"request failed {failures} times (last on {plan.describe()}: {verdict.message}); "
-                            f"the gateway retries {self.request_retries} times (--request-retries)",
-                            retry_after_s=self._retry_after_s,
-                        )
-                    self.retries += 1
-                    if sent:
-                        self.replays += 1
-                add_event(
-                    request_span,
-                    spans.EVENT_MIGRATION if sent else spans.EVENT_RETRY,
-                    {
-                        spans.ATTEMPT: attempt,
-                        "pdrelay.failed_on": plan.describe(),
-                        "pdrelay.failure": str(verdict.kind),
-                        "pdrelay.error.message": verdict.message,
-                        spans.OUTPUT_TOKENS: len(sent),
-                    },
-                )
-                attempt += 1
+                    raise loop.no_route(e) from None
+                attempt = Attempt(deps, loop, plan, t_route)
+                async with contextlib.aclosing(attempt.run()) as chunks:
+                    async for chunk in chunks:
+                        yield chunk
+                if loop.completed:
+                    return
+                self._after_failure(loop, attempt, request_span)
         except (GeneratorExit, asyncio.CancelledError):
             # The client went away (or a stop string matched): stop every attempt's work, here and on NATS. A request
             # that completed is only being closed after its last chunk: nothing to stop anywhere.
-            if plans and not completed:
+            if attempt is not None and not loop.completed:
                 self._publish_cancel(req.request_id)
             raise
         finally:
+            call = attempt.call if attempt is not None else None
             if call is not None:
-                if completed:
+                if loop.completed:
                     self._reap(call)
                 else:
                     call.cancel()
 
-    # ------------------------------------------------------------------ errors
-
-    def _no_route_error(self, req: BackendRequest, e: NoRoute, verdicts: list[Verdict], started: bool) -> BackendError:
-        kinds = {v.kind for v in verdicts}
-        if e.reason is NoRouteReason.EXCLUDED and FailureKind.OVERLOADED in kinds and not started:
-            return BackendOverloaded(
-                f"every instance serving {req.model!r} is at capacity ({verdicts[-1].message})",
-                retry_after_s=self._retry_after_s,
-            )
-        detail = f"; last failure: {verdicts[-1].message}" if verdicts else ""
-        if e.reason is NoRouteReason.NONE_READY:
-            return BackendUnavailable(
-                f"no instance serving {req.model!r} is ready ({e}){detail}", retry_after_s=self._retry_after_s
-            )
-        cooldown = self.router.breakers.config.cooldown_s
-        return BackendUnavailable(
-            f"{e}{detail}",
-            retry_after_s=max(self._retry_after_s, cooldown)
-            if e.reason is NoRouteReason.BREAKERS_OPEN
-            else self._retry_after_s,
+    def _after_failure(self, loop: RetryLoop, attempt: Attempt, request_span: Span) -> None:
+        """Count a failed attempt and record it on the request's span; raises the client's error when the loop
+        gives up."""
+        verdict, where = attempt.verdict, attempt.plan.describe()
+        assert verdict is not None
+        if loop.failed(verdict, where):
+            self.retries += 1
+            self.replays += bool(loop.sent)
+        add_event(
+            request_span,
+            spans.EVENT_MIGRATION if loop.sent else spans.EVENT_RETRY,
+            {
+                spans.ATTEMPT: loop.attempt - 1,
+                "pdrelay.failed_on": where,
+                "pdrelay.failure": str(verdict.kind),
+                "pdrelay.error.message": verdict.message,
+                spans.OUTPUT_TOKENS: len(loop.sent),
+            },
         )
-
-    @staticmethod
-    def _final_error(verdict: Verdict) -> BackendError:
-        if verdict.kind == FailureKind.NOT_FOUND:
-            return ModelNotFound(verdict.message)
-        if verdict.kind == FailureKind.REQUEST:
-            return RequestFailed(verdict.message)
-        return InvalidRequest(verdict.message)
 
     # ------------------------------------------------------------------ cancellation
 

@@ -10,9 +10,10 @@
                  prefix takes only the rest through the hand-off (the prefill still computes the whole prompt, it
                  only skips writing those pages), so decode overlap saves transfer and counts as well as decode load.
 
-Loads come from the instances' reports (every ~200 ms), which lag a burst of requests; `Signals` adds what this
-gateway itself sent since (requests in flight, prompt tokens whose first token has not come back) so that ten
-requests arriving within one report interval do not all pick the same "idle" instance.
+Loads come from the instances' reports (every ~200 ms), which lag a burst of requests; a `Scored` candidate adds
+what this gateway itself sent since (requests in flight, prompt tokens whose first token has not come back) so that
+ten requests arriving within one report interval do not all pick the same "idle" instance. The router measures
+those for each candidate before it asks a policy: a policy only reads the data it scores.
 """
 
 from __future__ import annotations
@@ -27,48 +28,37 @@ from services.gateway.routing.views import Candidate, RouteRequest
 ROUTING_POLICIES = ("kv_aware", "least_load", "round_robin")
 
 
-class Signals(Protocol):
-    """Per-request view of everything beyond the candidate's own report (implemented by the router)."""
-
-    def cached_tokens(self, cand: Candidate) -> int:
-        """Prompt tokens the candidate is predicted to hold in its prefix cache."""
-        ...
-
-    def inflight(self, cand: Candidate) -> int:
-        """Requests this gateway has in flight on the candidate."""
-        ...
-
-    def pending_prefill_tokens(self, cand: Candidate) -> int:
-        """Uncached prompt tokens this gateway sent to the candidate that it has not computed yet (by the rate
-        observed there; all of them until a rate is known)."""
-        ...
-
-    def inflight_tokens(self, cand: Candidate) -> int:
-        """Prompt tokens of the requests this gateway has in flight on the candidate."""
-        ...
-
-    # Optional (0 when absent): store_tokens(cand) -> prompt tokens past cand's own prefix a kvstore holds.
-
-
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class Scored:
+    """A candidate with what the router measured of it for one request."""
+
     cand: Candidate
-    key: tuple[float, ...]
+    cached_tokens: int = 0  # prompt tokens it is predicted to hold in its prefix cache (or is computing for us)
+    store_tokens: int = 0  # prompt tokens past its own prefix that a kvstore of the cluster holds
+    inflight: int = 0  # requests this gateway has in flight on it
+    inflight_tokens: int = 0  # prompt tokens of those requests
+    # uncached prompt tokens this gateway sent it that it has not computed yet (by the rate observed there)
+    pending_prefill_tokens: int = 0
+
+    @property
+    def instance_id(self) -> str:
+        return self.cand.instance_id
 
 
-def queued_prefill(cand: Candidate, sig: Signals) -> int:
+def queued_prefill(s: Scored) -> int:
     """Prompt tokens waiting on the candidate: its report, or what we sent since, whichever is larger."""
-    return max(cand.load.queued_prefill_tokens, sig.pending_prefill_tokens(cand))
+    return max(s.cand.load.queued_prefill_tokens, s.pending_prefill_tokens)
 
 
-def busy_requests(cand: Candidate, sig: Signals) -> int:
-    return max(cand.load.running + cand.load.queued, sig.inflight(cand))
+def busy_requests(s: Scored) -> int:
+    return max(s.cand.load.running + s.cand.load.queued, s.inflight)
 
 
-def decode_score(cand: Candidate, req: RouteRequest, sig: Signals) -> tuple[float, ...]:
+def decode_score(s: Scored, req: RouteRequest) -> tuple[float, ...]:
     """Lower is better: (cannot fit the request's KV, request-slot use + KV page use, busy requests)."""
+    cand = s.cand
     load = cand.load
-    busy = busy_requests(cand, sig)
+    busy = busy_requests(s)
     slots = busy / cand.max_running if cand.max_running > 0 else float(busy)
     pages = 1.0 - load.free_pages / load.total_pages if load.known and load.total_pages > 0 else 0.0
     no_room = 0.0
@@ -85,39 +75,34 @@ def decode_score(cand: Candidate, req: RouteRequest, sig: Signals) -> tuple[floa
 STORE_TOKEN_COST = 0.1
 
 
-def store_tokens(cand: Candidate, sig: Signals) -> int:
-    """Prompt tokens beyond the candidate's own cached prefix that a kvstore of the cluster holds."""
-    fn = getattr(sig, "store_tokens", None)
-    return int(fn(cand)) if fn is not None else 0
-
-
-def uncached_tokens(cand: Candidate, req: RouteRequest, sig: Signals) -> float:
+def uncached_tokens(s: Scored, req: RouteRequest) -> float:
     """Prompt tokens the candidate must compute, a kvstore-held token counting STORE_TOKEN_COST of one."""
-    from_store = store_tokens(cand, sig)
-    computed = max(0, len(req.prompt_token_ids) - sig.cached_tokens(cand) - from_store)
-    return computed + STORE_TOKEN_COST * from_store
+    computed = max(0, len(req.prompt_token_ids) - s.cached_tokens - s.store_tokens)
+    return computed + STORE_TOKEN_COST * s.store_tokens
 
 
-def prefill_cost(cand: Candidate, req: RouteRequest, sig: Signals) -> float:
+def prefill_cost(s: Scored, req: RouteRequest) -> float:
     """Prompt tokens the candidate must compute before this prompt is done: its queue + our uncached part."""
-    return queued_prefill(cand, sig) + uncached_tokens(cand, req, sig)
+    return queued_prefill(s) + uncached_tokens(s, req)
 
 
-def active_kv_tokens(cand: Candidate, sig: Signals) -> int:
+def active_kv_tokens(s: Scored) -> int:
     """Tokens of KV held by running requests (free_pages in reports counts reclaimable cached pages as free)."""
-    load = cand.load
+    cand, load = s.cand, s.cand.load
     reported = (load.total_pages - load.free_pages) * cand.page_size if load.known and cand.page_size > 0 else 0
-    return max(reported, sig.inflight_tokens(cand))
+    return max(reported, s.inflight_tokens)
 
 
 class RankingPolicy(Protocol):
+    """Ranks one pool's candidates for a request, best first."""
+
     name: str
 
-    def rank_decode(self, cands: Sequence[Candidate], req: RouteRequest, sig: Signals) -> list[Candidate]: ...
+    def rank_decode(self, cands: Sequence[Scored], req: RouteRequest) -> list[Scored]: ...
 
-    def rank_prefill(self, cands: Sequence[Candidate], req: RouteRequest, sig: Signals) -> list[Candidate]: ...
+    def rank_prefill(self, cands: Sequence[Scored], req: RouteRequest) -> list[Scored]: ...
 
-    def rank_worker(self, cands: Sequence[Candidate], req: RouteRequest, sig: Signals) -> list[Candidate]: ...
+    def rank_worker(self, cands: Sequence[Scored], req: RouteRequest) -> list[Scored]: ...
 
 
 class _Rotating:
@@ -126,84 +111,75 @@ class _Rotating:
     def __init__(self) -> None:
         self._counters: dict[str, itertools.count[int]] = {}
 
-    def rotate(self, pool: str, cands: Sequence[Candidate]) -> list[Candidate]:
+    def rotate(self, pool: str, cands: Sequence[Scored]) -> list[Scored]:
         if not cands:
             return []
         ordered = sorted(cands, key=lambda c: c.instance_id)
         start = next(self._counters.setdefault(pool, itertools.count())) % len(ordered)
         return ordered[start:] + ordered[:start]
 
-    def rank(self, pool: str, scored: list[Scored]) -> list[Candidate]:
+    def rank(self, pool: str, keyed: list[tuple[tuple[float, ...], Scored]]) -> list[Scored]:
         """Best key first; the candidates tied for best take turns (rotation among them only)."""
-        if not scored:
+        if not keyed:
             return []
-        scored = sorted(scored, key=lambda s: (s.key, s.cand.instance_id))
-        best = [s.cand for s in scored if s.key == scored[0].key]
-        return self.rotate(pool, best) + [s.cand for s in scored[len(best) :]]
+        keyed = sorted(keyed, key=lambda k: (k[0], k[1].instance_id))
+        best = [s for key, s in keyed if key == keyed[0][0]]
+        return self.rotate(pool, best) + [s for _, s in keyed[len(best) :]]
 
 
 class RoundRobin(_Rotating):
     name = "round_robin"
 
-    def rank_decode(self, cands: Sequence[Candidate], req: RouteRequest, sig: Signals) -> list[Candidate]:
+    def rank_decode(self, cands: Sequence[Scored], req: RouteRequest) -> list[Scored]:
         return self.rotate("decode", cands)
 
-    def rank_prefill(self, cands: Sequence[Candidate], req: RouteRequest, sig: Signals) -> list[Candidate]:
+    def rank_prefill(self, cands: Sequence[Scored], req: RouteRequest) -> list[Scored]:
         return self.rotate("prefill", cands)
 
-    def rank_worker(self, cands: Sequence[Candidate], req: RouteRequest, sig: Signals) -> list[Candidate]:
+    def rank_worker(self, cands: Sequence[Scored], req: RouteRequest) -> list[Scored]:
         return self.rotate("worker", cands)
 
 
 class LeastLoad(_Rotating):
     name = "least_load"
 
-    def rank_decode(self, cands: Sequence[Candidate], req: RouteRequest, sig: Signals) -> list[Candidate]:
-        return self.rank("decode", [Scored(c, decode_score(c, req, sig)) for c in cands])
+    def rank_decode(self, cands: Sequence[Scored], req: RouteRequest) -> list[Scored]:
+        return self.rank("decode", [(decode_score(s, req), s) for s in cands])
 
-    def rank_prefill(self, cands: Sequence[Candidate], req: RouteRequest, sig: Signals) -> list[Candidate]:
-        return self.rank(
-            "prefill", [Scored(c, (float(queued_prefill(c, sig)), float(busy_requests(c, sig)))) for c in cands]
-        )
+    def rank_prefill(self, cands: Sequence[Scored], req: RouteRequest) -> list[Scored]:
+        return self.rank("prefill", [((float(queued_prefill(s)), float(busy_requests(s))), s) for s in cands])
 
-    def rank_worker(self, cands: Sequence[Candidate], req: RouteRequest, sig: Signals) -> list[Candidate]:
-        return self.rank_decode(cands, req, sig)
+    def rank_worker(self, cands: Sequence[Scored], req: RouteRequest) -> list[Scored]:
+        return self.rank_decode(cands, req)
 
 
 class KVAware(LeastLoad):
     name = "kv_aware"
 
-    def rank_prefill(self, cands: Sequence[Candidate], req: RouteRequest, sig: Signals) -> list[Candidate]:
+    def rank_prefill(self, cands: Sequence[Scored], req: RouteRequest) -> list[Scored]:
         # Equal predicted cost: the instance that computes less of this prompt (a queue ahead of it is work that
         # happens anyway; computing a prefix another instance holds or is computing spends compute and cache
         # space twice), then the less busy one.
         return self.rank(
             "prefill",
             [
-                Scored(
-                    c,
-                    (
-                        float(prefill_cost(c, req, sig)),
-                        float(uncached_tokens(c, req, sig)),
-                        float(busy_requests(c, sig)),
-                    ),
-                )
-                for c in cands
+                ((float(prefill_cost(s, req)), float(uncached_tokens(s, req)), float(busy_requests(s))), s)
+                for s in cands
             ],
         )
 
-    def rank_worker(self, cands: Sequence[Candidate], req: RouteRequest, sig: Signals) -> list[Candidate]:
-        return self.rank("worker", [Scored(c, kv_load_score(c, req, sig)) for c in cands])
+    def rank_worker(self, cands: Sequence[Scored], req: RouteRequest) -> list[Scored]:
+        return self.rank("worker", [(kv_load_score(s, req), s) for s in cands])
 
-    def rank_decode(self, cands: Sequence[Candidate], req: RouteRequest, sig: Signals) -> list[Candidate]:
-        return self.rank("decode", [Scored(c, kv_load_score(c, req, sig)) for c in cands])
+    def rank_decode(self, cands: Sequence[Scored], req: RouteRequest) -> list[Scored]:
+        return self.rank("decode", [(kv_load_score(s, req), s) for s in cands])
 
 
-def kv_load_score(cand: Candidate, req: RouteRequest, sig: Signals) -> tuple[float, ...]:
+def kv_load_score(s: Scored, req: RouteRequest) -> tuple[float, ...]:
     """Lower is better: (cannot fit the request's KV, queued + uncached prompt tokens + active KV tokens, busy)."""
-    no_room = decode_score(cand, req, sig)[0]
-    cost = prefill_cost(cand, req, sig) + active_kv_tokens(cand, sig)
-    return (no_room, float(cost), float(busy_requests(cand, sig)))
+    no_room = decode_score(s, req)[0]
+    cost = prefill_cost(s, req) + active_kv_tokens(s)
+    return (no_room, float(cost), float(busy_requests(s)))
 
 
 def make_policy(name: str) -> RankingPolicy:
