@@ -31,8 +31,8 @@ from shared.engine.sampler import Sampler, prompt_logprobs
 from shared.engine.sampler.text_window import DecodeFn
 from shared.engine.sampling_params import SamplingParams
 from shared.engine.scheduler import Scheduler
+from shared.engine.scheduler.budget import max_step_tokens
 from shared.engine.scheduler.handoff_pages import DEFAULT_QUARANTINE_S, Reservation
-from shared.engine.scheduler.scheduler import max_step_tokens
 from shared.engine.types import SchedulerOutput, StepStats
 from shared.modelspec.kv_layout import KVLayout
 

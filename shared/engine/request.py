@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import enum
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Literal
+from typing import TYPE_CHECKING, Any, Literal, Protocol
 
 from shared.engine.sampling_params import SamplingParams
 from shared.modelspec.block_hash import ROOT_HASH, media_key, page_hash
@@ -12,10 +12,30 @@ from shared.modelspec.block_hash import ROOT_HASH, media_key, page_hash
 if TYPE_CHECKING:
     import torch
 
-    from shared.engine.grammar.backend import RequestGrammar
-    from shared.engine.sampler.text_window import TextWindow
-
 FinishReason = Literal["stop", "length", "abort"]
+
+
+class OutputGrammar(Protocol):
+    """Where a request's output stands in its grammar (shared/engine/grammar/backend.py: RequestGrammar)."""
+
+    def accept(self, token_id: int) -> bool: ...
+
+    @property
+    def is_terminated(self) -> bool: ...
+
+    def fill(self, bitmask: Any, row: int) -> None:
+        """Write the allowed-next-token row `row` of the batch's bitmask."""
+        ...
+
+    def fork(self) -> OutputGrammar: ...
+
+
+class OutputText(Protocol):
+    """A request's incremental detokenizer (shared/engine/sampler/text_window.py: TextWindow)."""
+
+    def step(self, token_id: int) -> str: ...
+
+    def flush(self) -> str: ...
 
 
 class RequestStatus(enum.Enum):
@@ -107,8 +127,8 @@ class Request:
     # draws of the seeded generator already made elsewhere (decode role: prefill sampled the first token with the
     # same seed), skipped when the generator is created so the samples continue where prefill's left off
     generator_skip: int = 0
-    detokenizer: TextWindow | None = None
-    grammar: RequestGrammar | None = None  # structured output: where the output stands in its grammar
+    detokenizer: OutputText | None = None
+    grammar: OutputGrammar | None = None  # structured output: where the output stands in its grammar
     output_text: str = ""
     num_text_emitted: int = 0
     media: tuple[MediaInput, ...] = ()  # images of the prompt, in prompt order, not overlapping

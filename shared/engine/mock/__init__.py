@@ -21,7 +21,7 @@ def build_mock_engine(cfg: ResolvedConfig, *, on_kv_event: Callable[[KVEvent], N
     """An Engine over a MockRunner from the resolved config of an engine role (its cache, scheduler, model, engine
     and disagg groups)."""
     from shared.engine.engine import Engine
-    from shared.engine.scheduler.scheduler import max_step_tokens
+    from shared.engine.scheduler.budget import max_step_tokens
 
     sim = cfg.engine
     table = TimingTable.load(sim.mock_timing_table)

@@ -11,12 +11,29 @@ an ordinary request and its prefill reuses the prompt's cached full pages instea
 from __future__ import annotations
 
 import dataclasses
-from typing import TYPE_CHECKING
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Protocol
 
 from shared.engine.request import Request, RequestStatus
 
 if TYPE_CHECKING:
-    from shared.engine.scheduler.scheduler import Scheduler
+    from shared.engine.sampling_params import SamplingParams
+    from shared.engine.scheduler.kv import KVManager
+    from shared.engine.scheduler.policy import WaitingQueue
+
+
+class ForkHost(Protocol):
+    """What forking needs of the scheduler (Scheduler implements it): its pages, its requests and queues."""
+
+    page_size: int
+    kv: KVManager
+    requests: dict[str, Request]
+    running: list[Request]
+    waiting: WaitingQueue
+
+    def new_request(
+        self, req_id: str, prompt_token_ids: Sequence[int], params: SamplingParams | None = None, priority: int = 0
+    ) -> Request: ...
 
 
 def fork_id(parent_id: str, index: int) -> str:
@@ -25,7 +42,7 @@ def fork_id(parent_id: str, index: int) -> str:
 
 
 class Forks:
-    def __init__(self, sched: Scheduler) -> None:
+    def __init__(self, sched: ForkHost) -> None:
         self.s = sched
         self.pending: dict[str, list[Request]] = {}  # parent id -> samples 1..n-1 not started yet
         self.copies: list[tuple[int, int]] = []  # (src page, dst page) the runner copies before the next forward

@@ -33,9 +33,9 @@ from shared.engine.sampling_params import SamplingParams
 
 if TYPE_CHECKING:
     from shared.engine.sampler.stop import StopResult
+    from shared.engine.scheduler.budget import SchedulerCounters
     from shared.engine.scheduler.forks import Forks
     from shared.engine.scheduler.kv import KVManager
-    from shared.engine.scheduler.scheduler import SchedulerCounters
 
 log = logging.getLogger(__name__)
 

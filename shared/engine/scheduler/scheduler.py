@@ -28,11 +28,13 @@ from shared.engine.request import FinishReason, MediaInput, Request, RequestOutp
 from shared.engine.sampler.stop import StopChecker, StopResult
 from shared.engine.sampler.text_window import DecodeFn
 from shared.engine.sampling_params import SamplingParams
+from shared.engine.scheduler.budget import SchedulerCounters, token_budget
 from shared.engine.scheduler.forks import Forks, fork_id
 from shared.engine.scheduler.handoff_pages import HandoffPages
 from shared.engine.scheduler.kv import KVManager
+from shared.engine.scheduler.media import check_media, embed_slices, lacks_embeds
 from shared.engine.scheduler.policy import WaitingQueue, sort_key
-from shared.engine.types import EmbedSlice, ScheduledSeq, SchedulerOutput
+from shared.engine.types import ScheduledSeq, SchedulerOutput
 
 log = logging.getLogger(__name__)
 
@@ -46,25 +48,6 @@ class _Plan:
     budget: int
     seqs: dict[str, tuple[Request, int]] = field(default_factory=dict)
     preempted: list[str] = field(default_factory=list)
-
-
-@dataclass
-class SchedulerCounters:
-    num_preemptions: int = 0
-    num_prompt_tokens: int = 0  # prompt tokens of admitted requests (first admission)
-    num_cached_prompt_tokens: int = 0  # of those, served from the prefix cache
-    num_generated_tokens: int = 0
-
-
-def token_budget(config: SchedulerConfig) -> int:
-    """Tokens per step, decodes included (vLLM's max_num_batched_tokens); a longer prompt runs in chunks."""
-    return min(config.max_prefill_tokens, config.chunked_prefill_size or config.max_prefill_tokens)
-
-
-def max_step_tokens(config: SchedulerConfig) -> int:
-    """Most tokens one forward pass may hold: the token budget, or one per running request when that is more
-    (what a runner's max_batch_tokens must cover)."""
-    return max(token_budget(config), config.max_running_requests)
 
 
 class Scheduler:
@@ -179,7 +162,7 @@ class Scheduler:
             raise InvalidRequest(
                 "stop strings need a tokenizer, and this engine has none; use stop_token_ids", field="stop"
             )
-        _check_media(media, n, need_embeds)
+        check_media(media, n, need_embeds)
         req = Request(
             req_id,
             tuple(int(t) for t in prompt_token_ids),
@@ -369,7 +352,7 @@ class Scheduler:
                 return
             # Prompt logprobs need the logits of every prompt position: cached positions have none.
             cached = 0 if self.wants_prompt_logits(req) else self.kv.match_prefix(req)
-            if req.media and _lacks_embeds(req):
+            if req.media and lacks_embeds(req):
                 # A request whose prompt KV came from another instance (decode), preempted, with image positions
                 # left to recompute but no embeddings here: computing them without the image would be wrong.
                 self.kv.release(req)
@@ -420,7 +403,7 @@ class Scheduler:
                     start,
                     tuple(req.page_ids[: -(-end // P)]),
                     end == req.num_tokens,
-                    _embed_slices(req.media, start, end) if req.media else (),
+                    embed_slices(req.media, start, end) if req.media else (),
                     self.wants_prompt_logits(req) and start < req.num_prompt_tokens - 1,
                 )
             )
@@ -508,35 +491,3 @@ class Scheduler:
             plps,
             error,
         )
-
-
-def _check_media(media: Sequence[MediaInput], num_prompt_tokens: int, need_embeds: bool) -> None:
-    """Media spans lie inside the prompt, in order, without overlapping; embeddings (where needed) fit them."""
-    end = 0
-    for i, m in enumerate(media):
-        if m.length < 1 or m.offset < end or m.offset + m.length > num_prompt_tokens:
-            raise InvalidRequest(
-                f"media[{i}] covers prompt positions [{m.offset}, {m.offset + m.length}), which "
-                f"is empty, overlaps the previous item or passes the {num_prompt_tokens}-token "
-                "prompt",
-                field="media",
-            )
-        if need_embeds and (m.embeds is None or int(m.embeds.shape[0]) != m.length):
-            got = None if m.embeds is None else tuple(m.embeds.shape)
-            raise InvalidRequest(f"media[{i}] needs embeddings of {m.length} rows (got {got})", field="media")
-        end = m.offset + m.length
-
-
-def _embed_slices(media: tuple[MediaInput, ...], start: int, end: int) -> tuple[EmbedSlice, ...]:
-    """The parts of a request's image embeddings that fall into the chunk [start, end) of its tokens."""
-    out = []
-    for m in media:
-        lo, hi = max(m.offset, start), min(m.offset + m.length, end)
-        if lo < hi and m.embeds is not None:
-            out.append(EmbedSlice(lo - start, m.embeds[lo - m.offset : hi - m.offset]))
-    return tuple(out)
-
-
-def _lacks_embeds(req: Request) -> bool:
-    """Some image position past the cached prefix has no embeddings to compute it with."""
-    return any(m.embeds is None and m.offset + m.length > req.num_computed_tokens for m in req.media)
