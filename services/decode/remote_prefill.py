@@ -1,11 +1,12 @@
 """Decode's side of the KV hand-off: wait for a slot, reserve pages, ticket a prefill instance, verify, then decode.
 
-Each attempt has its own epoch, its own pages and its own deadline (prefill_choice.py: it follows the prompt). A
-failed attempt's pages go to quarantine for that deadline (a slow prefill could still be writing into them) before
-they are reused, unless the prefill refused the ticket outright (then they are freed at once); the retry reserves
-new ones. The first attempt goes to the prefill the gateway chose, unless its breaker is open here or the gateway
-saw an older incarnation of it (PrefillTarget.epoch below the epoch in etcd: it restarted, its cache is gone and its
-address may be another process's; the current incarnation is asked instead); retries go to other ready prefills.
+The hand-off retry (`RemotePrefillClient.run`): one hand-off tries the prefills prefill_targets.py orders (the
+gateway's choice first, fenced by epoch, then others, 1 + --handoff-retries in all). Each attempt has its own
+epoch, its own pages and its own deadline (prefill_choice.py: it follows the prompt), and its call is watched
+(prefill_call.py). A failed attempt's pages go to quarantine for that deadline (a slow prefill could still be
+writing into them) before they are reused, unless the prefill refused the ticket outright (then they are freed at
+once); the retry reserves new ones. When every attempt failed, the gateway's retry loop re-chooses the pair
+(services/gateway/backends/retry_loop.py); docs/architecture.md, "Where retries and fencing live", has both.
 """
 
 from __future__ import annotations
@@ -15,17 +16,18 @@ import logging
 import time
 from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass
-from typing import Any
 
 import grpc
 
-from proto.pdrelay.v1 import common_pb2, worker_pb2, worker_pb2_grpc
+from proto.pdrelay.v1 import common_pb2, worker_pb2
 from services.decode.admission import AdmissionQueue
-from services.decode.liveness import PeerWatch, PrefillSilent
+from services.decode.liveness import PrefillSilent
+from services.decode.prefill_call import PrefillCaller
 from services.decode.prefill_choice import PrefillChoice, is_refusal, is_sick
+from services.decode.prefill_targets import PrefillTargets
 from shared.cluster.grpc_errors import error_from_rpc
 from shared.cluster.membership import Membership
-from shared.cluster.tls import TlsFiles, open_channel
+from shared.cluster.tls import TlsFiles
 from shared.config.choices import Fault
 from shared.config.groups import DisaggConfig
 from shared.engine.async_engine import AsyncEngine
@@ -36,7 +38,7 @@ from shared.engine.scheduler.handoff_pages import Reservation
 from shared.serving.convert import layout_to_pb, logprob_from_pb, sampling_to_pb
 from shared.serving.decode_servicer import HandoffFailed
 from shared.serving.faults import Faults
-from shared.serving.handoff import COMPUTED_KEY, EpochClock, accept_response, checksums_to_pb, pages_needed
+from shared.serving.handoff import EpochClock, accept_response, checksums_to_pb, pages_needed
 from shared.serving.kv_transfer import KVTransfer
 from shared.telemetry import spans
 from shared.telemetry.metrics import CountersCollector, error_label
@@ -45,8 +47,6 @@ from shared.telemetry.tracing import SpanKind, add_event, current_span, inject, 
 from shared.transfer.checksum import PageChecksum
 
 log = logging.getLogger(__name__)
-
-PREFILL_METHOD = "/pdrelay.v1.Prefill/Prefill"
 
 
 @dataclass
@@ -85,15 +85,12 @@ class RemotePrefillClient:
         self.telemetry = telemetry
         self.faults = faults
         self.epochs = EpochClock()
-        self._channels: dict[str, grpc.aio.Channel] = {}
         self.choice = PrefillChoice(max_timeout_s=disagg.handoff_timeout_s, min_timeout_s=disagg.handoff_min_timeout_s)
-        self.watch = PeerWatch(self._channel)
+        self.targets = PrefillTargets(instance_id, self.choice, disagg.handoff_retries)
+        self.caller = PrefillCaller(disagg.handoff_min_timeout_s)
         self.aengine: AsyncEngine | None = None
         self.transfer: KVTransfer | None = None
-        self.prefills: Membership | None = None
-        self.tls: TlsFiles | None = None
         self._instance_epoch: Callable[[], int] = lambda: 0
-        self.stale_targets = 0  # gateway choices refused for an older epoch than etcd's
         self.handoffs_ok = 0
         self.handoffs_failed = 0
         self.retries = 0
@@ -133,12 +130,17 @@ class RemotePrefillClient:
     ) -> None:
         """What exists once the service warmed up: its engine, transfer engine over the KV pool, the prefill
         membership, the cluster's TLS identity and its registration epoch (a new one after a lost lease)."""
-        self.aengine, self.transfer, self.prefills, self.tls = aengine, transfer, prefills, tls
+        self.aengine, self.transfer = aengine, transfer
+        self.targets.members, self.caller.tls = prefills, tls
         self._instance_epoch = instance_epoch
 
     @property
     def admission_refused(self) -> int:
         return self.admission.refused
+
+    @property
+    def stale_targets(self) -> int:
+        return self.targets.stale
 
     def wants(self, request: worker_pb2.DecodeRequest) -> bool:
         threshold = self.disagg.local_prefill_threshold
@@ -149,111 +151,19 @@ class RemotePrefillClient:
             return False
         # Every prefill this decode could ask has an open breaker (hung, corrupting, unreachable): computing the
         # prompt here is slower than a working hand-off but faster than waiting on a sick prefill for a deadline.
-        candidates = {request.prefill.instance_id, *(i for i, _ in self._alternates(""))}
+        candidates = {request.prefill.instance_id, *(i for i, _ in self.targets.alternates(""))}
         return any(self.choice.breakers.allows(i) for i in candidates)
 
-    def _first_target(self, target: worker_pb2.PrefillTarget) -> tuple[str, str] | None:
-        """The gateway's choice, fenced by its epoch: an instance etcd knows with a newer epoch restarted since the
-        gateway saw it (the old incarnation is gone); its current incarnation is used when ready, else none."""
-        if not target.grpc_address:
-            return None
-        members = self.prefills
-        if members is None or not target.epoch:
-            return target.instance_id, target.grpc_address
-        current = next((m for m in members.instances("prefill") if m.instance_id == target.instance_id), None)
-        if current is None or current.epoch <= target.epoch:
-            return target.instance_id, target.grpc_address  # our view may lag the gateway's: trust it
-        self.stale_targets += 1
-        log.warning(
-            "%s: prefill %s epoch %d chosen by the gateway is stale (etcd has epoch %d); refused",
-            self.instance_id,
-            target.instance_id,
-            target.epoch,
-            current.epoch,
-        )
-        ready = {m.instance_id for m in members.ready("prefill")}
-        return (current.instance_id, current.grpc_address) if current.instance_id in ready else None
-
-    def _alternates(self, exclude: str) -> list[tuple[str, str]]:
-        members = self.prefills
-        if members is None:
-            return []
-        return [(m.instance_id, m.grpc_address) for m in members.ready("prefill") if m.instance_id != exclude]
-
-    def _channel(self, address: str) -> grpc.aio.Channel:
-        ch = self._channels.get(address)
-        if ch is None:
-            ch = self._channels[address] = open_channel(address, self.tls)
-        return ch
-
-    def _stub(self, address: str) -> worker_pb2_grpc.PrefillStub:
-        return worker_pb2_grpc.PrefillStub(self._channel(address))
-
-    async def _await_handoff(
-        self, address: str, target_id: str, ticket: worker_pb2.HandoffTicket, timeout_s: float
-    ) -> worker_pb2.PrefillResponse:
-        """The Prefill call, given up on before its deadline when the prefill stops answering health probes or,
-        once it said the prompt is computed, does not finish the write within `--handoff-min-timeout-s`
-        (liveness.py). Raises what the call raises, or HandoffFailed(TIMEOUT) when given up on."""
-        # Called as unary-stream (the same bytes on the wire as the unary Prefill): a unary call's initial metadata
-        # only arrives with its response, a streaming call's as soon as the prefill sends it.
-        call = self._channel(address).unary_stream(
-            PREFILL_METHOD,
-            request_serializer=worker_pb2.HandoffTicket.SerializeToString,
-            response_deserializer=worker_pb2.PrefillResponse.FromString,
-        )(ticket, timeout=timeout_s)
-        loop = asyncio.get_running_loop()
-        write_s = self.disagg.handoff_min_timeout_s
-        async with self.watch.watching(address) as dead:
-            resp_task = asyncio.ensure_future(call.read())
-            dead_task = asyncio.ensure_future(dead.wait())
-            md_task = asyncio.ensure_future(call.initial_metadata())
-            write_by: float | None = None
-            try:
-                while True:
-                    waiting: set[asyncio.Future[Any]] = {resp_task, dead_task}
-                    if write_by is None and not md_task.done():
-                        waiting.add(md_task)
-                    left = None if write_by is None else max(0.0, write_by - loop.time())
-                    done, _ = await asyncio.wait(waiting, timeout=left, return_when=asyncio.FIRST_COMPLETED)
-                    if resp_task in done:
-                        resp = resp_task.result()
-                        if not isinstance(resp, worker_pb2.PrefillResponse):  # EOF without a response
-                            raise HandoffFailed(
-                                f"prefill {target_id} at {address} ended the call without an answer",
-                                common_pb2.ERROR_CODE_UNAVAILABLE,
-                            )
-                        return resp
-                    if dead_task in done:
-                        raise PrefillSilent(f"prefill {target_id} at {address} stopped answering health probes")
-                    if md_task in done:
-                        md = md_task.result() if not md_task.exception() else None
-                        if md and any(k == COMPUTED_KEY for k, _ in md):
-                            write_by = loop.time() + write_s
-                        continue
-                    if not done:
-                        raise HandoffFailed(
-                            f"prefill {target_id} at {address} computed the prompt but did not "
-                            f"write its pages within {write_s:.1f} s",
-                            common_pb2.ERROR_CODE_TIMEOUT,
-                        )
-            finally:
-                if not call.done():
-                    call.cancel()
-                for t in (resp_task, dead_task, md_task):
-                    if not t.done():
-                        t.cancel()
-                    elif not t.cancelled():
-                        t.exception()  # retrieved: a failed call is reported through resp_task or not at all
-
     async def close(self) -> None:
-        for ch in self._channels.values():
-            await ch.close()
+        await self.caller.close()
 
     async def run(
         self, request: worker_pb2.DecodeRequest, rid: str, params: SamplingParams, head: worker_pb2.DecodeResponse
     ) -> AsyncIterator[RequestOutput]:
-        """Hand the prompt to a prefill (retrying on others), then stream the request's deltas from the batch."""
+        """The hand-off retry: hand the prompt to a prefill, retrying on the others in order (see the module
+        docstring) until one delivers its KV, then stream the request's deltas from the batch. HandoffFailed when
+        none did; InvalidRequest / RequestFailed when a prefill refused the request itself (no other would take
+        it)."""
         aengine = self.aengine
         assert aengine is not None and self.transfer is not None, "run() before attach()"
         engine = aengine.engine
@@ -263,7 +173,7 @@ class RemotePrefillClient:
                 f"a {len(prompt)}-token prompt needs more KV pages than {self.instance_id} has "
                 f"({engine.runner.num_pages} of {engine.page_size} tokens)"
             )
-        targets = self._targets(request.prefill)
+        targets = self.targets.order(request.prefill)
         t0 = time.monotonic()
         failure = _Failure()
         for attempt, (target_id, address) in enumerate(targets):
@@ -297,16 +207,6 @@ class RemotePrefillClient:
             f"prompt KV of {request.request_id} not obtained after {len(targets)} attempt(s): {failure.message}",
             failure.code,
         )
-
-    def _targets(self, target: worker_pb2.PrefillTarget) -> list[tuple[str, str]]:
-        """Prefills to try, in order: the gateway's choice (fenced by epoch), then the other ready ones, ordered by
-        their breakers and rates, at most 1 + --handoff-retries of them."""
-        targets: list[tuple[str, str]] = []
-        first = self._first_target(target)
-        if first is not None:
-            targets.append(first)
-        targets += [t for t in self._alternates(target.instance_id) if t not in targets]
-        return self.choice.order(targets)[: 1 + self.disagg.handoff_retries]
 
     async def _reserve(
         self,
@@ -415,7 +315,7 @@ class RemotePrefillClient:
         silent = False  # the prefill stopped answering health probes: its breaker opens at once
         t_call = time.monotonic()
         try:
-            resp = await self._await_handoff(address, target_id, ticket, timeout_s)
+            resp = await self.caller.call(address, target_id, ticket, timeout_s)
             tr.end(handoff)
             await self._verify(resp, request.request_id, epoch, res, target_id)
             lp = logprob_from_pb(resp.first_logprob) if resp.HasField("first_logprob") else None

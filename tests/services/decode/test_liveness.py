@@ -55,7 +55,7 @@ def test_a_silent_prefill_leaves_rotation_at_once_an_outlier_after_repeated_fail
 async def test_the_computed_signal_reaches_decode_before_the_answer() -> None:
     """Prefill's initial metadata arrives while it still works: the hand-off call can see it (unary-stream)."""
     from proto.pdrelay.v1 import worker_pb2, worker_pb2_grpc
-    from services.decode.remote_prefill import PREFILL_METHOD
+    from services.decode.prefill_call import PREFILL_METHOD
     from shared.serving.handoff import COMPUTED_KEY
 
     class Slow(worker_pb2_grpc.PrefillServicer):
