@@ -105,3 +105,9 @@ def parse_simulated(text: str) -> SimulatedGpus:
 def simulated_from_env(env: Mapping[str, str]) -> SimulatedGpus | None:
     text = env.get(SIMULATE_ENV, "")
     return parse_simulated(text) if text.strip() else None
+
+
+def torch_device(device: str, base_gpu_id: int, env: Mapping[str, str]) -> str:
+    """The torch device string of a resolved --device: 'cpu', or 'cuda:k' for host GPU base_gpu_id as this process
+    numbers it."""
+    return f"cuda:{local_gpu_index(base_gpu_id, env)}" if device == DeviceKind.CUDA else str(device)

@@ -65,6 +65,8 @@ class ModelRunner:
             raise ValueError(f"max_batch_tokens must be >= 1 (got {max_batch_tokens})")
         self.model_dir = model_dir
         self.device = torch.device(device)
+        if self.device.type == "cuda" and self.device.index is None:  # the process's GPU (set at its start)
+            self.device = torch.device("cuda", torch.cuda.current_device())
         self.dtype = torch_dtype(dtype)
         self.arch = load_model_config(model_dir)
         self.vocab_size = self.arch.vocab_size
