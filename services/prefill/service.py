@@ -113,6 +113,7 @@ class _Job:
     n_pages: int
     t_start: float  # monotonic: when the call arrived
     deadline: float  # monotonic: the ticket's deadline (or --handoff-timeout-s) from t_start
+    checksum: PageChecksum  # negotiated when the ticket arrived: the first of decode's offer this side runs
 
 
 @dataclass(frozen=True)
@@ -258,7 +259,11 @@ class PrefillServicer(worker_pb2_grpc.PrefillServicer):
         except InvalidRequest as e:
             await fail(common_pb2.ERROR_CODE_INVALID_ARGUMENT, str(e))
         deadline = t_start + (ticket.deadline_s or self.svc.cfg.disagg.handoff_timeout_s)
-        return _Job(ticket, prompt, params, dst, skip_pages, n_pages, t_start, deadline)
+        try:
+            algorithm = choose_checksum(ticket, transfer.checksums, transfer.pool.buffer.device.type)
+        except ValueError as e:
+            await fail(common_pb2.ERROR_CODE_LAYOUT_MISMATCH, str(e))
+        return _Job(ticket, prompt, params, dst, skip_pages, n_pages, t_start, deadline, algorithm)
 
     async def _run(self, job: _Job, context: grpc.aio.ServicerContext) -> worker_pb2.PrefillResponse:
         """Compute the prompt with its pages held, write them into decode's, release them, answer."""
@@ -361,7 +366,7 @@ class PrefillServicer(worker_pb2_grpc.PrefillServicer):
                 context, common_pb2.ERROR_CODE_TRANSFER_FAILED, f"KV write to decode failed: {e}", instance_id=me
             )
         t_sent = time.monotonic()
-        algorithm = choose_checksum(ticket)
+        algorithm = job.checksum
         checksum = await asyncio.to_thread(transfer.checksum, src_pages, algorithm)
         self._observe(
             first,

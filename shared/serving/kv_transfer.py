@@ -16,7 +16,7 @@ from proto.pdrelay.v1 import common_pb2
 from shared.config.choices import TransferBackend
 from shared.engine.kv_pool import KVPool
 from shared.serving.convert import BACKEND_TO_PB
-from shared.serving.handoff import paged_descriptors
+from shared.serving.handoff import handoff_checksums, paged_descriptors
 from shared.transfer import create_engine
 from shared.transfer.base import TransferEngine, TransferHandle
 from shared.transfer.checksum import PageChecksum, checksum_pages
@@ -34,6 +34,9 @@ class KVTransfer:
         self.engine: TransferEngine = create_engine(backend, name=name, host=host)
         self.region: RegionHandle = self.engine.register(pool.buffer)
         self.page_bytes = pool.bytes_per_page
+        # The page checksums this side runs, preferred first (where its pages are: WORDSUM64 for a GPU pool):
+        # decode offers them in its tickets, prefill picks from the offer when a ticket arrives.
+        self.checksums = handoff_checksums(pool.buffer.device.type)
         self._endpoint = self.engine.endpoint()
         self._pace = ProgressPace()  # hand-offs in flight: progress fast while any is, slowly otherwise
         self._task: asyncio.Task[None] | None = None
