@@ -37,7 +37,7 @@ from shared.serving.handoff import (
     descs_from_pb,
     pages_needed,
 )
-from shared.serving.kv_transfer import KVTransfer
+from shared.serving.kv_transfer import KVTransfer, transfer_options
 from shared.serving.kvstore_attach import attach_kvstore
 from shared.serving.kvstore_client import KVStoreClient
 from shared.serving.remote_media import RemoteVision
@@ -71,7 +71,12 @@ class PrefillService(EngineService):
         assert self.engine is not None
         t = self.cfg.transfer
         self.transfer = await asyncio.to_thread(
-            KVTransfer, t.transfer_backend, self.instance_id, t.transfer_host, self.engine.runner.kv
+            KVTransfer,
+            t.transfer_backend,
+            self.instance_id,
+            t.transfer_host,
+            self.engine.runner.kv,
+            transfer_options(t),
         )
         self.kvstore = await attach_kvstore(self, self.transfer)
         if self.vision is not None:  # a vision-language model: encoders write image embeddings into an arena here
