@@ -20,6 +20,11 @@ def _dtype_bytes(dtype: str) -> int:
     return 4 if dtype == "float32" else 2
 
 
+def user_kv_bytes(cfg: ResolvedConfig) -> int:
+    """The KV budget the user gave (0: none; an explicit 0 also means "derive it", as the flag's help says)."""
+    return cfg.cache.kv_cache_memory_bytes if cfg.is_user_set(_KV_KEY) else 0
+
+
 def step_tokens(cfg: ResolvedConfig) -> int:
     """Tokens of the largest forward pass: the step's token budget (chunk), or one per running request when that
     is more (the rule of shared.engine.scheduler.max_step_tokens, which sizes the runner the same way)."""
@@ -42,7 +47,7 @@ def plan_inputs(cfg: ResolvedConfig, shape: ModelShape) -> PlanInputs:
         graph_max_bs=graphs,
         context_length=cfg.model.context_length or shape.max_position_embeddings,
         fraction=cfg.cache.mem_fraction_static,
-        user_kv_bytes=cfg.cache.kv_cache_memory_bytes if cfg.is_user_set(_KV_KEY) else 0,
+        user_kv_bytes=user_kv_bytes(cfg),
         user_num_pages=cfg.cache.num_pages,
     )
 
@@ -84,7 +89,7 @@ def plan_kv_cache_memory(cfg: ResolvedConfig, ctx: PassContext) -> ResolvedConfi
         return cfg
     model_dir = ctx.locate_model(cfg.model.model, cfg.model.model_cache_dir)
     if model_dir is None:
-        if cfg.cache.num_pages or cfg.is_user_set(_KV_KEY):
+        if cfg.cache.num_pages or user_kv_bytes(cfg):
             return cfg
         return cfg.derive(
             _KV_KEY, 0, f"sized by the memory plan at engine start ({cfg.model.model} is not on disk yet)"
@@ -96,6 +101,6 @@ def plan_kv_cache_memory(cfg: ResolvedConfig, ctx: PassContext) -> ResolvedConfi
     problem = plan.problem()
     if problem is not None:
         raise ConfigError(problem)
-    if cfg.cache.num_pages or cfg.is_user_set(_KV_KEY):
+    if cfg.cache.num_pages or user_kv_bytes(cfg):
         return cfg
     return cfg.derive(_KV_KEY, plan.kv, plan.summary())

@@ -12,7 +12,7 @@ from collections.abc import Mapping
 
 from shared.config import ConfigError, ResolvedConfig
 from shared.config.devices import local_gpu_index
-from shared.config.plan_passes import plan_for_config
+from shared.config.plan_passes import plan_for_config, user_kv_bytes
 from shared.config.probe import HostProbe
 
 log = logging.getLogger(__name__)
@@ -39,7 +39,7 @@ def start_on_device(
     if problem is not None:
         raise ConfigError(problem)
     log.info("%s", plan.summary())
-    if cfg.cache.num_pages or cfg.is_user_set(_KV_KEY):
+    if cfg.cache.num_pages or user_kv_bytes(cfg):
         return cfg
     earlier = cfg.cache.kv_cache_memory_bytes
     if earlier and earlier <= plan.kv:
