@@ -33,17 +33,35 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     show.add_argument(
         "--json", action="store_true", help="print JSON with the provenance of every field (secrets redacted)"
     )
+    show.add_argument(
+        "--plan",
+        action="store_true",
+        help="print the process's devices and memory plan (weights, workspace, CUDA graphs, KV pages) instead; "
+        "PDRELAY_SIMULATE_DEVICES=8x80GiB plans for GPUs this host does not have",
+    )
     show.set_defaults(_run=run)
 
 
 def run(ns: argparse.Namespace, extra: list[str]) -> int:
     """Prints the table (or JSON) and returns 0; on bad config prints the message to stderr and returns 2."""
-    from shared.config import ConfigError, resolve
+    import os
+
+    from shared.config import ConfigError, PassContext, resolve
+    from shared.config.probe import probe_from_env
+    from shared.modelspec.bundled import prepared_model_dir
 
     try:
-        cfg = resolve(ns.role, extra)
+        probe = probe_from_env(os.environ)
+        cfg = resolve(ns.role, extra, ctx=PassContext(probe=probe, locate_model=prepared_model_dir))
     except ConfigError as e:
         print(f"pdrelay config show: error: {e}", file=sys.stderr)
-        return 2
+        return 1 if "does not fit" in str(e) else 2
+    if ns.plan:
+        from shared.cluster.localcluster import dry_run
+
+        rows = [dry_run.config_row(ns.role, cfg, probe)]
+        header = dry_run.host_line(probe)
+        print(dry_run.to_json(rows, header) if ns.json else dry_run.format_table(rows, header))
+        return 0
     print(cfg.to_json(redact=True) if ns.json else cfg.to_table(redact=True))
     return 0

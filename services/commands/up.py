@@ -8,6 +8,7 @@ Flags it does not know (e.g. `--page-size 32`, `--model DIR`, `--port 8080`) go 
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from pathlib import Path
 
@@ -85,6 +86,29 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         action="store_true",
         help="report crashed services, etcd and NATS but do not restart them (default: restart with backoff)",
     )
+    p.add_argument(
+        "--dry-run",
+        action="store_true",
+        help="print what each process would get (role, devices, memory plan, flags) and start nothing; "
+        "PDRELAY_SIMULATE_DEVICES=8x80GiB plans for GPUs this host does not have",
+    )
+    p.add_argument("--json", action="store_true", help="with --dry-run: print the plan as JSON")
+    p.add_argument(
+        "--base-gpu-id", type=int, default=0, metavar="N", help="first GPU engines get (SGLang's --base-gpu-id)"
+    )
+    p.add_argument(
+        "--gpu-id-step",
+        type=int,
+        default=1,
+        metavar="K",
+        help="engines take every K-th GPU from --base-gpu-id (SGLang's --gpu-id-step)",
+    )
+    p.add_argument(
+        "--encoder-gpu",
+        choices=("own", "shared", "cpu"),
+        default="own",
+        help="on a GPU host, encoders get a GPU of their own (default), share an engine's GPU, or run on the CPU",
+    )
     p.add_argument("--detach", action="store_true", help="run in the background; return once ready")
     p.add_argument("--demo", action="store_true", help="once ready, ask the gateway one question and print the answer")
     p.add_argument("--quiet", action="store_true", help="do not stream the services' logs (they stay in the run dir)")
@@ -117,7 +141,17 @@ def _options(ns: argparse.Namespace, extra: list[str]):  # -> UpOptions
     for name in ("ready_timeout_s", "stop_timeout_s"):
         if getattr(ns, name) <= 0:
             raise ValueError(f"--{name.replace('_', '-')} must be > 0 (got {getattr(ns, name)})")
+    if ns.base_gpu_id < 0 or ns.gpu_id_step < 1:
+        raise ValueError(f"--base-gpu-id {ns.base_gpu_id} --gpu-id-step {ns.gpu_id_step}: use N >= 0 and K >= 1")
+    if ns.json and not ns.dry_run:
+        raise ValueError("--json prints the plan of --dry-run; add --dry-run")
     for flag in split_flags(extra):
+        device = flag[0].split("=", 1)[1] if "=" in flag[0] else (flag[1] if len(flag) > 1 else "")
+        if flag[0].split("=", 1)[0] == "--device" and device.startswith("cuda:"):
+            raise ValueError(
+                f"--device {device}: pdrelay up gives each engine its own GPU; use --base-gpu-id "
+                f"{device[5:]} to start from that one"
+            )
         if flag[0].split("=", 1)[0] in PER_INSTANCE_FLAGS:
             raise ValueError(f"{flag[0]}: pdrelay up sets it for each instance itself; drop it")
         if ns.tls and flag[0].split("=", 1)[0] in TLS_FLAGS:
@@ -154,6 +188,9 @@ def _options(ns: argparse.Namespace, extra: list[str]):  # -> UpOptions
         trace=ns.trace,
         tls=ns.tls,
         restart=not ns.no_restart,
+        base_gpu_id=ns.base_gpu_id,
+        gpu_id_step=ns.gpu_id_step,
+        encoder_gpu=ns.encoder_gpu,
     )
 
 
@@ -175,10 +212,48 @@ def run(ns: argparse.Namespace, extra: list[str]) -> int:
     except ValueError as e:
         print(f"pdrelay up: error: {e}", file=sys.stderr)
         return 2
+    if ns.dry_run:
+        return _dry_run(opts, as_json=ns.json)
+    from shared.config.devices import SIMULATE_ENV
+
+    if os.environ.get(SIMULATE_ENV, "").strip():
+        print(
+            f"pdrelay up: error: {SIMULATE_ENV} describes GPUs this host may not have; use it with --dry-run "
+            f"(or `pdrelay config show --plan`), or unset it to start the cluster",
+            file=sys.stderr,
+        )
+        return 2
     if ns.detach:
         return _detach(opts)
     logging.basicConfig(level=logging.WARNING, stream=sys.stderr, format="%(asctime)s %(levelname)s %(message)s")
     return asyncio.run(Supervisor(opts).run())
+
+
+def _dry_run(opts, as_json: bool) -> int:  # opts: UpOptions
+    """Resolve and place every instance, print the plan; nothing is started or written. Exit 1 when a layout or a
+    plan does not fit (one line naming the numbers), 2 for bad flags."""
+    from shared.cluster.localcluster import dry_run
+    from shared.cluster.localcluster.plan import resolve_all
+    from shared.config import ConfigError
+    from shared.config.probe import probe_from_env
+
+    try:
+        probe = probe_from_env(os.environ)
+        instances, notes = resolve_all(opts, "http://127.0.0.1:2379", "nats://127.0.0.1:4222")
+        rows = dry_run.instance_rows(instances, probe)
+    except ConfigError as e:
+        print(f"pdrelay up: error: {e}", file=sys.stderr)
+        return 1 if "does not fit" in str(e) else 2
+    except ValueError as e:  # the host has too few GPUs for the layout
+        print(f"pdrelay up: error: {e}", file=sys.stderr)
+        return 1
+    header = dry_run.host_line(probe)
+    print(dry_run.to_json(rows, header) if as_json else dry_run.format_table(rows, header))
+    for note in notes:
+        print(f"pdrelay up: note: {note}", file=sys.stderr)
+    for problem in dry_run.problems(rows):
+        print(f"pdrelay up: error: {problem}", file=sys.stderr)
+    return 1 if dry_run.problems(rows) else 0
 
 
 def _detach(opts) -> int:  # opts: UpOptions

@@ -269,7 +269,7 @@ class RemotePrefillClient:
             deadline_s=deadline_s,
             attempt=request.attempt,
             media=request.media,
-            checksums=checksums_to_pb(),
+            checksums=checksums_to_pb(transfer.checksums),
         )
 
     async def _hand_off(

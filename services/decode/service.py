@@ -19,7 +19,7 @@ from shared.config.roles import Role
 from shared.serving.decode_servicer import DecodeServicer
 from shared.serving.engine_service import EngineService
 from shared.serving.faults import Faults
-from shared.serving.kv_transfer import KVTransfer
+from shared.serving.kv_transfer import KVTransfer, transfer_options
 from shared.serving.kvstore_attach import attach_kvstore
 from shared.serving.kvstore_client import KVStoreClient
 
@@ -50,7 +50,12 @@ class DecodeService(EngineService):
         assert self.engine is not None and self.etcd is not None
         t = self.cfg.transfer
         self.transfer = await asyncio.to_thread(
-            KVTransfer, t.transfer_backend, self.instance_id, t.transfer_host, self.engine.runner.kv
+            KVTransfer,
+            t.transfer_backend,
+            self.instance_id,
+            t.transfer_host,
+            self.engine.runner.kv,
+            transfer_options(t),
         )
         self.transfer.start_progress()
         self.kvstore = await attach_kvstore(self, self.transfer)

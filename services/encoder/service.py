@@ -29,6 +29,7 @@ from services.encoder.vision import VisionEncoder, load_vision_encoder
 from shared.cluster.bus.load import LoadSnapshot
 from shared.cluster.errors import StartupError
 from shared.cluster.instance import Capacity, EncoderInfo, Modality
+from shared.config.devices import torch_device
 from shared.config.resolved import ResolvedConfig
 from shared.config.roles import Role
 from shared.engine.models.bert import BertConfig
@@ -129,7 +130,7 @@ class EncoderService(Service):
                 self.embedding_dir,
                 embedding_model_name(cfg.encoder.encoder_model),
                 _DTYPES.get(cfg.model.dtype, torch.float32),
-                device=cfg.device.device,
+                device=torch_device(cfg.device.device, cfg.device.base_gpu_id, os.environ),
             )
         except ValueError as e:  # weights that do not fit the config, an unsupported pooling, no tokenizer
             raise StartupError(f"--encoder-model {cfg.encoder.encoder_model}: {e}") from None

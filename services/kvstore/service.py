@@ -26,6 +26,7 @@ from shared.cluster.instance import Capacity
 from shared.config.groups import KVStoreConfig
 from shared.config.resolved import ResolvedConfig
 from shared.config.roles import Role
+from shared.serving.kv_transfer import transfer_options
 from shared.serving.lifecycle import Service, ServiceOptions
 from shared.telemetry.metrics import CountersCollector
 from shared.telemetry.tracing import SpanKind, extract
@@ -94,6 +95,7 @@ class KVStoreService(Service):
             remote=remote,
             on_stored=self._stored,
             on_removed=self._removed,
+            options=transfer_options(cfg.transfer),
         )
         self.store.on_bound(self._on_bound)
         self._kv_pub: KVEventPublisher | None = None

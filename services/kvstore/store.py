@@ -28,6 +28,7 @@ from shared.transfer import create_engine
 from shared.transfer.base import TransferEngine, TransferHandle
 from shared.transfer.descs import PageDesc, RegionHandle
 from shared.transfer.errors import TransferError, TransferTimeout
+from shared.transfer.options import TransferOptions
 from shared.transfer.pace import ProgressPace
 
 if TYPE_CHECKING:
@@ -81,6 +82,7 @@ class PageStore:
         remote: MooncakeTier | None = None,
         on_stored: Callable[[Sequence[int]], None] | None = None,
         on_removed: Callable[[Sequence[int]], None] | None = None,
+        options: TransferOptions | None = None,
     ) -> None:
         self.backend = backend
         self.dram_bytes = dram_bytes
@@ -90,7 +92,7 @@ class PageStore:
         self.remote = remote
         self.on_stored = on_stored
         self.on_removed = on_removed
-        self.engine: TransferEngine = create_engine(backend, name=name, host=host)
+        self.engine: TransferEngine = create_engine(backend, name=name, host=host, options=options)
         self.namespace: Namespace | None = None
         self.arena: DramArena | None = None
         self.region: RegionHandle | None = None

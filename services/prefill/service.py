@@ -38,7 +38,7 @@ from shared.serving.handoff import (
     descs_from_pb,
     pages_needed,
 )
-from shared.serving.kv_transfer import KVTransfer
+from shared.serving.kv_transfer import KVTransfer, transfer_options
 from shared.serving.kvstore_attach import attach_kvstore
 from shared.serving.kvstore_client import KVStoreClient
 from shared.serving.remote_media import RemoteVision
@@ -72,7 +72,12 @@ class PrefillService(EngineService):
         assert self.engine is not None
         t = self.cfg.transfer
         self.transfer = await asyncio.to_thread(
-            KVTransfer, t.transfer_backend, self.instance_id, t.transfer_host, self.engine.runner.kv
+            KVTransfer,
+            t.transfer_backend,
+            self.instance_id,
+            t.transfer_host,
+            self.engine.runner.kv,
+            transfer_options(t),
         )
         self.kvstore = await attach_kvstore(self, self.transfer)
         if self.vision is not None:  # a vision-language model: encoders write image embeddings into an arena here
@@ -114,6 +119,7 @@ class _Job:
     n_pages: int
     t_start: float  # monotonic: when the call arrived
     deadline: float  # monotonic: the ticket's deadline (or --handoff-timeout-s) from t_start
+    checksum: PageChecksum  # negotiated when the ticket arrived: the first of decode's offer this side runs
 
 
 @dataclass(frozen=True)
@@ -259,7 +265,11 @@ class PrefillServicer(worker_pb2_grpc.PrefillServicer):
         except InvalidRequest as e:
             await fail(common_pb2.ERROR_CODE_INVALID_ARGUMENT, str(e))
         deadline = t_start + (ticket.deadline_s or self.svc.cfg.disagg.handoff_timeout_s)
-        return _Job(ticket, prompt, params, dst, skip_pages, n_pages, t_start, deadline)
+        try:
+            algorithm = choose_checksum(ticket, transfer.checksums, transfer.pool.buffer.device.type)
+        except ValueError as e:
+            await fail(common_pb2.ERROR_CODE_LAYOUT_MISMATCH, str(e))
+        return _Job(ticket, prompt, params, dst, skip_pages, n_pages, t_start, deadline, algorithm)
 
     async def _run(self, job: _Job, context: grpc.aio.ServicerContext) -> worker_pb2.PrefillResponse:
         """Compute the prompt with its pages held, write them into decode's, release them, answer."""
@@ -366,7 +376,7 @@ class PrefillServicer(worker_pb2_grpc.PrefillServicer):
                 context, common_pb2.ERROR_CODE_TRANSFER_FAILED, f"KV write to decode failed: {e}", instance_id=me
             )
         t_sent = time.monotonic()
-        algorithm = choose_checksum(ticket)
+        algorithm = job.checksum
         checksum = await asyncio.to_thread(transfer.checksum, src_pages, algorithm)
         self._observe(
             first,

@@ -9,15 +9,24 @@ Passes that concern a group skip roles that do not use it.
 from __future__ import annotations
 
 import os
-from collections.abc import Callable
-from dataclasses import dataclass, field
 
+from shared.config.context import Pass, PassContext
+from shared.config.devices import DeviceKind, cuda_name, parse_device, process_gpus
 from shared.config.errors import ConfigError
 from shared.config.groups import BUNDLED_MODEL
-from shared.config.probe import HostProbe
+from shared.config.plan_passes import plan_kv_cache_memory
 from shared.config.resolved import ResolvedConfig
 from shared.config.tls_passes import check_ssl_files, check_tls_files
+from shared.config.transfer_passes import (
+    TRANSFER_BACKENDS,
+    check_ib_device,
+    check_transfer_backend,
+    resolve_transfer_protocol,
+    resolve_ucx_transports,
+)
 from shared.config.values import format_value
+
+__all__ = ["PASSES", "TRANSFER_BACKENDS", "Pass", "PassContext", "run_passes"]
 
 BUNDLED_PREFIX = BUNDLED_MODEL.split(":", 1)[0] + ":"
 
@@ -38,61 +47,71 @@ CPU_WORKER_CHUNK = 1024
 LARGE_GPU_BYTES = 40 << 30
 
 
-@dataclass(frozen=True)
-class PassContext:
-    """What passes need besides the config.
-
-    check_transfer_backends: verify the chosen KV transfer engine is installed (tests of other parts turn it off).
-    exclusive_host: the caller owns the machine (a benchmark), so --threads 0 means every core instead of 1.
-    engines_on_host: how many LLM engine processes (prefill, decode, worker) the caller (`pdrelay up`) starts on
-        this host; 0: unknown. With it, --threads 0 splits the cores among them instead of taking 1.
-    encoders_on_host: how many encoder processes it starts beside them (they are not in engines_on_host: see
-        resolve_threads).
-    """
-
-    probe: HostProbe = field(default_factory=HostProbe)
-    check_transfer_backends: bool = True
-    exclusive_host: bool = False
-    engines_on_host: int = 0
-    encoders_on_host: int = 0
-
-
-Pass = Callable[[ResolvedConfig, PassContext], ResolvedConfig]
-
-
 def _gib(n: int) -> str:
     return f"{n / (1 << 30):.1f} GiB"
 
 
 # -- device -------------------------------------------------------------------------------------------------------
 def resolve_device(cfg: ResolvedConfig, ctx: PassContext) -> ResolvedConfig:
-    """device is "cpu" or "cuda": auto picks cuda when torch sees one; an explicit cuda without one is an error."""
-    device = cfg.device.device
-    if device == "auto":
+    """device is "cpu" or "cuda": auto picks cuda when torch sees one; "cuda:N" is cuda with --base-gpu-id N; an
+    explicit cuda without one is an error."""
+    text = cfg.device.device
+    try:
+        name = parse_device(text)
+    except ConfigError:
+        raise cfg.origin("device.device").fail(
+            text, "is not a device", "use auto, cpu, cuda or cuda:N (e.g. cuda:0)"
+        ) from None
+    if name.gpu is not None:
+        base = "device.base_gpu_id"
+        if cfg.is_user_set(base) and cfg.device.base_gpu_id != name.gpu:
+            raise ConfigError(
+                f"{cfg.origin('device.device').show(text)} and {cfg.origin(base).show(str(cfg.device.base_gpu_id))} "
+                "name different GPUs; keep one of them"
+            )
+        cfg = cfg.derive(base, name.gpu, f"from {cfg.origin('device.device').show(text)}")
+    device = name.kind
+    if device == DeviceKind.AUTO:
         if ctx.probe.cuda_available():
             return cfg.derive("device.device", "cuda", "auto: torch.cuda.is_available() is true")
         return cfg.derive("device.device", "cpu", "auto: no CUDA device visible to torch")
-    if device == "cuda" and not ctx.probe.cuda_available():
+    if device == DeviceKind.CUDA and not ctx.probe.cuda_available():
         raise cfg.origin("device.device").fail(
-            "cuda", "but torch sees no CUDA device", "use --device cpu (or auto), or run on a GPU host"
+            text, "but torch sees no CUDA device", "use --device cpu (or auto), or run on a GPU host"
         )
+    if name.gpu is not None:
+        return cfg.derive("device.device", "cuda", f"{text}: cuda with --base-gpu-id {name.gpu}")
     return cfg
 
 
 def check_parallel_fits(cfg: ResolvedConfig, ctx: PassContext) -> ResolvedConfig:
-    """tp_size > 1 needs CUDA; tp_size x dp_size must not exceed the visible GPUs."""
-    if not cfg.has("parallel"):
-        return cfg
-    tp, dp = cfg.parallel.tp_size, cfg.parallel.dp_size
+    """tp_size > 1 needs CUDA; the process's GPUs (base_gpu_id + i x gpu_id_step for its tp_size x dp_size ranks)
+    are visible."""
+    tp, dp = (cfg.parallel.tp_size, cfg.parallel.dp_size) if cfg.has("parallel") else (1, 1)
     if cfg.device.device == "cpu" and tp > 1:
         raise cfg.origin("parallel.tp_size").fail(
             str(tp), "needs CUDA devices (device is cpu)", "use --tp-size 1 on cpu; --dp-size adds engine replicas"
         )
-    if cfg.device.device == "cuda" and tp * dp > (gpus := ctx.probe.cuda_device_count()):
+    if cfg.device.device != "cuda":
+        return cfg
+    base, step = cfg.device.base_gpu_id, cfg.device.gpu_id_step
+    ids = process_gpus(base, step, tp * dp)
+    gpus = ctx.probe.cuda_device_count()
+    if ids[-1] < gpus:
+        return cfg
+    if not cfg.has("parallel"):
+        raise cfg.origin("device.base_gpu_id").fail(
+            str(base), f"names cuda:{base} but {gpus} GPUs are visible", f"use a GPU below {gpus}"
+        )
+    if base == 0 and step == 1:
         raise ConfigError(
             f"--tp-size {tp} x --dp-size {dp} needs {tp * dp} GPUs but {gpus} are visible; lower --tp-size or --dp-size"
         )
-    return cfg
+    raise ConfigError(
+        f"--tp-size {tp} x --dp-size {dp} from --base-gpu-id {base} with --gpu-id-step {step} needs "
+        f"{', '.join(map(cuda_name, ids))} but {gpus} GPUs are visible (cuda:0..cuda:{gpus - 1}); lower "
+        "--base-gpu-id, --gpu-id-step, --tp-size or --dp-size"
+    )
 
 
 def resolve_dtype(cfg: ResolvedConfig, ctx: PassContext) -> ResolvedConfig:
@@ -324,9 +343,10 @@ def check_kv_pool_sizing(cfg: ResolvedConfig, ctx: PassContext) -> ResolvedConfi
 
 
 def resolve_kv_cache_memory(cfg: ResolvedConfig, ctx: PassContext) -> ResolvedConfig:
-    """kv_cache_memory_bytes > 0 unless num_pages sizes the pool: mem_fraction_static x device memory (capped on
-    cpu). This budget still includes the weights: the engine, which knows their size, subtracts them."""
-    if not cfg.has("cache") or cfg.cache.kv_cache_memory_bytes or cfg.cache.num_pages:
+    """On cpu, kv_cache_memory_bytes > 0 unless num_pages sizes the pool: mem_fraction_static x MemAvailable,
+    capped (the weights live in the same RAM, but several services share it and the cap is what bounds the pool).
+    On cuda the memory plan sizes it later (plan_passes.plan_kv_cache_memory): weights and activations first."""
+    if not cfg.has("cache") or cfg.cache.kv_cache_memory_bytes or cfg.cache.num_pages or cfg.device.device != "cpu":
         return cfg
     fraction = cfg.cache.mem_fraction_static
     memory, what = ctx.probe.device_memory(cfg.device.device)
@@ -335,7 +355,7 @@ def resolve_kv_cache_memory(cfg: ResolvedConfig, ctx: PassContext) -> ResolvedCo
     if cfg.device.device == "cpu" and budget > CPU_KV_BUDGET_CAP:
         budget = CPU_KV_BUDGET_CAP
         reason += f", capped at {_gib(CPU_KV_BUDGET_CAP)} on cpu (services share host RAM)"
-    return cfg.derive("cache.kv_cache_memory_bytes", budget, reason + "; weights are subtracted by the engine")
+    return cfg.derive("cache.kv_cache_memory_bytes", budget, reason)
 
 
 def resolve_chunked_prefill_size(cfg: ResolvedConfig, ctx: PassContext) -> ResolvedConfig:
@@ -351,7 +371,7 @@ def resolve_chunked_prefill_size(cfg: ResolvedConfig, ctx: PassContext) -> Resol
         )
     if cfg.device.device == "cpu":
         return cfg.derive("scheduler.chunked_prefill_size", CPU_CHUNK, "cpu: small chunks keep decode responsive")
-    memory, _ = ctx.probe.device_memory("cuda")
+    _, memory = ctx.probe.gpu_memory(cfg.device.base_gpu_id)
     size = LARGE_GPU_CHUNK if memory >= LARGE_GPU_BYTES else SMALL_GPU_CHUNK
     side = ">=" if memory >= LARGE_GPU_BYTES else "<"
     return cfg.derive("scheduler.chunked_prefill_size", size, f"GPU with {_gib(memory)} ({side} 40 GiB)")
@@ -419,42 +439,6 @@ def check_planner_bounds(cfg: ResolvedConfig, ctx: PassContext) -> ResolvedConfi
     return cfg
 
 
-# name -> (module that must be importable, shared library it loads or None, how to install both)
-TRANSFER_BACKENDS: dict[str, tuple[str, str | None, str]] = {
-    "nixl": (
-        "nixl_cu12._api",
-        None,
-        "pip install nixl-cu12 (after CPU torch: pip install torch==2.13.0, or pip pulls a 4 GB CUDA torch)",
-    ),
-    "mooncake": (
-        "mooncake.engine",
-        "ibverbs",
-        "pip install mooncake-transfer-engine-non-cuda and apt-get install libibverbs1",
-    ),
-}
-
-
-def check_transfer_backend(cfg: ResolvedConfig, ctx: PassContext) -> ResolvedConfig:
-    """The chosen KV transfer engine is installed (module found without importing it, and its native library)."""
-    if not cfg.has("transfer") or not ctx.check_transfer_backends:
-        return cfg
-    backend = cfg.transfer.transfer_backend
-    module, library, install = TRANSFER_BACKENDS[backend]
-    missing = (
-        f"module {module} is not installed"
-        if not ctx.probe.module_available(module)
-        else f"lib{library} is not installed"
-        if library and not ctx.probe.shared_library_available(library)
-        else None
-    )
-    if missing is None:
-        return cfg
-    others = [b for b in TRANSFER_BACKENDS if b != backend]
-    raise cfg.origin("transfer.transfer_backend").fail(
-        backend, f"is not available ({missing})", f"{install}; or use --transfer-backend {others[0]}"
-    )
-
-
 # The order matters: device first (everything else depends on it), checks of user input before derivations
 # that build on it, the host check of the transfer engine last (so input errors are reported first).
 PASSES: tuple[Pass, ...] = (
@@ -480,6 +464,10 @@ PASSES: tuple[Pass, ...] = (
     resolve_kv_cache_memory,
     resolve_chunked_prefill_size,
     reconcile_prefill_budget,
+    plan_kv_cache_memory,
+    check_ib_device,
+    resolve_transfer_protocol,
+    resolve_ucx_transports,
     check_transfer_backend,
 )
 

@@ -11,7 +11,14 @@ import ctypes.util
 import importlib.machinery
 import importlib.util
 import os
+import shutil
+import subprocess
+from collections.abc import Mapping
 from dataclasses import dataclass, field
+
+from shared.config.devices import SIMULATE_ENV, SimulatedGpus, local_gpu_index, simulated_from_env
+
+IB_SYSFS = "/sys/class/infiniband"
 
 
 class HostProbe:
@@ -40,6 +47,23 @@ class HostProbe:
             return int(total), "CUDA device memory"
         return _mem_available(), "MemAvailable host RAM"
 
+    def gpu_memory(self, gpu: int) -> tuple[int, int]:
+        """(free, total) bytes of GPU `gpu` (the host's numbering) now; memory other processes hold is not free.
+
+        nvidia-smi answers without creating a CUDA context in this process (a supervisor that planned eight
+        engines would otherwise hold a context on each of their GPUs); torch answers where it is missing."""
+        smi = _nvidia_smi_memory(gpu)
+        if smi is not None:
+            return smi
+        import torch
+
+        free, total = torch.cuda.mem_get_info(local_gpu_index(gpu, os.environ))
+        return int(free), int(total)
+
+    def describe(self) -> str:
+        """How the devices were learnt, for plans and messages."""
+        return "this host"
+
     def cpu_count(self) -> int:
         return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
 
@@ -61,6 +85,26 @@ class HostProbe:
         """Whether the dynamic loader knows lib<name> (e.g. "ibverbs" for mooncake's engine)."""
         return ctypes.util.find_library(name) is not None
 
+    def ib_devices(self) -> tuple[str, ...]:
+        """The RDMA devices of this host (the names in /sys/class/infiniband, e.g. mlx5_0)."""
+        try:
+            return tuple(sorted(os.listdir(IB_SYSFS)))
+        except OSError:
+            return ()
+
+
+def _nvidia_smi_memory(gpu: int) -> tuple[int, int] | None:
+    exe = shutil.which("nvidia-smi")
+    if exe is None:
+        return None
+    query = [exe, f"--id={gpu}", "--query-gpu=memory.free,memory.total", "--format=csv,noheader,nounits"]
+    try:
+        out = subprocess.run(query, capture_output=True, text=True, timeout=10, check=True).stdout
+        free, total = (int(float(v)) << 20 for v in out.strip().splitlines()[0].split(","))  # MiB
+    except (OSError, subprocess.SubprocessError, ValueError, IndexError):
+        return None
+    return free, total
+
 
 def _mem_available() -> int:
     try:
@@ -80,9 +124,11 @@ class StaticProbe(HostProbe):
     cuda: bool = False
     gpus: int = 0
     memory_bytes: int = 16 << 30
+    free_bytes: int | None = None  # free memory of each GPU (default: memory_bytes, nothing else on them)
     cores: int = 2
     modules: frozenset[str] = field(default_factory=frozenset)  # dotted names that count as installed
     libraries: frozenset[str] = field(default_factory=frozenset)
+    rdma: tuple[str, ...] = ()  # RDMA devices (/sys/class/infiniband)
 
     def cuda_available(self) -> bool:
         return self.cuda
@@ -93,6 +139,12 @@ class StaticProbe(HostProbe):
     def device_memory(self, device: str) -> tuple[int, str]:
         return self.memory_bytes, ("CUDA device memory" if device == "cuda" else "MemAvailable host RAM")
 
+    def gpu_memory(self, gpu: int) -> tuple[int, int]:
+        return (self.memory_bytes if self.free_bytes is None else self.free_bytes), self.memory_bytes
+
+    def describe(self) -> str:
+        return "a described host"
+
     def cpu_count(self) -> int:
         return self.cores
 
@@ -101,3 +153,39 @@ class StaticProbe(HostProbe):
 
     def shared_library_available(self, name: str) -> bool:
         return name in self.libraries
+
+    def ib_devices(self) -> tuple[str, ...]:
+        return self.rdma
+
+
+@dataclass(frozen=True)
+class SimulatedProbe(HostProbe):
+    """This host with the GPUs of PDRELAY_SIMULATE_DEVICES instead of its own (all free): plans for a machine one
+    does not have (`pdrelay up --dry-run`, `pdrelay config show --plan`). Cores and installed modules are this
+    host's."""
+
+    simulated: SimulatedGpus = field(default_factory=lambda: SimulatedGpus(1, 80 << 30))
+
+    def cuda_available(self) -> bool:
+        return True
+
+    def cuda_device_count(self) -> int:
+        return self.simulated.count
+
+    def device_memory(self, device: str) -> tuple[int, str]:
+        if device == "cuda":
+            return self.simulated.memory_bytes, f"simulated GPU memory ({SIMULATE_ENV})"
+        return super().device_memory(device)
+
+    def gpu_memory(self, gpu: int) -> tuple[int, int]:
+        assert 0 <= gpu < self.simulated.count, f"GPU {gpu} of {self.simulated.count} simulated"
+        return self.simulated.memory_bytes, self.simulated.memory_bytes
+
+    def describe(self) -> str:
+        return f"simulated: {SIMULATE_ENV}={self.simulated.describe()}"
+
+
+def probe_from_env(env: Mapping[str, str]) -> HostProbe:
+    """The probe a command uses: simulated GPUs when PDRELAY_SIMULATE_DEVICES is set, else the real host."""
+    simulated = simulated_from_env(env)
+    return HostProbe() if simulated is None else SimulatedProbe(simulated)

@@ -12,6 +12,7 @@ from shared.config import catalog
 from shared.config.errors import ConfigError
 from shared.config.groups import GROUPS
 from shared.config.passes import PassContext, run_passes
+from shared.config.probe import probe_from_env
 from shared.config.resolved import Provenance, ResolvedConfig
 from shared.config.roles import ROLE_GROUPS
 from shared.config.sources import read_argv, read_env, read_file
@@ -42,7 +43,7 @@ def resolve(
             values[setting.spec.group][setting.spec.name] = setting.value
             provenance[setting.spec.key] = setting.provenance
     by_group = {g: GROUPS[g](**kw) for g, kw in values.items()}
-    return run_passes(ResolvedConfig(role, by_group, provenance), ctx or PassContext())
+    return run_passes(ResolvedConfig(role, by_group, provenance), ctx or PassContext(probe=probe_from_env(env)))
 
 
 @contextlib.contextmanager

@@ -65,6 +65,8 @@ class ModelRunner:
             raise ValueError(f"max_batch_tokens must be >= 1 (got {max_batch_tokens})")
         self.model_dir = model_dir
         self.device = torch.device(device)
+        if self.device.type == "cuda" and self.device.index is None:  # the process's GPU (set at its start)
+            self.device = torch.device("cuda", torch.cuda.current_device())
         self.dtype = torch_dtype(dtype)
         self.arch = load_model_config(model_dir)
         self.vocab_size = self.arch.vocab_size
@@ -75,8 +77,13 @@ class ModelRunner:
 
         # The attention backend decides the other kernels too: Triton attention comes with Triton norms/rotary/act.
         self.attn = select_attention_backend(attention_backend, self.device, self.dtype)
+        # Built on its device: each checkpoint tensor is copied there as it is read (weights.py), no host copy.
         self.model: LlamaForCausalLM = build_model(
-            self.arch, self.dtype, max_positions=self.context_length, ops=elementwise_ops(self.attn.name)
+            self.arch,
+            self.dtype,
+            max_positions=self.context_length,
+            ops=elementwise_ops(self.attn.name),
+            device=self.device if self.device.type != "cpu" else None,
         )
         self.llava = load_llava_config(model_dir)  # None: a text-only model
         if self.llava is None:

@@ -3,12 +3,21 @@
 Every tensor the model needs must be found exactly once and with the right shape; a tensor the model does not
 know is an error too (it usually means a different architecture or a broken conversion), except for a few
 harmless extras listed in _IGNORED (RoPE caches some old exports store, a tied lm_head stored anyway).
+
+Tensors go straight into the model's parameters wherever those live (a model built on its GPU gets each tensor
+copied from the memory-mapped file to the device, one at a time: no host copy of the whole model). The work is
+split into pieces (a shard, or a slice of a large shard's tensor names) read by a thread pool: safetensors and the
+copies release the GIL, so pieces overlap their file reads and copies. Every tensor has its own destination, so
+the result does not depend on the order; tests check it equals the sequential load.
 """
 
 from __future__ import annotations
 
 import json
+import os
 from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
@@ -18,6 +27,13 @@ from torch import nn
 from shared.engine.models.llama import WeightSlot
 
 _IGNORED_SUFFIXES = ("rotary_emb.inv_freq", "rotary_emb.cos_cached", "rotary_emb.sin_cached")
+# Most threads a load uses: reads of one NVMe and host-to-device copies saturate well before this.
+MAX_LOAD_THREADS = 8
+
+
+def default_load_threads() -> int:
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    return max(1, min(MAX_LOAD_THREADS, cores))
 
 
 def checkpoint_files(model_dir: str | Path) -> list[Path]:
@@ -54,6 +70,63 @@ def _first(names: list[str], n: int = 8) -> str:
     return ", ".join(names[:n]) + (" ..." if len(names) > n else "")
 
 
+@dataclass
+class _Found:
+    """What one piece of the checkpoint held (merged after all pieces ran)."""
+
+    loaded: list[str] = field(default_factory=list)
+    unexpected: list[str] = field(default_factory=list)
+    bad_shape: list[str] = field(default_factory=list)
+
+
+@dataclass(frozen=True)
+class _Rules:
+    weight_map: dict[str, WeightSlot]
+    params: dict[str, torch.Tensor]
+    tied_lm_head: bool
+    rename: Callable[[str], str] | None
+    skip_prefixes: tuple[str, ...]
+
+
+def _pieces(files: list[Path], threads: int) -> list[tuple[Path, list[str]]]:
+    """(file, tensor names) units of work: each shard, split in up to `threads` slices when there are fewer shards
+    than threads (a single-file checkpoint still loads in parallel)."""
+    pieces = []
+    split = max(1, threads // max(1, len(files)))
+    for path in files:
+        with safe_open(str(path), framework="pt") as f:
+            names = list(f.keys())
+        step = -(-len(names) // split) if names else 1
+        pieces += [(path, names[i : i + step]) for i in range(0, len(names), step)]
+    return pieces
+
+
+def _load_piece(path: Path, names: list[str], rules: _Rules) -> _Found:
+    found = _Found()
+    with torch.no_grad(), safe_open(str(path), framework="pt") as f:
+        for raw in names:
+            name = rules.rename(raw) if rules.rename is not None else raw
+            if rules.skip_prefixes and name.startswith(rules.skip_prefixes):
+                continue
+            slot = rules.weight_map.get(name)
+            if slot is None:
+                if not (name.endswith(_IGNORED_SUFFIXES) or (rules.tied_lm_head and name == "lm_head.weight")):
+                    found.unexpected.append(name)
+                continue
+            target = rules.params[slot.param]
+            if slot.start is not None:
+                target = target[slot.start : slot.end]
+            want = target.shape[1:] if slot.broadcast else target.shape
+            tensor = f.get_tensor(raw)  # memory-mapped: only this tensor's pages are read
+            if tuple(tensor.shape) != tuple(want):
+                found.bad_shape.append(f"{name}: checkpoint {tuple(tensor.shape)}, model expects {tuple(want)}")
+                continue
+            # converts dtype and moves to the parameter's device; broadcast slots repeat the tensor over their rows
+            target.copy_(tensor, non_blocking=False)
+            found.loaded.append(name)
+    return found
+
+
 def load_weights(
     model: nn.Module,
     weight_map: dict[str, WeightSlot],
@@ -62,41 +135,32 @@ def load_weights(
     tied_lm_head: bool = False,
     rename: Callable[[str], str] | None = None,
     skip_prefixes: tuple[str, ...] = (),
+    threads: int | None = None,
 ) -> None:
-    """Copy the checkpoint into `model`'s parameters following `weight_map` (HF name -> slot).
+    """Copy the checkpoint into `model`'s parameters (on whatever device they are) following `weight_map` (HF name
+    -> slot), with `threads` readers (default: default_load_threads(); 1: sequential).
 
     rename: maps each checkpoint name to the spelling weight_map uses (LLaVA's several layouts); skip_prefixes:
     (renamed) checkpoint tensors that are expected but not loaded (e.g. the vision half in a text-only process).
 
-    Raises ValueError listing missing, unexpected or wrongly shaped tensors.
+    Raises ValueError listing missing, duplicated, unexpected or wrongly shaped tensors.
     """
-    params = dict(model.named_parameters())
+    threads = threads or default_load_threads()
+    rules = _Rules(weight_map, dict(model.named_parameters()), tied_lm_head, rename, skip_prefixes)
+    pieces = _pieces(checkpoint_files(model_dir), threads)
+    if threads == 1 or len(pieces) == 1:
+        results = [_load_piece(path, names, rules) for path, names in pieces]
+    else:
+        with ThreadPoolExecutor(min(threads, len(pieces)), thread_name_prefix="load-weights") as pool:
+            results = list(pool.map(lambda piece: _load_piece(piece[0], piece[1], rules), pieces))
     seen: set[str] = set()
-    unexpected: list[str] = []
-    bad_shape: list[str] = []
-    with torch.no_grad():
-        for name, tensor in iter_checkpoint(model_dir):
-            if rename is not None:
-                name = rename(name)
-            if skip_prefixes and name.startswith(skip_prefixes):
-                continue
-            slot = weight_map.get(name)
-            if slot is None:
-                if name.endswith(_IGNORED_SUFFIXES) or (tied_lm_head and name == "lm_head.weight"):
-                    continue
-                unexpected.append(name)
-                continue
-            if name in seen:
-                raise ValueError(f"{model_dir}: tensor {name} appears in more than one shard")
-            target: torch.Tensor = params[slot.param]
-            if slot.start is not None:
-                target = target[slot.start : slot.end]
-            want = target.shape[1:] if slot.broadcast else target.shape
-            if tuple(tensor.shape) != tuple(want):
-                bad_shape.append(f"{name}: checkpoint {tuple(tensor.shape)}, model expects {tuple(want)}")
-                continue
-            target.copy_(tensor)  # converts dtype; broadcast slots repeat the tensor over their rows
-            seen.add(name)
+    for r in results:
+        twice = seen.intersection(r.loaded)
+        if twice:
+            raise ValueError(f"{model_dir}: tensor {min(twice)} appears in more than one shard")
+        seen.update(r.loaded)
+    unexpected = [n for r in results for n in r.unexpected]
+    bad_shape = [n for r in results for n in r.bad_shape]
     missing = sorted(set(weight_map) - seen)
     problems = []
     if missing:

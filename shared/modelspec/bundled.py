@@ -135,6 +135,17 @@ def _convert_gguf(src: Path, dst: Path, progress: Progress) -> None:
     (dst / "generation_config.json").write_text(json.dumps(generation, indent=2))
 
 
+def prepared_model_dir(spec: str, cache_dir: str | None = None) -> str | None:
+    """The directory `spec` loads from when it is already on disk (a model directory, or a bundled model prepared
+    before), else None; never prepares anything (what the memory plan asks before a service starts)."""
+    if is_bundled(spec):
+        name = spec[len(BUNDLED_PREFIX) :]
+        out = (Path(cache_dir) if cache_dir else default_cache_dir()) / name
+        return str(out) if (out / _MARKER).is_file() and (out / "config.json").is_file() else None
+    path = Path(spec).expanduser()
+    return str(path) if (path / "config.json").is_file() else None
+
+
 def resolve_model_path(spec: str, cache_dir: str | Path | None = None, progress: Progress = _stderr) -> Path:
     """`bundled:<name>` -> its prepared directory; anything else must be a local HF model directory."""
     if is_bundled(spec):

@@ -24,6 +24,7 @@ from shared.engine.engine import Engine, EngineStats
 from shared.engine.radix_cache import AllPagesCleared, KVEvent, PagesEvicted, PagesStored
 from shared.engine.sampling_params import SamplingParams
 from shared.engine.vision_runner import VisionEncoderRunner
+from shared.serving.device_start import start_on_device
 from shared.serving.lifecycle import Service, ServiceOptions
 from shared.serving.media import LocalVision
 from shared.telemetry import spans
@@ -140,6 +141,7 @@ class EngineService(Service):
             from shared.engine.mock import build_mock_engine
 
             return build_mock_engine(self.cfg, on_kv_event=self._on_kv_event)
+        self.cfg = start_on_device(self.cfg)  # its own GPU, and the plan checked before any weight loads
         return Engine.from_config(self.cfg, on_kv_event=self._on_kv_event)
 
     def build_vision(self, engine: Engine) -> LocalVision | None:

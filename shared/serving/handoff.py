@@ -17,7 +17,7 @@ from dataclasses import dataclass
 
 from proto.pdrelay.v1 import common_pb2, worker_pb2
 from shared.modelspec.kv_layout import KVLayout
-from shared.transfer.checksum import PageChecksum
+from shared.transfer.checksum import PageChecksum, runs_in_place
 from shared.transfer.descs import PageDesc
 
 # Remember this many request ids per prefill instance for fencing and idempotent replies.
@@ -25,11 +25,19 @@ _LEDGER_SIZE = 8192
 # Initial metadata a prefill sends once the prompt is computed (only the page write remains): decode gives the rest
 # of the hand-off a short deadline of its own (services/decode/liveness.py).
 COMPUTED_KEY = "pdrelay-prefill-computed"
-# What decode can check the written pages with, preferred first (the ticket's `checksums`; prefill sums with the
-# first it knows and names it in the answer): both sides sum every page on the request's TTFT path, and XXH3
-# does 45 MiB in ~2 ms where CRC-32 takes ~13 (bench/RESULTS.md). A ticket without the list comes from a decode
-# that knows only CRC-32.
-HANDOFF_CHECKSUMS = (PageChecksum.XXH3_64, PageChecksum.CRC32)
+# How a side checks hand-offs, preferred first: both sides sum every page on the request's TTFT path. On the host,
+# XXH3 does 45 MiB in ~2 ms where CRC-32 takes ~13 (bench/RESULTS.md); in device memory WORDSUM64 sums the pages
+# where they are (a host hash would copy them out first).
+_PREFERENCE = (PageChecksum.XXH3_64, PageChecksum.WORDSUM64, PageChecksum.CRC32)
+HANDOFF_CHECKSUMS = _PREFERENCE  # a host pool's list
+
+
+def handoff_checksums(device_type: str) -> tuple[PageChecksum, ...]:
+    """What a side whose KV pool lives on `device_type` ("cpu", "cuda") sums hand-offs with, preferred first: the
+    algorithms that run where its pages are, then those that need a host copy of them. Decided once, when the
+    transfer engine is created; decode sends it in every ticket."""
+    here = [a for a in _PREFERENCE if runs_in_place(a, device_type)]
+    return tuple(here + [a for a in _PREFERENCE if a not in here])
 
 
 def checksums_to_pb(
@@ -38,10 +46,21 @@ def checksums_to_pb(
     return [worker_pb2.ChecksumAlgorithm.Value(f"CHECKSUM_ALGORITHM_{a.name}") for a in algorithms]
 
 
-def choose_checksum(ticket: worker_pb2.HandoffTicket) -> PageChecksum:
-    """The first algorithm of the ticket's list that this side knows; CRC-32 for a ticket without one."""
-    known = {a.value for a in PageChecksum}
-    return next((PageChecksum(a) for a in ticket.checksums if a in known), PageChecksum.CRC32)
+def choose_checksum(
+    ticket: worker_pb2.HandoffTicket, mine: tuple[PageChecksum, ...] = HANDOFF_CHECKSUMS, device_type: str = "cpu"
+) -> PageChecksum:
+    """Prefill's side of the negotiation, when the ticket arrives (before any compute): of the algorithms decode
+    offers (CRC-32 for a ticket without a list) that this side runs (`mine`), the first that runs where this side's
+    pages are, else the first. ValueError naming both lists when there is none in common (the ticket is refused)."""
+    offered = [a for a in ticket.checksums] or [PageChecksum.CRC32.value]
+    common = [PageChecksum(a) for a in offered if a in {m.value for m in mine}]
+    if not common:
+        names = ", ".join(PageChecksum(a).name if a in set(PageChecksum) else f"#{a}" for a in offered)
+        raise ValueError(
+            f"decode offers page checksums {names} and none of them runs here ({', '.join(m.name for m in mine)}); "
+            "run decode and prefill from the same pdrelay version"
+        )
+    return next((a for a in common if runs_in_place(a, device_type)), common[0])
 
 
 class EpochClock:

@@ -14,26 +14,38 @@ import torch
 
 from proto.pdrelay.v1 import common_pb2
 from shared.config.choices import TransferBackend
+from shared.config.groups import TransferConfig
 from shared.engine.kv_pool import KVPool
 from shared.serving.convert import BACKEND_TO_PB
-from shared.serving.handoff import paged_descriptors
+from shared.serving.handoff import handoff_checksums, paged_descriptors
 from shared.transfer import create_engine
 from shared.transfer.base import TransferEngine, TransferHandle
 from shared.transfer.checksum import PageChecksum, checksum_pages
 from shared.transfer.descs import PageDesc, RegionHandle
 from shared.transfer.errors import TransferError, TransferTimeout
+from shared.transfer.options import TransferOptions
 from shared.transfer.pace import ProgressPace
 
 log = logging.getLogger(__name__)
 
 
 class KVTransfer:
-    def __init__(self, backend: TransferBackend | str, name: str, host: str, pool: KVPool) -> None:
+    def __init__(
+        self,
+        backend: TransferBackend | str,
+        name: str,
+        host: str,
+        pool: KVPool,
+        options: TransferOptions | None = None,
+    ) -> None:
         self.backend = TransferBackend(backend)  # an unknown name fails here, before any engine starts
         self.pool = pool
-        self.engine: TransferEngine = create_engine(backend, name=name, host=host)
+        self.engine: TransferEngine = create_engine(backend, name=name, host=host, options=options)
         self.region: RegionHandle = self.engine.register(pool.buffer)
         self.page_bytes = pool.bytes_per_page
+        # The page checksums this side runs, preferred first (where its pages are: WORDSUM64 for a GPU pool):
+        # decode offers them in its tickets, prefill picks from the offer when a ticket arrives.
+        self.checksums = handoff_checksums(pool.buffer.device.type)
         self._endpoint = self.engine.endpoint()
         self._pace = ProgressPace()  # hand-offs in flight: progress fast while any is, slowly otherwise
         self._task: asyncio.Task[None] | None = None
@@ -135,3 +147,8 @@ class KVTransfer:
             self.engine.close()
         except TransferError as e:
             log.warning("closing the transfer engine: %s", e)
+
+
+def transfer_options(t: TransferConfig) -> TransferOptions:
+    """The wire settings of a resolved transfer group."""
+    return TransferOptions.from_settings(t.transfer_protocol, t.ib_device, t.ucx_transports)

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from shared.serving.kv_transfer import KVTransfer
+from shared.serving.kv_transfer import KVTransfer, transfer_options
 from shared.serving.kvstore_client import KVStoreClient
 
 if TYPE_CHECKING:
@@ -25,8 +25,10 @@ async def attach_kvstore(svc: EngineService, transfer: KVTransfer | None) -> KVS
     engine = svc.aengine.engine
     host = cfg.transfer.transfer_host if cfg.has("transfer") else advertised_host(cfg.grpc.host)
 
+    options = transfer_options(cfg.transfer) if cfg.has("transfer") else None
+
     def make_transfer(backend: str) -> KVTransfer:
-        return KVTransfer(backend, svc.instance_id, host, engine.runner.kv)
+        return KVTransfer(backend, svc.instance_id, host, engine.runner.kv, options)
 
     client = KVStoreClient(
         kc,

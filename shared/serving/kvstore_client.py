@@ -37,7 +37,7 @@ from shared.serving.handoff import descs_from_pb
 from shared.serving.kv_transfer import KVTransfer
 from shared.telemetry import spans
 from shared.telemetry.metrics import CountersCollector
-from shared.transfer.checksum import checksum_pages
+from shared.transfer.checksum import page_crcs
 
 if TYPE_CHECKING:
     from shared.config.groups import KVStoreClientConfig
@@ -455,7 +455,7 @@ class KVStoreClient:
             dst = descs_from_pb(resp.slots, self.layout)
             handle = transfer.write_pages(peer, src, dst, b"")
             await transfer.wait(handle, max(0.1, resp.expires_s - 1.0))
-            crcs = await asyncio.to_thread(lambda: [checksum_pages(transfer.pool.buffer, [p]) for p in src])
+            crcs = await asyncio.to_thread(page_crcs, transfer.pool.buffer, src)  # host or device pages
             ok = True
         finally:
             if not ok:
@@ -492,8 +492,7 @@ class KVStoreClient:
 
 
 def _verified_prefix(transfer: KVTransfer, page_ids: Sequence[int], crcs: Sequence[int]) -> int:
-    """Leading pages whose bytes in the pool match the store's CRC-32."""
-    for i, (p, c) in enumerate(zip(page_ids, crcs, strict=False)):
-        if checksum_pages(transfer.pool.buffer, [p]) != c:
-            return i
-    return min(len(page_ids), len(crcs))
+    """Leading pages whose bytes in the pool (host or device memory) match the store's CRC-32."""
+    n = min(len(page_ids), len(crcs))
+    mine = page_crcs(transfer.pool.buffer, page_ids[:n])
+    return next((i for i, (a, b) in enumerate(zip(mine, crcs, strict=False)) if a != b), n)

@@ -53,16 +53,19 @@ class _McXfer:
 class MooncakeEngine(TransferEngine):
     backend = "mooncake"
 
-    def __init__(self, name: str, host: str, protocol: str = "tcp") -> None:
+    def __init__(self, name: str, host: str, protocol: str = "tcp", ib_devices: tuple[str, ...] = ()) -> None:
         super().__init__(name, host)
         te_cls, self._notify_cls, opcode = import_mooncake()
         self._write_op = opcode.Write
         self._te = te_cls()
-        rc = self._te.initialize(host, "P2PHANDSHAKE", protocol, "")
+        # protocol "rdma" with the HCAs of --ib-device (comma-separated, as Mooncake takes them); "tcp" needs none
+        rc = self._te.initialize(host, "P2PHANDSHAKE", protocol, ",".join(ib_devices))
         if rc != 0:
+            on = f" on {','.join(ib_devices)}" if ib_devices else ""
             raise BackendUnavailable(
-                f"Mooncake could not start on host {host!r} with protocol {protocol!r} (rc {rc}); "
-                "check that --transfer-host is an address of this machine"
+                f"Mooncake could not start on host {host!r} with protocol {protocol!r}{on} (rc {rc}); check that "
+                "--transfer-host is an address of this machine"
+                + (" and that the CUDA wheel (pip install 'pdrelay[cuda]') is installed for rdma" if on else "")
             )
         self._address = f"{host}:{self._te.get_rpc_port()}"
 

@@ -19,6 +19,7 @@ from shared.transfer.base import TransferEngine, TransferStatus
 from shared.transfer.descs import RegionHandle
 from shared.transfer.endpoint import EndpointInfo
 from shared.transfer.errors import BackendUnavailable, PeerError, RegionError, TransferError
+from shared.transfer.options import TransferOptions
 from shared.transfer.plan import BoundDescs
 
 INSTALL_HINT = (
@@ -46,7 +47,7 @@ def is_loopback(host: str) -> bool:
         return False
 
 
-def prepare_ucx_env(host: str) -> None:
+def prepare_ucx_env(host: str, options: TransferOptions | None = None) -> None:
     """Choose UCX interfaces and modules before the agent (and with it UCX's config) is created.
 
     Environment variables are how UCX is configured (NIXL's `ucx_devices` backend parameter did not change the
@@ -61,6 +62,8 @@ def prepare_ucx_env(host: str) -> None:
     - UCX_CMA_SEG_SIZE=16m: cma copies a put in 512 KiB process_vm_writev segments by default; one 16 MiB
       segment per call moved a coalesced 16 MiB write at 0.81x memcpy instead of 0.68x (medians of 3 A/B runs),
       and allocator-placed 16/64 MiB batches at 0.72-0.81x instead of 0.68-0.77x (2 A/B runs; 64m: no better).
+    - UCX_TLS / UCX_NET_DEVICES from --ucx-transports / --ib-device (TransferOptions.ucx_env): e.g. rc, cuda_copy
+      and cuda_ipc for a GPU pool over RDMA, so KV moves NIC <-> VRAM; unset, UCX picks among what it has.
     Tried and left unset (bench/transfer.py, 16 and 64 MiB, allocator and scattered layouts): UCX_RNDV_THRESH=inf
     and UCX_MAX_RMA_LANES=1 are within noise (a put to host memory is one cma zero-copy, no rendezvous, one
     lane); UCX_PROTO_ENABLE=n makes NIXL's transfers fail ("Unsupported operation"). No knob cuts the ~5.5 us each
@@ -68,6 +71,8 @@ def prepare_ucx_env(host: str) -> None:
     """
     os.environ.setdefault("UCX_LOG_FILE", "stderr")
     os.environ.setdefault("UCX_CMA_SEG_SIZE", "16m")
+    for key, value in (options or TransferOptions()).ucx_env().items():
+        os.environ.setdefault(key, value)
     if is_loopback(host):
         os.environ.setdefault("UCX_NET_DEVICES", "lo")
     ib = Path("/sys/class/infiniband")
@@ -95,9 +100,9 @@ def _nixl_error(what: str, e: Exception) -> str:
 class NixlEngine(TransferEngine):
     backend = "nixl"
 
-    def __init__(self, name: str, host: str) -> None:
+    def __init__(self, name: str, host: str, options: TransferOptions | None = None) -> None:
         super().__init__(name, host)
-        prepare_ucx_env(host)  # before the import: UCX reads its global options when its library loads
+        prepare_ucx_env(host, options)  # before the import: UCX reads its global options when its library loads
         nixl_agent, nixl_agent_config = import_nixl()
         quiet_nixl_logging()
         cfg = nixl_agent_config(enable_prog_thread=False, enable_listen_thread=False, backends=["UCX"])

@@ -18,10 +18,16 @@ ROOT = Path(__file__).resolve().parents[2]
 
 
 @pytest.mark.slow
-def test_smoke_run_on_cpu(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    out = tmp_path / "gpu_check.json"
-    assert gpu_check.main(["--device", "cpu", "--quick", "--json-out", str(out)]) == 0
-    res = json.loads(out.read_text())
+def test_smoke_run_on_cpu(tmp_path: Path) -> None:
+    """bench/gpu_check.sh --device cpu --quick, as CI runs it: every section of the GPU check at tiny sizes."""
+    bash = shutil.which("bash")
+    if bash is None:
+        pytest.skip("no bash")
+    script = ROOT / "bench" / "gpu_check.sh"
+    r = subprocess.run([bash, str(script), "--device", "cpu", "--quick", str(tmp_path)], capture_output=True, text=True)
+    assert r.returncode == 0, r.stdout[-4000:] + r.stderr[-2000:]
+    text = r.stdout
+    res = json.loads((tmp_path / "gpu_check.json").read_text())
     names = [r["kernel"] for r in res["kernels"]]
     for want in (
         "decode 32/8x128",
@@ -42,8 +48,13 @@ def test_smoke_run_on_cpu(tmp_path: Path, capsys: pytest.CaptureFixture[str]) ->
     for r in res["steps"]:
         assert r["max_abs_logit_diff"] < 1e-4 and r["argmax_agree"] == 1.0
     assert "targets" not in res  # a smoke run claims nothing about targets
-    text = capsys.readouterr().out
     assert "copy bandwidth" in text and "decode steps" in text
+    e2e = json.loads((tmp_path / "gpu_e2e.json").read_text())
+    assert [r["argmax_agree"] for r in e2e["parity"]] == [True] and e2e["parity"][0]["greedy_equal_tokens"] == 8
+    assert e2e["throughput"][0]["engine_tok_s"] > 0 and e2e["throughput"][0]["hf_tok_s"] > 0
+    h = e2e["handoff"]
+    assert h["checksums_equal"] == h["continuations_equal"] == h["prompts"] == 2
+    assert "hand-off between two processes" in text and "gpu tests rc=0, timings rc=0, e2e rc=0" in text
 
 
 def test_shell_wrapper_parses_and_needs_cuda(tmp_path: Path) -> None:

@@ -4,6 +4,7 @@ command and environment resolve through the real config system (transfer-engine 
 from __future__ import annotations
 
 import copy
+import dataclasses
 import os
 import shutil
 import subprocess
@@ -228,13 +229,34 @@ class _GpuHost(HostProbe):
     def device_memory(self, device: str) -> tuple[int, str]:
         return (80 << 30, "CUDA device memory") if device == "cuda" else super().device_memory(device)
 
+    def gpu_memory(self, gpu: int) -> tuple[int, int]:
+        return 80 << 30, 80 << 30
 
-def test_gpu_overlay_resolves_on_a_gpu_host():
-    launches = compose_launches(load_compose(COMPOSE_FILE, GPU_FILE))
+
+def test_gpu_overlay_resolves_on_a_gpu_host(tmp_path):
+    from tests.helpers.header_checkpoints import LLAMA_31_8B, write_header_checkpoint
+
+    gpu_model = load_compose(COMPOSE_FILE, GPU_FILE)
     ctx = PassContext(probe=_GpuHost())
-    for launch in launches:
+    llama = write_header_checkpoint(tmp_path / "Llama-3.1-8B-Instruct", LLAMA_31_8B)
+    for launch in compose_launches(gpu_model):
         cfg = _resolved(launch, ctx)
+        assert launch.image.endswith(":cuda"), launch.where
         if launch.role in ("prefill", "decode", "worker"):
             assert cfg.device.device == "cuda" and cfg.model.dtype == "bfloat16", launch.where
-            assert cfg.cache.kv_cache_memory_bytes > 40 << 30, f"{launch.where}: KV budget should follow the GPU"
-            assert launch.image.endswith(":cuda"), launch.where
+            # the bundled model is prepared inside the image: its engine plans the KV pool at start
+            assert cfg.cache.kv_cache_memory_bytes == 0, launch.where
+            assert "memory plan" in cfg.provenance["cache.kv_cache_memory_bytes"].detail, launch.where
+            # an 8B checkpoint on the 80 GiB GPU: the plan leaves most of it to the KV pool
+            big = _resolved(dataclasses.replace(launch, argv=(*launch.argv, "--model", str(llama))), ctx)
+            assert big.cache.kv_cache_memory_bytes > 40 << 30, launch.where
+        elif launch.role == "encoder":
+            assert cfg.device.device == "cpu", "the encoder stays on the CPU unless given a GPU"
+    services = gpu_model["services"]
+    gpus = {
+        name: services[name]["deploy"]["resources"]["reservations"]["devices"][0]["device_ids"]
+        for name in ("prefill", "decode", "worker")
+    }
+    assert gpus == {"prefill": ["0"], "decode": ["1"], "worker": ["0"]}  # engines of one stack: their own GPUs
+    for name in gpus:
+        assert int(str(services[name]["mem_limit"]).rstrip("g")) >= 20, f"{name}: staging an 8B model needs ~20 GB"

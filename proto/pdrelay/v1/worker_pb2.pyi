@@ -13,6 +13,7 @@ class ChecksumAlgorithm(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     CHECKSUM_ALGORITHM_UNSPECIFIED: _ClassVar[ChecksumAlgorithm]
     CHECKSUM_ALGORITHM_CRC32: _ClassVar[ChecksumAlgorithm]
     CHECKSUM_ALGORITHM_XXH3_64: _ClassVar[ChecksumAlgorithm]
+    CHECKSUM_ALGORITHM_WORDSUM64: _ClassVar[ChecksumAlgorithm]
 
 class StorageTier(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     __slots__ = ()
@@ -23,6 +24,7 @@ class StorageTier(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
 CHECKSUM_ALGORITHM_UNSPECIFIED: ChecksumAlgorithm
 CHECKSUM_ALGORITHM_CRC32: ChecksumAlgorithm
 CHECKSUM_ALGORITHM_XXH3_64: ChecksumAlgorithm
+CHECKSUM_ALGORITHM_WORDSUM64: ChecksumAlgorithm
 STORAGE_TIER_UNSPECIFIED: StorageTier
 STORAGE_TIER_DRAM: StorageTier
 STORAGE_TIER_DISK: StorageTier

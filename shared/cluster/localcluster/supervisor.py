@@ -36,7 +36,15 @@ from shared.cluster.bus.scale import ScaleReply, ScaleRequest, serve_scale
 from shared.cluster.errors import ControlPlaneUnavailable
 from shared.cluster.etcd import connect_etcd
 from shared.cluster.handshake import ReadyInfo, parse_ready_line
-from shared.cluster.localcluster.plan import ROLE_ORDER, InstanceSpec, UpOptions, build_spec, plan, role_available
+from shared.cluster.localcluster.plan import (
+    ROLE_ORDER,
+    InstanceSpec,
+    UpOptions,
+    build_spec,
+    plan,
+    role_available,
+    scale_placement,
+)
 from shared.cluster.localcluster.restarts import RestartPolicy, Restarts
 from shared.cluster.localcluster.rundir import TRACES_FILE, ChildState, RunState, running_supervisor, write_state
 from shared.cluster.localcluster.servers import (
@@ -318,7 +326,7 @@ class Supervisor:
         if spec.ready_file:
             Path(spec.ready_file).parent.mkdir(parents=True, exist_ok=True)
             Path(spec.ready_file).unlink(missing_ok=True)
-        env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+        env = {**os.environ, "PYTHONUNBUFFERED": "1", **spec.env}
         proc = await asyncio.create_subprocess_exec(
             *spec.argv,
             stdin=asyncio.subprocess.DEVNULL,
@@ -527,7 +535,19 @@ class Supervisor:
             for _ in range(want - len(live)):
                 index = self._next_index.get(role, 0)
                 self._next_index[role] = index + 1
-                spec = build_spec(role, index, self.opts, self._etcd_url, self._nats_url)
+                try:
+                    placement, gpu_host = scale_placement(role, self.opts, self._gpus_in_use())
+                except ValueError as e:
+                    return ScaleReply(ok=False, message=str(e))
+                spec = build_spec(
+                    role,
+                    index,
+                    self.opts,
+                    self._etcd_url,
+                    self._nats_url,
+                    placement=placement,
+                    on_gpu_host=gpu_host,
+                )
                 await self._spawn(spec)
                 started.append(spec.instance_id)
             # the newest go first, unless the request names the instances to drain (the planner's idlest)
@@ -556,6 +576,16 @@ class Supervisor:
             counts=counts,
             message=f"started {len(started)}, draining {len(draining)}",
         )
+
+    def _gpus_in_use(self) -> set[int]:
+        """Host GPU ids held by children that are starting, ready or draining."""
+        return {
+            int(d.split(":", 1)[1])
+            for c in self.children
+            if c.state in ("starting", "ready", "draining")
+            for d in c.spec.devices
+            if d.startswith("cuda:")
+        }
 
     async def _ensure_gone(self, child: _Child) -> None:
         """A drained instance exits on its own; one that ignores the command gets SIGTERM, then SIGKILL."""

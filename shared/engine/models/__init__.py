@@ -25,9 +25,13 @@ __all__ = [
 
 
 def build_model(
-    cfg: ModelArchConfig, dtype: torch.dtype, max_positions: int | None = None, ops: ElementwiseOps = TORCH_OPS
+    cfg: ModelArchConfig,
+    dtype: torch.dtype,
+    max_positions: int | None = None,
+    ops: ElementwiseOps = TORCH_OPS,
+    device: torch.device | None = None,
 ) -> LlamaForCausalLM:
     """An unloaded model for `cfg` (Llama, Qwen2 or Qwen3: the differences are flags on the config), calling the
-    norm/rotary/activation kernels in `ops`."""
+    norm/rotary/activation kernels in `ops`, its parameters allocated on `device` (default: the CPU)."""
     assert cfg.architecture in SUPPORTED_ARCHITECTURES, cfg.architecture  # parse_model_config refused the rest
-    return LlamaForCausalLM(cfg, dtype, max_positions, ops)
+    return LlamaForCausalLM(cfg, dtype, max_positions, ops, device)

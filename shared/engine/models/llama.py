@@ -194,17 +194,21 @@ class LlamaForCausalLM(nn.Module):
         dtype: torch.dtype,
         max_positions: int | None = None,
         ops: ElementwiseOps = TORCH_OPS,
+        device: torch.device | None = None,
     ) -> None:
         super().__init__()
         self.cfg = cfg
         self.dtype = dtype
         self.ops = ops
-        self.embed_tokens = _param(cfg.vocab_size, cfg.hidden_size, dtype=dtype)
-        self.layers = nn.ModuleList(DecoderLayer(cfg, i, dtype, ops) for i in range(cfg.num_layers))
-        self.norm = _param(cfg.hidden_size, dtype=dtype)
-        self.lm_head = (
-            self.embed_tokens if cfg.tie_word_embeddings else _param(cfg.vocab_size, cfg.hidden_size, dtype=dtype)
-        )
+        # The parameters are allocated where they will live (a GPU model never has a host copy of its weights); the
+        # RoPE tables are computed on the CPU and moved by to_device, as before.
+        with torch.device(device or "cpu"):
+            self.embed_tokens = _param(cfg.vocab_size, cfg.hidden_size, dtype=dtype)
+            self.layers = nn.ModuleList(DecoderLayer(cfg, i, dtype, ops) for i in range(cfg.num_layers))
+            self.norm = _param(cfg.hidden_size, dtype=dtype)
+            self.lm_head = (
+                self.embed_tokens if cfg.tie_word_embeddings else _param(cfg.vocab_size, cfg.hidden_size, dtype=dtype)
+            )
         self.rotary = RotaryCache(
             cfg.head_dim, max_positions or cfg.max_position_embeddings, cfg.rope_theta, cfg.rope_scaling
         )

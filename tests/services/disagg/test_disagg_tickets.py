@@ -87,6 +87,7 @@ async def test_malformed_and_incompatible_tickets_are_typed_errors(pd: BackendCl
             (dict(pages=half_pages), common_pb2.ERROR_CODE_INVALID_ARGUMENT, "bytes"),
             (dict(skip_tokens=5), common_pb2.ERROR_CODE_INVALID_ARGUMENT, "multiple of the page size"),
             (dict(prompt_token_ids=[]), common_pb2.ERROR_CODE_INVALID_ARGUMENT, "prompt tokens"),
+            (dict(checksums=[9]), common_pb2.ERROR_CODE_LAYOUT_MISMATCH, "none of them runs here"),  # negotiation
             (
                 dict(prompt_token_ids=[5] * (CONTEXT + 10), pages=local.transfer.descriptors(list(range(33)))),
                 common_pb2.ERROR_CODE_INVALID_ARGUMENT,
@@ -103,6 +104,10 @@ async def test_malformed_and_incompatible_tickets_are_typed_errors(pd: BackendCl
         # still serving: a well-formed ticket works (also under a request id that failed above)
         ok = await send(prefill.grpc, local.ticket("bad-0", 2, prompt, pages))
         assert ok.checksum == local.checksum(pages)
+        # a decode whose pool is on a GPU offers the device checksum first: prefill sums with it
+        dev = await send(prefill.grpc, local.ticket("bad-0", 3, prompt, pages, checksums=[3, 2, 1]))
+        assert dev.checksum_algorithm == worker_pb2.CHECKSUM_ALGORITHM_WORDSUM64
+        assert dev.checksum == local.transfer.checksum(pages, PageChecksum.WORDSUM64)
     finally:
         await local.close()
     async with Loads(pd.nats_url, [pd.cluster]) as loads:

@@ -89,7 +89,7 @@ def test_unknown_choice_lists_choices_and_suggests(ctx: PassContext) -> None:
 @pytest.mark.parametrize(
     ("argv", "want"),
     [
-        (["--mem-fraction-static", "0.99"], "--mem-fraction-static 0.99 is above the maximum 0.95; use at most 0.95"),
+        (["--mem-fraction-static", "0.999"], "--mem-fraction-static 0.999 is above the maximum 0.99; use at most 0.99"),
         (["--page-size", "0"], "--page-size 0 is below the minimum 1; use at least 1"),
         (["--lease-ttl-s", "601"], "--lease-ttl-s 601 is above the maximum 600; use at most 600"),
         (["--stream-interval", "0"], "--stream-interval 0 is below the minimum 1; use at least 1"),

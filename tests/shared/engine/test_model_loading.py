@@ -163,3 +163,62 @@ def test_no_safetensors_is_a_clear_error(tmp_path: Path) -> None:
     (tmp_path / "pytorch_model.bin").write_bytes(b"")
     with pytest.raises(ValueError, match="convert them to safetensors"):
         _load(tmp_path)
+
+
+def _load_with(model_dir: Path, threads: int, dtype: torch.dtype = torch.float32) -> torch.nn.Module:
+    cfg = load_model_config(model_dir)
+    model = build_model(cfg, dtype)
+    load_weights(model, model.hf_weight_map(), model_dir, tied_lm_head=cfg.tie_word_embeddings, threads=threads)
+    return model
+
+
+@pytest.mark.parametrize("sharded", [False, True])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_parallel_loading_equals_sequential(
+    sharded: bool, dtype: torch.dtype, tiny_qwen3_dir: Path, tmp_path: Path
+) -> None:
+    """Pieces read by a thread pool (slices of one file, or shards) fill every parameter exactly as one thread does,
+    dtype conversion included."""
+    d = tiny_qwen3_dir
+    if sharded:
+        d = tmp_path / "sharded"
+        shutil.copytree(tiny_qwen3_dir, d)
+        sd = load_file(str(d / "model.safetensors"))
+        (d / "model.safetensors").unlink()
+        names = sorted(sd)
+        shards = {f"model-0000{i + 1}-of-00003.safetensors": names[i::3] for i in range(3)}
+        for fname, keys in shards.items():
+            save_file({k: sd[k] for k in keys}, str(d / fname))
+        index = {"metadata": {}, "weight_map": {k: f for f, ks in shards.items() for k in ks}}
+        (d / "model.safetensors.index.json").write_text(json.dumps(index))
+    one = _load_with(d, threads=1, dtype=dtype)
+    for threads in (2, 5):
+        many = _load_with(d, threads=threads, dtype=dtype)
+        for (na, pa), (nb, pb) in zip(one.named_parameters(), many.named_parameters(), strict=True):
+            assert na == nb and pa.dtype == dtype and torch.equal(pa, pb), na
+
+
+def test_parallel_loading_reports_problems_like_sequential(tiny_llama_dir: Path, tmp_path: Path) -> None:
+    d = _copy_model(tiny_llama_dir, tmp_path / "m")
+    sd = load_file(str(d / "model.safetensors"))
+    del sd["model.layers.1.mlp.up_proj.weight"]
+    sd["model.layers.0.self_attn.q_proj.bias"] = torch.zeros(64)
+    save_file(sd, str(d / "model.safetensors"))
+    errors = []
+    for threads in (1, 4):
+        with pytest.raises(ValueError) as e:
+            _load_with(d, threads)
+        errors.append(str(e.value))
+    assert errors[0] == errors[1] and "missing 1 tensor(s)" in errors[0] and "unexpected 1" in errors[0]
+
+
+@pytest.mark.gpu
+def test_a_gpu_model_loads_straight_to_the_device(tiny_llama_dir: Path) -> None:
+    """Parameters allocated on the GPU and filled tensor by tensor equal the host load."""
+    cfg = load_model_config(tiny_llama_dir)
+    model = build_model(cfg, torch.bfloat16, device=torch.device("cuda"))
+    assert all(p.device.type == "cuda" for p in model.parameters())
+    load_weights(model, model.hf_weight_map(), tiny_llama_dir, tied_lm_head=cfg.tie_word_embeddings)
+    host = _load_with(tiny_llama_dir, threads=1, dtype=torch.bfloat16)
+    for (na, pa), (_, pb) in zip(model.named_parameters(), host.named_parameters(), strict=True):
+        assert torch.equal(pa.cpu(), pb), na
