@@ -35,7 +35,7 @@ def matmul_gflops(model_dir: Path) -> float:
 
     import torch
 
-    from bench.engine import measure_machine
+    from bench.engine_roofline import measure_machine
     from shared.engine.models import load_model_config
 
     c = load_model_config(model_dir)
