@@ -23,7 +23,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncGenerator, Awaitable, Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -85,6 +85,7 @@ async def discovery_latency(etcd_url: str, n: int) -> tuple[float, float]:
     raw: list[float] = []
     assert reader.watch is not None and writer.kv is not None
     stream = reader.watch.watch(prefix, range_end=prefix_range_end(prefix))
+    assert isinstance(stream, AsyncGenerator)  # declared an AsyncIterator; closed below before the clients
     first = await stream.__anext__()  # the "created" answer
     assert first.created
     for i in range(n):
@@ -361,26 +362,23 @@ def main(argv: list[str] | None = None) -> int:
     if ns.n < 1:
         p.error(f"--n must be >= 1 (got {ns.n})")
     with tempfile.TemporaryDirectory(prefix="pdrelay-bench-") as tmp:
-        etcd = nats = None
-        if ns.etcd is None:
+        etcd_url, nats_url = ns.etcd, ns.nats
+        started: list[EtcdServer | NatsServer] = []
+        if etcd_url is None:
             etcd = EtcdServer(data_dir=Path(tmp) / "etcd", port=free_port())
             etcd.start()
-        if ns.nats is None:
-            nats = NatsServer(data_dir=Path(tmp) / "nats", port=free_port())
-            nats.start()
+            started.append(etcd)
+            etcd_url = etcd.url
+        if nats_url is None:
+            nats_server = NatsServer(data_dir=Path(tmp) / "nats", port=free_port())
+            nats_server.start()
+            started.append(nats_server)
+            nats_url = nats_server.url
         try:
-            rows = asyncio.run(
-                run_all(
-                    ns.n,
-                    ns.etcd or etcd.url,
-                    ns.nats or nats.url,  # type: ignore[union-attr]
-                    max(1, ns.rounds),
-                )
-            )
+            rows = asyncio.run(run_all(ns.n, etcd_url, nats_url, max(1, ns.rounds)))
         finally:
-            for server in (nats, etcd):
-                if server is not None:
-                    server.stop()
+            for server in reversed(started):
+                server.stop()
     if ns.json:
         print(json.dumps([{**asdict(r), "ratio": r.ratio} for r in rows], indent=2))
     else:

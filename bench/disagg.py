@@ -36,6 +36,7 @@ from pathlib import Path
 from typing import Any
 
 from bench.entry import bench_main
+from shared.cluster.handshake import ReadyInfo
 from shared.cluster.localcluster.service_process import ServiceProcess, python_cmd, stop_all, wait_all_ready
 
 TARGET_OVERHEAD = 0.10  # of TTFT, at 1024 prompt tokens, NIXL
@@ -228,22 +229,13 @@ def _target(rows: list[dict[str, Any]], quick: bool) -> dict[str, Any] | None:
 
 
 def run(ns: argparse.Namespace) -> int:
-    from shared.cluster.localcluster.servers import EtcdServer, NatsServer, free_port
     from shared.engine.models import load_model_config
     from shared.modelspec.bundled import resolve_model_path
 
-    backends = [b.strip() for b in ns.backends.split(",") if b.strip()]
-    bad = [b for b in backends if b not in ("nixl", "mooncake")]
-    if bad or not backends:
-        print(
-            f"bench handoff: --backends {ns.backends!r}: use nixl and/or mooncake, e.g. --backends nixl,mooncake",
-            file=sys.stderr,
-        )
-        return 2
-    lengths = [64, 256] if ns.quick else [int(x) for x in ns.lengths.split(",") if x.strip()]
-    reps = 2 if ns.quick else ns.reps
-    if reps < 1 or not lengths or min(lengths) < 1:
-        print(f"bench handoff: --reps {reps} and --lengths {ns.lengths!r} must be >= 1", file=sys.stderr)
+    try:
+        backends, lengths, reps = _workload(ns)
+    except ValueError as e:
+        print(f"bench handoff: {e}", file=sys.stderr)
         return 2
     model = str(resolve_model_path(ns.model))
     arch = load_model_config(model)
@@ -257,12 +249,39 @@ def run(ns: argparse.Namespace) -> int:
     page_bytes = arch.num_layers * 2 * ns.page_size * arch.num_kv_heads * arch.head_dim * 4  # fp32 KV on CPU
     pages = str(2 * (-(-max(lengths) // ns.page_size)) + 8)  # the longest prompt twice over: never short of pages
     common = ["--model", model, "--threads", str(ns.threads), "--num-pages", pages, "--page-size", str(ns.page_size)]
+    raw, load = _run_services(common, backends, lengths, reps, arch.vocab_size, ns.seed)
+    rows = _summarize(raw, backends, lengths, page_bytes, ns.page_size)
+    _engine_reference(rows, page_bytes)
+    _report(ns, rows, reps, load)
+    return 0
+
+
+def _workload(ns: argparse.Namespace) -> tuple[list[str], list[int], int]:
+    """(backends, prompt lengths, rounds) from the flags (--quick: 64 and 256 tokens, 2 rounds); ValueError
+    naming the flag that is wrong."""
+    backends = [b.strip() for b in ns.backends.split(",") if b.strip()]
+    bad = [b for b in backends if b not in ("nixl", "mooncake")]
+    if bad or not backends:
+        raise ValueError(f"--backends {ns.backends!r}: use nixl and/or mooncake, e.g. --backends nixl,mooncake")
+    lengths = [64, 256] if ns.quick else [int(x) for x in ns.lengths.split(",") if x.strip()]
+    reps = 2 if ns.quick else ns.reps
+    if reps < 1 or not lengths or min(lengths) < 1:
+        raise ValueError(f"--reps {reps} and --lengths {ns.lengths!r} must be >= 1")
+    return backends, lengths, reps
+
+
+def _run_services(
+    common: list[str], backends: list[str], lengths: list[int], reps: int, vocab: int, seed: int
+) -> tuple[dict[tuple[str, int], list[tuple[float, float, float]]], tuple[float, float]]:
+    """Starts etcd, NATS, the colocated worker and a prefill + decode per backend, measures every mode, stops
+    them all; (the measurements, the machine's load average before and after them)."""
+    from shared.cluster.localcluster.servers import EtcdServer, NatsServer, free_port
+
     tmp = Path(tempfile.mkdtemp(prefix="pdrelay-bench-handoff-"))
     etcd = EtcdServer(data_dir=tmp / "etcd", port=free_port())
     nats = NatsServer(data_dir=tmp / "nats", port=free_port())
     services: list[ServiceProcess] = []
     ok = False
-    load_before = load_after = 0.0
     try:
         etcd.start()
         nats.start()
@@ -274,21 +293,9 @@ def run(ns: argparse.Namespace) -> int:
         t0 = time.monotonic()
         wait_all_ready(services, READY_TIMEOUT_S)
         print(f"{len(services)} services ready in {time.monotonic() - t0:.1f} s (logs in {tmp})", file=sys.stderr)
-        by = {s.name: s for s in services}
-        from proto.pdrelay.v1 import worker_pb2
-
-        w = by["bench-worker"]
-        modes: dict[str, tuple[str, Any, list[int]]] = {"colocated": (w.ready.grpc, None, [w.proc.pid])}
-        for b in backends:
-            pre, dec = by[f"bench-prefill-{b}"], by[f"bench-decode-{b}"]
-            p = pre.ready
-            modes[b] = (
-                dec.ready.grpc,
-                worker_pb2.PrefillTarget(instance_id=p.instance_id, grpc_address=p.grpc, epoch=p.epoch),
-                [pre.proc.pid, dec.proc.pid],
-            )
+        modes = _modes({s.name: s for s in services}, backends)
         load_before = os.getloadavg()[0]
-        raw = asyncio.run(_measure(modes, lengths, reps, arch.vocab_size, ns.seed))
+        raw = asyncio.run(_measure(modes, lengths, reps, vocab, seed))
         load_after = os.getloadavg()[0]
         ok = True
     finally:
@@ -297,8 +304,34 @@ def run(ns: argparse.Namespace) -> int:
         etcd.stop()
         if ok:
             shutil.rmtree(tmp, ignore_errors=True)  # on failure the service logs stay for a look
-    rows = _summarize(raw, backends, lengths, page_bytes, ns.page_size)
-    _engine_reference(rows, page_bytes)
+    return raw, (load_before, load_after)
+
+
+def _modes(by: dict[str, ServiceProcess], backends: list[str]) -> dict[str, tuple[str, Any, list[int]]]:
+    """(decode address, prefill target or None, pids whose CPU counts) per mode: colocated, then each backend."""
+    from proto.pdrelay.v1 import worker_pb2
+
+    w = by["bench-worker"]
+    modes: dict[str, tuple[str, Any, list[int]]] = {"colocated": (_ready(w).grpc, None, [w.proc.pid])}
+    for b in backends:
+        pre, dec = by[f"bench-prefill-{b}"], by[f"bench-decode-{b}"]
+        p = _ready(pre)
+        modes[b] = (
+            _ready(dec).grpc,
+            worker_pb2.PrefillTarget(instance_id=p.instance_id, grpc_address=p.grpc, epoch=p.epoch),
+            [pre.proc.pid, dec.proc.pid],
+        )
+    return modes
+
+
+def _ready(s: ServiceProcess) -> ReadyInfo:
+    assert s.ready is not None, f"{s.name} is not ready (wait_all_ready returned)"
+    return s.ready
+
+
+def _report(ns: argparse.Namespace, rows: list[dict[str, Any]], reps: int, load: tuple[float, float]) -> None:
+    """The table, the target line and (--json-out) the JSON."""
+    load_before, load_after = load
     print(
         f"model {ns.model}, {ns.threads} thread(s) per service, {reps} rounds, medians; overhead = TTFT_disagg - "
         "TTFT_colocated as a fraction of TTFT_colocated, transfer = prefill-reported KV write time; machine load "
@@ -325,7 +358,6 @@ def run(ns: argparse.Namespace) -> int:
             "target_overhead_1024_nixl": target,
         }
         Path(ns.json_out).write_text(json.dumps(summary, indent=2))
-    return 0
 
 
 def main(argv: Sequence[str] | None = None) -> int:

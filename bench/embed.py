@@ -208,7 +208,6 @@ def run(ns: argparse.Namespace) -> int:
 
 async def _run(ns: argparse.Namespace, levels: list[int]) -> int:
     from bench.serve.http_client import RawHttp
-    from bench.serve.procs import process_cpu
     from shared.cluster.localcluster.servers import EtcdServer, NatsServer, free_port
     from shared.modelspec.bundled import resolve_model_path
 
@@ -252,31 +251,8 @@ async def _run(ns: argparse.Namespace, levels: list[int]) -> int:
             "max_abs_diff_vs_st": max(diffs),
             "levels": {},
         }
-        metrics = encoder.metrics
         for c in levels:
-            st_cpu0 = time.process_time()
-            st_lat, st_wall = await _closed_loop(texts, c, st.one)
-            st_cpu = (time.process_time() - st_cpu0) / len(st_lat) * 1e3
-            before = _batch_counts(metrics)
-            cpu0 = [process_cpu(p.proc.pid).best_s for p in procs] + [time.process_time()]
-            our_lat, our_wall = await _closed_loop(texts, c, ours.one)
-            cpu1 = [process_cpu(p.proc.pid).best_s for p in procs] + [time.process_time()]
-            after = _batch_counts(metrics)
-            a, b = _summary(our_lat, our_wall), _summary(st_lat, st_wall)
-            n = len(our_lat)
-            a["cpu_ms_per_request"] = {
-                name: (y - x) / n * 1e3 for name, x, y in zip(("encoder", "gateway", "client"), cpu0, cpu1, strict=True)
-            }
-            b["cpu_ms_per_request"] = st_cpu
-            forwards = after[1] - before[1]
-            a["encoder_forwards"] = forwards
-            a["mean_batch_size"] = (after[0] - before[0]) / forwards if forwards else 0.0
-            results["levels"][str(c)] = {
-                "pdrelay": a,
-                "sentence_transformers": b,
-                "throughput_ratio": a["request_throughput"] / b["request_throughput"],
-                "cpu_ratio": st_cpu / sum(a["cpu_ms_per_request"].values()),
-            }
+            results["levels"][str(c)] = await _measure_level(texts, c, st, ours, procs, encoder.metrics)
         await http.aclose()
     finally:
         stop_all(reversed(procs), 20.0)
@@ -287,6 +263,38 @@ async def _run(ns: argparse.Namespace, levels: list[int]) -> int:
         Path(ns.json_out).write_text(json.dumps(results, indent=2))
     target = results["levels"].get(str(TARGET_CONCURRENCY))
     return 0 if target is None or target["throughput_ratio"] >= TARGET_RATIO else 1
+
+
+async def _measure_level(
+    texts: list[str], c: int, st: StSide, ours: PdrelaySide, procs: list[ServiceProcess], metrics: str
+) -> dict[str, Any]:
+    """One concurrency level, the reference first, then pdrelay: latency, throughput, CPU per request (pdrelay's
+    per process: encoder, gateway, this client) and the encoder's mean batch size."""
+    from bench.serve.procs import process_cpu
+
+    st_cpu0 = time.process_time()
+    st_lat, st_wall = await _closed_loop(texts, c, st.one)
+    st_cpu = (time.process_time() - st_cpu0) / len(st_lat) * 1e3
+    before = _batch_counts(metrics)
+    cpu0 = [process_cpu(p.proc.pid).best_s for p in procs] + [time.process_time()]
+    our_lat, our_wall = await _closed_loop(texts, c, ours.one)
+    cpu1 = [process_cpu(p.proc.pid).best_s for p in procs] + [time.process_time()]
+    after = _batch_counts(metrics)
+    a, b = _summary(our_lat, our_wall), _summary(st_lat, st_wall)
+    n = len(our_lat)
+    a["cpu_ms_per_request"] = {
+        name: (y - x) / n * 1e3 for name, x, y in zip(("encoder", "gateway", "client"), cpu0, cpu1, strict=True)
+    }
+    b["cpu_ms_per_request"] = st_cpu
+    forwards = after[1] - before[1]
+    a["encoder_forwards"] = forwards
+    a["mean_batch_size"] = (after[0] - before[0]) / forwards if forwards else 0.0
+    return {
+        "pdrelay": a,
+        "sentence_transformers": b,
+        "throughput_ratio": a["request_throughput"] / b["request_throughput"],
+        "cpu_ratio": st_cpu / sum(a["cpu_ms_per_request"].values()),
+    }
 
 
 def _batch_counts(metrics_address: str) -> tuple[float, float]:

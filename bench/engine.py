@@ -26,9 +26,10 @@ import sys
 import time
 from collections import deque
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
+from bench.engine_roofline import Meter, MeteredRunner, measure_machine, roofline
 from bench.entry import bench_main
 from bench.urls import openai_base_url
 
@@ -81,83 +82,8 @@ def make_workloads(vocab: int, *, quick: bool, seed: int, concurrency: Sequence[
     return out
 
 
-# ---- machine roofline ---------------------------------------------------------------------------------------------
-def measure_machine(hidden: int, intermediate: int, batch: int) -> dict[str, float]:
-    """Matmul GFLOPS on the model's MLP shape ([batch, hidden] x [hidden, intermediate], fp32; the faster of
-    torch's F.linear and prepacked oneDNN, so the roofline is the best this machine does, whichever kernel the
-    engine runs) and copy GB/s."""
-    import torch
-
-    from shared.kernels.linear import OneDnnLinear, TorchLinear, onednn_available
-
-    a = torch.randn(batch, hidden)
-    w = torch.randn(intermediate, hidden)
-    gflops = 0.0
-    for kernel in (TorchLinear(), OneDnnLinear()) if onednn_available() else (TorchLinear(),):
-        packed = kernel.pack(w)
-        for _ in range(3):
-            kernel.apply(a, packed)
-        reps, t0 = 0, time.perf_counter()
-        while time.perf_counter() - t0 < 0.5:
-            kernel.apply(a, packed)
-            reps += 1
-        gflops = max(gflops, 2 * batch * hidden * intermediate * reps / (time.perf_counter() - t0) / 1e9)
-    src = torch.empty(64 << 20, dtype=torch.float32).fill_(1.0)  # 256 MiB: far larger than the caches
-    dst = torch.empty_like(src)
-    dst.copy_(src)
-    best = float("inf")
-    for _ in range(5):
-        t0 = time.perf_counter()
-        dst.copy_(src)
-        best = min(best, time.perf_counter() - t0)
-    return {"matmul_gflops": gflops, "matmul_batch": batch, "copy_gbps": src.numel() * 4 / best / 1e9}
-
-
-@dataclass
-class StepMeter:
-    """Per-step FLOPs and bytes of what the engine actually ran (filled by MeteredRunner)."""
-
-    flops: list[float] = field(default_factory=list)
-    bytes: list[float] = field(default_factory=list)
-
-
-class MeteredRunner:
-    """Delegates to a ModelRunner and records each step's work for the roofline."""
-
-    def __init__(self, runner: Any) -> None:
-        self._r = runner
-        a = runner.arch
-        self.meter = StepMeter()
-        q, kv = a.num_heads * a.head_dim, a.num_kv_heads * a.head_dim
-        layer_params = a.hidden_size * (2 * q + 2 * kv) + 3 * a.hidden_size * a.intermediate_size
-        self._layer_flops = 2 * a.num_layers * layer_params  # per token, all layers' matmuls
-        self._head_flops = 2 * a.hidden_size * a.vocab_size  # per token that needs logits
-        self._attn_flops = 4 * a.num_layers * q  # per (query token, context token) pair: QK^T and PV
-        elt = runner.layout.dtype_bytes
-        self._weight_bytes = runner.model.weight_bytes
-        self._kv_token_bytes = a.num_layers * 2 * kv * elt
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self._r, name)
-
-    def prepare(self, out: Any) -> Any:
-        tokens = ctx_pairs = kv_read = logits = 0
-        for s in out.seqs:
-            n, start = len(s.token_ids), s.start_pos
-            tokens += n
-            ctx_pairs += n * start + n * (n + 1) // 2  # causal: token j attends to start + j + 1 positions
-            kv_read += start + n
-            logits += s.need_logits
-        self.meter.flops.append(tokens * self._layer_flops + logits * self._head_flops + ctx_pairs * self._attn_flops)
-        self.meter.bytes.append(self._weight_bytes + (kv_read + tokens) * self._kv_token_bytes)
-        return self._r.prepare(out)
-
-    def forward_batch(self, batch: Any) -> Any:
-        return self._r.forward_batch(batch)
-
-
 # ---- the three ways of running a workload ---------------------------------------------------------------------------
-def run_engine(engine: Any, meter: StepMeter, w: Workload, tag: str) -> dict[str, Any]:
+def run_engine(engine: Any, meter: Meter, w: Workload, tag: str) -> dict[str, Any]:
     from shared.engine.sampling_params import SamplingParams
 
     engine.reset_stats()
@@ -257,19 +183,6 @@ def run_server(url: str, model: str, w: Workload, tokenizer: Any | None) -> dict
     return {"output_tok_s": produced / elapsed, "elapsed_s": elapsed, "output_tokens": produced}
 
 
-def roofline(res: dict[str, Any], machine: dict[str, float]) -> dict[str, float]:
-    """Each step is bound by compute or by memory traffic, whichever takes longer; their sum is the floor."""
-    flops, nbytes = res.pop("_meter")
-    rate, bw = machine["matmul_gflops"] * 1e9, machine["copy_gbps"] * 1e9
-    floor_s = sum(max(f / rate, b / bw) for f, b in zip(flops, nbytes, strict=True))
-    compute_bound = sum(1 for f, b in zip(flops, nbytes, strict=True) if f / rate >= b / bw)
-    return {
-        "roofline_s": floor_s,
-        "roofline_fraction": floor_s / res["elapsed_s"],
-        "compute_bound_steps": compute_bound / max(1, len(flops)),
-    }
-
-
 # ---- driver -------------------------------------------------------------------------------------------------------
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--model", default="bundled:smollm2-135m-instruct", help="bundled:<name> or a local HF model dir")
@@ -313,23 +226,14 @@ def run(ns: argparse.Namespace) -> int:
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     import torch
 
-    from shared.config.groups import CacheConfig, SchedulerConfig
-    from shared.engine.engine import Engine
-    from shared.engine.model_runner import ModelRunner
     from shared.modelspec.bundled import resolve_model_path
 
     threads = ns.threads or os.cpu_count() or 1
     torch.set_num_threads(threads)
-    concs = tuple(int(c) for c in ns.concurrency.split(",")) if ns.concurrency else None
-    if concs is not None and any(c < 1 for c in concs):
-        print(f"--concurrency {ns.concurrency}: every value must be >= 1", file=sys.stderr)
-        return 2
-    if ns.repeat < 1:
-        print(f"--repeat {ns.repeat} must be >= 1", file=sys.stderr)
-        return 2
-    wanted = {x.strip() for x in ns.workloads.split(",") if x.strip()}
-    if not wanted <= {"uniform", "varied"}:
-        print(f"--workloads {ns.workloads}: choose from uniform, varied", file=sys.stderr)
+    try:
+        concs, wanted = _workload_flags(ns)
+    except ValueError as e:
+        print(e, file=sys.stderr)
         return 2
     server_model = None
     if ns.url:  # before loading anything: a bad or unreachable URL fails in a second, with one line
@@ -346,7 +250,78 @@ def run(ns: argparse.Namespace) -> int:
         for w in make_workloads(vocab, quick=ns.quick, seed=ns.seed, concurrency=concs)
         if w.name.split("-")[0] in wanted
     ]
-    max_conc = max(w.concurrency for w in workloads)
+    sides = _load_sides(ns, model_dir, threads, max(w.concurrency for w in workloads), server_model)
+    _warm_up(sides, workloads[0])
+    machine, runner = sides.machine, sides.runner
+    print(
+        f"model {ns.model}  {ns.dtype}  attention {runner.attn.name}  linear {runner.linear.name}  threads {threads}  matmul {machine['matmul_gflops']:.0f} GFLOPS  "
+        f"copy {machine['copy_gbps']:.1f} GB/s  weights {runner.model.weight_bytes / 1e6:.0f} MB",
+        flush=True,
+    )
+    results: list[dict[str, Any]] = []
+    for i, w in enumerate(workloads):
+        try:
+            res = _measure_workload(ns, sides, w, f"w{i}", vocab)
+        except ValueError as e:  # the server stopped answering
+            print(f"pdrelay bench engine: {e}", file=sys.stderr)
+            return 1
+        results.append(res)
+        print(_row(res), flush=True)
+    summary = {
+        "model": ns.model,
+        "dtype": ns.dtype,
+        "attention_backend": runner.attn.name,
+        "linear_backend": runner.linear.name,
+        "quick": ns.quick,
+        "repeat": ns.repeat,
+        "machine": machine,
+        "results": results,
+        "targets": _targets(results, ns.quick),
+    }
+    for line in _target_lines(summary["targets"]):
+        print(line)
+    if ns.json_out:
+        with open(ns.json_out, "w") as f:
+            json.dump(summary, f, indent=2)
+    return 0
+
+
+def _workload_flags(ns: argparse.Namespace) -> tuple[tuple[int, ...] | None, set[str]]:
+    """(--concurrency values or None for the defaults, the --workloads kinds); ValueError naming a bad flag."""
+    concs = tuple(int(c) for c in ns.concurrency.split(",")) if ns.concurrency else None
+    if concs is not None and any(c < 1 for c in concs):
+        raise ValueError(f"--concurrency {ns.concurrency}: every value must be >= 1")
+    if ns.repeat < 1:
+        raise ValueError(f"--repeat {ns.repeat} must be >= 1")
+    wanted = {x.strip() for x in ns.workloads.split(",") if x.strip()}
+    if not wanted <= {"uniform", "varied"}:
+        raise ValueError(f"--workloads {ns.workloads}: choose from uniform, varied")
+    return concs, wanted
+
+
+@dataclass(frozen=True)
+class _Sides:
+    """What a workload runs on: the metered engine, and optionally the HF baseline and an OpenAI server."""
+
+    runner: Any  # ModelRunner
+    metered: MeteredRunner
+    engine: Any  # Engine over `metered`
+    machine: dict[str, float]  # the roofline's rates (measure_machine) and the torch threads
+    hf: Any | None  # transformers model, None with --no-hf
+    server_model: str | None  # --url's model, None without --url
+    server_tok: Any | None  # tokenizer for --url-text
+
+
+def _load_sides(
+    ns: argparse.Namespace, model_dir: Any, threads: int, max_conc: int, server_model: str | None
+) -> _Sides:
+    """The engine (sized for the largest concurrency), the machine's rates, then the HF model and tokenizer."""
+    import torch
+
+    from shared.config.groups import CacheConfig, SchedulerConfig
+    from shared.engine.engine import Engine
+    from shared.engine.model_runner import ModelRunner
+
     runner = ModelRunner(
         model_dir,
         dtype=ns.dtype,
@@ -382,66 +357,44 @@ def run(ns: argparse.Namespace) -> int:
         from transformers import AutoTokenizer
 
         server_tok = AutoTokenizer.from_pretrained(model_dir)
-    # warm-up: first-call allocations and lazy initialisation stay out of the numbers
-    first_prompt = workloads[0].requests[0][0]
-    warm = Workload("warmup", 2, ((first_prompt[:16], 4), (first_prompt[-16:], 4)))
-    run_engine(engine, metered.meter, warm, "warm")
-    if hf is not None:
-        run_hf(hf, warm)
+    return _Sides(runner, metered, engine, machine, hf, server_model, server_tok)
 
-    results: list[dict[str, Any]] = []
-    print(
-        f"model {ns.model}  {ns.dtype}  attention {runner.attn.name}  linear {runner.linear.name}  threads {threads}  matmul {machine['matmul_gflops']:.0f} GFLOPS  "
-        f"copy {machine['copy_gbps']:.1f} GB/s  weights {metered._weight_bytes / 1e6:.0f} MB",
-        flush=True,
-    )
-    for i, w in enumerate(workloads):
-        res: dict[str, Any] = {
-            "workload": w.name,
-            "concurrency": w.concurrency,
-            "requests": len(w.requests),
-            "output_tokens": w.output_tokens,
-        }
-        # Engine and HF alternate, best of --repeat each: load from other processes drifts, so both sides see it.
-        eng: dict[str, Any] = {}
-        base: dict[str, Any] = {}
-        for k in range(ns.repeat):
-            e = run_engine(engine, metered.meter, fresh_prompts(w, k, vocab), f"w{i}.{k}")
-            e.update(roofline(e, machine))
-            eng = e if not eng or e["output_tok_s"] > eng["output_tok_s"] else eng
-            if hf is not None:
-                h = run_hf(hf, w)
-                base = h if not base or h["output_tok_s"] > base["output_tok_s"] else base
-        res["engine"] = eng
-        if hf is not None:
-            res["hf"] = base
-            res["ratio_vs_hf"] = eng["output_tok_s"] / base["output_tok_s"]
-        if ns.url:
-            try:
-                res["server"] = run_server(ns.url, server_model or "", w, server_tok)
-            except ValueError as e:
-                print(f"pdrelay bench engine: {e}", file=sys.stderr)
-                return 1
-            res["ratio_vs_server"] = eng["output_tok_s"] / res["server"]["output_tok_s"]
-        results.append(res)
-        print(_row(res), flush=True)
-    summary = {
-        "model": ns.model,
-        "dtype": ns.dtype,
-        "attention_backend": runner.attn.name,
-        "linear_backend": runner.linear.name,
-        "quick": ns.quick,
-        "repeat": ns.repeat,
-        "machine": machine,
-        "results": results,
-        "targets": _targets(results, ns.quick),
+
+def _warm_up(sides: _Sides, first: Workload) -> None:
+    """First-call allocations and lazy initialisation stay out of the numbers."""
+    first_prompt = first.requests[0][0]
+    warm = Workload("warmup", 2, ((first_prompt[:16], 4), (first_prompt[-16:], 4)))
+    run_engine(sides.engine, sides.metered.meter, warm, "warm")
+    if sides.hf is not None:
+        run_hf(sides.hf, warm)
+
+
+def _measure_workload(ns: argparse.Namespace, sides: _Sides, w: Workload, tag: str, vocab: int) -> dict[str, Any]:
+    """One workload on every side; ValueError when the --url server fails."""
+    res: dict[str, Any] = {
+        "workload": w.name,
+        "concurrency": w.concurrency,
+        "requests": len(w.requests),
+        "output_tokens": w.output_tokens,
     }
-    for line in _target_lines(summary["targets"]):
-        print(line)
-    if ns.json_out:
-        with open(ns.json_out, "w") as f:
-            json.dump(summary, f, indent=2)
-    return 0
+    # Engine and HF alternate, best of --repeat each: load from other processes drifts, so both sides see it.
+    eng: dict[str, Any] = {}
+    base: dict[str, Any] = {}
+    for k in range(ns.repeat):
+        e = run_engine(sides.engine, sides.metered.meter, fresh_prompts(w, k, vocab), f"{tag}.{k}")
+        e.update(roofline(e, sides.machine))
+        eng = e if not eng or e["output_tok_s"] > eng["output_tok_s"] else eng
+        if sides.hf is not None:
+            h = run_hf(sides.hf, w)
+            base = h if not base or h["output_tok_s"] > base["output_tok_s"] else base
+    res["engine"] = eng
+    if sides.hf is not None:
+        res["hf"] = base
+        res["ratio_vs_hf"] = eng["output_tok_s"] / base["output_tok_s"]
+    if ns.url:
+        res["server"] = run_server(ns.url, sides.server_model or "", w, sides.server_tok)
+        res["ratio_vs_server"] = eng["output_tok_s"] / res["server"]["output_tok_s"]
+    return res
 
 
 def _vocab_size(model_dir: Any) -> int:

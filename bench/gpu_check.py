@@ -151,7 +151,7 @@ def attention_rows(dev: torch.device, clock: Clock, copy_bw: float, quick: bool)
     n, p, seqs = (32, 32, 2) if quick else (1024, 1024, 4)
     kc, vc, pt, _ = paged_kv(seqs, p + n, kvh, d, page, dt, dev)
     q = torch.randn(seqs * n, heads, d, dtype=dt, device=dev)
-    i64 = {"dtype": torch.int64, "device": dev}
+    i64: dict[str, Any] = {"dtype": torch.int64, "device": dev}
     rows_t, starts = torch.arange(seqs, **i64), torch.arange(seqs, **i64) * n
     pre, new = torch.full((seqs,), p, **i64), torch.full((seqs,), n, **i64)
     kd = kc[pt.view(-1)].view(seqs, p + n, kvh, d).transpose(1, 2).contiguous()

@@ -21,8 +21,15 @@ import threading
 import time
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 from bench.scale_cluster import MockCluster, Phase, pdrelay, poisson_load
+from bench.serve.metrics import RequestResult
+
+# (scheduled arrival offset s, result) per request of a ramp, in arrival order
+RampResults = list[tuple[float, RequestResult]]
+# one line of `pdrelay planner log --json`: role, action, current, target, reason, numbers, ts
+Decision = dict[str, Any]
 
 # Short prompts with long answers (decode-heavy: ~1 prefill + 5 decode) -> long prompts with short answers
 # (prefill-heavy: ~4 prefill + 1-2 decode) -> back, each phase lasting long enough (30-60 s, three minutes in all)
@@ -71,7 +78,7 @@ def run_planner(
     interval_s: float,
     ttft_ms: float,
     itl_ms: float,
-) -> dict:  # type: ignore[type-arg]
+) -> dict[str, Any]:
     """The ramp with a planner on the cluster (from its current size); the planner runs for this ramp only."""
     planner = start_planner(cluster, flags, cluster.run_dir / "planner-bench.log")
     try:
@@ -108,25 +115,8 @@ def run_planner(
 def smoke(ns: argparse.Namespace) -> int:
     """The scaled-down ramp with the planner on real engines, then on mock engines (no speedup): both decision
     sequences side by side."""
-    flags = (
-        "--ttft-target-ms",
-        str(ns.ttft_ms),
-        "--itl-target-ms",
-        str(ns.itl_ms),
-        "--budget",
-        "4",
-        "--max-prefill",
-        "3",
-        "--max-decode",
-        "2",
-        "--evaluation-interval-s",
-        str(ns.interval_s),
-        "--scale-up-cooldown-s",
-        str(2 * ns.interval_s),
-        "--scale-down-cooldown-s",
-        str(4 * ns.interval_s),
-    )
-    report: dict = {}
+    flags = planner_flags(ns, "4", "3", "2")
+    report: dict[str, Any] = {}
     for engine in ("real", "mock"):
         run_dir = Path(ns.run_dir + "-" + engine)
         pdrelay("down", "--run-dir", str(run_dir))
@@ -141,17 +131,13 @@ def smoke(ns: argparse.Namespace) -> int:
             f"mean TTFT {r['mean_ttft_ms']:.0f} ms, TPOT {r['mean_tpot_ms']:.0f} ms",
             flush=True,
         )
-        for d in r["decisions"]:
-            print(
-                f"  t={d['t']:6.1f}s {d['role']:8} {d['action']:10} {d['current']}->{d['target']}  {d['reason'][:140]}",
-                flush=True,
-            )
+        print_decisions(r["decisions"], 140)
     if ns.out:
         Path(ns.out).write_text(json.dumps(report, indent=1))
     return 0
 
 
-def goodput(results, ttft_ms: float, itl_ms: float) -> dict[str, float]:  # type: ignore[no-untyped-def]
+def goodput(results: RampResults, ttft_ms: float, itl_ms: float) -> dict[str, float]:
     ok = [r for _, r in results if r.success]
     good = [r for r in ok if r.ttft_s * 1e3 <= ttft_ms and r.tpot_s * 1e3 <= itl_ms]
     return {
@@ -202,7 +188,7 @@ class InstanceSeconds:
 _RUNS = iter(range(1, 1 << 30))
 
 
-def run_ramp(cluster: MockCluster, ramp: Sequence[Phase], seed: int) -> list:  # type: ignore[type-arg]
+def run_ramp(cluster: MockCluster, ramp: Sequence[Phase], seed: int) -> RampResults:
     """The same arrivals every run (seed), new prompt token ids each run: a run never finds the prompts of the
     runs before it in the instances' prefix caches."""
     return asyncio.run(poisson_load(cluster.url, ramp, seed=seed, prompt_seed=seed * 1000 + next(_RUNS)))
@@ -249,17 +235,17 @@ def start_planner(cluster: MockCluster, flags: Sequence[str], log: Path) -> subp
     return proc
 
 
-def planner_decisions(cluster: MockCluster) -> list[dict]:  # type: ignore[type-arg]
+def planner_decisions(cluster: MockCluster) -> list[Decision]:
     out = cluster.cli("planner", "log", "--json", "--last", "2000")
     return [json.loads(line) for line in out.stdout.splitlines()[1:]] if out.returncode == 0 else []
 
 
 def reaction_intervals(
-    results,
-    decisions,
+    results: RampResults,
+    decisions: Sequence[Decision],
     t0_unix: float,
     interval_s: float,
-    ttft_ms: float,  # type: ignore[no-untyped-def]
+    ttft_ms: float,
     itl_ms: float,
 ) -> dict[str, float | None]:
     """Per role, worst case, in evaluation intervals: from the moment a request was observably late to the
@@ -289,7 +275,7 @@ def reaction_intervals(
     return out
 
 
-def _acting(decisions, role: str, t0_unix: float) -> list[tuple[float, bool]]:  # type: ignore[no-untyped-def]
+def _acting(decisions: Sequence[Decision], role: str, t0_unix: float) -> list[tuple[float, bool]]:
     """(seconds into the run, whether the planner is acting on a breach of `role` from then on) per decision."""
     mine = sorted((d for d in decisions if d["role"] == role), key=lambda d: d["ts"])
     return [
@@ -321,8 +307,8 @@ def _worst_response(late: Sequence[float], acting: list[tuple[float, bool]], int
 
 
 def window_reaction_intervals(
-    results,  # type: ignore[no-untyped-def]
-    decisions,
+    results: RampResults,
+    decisions: Sequence[Decision],
     t0_unix: float,
     interval_s: float,
     ttft_ms: float,
@@ -350,7 +336,7 @@ def window_reaction_intervals(
     return out
 
 
-def main(argv: Sequence[str] | None = None) -> int:
+def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m bench.planner_ramp", description=__doc__.splitlines()[0])
     p.add_argument("--budget", type=int, default=6, help="instances (prefill + decode) of every fixed split")
     p.add_argument("--splits", default="1,2,3,4,5", help="prefill counts of the fixed splits swept")
@@ -381,7 +367,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         action="store_true",
         help="the scaled-down ramp with the planner on real engines (bundled model), then on mock ones",
     )
-    ns = p.parse_args(argv)
+    return p
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    ns = _parser().parse_args(argv)
     if ns.smoke_real:
         return smoke(ns)
     ns.ttft_ms, ns.itl_ms = ns.ttft_ms / ns.speedup, ns.itl_ms / ns.speedup
@@ -392,75 +382,34 @@ def main(argv: Sequence[str] | None = None) -> int:
     pdrelay("down", "--run-dir", str(run_dir))
     engine_flags = ("--mock-speedup", str(ns.speedup), "--max-running-requests", str(ns.max_running))
     cluster = MockCluster(run_dir, "--prefill", "1", "--decode", "1", *engine_flags)
-    report: dict = {
+    report: dict[str, Any] = {
         "budget": ns.budget,
         "ramp_name": ns.ramp,
         "speedup": ns.speedup,
         "ttft_ms": ns.ttft_ms,
         "itl_ms": ns.itl_ms,
-        "ramp": [
-            list(ph) for ph in (tuple(x) for x in ((ph.seconds, ph.rate, ph.rate_end, ph.isl, ph.osl) for ph in ramp))
-        ],
+        "ramp": [[ph.seconds, ph.rate, ph.rate_end, ph.isl, ph.osl] for ph in ramp],
         "runs": {},
     }
+    runs: dict[str, dict[str, Any]] = report["runs"]
     try:
-        configs = [("fixed 1P1D", 1, 1)] + [(f"fixed {s}P{ns.budget - s}D", s, ns.budget - s) for s in splits]
-        configs = [] if ns.planner_only else configs
-        for name, pf, dc in configs:
-            set_split(cluster, pf, dc)
-            with InstanceSeconds(cluster) as inst:
-                res = run_ramp(cluster, ramp, ns.seed)
-            report["runs"][name] = {**goodput(res, ns.ttft_ms, ns.itl_ms), "instance_s": inst.total}
-            print(name, report["runs"][name], flush=True)
+        if not ns.planner_only:
+            runs.update(fixed_runs(cluster, ramp, splits, ns))
         set_split(cluster, 1, 1)
-        flags = (
-            "--ttft-target-ms",
-            str(ns.ttft_ms),
-            "--itl-target-ms",
-            str(ns.itl_ms),
-            "--budget",
-            str(ns.budget),
-            "--max-prefill",
-            str(ns.budget - 1),
-            "--max-decode",
-            str(ns.budget - 1),
-            "--evaluation-interval-s",
-            str(ns.interval_s),
-            "--scale-up-cooldown-s",
-            str(2 * ns.interval_s),
-            "--scale-down-cooldown-s",
-            str(4 * ns.interval_s),
-            "--max-scale-step",
-            str(ns.max_scale_step),
+        budget = str(ns.budget)
+        flags = planner_flags(
+            ns, budget, str(ns.budget - 1), str(ns.budget - 1), "--max-scale-step", str(ns.max_scale_step)
         )
-        runs = report["runs"]
         runs["planner"] = run_planner(cluster, ramp, ns.seed, flags, ns.interval_s, ns.ttft_ms, ns.itl_ms)
         if ns.planner_only:
             if ns.out:
                 Path(ns.out).write_text(json.dumps(report, indent=1))
             print({k: v for k, v in runs["planner"].items() if k not in ("decisions", "sizes", "all_decisions")})
-            for d in runs["planner"]["decisions"]:
-                print(
-                    f"  t={d['t']:6.1f}s {d['role']:8} {d['action']:10} {d['current']}->{d['target']}  "
-                    f"{d['reason'][:200]}"
-                )
+            print_decisions(runs["planner"]["decisions"], 200)
             return 0
-        best = max((n for n in runs if n.startswith("fixed ") and n != "fixed 1P1D"), key=lambda n: runs[n]["good"])
-        g = runs["planner"]["good"]
-        share = {n: r["good"] / max(1, r["requests"]) for n, r in runs.items()}
-        report["summary"] = {
-            "best_fixed": best,
-            "planner_vs_1p1d": g / max(1, runs["fixed 1P1D"]["good"]),
-            "planner_vs_best_fixed": g / max(1, runs[best]["good"]),
-            "good_share": share,  # good / offered: the same ratio, insensitive to how many arrivals a run got
-            "planner_failed_requests": runs["planner"]["failed"],
-            "instance_s_planner_vs_best": runs["planner"]["instance_s"] / max(1.0, runs[best]["instance_s"]),
-        }
+        report["summary"] = summary(runs)
         print(json.dumps(report["summary"], indent=1))
-        for d in runs["planner"]["decisions"]:
-            print(
-                f"  t={d['t']:6.1f}s {d['role']:8} {d['action']:10} {d['current']}->{d['target']}  {d['reason'][:150]}"
-            )
+        print_decisions(runs["planner"]["decisions"], 150)
         print("reaction (evaluation intervals), per request:", runs["planner"]["reaction_intervals"])
         print("reaction (evaluation intervals), per interval:", runs["planner"]["window_reaction_intervals"])
     finally:
@@ -468,6 +417,69 @@ def main(argv: Sequence[str] | None = None) -> int:
     if ns.out:
         Path(ns.out).write_text(json.dumps(report, indent=1))
     return 0
+
+
+def planner_flags(
+    ns: argparse.Namespace, budget: str, max_prefill: str, max_decode: str, *extra: str
+) -> tuple[str, ...]:
+    """The planner's command line: the run's targets and interval (cooldowns of 2 and 4 intervals), its bounds."""
+    return (
+        "--ttft-target-ms",
+        str(ns.ttft_ms),
+        "--itl-target-ms",
+        str(ns.itl_ms),
+        "--budget",
+        budget,
+        "--max-prefill",
+        max_prefill,
+        "--max-decode",
+        max_decode,
+        "--evaluation-interval-s",
+        str(ns.interval_s),
+        "--scale-up-cooldown-s",
+        str(2 * ns.interval_s),
+        "--scale-down-cooldown-s",
+        str(4 * ns.interval_s),
+        *extra,
+    )
+
+
+def fixed_runs(
+    cluster: MockCluster, ramp: Sequence[Phase], splits: Sequence[int], ns: argparse.Namespace
+) -> dict[str, dict[str, Any]]:
+    """The ramp on the fixed 1P1D and on each fixed split of the budget, printed as each ends."""
+    runs: dict[str, dict[str, Any]] = {}
+    configs = [("fixed 1P1D", 1, 1)] + [(f"fixed {s}P{ns.budget - s}D", s, ns.budget - s) for s in splits]
+    for name, pf, dc in configs:
+        set_split(cluster, pf, dc)
+        with InstanceSeconds(cluster) as inst:
+            res = run_ramp(cluster, ramp, ns.seed)
+        runs[name] = {**goodput(res, ns.ttft_ms, ns.itl_ms), "instance_s": inst.total}
+        print(name, runs[name], flush=True)
+    return runs
+
+
+def summary(runs: dict[str, dict[str, Any]]) -> dict[str, Any]:
+    """The planner's goodput against the fixed 1P1D and the best fixed split (by good requests)."""
+    best = max((n for n in runs if n.startswith("fixed ") and n != "fixed 1P1D"), key=lambda n: runs[n]["good"])
+    g = runs["planner"]["good"]
+    share = {n: r["good"] / max(1, r["requests"]) for n, r in runs.items()}
+    return {
+        "best_fixed": best,
+        "planner_vs_1p1d": g / max(1, runs["fixed 1P1D"]["good"]),
+        "planner_vs_best_fixed": g / max(1, runs[best]["good"]),
+        "good_share": share,  # good / offered: the same ratio, insensitive to how many arrivals a run got
+        "planner_failed_requests": runs["planner"]["failed"],
+        "instance_s_planner_vs_best": runs["planner"]["instance_s"] / max(1.0, runs[best]["instance_s"]),
+    }
+
+
+def print_decisions(decisions: Sequence[dict[str, Any]], width: int) -> None:
+    for d in decisions:
+        print(
+            f"  t={d['t']:6.1f}s {d['role']:8} {d['action']:10} {d['current']}->{d['target']}  {d['reason'][:width]}",
+            flush=True,
+        )
 
 
 if __name__ == "__main__":

@@ -8,8 +8,9 @@ import random
 import subprocess
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
+from typing import TypeVar
 
 import msgspec
 
@@ -20,6 +21,8 @@ from shared.cluster.localcluster.rundir import RunState, read_state
 from shared.cluster.localcluster.servers import free_port
 
 MODEL = "smollm2-135m-instruct"
+
+T = TypeVar("T")
 
 
 def pdrelay(*args: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
@@ -70,7 +73,9 @@ class MockCluster:
     def cli(self, *args: str, timeout: float = 60) -> subprocess.CompletedProcess[str]:
         return pdrelay(*args, "--run-dir", str(self.run_dir), timeout=timeout)
 
-    def wait(self, what: str, predicate, timeout: float = 60, every: float = 0.5):  # type: ignore[no-untyped-def]
+    def wait(self, what: str, predicate: Callable[[], T], timeout: float = 60, every: float = 0.5) -> T:
+        """The first truthy value of `predicate()`, polled every `every` s; AssertionError (with the logs) after
+        `timeout` s."""
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             got = predicate()

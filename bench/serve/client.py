@@ -123,7 +123,7 @@ async def send_request(
     saw_choices = False
     start = time.perf_counter()
     try:
-        async with contextlib.aclosing(http.stream(path, body)) as events:  # type: ignore[type-var]
+        async with contextlib.aclosing(http.stream(path, body)) as events:
             async for now, payloads in events:
                 for payload in payloads:
                     if payload == b"[DONE]":

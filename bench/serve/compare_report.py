@@ -35,7 +35,7 @@ def matmul_gflops(model_dir: Path) -> float:
 
     import torch
 
-    from bench.engine import measure_machine
+    from bench.engine_roofline import measure_machine
     from shared.engine.models import load_model_config
 
     c = load_model_config(model_dir)
@@ -90,8 +90,9 @@ def _median_numbers(dicts: list[dict[str, Any]]) -> dict[str, Any]:
     out: dict[str, Any] = dict(dicts[0])
     for k, v in dicts[0].items():
         vals = [d.get(k) for d in dicts]
-        if isinstance(v, (int, float)) and not isinstance(v, bool) and all(isinstance(x, (int, float)) for x in vals):
-            out[k] = statistics.median(vals)  # type: ignore[type-var]
+        nums = [x for x in vals if isinstance(x, (int, float))]
+        if isinstance(v, (int, float)) and not isinstance(v, bool) and len(nums) == len(vals):
+            out[k] = statistics.median(nums)
     return out
 
 

@@ -22,7 +22,7 @@ import json
 import socket
 import ssl
 import time
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncGenerator, AsyncIterator, Mapping
 from typing import Any, Protocol
 from urllib.parse import urlsplit
 
@@ -62,7 +62,8 @@ class SseSplitter:
 
 
 class StreamingHttp(Protocol):
-    async def stream(self, path: str, body: bytes) -> AsyncIterator[tuple[float, list[bytes]]]: ...
+    # an async generator (so `contextlib.aclosing` ends its request when the caller stops early)
+    def stream(self, path: str, body: bytes) -> AsyncGenerator[tuple[float, list[bytes]], None]: ...
 
     async def get_json(self, path: str) -> Any: ...
 
@@ -200,7 +201,7 @@ class RawHttp:
     async def _read_all(self, conn: _Conn, headers: dict[str, str]) -> bytes:
         return b"".join([piece async for piece in self._body(conn, headers)])
 
-    async def stream(self, path: str, body: bytes) -> AsyncIterator[tuple[float, list[bytes]]]:
+    async def stream(self, path: str, body: bytes) -> AsyncGenerator[tuple[float, list[bytes]], None]:
         conn, status, headers = await self._send("POST", path, body)
         complete = False
         try:
@@ -253,7 +254,7 @@ class HttpxHttp:
             base_url=base_url.rstrip("/"), headers=dict(headers or {}), limits=limits, timeout=None
         )
 
-    async def stream(self, path: str, body: bytes) -> AsyncIterator[tuple[float, list[bytes]]]:
+    async def stream(self, path: str, body: bytes) -> AsyncGenerator[tuple[float, list[bytes]], None]:
         async with self._client.stream(
             "POST", path, content=body, headers={"content-type": "application/json"}
         ) as resp:

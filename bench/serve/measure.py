@@ -16,7 +16,7 @@ from typing import Any
 
 from bench.serve.client import RequestOptions, served_model
 from bench.serve.datasets import BenchRequest, BenchTokenizer
-from bench.serve.http_client import HttpError, make_http
+from bench.serve.http_client import HttpError, StreamingHttp, make_http
 from bench.serve.metrics import Slo, compute_metrics
 from bench.serve.procs import CpuSample, process_cpu
 from bench.serve.runner import RunOutcome, Workload, run_workload, warm_up
@@ -79,14 +79,7 @@ async def measure(
     )
     count: Callable[[str], int] = tok.count
     try:
-        try:
-            async with asyncio.timeout(max(1.0, min(30.0, deadline - time.monotonic()))):
-                model = target.model or await served_model(http)
-        except (OSError, TimeoutError, HttpError) as e:
-            raise ValueError(
-                f"{target.flag + ' ' if target.flag else ''}cannot reach {target.base_url} (GET /v1/models: {type(e).__name__}: {e}); start "
-                f"the server, fix the URL, or pass --model if it has no /v1/models"
-            ) from None
+        model = await _served_model(http, target, deadline)
         extra = json.loads(ns.extra_body) if ns.extra_body else {}
         opts = RequestOptions(
             ns.endpoint, model, ignore_eos=ns.ignore_eos, temperature=ns.temperature, extra_body=extra
@@ -114,25 +107,16 @@ async def measure(
         )
         if on_start is not None:
             on_start()
-        cpu0, work0, client0 = _cpu(target.pid), _cpu_sum(target.worker_pids), time.process_time()
+        before = _CpuSnapshot.take(target)
         outcome = await run_workload(
             http, opts, workload, count_tokens=count, stop=stop, deadline_s=max(0.0, deadline - time.monotonic())
         )
-        cpu1, work1, client1 = _cpu(target.pid), _cpu_sum(target.worker_pids), time.process_time()
+        after = _CpuSnapshot.take(target)
     finally:
         await http.aclose()
     summary: dict[str, Any] = {"label": target.label, "base_url": target.base_url, "model": model}
     summary.update(compute_metrics(outcome.results, outcome.duration_s, percentiles=percentiles, slo=slo))
-    finished = max(1, len(outcome.results))
-    summary["client_cpu_us_per_request"] = (client1 - client0) / finished * 1e6
-    if cpu0 is not None and cpu1 is not None:
-        used = cpu1.minus(cpu0)
-        summary["gateway_pid"] = target.pid
-        summary["gateway_cpu_us_per_request"] = used.best_s / finished * 1e6
-        summary["gateway_cpu_us_per_request_ticks"] = used.stat_s / finished * 1e6
-    if work0 is not None and work1 is not None:
-        summary["worker_pids"] = list(target.worker_pids)
-        summary["worker_cpu_us_per_request"] = work1.minus(work0).best_s / finished * 1e6
+    summary.update(_cpu_per_request(target, before, after, max(1, len(outcome.results))))
     summary["max_concurrency"] = max_concurrency
     summary["partial"] = outcome.stopped is not None
     summary["stopped"] = outcome.stopped
@@ -140,6 +124,45 @@ async def measure(
     if errors:
         _log(f"{target.label}: {len(errors)} requests failed; first: {errors[0]}")
     return summary, outcome
+
+
+async def _served_model(http: StreamingHttp, target: Target, deadline: float) -> str:
+    """--model, or the first model the target lists; ValueError naming the flag when it cannot be reached."""
+    try:
+        async with asyncio.timeout(max(1.0, min(30.0, deadline - time.monotonic()))):
+            return target.model or await served_model(http)
+    except (OSError, TimeoutError, HttpError) as e:
+        raise ValueError(
+            f"{target.flag + ' ' if target.flag else ''}cannot reach {target.base_url} (GET /v1/models: {type(e).__name__}: {e}); start "
+            f"the server, fix the URL, or pass --model if it has no /v1/models"
+        ) from None
+
+
+@dataclass(frozen=True)
+class _CpuSnapshot:
+    """CPU used so far by the target's front process, its worker processes (summed) and this client."""
+
+    gateway: CpuSample | None
+    workers: CpuSample | None
+    client_s: float
+
+    @classmethod
+    def take(cls, target: Target) -> _CpuSnapshot:
+        return cls(_cpu(target.pid), _cpu_sum(target.worker_pids), time.process_time())
+
+
+def _cpu_per_request(target: Target, before: _CpuSnapshot, after: _CpuSnapshot, finished: int) -> dict[str, Any]:
+    """CPU microseconds per finished request of the client, the front process and the workers (those measured)."""
+    out: dict[str, Any] = {"client_cpu_us_per_request": (after.client_s - before.client_s) / finished * 1e6}
+    if before.gateway is not None and after.gateway is not None:
+        used = after.gateway.minus(before.gateway)
+        out["gateway_pid"] = target.pid
+        out["gateway_cpu_us_per_request"] = used.best_s / finished * 1e6
+        out["gateway_cpu_us_per_request_ticks"] = used.stat_s / finished * 1e6
+    if before.workers is not None and after.workers is not None:
+        out["worker_pids"] = list(target.worker_pids)
+        out["worker_cpu_us_per_request"] = after.workers.minus(before.workers).best_s / finished * 1e6
+    return out
 
 
 def _new_loop() -> asyncio.AbstractEventLoop:

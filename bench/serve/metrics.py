@@ -180,5 +180,5 @@ def compute_metrics(
     if slo is not None and not slo.empty:
         out["request_goodput"] = sum(1 for r in ok if slo.met_by(r)) / duration_s
     for name, xs in (("ttft", ttfts), ("tpot", tpots), ("itl", itls), ("e2el", e2els)):
-        _describe(out, name, xs, percentiles)  # type: ignore[arg-type]
+        _describe(out, name, xs, percentiles)
     return out

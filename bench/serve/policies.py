@@ -131,7 +131,9 @@ def _up_options(policy: str, topo: Topology, run_dir: Path):  # -> UpOptions
     from shared.cluster.localcluster.plan import UpOptions
     from shared.cluster.localcluster.servers import free_port
 
-    role_extra = {"prefill": ("--num-pages", str(topo.prefill_num_pages))} if topo.prefill_num_pages else {}
+    role_extra: dict[str, tuple[str, ...]] = (
+        {"prefill": ("--num-pages", str(topo.prefill_num_pages))} if topo.prefill_num_pages else {}
+    )
     extra = (
         "--model",
         topo.model,

@@ -16,6 +16,7 @@ import random
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 from bench.serve.client import RequestOptions, build_body, prompt_text, send_request
 from bench.serve.datasets import BenchRequest
@@ -80,6 +81,71 @@ class _Conversations:
         return self.done.setdefault((conv, turn), asyncio.Event())
 
 
+class _Requests:
+    """One run's requests: each waits for its arrival, the previous turn of its conversation and a concurrency
+    slot, then is sent; `results` fills in workload order."""
+
+    def __init__(
+        self, http: StreamingHttp, opts: RequestOptions, workload: Workload, count_tokens: Callable[[str], int]
+    ) -> None:
+        self.http, self.opts, self.workload, self.count_tokens = http, opts, workload, count_tokens
+        reqs = workload.requests
+        # Bodies of requests without history are encoded before the clock starts (client work off the hot path).
+        self.bodies = [build_body(r, opts) if r.conversation is None or r.turn == 0 else None for r in reqs]
+        self.offsets = arrival_offsets(len(reqs), workload.request_rate, workload.burstiness, workload.seed)
+        self.sem = asyncio.Semaphore(workload.max_concurrency) if workload.max_concurrency else None
+        self.convs = _Conversations()
+        self.results: list[RequestResult | None] = [None] * len(reqs)
+
+    async def one(self, i: int, req: BenchRequest, t0: float) -> None:
+        """Request i, due `offsets[i]` after the loop time t0."""
+        loop = asyncio.get_running_loop()
+        delay = t0 + self.offsets[i] - loop.time()
+        if delay > 0:
+            await asyncio.sleep(delay)
+        conv = req.conversation
+        history: Sequence[tuple[str, str]] = ()
+        if conv is not None:
+            if req.turn > 0:
+                await self.convs.event(conv, req.turn - 1).wait()
+            if conv in self.convs.broken:
+                self.results[i] = RequestResult(False, error=f"turn {req.turn - 1} of conversation {conv} failed")
+                self.convs.event(conv, req.turn).set()
+                return
+            history = tuple(self.convs.history.get(conv, ()))
+        result = await self._send(i, req, history)
+        self.results[i] = result
+        if conv is not None:
+            if result.success:
+                self.convs.history.setdefault(conv, []).append((str(req.prompt), result.generated_text))
+            else:
+                self.convs.broken.add(conv)
+            self.convs.event(conv, req.turn).set()
+
+    async def _send(self, i: int, req: BenchRequest, history: Sequence[tuple[str, str]]) -> RequestResult:
+        """Request i with the conversation's history so far: waits for a slot, then times the answer."""
+        body = self.bodies[i]
+        if body is None:
+            body = build_body(req, self.opts, history)
+        prompt_len = req.prompt_len
+        if history:
+            text = prompt_text(req, history)
+            prompt_len = self.count_tokens(text) if text is not None else req.prompt_len
+        if self.sem is not None:
+            await self.sem.acquire()
+        timeout_s = self.workload.timeout_s
+        try:
+            async with asyncio.timeout(timeout_s):
+                return await send_request(
+                    self.http, self.opts.endpoint, body, prompt_len=prompt_len, count_tokens=self.count_tokens
+                )
+        except TimeoutError:
+            return RequestResult(False, error=f"no complete answer within --timeout-s {timeout_s:g}")
+        finally:
+            if self.sem is not None:
+                self.sem.release()
+
+
 async def run_workload(
     http: StreamingHttp,
     opts: RequestOptions,
@@ -91,58 +157,28 @@ async def run_workload(
 ) -> RunOutcome:
     """Run every request of `workload`; return early (cancelling what is in flight) when `stop` is set or
     `deadline_s` passes."""
-    reqs = workload.requests
-    # Bodies of requests without history are encoded before the clock starts (client work off the hot path).
-    bodies: list[bytes | None] = [build_body(r, opts) if r.conversation is None or r.turn == 0 else None for r in reqs]
-    offsets = arrival_offsets(len(reqs), workload.request_rate, workload.burstiness, workload.seed)
-    sem = asyncio.Semaphore(workload.max_concurrency) if workload.max_concurrency else None
-    convs = _Conversations()
-    results: list[RequestResult | None] = [None] * len(reqs)
-    loop = asyncio.get_running_loop()
-    t0 = loop.time()
-
-    async def one(i: int, req: BenchRequest) -> None:
-        delay = t0 + offsets[i] - loop.time()
-        if delay > 0:
-            await asyncio.sleep(delay)
-        conv = req.conversation
-        history: Sequence[tuple[str, str]] = ()
-        if conv is not None:
-            if req.turn > 0:
-                await convs.event(conv, req.turn - 1).wait()
-            if conv in convs.broken:
-                results[i] = RequestResult(False, error=f"turn {req.turn - 1} of conversation {conv} failed")
-                convs.event(conv, req.turn).set()
-                return
-            history = tuple(convs.history.get(conv, ()))
-        body = bodies[i] if bodies[i] is not None else build_body(req, opts, history)
-        assert body is not None
-        prompt_len = req.prompt_len
-        if history:
-            text = prompt_text(req, history)
-            prompt_len = count_tokens(text) if text is not None else req.prompt_len
-        if sem is not None:
-            await sem.acquire()
-        try:
-            async with asyncio.timeout(workload.timeout_s):
-                result = await send_request(http, opts.endpoint, body, prompt_len=prompt_len, count_tokens=count_tokens)
-        except TimeoutError:
-            result = RequestResult(False, error=f"no complete answer within --timeout-s {workload.timeout_s:g}")
-        finally:
-            if sem is not None:
-                sem.release()
-        results[i] = result
-        if conv is not None:
-            if result.success:
-                convs.history.setdefault(conv, []).append((str(req.prompt), result.generated_text))
-            else:
-                convs.broken.add(conv)
-            convs.event(conv, req.turn).set()
-
+    run = _Requests(http, opts, workload, count_tokens)
+    t0 = asyncio.get_running_loop().time()
     start = time.perf_counter()
-    tasks = [asyncio.create_task(one(i, r)) for i, r in enumerate(reqs)]
+    tasks = [asyncio.create_task(run.one(i, r, t0)) for i, r in enumerate(workload.requests)]
+    ended = await _until_done(tasks, stop, deadline_s)
+    stopped = None if ended.complete else ("interrupted" if stop is not None and stop.is_set() else "deadline")
+    done = tuple(r for r in run.results if r is not None)
+    return RunOutcome(done, ended.at - start, len(workload.requests), stopped)
+
+
+@dataclass(frozen=True)
+class _Ended:
+    complete: bool  # every task finished (else the stop event or the deadline ended the run)
+    at: float  # time.perf_counter() when the run ended
+
+
+async def _until_done(tasks: list[asyncio.Task[None]], stop: asyncio.Event | None, deadline_s: float | None) -> _Ended:
+    """Waits for every task, the stop event or the deadline, whichever comes first, then cancels what is left:
+    nothing outlives the run, whatever ended it (also our own cancellation). Raises a task's exception (a bug in
+    the runner, not a failed request: those are results)."""
     everything = asyncio.gather(*tasks)
-    waiters: list[asyncio.Future[object]] = [everything]
+    waiters: list[asyncio.Future[Any]] = [everything]
     stop_task = asyncio.ensure_future(stop.wait()) if stop is not None else None
     if stop_task is not None:
         waiters.append(stop_task)
@@ -153,8 +189,8 @@ async def run_workload(
         end = time.perf_counter()
         finished = everything.done()
         if finished and not everything.cancelled():
-            error = everything.exception()  # a bug in the runner, not a failed request (those are results)
-        for t in tasks:  # nothing outlives the run, whatever ended it (also our own cancellation)
+            error = everything.exception()
+        for t in tasks:
             t.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
         if everything.done() and not everything.cancelled():
@@ -163,9 +199,7 @@ async def run_workload(
             stop_task.cancel()
     if error is not None:
         raise error
-    stopped = None if finished else ("interrupted" if stop is not None and stop.is_set() else "deadline")
-    done = tuple(r for r in results if r is not None)
-    return RunOutcome(done, end - start, len(reqs), stopped)
+    return _Ended(finished, end)
 
 
 async def warm_up(

@@ -155,6 +155,50 @@ def _what(role: ScaledRole) -> str:
     return "TTFT" if role == ScaledRole.PREFILL else "ITL"
 
 
+@dataclass(frozen=True)
+class _Evaluation:
+    """One role's evaluation: what plan_role's branches read, and how each words its Plan."""
+
+    view: RoleView
+    mem: RoleMemory
+    limits: Limits
+    now: float
+    est: Estimate
+    numbers: dict[str, float]
+    ahead: int  # instances the forecast needs (0 without a forecast)
+    peak: float  # the largest load of the last scale-down cooldown
+
+    @property
+    def role(self) -> ScaledRole:
+        return self.view.role
+
+    @property
+    def n(self) -> int:
+        return self.view.current
+
+    @property
+    def target(self) -> float:
+        return self.limits.target_s(self.view.role)
+
+    @property
+    def hi(self) -> int:
+        return self.limits.max_count[self.view.role]
+
+    def plan(self, action: Action, to: int, reason: str, *, drain: tuple[str, ...] = (), severity: float = 0.0) -> Plan:
+        return Plan(
+            self.role,
+            action,
+            self.n,
+            to,
+            reason,
+            self.numbers,
+            drain,
+            severity,
+            estimate=self.est,
+            loads=self.view.loads,
+        )
+
+
 def plan_role(
     view: RoleView,
     mem: RoleMemory,
@@ -163,104 +207,139 @@ def plan_role(
     est: Estimate | None = None,
     forecast: Forecast | None = None,
 ) -> Plan:
+    """The role's plan on its own (decide() then trims scale-ups to the budget): pinned, below the minimum, a
+    breach or pressure, the forecast, a scale-down, or a hold, the first that applies."""
     role, n = view.role, view.current
     est = _estimate(view, mem, limits) if est is None else est
-    target = limits.target_s(role)
-    lo, hi = limits.min_count[role], limits.max_count[role]
-    nums = {**est.numbers, "target_ms": target * 1e3, "instances": float(n), "ready": float(len(view.loads))}
-    ahead = forecast.needed(role) if forecast is not None else 0
-    if forecast is not None:
-        nums.update(forecast.numbers)
-        nums["forecast_needed"] = float(ahead)
-
-    # The load a scale-down must carry is the peak of the last scale-down cooldown, not the present one (like
-    # Kubernetes' downscale stabilization window), so every evaluation records it, a breach's included: measured
-    # on the load ramp at a steady 5 req/s, decode drained 5 -> 4 -> 3 on momentary dips of its streams and
-    # breached ITL until it had scaled back up.
-    mem.loads.append((now, est.load))
-    while mem.loads and mem.loads[0][0] < now - limits.scale_down_cooldown_s:
-        mem.loads.popleft()
-    peak = max(x for _, x in mem.loads)
-
-    def plan(action: Action, to: int, reason: str, **kw: object) -> Plan:
-        return Plan(role, action, n, to, reason, nums, estimate=est, loads=view.loads, **kw)  # type: ignore[arg-type]  # kw: Plan fields
-
+    ev = _Evaluation(
+        view,
+        mem,
+        limits,
+        now,
+        est,
+        _numbers(view, est, limits.target_s(role), forecast),
+        forecast.needed(role) if forecast is not None else 0,
+        _record_peak(mem, est, limits, now),
+    )
+    target, lo = ev.target, limits.min_count[role]
     if mem.pin is not None and now < mem.pin_until:
-        return plan(
+        return ev.plan(
             Action.PINNED,
             mem.pin,
             f"pinned at {mem.pin} by a manual scale; `pdrelay planner unpin {role}` hands it back",
         )
     if n < lo:
-        return plan(Action.SCALE_UP, lo, f"{n} {role} instances, below --min-{role} {lo}", severity=float("inf"))
-    breach = est.now_s is not None and est.now_s > target
-    if breach or est.pressure:
-        why = (
-            f"estimated {_what(role)} {est.now_s * 1e3:.0f} ms > target {target * 1e3:.0f} ms"  # type: ignore[operator]  # breach: set
-            if breach
-            else est.pressure
-        )
-        if now < mem.retry_at:
-            return plan(Action.HOLD, n, f"{why}; retrying the failed scale-up in {mem.retry_at - now:.0f} s")
-        if n >= hi:
-            return plan(Action.HOLD, n, f"{why}; already at --max-{role} {hi}")
-        if now - mem.last_up < limits.scale_up_cooldown_s:
-            return plan(
-                Action.HOLD,
-                n,
-                f"{why}; scale-up cooldown ({now - mem.last_up:.0f} s of {limits.scale_up_cooldown_s:.0f} s)",
-            )
-        to = min(hi, n + limits.max_scale_step, max(n + 1, est.needed, ahead))
-        severity = (est.now_s / target) if est.now_s is not None else 1.0
-        if est.pressure:  # queueing or out of KV pages: as urgent as a breach
-            severity = max(severity, 1.5)
-        return plan(Action.SCALE_UP, to, f"{why}: {n} -> {to} (the load needs {est.needed})", severity=severity)
-    if ahead > n and n < hi and now >= mem.retry_at and now - mem.last_up >= limits.scale_up_cooldown_s:
-        to = min(hi, n + limits.max_scale_step, ahead)
-        return plan(
+        return ev.plan(Action.SCALE_UP, lo, f"{n} {role} instances, below --min-{role} {lo}", severity=float("inf"))
+    if est.now_s is not None and est.now_s > target:
+        return _scale_up(ev, f"estimated {_what(role)} {est.now_s * 1e3:.0f} ms > target {target * 1e3:.0f} ms")
+    if est.pressure:
+        return _scale_up(ev, est.pressure)
+    if (
+        forecast is not None
+        and ev.ahead > n
+        and n < ev.hi
+        and now >= mem.retry_at
+        and now - mem.last_up >= limits.scale_up_cooldown_s
+    ):
+        to = min(ev.hi, n + limits.max_scale_step, ev.ahead)
+        return ev.plan(
             Action.SCALE_UP,
             to,
-            f"{forecast.why(role)}: {n} -> {to} ahead of the load "  # type: ignore[union-attr]  # ahead > 0: set
-            f"(now: {_now_text(est, role, target)})",
+            f"{forecast.why(role)}: {n} -> {to} ahead of the load (now: {_now_text(est, role, target)})",
             severity=FORECAST_SEVERITY,
         )
-    if n > max(lo, 1) and est.fewer_s is not None and n > max(est.needed, ahead):
-        calm = est.calm(n - 1, target, limits.hysteresis, peak)
-        # A decode instance is "busy" whenever it holds one request: its ITL says more than its busy share.
-        idle = role == ScaledRole.DECODE or est.util / (n - 1) <= limits.idle_threshold
-        if calm and idle:
-            silent = (view.ready if view.ready is not None else len(view.loads)) - len(view.loads)
-            if silent > 0:  # a busy engine can delay its reports: missing numbers are not an idle instance
-                return plan(Action.HOLD, n, f"could drain one, but {silent} ready instances sent no recent load report")
-            if view.starting:
-                return plan(Action.HOLD, n, f"could drain one, but {view.starting} instances are still starting")
-            if now - mem.last_change < limits.scale_down_cooldown_s:
-                return plan(
-                    Action.HOLD,
-                    n,
-                    f"could drain one; scale-down cooldown ({now - mem.last_change:.0f} s "
-                    f"of {limits.scale_down_cooldown_s:.0f} s)",
-                )
-            if now < mem.retry_at:
-                return plan(Action.HOLD, n, "could drain one, but a failed scale-up is being retried")
-            drain = _idlest(view.loads, 1)
-            busy = (
-                f" and they would be busy {est.util / (n - 1):.0%} (<= {limits.idle_threshold:.0%})"
-                if role == ScaledRole.PREFILL
-                else ""
-            )
-            return plan(
-                Action.SCALE_DOWN,
-                n - 1,
-                f"with {n - 1} instances the estimated {_what(role)} is {est.fewer_s * 1e3:.0f} ms"
-                f"{_at_peak(est, n - 1, peak, limits.scale_down_cooldown_s)}, "
-                f"{limits.hysteresis:.0%} of the headroom under the target{busy}: draining "
-                f"{', '.join(drain) or 'one'}",
-                drain=drain,
-            )
+    down = _scale_down(ev)
+    if down is not None:
+        return down
     if est.now_s is None:
-        return plan(Action.HOLD, n, f"no {_what(role)} measurement yet")
-    return plan(Action.HOLD, n, f"estimated {_what(role)} {est.now_s * 1e3:.0f} ms within target {target * 1e3:.0f} ms")
+        return ev.plan(Action.HOLD, n, f"no {_what(role)} measurement yet")
+    return ev.plan(
+        Action.HOLD, n, f"estimated {_what(role)} {est.now_s * 1e3:.0f} ms within target {target * 1e3:.0f} ms"
+    )
+
+
+def _numbers(view: RoleView, est: Estimate, target: float, forecast: Forecast | None) -> dict[str, float]:
+    """The figures a plan reports: the estimate's, the target and sizes, and the forecast's."""
+    nums = {**est.numbers, "target_ms": target * 1e3, "instances": float(view.current), "ready": float(len(view.loads))}
+    if forecast is not None:
+        nums.update(forecast.numbers)
+        nums["forecast_needed"] = float(forecast.needed(view.role))
+    return nums
+
+
+def _record_peak(mem: RoleMemory, est: Estimate, limits: Limits, now: float) -> float:
+    """Records this evaluation's load and returns the peak of the last scale-down cooldown.
+
+    The load a scale-down must carry is that peak, not the present one (like Kubernetes' downscale stabilization
+    window), so every evaluation records it, a breach's included: measured on the load ramp at a steady 5 req/s,
+    decode drained 5 -> 4 -> 3 on momentary dips of its streams and breached ITL until it had scaled back up."""
+    mem.loads.append((now, est.load))
+    while mem.loads and mem.loads[0][0] < now - limits.scale_down_cooldown_s:
+        mem.loads.popleft()
+    return max(x for _, x in mem.loads)
+
+
+def _scale_up(ev: _Evaluation, why: str) -> Plan:
+    """A breach or pressure: grow to what the load (or the forecast) needs, unless a retry, the maximum or the
+    cooldown holds it."""
+    n, mem, limits, now, est = ev.n, ev.mem, ev.limits, ev.now, ev.est
+    if now < mem.retry_at:
+        return ev.plan(Action.HOLD, n, f"{why}; retrying the failed scale-up in {mem.retry_at - now:.0f} s")
+    if n >= ev.hi:
+        return ev.plan(Action.HOLD, n, f"{why}; already at --max-{ev.role} {ev.hi}")
+    if now - mem.last_up < limits.scale_up_cooldown_s:
+        return ev.plan(
+            Action.HOLD,
+            n,
+            f"{why}; scale-up cooldown ({now - mem.last_up:.0f} s of {limits.scale_up_cooldown_s:.0f} s)",
+        )
+    to = min(ev.hi, n + limits.max_scale_step, max(n + 1, est.needed, ev.ahead))
+    severity = (est.now_s / ev.target) if est.now_s is not None else 1.0
+    if est.pressure:  # queueing or out of KV pages: as urgent as a breach
+        severity = max(severity, 1.5)
+    return ev.plan(Action.SCALE_UP, to, f"{why}: {n} -> {to} (the load needs {est.needed})", severity=severity)
+
+
+def _scale_down(ev: _Evaluation) -> Plan | None:
+    """Drain one instance when one fewer stays calm at the recent peak (and, for prefill, idle enough), or say
+    what holds it; None when one fewer would not do."""
+    role, n, mem, limits, now, est = ev.role, ev.n, ev.mem, ev.limits, ev.now, ev.est
+    if not (n > max(limits.min_count[role], 1) and est.fewer_s is not None and n > max(est.needed, ev.ahead)):
+        return None
+    calm = est.calm(n - 1, ev.target, limits.hysteresis, ev.peak)
+    # A decode instance is "busy" whenever it holds one request: its ITL says more than its busy share.
+    idle = role == ScaledRole.DECODE or est.util / (n - 1) <= limits.idle_threshold
+    if not (calm and idle):
+        return None
+    silent = (ev.view.ready if ev.view.ready is not None else len(ev.view.loads)) - len(ev.view.loads)
+    if silent > 0:  # a busy engine can delay its reports: missing numbers are not an idle instance
+        return ev.plan(Action.HOLD, n, f"could drain one, but {silent} ready instances sent no recent load report")
+    if ev.view.starting:
+        return ev.plan(Action.HOLD, n, f"could drain one, but {ev.view.starting} instances are still starting")
+    if now - mem.last_change < limits.scale_down_cooldown_s:
+        return ev.plan(
+            Action.HOLD,
+            n,
+            f"could drain one; scale-down cooldown ({now - mem.last_change:.0f} s "
+            f"of {limits.scale_down_cooldown_s:.0f} s)",
+        )
+    if now < mem.retry_at:
+        return ev.plan(Action.HOLD, n, "could drain one, but a failed scale-up is being retried")
+    drain = _idlest(ev.view.loads, 1)
+    busy = (
+        f" and they would be busy {est.util / (n - 1):.0%} (<= {limits.idle_threshold:.0%})"
+        if role == ScaledRole.PREFILL
+        else ""
+    )
+    return ev.plan(
+        Action.SCALE_DOWN,
+        n - 1,
+        f"with {n - 1} instances the estimated {_what(role)} is {est.fewer_s * 1e3:.0f} ms"
+        f"{_at_peak(est, n - 1, ev.peak, limits.scale_down_cooldown_s)}, "
+        f"{limits.hysteresis:.0%} of the headroom under the target{busy}: draining "
+        f"{', '.join(drain) or 'one'}",
+        drain=drain,
+    )
 
 
 def _at_peak(est: Estimate, m: int, peak: float, window_s: float) -> str:

@@ -28,6 +28,7 @@ import torch
 from shared.engine.forward_batch import ForwardBatch
 from shared.engine.kv_pool import KVPool
 from shared.kernels.attention_plan import AttentionMetadata
+from shared.kernels.dispatch import AttentionBackend
 
 log = logging.getLogger(__name__)
 
@@ -79,7 +80,7 @@ class CudaGraphDecodeRunner:
         self,
         model: Any,
         kv: KVPool,
-        attn: GraphSafeBackend,
+        attn: AttentionBackend,  # refused (ValueError) unless it is a GraphSafeBackend
         *,
         batch_sizes: Sequence[int],
         max_pages_per_seq: int,
@@ -225,7 +226,7 @@ class CudaGraphDecodeRunner:
 def build_decode_graphs(
     model: Any,
     kv: KVPool,
-    attn: Any,
+    attn: AttentionBackend,
     *,
     batch_sizes: Sequence[int],
     context_length: int,
