@@ -66,7 +66,8 @@ def _hf(path: Path, dev: str) -> Any:
     from transformers import AutoModelForCausalLM
 
     dtype = torch.bfloat16 if dev == "cuda" else torch.float32
-    return AutoModelForCausalLM.from_pretrained(path, dtype=dtype).to(dev).eval()
+    model: Any = AutoModelForCausalLM.from_pretrained(path, dtype=dtype)  # its stubs type .to() as a decorator
+    return model.to(dev).eval()
 
 
 def parity_row(name: str, path: Path, dev: str, new_tokens: int) -> dict[str, Any]:

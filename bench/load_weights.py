@@ -68,7 +68,7 @@ def shard(model: Path, out: Path, shards: int) -> Path:
     shutil.copytree(model, out, ignore=shutil.ignore_patterns("*.safetensors", "*.index.json"))
     sd = load_file(str(model / "model.safetensors"))
     names = sorted(sd)
-    weight_map = {}
+    weight_map: dict[str, str] = {}
     for i in range(shards):
         fname = f"model-{i + 1:05d}-of-{shards:05d}.safetensors"
         part = names[i::shards]
