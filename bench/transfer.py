@@ -13,7 +13,7 @@ completion notice, timed from write() to wait() returning. Where the pages sit i
 - scattered (worst case): random source and destination pages, every page its own descriptor;
 - contiguous (best case): pages 0..N-1 on both sides, one descriptor.
 The table prints the descriptors a batch becomes after coalescing next to its GB/s. Pools hold 4x the largest
-batch (room for the churn) and sit on transparent huge pages as shared/kernels/hostmem.py allocates them
+batch (room for the churn) and sit on transparent huge pages as shared/engine/hostmem.py allocates them
 (--no-huge-pages for plain 4 KiB pages). A size that is not a whole number of pages is rounded down to one.
 
 The baseline is a plain single-threaded torch copy of the same number of bytes in this process, measured in the
@@ -78,7 +78,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "--no-huge-pages",
         dest="huge_pages",
         action="store_false",
-        help="allocate the pools with plain 4 KiB pages (default: transparent huge pages, see shared/kernels/hostmem.py)",
+        help="allocate the pools with plain 4 KiB pages (default: transparent huge pages, see shared/engine/hostmem.py)",
     )
     p.add_argument(
         "--layout",
@@ -129,7 +129,7 @@ def measure(
 ) -> dict[str, Any]:
     import torch
 
-    from shared.kernels.hostmem import alloc_host_buffer
+    from shared.engine.hostmem import alloc_host_buffer
     from shared.transfer import PageDesc, create_engine
     from shared.transfer.descs import coalesce_pairs
 
@@ -317,7 +317,7 @@ class _Reader:
 def reader_main(backend: str, pool_bytes: int, host: str, huge_pages: bool) -> int:
     import torch
 
-    from shared.kernels.hostmem import alloc_host_buffer
+    from shared.engine.hostmem import alloc_host_buffer
     from shared.transfer import create_engine
 
     torch.set_num_threads(1)

@@ -35,9 +35,9 @@ from shared.engine.errors import InvalidRequest, RequestFailed
 from shared.engine.request import MediaInput, RequestOutput, TokenLogprobs
 from shared.engine.sampling_params import SamplingParams
 from shared.engine.scheduler.handoff_pages import Reservation
+from shared.service.faults import Faults
 from shared.serving.convert import layout_to_pb, logprob_from_pb, sampling_to_pb
 from shared.serving.decode_servicer import HandoffFailed
-from shared.serving.faults import Faults
 from shared.serving.handoff import EpochClock, accept_response, checksums_to_pb, pages_needed
 from shared.serving.kv_transfer import KVTransfer
 from shared.telemetry import spans

@@ -16,9 +16,9 @@ from services.decode.remote_prefill import RemotePrefillClient
 from shared.cluster.bus.load import LoadSnapshot
 from shared.cluster.membership import Membership
 from shared.config.roles import Role
+from shared.service.faults import Faults
 from shared.serving.decode_servicer import DecodeServicer
 from shared.serving.engine_service import EngineService
-from shared.serving.faults import Faults
 from shared.serving.kv_transfer import KVTransfer, transfer_options
 from shared.serving.kvstore_attach import attach_kvstore
 from shared.serving.kvstore_client import KVStoreClient

@@ -20,7 +20,14 @@ import grpc
 from proto.pdrelay.v1 import common_pb2, gateway_pb2, gateway_pb2_grpc, worker_pb2, worker_pb2_grpc
 from shared.cluster.bus.load import LoadSnapshot
 from shared.config.groups import BusConfig, DiscoveryConfig, GrpcConfig
-from shared.serving.lifecycle import Service, ServiceOptions, add_lifecycle_args, options_from_namespace, run_service
+from shared.service import (
+    Service,
+    ServiceConfig,
+    ServiceOptions,
+    add_lifecycle_args,
+    options_from_namespace,
+    run_service,
+)
 
 ECHO_MODEL = "echo"
 
@@ -28,8 +35,15 @@ ECHO_MODEL = "echo"
 class EchoService(Service):
     role = "echo"
 
-    def __init__(self, *, token_delay_s: float = 0.0, warmup_s: float = 0.0, **kw: Any) -> None:
-        super().__init__(**kw)
+    def __init__(
+        self,
+        config: ServiceConfig,
+        options: ServiceOptions = ServiceOptions(),
+        *,
+        token_delay_s: float = 0.0,
+        warmup_s: float = 0.0,
+    ) -> None:
+        super().__init__(config, options)
         self.token_delay_s = token_delay_s
         self.warmup_s = warmup_s
         self.tokens_out = 0
@@ -118,7 +132,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     try:
         opts: ServiceOptions = options_from_namespace(ns)
-        svc = EchoService(
+        config = ServiceConfig(
             discovery=DiscoveryConfig(
                 etcd_endpoints=tuple(ns.etcd_endpoints),
                 cluster=ns.cluster,
@@ -131,8 +145,11 @@ def main(argv: Sequence[str] | None = None) -> int:
                 bus_outage_policy=ns.bus_outage_policy,
                 admin_secret_file=ns.admin_secret_file,
             ),
-            grpc_cfg=GrpcConfig(host=ns.host, grpc_port=ns.grpc_port),
-            options=opts,
+            grpc=GrpcConfig(host=ns.host, grpc_port=ns.grpc_port),
+        )
+        svc = EchoService(
+            config,
+            opts,
             token_delay_s=ns.token_delay_s,
             warmup_s=ns.warmup_s,
         )

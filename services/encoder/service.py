@@ -34,8 +34,8 @@ from shared.config.resolved import ResolvedConfig
 from shared.config.roles import Role
 from shared.engine.models.bert import BertConfig
 from shared.modelspec.bundled import BUNDLED_PREFIX, resolve_model_path
-from shared.serving.faults import Faults
-from shared.serving.lifecycle import Service, ServiceOptions
+from shared.service import Service, ServiceConfig, ServiceOptions
+from shared.service.faults import Faults
 
 log = logging.getLogger(__name__)
 
@@ -54,14 +54,7 @@ class EncoderService(Service):
     role = Role.ENCODER
 
     def __init__(self, cfg: ResolvedConfig, options: ServiceOptions = ServiceOptions()) -> None:
-        super().__init__(
-            discovery=cfg.discovery,
-            bus=cfg.bus,
-            grpc_cfg=cfg.grpc,
-            options=options,
-            telemetry=cfg.telemetry,
-            tls=cfg.tls,
-        )
+        super().__init__(ServiceConfig.of(cfg), options)
         self.cfg = cfg
         enc = cfg.encoder
         if enc.encoder_model == NO_EMBEDDING_MODEL and not _vision_requested(cfg):

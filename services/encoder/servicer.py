@@ -26,7 +26,7 @@ if TYPE_CHECKING:
     from services.encoder.embedding import SentenceEmbedder
     from services.encoder.metrics import EncoderMetrics
     from services.encoder.vision import VisionEncoder
-    from shared.serving.faults import Faults
+    from shared.service.faults import Faults
     from shared.telemetry.service import ServiceTelemetry
 
 EMBED_SPAN = "encoder.embed"

@@ -7,7 +7,7 @@ import sys
 from collections.abc import Sequence
 
 from services.gateway.service import GatewayService
-from shared.serving.main import serve_role
+from shared.service.main import serve_role
 
 
 def main(argv: Sequence[str] | None = None) -> int:

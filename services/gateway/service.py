@@ -1,6 +1,6 @@
 """The gateway service: the OpenAI HTTP API and the gRPC Gateway API over the routed gRPC backend.
 
-It is a lifecycle Service (shared.serving.lifecycle) of role "gateway", so it registers in etcd (with its HTTP
+It is a lifecycle Service (shared.service.lifecycle) of role "gateway", so it registers in etcd (with its HTTP
 address, which `pdrelay status` and the ready line show), answers grpc.health.v1, and drains on SIGTERM:
 
     warm up   tokenizer, etcd membership watch, load table + KV index over NATS, HTTP server (uvicorn on this
@@ -37,7 +37,7 @@ from shared.cluster.membership import Membership
 from shared.cluster.tls import TlsFiles
 from shared.config.resolved import ResolvedConfig
 from shared.config.roles import Role
-from shared.serving.lifecycle import Service, ServiceOptions, advertised_host
+from shared.service import Service, ServiceConfig, ServiceOptions, advertised_host
 
 log = logging.getLogger(__name__)
 
@@ -98,14 +98,7 @@ class GatewayService(Service):
     own_metrics_server = False  # /metrics is on the HTTP port (metrics_address = http_address)
 
     def __init__(self, cfg: ResolvedConfig, options: ServiceOptions = ServiceOptions()) -> None:
-        super().__init__(
-            discovery=cfg.discovery,
-            bus=cfg.bus,
-            grpc_cfg=cfg.grpc,
-            options=options,
-            telemetry=cfg.telemetry,
-            tls=cfg.tls,
-        )
+        super().__init__(ServiceConfig.of(cfg), options)
         self.cfg = cfg
         self.api = GatewayApi()
         self.membership: Membership | None = None

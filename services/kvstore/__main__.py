@@ -6,7 +6,7 @@ import sys
 from collections.abc import Sequence
 
 from services.kvstore.service import KVStoreService
-from shared.serving.main import serve_role
+from shared.service.main import serve_role
 
 
 def main(argv: Sequence[str] | None = None) -> int:

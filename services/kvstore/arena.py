@@ -25,7 +25,7 @@ from dataclasses import dataclass
 
 import torch
 
-from shared.kernels.hostmem import alloc_host_buffer
+from shared.engine.hostmem import alloc_host_buffer
 from shared.transfer.checksum import crc32
 
 

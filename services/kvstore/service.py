@@ -26,8 +26,8 @@ from shared.cluster.instance import Capacity
 from shared.config.groups import KVStoreConfig
 from shared.config.resolved import ResolvedConfig
 from shared.config.roles import Role
+from shared.service import Service, ServiceConfig, ServiceOptions
 from shared.serving.kv_transfer import transfer_options
-from shared.serving.lifecycle import Service, ServiceOptions
 from shared.telemetry.metrics import CountersCollector
 from shared.telemetry.tracing import SpanKind, extract
 
@@ -64,14 +64,7 @@ class KVStoreService(Service):
     role = Role.KVSTORE
 
     def __init__(self, cfg: ResolvedConfig, options: ServiceOptions = ServiceOptions()) -> None:
-        super().__init__(
-            discovery=cfg.discovery,
-            bus=cfg.bus,
-            grpc_cfg=cfg.grpc,
-            options=options,
-            telemetry=cfg.telemetry,
-            tls=cfg.tls,
-        )
+        super().__init__(ServiceConfig.of(cfg), options)
         self.cfg = cfg
         # torch's default is every core: each page copy of a Put's eviction would wake a second OpenMP thread and
         # preempt the engines beside us (resolve_threads gives the kvstore one thread unless --threads says more)

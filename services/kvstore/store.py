@@ -20,7 +20,7 @@ import torch
 
 from proto.pdrelay.v1 import common_pb2, worker_pb2
 from services.kvstore.arena import DramArena, Read, Reservation
-from shared.kernels.hostmem import alloc_host_buffer, populate_in_background
+from shared.engine.hostmem import alloc_host_buffer, populate_in_background
 from shared.modelspec.kv_layout import KVLayout
 from shared.serving.convert import BACKEND_TO_PB
 from shared.serving.handoff import paged_descriptors

@@ -40,9 +40,10 @@ from shared.cluster.bus.planner import (
 )
 from shared.cluster.instance import InstanceInfo, InstanceState
 from shared.cluster.membership import Membership
+from shared.config.choices import PlannerActuator
 from shared.config.resolved import ResolvedConfig
 from shared.config.roles import Role
-from shared.serving.lifecycle import Service, ServiceOptions
+from shared.service import Service, ServiceConfig, ServiceOptions
 
 log = logging.getLogger(__name__)
 
@@ -51,7 +52,7 @@ ROLES = (ScaledRole.PREFILL, ScaledRole.DECODE)
 
 def build_actuator(cfg: ResolvedConfig, bus: Bus, cluster: str, auth: AdminAuth | None = None) -> Actuator:
     p = cfg.planner
-    if p.actuator == "kubernetes":
+    if p.actuator == PlannerActuator.KUBERNETES:
         from services.planner.actuators.k8s import KubernetesActuator, parse_deployments
 
         return KubernetesActuator(parse_deployments(p.k8s_deployments), p.k8s_namespace)
@@ -66,18 +67,11 @@ class PlannerService(Service):
     def __init__(
         self, cfg: ResolvedConfig, options: ServiceOptions = ServiceOptions(), actuator: Actuator | None = None
     ) -> None:
-        super().__init__(
-            discovery=cfg.discovery,
-            bus=cfg.bus,
-            grpc_cfg=cfg.grpc,
-            options=options,
-            telemetry=cfg.telemetry,
-            tls=cfg.tls,
-        )
+        super().__init__(ServiceConfig.of(cfg), options)
         self.cfg = cfg
         self.pcfg = cfg.planner
         self.limits = Limits.from_config(self.pcfg)
-        if self.pcfg.actuator == "kubernetes":
+        if self.pcfg.actuator == PlannerActuator.KUBERNETES:
             from services.planner.actuators.k8s import parse_deployments
 
             parse_deployments(self.pcfg.k8s_deployments)  # a malformed flag fails at start, not at the first scale

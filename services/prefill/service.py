@@ -26,10 +26,10 @@ from shared.engine.errors import EngineError, InvalidRequest, QueueFull, Request
 from shared.engine.request import MediaInput, RequestOutput
 from shared.engine.sampler.sampler import poison_marks
 from shared.engine.sampling_params import SamplingParams
+from shared.service.faults import Faults
 from shared.serving.convert import BACKEND_FROM_PB, layout_from_pb, logprob_to_pb, sampling_from_pb
 from shared.serving.decode_servicer import local_media
 from shared.serving.engine_service import EngineService
-from shared.serving.faults import Faults
 from shared.serving.handoff import (
     COMPUTED_KEY,
     Fence,

@@ -5,6 +5,6 @@
     events:     shared.cluster.bus                       (typed NATS channels: kv events, load, cancel, drain, scale)
     local:      shared.cluster.localcluster              (etcd + nats-server + services as child processes)
 
-The lifecycle every role runs under (shared.serving.lifecycle.Service) is built on these, one layer up.
+The lifecycle every role runs under (shared.service.lifecycle.Service) is built on these, one layer up.
 Import the submodules directly; this package imports nothing heavy on its own.
 """

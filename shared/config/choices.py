@@ -1,14 +1,94 @@
 """The closed sets configuration options choose from, as StrEnums.
 
-groups.py derives each option's choices from its enum, so the set is written once; a component turns the
-resolved text into the enum where it enters (``SchedulePolicy(cfg.scheduler.schedule_policy)``) and a typo
-fails there instead of silently selecting nothing. StrEnum members equal their values, so a value compares,
+An option whose values form a closed set is declared with its enum as its type (``dtype: A[Dtype, Arg(...)]``):
+its choices come from the enum, so the set is written once, the resolved value is a member, and consumers compare
+members (``cfg.model.dtype is Dtype.AUTO``), so a typo fails where it is written instead of silently selecting
+nothing. StrEnum members equal their values, so a value compares,
 hashes, prints and serialises (JSON, msgspec) exactly as the plain string did.
 """
 
 from __future__ import annotations
 
 import enum
+
+
+class Dtype(enum.StrEnum):
+    """Weights and activations (--dtype) and the KV cache (--kv-cache-dtype); AUTO: chosen by device."""
+
+    AUTO = "auto"
+    FLOAT32 = "float32"
+    BFLOAT16 = "bfloat16"
+    FLOAT16 = "float16"
+
+
+class EngineKind(enum.StrEnum):
+    """The model engine behind a role (--engine): the real one, or a timing mock for scale tests."""
+
+    REAL = "real"
+    MOCK = "mock"
+
+
+class SamplingBackend(enum.StrEnum):
+    TORCH = "torch"
+
+
+class GrammarBackendKind(enum.StrEnum):
+    """Structured outputs (--grammar-backend): xgrammar token bitmasks, or none (such requests are refused)."""
+
+    XGRAMMAR = "xgrammar"
+    NONE = "none"
+
+
+class TransferProtocol(enum.StrEnum):
+    """The Mooncake engine's wire (--transfer-protocol); AUTO: rdma with --ib-device, else tcp."""
+
+    AUTO = "auto"
+    TCP = "tcp"
+    RDMA = "rdma"
+
+
+class BusOutagePolicy(enum.StrEnum):
+    """What a NATS publish does while the server is down (--bus-outage-policy)."""
+
+    BUFFER = "buffer"
+    DROP = "drop"
+
+
+class RoutingPolicy(enum.StrEnum):
+    """How the gateway picks an instance or a prefill/decode pair (--routing-policy)."""
+
+    KV_AWARE = "kv_aware"
+    LEAST_LOAD = "least_load"
+    ROUND_ROBIN = "round_robin"
+
+
+class LogLevel(enum.StrEnum):
+    DEBUG = "debug"
+    INFO = "info"
+    WARNING = "warning"
+    ERROR = "error"
+
+
+class KVStoreUse(enum.StrEnum):
+    """Whether an engine uses the cluster's kvstore (--kvstore-use); AUTO: when one is registered."""
+
+    AUTO = "auto"
+    OFF = "off"
+
+
+class KVStoreWritePolicy(enum.StrEnum):
+    """Which pages engines store (--kvstore-write-policy)."""
+
+    WRITE_THROUGH = "write_through"
+    WRITE_BACK = "write_back"
+    SELECTIVE = "selective"
+
+
+class PlannerActuator(enum.StrEnum):
+    """What carries out the planner's decisions (--actuator)."""
+
+    LOCAL = "local"
+    KUBERNETES = "kubernetes"
 
 
 class SchedulePolicy(enum.StrEnum):

@@ -7,6 +7,7 @@ so a flag can never drift from the field it sets. Choices and bounds live on the
 from __future__ import annotations
 
 import dataclasses
+import enum
 import typing
 from dataclasses import dataclass
 from typing import Annotated, Any
@@ -78,5 +79,16 @@ def field_specs(group_name: str, cls: type) -> list[FieldSpec]:
             default = f.default_factory()
         else:
             raise AssertionError(f"{cls.__name__}.{f.name} needs a default")
+        choice_set = _enum_of(bare)
+        if choice_set is not None and arg.choices is None:  # an enum-typed field chooses from its members
+            arg = dataclasses.replace(arg, choices=tuple(choice_set))
         specs.append(FieldSpec(group_name, f.name, bare, arg, default))
     return specs
+
+
+def _enum_of(tp: Any) -> type[enum.StrEnum] | None:
+    """The StrEnum a field's type is (or `E | None` names), else None."""
+    for t in (tp, *typing.get_args(tp)):
+        if isinstance(t, type) and issubclass(t, enum.StrEnum):
+            return t
+    return None

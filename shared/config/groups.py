@@ -11,10 +11,18 @@ from dataclasses import dataclass
 from shared.config.choices import (
     HANDOFF_FAULTS,
     AttentionBackend,
+    BusOutagePolicy,
+    Dtype,
+    EngineKind,
     Fault,
+    GrammarBackendKind,
     LinearBackend,
+    LogLevel,
+    RoutingPolicy,
+    SamplingBackend,
     SchedulePolicy,
     TransferBackend,
+    TransferProtocol,
 )
 from shared.config.fields import A, Arg
 from shared.config.service_groups import (
@@ -67,12 +75,11 @@ class ModelConfig:
         None
     )
     dtype: A[
-        str,
+        Dtype,
         Arg(
             "Weight and activation dtype ('auto': float32 on CPU, bfloat16 on GPU)",
-            choices=("auto", "float32", "bfloat16", "float16"),
         ),
-    ] = "auto"
+    ] = Dtype.AUTO
     context_length: A[int | None, Arg("Maximum tokens per sequence (default: the model's own)", min=16)] = None
     model_cache_dir: A[str | None, Arg("Where prepared models live (default: $XDG_CACHE_HOME/pdrelay/models)")] = None
     trust_remote_code: A[bool, Arg("Allow model code from the model directory (never needed for Llama/Qwen2)")] = False
@@ -133,9 +140,7 @@ class CacheConfig:
     kv_cache_memory_bytes: A[
         int, Arg("KV pool budget in bytes (0: what the memory plan leaves after weights and activations)", min=0)
     ] = 0
-    kv_cache_dtype: A[
-        str, Arg("KV cache dtype ('auto': the model dtype)", choices=("auto", "float32", "bfloat16", "float16"))
-    ] = "auto"
+    kv_cache_dtype: A[Dtype, Arg("KV cache dtype ('auto': the model dtype)")] = Dtype.AUTO
     disable_radix_cache: A[bool, Arg("Turn off prefix sharing between requests")] = False
 
 
@@ -154,7 +159,7 @@ class SchedulerConfig:
     ] = 30.0
     chunked_prefill_size: A[int, Arg("Most prompt tokens per prefill chunk (0: derived by device and role)", min=0)] = 0
     max_prefill_tokens: A[int, Arg("Most prompt tokens in one step, all requests together", min=16)] = 4096
-    schedule_policy: A[str, Arg("Order of waiting requests", choices=tuple(SchedulePolicy))] = SchedulePolicy.FCFS.value
+    schedule_policy: A[SchedulePolicy, Arg("Order of waiting requests")] = SchedulePolicy.FCFS
     new_token_ratio: A[
         float, Arg("Share of max_tokens reserved when admitting (lower admits more, may preempt)", min=0.0, max=1.0)
     ] = 0.4
@@ -166,13 +171,12 @@ class SchedulerConfig:
 @dataclass(frozen=True, kw_only=True)
 class EngineSimConfig:
     engine: A[
-        str,
+        EngineKind,
         Arg(
             "What runs the steps: 'real' (the model) or 'mock' (the real scheduler, cache and hand-off "
             "with the forward pass replaced by a timing model of the real one; no weights)",
-            choices=("real", "mock"),
         ),
-    ] = "real"
+    ] = EngineKind.REAL
     mock_timing_table: A[
         str | None,
         Arg("Step-time table of --engine mock (default: the bundled model's, measured with shared/engine/mock/fit.py)"),
@@ -196,30 +200,27 @@ class ParallelConfig:
 @dataclass(frozen=True, kw_only=True)
 class KernelConfig:
     attention_backend: A[
-        str,
+        AttentionBackend,
         Arg(
             "Attention kernels ('auto': triton on GPU; on CPU native (C decode kernel) for "
             "float32 where it builds, else torch)",
-            choices=tuple(AttentionBackend),
         ),
-    ] = AttentionBackend.AUTO.value
+    ] = AttentionBackend.AUTO
     linear_backend: A[
-        str,
+        LinearBackend,
         Arg(
             "Dense projections ('auto': for fp32 on CPU the native few-row kernel for decode steps and oneDNN over "
             "prepacked weights for larger ones; torch's F.linear elsewhere)",
-            choices=tuple(LinearBackend),
         ),
-    ] = LinearBackend.AUTO.value
-    sampling_backend: A[str, Arg("Sampling implementation", choices=("torch",))] = "torch"
+    ] = LinearBackend.AUTO
+    sampling_backend: A[SamplingBackend, Arg("Sampling implementation")] = SamplingBackend.TORCH
     grammar_backend: A[
-        str,
+        GrammarBackendKind,
         Arg(
             "Structured outputs (response_format json_object / json_schema, guided_*): "
             "'xgrammar' constrains sampling with a token bitmask; 'none' refuses them",
-            choices=("xgrammar", "none"),
         ),
-    ] = "xgrammar"
+    ] = GrammarBackendKind.XGRAMMAR
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -258,18 +259,18 @@ class DisaggConfig:
     handoff_retries: A[int, Arg("Retries of a failed hand-off on another prefill instance", min=0, max=10)] = 1
     # Fault injection is a product feature: operators rehearse failures on a staging cluster with the real code.
     fault_injection: A[
-        str,
+        Fault,
         Arg(
             "Inject one failure into every hand-off, or into every request with the stop string pdrelay:poison "
             "(request_poison) (chaos testing; never in production)",
             choices=HANDOFF_FAULTS,
         ),
-    ] = Fault.NONE.value
+    ] = Fault.NONE
 
 
 @dataclass(frozen=True, kw_only=True)
 class TransferConfig:
-    transfer_backend: A[str, Arg("KV transfer engine", choices=tuple(TransferBackend))] = TransferBackend.NIXL.value
+    transfer_backend: A[TransferBackend, Arg("KV transfer engine")] = TransferBackend.NIXL
     transfer_host: A[str, Arg("Address the transfer engine advertises to peers")] = "127.0.0.1"
     ib_device: A[
         str | None,
@@ -280,9 +281,9 @@ class TransferConfig:
         ),
     ] = None
     transfer_protocol: A[
-        str,
-        Arg("Wire of the Mooncake engine ('auto': rdma with --ib-device, else tcp)", choices=("auto", "tcp", "rdma")),
-    ] = "auto"
+        TransferProtocol,
+        Arg("Wire of the Mooncake engine ('auto': rdma with --ib-device, else tcp)"),
+    ] = TransferProtocol.AUTO
     ucx_transports: A[
         tuple[str, ...],
         Arg(
@@ -304,7 +305,7 @@ class DiscoveryConfig:
 class BusConfig:
     nats_url: A[str, Arg("NATS server URL", aliases=("--nats",))] = "nats://127.0.0.1:4222"
     load_report_interval_s: A[float, Arg("Seconds between load reports", min=0.01, max=60)] = 0.2
-    bus_outage_policy: A[str, Arg("What a publish does while NATS is down", choices=("buffer", "drop"))] = "buffer"
+    bus_outage_policy: A[BusOutagePolicy, Arg("What a publish does while NATS is down")] = BusOutagePolicy.BUFFER
     admin_secret_file: A[
         str | None,
         Arg(
@@ -353,9 +354,7 @@ class HttpConfig:
     ssl_keyfile_password: A[str | None, Arg("Password of an encrypted --ssl-keyfile", secret=True)] = None
     ssl_ca_certs: A[str | None, Arg("CA bundle: clients of the public API must present a certificate it signed")] = None
     max_request_bytes: A[int, Arg("Largest request body accepted", min=1024)] = 4 * 1024 * 1024
-    routing_policy: A[
-        str, Arg("How the gateway picks a prefill/decode pair", choices=("kv_aware", "least_load", "round_robin"))
-    ] = "kv_aware"
+    routing_policy: A[RoutingPolicy, Arg("How the gateway picks a prefill/decode pair")] = RoutingPolicy.KV_AWARE
     request_retries: A[int, Arg("Retries of a failed request on another pair", min=0, max=10)] = 2
     encoder_timeout_s: A[
         float, Arg("Seconds an encoder call may take before it is retried on another encoder", min=0.1)
@@ -375,7 +374,7 @@ class HttpConfig:
 
 @dataclass(frozen=True, kw_only=True)
 class TelemetryConfig:
-    log_level: A[str, Arg("Log level", choices=("debug", "info", "warning", "error"))] = "info"
+    log_level: A[LogLevel, Arg("Log level")] = LogLevel.INFO
     log_json: A[bool, Arg("Structured JSON logs")] = False
     otlp_traces_endpoint: A[str | None, Arg("OTLP/gRPC endpoint for traces (off when unset)")] = None
     trace_sample_ratio: A[

@@ -10,12 +10,14 @@ from __future__ import annotations
 
 import os
 
+from shared.config.choices import AttentionBackend, Dtype, LinearBackend
 from shared.config.context import Pass, PassContext
 from shared.config.devices import DeviceKind, cuda_name, parse_device, process_gpus
 from shared.config.errors import ConfigError
 from shared.config.groups import BUNDLED_MODEL
 from shared.config.plan_passes import plan_kv_cache_memory
 from shared.config.resolved import ResolvedConfig
+from shared.config.roles import Role
 from shared.config.tls_passes import check_ssl_files, check_tls_files
 from shared.config.transfer_passes import (
     TRANSFER_BACKENDS,
@@ -73,14 +75,14 @@ def resolve_device(cfg: ResolvedConfig, ctx: PassContext) -> ResolvedConfig:
     device = name.kind
     if device == DeviceKind.AUTO:
         if ctx.probe.cuda_available():
-            return cfg.derive("device.device", "cuda", "auto: torch.cuda.is_available() is true")
-        return cfg.derive("device.device", "cpu", "auto: no CUDA device visible to torch")
+            return cfg.derive("device.device", DeviceKind.CUDA.value, "auto: torch.cuda.is_available() is true")
+        return cfg.derive("device.device", DeviceKind.CPU.value, "auto: no CUDA device visible to torch")
     if device == DeviceKind.CUDA and not ctx.probe.cuda_available():
         raise cfg.origin("device.device").fail(
             text, "but torch sees no CUDA device", "use --device cpu (or auto), or run on a GPU host"
         )
     if name.gpu is not None:
-        return cfg.derive("device.device", "cuda", f"{text}: cuda with --base-gpu-id {name.gpu}")
+        return cfg.derive("device.device", DeviceKind.CUDA.value, f"{text}: cuda with --base-gpu-id {name.gpu}")
     return cfg
 
 
@@ -88,11 +90,11 @@ def check_parallel_fits(cfg: ResolvedConfig, ctx: PassContext) -> ResolvedConfig
     """tp_size > 1 needs CUDA; the process's GPUs (base_gpu_id + i x gpu_id_step for its tp_size x dp_size ranks)
     are visible."""
     tp, dp = (cfg.parallel.tp_size, cfg.parallel.dp_size) if cfg.has("parallel") else (1, 1)
-    if cfg.device.device == "cpu" and tp > 1:
+    if cfg.device.device == DeviceKind.CPU and tp > 1:
         raise cfg.origin("parallel.tp_size").fail(
             str(tp), "needs CUDA devices (device is cpu)", "use --tp-size 1 on cpu; --dp-size adds engine replicas"
         )
-    if cfg.device.device != "cuda":
+    if cfg.device.device != DeviceKind.CUDA:
         return cfg
     base, step = cfg.device.base_gpu_id, cfg.device.gpu_id_step
     ids = process_gpus(base, step, tp * dp)
@@ -116,16 +118,16 @@ def check_parallel_fits(cfg: ResolvedConfig, ctx: PassContext) -> ResolvedConfig
 
 def resolve_dtype(cfg: ResolvedConfig, ctx: PassContext) -> ResolvedConfig:
     """dtype is concrete: auto -> float32 on cpu (fast fp32 GEMMs, exact vs HF), bfloat16 on cuda."""
-    if not cfg.has("model") or cfg.model.dtype != "auto":
+    if not cfg.has("model") or cfg.model.dtype is not Dtype.AUTO:
         return cfg
-    if cfg.device.device == "cuda":
-        return cfg.derive("model.dtype", "bfloat16", "auto: bfloat16 on cuda")
-    return cfg.derive("model.dtype", "float32", "auto: float32 on cpu")
+    if cfg.device.device == DeviceKind.CUDA:
+        return cfg.derive("model.dtype", Dtype.BFLOAT16, "auto: bfloat16 on cuda")
+    return cfg.derive("model.dtype", Dtype.FLOAT32, "auto: float32 on cpu")
 
 
 def resolve_kv_cache_dtype(cfg: ResolvedConfig, ctx: PassContext) -> ResolvedConfig:
     """kv_cache_dtype is concrete: auto -> the model dtype."""
-    if not cfg.has("cache") or cfg.cache.kv_cache_dtype != "auto":
+    if not cfg.has("cache") or cfg.cache.kv_cache_dtype is not Dtype.AUTO:
         return cfg
     return cfg.derive("cache.kv_cache_dtype", cfg.model.dtype, f"auto: the model dtype ({cfg.model.dtype})")
 
@@ -149,23 +151,23 @@ def resolve_threads(cfg: ResolvedConfig, ctx: PassContext) -> ResolvedConfig:
         n = ctx.probe.cpu_count()
         return cfg.derive("device.threads", n, f"the caller owns this host: all {n} cores")
     cores = ctx.probe.cpu_count()
-    if cfg.role == "kvstore":
+    if cfg.role is Role.KVSTORE:
         # Its tensor work is page copies (evictions into the Mooncake Store's staging, promotions): memory-bound
         # bursts that a second OpenMP thread does not speed up, but that then takes the engines' other core too.
         return cfg.derive(
             "device.threads", 1, "the kvstore's tensor work is page copies (one thread); set --threads N to override"
         )
-    if cfg.role == "encoder" and ctx.engines_on_host > 0:
+    if cfg.role is Role.ENCODER and ctx.engines_on_host > 0:
         return cfg.derive(
             "device.threads",
             1,
             f"an encoder beside {ctx.engines_on_host} LLM engine process(es) takes 1 thread (it works in bursts); "
             "set --threads N to override",
         )
-    sharing = ctx.encoders_on_host if cfg.role == "encoder" else ctx.engines_on_host
+    sharing = ctx.encoders_on_host if cfg.role is Role.ENCODER else ctx.engines_on_host
     if sharing > 0:
         n = max(1, cores // sharing)
-        what = "encoder" if cfg.role == "encoder" else "engine"
+        what = "encoder" if cfg.role is Role.ENCODER else "engine"
         return cfg.derive(
             "device.threads",
             n,
@@ -180,13 +182,13 @@ def resolve_attention_backend(cfg: ResolvedConfig, ctx: PassContext) -> Resolved
     if not cfg.has("kernels"):
         return cfg
     backend, device = cfg.kernels.attention_backend, cfg.device.device
-    if backend == "native" and device != "cpu":
+    if backend is AttentionBackend.NATIVE and device != DeviceKind.CPU:
         raise cfg.origin("kernels.attention_backend").fail(
             backend, f"runs on cpu, not {device}", "use --attention-backend triton (or auto)"
         )
-    if backend != "auto" or device != "cuda":
+    if backend is not AttentionBackend.AUTO or device != DeviceKind.CUDA:
         return cfg
-    return cfg.derive("kernels.attention_backend", "triton", "auto: triton on cuda")
+    return cfg.derive("kernels.attention_backend", AttentionBackend.TRITON, "auto: triton on cuda")
 
 
 def resolve_linear_backend(cfg: ResolvedConfig, ctx: PassContext) -> ResolvedConfig:
@@ -196,16 +198,16 @@ def resolve_linear_backend(cfg: ResolvedConfig, ctx: PassContext) -> ResolvedCon
     if not cfg.has("kernels"):
         return cfg
     backend, device = cfg.kernels.linear_backend, cfg.device.device
-    if backend in ("onednn", "native") and device != "cpu":
+    if backend in (LinearBackend.ONEDNN, LinearBackend.NATIVE) and device != DeviceKind.CPU:
         raise cfg.origin("kernels.linear_backend").fail(
             backend, f"runs on cpu, not {device}", "use --linear-backend torch (or auto)"
         )
-    if backend != "auto":
+    if backend is not LinearBackend.AUTO:
         return cfg
-    dtype = cfg.model.dtype if cfg.has("model") else "float32"
-    if device == "cpu" and dtype == "float32":
+    dtype = cfg.model.dtype if cfg.has("model") else Dtype.FLOAT32
+    if device == DeviceKind.CPU and dtype is Dtype.FLOAT32:
         return cfg
-    return cfg.derive("kernels.linear_backend", "torch", f"auto: torch F.linear for {dtype} on {device}")
+    return cfg.derive("kernels.linear_backend", LinearBackend.TORCH, f"auto: torch F.linear for {dtype} on {device}")
 
 
 # -- model ----------------------------------------------------------------------------------------------------------
@@ -238,12 +240,16 @@ def resolve_cuda_graph_switches(cfg: ResolvedConfig, ctx: PassContext) -> Resolv
     if not cfg.has("cuda_graph"):
         return cfg
     whole = "cuda_graph.disable_cuda_graph"
-    if cfg.device.device == "cpu" and not cfg.cuda_graph.disable_cuda_graph:
+    if cfg.device.device == DeviceKind.CPU and not cfg.cuda_graph.disable_cuda_graph:
         note = f" (overrides {cfg.origin(whole).show('false')})" if cfg.is_user_set(whole) else ""
         cfg = cfg.derive(whole, True, "cpu device has no CUDA graphs" + note)
     parts = ("cuda_graph.disable_decode_cuda_graph", "cuda_graph.disable_prefill_cuda_graph")
     if cfg.cuda_graph.disable_cuda_graph:
-        why = "cpu device has no CUDA graphs" if cfg.device.device == "cpu" else "--disable-cuda-graph turns off all"
+        why = (
+            "cpu device has no CUDA graphs"
+            if cfg.device.device == DeviceKind.CPU
+            else "--disable-cuda-graph turns off all"
+        )
         for key in parts:
             if cfg.get(key) is True:
                 continue
@@ -253,7 +259,7 @@ def resolve_cuda_graph_switches(cfg: ResolvedConfig, ctx: PassContext) -> Resolv
                 )
             cfg = cfg.derive(key, True, why)
         return cfg
-    prefill = cfg.role == "prefill"
+    prefill = cfg.role is Role.PREFILL
     if cfg.cuda_graph.disable_decode_cuda_graph is None:
         cfg = cfg.derive(
             parts[0],
@@ -346,13 +352,18 @@ def resolve_kv_cache_memory(cfg: ResolvedConfig, ctx: PassContext) -> ResolvedCo
     """On cpu, kv_cache_memory_bytes > 0 unless num_pages sizes the pool: mem_fraction_static x MemAvailable,
     capped (the weights live in the same RAM, but several services share it and the cap is what bounds the pool).
     On cuda the memory plan sizes it later (plan_passes.plan_kv_cache_memory): weights and activations first."""
-    if not cfg.has("cache") or cfg.cache.kv_cache_memory_bytes or cfg.cache.num_pages or cfg.device.device != "cpu":
+    if (
+        not cfg.has("cache")
+        or cfg.cache.kv_cache_memory_bytes
+        or cfg.cache.num_pages
+        or cfg.device.device != DeviceKind.CPU
+    ):
         return cfg
     fraction = cfg.cache.mem_fraction_static
     memory, what = ctx.probe.device_memory(cfg.device.device)
     budget = int(fraction * memory)
     reason = f"--mem-fraction-static {fraction} x {_gib(memory)} {what}"
-    if cfg.device.device == "cpu" and budget > CPU_KV_BUDGET_CAP:
+    if cfg.device.device == DeviceKind.CPU and budget > CPU_KV_BUDGET_CAP:
         budget = CPU_KV_BUDGET_CAP
         reason += f", capped at {_gib(CPU_KV_BUDGET_CAP)} on cpu (services share host RAM)"
     return cfg.derive("cache.kv_cache_memory_bytes", budget, reason)
@@ -363,13 +374,13 @@ def resolve_chunked_prefill_size(cfg: ResolvedConfig, ctx: PassContext) -> Resol
     40 GiB, 8192 above)."""
     if not cfg.has("scheduler") or cfg.scheduler.chunked_prefill_size:
         return cfg
-    if cfg.device.device == "cpu" and cfg.role == "worker":
+    if cfg.device.device == DeviceKind.CPU and cfg.role is Role.WORKER:
         return cfg.derive(
             "scheduler.chunked_prefill_size",
             CPU_WORKER_CHUNK,
             "cpu worker: prefill chunks and decode steps share the engine; 1024 balances TTFT and TPOT",
         )
-    if cfg.device.device == "cpu":
+    if cfg.device.device == DeviceKind.CPU:
         return cfg.derive("scheduler.chunked_prefill_size", CPU_CHUNK, "cpu: small chunks keep decode responsive")
     _, memory = ctx.probe.gpu_memory(cfg.device.base_gpu_id)
     size = LARGE_GPU_CHUNK if memory >= LARGE_GPU_BYTES else SMALL_GPU_CHUNK
@@ -402,7 +413,7 @@ def check_local_prefill_role(cfg: ResolvedConfig, ctx: PassContext) -> ResolvedC
     """local_prefill_threshold is a decode-role setting: the prefill role never hands prompts back, and the
     colocated worker always prefills itself."""
     key = "disagg.local_prefill_threshold"
-    if not cfg.has("disagg") or cfg.role == "decode" or not cfg.disagg.local_prefill_threshold:
+    if not cfg.has("disagg") or cfg.role is Role.DECODE or not cfg.disagg.local_prefill_threshold:
         return cfg
     raise cfg.origin(key).fail(
         str(cfg.disagg.local_prefill_threshold),

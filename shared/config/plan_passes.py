@@ -6,18 +6,20 @@ from __future__ import annotations
 import dataclasses
 
 from shared.config.checkpoint import ModelShape, read_model_shape
+from shared.config.choices import Dtype, EngineKind
 from shared.config.context import PassContext
-from shared.config.devices import cuda_name, process_gpus
+from shared.config.devices import DeviceKind, cuda_name, process_gpus
 from shared.config.errors import ConfigError
 from shared.config.memory_plan import MemoryPlan, PlanInputs, plan_memory
 from shared.config.probe import HostProbe
 from shared.config.resolved import ResolvedConfig
+from shared.config.roles import Role
 
 _KV_KEY = "cache.kv_cache_memory_bytes"
 
 
 def _dtype_bytes(dtype: str) -> int:
-    return 4 if dtype == "float32" else 2
+    return 4 if dtype == Dtype.FLOAT32 else 2
 
 
 def user_kv_bytes(cfg: ResolvedConfig) -> int:
@@ -54,7 +56,7 @@ def plan_inputs(cfg: ResolvedConfig, shape: ModelShape) -> PlanInputs:
 
 def process_devices(cfg: ResolvedConfig) -> tuple[str, ...]:
     """The devices of an engine or encoder process: cuda:N for each of its GPUs (host numbering), or cpu."""
-    if cfg.device.device != "cuda":
+    if cfg.device.device != DeviceKind.CUDA:
         return (str(cfg.device.device),)
     ranks = cfg.parallel.tp_size * cfg.parallel.dp_size if cfg.has("parallel") else 1
     return tuple(cuda_name(g) for g in process_gpus(cfg.device.base_gpu_id, cfg.device.gpu_id_step, ranks))
@@ -67,11 +69,11 @@ def plan_for_config(cfg: ResolvedConfig, probe: HostProbe, model_dir: str, *, re
     sharing it). cpu: host RAM; the KV pool is the resolved budget (never planned from the weights on cpu)."""
     shape = read_model_shape(model_dir)
     inputs = plan_inputs(cfg, shape)
-    if cfg.device.device != "cuda":
-        memory, _ = probe.device_memory("cpu")
+    if cfg.device.device != DeviceKind.CUDA:
+        memory, _ = probe.device_memory(DeviceKind.CPU)
         user = cfg.cache.kv_cache_memory_bytes or inputs.user_kv_bytes
         cpu = dataclasses.replace(inputs, user_kv_bytes=user, graph_max_bs=0)
-        return plan_memory(cpu, device="cpu", free=memory, total=memory)
+        return plan_memory(cpu, device=DeviceKind.CPU, free=memory, total=memory)
     ranks = cfg.parallel.tp_size * cfg.parallel.dp_size
     measured = [(probe.gpu_memory(g), g) for g in process_gpus(cfg.device.base_gpu_id, cfg.device.gpu_id_step, ranks)]
     (free, total), gpu = min(measured)
@@ -83,9 +85,13 @@ def plan_kv_cache_memory(cfg: ResolvedConfig, ctx: PassContext) -> ResolvedConfi
     workspace, CUDA graphs) under --mem-fraction-static x the free memory of the process's GPU; a plan that does not
     fit is an error naming the numbers. When the weights are not on disk yet (a bundled model not prepared) it stays
     0: the engine plans at start. A user's --kv-cache-memory-bytes or --num-pages is checked, never changed."""
-    if not cfg.has("cache") or cfg.device.device != "cuda" or cfg.role not in ("prefill", "decode", "worker"):
+    if (
+        not cfg.has("cache")
+        or cfg.device.device != DeviceKind.CUDA
+        or cfg.role not in (Role.PREFILL, Role.DECODE, Role.WORKER)
+    ):
         return cfg
-    if cfg.engine.engine != "real":
+    if cfg.engine.engine is not EngineKind.REAL:
         return cfg
     model_dir = ctx.locate_model(cfg.model.model, cfg.model.model_cache_dir)
     if model_dir is None:

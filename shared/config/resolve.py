@@ -14,7 +14,7 @@ from shared.config.groups import GROUPS
 from shared.config.passes import PassContext, run_passes
 from shared.config.probe import probe_from_env
 from shared.config.resolved import Provenance, ResolvedConfig
-from shared.config.roles import ROLE_GROUPS
+from shared.config.roles import ROLE_GROUPS, Role
 from shared.config.sources import read_argv, read_env, read_file
 from shared.config.values import format_value, kind_of
 
@@ -24,7 +24,7 @@ def defaults(role: str) -> ResolvedConfig:
     catalog.check_role(role)
     by_group = {g: GROUPS[g]() for g in ROLE_GROUPS[role]}
     provenance = {s.key: Provenance("default") for s in catalog.role_specs(role)}
-    return ResolvedConfig(role, by_group, provenance)
+    return ResolvedConfig(Role(role), by_group, provenance)
 
 
 def resolve(
@@ -43,7 +43,7 @@ def resolve(
             values[setting.spec.group][setting.spec.name] = setting.value
             provenance[setting.spec.key] = setting.provenance
     by_group = {g: GROUPS[g](**kw) for g, kw in values.items()}
-    return run_passes(ResolvedConfig(role, by_group, provenance), ctx or PassContext(probe=probe_from_env(env)))
+    return run_passes(ResolvedConfig(Role(role), by_group, provenance), ctx or PassContext(probe=probe_from_env(env)))
 
 
 @contextlib.contextmanager

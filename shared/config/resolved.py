@@ -41,8 +41,8 @@ from shared.config.groups import (
     TokenizerConfig,
     TransferConfig,
 )
-from shared.config.roles import ROLE_GROUPS
-from shared.config.values import Origin, coerce, format_value, validate
+from shared.config.roles import ROLE_GROUPS, Role
+from shared.config.values import Origin, as_member, coerce, format_value, validate
 
 SOURCES = ("default", "file", "env", "cli", "derived")
 REDACTED = "<redacted>"
@@ -100,7 +100,7 @@ class ResolvedConfig:
     provenance: "group.field" -> Provenance, one entry per field of those groups.
     """
 
-    role: str
+    role: Role
     by_group: Mapping[str, Any]
     provenance: Mapping[str, Provenance]
 
@@ -127,6 +127,7 @@ class ResolvedConfig:
     planner = _GroupAttr(PlannerConfig)
 
     def __post_init__(self) -> None:
+        object.__setattr__(self, "role", Role(self.role))  # a role named as text (JSON, a caller) becomes its member
         # Read-only views (in display order), so a frozen config cannot be changed through its mappings either.
         assert set(self.by_group) == set(ROLE_GROUPS[self.role]), (self.role, tuple(self.by_group))
         ordered = {g: self.by_group[g] for g in GROUPS if g in self.by_group}
@@ -187,6 +188,7 @@ class ResolvedConfig:
         """A copy with one value replaced (checked against the field's choices and bounds) and its provenance."""
         spec = catalog.specs_by_key()[key]
         validate(spec, value, Origin(provenance.source, spec.flag))
+        value = as_member(spec, value)  # a closed set's text becomes its member (a StrEnum equals its text)
         group = self.group(spec.group)
         by_group = dict(self.by_group)
         by_group[spec.group] = dataclasses.replace(group, **{spec.name: value})  # type: ignore[type-var]  # a group dataclass
@@ -254,7 +256,7 @@ class ResolvedConfig:
         extra = set(config) - set(ROLE_GROUPS[role])
         if extra:
             raise ConfigError(f"resolved config JSON has groups {sorted(extra)} that role {role!r} does not use")
-        return cls(role, by_group, provenance)
+        return cls(Role(role), by_group, provenance)
 
     def to_table(self, redact: bool = True) -> str:
         """An aligned table: group, flag, value, source (with detail). Secrets are redacted unless asked not to."""

@@ -16,6 +16,9 @@ class Role(enum.StrEnum):
     KVSTORE = "kvstore"
     PLANNER = "planner"
 
+    def __repr__(self) -> str:  # messages quote a role as the user types it: 'decode', not <Role.DECODE: 'decode'>
+        return repr(self.value)
+
 
 _COMMON = ("device", "discovery", "bus", "grpc", "tls", "telemetry")
 _ENGINE = ("model", "tokenizer", "cache", "scheduler", "engine", "parallel", "kernels", "cuda_graph")

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from shared.config.choices import ENCODER_FAULTS, Fault
+from shared.config.choices import ENCODER_FAULTS, Fault, KVStoreUse, KVStoreWritePolicy, PlannerActuator
 from shared.config.fields import A, Arg
 
 BUNDLED_EMBEDDING_MODEL = "bundled:all-minilm-l6-v2"
@@ -34,11 +34,11 @@ class EncoderConfig:
         float, Arg("How long an idle encoder waits for more requests to batch with the first", min=0.0, max=1000.0)
     ] = 2.0
     encoder_fault_injection: A[
-        str,
+        Fault,
         Arg(
             "Inject one failure into every encoder request (chaos testing; never in production)", choices=ENCODER_FAULTS
         ),
-    ] = Fault.NONE.value
+    ] = Fault.NONE
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -91,9 +91,7 @@ class KVStoreConfig:
 class KVStoreClientConfig:
     """How an engine (prefill, decode, worker) uses the cluster's kvstore."""
 
-    kvstore_use: A[
-        str, Arg("Use a kvstore of the cluster ('auto': when one is registered)", choices=("auto", "off"))
-    ] = "auto"
+    kvstore_use: A[KVStoreUse, Arg("Use a kvstore of the cluster ('auto': when one is registered)")] = KVStoreUse.AUTO
     kvstore_min_pages: A[
         int, Arg("Smallest prefix-cache miss (pages beyond the local prefix) worth a store lookup", min=1)
     ] = 2
@@ -106,14 +104,13 @@ class KVStoreClientConfig:
         ),
     ] = 0.0
     kvstore_write_policy: A[
-        str,
+        KVStoreWritePolicy,
         Arg(
             "Which pages engines store: write_through (every new full page: prefill's "
             "prompts, finished requests), write_back (finished requests only), selective "
             "(only requests that reused a cached prefix)",
-            choices=("write_through", "write_back", "selective"),
         ),
-    ] = "write_through"
+    ] = KVStoreWritePolicy.WRITE_THROUGH
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -161,12 +158,11 @@ class PlannerConfig:
         float, Arg("How long a manual `pdrelay scale` pins a role (0: until `pdrelay planner unpin`)", min=0)
     ] = 0.0
     actuator: A[
-        str,
+        PlannerActuator,
         Arg(
             "What carries out decisions: the local supervisor of `pdrelay up`, or Kubernetes",
-            choices=("local", "kubernetes"),
         ),
-    ] = "local"
+    ] = PlannerActuator.LOCAL
     k8s_namespace: A[str | None, Arg("Namespace of the Deployments (default: the planner pod's own)")] = None
     k8s_deployments: A[tuple[str, ...], Arg("ROLE=DEPLOYMENT for each scaled role")] = (
         "prefill=prefill",

@@ -3,7 +3,9 @@ UCX transports) and the RDMA devices it may use (--ib-device, SGLang's --disaggr
 
 from __future__ import annotations
 
+from shared.config.choices import TransferProtocol
 from shared.config.context import PassContext
+from shared.config.devices import DeviceKind
 from shared.config.resolved import ResolvedConfig
 
 # name -> (module that must be importable, shared library it loads or None, how to install both)
@@ -54,15 +56,15 @@ def resolve_transfer_protocol(cfg: ResolvedConfig, ctx: PassContext) -> Resolved
     if not cfg.has("transfer"):
         return cfg
     proto, ib = cfg.transfer.transfer_protocol, cfg.transfer.ib_device
-    if proto == "rdma" and ib is None:
+    if proto is TransferProtocol.RDMA and ib is None:
         raise cfg.origin("transfer.transfer_protocol").fail(
             "rdma", "needs the RDMA device to use", "add --ib-device (e.g. --ib-device mlx5_0) or use tcp"
         )
-    if proto != "auto":
+    if proto is not TransferProtocol.AUTO:
         return cfg
     if ib is not None:
-        return cfg.derive("transfer.transfer_protocol", "rdma", f"auto: rdma over --ib-device {ib}")
-    return cfg.derive("transfer.transfer_protocol", "tcp", "auto: tcp (no --ib-device)")
+        return cfg.derive("transfer.transfer_protocol", TransferProtocol.RDMA, f"auto: rdma over --ib-device {ib}")
+    return cfg.derive("transfer.transfer_protocol", TransferProtocol.TCP, "auto: tcp (no --ib-device)")
 
 
 def resolve_ucx_transports(cfg: ResolvedConfig, ctx: PassContext) -> ResolvedConfig:
@@ -71,7 +73,7 @@ def resolve_ucx_transports(cfg: ResolvedConfig, ctx: PassContext) -> ResolvedCon
     cuda_ipc, so KV goes NIC <-> device memory instead of over TCP."""
     if not cfg.has("transfer") or cfg.transfer.ucx_transports or cfg.transfer.ib_device is None:
         return cfg
-    if cfg.device.device != "cuda":
+    if cfg.device.device != DeviceKind.CUDA:
         return cfg
     return cfg.derive(
         "transfer.ucx_transports", GPU_RDMA_TRANSPORTS, "GPU pool with --ib-device: RDMA to and from device memory"

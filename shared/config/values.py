@@ -1,13 +1,14 @@
 """Turning raw input (CLI text, env text, YAML/JSON values) into a field's typed value, and checking it.
 
-The accepted types are read off the field's annotation: int, float, str, bool, ``X | None`` and
-``tuple[X, ...]``. Every rejection names where the value came from (flag, env twin or file key), the value,
+The accepted types are read off the field's annotation: int, float, str, bool, a StrEnum of shared/config/choices.py
+(a closed set: the text must be one of its values), ``X | None`` and ``tuple[X, ...]``. Every rejection names where the value came from (flag, env twin or file key), the value,
 and what to do instead.
 """
 
 from __future__ import annotations
 
 import difflib
+import enum
 import math
 import re
 import types
@@ -41,7 +42,7 @@ _BYTES_RE = re.compile(r"^(\d+(?:\.\d+)?)\s*([A-Za-z]+)$")
 class Kind:
     """The shape of a field's type: a scalar base type, optionally nullable, optionally a tuple of it."""
 
-    base: type  # int | float | str | bool
+    base: type  # int | float | str | bool | a StrEnum
     optional: bool = False
     is_tuple: bool = False
 
@@ -59,8 +60,27 @@ def kind_of(tp: Any) -> Kind:
         assert len(args) == 2 and args[1] is Ellipsis, f"unsupported tuple type {tp!r}: use tuple[X, ...]"
         assert args[0] in (int, float, str, bool), f"unsupported tuple item type {args[0]!r}"
         return Kind(args[0], optional, True)
-    assert tp in (int, float, str, bool), f"unsupported field type {tp!r}"
+    assert tp in (int, float, str, bool) or _is_choice(tp), f"unsupported field type {tp!r}"
     return Kind(tp, optional, False)
+
+
+def _is_choice(tp: Any) -> bool:
+    return isinstance(tp, type) and issubclass(tp, enum.StrEnum)
+
+
+def as_member(spec: FieldSpec, value: Any) -> Any:
+    """`value` (already valid) with the text of an enum-typed field turned into its member."""
+    base = kind_of(spec.type).base
+    if not _is_choice(base) or value is None or isinstance(value, base):
+        return value
+    if isinstance(value, tuple):
+        return tuple(base(v) for v in value)
+    return base(value)
+
+
+def _members(base: type) -> tuple[enum.StrEnum, ...]:
+    """The members of a StrEnum field type (only called where _is_choice(base))."""
+    return tuple(typing.cast("type[enum.StrEnum]", base))
 
 
 @dataclass(frozen=True)
@@ -114,6 +134,11 @@ def _parse_scalar(spec: FieldSpec, base: type, text: str, origin: Origin, whole:
     example = format_value(spec.default) if spec.default not in (None, ()) else _example_for(base)
     if base is str:
         return text
+    if _is_choice(base):
+        try:
+            return base(text.strip())
+        except ValueError:
+            raise _not_a_choice(_shown(whole), text.strip(), _members(base), origin) from None
     t = text.strip()
     if base is bool:
         if t.lower() in TRUE_WORDS:
@@ -144,7 +169,16 @@ def _parse_scalar(spec: FieldSpec, base: type, text: str, origin: Origin, whole:
 
 
 def _example_for(base: type) -> str:
+    if _is_choice(base):
+        return format_value(_members(base)[0])
     return {int: "1", float: "0.5", str: "text", bool: "true"}[base]
+
+
+def _not_a_choice(shown: str, text: str, choices: tuple[Any, ...], origin: Origin) -> ConfigError:
+    names = [format_value(c) for c in choices]
+    close = difflib.get_close_matches(text, names, n=1)
+    hint = f" (did you mean {close[0]}?)" if close else ""
+    return origin.fail(shown, "is not a valid choice", f"choose one of: {', '.join(names)}{hint}")
 
 
 def parse_text(spec: FieldSpec, text: str, origin: Origin) -> Any:
@@ -172,6 +206,8 @@ def _coerce_scalar(spec: FieldSpec, base: type, raw: Any, origin: Origin) -> Any
         if base is str:
             return raw
         return _parse_scalar(spec, base, raw, origin, raw)
+    if _is_choice(base):
+        raise _not_a_choice(_shown(format_value(raw)), format_value(raw), _members(base), origin)
     ok = (
         isinstance(raw, bool)
         if base is bool
@@ -226,10 +262,7 @@ def validate(spec: FieldSpec, value: Any, origin: Origin, text: str | None = Non
     arg = spec.arg
     for item in items:
         if arg.choices is not None and item not in arg.choices:
-            choices = ", ".join(format_value(c) for c in arg.choices)
-            close = difflib.get_close_matches(format_value(item), [format_value(c) for c in arg.choices], n=1)
-            hint = f" (did you mean {close[0]}?)" if close else ""
-            raise origin.fail(shown, "is not a valid choice", f"choose one of: {choices}{hint}")
+            raise _not_a_choice(shown, format_value(item), arg.choices, origin)
         if isinstance(item, (int, float)) and not isinstance(item, bool):
             if arg.min is not None and item < arg.min:
                 raise origin.fail(shown, f"is below the minimum {_num(arg.min)}", f"use at least {_num(arg.min)}")

@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 import torch
 
-from shared.config.choices import AttentionBackend, Fault, LinearBackend
+from shared.config.choices import AttentionBackend, Dtype, Fault, GrammarBackendKind, LinearBackend
 from shared.engine.errors import EngineError
 from shared.engine.grammar import GrammarBackend, MaskFiller
 from shared.engine.page_allocator import PageAllocator
@@ -205,9 +205,9 @@ class Engine:
         # Structured outputs: xgrammar over the engine's own tokenizer (an HF tokenizer; a bare decode callable
         # cannot describe its vocabulary to a grammar compiler).
         grammar = None
-        if grammar_backend == "xgrammar" and tokenizer is not None and hasattr(tokenizer, "get_vocab"):
+        if grammar_backend == GrammarBackendKind.XGRAMMAR and tokenizer is not None and hasattr(tokenizer, "get_vocab"):
             grammar = GrammarBackend(tokenizer, runner.vocab_size, runner.eos_token_ids)
-        elif grammar_backend not in ("xgrammar", "none"):
+        elif grammar_backend not in tuple(GrammarBackendKind):
             raise ValueError(f"grammar_backend must be 'xgrammar' or 'none' (got {grammar_backend!r})")
         self.masks = MaskFiller(runner.vocab_size)
         self.scheduler = Scheduler(
@@ -250,7 +250,7 @@ class Engine:
         dev = device.device if device is not None else "auto"
         if dev == "auto":
             dev = "cuda" if torch.cuda.is_available() else "cpu"
-        dtype = model.dtype if model.dtype != "auto" else ("bfloat16" if dev == "cuda" else "float32")
+        dtype = model.dtype if model.dtype != Dtype.AUTO else (Dtype.BFLOAT16 if dev == "cuda" else Dtype.FLOAT32)
         # the runner resolves auto
         backend = AttentionBackend(kernels.attention_backend) if kernels is not None else AttentionBackend.AUTO
         threads = device.threads if device is not None and device.threads > 0 else None

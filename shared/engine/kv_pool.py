@@ -59,8 +59,8 @@ class KVPool:
         shape = (num_pages, layout.num_layers, 2, layout.page_size, layout.num_kv_heads, layout.head_dim)
         if self.device.type == "cpu":
             # Huge-page-advised anonymous memory: zero without a fill pass (fast start), fewer TLB misses for
-            # attention, and memcpy-speed page writes between processes (see shared/kernels/hostmem.py).
-            from shared.kernels.hostmem import alloc_host_buffer
+            # attention, and memcpy-speed page writes between processes (see shared/engine/hostmem.py).
+            from shared.engine.hostmem import alloc_host_buffer
 
             self.buffer = alloc_host_buffer(shape, self.dtype)
         else:
@@ -135,7 +135,7 @@ class KVPool:
         return t
 
     def _populate_all(self) -> None:
-        from shared.kernels.hostmem import POPULATE_CHUNK_BYTES, lower_this_thread
+        from shared.engine.hostmem import POPULATE_CHUNK_BYTES, lower_this_thread
 
         lower_this_thread()
         start = time.monotonic()
@@ -155,7 +155,7 @@ class KVPool:
         Each page is populated once in the pool's life (contents untouched, see hostmem.populate); call it from
         any thread, e.g. while the peer still computes. A no-op on GPU pools.
         """
-        from shared.kernels.hostmem import populate
+        from shared.engine.hostmem import populate
 
         todo = sorted({p for p in page_ids if not self._resident[p]})
         done = 0

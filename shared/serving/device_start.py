@@ -11,6 +11,7 @@ import os
 from collections.abc import Mapping
 
 from shared.config import ConfigError, ResolvedConfig
+from shared.config.choices import EngineKind
 from shared.config.devices import local_gpu_index
 from shared.config.plan_passes import plan_for_config, user_kv_bytes
 from shared.config.probe import HostProbe
@@ -29,7 +30,7 @@ def start_on_device(
     import torch
 
     torch.cuda.set_device(local_gpu_index(cfg.device.base_gpu_id, os.environ if env is None else env))
-    if cfg.engine.engine != "real":
+    if cfg.engine.engine != EngineKind.REAL:
         return cfg
     from shared.modelspec.bundled import resolve_model_path
 

@@ -16,6 +16,7 @@ from shared.cluster.bus.cancel import Cancel, subscribe_cancel
 from shared.cluster.bus.kv_events import KVEventPublisher
 from shared.cluster.bus.load import LoadSnapshot
 from shared.cluster.instance import Capacity
+from shared.config.choices import EngineKind
 from shared.config.groups import EncoderConfig
 from shared.config.resolved import ResolvedConfig
 from shared.engine.async_engine import AsyncEngine
@@ -24,8 +25,8 @@ from shared.engine.engine import Engine, EngineStats
 from shared.engine.radix_cache import AllPagesCleared, KVEvent, PagesEvicted, PagesStored
 from shared.engine.sampling_params import SamplingParams
 from shared.engine.vision_runner import VisionEncoderRunner
+from shared.service import Service, ServiceConfig, ServiceOptions
 from shared.serving.device_start import start_on_device
-from shared.serving.lifecycle import Service, ServiceOptions
 from shared.serving.media import LocalVision
 from shared.telemetry import spans
 from shared.telemetry.metrics import EngineCollector
@@ -112,14 +113,7 @@ class EngineService(Service):
     """Base of the worker, decode and prefill services. Subclasses add their gRPC servicers."""
 
     def __init__(self, cfg: ResolvedConfig, options: ServiceOptions = ServiceOptions()) -> None:
-        super().__init__(
-            discovery=cfg.discovery,
-            bus=cfg.bus,
-            grpc_cfg=cfg.grpc,
-            options=options,
-            telemetry=cfg.telemetry,
-            tls=cfg.tls,
-        )
+        super().__init__(ServiceConfig.of(cfg), options)
         self.cfg = cfg
         self.engine: Engine | None = None
         self.aengine: AsyncEngine | None = None
@@ -137,7 +131,7 @@ class EngineService(Service):
     def build_engine(self) -> Engine:
         """Runs on the engine thread (AsyncEngine.build): loading weights takes seconds and must not block the
         event loop."""
-        if self.cfg.engine.engine == "mock":
+        if self.cfg.engine.engine == EngineKind.MOCK:
             from shared.engine.mock import build_mock_engine
 
             return build_mock_engine(self.cfg, on_kv_event=self._on_kv_event)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from shared.config.choices import KVStoreUse
 from shared.serving.kv_transfer import KVTransfer, transfer_options
 from shared.serving.kvstore_client import KVStoreClient
 
@@ -18,9 +19,9 @@ async def attach_kvstore(svc: EngineService, transfer: KVTransfer | None) -> KVS
     up, with the backend the store advertises."""
     cfg = svc.cfg
     kc = cfg.kvstore_client
-    if kc.kvstore_use == "off" or svc.etcd is None or svc.aengine is None:
+    if kc.kvstore_use == KVStoreUse.OFF or svc.etcd is None or svc.aengine is None:
         return None
-    from shared.serving.lifecycle import advertised_host
+    from shared.service import advertised_host
 
     engine = svc.aengine.engine
     host = cfg.transfer.transfer_host if cfg.has("transfer") else advertised_host(cfg.grpc.host)

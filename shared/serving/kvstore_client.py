@@ -42,6 +42,7 @@ from shared.transfer.checksum import page_crcs
 if TYPE_CHECKING:
     from shared.config.groups import KVStoreClientConfig
     from shared.telemetry.service import ServiceTelemetry
+from shared.config.choices import KVStoreUse, KVStoreWritePolicy
 from shared.transfer.errors import TransferError
 
 log = logging.getLogger(__name__)
@@ -117,7 +118,7 @@ class KVStoreClient:
 
     @property
     def enabled(self) -> bool:
-        return self.cfg.kvstore_use != "off"
+        return self.cfg.kvstore_use != KVStoreUse.OFF
 
     async def start(self) -> None:
         await self.members.start()
@@ -382,9 +383,9 @@ class KVStoreClient:
         policy = self.cfg.kvstore_write_policy
         if not self.enabled:
             return False
-        if policy == "write_back":
+        if policy == KVStoreWritePolicy.WRITE_BACK:
             return finished
-        if policy == "selective":
+        if policy == KVStoreWritePolicy.SELECTIVE:
             return reused
         return True
 

@@ -1,6 +1,6 @@
 """Telemetry of one service process: its tracer, its metrics registry and /metrics server, from TelemetryConfig.
 
-The lifecycle (shared.serving.lifecycle.Service) owns one `ServiceTelemetry`:
+The lifecycle (shared.service.lifecycle.Service) owns one `ServiceTelemetry`:
 
     start           `start_metrics()` before registration (the address goes into etcd as metrics_address and into
                     the ready line), `start_tracing(epoch)` right after it (the epoch is a resource attribute)

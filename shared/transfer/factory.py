@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from shared.config.choices import TransferBackend
 from shared.transfer.base import TransferEngine
 from shared.transfer.options import TransferOptions
 
@@ -14,11 +15,11 @@ def create_engine(backend: str, *, name: str, host: str, options: TransferOption
     own choice). Raises BackendUnavailable with the install command when the backend cannot be imported, ValueError
     for an unknown backend name."""
     options = options or TransferOptions()
-    if backend == "nixl":
+    if backend == TransferBackend.NIXL:
         from shared.transfer.nixl_backend import NixlEngine
 
         return NixlEngine(name, host, options)
-    if backend == "mooncake":
+    if backend == TransferBackend.MOONCAKE:
         from shared.transfer.mooncake_backend import MooncakeEngine
 
         return MooncakeEngine(name, host, options.protocol, options.ib_devices)

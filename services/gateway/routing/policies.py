@@ -24,8 +24,9 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from services.gateway.routing.views import Candidate, RouteRequest
+from shared.config.choices import RoutingPolicy
 
-ROUTING_POLICIES = ("kv_aware", "least_load", "round_robin")
+ROUTING_POLICIES = tuple(RoutingPolicy)
 
 
 @dataclass(frozen=True, slots=True)
@@ -183,11 +184,11 @@ def kv_load_score(s: Scored, req: RouteRequest) -> tuple[float, ...]:
 
 
 def make_policy(name: str) -> RankingPolicy:
-    if name == "kv_aware":
+    if name == RoutingPolicy.KV_AWARE:
         return KVAware()
-    if name == "least_load":
+    if name == RoutingPolicy.LEAST_LOAD:
         return LeastLoad()
-    if name == "round_robin":
+    if name == RoutingPolicy.ROUND_ROBIN:
         return RoundRobin()
     raise ValueError(
         f"routing policy {name!r} is not one of {', '.join(ROUTING_POLICIES)}; use --routing-policy kv_aware"

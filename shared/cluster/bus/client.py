@@ -35,6 +35,7 @@ from nats.errors import Error as NatsError
 
 from shared.cluster.errors import nats_unavailable
 from shared.cluster.tls import TlsFiles
+from shared.config.choices import BusOutagePolicy
 from shared.config.groups import BusConfig
 
 log = logging.getLogger(__name__)
@@ -229,7 +230,7 @@ class Bus:
             self.stats.dropped += 1
             return False
         outage = not nc.is_connected
-        if outage and self.outage_policy == "drop":
+        if outage and self.outage_policy == BusOutagePolicy.DROP:
             self.stats.dropped += 1
             return False
         try:

@@ -13,6 +13,7 @@ from typing import Any
 from shared.cluster.localcluster.placement import ENGINE_ROLES, SHARED_ENCODER_BYTES
 from shared.cluster.localcluster.plan import ResolvedInstance
 from shared.config import ResolvedConfig
+from shared.config.choices import EngineKind
 from shared.config.memory_plan import MemoryPlan, gib
 from shared.config.plan_passes import plan_for_config, process_devices
 from shared.config.probe import HostProbe
@@ -74,7 +75,7 @@ def config_row(
         return PlanRow(instance, cfg.role, devices, env=dict(env or {}))
     plan, note = None, ""
     model_dir = prepared_model_dir(cfg.model.model, cfg.model.model_cache_dir)
-    if cfg.engine.engine != "real":
+    if cfg.engine.engine != EngineKind.REAL:
         note = "--engine mock: no weights"
     elif model_dir is None:
         note = f"weights of {cfg.model.model} not on disk yet (pdrelay model prepare); planned at engine start"

@@ -16,7 +16,7 @@ import grpc
 import pytest
 
 from shared.cluster.bus.load import LoadReport
-from shared.serving.faults import CRASH_EXIT_CODE
+from shared.service.faults import CRASH_EXIT_CODE
 from tests.services.disagg.disagg_client import Loads, generate, hf_greedy
 from tests.services.disagg.disagg_procs import HANDOFF_TIMEOUT_S as TIMEOUT_S
 from tests.services.disagg.disagg_procs import BackendCluster, Servers

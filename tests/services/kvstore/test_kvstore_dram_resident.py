@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from services.kvstore.store import PageStore
-from shared.kernels.hostmem import populate
+from shared.engine.hostmem import populate
 from tests.helpers.smaps import mapping_kib
 
 

@@ -22,7 +22,7 @@ from shared.cluster.grpc_errors import error_from_rpc
 from shared.cluster.instance import InstanceState
 from shared.cluster.localcluster.servers import free_port
 from shared.cluster.membership import Membership
-from shared.serving.lifecycle import service_args, split_lifecycle_args
+from shared.service import service_args, split_lifecycle_args
 from tests.helpers.servers import EchoProcess
 
 pytestmark = [pytest.mark.timeout(90), pytest.mark.e2e]

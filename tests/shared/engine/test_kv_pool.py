@@ -72,7 +72,7 @@ def test_bf16_pool_and_bad_dtype() -> None:
 
 
 def test_prefault_populates_each_page_once_and_keeps_contents() -> None:
-    from shared.kernels.hostmem import populate
+    from shared.engine.hostmem import populate
 
     pool = KVPool(LAYOUT, num_pages=8)
     pool.page_view(2).fill_(3.0)
@@ -86,9 +86,9 @@ def test_prefault_populates_each_page_once_and_keeps_contents() -> None:
 
 
 def test_populate_in_background_makes_every_page_resident_and_keeps_contents(monkeypatch) -> None:
-    from shared.kernels.hostmem import populate
+    from shared.engine.hostmem import populate
 
-    monkeypatch.setattr("shared.kernels.hostmem.POPULATE_CHUNK_BYTES", 3 * LAYOUT.page_bytes)  # several chunks
+    monkeypatch.setattr("shared.engine.hostmem.POPULATE_CHUNK_BYTES", 3 * LAYOUT.page_bytes)  # several chunks
     pool = KVPool(LAYOUT, num_pages=10)
     if not populate(pool.page_ptr(9), pool.bytes_per_page):
         pytest.skip("MADV_POPULATE_WRITE needs Linux >= 5.14")

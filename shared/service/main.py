@@ -6,7 +6,7 @@ import sys
 from collections.abc import Callable, Sequence
 
 from shared.config.resolved import ResolvedConfig
-from shared.serving.lifecycle import Service, ServiceOptions, default_instance_id, run_service, service_args
+from shared.service import Service, ServiceOptions, default_instance_id, run_service, service_args
 from shared.telemetry.logs import setup_logging as setup_service_logging
 
 

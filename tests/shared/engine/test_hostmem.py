@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from shared.kernels.hostmem import HUGE_PAGE, alloc_host_buffer, populate
+from shared.engine.hostmem import HUGE_PAGE, alloc_host_buffer, populate
 from tests.helpers.smaps import mapping_kib
 
 
@@ -63,7 +63,7 @@ def test_populate_backs_pages_without_changing_them() -> None:
 
 
 def test_populate_in_background_backs_the_whole_buffer_in_chunks(monkeypatch) -> None:
-    from shared.kernels import hostmem
+    from shared.engine import hostmem
 
     if not Path("/proc/self/smaps").exists():
         pytest.skip("needs Linux /proc")
