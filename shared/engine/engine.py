@@ -6,9 +6,7 @@ thread for services).
     while engine.has_work():
         for delta in engine.step(): ...
 
-The runner contract (shared/engine/model_runner.py): attributes num_pages, vocab_size, eos_token_ids,
-context_length, layout (KVLayout) and `forward(SchedulerOutput) -> float32 logits [seqs with need_logits, vocab]`;
-optional `prepare(out)` + `forward_batch(batch)` let the engine time batching apart from compute.
+The runner contract is shared/engine/runner.py (`Runner`): ModelRunner implements it.
 """
 
 from __future__ import annotations
@@ -17,7 +15,7 @@ import logging
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any
 
 import torch
 
@@ -27,14 +25,14 @@ from shared.engine.grammar import GrammarBackend, MaskFiller
 from shared.engine.page_allocator import PageAllocator
 from shared.engine.radix_cache import KVEvent, RadixCache
 from shared.engine.request import FinishReason, MediaInput, RequestOutput, TokenLogprobs
+from shared.engine.runner import Runner
 from shared.engine.sampler import Sampler, prompt_logprobs
 from shared.engine.sampler.text_window import DecodeFn
 from shared.engine.sampling_params import SamplingParams
 from shared.engine.scheduler import Scheduler
 from shared.engine.scheduler.budget import max_step_tokens
 from shared.engine.scheduler.handoff_pages import DEFAULT_QUARANTINE_S, Reservation
-from shared.engine.types import SchedulerOutput, StepStats
-from shared.modelspec.kv_layout import KVLayout
+from shared.engine.types import StepStats
 
 if TYPE_CHECKING:
     from shared.config.groups import (
@@ -48,22 +46,9 @@ if TYPE_CHECKING:
         TokenizerConfig,
     )
     from shared.config.resolved import ResolvedConfig
-    from shared.engine.kv_pool import KVPool
 
 
 log = logging.getLogger(__name__)
-
-
-class Runner(Protocol):
-    num_pages: int
-    vocab_size: int
-    eos_token_ids: tuple[int, ...]
-    context_length: int
-    layout: KVLayout
-    kv: KVPool  # the pages the hand-off and the kvstore read and write
-    device: torch.device
-
-    def forward(self, out: SchedulerOutput) -> torch.Tensor: ...
 
 
 class EngineStepError(EngineError):
@@ -188,7 +173,7 @@ class Engine:
                 f"{runner.layout.page_size}; build both with the same --page-size"
             )
         max_step = max_step_tokens(scheduler)
-        runner_cap = getattr(runner, "max_batch_tokens", None)
+        runner_cap = runner.max_batch_tokens
         if runner_cap is not None and max_step > runner_cap:
             raise ValueError(
                 f"a step may hold {max_step} tokens (max_prefill_tokens / chunked_prefill_size / "
@@ -222,9 +207,8 @@ class Engine:
             grammar=grammar,
         )
         self.scheduler.handoff.abort_quarantine_s = handoff_quarantine_s
-        self.scheduler.forks.can_copy = hasattr(getattr(runner, "kv", None), "copy_pages")
+        self.scheduler.forks.can_copy = runner.can_copy_pages
         self.sampler = Sampler(eos_token_ids=runner.eos_token_ids, poison=poison)
-        self._split_prepare = hasattr(runner, "prepare") and hasattr(runner, "forward_batch")
         self._totals = _Totals()
         self._last = StepStats()
 
@@ -378,13 +362,9 @@ class Engine:
             try:
                 reqs = [self.scheduler.requests[s.req_id] for s in out.seqs if s.need_logits]
                 pending = self.masks.start(reqs)  # grammar bitmask filled while the forward pass runs
-                if self._split_prepare:
-                    batch = self.runner.prepare(out)  # type: ignore[attr-defined]  # optional: _split_prepare says the runner has it
-                    t2 = time.perf_counter()
-                    logits = self.runner.forward_batch(batch)  # type: ignore[attr-defined]  # optional, as prepare()
-                else:
-                    t2 = t1
-                    logits = self.runner.forward(out)
+                batch = self.runner.prepare(out)
+                t2 = time.perf_counter()
+                logits = self.runner.forward_batch(batch)
                 t3 = time.perf_counter()
                 logits, prompt_rows = prompt_logprobs.split_logits(logits, out.seqs)
                 if prompt_rows is not None:

@@ -43,6 +43,8 @@ class ModelRunner:
     CUDA-graph decode runner, or None: on CPU, without cuda_graph_bs, or with a backend that cannot be captured).
     """
 
+    can_copy_pages = True  # its KVPool copies pages (n > 1 forks)
+
     def __init__(
         self,
         model_dir: str | Path,

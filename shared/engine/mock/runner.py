@@ -17,6 +17,7 @@ import torch
 
 from shared.engine.kv_pool import KVPool
 from shared.engine.mock.timing import TimingTable
+from shared.engine.runner import OneCallStep
 from shared.engine.types import SchedulerOutput
 from shared.modelspec.kv_layout import KVLayout
 
@@ -30,8 +31,8 @@ def next_token(last: int, position: int) -> int:
     return TOKEN_LOW + (last * 31 + position * 7) % TOKEN_SPAN
 
 
-class MockRunner:
-    """Runner protocol (shared/engine/engine.py) over a TimingTable. `speedup` > 1 compresses time (a 30-minute
+class MockRunner(OneCallStep):
+    """Runner protocol (shared/engine/runner.py) over a TimingTable. `speedup` > 1 compresses time (a 30-minute
     simulated run in 10 minutes with 3); `sleep` is injectable for tests."""
 
     def __init__(
@@ -58,6 +59,7 @@ class MockRunner:
         self.layout = KVLayout(dtype="float32", page_size=page_size, num_layers=1, num_kv_heads=1, head_dim=2)
         self.num_pages = num_pages or table.num_pages
         self.kv = KVPool(self.layout, self.num_pages)
+        self.can_copy_pages = True
         self.device = torch.device("cpu")
         self.modelled_s = 0.0  # total step time the model asked for (tests compare it with the wall clock)
 

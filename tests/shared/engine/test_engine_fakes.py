@@ -14,6 +14,7 @@ import numpy as np
 import pytest
 import torch
 
+from shared.engine.runner import OneCallStep
 from shared.engine.types import ScheduledSeq, SchedulerOutput
 from shared.modelspec.kv_layout import KVLayout
 
@@ -37,7 +38,7 @@ def reference_greedy(prompt: list[int], n: int, vocab: int = VOCAB, eos: tuple[i
     return out
 
 
-class FakeRunner:
+class FakeRunner(OneCallStep):
     def __init__(
         self,
         num_pages: int,
@@ -57,6 +58,8 @@ class FakeRunner:
         self.kv = np.full((num_pages, page_size), -1, dtype=np.int64)  # [page, slot] -> token id
         self.fail_on_token = fail_on_token
         self.steps: list[SchedulerOutput] = []
+        self.max_batch_tokens: int | None = None
+        self.can_copy_pages = False  # its "pool" is a token table: n > 1 forks prefill from the prefix cache
 
     def _check(self, s: ScheduledSeq) -> None:
         end = s.start_pos + len(s.token_ids)
