@@ -35,7 +35,10 @@ from shared.cluster.bus.drain import send_drain
 from shared.cluster.bus.scale import ScaleReply, ScaleRequest, serve_scale
 from shared.cluster.errors import ControlPlaneUnavailable
 from shared.cluster.etcd import connect_etcd
-from shared.cluster.handshake import ReadyInfo, parse_ready_line
+from shared.cluster.handshake import parse_ready_line
+from shared.cluster.localcluster.child import Child, gpus_in_use, signal_group, wait_ready
+from shared.cluster.localcluster.demo import ask_demo_question
+from shared.cluster.localcluster.mooncake_plan import plan_mooncake
 from shared.cluster.localcluster.plan import (
     ROLE_ORDER,
     InstanceSpec,
@@ -46,13 +49,12 @@ from shared.cluster.localcluster.plan import (
     scale_placement,
 )
 from shared.cluster.localcluster.restarts import RestartPolicy, Restarts
-from shared.cluster.localcluster.rundir import TRACES_FILE, ChildState, RunState, running_supervisor, write_state
+from shared.cluster.localcluster.rundir import TRACES_FILE, RunState, running_supervisor, write_state
 from shared.cluster.localcluster.servers import (
     EtcdServer,
     MooncakeMaster,
     NatsServer,
     die_with_parent,
-    find_binary,
     free_port,
     port_is_free,
 )
@@ -63,54 +65,12 @@ from shared.cluster.tls import TlsFiles
 log = logging.getLogger(__name__)
 
 
-class _Child:
-    def __init__(self, spec: InstanceSpec, proc: asyncio.subprocess.Process, log_path: Path) -> None:
-        self.spec = spec
-        self.proc = proc
-        self.log_path = log_path
-        self.ready: ReadyInfo | None = None
-        self.state = "starting"
-        self.ready_event = asyncio.Event()
-        self.exited = asyncio.Event()
-        self.restarts = 0
-        self.tasks: list[asyncio.Task[None]] = []
-
-    @property
-    def role(self) -> str:
-        return self.spec.role
-
-    @property
-    def iid(self) -> str:
-        return self.spec.instance_id
-
-    def as_state(self) -> ChildState:
-        r = self.ready
-        return ChildState(
-            role=self.role,
-            instance_id=self.iid,
-            pid=self.proc.pid,
-            state=self.state,
-            grpc=r.grpc if r else "",
-            http=r.http if r else "",
-            epoch=r.epoch if r else 0,
-            log=str(self.log_path),
-            config=self.spec.config_path,
-            restarts=self.restarts,
-        )
-
-    def log_tail(self, n: int = 20) -> str:
-        try:
-            return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-n:])
-        except OSError:
-            return "(no log)"
-
-
 class Supervisor:
     def __init__(self, opts: UpOptions, out: TextIO | None = None) -> None:
         self.opts = opts
         self.out = out or sys.stdout
         self.run_dir = Path(opts.run_dir).resolve()
-        self.children: list[_Child] = []
+        self.children: list[Child] = []
         self.etcd: EtcdServer | None = None
         self.nats: NatsServer | None = None
         self.mooncake: MooncakeMaster | None = None
@@ -209,7 +169,8 @@ class Supervisor:
         if opts.trace:
             self._start_trace_sink()
             opts = self.opts  # now with --otlp-traces-endpoint for every service
-        opts = self._plan_mooncake(opts)
+        self.opts, self.mooncake = plan_mooncake(opts, self.run_dir, self.say)
+        opts = self.opts
         specs, notes = plan(opts, self._etcd_url, self._nats_url)
         self.state.skipped = notes
         for note in notes:
@@ -244,14 +205,18 @@ class Supervisor:
 
         for spec in specs:
             await self._spawn(spec)
-        if not await self._wait_ready(self.children, opts.ready_timeout_s):
+        failure = await wait_ready(self.children, opts.ready_timeout_s, self._stop, self.run_dir / "logs")
+        if failure is not None:
+            self.say(f"pdrelay up: {failure.message}")
+            if failure.why:
+                self._fail(failure.why)
             return 1
         self.state.ready = True
         self._save()
         self._in_background(self._watch_servers())
         self.say(format_summary(self.state))
         if opts.demo:
-            await self._demo()
+            await ask_demo_question(self.children, self.opts.tls_dir, self.say)
         await self._stop.wait()
         return 0
 
@@ -286,41 +251,9 @@ class Supervisor:
         self.state.trace_sink_pid = self.trace_sink.pid or 0
         self._save()
 
-    async def _wait_ready(self, children: list[_Child], timeout_s: float) -> bool:
-        pending = {c for c in children if c.ready is None}
-        deadline = time.monotonic() + timeout_s
-        while pending:
-            if self._stop.is_set():
-                self.say("pdrelay up: stopped while starting")
-                return False
-            for c in list(pending):
-                if c.ready is not None:
-                    pending.discard(c)
-                elif c.exited.is_set():
-                    self.say(
-                        f"pdrelay up: {c.iid} exited with code {c.proc.returncode} before it was ready; "
-                        f"its last log lines ({c.log_path}):\n{c.log_tail()}"
-                    )
-                    self._fail(f"{c.iid} exited with code {c.proc.returncode} before it was ready")
-                    return False
-            if time.monotonic() > deadline:
-                names = ", ".join(sorted(c.iid for c in pending))
-                self.say(
-                    f"pdrelay up: {names} not ready after {timeout_s:.0f} s (--ready-timeout-s); "
-                    f"see their logs in {self.run_dir / 'logs'}"
-                )
-                self._fail(f"{names} not ready after {timeout_s:.0f} s")
-                return False
-            waits = [asyncio.ensure_future(e.wait()) for c in pending for e in (c.ready_event, c.exited)]
-            waits.append(asyncio.ensure_future(self._stop.wait()))
-            await asyncio.wait(waits, timeout=0.5, return_when=asyncio.FIRST_COMPLETED)
-            for w in waits:
-                w.cancel()
-        return True
-
     # ------------------------------------------------------------------ children
 
-    async def _spawn(self, spec: InstanceSpec) -> _Child:
+    async def _spawn(self, spec: InstanceSpec) -> Child:
         logs = self.run_dir / "logs"
         logs.mkdir(parents=True, exist_ok=True)
         if spec.ready_file:
@@ -337,7 +270,7 @@ class Supervisor:
             preexec_fn=die_with_parent,
             limit=1 << 20,
         )
-        child = _Child(spec, proc, logs / f"{spec.instance_id}.log")
+        child = Child(spec, proc, logs / f"{spec.instance_id}.log")
         child.restarts = self.restarts.count(spec.instance_id)
         self.restarts.started(spec.instance_id)
         self.children.append(child)
@@ -351,7 +284,7 @@ class Supervisor:
         self._save()
         return child
 
-    async def _pump(self, child: _Child, stream: asyncio.StreamReader, logf: BinaryIO, is_stdout: bool) -> None:
+    async def _pump(self, child: Child, stream: asyncio.StreamReader, logf: BinaryIO, is_stdout: bool) -> None:
         prefix = f"{child.iid:<12}| "
         while True:
             try:
@@ -372,7 +305,7 @@ class Supervisor:
                 self.out.write(prefix + line.decode(errors="replace").rstrip("\n") + "\n")
                 self.out.flush()
 
-    async def _reap(self, child: _Child, logf: BinaryIO) -> None:
+    async def _reap(self, child: Child, logf: BinaryIO) -> None:
         rc = await child.proc.wait()
         await asyncio.gather(*child.tasks[:2], return_exceptions=True)
         logf.close()
@@ -392,11 +325,11 @@ class Supervisor:
         if self.state is not None:
             self._save()
 
-    async def _terminate(self, children: list[_Child], timeout_s: float) -> None:
+    async def _terminate(self, children: list[Child], timeout_s: float) -> None:
         """SIGTERM (the whole process group), wait, then SIGKILL what is left."""
         live = [c for c in children if c.proc.returncode is None]
         for c in live:
-            _signal_group(c.proc.pid, signal.SIGTERM)
+            signal_group(c.proc.pid, signal.SIGTERM)
         waits = [asyncio.ensure_future(c.exited.wait()) for c in live]
         if waits:
             forced = asyncio.ensure_future(self._force.wait())
@@ -407,7 +340,7 @@ class Supervisor:
         for c in live:
             if c.proc.returncode is None:
                 self.say(f"pdrelay up: {c.iid} did not stop within {timeout_s:.0f} s; killing it")
-                _signal_group(c.proc.pid, signal.SIGKILL)
+                signal_group(c.proc.pid, signal.SIGKILL)
         for c in live:
             with contextlib.suppress(asyncio.TimeoutError):
                 await asyncio.wait_for(c.exited.wait(), 5)
@@ -424,7 +357,7 @@ class Supervisor:
             await asyncio.wait_for(self._stop.wait(), seconds)
         return self._stop.is_set()
 
-    async def _restart(self, child: _Child) -> None:
+    async def _restart(self, child: Child) -> None:
         """The same instance again (same id and flags; it registers with a new epoch), after the backoff."""
         delay = self.restarts.crashed(child.iid)
         self.say(
@@ -489,33 +422,6 @@ class Supervisor:
         if self.children:
             self.say("pdrelay up: stopped")
 
-    def _plan_mooncake(self, opts: UpOptions) -> UpOptions:
-        """One mooncake_master (with its HTTP metadata server) beside the kvstore, on 127.0.0.1 and free ports, unless
-        no kvstore runs, the user named a master (--kvstore-mooncake-master), or this install lacks the binary."""
-        user_flags = (*opts.extra, *opts.role_extra.get("kvstore", ()))
-        if opts.counts.get("kvstore", 0) <= 0 or any(
-            f.split("=", 1)[0] == "--kvstore-mooncake-master" for f in user_flags
-        ):
-            return opts
-        try:
-            find_binary("mooncake_master")
-        except ValueError as e:
-            self.say(f"pdrelay up: note: the kvstore runs without its Mooncake Store tier: {e}")
-            return opts
-        self.mooncake = MooncakeMaster(
-            data_dir=self.run_dir / "mooncake", port=free_port(), tie_to_parent=True, start_timeout_s=60.0
-        )
-        flags = (
-            "--kvstore-mooncake-master",
-            self.mooncake.address,
-            "--kvstore-mooncake-metadata-url",
-            self.mooncake.metadata_url,
-        )
-        role_extra = dict(opts.role_extra)
-        role_extra["kvstore"] = (*flags, *role_extra.get("kvstore", ()))
-        self.opts = msgspec.structs.replace(opts, role_extra=role_extra)
-        return self.opts
-
     # ------------------------------------------------------------------ scale
 
     async def _on_scale(self, req: ScaleRequest, meta: object) -> ScaleReply:
@@ -536,7 +442,7 @@ class Supervisor:
                 index = self._next_index.get(role, 0)
                 self._next_index[role] = index + 1
                 try:
-                    placement, gpu_host = scale_placement(role, self.opts, self._gpus_in_use())
+                    placement, gpu_host = scale_placement(role, self.opts, gpus_in_use(self.children))
                 except ValueError as e:
                     return ScaleReply(ok=False, message=str(e))
                 spec = build_spec(
@@ -577,58 +483,9 @@ class Supervisor:
             message=f"started {len(started)}, draining {len(draining)}",
         )
 
-    def _gpus_in_use(self) -> set[int]:
-        """Host GPU ids held by children that are starting, ready or draining."""
-        return {
-            int(d.split(":", 1)[1])
-            for c in self.children
-            if c.state in ("starting", "ready", "draining")
-            for d in c.spec.devices
-            if d.startswith("cuda:")
-        }
-
-    async def _ensure_gone(self, child: _Child) -> None:
+    async def _ensure_gone(self, child: Child) -> None:
         """A drained instance exits on its own; one that ignores the command gets SIGTERM, then SIGKILL."""
         with contextlib.suppress(asyncio.TimeoutError):
             await asyncio.wait_for(child.exited.wait(), self.opts.stop_timeout_s)
             return
         await self._terminate([child], self.opts.stop_timeout_s)
-
-    # ------------------------------------------------------------------ demo
-
-    async def _demo(self) -> None:
-        gw = next((c for c in self.children if c.role == "gateway" and c.ready and c.ready.http), None)
-        if gw is None:
-            self.say("pdrelay up --demo: no gateway with an HTTP API is running in this build; skipping the request")
-            return
-        import httpx
-
-        scheme = "https" if self.opts.tls_dir else "http"
-        assert gw.ready is not None  # the search above only takes a ready gateway
-        base = f"{scheme}://{gw.ready.http}"
-        verify: str | bool = str(Path(self.opts.tls_dir) / "ca.pem") if self.opts.tls_dir else True
-        try:
-            async with httpx.AsyncClient(timeout=120, verify=verify) as client:
-                models = (await client.get(f"{base}/v1/models")).json()["data"]
-                body = {
-                    "model": models[0]["id"],
-                    "max_tokens": 32,
-                    "temperature": 0,
-                    "messages": [{"role": "user", "content": "What is the capital of France?"}],
-                }
-                r = await client.post(f"{base}/v1/chat/completions", json=body)
-                r.raise_for_status()
-                answer = r.json()["choices"][0]["message"]["content"]
-            self.say(f"pdrelay up --demo: Q: What is the capital of France?\n  A: {answer.strip()}")
-        except (httpx.HTTPError, KeyError, IndexError, ValueError) as e:
-            self.say(f"pdrelay up --demo: the request to {base} failed: {type(e).__name__}: {e}")
-
-
-def _signal_group(pid: int, sig: signal.Signals) -> None:
-    try:
-        os.killpg(pid, sig)  # the child leads its own session: this reaches its children too
-    except ProcessLookupError:
-        pass
-    except PermissionError:
-        with contextlib.suppress(ProcessLookupError):
-            os.kill(pid, sig)
