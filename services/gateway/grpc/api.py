@@ -108,11 +108,23 @@ def _sampling_fields(sp: common_pb2.SamplingParams) -> dict[str, Any]:
     return body
 
 
+def _choice(spec: str) -> dict[str, Any]:
+    """A CHOICE spec (a JSON array of strings) as structured_outputs.choice; text that is not JSON is a 400."""
+    try:
+        return {"choice": json.loads(spec) if spec else []}
+    except (ValueError, RecursionError):  # RecursionError: nested too deep for the decoder
+        raise bad_request(
+            f"sampling.structured.spec: a GRAMMAR_KIND_CHOICE spec is a JSON array of strings, such as "
+            f'["yes", "no"] (got {spec[:60]!r})',
+            "sampling.structured.spec",
+        ) from None
+
+
 _STRUCTURED_FIELD = {  # proto GrammarKind -> the structured_outputs extension object the HTTP API validates
     common_pb2.GRAMMAR_KIND_JSON_OBJECT: lambda spec: {"json_object": True},
     common_pb2.GRAMMAR_KIND_JSON_SCHEMA: lambda spec: {"json": spec},
     common_pb2.GRAMMAR_KIND_REGEX: lambda spec: {"regex": spec},
-    common_pb2.GRAMMAR_KIND_CHOICE: lambda spec: {"choice": json.loads(spec) if spec else []},
+    common_pb2.GRAMMAR_KIND_CHOICE: _choice,
     common_pb2.GRAMMAR_KIND_GRAMMAR: lambda spec: {"grammar": spec},
 }
 

@@ -508,6 +508,13 @@ async def _generate(stub: gateway_pb2_grpc.GatewayStub, req: gateway_pb2.Generat
             assert m.error.code != common_pb2.ERROR_CODE_INTERNAL, f"{as_example(req)}\n-> {m.error}"
 
 
+# Inputs this target has failed on, each with its fix.
+# A CHOICE spec that is not JSON: JSONDecodeError, an UNKNOWN status (grpc/api.py _choice: a 400).
+@example(
+    req=grpc_request(
+        "GenerateRequest", 'token_ids { } sampling { structured { kind: GRAMMAR_KIND_CHOICE spec: "00" } }'
+    )
+)
 @fuzz_settings(EXAMPLES_GRPC)
 @given(req=generate_requests() | tokenize_requests())
 def test_no_grpc_message_causes_an_internal_error(

@@ -150,6 +150,12 @@ async def test_generate_chat_and_token_ids_and_alias(
     assert [lp.token_id for lp in lps] == [5, 6, 7] and all(len(lp.top_logprobs) == 2 for lp in lps)
 
 
+def choice(spec: str) -> common_pb2.SamplingParams:
+    return common_pb2.SamplingParams(
+        structured=common_pb2.StructuredOutput(kind=common_pb2.GRAMMAR_KIND_CHOICE, spec=spec)
+    )
+
+
 @pytest.mark.parametrize(
     "req,param",
     [
@@ -167,6 +173,10 @@ async def test_generate_chat_and_token_ids_and_alias(
         ),
         (gateway_pb2.GenerateRequest(text="hi", media=[common_pb2.MediaInput(media_hash="ab")]), "media"),
         (gateway_pb2.GenerateRequest(text="hi", sampling=common_pb2.SamplingParams(max_tokens=10**6)), "max_tokens"),
+        # A CHOICE spec that is not JSON (once an unhandled JSONDecodeError: UNKNOWN), or nested past the decoder.
+        (gateway_pb2.GenerateRequest(text="hi", sampling=choice("00")), "structured.spec"),
+        (gateway_pb2.GenerateRequest(text="hi", sampling=choice("[" * 100_000)), "structured.spec"),
+        (gateway_pb2.GenerateRequest(text="hi", sampling=choice('{"a": 1}')), "structured_outputs"),
     ],
 )
 async def test_invalid_requests_are_invalid_argument(
