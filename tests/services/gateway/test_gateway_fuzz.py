@@ -1,12 +1,14 @@
 """Fuzz targets of the gateway: no request, however odd, makes it answer a server error.
 
-- HTTP bodies (`test_no_body_causes_a_server_error`): random JSON documents, valid chat and completion requests with
-  fields replaced by random JSON values, and random bytes. No 5xx; every non-2xx is an OpenAI error body.
+- HTTP bodies (`test_no_body_causes_a_server_error`): random JSON documents, valid requests of each POST route
+  (chat, completions, tokenize, detokenize, embeddings over stand-in encoders) with fields replaced by random JSON
+  values, and random bytes, sent to any of those routes. No 5xx; every non-2xx is an OpenAI error body.
 - HTTP headers (`test_no_header_causes_a_server_error`): the headers the gateway reads (Authorization,
   Content-Type, Content-Length, traceparent, tracestate) and others, with well-formed, near-miss and random values,
   on every route, with an API key and tracing on. Same checks.
-- gRPC messages (`test_no_grpc_message_causes_an_internal_error`): GenerateRequest and TokenizeRequest with every
-  field drawn at random. No INTERNAL or UNKNOWN status; every error carries a typed pdrelay Error.
+- gRPC messages (`test_no_grpc_message_causes_an_internal_error`): GenerateRequest, TokenizeRequest and
+  EmbeddingsRequest with every field drawn at random. No INTERNAL or UNKNOWN status; every error carries a typed
+  pdrelay Error.
 
 The search is random, a new seed each run (new inputs are what a fuzz test in CI is for). What a run finds is kept:
 - A failure's message starts with the failing input written as the target's `@example` takes it (hypothesis' own
@@ -42,11 +44,12 @@ from proto.pdrelay.v1 import common_pb2, gateway_pb2, gateway_pb2_grpc
 from services.gateway.grpc.api import ApiContext, GatewayApi
 from services.gateway.http.api_responses import ErrorResponse
 from services.gateway.http.app import GatewayApp
+from services.gateway.http.embeddings import Embeddings
 from services.gateway.mock.backend import MockBackend
 from services.gateway.text.tokenizer import GatewayTokenizer
 from shared.cluster.grpc_errors import error_from_rpc
 from shared.telemetry.tracing import Tracing
-from tests.services.gateway.conftest import MODEL, AppFactory, client_for
+from tests.services.gateway.conftest import MODEL, AppFactory, StandInEncoders, client_for
 
 EXAMPLES_BODIES = 300
 EXAMPLES_HEADERS = 200
@@ -54,7 +57,7 @@ EXAMPLES_GRPC = 200
 
 
 def fuzz_settings(default_examples: int) -> settings:
-    examples = int(os.environ.get("PDRELAY_FUZZ_EXAMPLES", default_examples))
+    examples = int(os.environ.get("PDRELAY_FUZZ_EXAMPLES") or default_examples)
     return settings(
         max_examples=examples,
         deadline=None,
@@ -93,6 +96,14 @@ FIELDS = [
     "response_format",
     "chat_template_kwargs",
     "skip_special_tokens",
+    # /tokenize, /detokenize, /v1/embeddings
+    "add_special_tokens",
+    "return_token_strs",
+    "tokens",
+    "input",
+    "encoding_format",
+    "dimensions",
+    "truncate_prompt_tokens",
 ]
 # Names that mean something to a chat template or to the code that renders it: its arguments, transformers'
 # apply_chat_template parameters, the special tokens it passes, the Jinja globals a template calls.
@@ -162,11 +173,37 @@ def mutated(draw: st.DrawFn, base: st.SearchStrategy[dict[str, Any]]) -> dict[st
     return body
 
 
+valid_tokenize = st.fixed_dictionaries({"prompt": st.text(max_size=20)}) | st.fixed_dictionaries(
+    {"messages": st.lists(json_values, min_size=1, max_size=3)}
+)
+valid_detokenize = st.fixed_dictionaries({"tokens": st.lists(st.integers(0, 600), max_size=6)})
+valid_embedding = st.fixed_dictionaries(
+    {
+        "model": st.just("mini"),
+        "input": st.text(min_size=1, max_size=20) | st.lists(st.integers(0, 600), min_size=1, max_size=6),
+    }
+)
+BODY_ENDPOINTS = ["/v1/chat/completions", "/v1/completions", "/tokenize", "/detokenize", "/v1/embeddings"]
+
 bodies = (
-    (mutated(valid_chat) | mutated(valid_completion)).map(lambda b: json.dumps(b).encode())
+    st.one_of(
+        *(mutated(b) for b in (valid_chat, valid_completion, valid_tokenize, valid_detokenize, valid_embedding))
+    ).map(lambda b: json.dumps(b).encode())
     | json_values.map(lambda v: json.dumps(v).encode())
     | st.binary(max_size=64)
 )
+
+
+def with_embeddings(app: GatewayApp) -> GatewayApp:
+    """/v1/embeddings mounted over the stand-in encoders."""
+    embeddings = Embeddings(StandInEncoders())  # type: ignore[arg-type]
+    app.add_route("/v1/embeddings", "POST", embeddings.http, models=embeddings.model_cards)
+    return app
+
+
+@pytest.fixture
+def app_with_embeddings(make_app: AppFactory) -> GatewayApp:
+    return with_embeddings(make_app())
 
 
 def check_answer(status: int, content_type: bytes | None, content: bytes, request: str) -> None:
@@ -194,10 +231,10 @@ HI = [{"role": "user", "content": "hi"}]
     endpoint="/v1/chat/completions",
 )
 @fuzz_settings(EXAMPLES_BODIES)
-@given(body=bodies, endpoint=st.sampled_from(["/v1/chat/completions", "/v1/completions"]))
-def test_no_body_causes_a_server_error(app: GatewayApp, body: bytes, endpoint: str) -> None:
+@given(body=bodies, endpoint=st.sampled_from(BODY_ENDPOINTS))
+def test_no_body_causes_a_server_error(app_with_embeddings: GatewayApp, body: bytes, endpoint: str) -> None:
     async def go() -> None:
-        async with client_for(app) as c:
+        async with client_for(app_with_embeddings) as c:
             r = await c.post(endpoint, content=body, headers={"content-type": "application/json"})
             ctype = r.headers.get("content-type")
             check_answer(r.status_code, ctype and ctype.encode(), r.content, f"body={body!r}, endpoint={endpoint!r}")
@@ -218,6 +255,7 @@ ROUTES = {  # path -> a body it accepts
     "/ready": b"",
     "/metrics": b"",
     "/openapi.json": b"",
+    "/v1/embeddings": _body({"model": "mini", "input": "hi"}),
 }
 TRACEPARENT = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"
 # Token characters (RFC 9110), lower-case: what an HTTP server hands an ASGI app as a header name.
@@ -314,7 +352,7 @@ async def asgi_call(
 
 @pytest.fixture
 def keyed_traced_app(make_app: AppFactory) -> Iterator[GatewayApp]:
-    app = make_app(api_key=API_KEY)
+    app = with_embeddings(make_app(api_key=API_KEY))
     app.tracing = Tracing.start(
         "unused:1", role="gateway", instance_id="g", cluster="c", exporter=InMemorySpanExporter()
     )
@@ -445,6 +483,25 @@ def tokenize_requests(draw: st.DrawFn) -> gateway_pb2.TokenizeRequest:
     return req
 
 
+@st.composite
+def embeddings_requests(draw: st.DrawFn) -> gateway_pb2.EmbeddingsRequest:
+    req = gateway_pb2.EmbeddingsRequest(
+        request_id=draw(st.sampled_from(["", "e-1"]) | texts),
+        model=draw(st.sampled_from(["", "mini", MODEL]) | texts),
+        texts=draw(st.lists(texts, max_size=3)),
+        dimensions=draw(uint32s),
+        truncate_prompt_tokens=draw(int32s),
+    )
+    for ids in draw(st.lists(st.lists(st.integers(0, 600) | uint32s, max_size=4), max_size=3)):
+        req.token_ids.append(gateway_pb2.TokenIds(ids=ids))
+    if draw(st.booleans()):
+        req.trace.traceparent = draw(st.sampled_from([TRACEPARENT, "00-zz"]) | texts)
+    return req
+
+
+GrpcRequest = gateway_pb2.GenerateRequest | gateway_pb2.TokenizeRequest | gateway_pb2.EmbeddingsRequest
+
+
 class GrpcApi:
     """The gateway's gRPC API served in process on its own event loop, for a synchronous hypothesis test."""
 
@@ -456,7 +513,13 @@ class GrpcApi:
     async def _start(
         self, tokenizer: GatewayTokenizer, backend: MockBackend
     ) -> tuple[grpc.aio.Server, grpc.aio.Channel, gateway_pb2_grpc.GatewayStub]:
-        ctx = ApiContext(backend=backend, tokenizer=tokenizer, served_model_names=(MODEL,), aliases=("tiny-alias",))
+        ctx = ApiContext(
+            backend=backend,
+            tokenizer=tokenizer,
+            served_model_names=(MODEL,),
+            aliases=("tiny-alias",),
+            embeddings=Embeddings(StandInEncoders()),  # type: ignore[arg-type]
+        )
         server = grpc.aio.server()
         gateway_pb2_grpc.add_GatewayServicer_to_server(GatewayApi(ctx), server)
         port = server.add_insecure_port("127.0.0.1:0")
@@ -493,12 +556,12 @@ def check_rpc_error(e: grpc.aio.AioRpcError, request: str) -> None:
     assert err.code != common_pb2.ERROR_CODE_INTERNAL, f"{request}\n-> {err}"
 
 
-def as_example(req: gateway_pb2.GenerateRequest | gateway_pb2.TokenizeRequest) -> str:
+def as_example(req: GrpcRequest) -> str:
     """The request as an @example of the gRPC target takes it: its type and text format."""
     return f"req=grpc_request({type(req).__name__!r}, {text_format.MessageToString(req, as_one_line=True)!r})"
 
 
-def grpc_request(kind: str, text: str) -> gateway_pb2.GenerateRequest | gateway_pb2.TokenizeRequest:
+def grpc_request(kind: str, text: str) -> GrpcRequest:
     return text_format.Parse(text, getattr(gateway_pb2, kind)())
 
 
@@ -516,13 +579,14 @@ async def _generate(stub: gateway_pb2_grpc.GatewayStub, req: gateway_pb2.Generat
     )
 )
 @fuzz_settings(EXAMPLES_GRPC)
-@given(req=generate_requests() | tokenize_requests())
-def test_no_grpc_message_causes_an_internal_error(
-    grpc_api: GrpcApi, req: gateway_pb2.GenerateRequest | gateway_pb2.TokenizeRequest
-) -> None:
-    call = (
-        _generate(grpc_api.stub, req) if isinstance(req, gateway_pb2.GenerateRequest) else grpc_api.stub.Tokenize(req)
-    )
+@given(req=generate_requests() | tokenize_requests() | embeddings_requests())
+def test_no_grpc_message_causes_an_internal_error(grpc_api: GrpcApi, req: GrpcRequest) -> None:
+    if isinstance(req, gateway_pb2.GenerateRequest):
+        call = _generate(grpc_api.stub, req)
+    elif isinstance(req, gateway_pb2.TokenizeRequest):
+        call = grpc_api.stub.Tokenize(req)
+    else:
+        call = grpc_api.stub.Embed(req)
     try:
         grpc_api.run(call)
     except grpc.aio.AioRpcError as e:
