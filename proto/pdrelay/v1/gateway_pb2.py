@@ -22,48 +22,49 @@ _runtime_version.ValidateProtobufRuntimeVersion(
 _sym_db = _symbol_database.Default()
 
 
+from google.protobuf import struct_pb2 as google_dot_protobuf_dot_struct__pb2
 from proto.pdrelay.v1 import common_pb2 as pdrelay_dot_v1_dot_common__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x18pdrelay/v1/gateway.proto\x12\npdrelay.v1\x1a\x17pdrelay/v1/common.proto\",\n\x0b\x43hatMessage\x12\x0c\n\x04role\x18\x01 \x01(\t\x12\x0f\n\x07\x63ontent\x18\x02 \x01(\t\"9\n\x0c\x43hatMessages\x12)\n\x08messages\x18\x01 \x03(\x0b\x32\x17.pdrelay.v1.ChatMessage\"\x17\n\x08TokenIds\x12\x0b\n\x03ids\x18\x01 \x03(\r\"\xda\x02\n\x0fGenerateRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\r\n\x05model\x18\x02 \x01(\t\x12\x0e\n\x04text\x18\x03 \x01(\tH\x00\x12)\n\ttoken_ids\x18\x04 \x01(\x0b\x32\x14.pdrelay.v1.TokenIdsH\x00\x12(\n\x04\x63hat\x18\x05 \x01(\x0b\x32\x18.pdrelay.v1.ChatMessagesH\x00\x12,\n\x08sampling\x18\x06 \x01(\x0b\x32\x1a.pdrelay.v1.SamplingParams\x12\x18\n\x10return_token_ids\x18\x07 \x01(\x08\x12%\n\x05media\x18\x08 \x03(\x0b\x32\x16.pdrelay.v1.MediaInput\x12\'\n\x05trace\x18\t \x01(\x0b\x32\x18.pdrelay.v1.TraceContext\x12\x10\n\x08priority\x18\n \x01(\r\x12\x0c\n\x04\x65\x63ho\x18\x0b \x01(\x08\x42\x07\n\x05input\"\xf3\x02\n\x10GenerateResponse\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x0c\n\x04text\x18\x02 \x01(\t\x12\x11\n\ttoken_ids\x18\x03 \x03(\r\x12*\n\x08logprobs\x18\x04 \x03(\x0b\x32\x18.pdrelay.v1.TokenLogprob\x12/\n\rfinish_reason\x18\x05 \x01(\x0e\x32\x18.pdrelay.v1.FinishReason\x12-\n\x0cmatched_stop\x18\x06 \x01(\x0b\x32\x17.pdrelay.v1.MatchedStop\x12 \n\x05usage\x18\x07 \x01(\x0b\x32\x11.pdrelay.v1.Usage\x12 \n\x05\x65rror\x18\x08 \x01(\x0b\x32\x11.pdrelay.v1.Error\x12\x18\n\x10prompt_token_ids\x18\t \x03(\r\x12\x31\n\x0fprompt_logprobs\x18\n \x03(\x0b\x32\x18.pdrelay.v1.TokenLogprob\x12\r\n\x05index\x18\x0b \x01(\r\"\x7f\n\x0fTokenizeRequest\x12\r\n\x05model\x18\x01 \x01(\t\x12\x0e\n\x04text\x18\x02 \x01(\tH\x00\x12(\n\x04\x63hat\x18\x03 \x01(\x0b\x32\x18.pdrelay.v1.ChatMessagesH\x00\x12\x1a\n\x12\x61\x64\x64_special_tokens\x18\x04 \x01(\x08\x42\x07\n\x05input\"<\n\x10TokenizeResponse\x12\x11\n\ttoken_ids\x18\x01 \x03(\r\x12\x15\n\rmax_model_len\x18\x02 \x01(\r\"\x13\n\x11ListModelsRequest\"_\n\tModelCard\x12\n\n\x02id\x18\x01 \x01(\t\x12\x10\n\x08owned_by\x18\x02 \x01(\t\x12\x0f\n\x07\x63reated\x18\x03 \x01(\x03\x12\x15\n\rmax_model_len\x18\x04 \x01(\r\x12\x0c\n\x04root\x18\x05 \x01(\t\";\n\x12ListModelsResponse\x12%\n\x06models\x18\x01 \x03(\x0b\x32\x15.pdrelay.v1.ModelCard\"\x0f\n\rHealthRequest\"8\n\nRoleHealth\x12\x0c\n\x04role\x18\x01 \x01(\t\x12\r\n\x05ready\x18\x02 \x01(\r\x12\r\n\x05total\x18\x03 \x01(\r\"a\n\x0eHealthResponse\x12\x0f\n\x07serving\x18\x01 \x01(\x08\x12%\n\x05roles\x18\x02 \x03(\x0b\x32\x16.pdrelay.v1.RoleHealth\x12\x17\n\x0f\x64iscovery_stale\x18\x03 \x01(\x08\"\xcb\x01\n\x11\x45mbeddingsRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\r\n\x05model\x18\x02 \x01(\t\x12\r\n\x05texts\x18\x03 \x03(\t\x12\'\n\ttoken_ids\x18\x04 \x03(\x0b\x32\x14.pdrelay.v1.TokenIds\x12\x12\n\ndimensions\x18\x05 \x01(\r\x12\x1e\n\x16truncate_prompt_tokens\x18\x06 \x01(\x05\x12\'\n\x05trace\x18\x07 \x01(\x0b\x32\x18.pdrelay.v1.TraceContext\"\x1b\n\tEmbedding\x12\x0e\n\x06values\x18\x01 \x03(\x02\"~\n\x12\x45mbeddingsResponse\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\r\n\x05model\x18\x02 \x01(\t\x12#\n\x04\x64\x61ta\x18\x03 \x03(\x0b\x32\x15.pdrelay.v1.Embedding\x12 \n\x05usage\x18\x04 \x01(\x0b\x32\x11.pdrelay.v1.Usage2\xef\x02\n\x07Gateway\x12G\n\x08Generate\x12\x1b.pdrelay.v1.GenerateRequest\x1a\x1c.pdrelay.v1.GenerateResponse0\x01\x12\x45\n\x08Tokenize\x12\x1b.pdrelay.v1.TokenizeRequest\x1a\x1c.pdrelay.v1.TokenizeResponse\x12K\n\nListModels\x12\x1d.pdrelay.v1.ListModelsRequest\x1a\x1e.pdrelay.v1.ListModelsResponse\x12\x46\n\x05\x45mbed\x12\x1d.pdrelay.v1.EmbeddingsRequest\x1a\x1e.pdrelay.v1.EmbeddingsResponse\x12?\n\x06Health\x12\x19.pdrelay.v1.HealthRequest\x1a\x1a.pdrelay.v1.HealthResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x18pdrelay/v1/gateway.proto\x12\npdrelay.v1\x1a\x1cgoogle/protobuf/struct.proto\x1a\x17pdrelay/v1/common.proto\",\n\x0b\x43hatMessage\x12\x0c\n\x04role\x18\x01 \x01(\t\x12\x0f\n\x07\x63ontent\x18\x02 \x01(\t\"p\n\x0c\x43hatMessages\x12)\n\x08messages\x18\x01 \x03(\x0b\x32\x17.pdrelay.v1.ChatMessage\x12\x35\n\x14\x63hat_template_kwargs\x18\x02 \x01(\x0b\x32\x17.google.protobuf.Struct\"\x17\n\x08TokenIds\x12\x0b\n\x03ids\x18\x01 \x03(\r\"\xda\x02\n\x0fGenerateRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\r\n\x05model\x18\x02 \x01(\t\x12\x0e\n\x04text\x18\x03 \x01(\tH\x00\x12)\n\ttoken_ids\x18\x04 \x01(\x0b\x32\x14.pdrelay.v1.TokenIdsH\x00\x12(\n\x04\x63hat\x18\x05 \x01(\x0b\x32\x18.pdrelay.v1.ChatMessagesH\x00\x12,\n\x08sampling\x18\x06 \x01(\x0b\x32\x1a.pdrelay.v1.SamplingParams\x12\x18\n\x10return_token_ids\x18\x07 \x01(\x08\x12%\n\x05media\x18\x08 \x03(\x0b\x32\x16.pdrelay.v1.MediaInput\x12\'\n\x05trace\x18\t \x01(\x0b\x32\x18.pdrelay.v1.TraceContext\x12\x10\n\x08priority\x18\n \x01(\r\x12\x0c\n\x04\x65\x63ho\x18\x0b \x01(\x08\x42\x07\n\x05input\"\xf3\x02\n\x10GenerateResponse\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x0c\n\x04text\x18\x02 \x01(\t\x12\x11\n\ttoken_ids\x18\x03 \x03(\r\x12*\n\x08logprobs\x18\x04 \x03(\x0b\x32\x18.pdrelay.v1.TokenLogprob\x12/\n\rfinish_reason\x18\x05 \x01(\x0e\x32\x18.pdrelay.v1.FinishReason\x12-\n\x0cmatched_stop\x18\x06 \x01(\x0b\x32\x17.pdrelay.v1.MatchedStop\x12 \n\x05usage\x18\x07 \x01(\x0b\x32\x11.pdrelay.v1.Usage\x12 \n\x05\x65rror\x18\x08 \x01(\x0b\x32\x11.pdrelay.v1.Error\x12\x18\n\x10prompt_token_ids\x18\t \x03(\r\x12\x31\n\x0fprompt_logprobs\x18\n \x03(\x0b\x32\x18.pdrelay.v1.TokenLogprob\x12\r\n\x05index\x18\x0b \x01(\r\"\x7f\n\x0fTokenizeRequest\x12\r\n\x05model\x18\x01 \x01(\t\x12\x0e\n\x04text\x18\x02 \x01(\tH\x00\x12(\n\x04\x63hat\x18\x03 \x01(\x0b\x32\x18.pdrelay.v1.ChatMessagesH\x00\x12\x1a\n\x12\x61\x64\x64_special_tokens\x18\x04 \x01(\x08\x42\x07\n\x05input\"<\n\x10TokenizeResponse\x12\x11\n\ttoken_ids\x18\x01 \x03(\r\x12\x15\n\rmax_model_len\x18\x02 \x01(\r\"\x13\n\x11ListModelsRequest\"_\n\tModelCard\x12\n\n\x02id\x18\x01 \x01(\t\x12\x10\n\x08owned_by\x18\x02 \x01(\t\x12\x0f\n\x07\x63reated\x18\x03 \x01(\x03\x12\x15\n\rmax_model_len\x18\x04 \x01(\r\x12\x0c\n\x04root\x18\x05 \x01(\t\";\n\x12ListModelsResponse\x12%\n\x06models\x18\x01 \x03(\x0b\x32\x15.pdrelay.v1.ModelCard\"\x0f\n\rHealthRequest\"8\n\nRoleHealth\x12\x0c\n\x04role\x18\x01 \x01(\t\x12\r\n\x05ready\x18\x02 \x01(\r\x12\r\n\x05total\x18\x03 \x01(\r\"a\n\x0eHealthResponse\x12\x0f\n\x07serving\x18\x01 \x01(\x08\x12%\n\x05roles\x18\x02 \x03(\x0b\x32\x16.pdrelay.v1.RoleHealth\x12\x17\n\x0f\x64iscovery_stale\x18\x03 \x01(\x08\"\xcb\x01\n\x11\x45mbeddingsRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\r\n\x05model\x18\x02 \x01(\t\x12\r\n\x05texts\x18\x03 \x03(\t\x12\'\n\ttoken_ids\x18\x04 \x03(\x0b\x32\x14.pdrelay.v1.TokenIds\x12\x12\n\ndimensions\x18\x05 \x01(\r\x12\x1e\n\x16truncate_prompt_tokens\x18\x06 \x01(\x05\x12\'\n\x05trace\x18\x07 \x01(\x0b\x32\x18.pdrelay.v1.TraceContext\"\x1b\n\tEmbedding\x12\x0e\n\x06values\x18\x01 \x03(\x02\"~\n\x12\x45mbeddingsResponse\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\r\n\x05model\x18\x02 \x01(\t\x12#\n\x04\x64\x61ta\x18\x03 \x03(\x0b\x32\x15.pdrelay.v1.Embedding\x12 \n\x05usage\x18\x04 \x01(\x0b\x32\x11.pdrelay.v1.Usage2\xef\x02\n\x07Gateway\x12G\n\x08Generate\x12\x1b.pdrelay.v1.GenerateRequest\x1a\x1c.pdrelay.v1.GenerateResponse0\x01\x12\x45\n\x08Tokenize\x12\x1b.pdrelay.v1.TokenizeRequest\x1a\x1c.pdrelay.v1.TokenizeResponse\x12K\n\nListModels\x12\x1d.pdrelay.v1.ListModelsRequest\x1a\x1e.pdrelay.v1.ListModelsResponse\x12\x46\n\x05\x45mbed\x12\x1d.pdrelay.v1.EmbeddingsRequest\x1a\x1e.pdrelay.v1.EmbeddingsResponse\x12?\n\x06Health\x12\x19.pdrelay.v1.HealthRequest\x1a\x1a.pdrelay.v1.HealthResponseb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'pdrelay.v1.gateway_pb2', _globals)
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
-  _globals['_CHATMESSAGE']._serialized_start=65
-  _globals['_CHATMESSAGE']._serialized_end=109
-  _globals['_CHATMESSAGES']._serialized_start=111
-  _globals['_CHATMESSAGES']._serialized_end=168
-  _globals['_TOKENIDS']._serialized_start=170
-  _globals['_TOKENIDS']._serialized_end=193
-  _globals['_GENERATEREQUEST']._serialized_start=196
-  _globals['_GENERATEREQUEST']._serialized_end=542
-  _globals['_GENERATERESPONSE']._serialized_start=545
-  _globals['_GENERATERESPONSE']._serialized_end=916
-  _globals['_TOKENIZEREQUEST']._serialized_start=918
-  _globals['_TOKENIZEREQUEST']._serialized_end=1045
-  _globals['_TOKENIZERESPONSE']._serialized_start=1047
-  _globals['_TOKENIZERESPONSE']._serialized_end=1107
-  _globals['_LISTMODELSREQUEST']._serialized_start=1109
-  _globals['_LISTMODELSREQUEST']._serialized_end=1128
-  _globals['_MODELCARD']._serialized_start=1130
-  _globals['_MODELCARD']._serialized_end=1225
-  _globals['_LISTMODELSRESPONSE']._serialized_start=1227
-  _globals['_LISTMODELSRESPONSE']._serialized_end=1286
-  _globals['_HEALTHREQUEST']._serialized_start=1288
-  _globals['_HEALTHREQUEST']._serialized_end=1303
-  _globals['_ROLEHEALTH']._serialized_start=1305
-  _globals['_ROLEHEALTH']._serialized_end=1361
-  _globals['_HEALTHRESPONSE']._serialized_start=1363
-  _globals['_HEALTHRESPONSE']._serialized_end=1460
-  _globals['_EMBEDDINGSREQUEST']._serialized_start=1463
-  _globals['_EMBEDDINGSREQUEST']._serialized_end=1666
-  _globals['_EMBEDDING']._serialized_start=1668
-  _globals['_EMBEDDING']._serialized_end=1695
-  _globals['_EMBEDDINGSRESPONSE']._serialized_start=1697
-  _globals['_EMBEDDINGSRESPONSE']._serialized_end=1823
-  _globals['_GATEWAY']._serialized_start=1826
-  _globals['_GATEWAY']._serialized_end=2193
+  _globals['_CHATMESSAGE']._serialized_start=95
+  _globals['_CHATMESSAGE']._serialized_end=139
+  _globals['_CHATMESSAGES']._serialized_start=141
+  _globals['_CHATMESSAGES']._serialized_end=253
+  _globals['_TOKENIDS']._serialized_start=255
+  _globals['_TOKENIDS']._serialized_end=278
+  _globals['_GENERATEREQUEST']._serialized_start=281
+  _globals['_GENERATEREQUEST']._serialized_end=627
+  _globals['_GENERATERESPONSE']._serialized_start=630
+  _globals['_GENERATERESPONSE']._serialized_end=1001
+  _globals['_TOKENIZEREQUEST']._serialized_start=1003
+  _globals['_TOKENIZEREQUEST']._serialized_end=1130
+  _globals['_TOKENIZERESPONSE']._serialized_start=1132
+  _globals['_TOKENIZERESPONSE']._serialized_end=1192
+  _globals['_LISTMODELSREQUEST']._serialized_start=1194
+  _globals['_LISTMODELSREQUEST']._serialized_end=1213
+  _globals['_MODELCARD']._serialized_start=1215
+  _globals['_MODELCARD']._serialized_end=1310
+  _globals['_LISTMODELSRESPONSE']._serialized_start=1312
+  _globals['_LISTMODELSRESPONSE']._serialized_end=1371
+  _globals['_HEALTHREQUEST']._serialized_start=1373
+  _globals['_HEALTHREQUEST']._serialized_end=1388
+  _globals['_ROLEHEALTH']._serialized_start=1390
+  _globals['_ROLEHEALTH']._serialized_end=1446
+  _globals['_HEALTHRESPONSE']._serialized_start=1448
+  _globals['_HEALTHRESPONSE']._serialized_end=1545
+  _globals['_EMBEDDINGSREQUEST']._serialized_start=1548
+  _globals['_EMBEDDINGSREQUEST']._serialized_end=1751
+  _globals['_EMBEDDING']._serialized_start=1753
+  _globals['_EMBEDDING']._serialized_end=1780
+  _globals['_EMBEDDINGSRESPONSE']._serialized_start=1782
+  _globals['_EMBEDDINGSRESPONSE']._serialized_end=1908
+  _globals['_GATEWAY']._serialized_start=1911
+  _globals['_GATEWAY']._serialized_end=2278
 # @@protoc_insertion_point(module_scope)

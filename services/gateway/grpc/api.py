@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 import time
 import uuid
 from collections.abc import AsyncIterator, Sequence
@@ -22,6 +23,7 @@ from typing import Any, cast
 
 import grpc
 import msgspec
+from google.protobuf import struct_pb2
 
 from proto.pdrelay.v1 import common_pb2, gateway_pb2, gateway_pb2_grpc
 from services.gateway.backend import (
@@ -35,7 +37,7 @@ from services.gateway.backend import (
 from services.gateway.http.api_requests import ChatCompletionRequest, CompletionRequest
 from services.gateway.http.embeddings import Embeddings
 from services.gateway.http.errors import REQUEST_FAILED_CODE, ApiError, bad_request, from_backend
-from services.gateway.http.validation import Plan, plan_chat, plan_completion
+from services.gateway.http.validation import Plan, plan_chat, plan_completion, template_kwargs
 from services.gateway.metrics import GatewayMetrics
 from services.gateway.routing.discovery import MembershipView
 from services.gateway.text.generation import Delta, Generation
@@ -108,13 +110,47 @@ def _sampling_fields(sp: common_pb2.SamplingParams) -> dict[str, Any]:
     return body
 
 
+def _choice(spec: str) -> dict[str, Any]:
+    """A CHOICE spec (a JSON array of strings) as structured_outputs.choice; text that is not JSON is a 400."""
+    try:
+        return {"choice": json.loads(spec) if spec else []}
+    except (ValueError, RecursionError):  # RecursionError: nested too deep for the decoder
+        raise bad_request(
+            f"sampling.structured.spec: a GRAMMAR_KIND_CHOICE spec is a JSON array of strings, such as "
+            f'["yes", "no"] (got {spec[:60]!r})',
+            "sampling.structured.spec",
+        ) from None
+
+
 _STRUCTURED_FIELD = {  # proto GrammarKind -> the structured_outputs extension object the HTTP API validates
     common_pb2.GRAMMAR_KIND_JSON_OBJECT: lambda spec: {"json_object": True},
     common_pb2.GRAMMAR_KIND_JSON_SCHEMA: lambda spec: {"json": spec},
     common_pb2.GRAMMAR_KIND_REGEX: lambda spec: {"regex": spec},
-    common_pb2.GRAMMAR_KIND_CHOICE: lambda spec: {"choice": json.loads(spec) if spec else []},
+    common_pb2.GRAMMAR_KIND_CHOICE: _choice,
     common_pb2.GRAMMAR_KIND_GRAMMAR: lambda spec: {"grammar": spec},
 }
+
+
+def _plain(value: struct_pb2.Value) -> Any:
+    """A google.protobuf.Value as the JSON value it stands for; a whole number as an int (JSON's 1, not 1.0)."""
+    kind = value.WhichOneof("kind")
+    if kind == "number_value":
+        n = value.number_value
+        return int(n) if math.isfinite(n) and n.is_integer() else n
+    if kind == "struct_value":
+        return {k: _plain(v) for k, v in value.struct_value.fields.items()}
+    if kind == "list_value":
+        return [_plain(v) for v in value.list_value.values]
+    if kind in ("string_value", "bool_value"):
+        return getattr(value, kind)
+    return None  # null_value, or no kind set
+
+
+def chat_template_kwargs_of(chat: gateway_pb2.ChatMessages) -> dict[str, Any] | None:
+    """ChatMessages.chat_template_kwargs as the HTTP API's chat_template_kwargs (None when unset)."""
+    if not chat.HasField("chat_template_kwargs"):
+        return None
+    return {k: _plain(v) for k, v in chat.chat_template_kwargs.fields.items()}
 
 
 def plan_of(request: gateway_pb2.GenerateRequest, vocab_size: int) -> Plan:
@@ -137,6 +173,7 @@ def plan_of(request: gateway_pb2.GenerateRequest, vocab_size: int) -> Plan:
             if request.echo:
                 raise bad_request("echo: only with text or token_ids input", "echo")
             body["messages"] = [{"role": m.role, "content": m.content} for m in request.chat.messages]
+            body["chat_template_kwargs"] = chat_template_kwargs_of(request.chat)
             body["logprobs"] = sp.logprobs
             if sp.logprobs:
                 body["top_logprobs"] = sp.top_logprobs
@@ -233,7 +270,7 @@ class GatewayApi(gateway_pb2_grpc.GatewayServicer):
         model = self._model(ctx, request.model)
         if plan.messages is not None:
             try:
-                ids = tuple(tok.encode_chat(plan.messages))
+                ids = tuple(tok.encode_chat(plan.messages, plan.chat_template_kwargs))
             except ChatTemplateError as e:
                 raise bad_request(str(e), "chat", "chat_template_error") from None
         elif plan.prompt_text is not None:
@@ -371,8 +408,9 @@ class GatewayApi(gateway_pb2_grpc.GatewayServicer):
                 messages = [{"role": m.role, "content": m.content} for m in request.chat.messages]
                 if not messages:
                     raise bad_request("chat: send at least one message", "chat")
+                kwargs = template_kwargs(chat_template_kwargs_of(request.chat))
                 try:
-                    ids = tok.encode_chat(messages)
+                    ids = tok.encode_chat(messages, kwargs)
                 except ChatTemplateError as e:
                     raise bad_request(str(e), "chat", "chat_template_error") from None
             elif which == "text":

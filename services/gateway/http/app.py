@@ -477,7 +477,7 @@ class GatewayApp:
             try:
                 template = tok.chat_template or getattr(tok.hf, "chat_template", None)
                 messages, extra = render_messages(plan.messages, plan.tools, template)
-                ids = tok.encode_chat(messages, **{**(plan.chat_template_kwargs or {}), **extra})
+                ids = tok.encode_chat(messages, {**(plan.chat_template_kwargs or {}), **extra})
             except ChatTemplateError as e:
                 raise bad_request(str(e), "messages", "chat_template_error") from None
         elif plan.prompt_text is not None:

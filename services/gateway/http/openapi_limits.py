@@ -23,6 +23,7 @@ from services.gateway.http.validation import (
     MAX_STOP_STRING_CHARS,
     MAX_STOP_STRINGS,
 )
+from services.gateway.text.tokenizer import RESERVED_TEMPLATE_KWARGS
 
 _REF = "#/components/schemas/{name}"
 _STOP_STRING = {"type": "string", "minLength": 1, "maxLength": MAX_STOP_STRING_CHARS}
@@ -119,6 +120,11 @@ def _chat(vocab_size: int | None, context_length: int | None) -> dict[str, dict[
         "tools": {
             "anyOf": [{"type": "array", "items": _TOOL}, _NULL],
             "description": "Functions the model may call; names unique (a 400 otherwise)",
+        },
+        "chat_template_kwargs": {
+            "propertyNames": {"not": {"enum": sorted(RESERVED_TEMPLATE_KWARGS)}},
+            "description": "Extension: extra variables for the chat template; the names the gateway or transformers "
+            "pass to the template themselves are refused (a 400): " + ", ".join(sorted(RESERVED_TEMPLATE_KWARGS)),
         },
         "tool_choice": {
             "anyOf": [{"enum": [None, "none", "auto", "required"]}, _NAMED_TOOL],

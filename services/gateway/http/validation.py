@@ -24,6 +24,7 @@ from services.gateway.http.errors import ApiError, bad_request
 from services.gateway.http.media.parts import image_part
 from services.gateway.http.structured import check, structured_spec
 from services.gateway.http.tools.spec import ToolPlan, plan_tools
+from services.gateway.text.tokenizer import RESERVED_TEMPLATE_KWARGS
 from shared.grammar.spec import StructuredSpec
 
 MAX_LOGPROBS = 20
@@ -193,6 +194,18 @@ def _prompt_logprobs(req: _CommonRequest) -> int | None:
     return k
 
 
+def template_kwargs(raw: dict[str, Any] | None) -> dict[str, Any] | None:
+    """chat_template_kwargs, refusing the names the gateway passes to the template itself (HTTP and gRPC)."""
+    for key in raw or ():
+        why = RESERVED_TEMPLATE_KWARGS.get(key)
+        if why is not None:
+            raise bad_request(
+                f"chat_template_kwargs: {key!r} is reserved ({why}); remove it from chat_template_kwargs",
+                f"chat_template_kwargs.{key}",
+            )
+    return raw
+
+
 def _stream_flags(req: _CommonRequest) -> bool:
     if req.stream_options is not None and not req.stream:
         raise bad_request("stream_options is only allowed with stream=true", "stream_options")
@@ -264,7 +277,7 @@ def plan_chat(req: ChatCompletionRequest, *, vocab_size: int, image_placeholder:
         sampling,
         req.skip_special_tokens,
         messages=messages,
-        chat_template_kwargs=req.chat_template_kwargs,
+        chat_template_kwargs=template_kwargs(req.chat_template_kwargs),
         priority=_priority(req),
         tools=tools,
         image_urls=tuple(image_urls),

@@ -15,6 +15,7 @@ import os
 import re
 from collections.abc import Mapping, Sequence
 from pathlib import Path
+from types import MappingProxyType
 from typing import Any
 
 from services.gateway.text.fast_encode import ByteLevelEncoder, adds_special_tokens
@@ -22,6 +23,34 @@ from services.gateway.text.fast_encode import ByteLevelEncoder, adds_special_tok
 # Keys of config.json that hold the context length, by model family (first found wins).
 _CONTEXT_KEYS = ("max_position_embeddings", "n_positions", "max_sequence_length", "seq_length", "max_seq_len")
 _BYTE_FALLBACK = re.compile(r"^<0x([0-9A-Fa-f]{2})>$")
+
+_APPLY_ARG = "an argument of transformers' apply_chat_template, not a template variable"
+# Names a client's chat_template_kwargs may not use, each with what sets it instead: every name the gateway or
+# transformers passes itself on the way to the template (render_chat -> apply_chat_template(self, conversation, ...)
+# -> render_jinja_template(conversations, ...) -> template.render(messages, tools, documents, add_generation_prompt)).
+# Any of them in the kwargs would collide with that argument or quietly change how the prompt is built.
+RESERVED_TEMPLATE_KWARGS: Mapping[str, str] = MappingProxyType(
+    {
+        "messages": "the request's messages",
+        "conversation": "the request's messages (apply_chat_template's name for them)",
+        "conversations": "the request's messages (render_jinja_template's name for them)",
+        "tools": "the request's tools field",
+        "chat_template": "the served model's template (--chat-template)",
+        "add_generation_prompt": "always true: the prompt ends with the assistant's turn",
+        "continue_final_message": "always false: the prompt ends with a new assistant turn",
+        "tokenize": "always false: the gateway tokenizes the rendered text itself",
+        "documents": _APPLY_ARG,
+        "self": _APPLY_ARG,
+        "sanitize_control_tokens": _APPLY_ARG,
+        "padding": _APPLY_ARG,
+        "truncation": _APPLY_ARG,
+        "max_length": _APPLY_ARG,
+        "return_tensors": _APPLY_ARG,
+        "return_dict": _APPLY_ARG,
+        "return_assistant_tokens_mask": _APPLY_ARG,
+        "tokenizer_kwargs": _APPLY_ARG,
+    }
+)
 
 
 class ChatTemplateError(ValueError):
@@ -106,8 +135,12 @@ class GatewayTokenizer:
 
     # ------------------------------------------------------------ prompts
 
-    def render_chat(self, messages: Sequence[Mapping[str, Any]], **template_kwargs: Any) -> str:
-        """The templated conversation, ending with the assistant generation prompt."""
+    def render_chat(
+        self, messages: Sequence[Mapping[str, Any]], template_kwargs: Mapping[str, Any] | None = None
+    ) -> str:
+        """The templated conversation, ending with the assistant generation prompt. template_kwargs: extra
+        variables for the template (the request's chat_template_kwargs, checked against RESERVED_TEMPLATE_KWARGS
+        where they enter; one that still collides is a ChatTemplateError)."""
         if self.chat_template is None and not getattr(self.hf, "chat_template", None):
             raise ChatTemplateError(
                 "this model has no chat template; start the gateway with --chat-template FILE "
@@ -119,15 +152,17 @@ class GatewayTokenizer:
                 chat_template=self.chat_template,
                 add_generation_prompt=True,
                 tokenize=False,
-                **template_kwargs,
+                **(template_kwargs or {}),
             )
         except Exception as e:  # jinja2 TemplateError, raise_exception() in the template, TypeError on odd input
             raise ChatTemplateError(f"the chat template rejected the messages: {e}") from e
         assert isinstance(text, str), type(text)
         return text
 
-    def encode_chat(self, messages: Sequence[Mapping[str, Any]], **template_kwargs: Any) -> list[int]:
-        text = self.render_chat(messages, **template_kwargs)
+    def encode_chat(
+        self, messages: Sequence[Mapping[str, Any]], template_kwargs: Mapping[str, Any] | None = None
+    ) -> list[int]:
+        text = self.render_chat(messages, template_kwargs)
         if self._encoder is not None:
             return self._encoder.encode(text)
         return self.fast.encode(text, add_special_tokens=False).ids

@@ -236,6 +236,24 @@ async def test_sampling_parameters_reach_the_backend(client: httpx.AsyncClient, 
     assert dict(req.trace_headers)["traceparent"].startswith("00-aaaa")
 
 
+async def test_other_chat_template_kwargs_reach_the_template(
+    make_app: AppFactory, backend: MockBackend, tiny_tokenizer: GatewayTokenizer
+) -> None:
+    template = "{% if greeting %}{{ greeting }} {% endif %}{% for m in messages %}{{ m['content'] }}{% endfor %}"
+    tok = GatewayTokenizer(tiny_tokenizer.hf, context_length=512, chat_template=template)
+    async with client_for(make_app(tokenizer=tok)) as c:
+        for kwargs in (None, {"greeting": "Hello"}):
+            r = await c.post(
+                CHAT,
+                json={"messages": [{"role": "user", "content": "hi"}], "chat_template_kwargs": kwargs, "max_tokens": 1},
+            )
+            assert r.status_code == 200, r.text
+    assert [r.prompt_token_ids for r in backend.requests] == [
+        tuple(tiny_tokenizer.encode_text("hi", add_special_tokens=False)),
+        tuple(tiny_tokenizer.encode_text("Hello hi", add_special_tokens=False)),
+    ]
+
+
 async def test_max_tokens_defaults_to_the_room_left_in_the_context(
     client: httpx.AsyncClient, backend: MockBackend, tiny_tokenizer: GatewayTokenizer
 ) -> None:

@@ -19,6 +19,7 @@ from services.gateway.backend import (
 )
 from services.gateway.http.api_responses import ErrorResponse
 from services.gateway.mock.backend import MockBackend
+from services.gateway.text.tokenizer import RESERVED_TEMPLATE_KWARGS
 from tests.services.gateway.conftest import AppFactory, client_for
 from tests.services.gateway.sse_client import parse_sse
 
@@ -110,11 +111,6 @@ CHAT_CASES: list[tuple[str, dict[str, Any], str | None]] = [
     ("structured_outputs bad regex", {"messages": MSG, "structured_outputs": {"regex": "a("}}, "structured_outputs"),
     ("priority negative", {"messages": MSG, "priority": -1}, "priority"),
     ("model wrong type", {"messages": MSG, "model": 5}, "model"),
-    (
-        "chat template kwargs clash",
-        {"messages": MSG, "chat_template_kwargs": {"add_generation_prompt": False}},
-        "messages",
-    ),
     ("max_tokens over context", {"messages": MSG, "max_tokens": 10_000}, "max_tokens"),
 ]
 
@@ -125,6 +121,23 @@ async def test_bad_chat_requests_are_400(
 ) -> None:
     assert_error(await client.post(CHAT, json=body), 400, param)
     assert backend.requests == []  # rejected before reaching any worker
+
+
+@pytest.mark.parametrize("key", sorted(RESERVED_TEMPLATE_KWARGS))
+async def test_chat_template_kwargs_naming_what_the_gateway_passes_are_400(
+    client: httpx.AsyncClient, backend: MockBackend, key: str
+) -> None:
+    """A name the gateway or transformers passes to the template itself collides with that argument (a TypeError
+    the gateway once answered with a 500 for `messages`) or changes how the prompt is built: refused by name."""
+    body = {
+        "model": "tiny",
+        "messages": MSG,
+        "chat_template_kwargs": {"enable_thinking": False, key: 1},
+        "max_tokens": 2,
+    }
+    err = assert_error(await client.post(CHAT, json=body), 400, f"chat_template_kwargs.{key}")
+    assert repr(key) in err["message"] and "remove it" in err["message"]
+    assert backend.requests == []
 
 
 COMPLETION_CASES: list[tuple[str, dict[str, Any], str | None]] = [

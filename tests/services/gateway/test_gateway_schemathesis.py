@@ -1,15 +1,17 @@
 """schemathesis against the gateway (mock backend, in process): every body /openapi.json allows is answered 2xx,
 and every answer matches the schema (status codes, content types, JSON bodies and each SSE event).
 
-Positive cases only, a bounded number per operation (a few seconds). A made-up model name may get 404. The only
-400s allowed for schema-valid bodies are the rules JSON Schema cannot state (see `_cross_field_refusal`).
+Positive cases only, a bounded number per operation (a few seconds; PDRELAY_FUZZ_EXAMPLES=N for a long run), drawn
+from a fixed seed (derandomize): the random search for bad inputs is test_gateway_fuzz.py's. A made-up model name
+may get 404. The only 400s allowed for schema-valid bodies are the rules JSON Schema cannot state (see
+`_cross_field_refusal`).
 """
 
 from __future__ import annotations
 
+import os
 from typing import Any
 
-import numpy as np
 import pytest
 import schemathesis
 from hypothesis import HealthCheck, Phase, given, settings
@@ -21,12 +23,11 @@ from schemathesis.checks import (
     status_code_conformance,
 )
 
-from services.gateway.backends.encoder_backend import EmbedCall, EmbedResult
 from services.gateway.http.app import GatewayApp
 from services.gateway.http.embeddings import Embeddings
-from shared.cluster.instance import EncoderInfo
+from tests.services.gateway.conftest import StandInEncoders
 
-EXAMPLES = 40
+EXAMPLES = int(os.environ.get("PDRELAY_FUZZ_EXAMPLES", "40"))  # per operation; test_gateway_fuzz.py says more
 CHECKS = [not_a_server_error, status_code_conformance, content_type_conformance, response_schema_conformance]
 
 
@@ -48,23 +49,6 @@ def _cross_field_refusal(response: Any) -> bool:
     )
 
 
-class _Encoders:
-    """Stands in for the encoder fleet only (the gateway's validation and answer encoding are the real ones): one
-    embedding model, vectors of the requested dimensions."""
-
-    class router:  # the attribute EncoderBackend has
-        @staticmethod
-        def embedding_models() -> dict[str, EncoderInfo]:
-            return {"mini": EncoderInfo(embedding_model="mini", embedding_dim=8)}
-
-    async def embed(self, call: EmbedCall) -> EmbedResult:
-        rows = max(len(call.texts), len(call.token_inputs))
-        tokens = sum(len(t.split()) + 2 for t in call.texts) + sum(len(t) for t in call.token_inputs)
-        # The stand-in's vectors are at most 64 wide: the fuzzer's large `dimensions` values (10^3 .. 10^9) would
-        # otherwise make it allocate rows x dimensions floats; what is checked is the gateway's side, not the width.
-        return EmbedResult(np.ones((rows, min(call.dimensions or 8, 64)), np.float32), tokens, "enc-0", 1)
-
-
 @pytest.mark.parametrize(
     "path,method",
     [
@@ -77,7 +61,7 @@ class _Encoders:
     ],
 )
 def test_positive_cases_are_accepted_and_conform(app: GatewayApp, path: str, method: str) -> None:
-    embeddings = Embeddings(_Encoders())  # type: ignore[arg-type]
+    embeddings = Embeddings(StandInEncoders())  # type: ignore[arg-type]
     app.add_route("/v1/embeddings", "POST", embeddings.http, models=embeddings.model_cards)
     schema = schemathesis.openapi.from_asgi("/openapi.json", app)
     operation = schema[path][method]

@@ -3,12 +3,13 @@ The reference for every prompt is transformers' own `apply_chat_template(tokeniz
 
 from __future__ import annotations
 
+import inspect
 import shutil
 from pathlib import Path
 
 import pytest
 
-from services.gateway.text.tokenizer import ChatTemplateError, GatewayTokenizer
+from services.gateway.text.tokenizer import RESERVED_TEMPLATE_KWARGS, ChatTemplateError, GatewayTokenizer
 
 MESSAGES = [
     {"role": "system", "content": "You are terse."},
@@ -22,6 +23,35 @@ def test_chat_prompt_matches_transformers(tiny_tokenizer: GatewayTokenizer) -> N
     want = tiny_tokenizer.hf.apply_chat_template(MESSAGES, add_generation_prompt=True, tokenize=True, return_dict=False)
     assert tiny_tokenizer.encode_chat(MESSAGES) == list(want)
     assert tiny_tokenizer.render_chat(MESSAGES).endswith("<|im_start|>assistant\n")
+
+
+def test_reserved_template_kwargs_cover_every_argument_on_the_way_to_the_template(
+    tiny_tokenizer: GatewayTokenizer,
+) -> None:
+    """A transformers release that adds an argument to apply_chat_template (or its renderer) fails here, rather
+    than letting a client's chat_template_kwargs set it."""
+    from transformers.utils.chat_template_utils import render_jinja_template
+
+    named = {
+        name
+        for fn in (type(tiny_tokenizer.hf).apply_chat_template, render_jinja_template)
+        for name, p in inspect.signature(fn).parameters.items()
+        if p.kind is not inspect.Parameter.VAR_KEYWORD
+    }
+    # ...plus what render_jinja_template hands the compiled template itself: template.render(messages=...,
+    # tools=..., documents=..., add_generation_prompt=..., **kwargs).
+    named |= {"messages", "tools", "documents", "add_generation_prompt"}
+    assert named <= RESERVED_TEMPLATE_KWARGS.keys(), sorted(named - RESERVED_TEMPLATE_KWARGS.keys())
+
+
+@pytest.mark.parametrize("key", sorted(RESERVED_TEMPLATE_KWARGS))
+def test_a_reserved_template_kwarg_never_escapes_as_a_type_error(tiny_tokenizer: GatewayTokenizer, key: str) -> None:
+    """The kwargs travel as one mapping, so a name that slips past the request checks is at worst a template error
+    (a 400), never `encode_chat() got multiple values for argument 'messages'` (a 500)."""
+    try:
+        tiny_tokenizer.encode_chat(MESSAGES, {key: True})
+    except ChatTemplateError:
+        pass
 
 
 def test_chat_template_file_overrides_the_model_template(tiny_llama_dir: Path, tmp_path: Path) -> None:

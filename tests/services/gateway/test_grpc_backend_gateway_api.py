@@ -8,12 +8,13 @@ from collections.abc import AsyncIterator
 
 import grpc
 import pytest
+from google.protobuf import struct_pb2
 
 from proto.pdrelay.v1 import common_pb2, gateway_pb2, gateway_pb2_grpc
 from services.gateway.backend import BackendChunk, BackendOverloaded, BackendRequest, BackendUnavailable
 from services.gateway.grpc.api import ApiContext, GatewayApi
 from services.gateway.mock.backend import MockBackend
-from services.gateway.text.tokenizer import GatewayTokenizer
+from services.gateway.text.tokenizer import RESERVED_TEMPLATE_KWARGS, GatewayTokenizer
 from shared.cluster.grpc_errors import error_from_rpc
 from shared.cluster.instance import InstanceInfo, InstanceState
 
@@ -149,6 +150,12 @@ async def test_generate_chat_and_token_ids_and_alias(
     assert [lp.token_id for lp in lps] == [5, 6, 7] and all(len(lp.top_logprobs) == 2 for lp in lps)
 
 
+def choice(spec: str) -> common_pb2.SamplingParams:
+    return common_pb2.SamplingParams(
+        structured=common_pb2.StructuredOutput(kind=common_pb2.GRAMMAR_KIND_CHOICE, spec=spec)
+    )
+
+
 @pytest.mark.parametrize(
     "req,param",
     [
@@ -166,6 +173,10 @@ async def test_generate_chat_and_token_ids_and_alias(
         ),
         (gateway_pb2.GenerateRequest(text="hi", media=[common_pb2.MediaInput(media_hash="ab")]), "media"),
         (gateway_pb2.GenerateRequest(text="hi", sampling=common_pb2.SamplingParams(max_tokens=10**6)), "max_tokens"),
+        # A CHOICE spec that is not JSON (once an unhandled JSONDecodeError: UNKNOWN), or nested past the decoder.
+        (gateway_pb2.GenerateRequest(text="hi", sampling=choice("00")), "structured.spec"),
+        (gateway_pb2.GenerateRequest(text="hi", sampling=choice("[" * 100_000)), "structured.spec"),
+        (gateway_pb2.GenerateRequest(text="hi", sampling=choice('{"a": 1}')), "structured_outputs"),
     ],
 )
 async def test_invalid_requests_are_invalid_argument(
@@ -178,6 +189,45 @@ async def test_invalid_requests_are_invalid_argument(
     err = error_from_rpc(e)
     assert err is not None and err.code == common_pb2.ERROR_CODE_INVALID_ARGUMENT and not err.retryable
     assert backend.requests == [], "nothing invalid reaches the backend"
+
+
+def chat_with(kwargs: dict[str, object]) -> gateway_pb2.ChatMessages:
+    struct = struct_pb2.Struct()
+    struct.update(kwargs)
+    return gateway_pb2.ChatMessages(
+        messages=[gateway_pb2.ChatMessage(role="user", content="hi")], chat_template_kwargs=struct
+    )
+
+
+@pytest.mark.parametrize("key", sorted(RESERVED_TEMPLATE_KWARGS))
+async def test_chat_template_kwargs_naming_what_the_gateway_passes_are_invalid_argument(
+    api: Api, backend: MockBackend, tiny_tokenizer: GatewayTokenizer, key: str
+) -> None:
+    """As over HTTP: Generate and Tokenize refuse the name (once `messages` was an unhandled TypeError)."""
+    attach(api, backend, tiny_tokenizer)
+    chat = chat_with({"enable_thinking": False, key: 1})
+    e = await rpc_error(api, gateway_pb2.GenerateRequest(chat=chat, sampling=sampling(max_tokens=2)))
+    with pytest.raises(grpc.aio.AioRpcError) as t:
+        await api.stub.Tokenize(gateway_pb2.TokenizeRequest(chat=chat))
+    for err in (e, t.value):
+        assert err.code() == grpc.StatusCode.INVALID_ARGUMENT, err.details()
+        assert repr(key) in (err.details() or "") and "chat_template_kwargs" in (err.details() or "")
+        typed = error_from_rpc(err)
+        assert typed is not None and typed.code == common_pb2.ERROR_CODE_INVALID_ARGUMENT and not typed.retryable
+    assert backend.requests == []
+
+
+async def test_chat_template_kwargs_reach_the_template(
+    api: Api, backend: MockBackend, tiny_tokenizer: GatewayTokenizer
+) -> None:
+    template = "{{ greeting }} {{ count }} {{ ratio }}{% for m in messages %} {{ m['content'] }}{% endfor %}"
+    tok = GatewayTokenizer(tiny_tokenizer.hf, context_length=512, chat_template=template)
+    attach(api, backend, tok)
+    chat = chat_with({"greeting": "Hello", "count": 3, "ratio": 0.5})
+    await generate(api, gateway_pb2.GenerateRequest(chat=chat, sampling=sampling(max_tokens=1)))
+    want = tiny_tokenizer.encode_text("Hello 3 0.5 hi", add_special_tokens=False)  # 3, not 3.0: a JSON integer
+    assert backend.requests[0].prompt_token_ids == tuple(want)
+    assert list((await api.stub.Tokenize(gateway_pb2.TokenizeRequest(chat=chat))).token_ids) == want
 
 
 async def test_unknown_model_is_not_found(api: Api, backend: MockBackend, tiny_tokenizer: GatewayTokenizer) -> None:
