@@ -28,7 +28,7 @@ from services.gateway.grpc.auth import ApiKeyInterceptor
 from services.gateway.http.app import GatewayApp
 from services.gateway.http.asgi import Receive, Scope, Send
 from services.gateway.http.embeddings import Embeddings, mount_embeddings
-from services.gateway.http.errors import ApiError
+from services.gateway.openai.errors import ApiError
 from services.gateway.public_tls import public_tls, uvicorn_ssl_args
 from services.gateway.server import build_app, load_tokenizer, served_names_of
 from shared.cluster.bus.load import LoadSnapshot

@@ -2,7 +2,7 @@
 
 The same front door as the OpenAI HTTP API, over the same tokenizer, backend, detokenizer and metrics: a
 GenerateRequest is turned into the equivalent OpenAI request body and validated by the HTTP layer's own checks
-(services.gateway.http.validation), so both APIs accept and refuse exactly the same things with the same messages.
+(services.gateway.openai.planning), so both APIs accept and refuse exactly the same things with the same messages.
 Errors before the first message end the RPC with a status code plus a typed pdrelay `Error` in the trailing
 metadata (shared.cluster.grpc_errors); an error after it ends the stream with FINISH_REASON_ERROR and the Error.
 
@@ -30,15 +30,15 @@ from services.gateway.backend import (
     BackendChunk,
     BackendError,
     BackendRequest,
-    BackendSamplingParams,
     GenerateBackend,
     TokenLogprob,
 )
-from services.gateway.http.api_requests import ChatCompletionRequest, CompletionRequest
 from services.gateway.http.embeddings import Embeddings
-from services.gateway.http.errors import REQUEST_FAILED_CODE, ApiError, bad_request, from_backend
-from services.gateway.http.validation import Plan, plan_chat, plan_completion, template_kwargs
 from services.gateway.metrics import GatewayMetrics
+from services.gateway.openai.errors import REQUEST_FAILED_CODE, ApiError, bad_request, from_backend
+from services.gateway.openai.planning import Plan, plan_chat, plan_completion, template_kwargs
+from services.gateway.openai.prompt import fit_context, prompt_ids
+from services.gateway.openai.requests import ChatCompletionRequest, CompletionRequest
 from services.gateway.routing.discovery import MembershipView
 from services.gateway.text.generation import Delta, Generation
 from services.gateway.text.tokenizer import ChatTemplateError, GatewayTokenizer
@@ -268,19 +268,8 @@ class GatewayApi(gateway_pb2_grpc.GatewayServicer):
         tok = ctx.tokenizer
         plan = plan_of(request, tok.vocab_size)
         model = self._model(ctx, request.model)
-        if plan.messages is not None:
-            try:
-                ids = tuple(tok.encode_chat(plan.messages, plan.chat_template_kwargs))
-            except ChatTemplateError as e:
-                raise bad_request(str(e), "chat", "chat_template_error") from None
-        elif plan.prompt_text is not None:
-            ids = tuple(tok.encode_text(plan.prompt_text))
-        else:
-            assert plan.prompt_ids is not None
-            ids = plan.prompt_ids
-        if not ids:
-            raise bad_request("the prompt tokenizes to no tokens; send some text", "input")
-        sampling = self._fit_context(tok.context_length, plan.sampling, len(ids))
+        ids = prompt_ids(plan, tok, template_param="chat", prompt_param="input")
+        sampling = fit_context(plan.sampling, len(ids), tok.context_length, prompt_param="input")
         trace: tuple[tuple[str, str], ...] = ()
         if request.trace.traceparent:
             trace = (("traceparent", request.trace.traceparent),) + (
@@ -295,29 +284,6 @@ class GatewayApi(gateway_pb2_grpc.GatewayServicer):
             trace_headers=trace,
             priority=plan.priority,
         )
-
-    @staticmethod
-    def _fit_context(ctx_len: int | None, sampling: BackendSamplingParams, prompt_len: int) -> BackendSamplingParams:
-        if ctx_len is None:
-            return sampling
-        if prompt_len >= ctx_len:
-            raise bad_request(
-                f"the prompt is {prompt_len} tokens, but this model's context length is {ctx_len} "
-                "tokens (prompt + completion); shorten the prompt",
-                "input",
-                "context_length_exceeded",
-            )
-        if sampling.max_tokens is None:
-            return dataclasses.replace(sampling, max_tokens=ctx_len - prompt_len)
-        if prompt_len + sampling.max_tokens > ctx_len:
-            raise bad_request(
-                f"this model's context length is {ctx_len} tokens, but {prompt_len} prompt tokens + "
-                f"max_tokens {sampling.max_tokens} = {prompt_len + sampling.max_tokens}; lower "
-                f"max_tokens to at most {ctx_len - prompt_len}",
-                "max_tokens",
-                "context_length_exceeded",
-            )
-        return sampling
 
     async def Generate(
         self, request: gateway_pb2.GenerateRequest, context: grpc.aio.ServicerContext

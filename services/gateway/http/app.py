@@ -10,7 +10,6 @@ Every failure is an OpenAI-style error body; client input never causes a 5xx.
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import hmac
 import logging
 import re
@@ -22,9 +21,7 @@ from typing import TypeVar
 import msgspec
 from opentelemetry.context import Context
 
-from services.gateway.backend import BackendError, BackendRequest, BackendSamplingParams, GenerateBackend
-from services.gateway.http.api_requests import ChatCompletionRequest, CompletionRequest
-from services.gateway.http.api_responses import HealthStatus, ModelCard, ModelList
+from services.gateway.backend import BackendError, BackendRequest, GenerateBackend
 from services.gateway.http.asgi import (
     ClientDisconnected,
     Receive,
@@ -37,21 +34,22 @@ from services.gateway.http.asgi import (
     read_body,
 )
 from services.gateway.http.batch import BatchGeneration
-from services.gateway.http.errors import ApiError, bad_request, from_backend, internal_error
-from services.gateway.http.formatters import DONE, ChatFormatter, CompletionFormatter, Formatter, sse, usage
+from services.gateway.http.formatters import DONE, sse
 from services.gateway.http.json_body import decode_body
 from services.gateway.http.media.attach import MediaInputs
 from services.gateway.http.media.processor import MediaProcessor
 from services.gateway.http.openapi import build_openapi
+from services.gateway.http.respond import formatter_for, respond
 from services.gateway.http.tokenize_api import DetokenizeRequest, TokenizeRequest, detokenize, tokenize
-from services.gateway.http.tools.formatter import ToolChatFormatter
-from services.gateway.http.tools.render import render_messages
-from services.gateway.http.tools.spec import ToolChoiceMode
-from services.gateway.http.validation import ApiKind, Plan, plan_chat, plan_completion
 from services.gateway.metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
 from services.gateway.metrics import GatewayMetrics
-from services.gateway.text.generation import Delta, Generation
-from services.gateway.text.tokenizer import ChatTemplateError, GatewayTokenizer
+from services.gateway.openai.errors import ApiError, bad_request, from_backend, internal_error
+from services.gateway.openai.planning import ApiKind, Plan, plan_chat, plan_completion
+from services.gateway.openai.prompt import fit_context, prompt_ids
+from services.gateway.openai.requests import ChatCompletionRequest, CompletionRequest
+from services.gateway.openai.responses import HealthStatus, ModelCard, ModelList
+from services.gateway.text.generation import Generation
+from services.gateway.text.tokenizer import GatewayTokenizer
 from shared.config.groups import HttpConfig
 from shared.telemetry import spans
 from shared.telemetry.logs import bind_request_id
@@ -364,78 +362,19 @@ class GatewayApp:
 
     async def _generate(self, scope: Scope, receive: Receive, r: Responder, kind: ApiKind) -> None:
         arrival = time.perf_counter()
-        body = await read_body(scope, receive, self.max_request_bytes)
-        vocab = self.tokenizer.vocab_size
-        try:
-            if kind is ApiKind.CHAT:
-                plan = plan_chat(
-                    decode_body(self._chat_decoder, body), vocab_size=vocab, image_placeholder=self.media.placeholder
-                )
-            else:
-                plan = plan_completion(decode_body(self._completion_decoder, body), vocab_size=vocab)
-        except msgspec.DecodeError as e:
-            raise _decode_error(e) from None
+        plan = self._plan(kind, await read_body(scope, receive, self.max_request_bytes))
         model = self._resolve_model(plan.model)
-        trace = tuple((k.decode(), v.decode("latin-1")) for k, v in scope["headers"] if k in _TRACE_HEADERS)
         rid = ("chatcmpl-" if kind is ApiKind.CHAT else "cmpl-") + uuid.uuid4().hex
-        reqs: list[BackendRequest] = []
-        for p, one in enumerate(plan.batch or (plan,)):  # a list of prompts: one backend request each
-            ids = self._tokenize(one)
-            ids, media = await self.media.attach(one.image_urls, ids)  # images: decoded, hashed, expanded
-            reqs.append(
-                BackendRequest(
-                    request_id=rid if not plan.batch else f"{rid}-{p}",
-                    model=model,
-                    prompt_token_ids=ids,
-                    sampling=self._fit_context(one, len(ids)),
-                    trace_headers=trace,
-                    priority=plan.priority,
-                    media=media,
-                )
-            )
-        req, sampling = reqs[0], reqs[0].sampling
-        prompt = [t for q in reqs for t in q.prompt_token_ids]
-        bind_request_id(req.request_id)  # log lines of this request (its task's own context) carry the id
+        trace = tuple((k.decode(), v.decode("latin-1")) for k, v in scope["headers"] if k in _TRACE_HEADERS)
+        reqs = await self._backend_requests(plan, model, rid, trace)
+        bind_request_id(reqs[0].request_id)  # log lines of this request (its task's own context) carry the id
         span = current_span()
         if span.is_recording():
-            span.set_attributes({spans.REQUEST_ID: req.request_id, spans.MODEL: model})
-            self.tracing.record(
-                spans.GATEWAY_TOKENIZE,
-                perf_to_mono(arrival),
-                time.monotonic(),
-                {spans.PROMPT_TOKENS: len(prompt)},
-                parent=span,
-            )
-        fmt: Formatter
-        if plan.tools is not None and plan.tools.mode is not ToolChoiceMode.NONE:
-            fmt = ToolChatFormatter(
-                self.tokenizer,
-                req.request_id,
-                int(time.time()),
-                model,
-                plan.include_usage,
-                sampling.logprobs is not None,
-                plan.tools,
-                want_prompt_logprobs=plan.prompt_logprobs,
-            )
-        else:
-            fmt_cls = ChatFormatter if kind is ApiKind.CHAT else CompletionFormatter
-            fmt = fmt_cls(
-                self.tokenizer,
-                rid,
-                int(time.time()),
-                model,
-                plan.include_usage,
-                sampling.logprobs is not None,
-                n=sampling.n,
-                want_prompt_logprobs=plan.prompt_logprobs,
-            )
-        if plan.echo and isinstance(fmt, CompletionFormatter):
-            fmt.echo = {
-                p * sampling.n + s: self.tokenizer.decode(q.prompt_token_ids, skip_special_tokens=False)
-                for p, q in enumerate(reqs)
-                for s in range(sampling.n)
-            }
+            span.set_attributes({spans.REQUEST_ID: reqs[0].request_id, spans.MODEL: model})
+            n_prompt = sum(len(q.prompt_token_ids) for q in reqs)
+            attrs = {spans.PROMPT_TOKENS: n_prompt}
+            self.tracing.record(spans.GATEWAY_TOKENIZE, perf_to_mono(arrival), time.monotonic(), attrs, parent=span)
+        fmt = formatter_for(plan, kind, reqs, self.tokenizer, rid, model)
         gens = [
             Generation(
                 self.backend,
@@ -447,16 +386,51 @@ class GatewayApp:
             )
             for q in reqs
         ]
-        gen: Generation | BatchGeneration = gens[0] if len(gens) == 1 else BatchGeneration(gens, sampling.n)
+        gen: Generation | BatchGeneration = gens[0] if len(gens) == 1 else BatchGeneration(gens, reqs[0].sampling.n)
         self.metrics.started(gen.num_prompt_tokens)
         try:
-            await cancel_on_disconnect(self._run(gen, plan, fmt, r), receive)
+            await cancel_on_disconnect(respond(gen, plan, fmt, r), receive)
         finally:
             self.metrics.ended(gen.num_prompt_tokens, gen.num_generated)
             if r.ended and r.status == 200:
                 self.metrics.e2e.observe(time.perf_counter() - arrival)
             if span.is_recording():
                 _annotate(span, gen, arrival)
+
+    def _plan(self, kind: ApiKind, body: bytes) -> Plan:
+        """The request body decoded, type-checked and planned (a 400 naming the field otherwise)."""
+        vocab = self.tokenizer.vocab_size
+        try:
+            if kind is ApiKind.CHAT:
+                req = decode_body(self._chat_decoder, body)
+                return plan_chat(req, vocab_size=vocab, image_placeholder=self.media.placeholder)
+            return plan_completion(decode_body(self._completion_decoder, body), vocab_size=vocab)
+        except msgspec.DecodeError as e:
+            raise _decode_error(e) from None
+
+    async def _backend_requests(
+        self, plan: Plan, model: str, rid: str, trace: tuple[tuple[str, str], ...]
+    ) -> list[BackendRequest]:
+        """One backend request per prompt (a completions request may send a list): tokenized, its images decoded,
+        hashed and expanded into the prompt, its sampling fitted to the context."""
+        reqs: list[BackendRequest] = []
+        tok = self.tokenizer
+        for p, one in enumerate(plan.batch or (plan,)):
+            param = "messages" if one.kind is ApiKind.CHAT else "prompt"
+            ids = prompt_ids(one, tok, template_param="messages", prompt_param=param)
+            ids, media = await self.media.attach(one.image_urls, ids)  # images: decoded, hashed, expanded
+            reqs.append(
+                BackendRequest(
+                    request_id=rid if not plan.batch else f"{rid}-{p}",
+                    model=model,
+                    prompt_token_ids=ids,
+                    sampling=fit_context(one.sampling, len(ids), tok.context_length, prompt_param=param),
+                    trace_headers=trace,
+                    priority=plan.priority,
+                    media=media,
+                )
+            )
+        return reqs
 
     def _resolve_model(self, requested: str | None) -> str:
         if requested is None:
@@ -470,90 +444,3 @@ class GatewayApp:
                 code="model_not_found",
             )
         return model
-
-    def _tokenize(self, plan: Plan) -> tuple[int, ...]:
-        tok = self.tokenizer
-        if plan.messages is not None:
-            try:
-                template = tok.chat_template or getattr(tok.hf, "chat_template", None)
-                messages, extra = render_messages(plan.messages, plan.tools, template)
-                ids = tok.encode_chat(messages, {**(plan.chat_template_kwargs or {}), **extra})
-            except ChatTemplateError as e:
-                raise bad_request(str(e), "messages", "chat_template_error") from None
-        elif plan.prompt_text is not None:
-            ids = tok.encode_text(plan.prompt_text)
-        else:
-            assert plan.prompt_ids is not None
-            return plan.prompt_ids
-        if not ids:
-            raise bad_request(
-                "the prompt tokenizes to no tokens; send some text",
-                "messages" if plan.kind is ApiKind.CHAT else "prompt",
-            )
-        return tuple(ids)
-
-    def _fit_context(self, plan: Plan, prompt_len: int) -> BackendSamplingParams:
-        """Reject prompts that do not fit; default max_tokens to the room left (vLLM semantics)."""
-        ctx = self.tokenizer.context_length
-        sampling = plan.sampling
-        if ctx is None:
-            return sampling
-        param = "messages" if plan.kind is ApiKind.CHAT else "prompt"
-        if prompt_len >= ctx:
-            raise bad_request(
-                f"the prompt is {prompt_len} tokens, but this model's context length is {ctx} tokens "
-                "(prompt + completion); shorten the prompt",
-                param,
-                "context_length_exceeded",
-            )
-        if sampling.max_tokens is None:
-            return dataclasses.replace(sampling, max_tokens=ctx - prompt_len)
-        if prompt_len + sampling.max_tokens > ctx:
-            raise bad_request(
-                f"this model's context length is {ctx} tokens, but {prompt_len} prompt tokens + "
-                f"max_tokens {sampling.max_tokens} = {prompt_len + sampling.max_tokens}; lower "
-                f"max_tokens to at most {ctx - prompt_len}",
-                "max_tokens",
-                "context_length_exceeded",
-            )
-        return sampling
-
-    async def _run(self, gen: Generation | BatchGeneration, plan: Plan, fmt: Formatter, r: Responder) -> None:
-        try:
-            try:
-                delta = await gen.next()  # before any header: admission errors keep their status code
-            except BackendError as e:
-                raise from_backend(e) from None
-            if plan.stream:
-                await self._stream(gen, plan, fmt, r, delta)
-            else:
-                deltas = [delta]
-                while not gen.finished:
-                    deltas.append(await gen.next())
-                await gen.aclose()
-                u = usage(gen.num_prompt_tokens, gen.num_generated, gen.num_cached_tokens)
-                await r.full(200, fmt.response(deltas, u))
-        except BackendError as e:
-            raise from_backend(e) from None
-        finally:
-            await gen.aclose()  # stop string, error or disconnect: abort the request on the worker
-
-    async def _stream(
-        self, gen: Generation | BatchGeneration, plan: Plan, fmt: Formatter, r: Responder, delta: Delta
-    ) -> None:
-        await r.start_stream()
-        pending = fmt.first_chunk() or b""  # coalesced with the first content chunk: one write, not two
-        while not gen.finished:
-            if delta.text or delta.logprobs or delta.finish_reason is not None:  # n > 1: one sample ended
-                await r.stream(pending + fmt.chunk(delta))
-                pending = b""
-            try:
-                delta = await gen.next()
-            except BackendError as e:
-                await r.end_stream(pending + sse(from_backend(e).response()) + DONE)
-                return
-        await gen.aclose()  # before the last write: a stop string aborts the worker as early as possible
-        tail = pending + fmt.chunk(delta)
-        if plan.include_usage:
-            tail += fmt.usage_chunk(usage(gen.num_prompt_tokens, gen.num_generated, gen.num_cached_tokens))
-        await r.end_stream(tail + DONE)

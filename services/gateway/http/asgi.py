@@ -11,7 +11,7 @@ import asyncio
 from collections.abc import Awaitable, Callable, Coroutine, MutableMapping
 from typing import Any
 
-from services.gateway.http.errors import ApiError
+from services.gateway.openai.errors import ApiError
 
 Scope = MutableMapping[str, Any]
 Message = MutableMapping[str, Any]

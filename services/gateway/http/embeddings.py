@@ -31,10 +31,10 @@ if TYPE_CHECKING:
 from proto.pdrelay.v1 import common_pb2, gateway_pb2
 from services.gateway.backend import BackendError
 from services.gateway.backends.encoder_backend import EmbedCall, EmbedResult, EncoderBackend
-from services.gateway.http.api_responses import ModelCard
 from services.gateway.http.asgi import Receive, Responder, Scope, read_body
-from services.gateway.http.errors import ApiError, bad_request, from_backend
 from services.gateway.http.json_body import decode_body
+from services.gateway.openai.errors import ApiError, bad_request, from_backend
+from services.gateway.openai.responses import ModelCard
 from services.gateway.routing.channels import ChannelPool
 from services.gateway.routing.discovery import MembershipView
 from shared.cluster.bus.load import LoadTable

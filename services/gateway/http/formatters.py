@@ -9,7 +9,7 @@ from typing import Any
 import msgspec
 
 from services.gateway.backend import TokenLogprob
-from services.gateway.http.api_responses import (
+from services.gateway.openai.responses import (
     AssistantMessage,
     ChatChoice,
     ChatChunkChoice,

@@ -14,7 +14,7 @@ from typing import Any, TypeVar
 
 import msgspec
 
-from services.gateway.http.errors import bad_request
+from services.gateway.openai.errors import bad_request
 
 T = TypeVar("T")
 _ANY_LISTS = ("prompt", "input")  # token-id fields typed list[Any] (completion prompt, embeddings input)

@@ -6,8 +6,11 @@ from typing import Any
 
 import msgspec
 
-from services.gateway.http.api_requests import ChatCompletionRequest, CompletionRequest
-from services.gateway.http.api_responses import (
+from services.gateway.http.embeddings import EmbeddingRequest, EmbeddingResponse
+from services.gateway.http.openapi_limits import apply_limits
+from services.gateway.http.tokenize_api import DetokenizeRequest, DetokenizeResponse, TokenizeRequest, TokenizeResponse
+from services.gateway.openai.requests import ChatCompletionRequest, CompletionRequest
+from services.gateway.openai.responses import (
     ChatCompletionChunk,
     ChatCompletionResponse,
     CompletionChunk,
@@ -16,9 +19,6 @@ from services.gateway.http.api_responses import (
     HealthStatus,
     ModelList,
 )
-from services.gateway.http.embeddings import EmbeddingRequest, EmbeddingResponse
-from services.gateway.http.openapi_limits import apply_limits
-from services.gateway.http.tokenize_api import DetokenizeRequest, DetokenizeResponse, TokenizeRequest, TokenizeResponse
 
 _REF = "#/components/schemas/{name}"
 _ERROR_CODES = {

@@ -1,4 +1,4 @@
-"""The value rules of services.gateway.http.validation, as JSON Schema keywords merged into /openapi.json.
+"""The value rules of services.gateway.openai.planning, as JSON Schema keywords merged into /openapi.json.
 
 msgspec derives types from the request Structs; the ranges, the features this server refuses and two rules that
 join fields live here, so that every body the published schema allows is one the server accepts (schemathesis'
@@ -15,7 +15,7 @@ from __future__ import annotations
 from typing import Any
 
 from services.gateway.http.embeddings import MAX_INPUTS
-from services.gateway.http.validation import (
+from services.gateway.openai.planning import (
     MAX_BATCH_PROMPTS,
     MAX_LOGIT_BIAS_ENTRIES,
     MAX_LOGPROBS,

@@ -6,7 +6,7 @@ from typing import Any
 
 import msgspec
 
-from services.gateway.http.errors import bad_request
+from services.gateway.openai.errors import bad_request
 from services.gateway.text.tokenizer import ChatTemplateError, GatewayTokenizer
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from services.gateway.http.embeddings import inputs_of
-from services.gateway.http.errors import ApiError
+from services.gateway.openai.errors import ApiError
 from services.gateway.routing.encoders import EncoderRouter
 from shared.cluster.bus.load import LoadReport, LoadSnapshot, LoadTable
 from shared.cluster.instance import Capacity, EncoderInfo, InstanceInfo, InstanceState, Modality

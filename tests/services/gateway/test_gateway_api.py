@@ -9,14 +9,14 @@ import httpx
 import msgspec
 import pytest
 
-from services.gateway.http.api_responses import (
+from services.gateway.mock.backend import MockBackend
+from services.gateway.openai.responses import (
     ChatCompletionChunk,
     ChatCompletionResponse,
     CompletionChunk,
     CompletionResponse,
     ModelList,
 )
-from services.gateway.mock.backend import MockBackend
 from services.gateway.text.tokenizer import GatewayTokenizer
 from tests.services.gateway.conftest import MODEL, AppFactory, client_for
 from tests.services.gateway.sse_client import byte_token_ids, parse_sse

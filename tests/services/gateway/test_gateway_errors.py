@@ -17,8 +17,8 @@ from services.gateway.backend import (
     InvalidRequest,
     ModelNotFound,
 )
-from services.gateway.http.api_responses import ErrorResponse
 from services.gateway.mock.backend import MockBackend
+from services.gateway.openai.responses import ErrorResponse
 from services.gateway.text.tokenizer import RESERVED_TEMPLATE_KWARGS
 from tests.services.gateway.conftest import AppFactory, client_for
 from tests.services.gateway.sse_client import parse_sse

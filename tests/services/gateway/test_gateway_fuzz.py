@@ -42,10 +42,10 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 
 from proto.pdrelay.v1 import common_pb2, gateway_pb2, gateway_pb2_grpc
 from services.gateway.grpc.api import ApiContext, GatewayApi
-from services.gateway.http.api_responses import ErrorResponse
 from services.gateway.http.app import GatewayApp
 from services.gateway.http.embeddings import Embeddings
 from services.gateway.mock.backend import MockBackend
+from services.gateway.openai.responses import ErrorResponse
 from services.gateway.text.tokenizer import GatewayTokenizer
 from shared.cluster.grpc_errors import error_from_rpc
 from shared.telemetry.tracing import Tracing

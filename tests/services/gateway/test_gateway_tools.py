@@ -10,12 +10,12 @@ import jsonschema
 import msgspec
 import pytest
 
-from services.gateway.http.api_responses import Usage
-from services.gateway.http.errors import ApiError
-from services.gateway.http.tools.formatter import ToolChatFormatter
-from services.gateway.http.tools.parse import parse_output
-from services.gateway.http.tools.render import render_messages
-from services.gateway.http.tools.spec import ToolChoiceMode, plan_tools
+from services.gateway.http.tool_formatter import ToolChatFormatter
+from services.gateway.openai.errors import ApiError
+from services.gateway.openai.responses import Usage
+from services.gateway.openai.tools.parse import parse_output
+from services.gateway.openai.tools.render import render_messages
+from services.gateway.openai.tools.spec import ToolChoiceMode, plan_tools
 from services.gateway.text.generation import Delta
 from shared.grammar.check import build_grammar
 

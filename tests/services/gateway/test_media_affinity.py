@@ -8,7 +8,7 @@ import pytest
 
 from proto.pdrelay.v1 import common_pb2, gateway_pb2
 from services.gateway.grpc.api import plan_of
-from services.gateway.http.errors import ApiError
+from services.gateway.openai.errors import ApiError
 from services.gateway.routing.encoders import EncoderRouter
 from services.gateway.routing.media_affinity import MediaAffinity
 from shared.cluster.bus.load import LoadReport, LoadSnapshot, LoadTable

@@ -10,8 +10,8 @@ from pathlib import Path
 import jsonschema
 import pytest
 
-from services.gateway.http.api_requests import StructuredOutputs
-from services.gateway.http.structured import structured_spec
+from services.gateway.openai.requests import StructuredOutputs
+from services.gateway.openai.structured import structured_spec
 from shared.engine.engine import Engine
 from shared.engine.model_runner import ModelRunner
 from shared.engine.sampling_params import SamplingParams

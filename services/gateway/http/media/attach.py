@@ -8,11 +8,11 @@ import asyncio
 import httpx
 
 from services.gateway.backend import PromptImage
-from services.gateway.http.errors import bad_request
 from services.gateway.http.media.images import DecodedImage, decode_image
-from services.gateway.http.media.parts import too_many
 from services.gateway.http.media.processor import MediaProcessor
 from services.gateway.http.media.sources import MediaError, MediaLimits, load_bytes
+from services.gateway.openai.errors import bad_request
+from services.gateway.openai.media_parts import too_many
 
 
 class MediaInputs:

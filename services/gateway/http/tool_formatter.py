@@ -12,7 +12,8 @@ from collections.abc import Sequence
 
 import msgspec
 
-from services.gateway.http.api_responses import (
+from services.gateway.http.formatters import ChatFormatter
+from services.gateway.openai.responses import (
     AssistantMessage,
     ChatChoice,
     ChatChunkChoice,
@@ -24,9 +25,8 @@ from services.gateway.http.api_responses import (
     ToolCall,
     Usage,
 )
-from services.gateway.http.formatters import ChatFormatter
-from services.gateway.http.tools.parse import START, ParsedCall, parse_output
-from services.gateway.http.tools.spec import ToolPlan
+from services.gateway.openai.tools.parse import START, ParsedCall, parse_output
+from services.gateway.openai.tools.spec import ToolPlan
 from services.gateway.text.generation import Delta
 from services.gateway.text.tokenizer import GatewayTokenizer
 

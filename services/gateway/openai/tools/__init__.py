@@ -1,5 +1,5 @@
 """OpenAI tool calling at the gateway: request tools -> prompt and grammar, model output -> tool_calls."""
 
-from services.gateway.http.tools.spec import ToolChoiceMode, ToolPlan, plan_tools
+from services.gateway.openai.tools.spec import ToolChoiceMode, ToolPlan, plan_tools
 
 __all__ = ["ToolChoiceMode", "ToolPlan", "plan_tools"]

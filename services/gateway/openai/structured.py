@@ -10,8 +10,8 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from services.gateway.http.api_requests import ResponseFormat, StructuredOutputs
-from services.gateway.http.errors import ApiError, bad_request
+from services.gateway.openai.errors import ApiError, bad_request
+from services.gateway.openai.requests import ResponseFormat, StructuredOutputs
 from shared.grammar.check import GrammarError, build_grammar
 from shared.grammar.spec import GrammarKind, StructuredSpec
 

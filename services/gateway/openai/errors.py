@@ -21,7 +21,7 @@ from services.gateway.backend import (
     ModelNotFound,
     RequestFailed,
 )
-from services.gateway.http.api_responses import ErrorInfo, ErrorResponse
+from services.gateway.openai.responses import ErrorInfo, ErrorResponse
 
 _ENCODER = msgspec.json.Encoder()
 REQUEST_FAILED_CODE = "request_failed"  # the error body's code of RequestFailed (the gRPC API's REQUEST_FAILED)

@@ -15,7 +15,7 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
-from services.gateway.http.errors import bad_request
+from services.gateway.openai.errors import bad_request
 from shared.grammar.spec import GrammarKind, StructuredSpec
 
 MAX_PARALLEL_CALLS = 8  # bound on a constrained array of calls (a weak model could otherwise never close it)

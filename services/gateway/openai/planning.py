@@ -13,17 +13,17 @@ from dataclasses import dataclass
 from typing import Any
 
 from services.gateway.backend import BackendSamplingParams
-from services.gateway.http.api_requests import (
+from services.gateway.openai.errors import ApiError, bad_request
+from services.gateway.openai.media_parts import image_part
+from services.gateway.openai.requests import (
     ChatCompletionRequest,
     CompletionRequest,
     ImageUrlPart,
     TextPart,
     _CommonRequest,
 )
-from services.gateway.http.errors import ApiError, bad_request
-from services.gateway.http.media.parts import image_part
-from services.gateway.http.structured import check, structured_spec
-from services.gateway.http.tools.spec import ToolPlan, plan_tools
+from services.gateway.openai.structured import check, structured_spec
+from services.gateway.openai.tools.spec import ToolPlan, plan_tools
 from services.gateway.text.tokenizer import RESERVED_TEMPLATE_KWARGS
 from shared.grammar.spec import StructuredSpec
 

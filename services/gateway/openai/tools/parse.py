@@ -9,7 +9,7 @@ import uuid
 from dataclasses import dataclass
 from typing import Any
 
-from services.gateway.http.tools.spec import ToolChoiceMode, ToolPlan
+from services.gateway.openai.tools.spec import ToolChoiceMode, ToolPlan
 
 START, END = "<tool_call>", "</tool_call>"
 _BLOCK = re.compile(r"<tool_call>\s*(.*?)\s*(?:</tool_call>|$)", re.DOTALL)

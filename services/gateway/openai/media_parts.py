@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from services.gateway.http.errors import ApiError, bad_request
+from services.gateway.openai.errors import ApiError, bad_request
 
 
 def image_part(part: Any, param: str, placeholder: str | None, urls: list[tuple[str, str]]) -> str:

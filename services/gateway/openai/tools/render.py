@@ -24,7 +24,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from services.gateway.http.tools.spec import ToolChoiceMode, ToolPlan
+from services.gateway.openai.tools.spec import ToolChoiceMode, ToolPlan
 
 _INSTRUCTIONS = (
     "# Tools\n\nYou may call one or more functions to assist with the user query.\n\n"
