@@ -22,8 +22,8 @@ import time
 from typing import Any
 
 from shared.engine.grammar.mask import MaskStats
-from shared.engine.sampling_params import SamplingParams
 from shared.grammar.spec import GrammarKind, StructuredSpec
+from shared.modelspec.sampling import SamplingParams
 
 SCHEMA = {
     "type": "object",

@@ -84,7 +84,7 @@ def make_workloads(vocab: int, *, quick: bool, seed: int, concurrency: Sequence[
 
 # ---- the three ways of running a workload ---------------------------------------------------------------------------
 def run_engine(engine: Any, meter: Meter, w: Workload, tag: str) -> dict[str, Any]:
-    from shared.engine.sampling_params import SamplingParams
+    from shared.modelspec.sampling import SamplingParams
 
     engine.reset_stats()
     meter.flops.clear()

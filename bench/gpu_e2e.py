@@ -71,8 +71,8 @@ def _hf(path: Path, dev: str) -> Any:
 
 
 def parity_row(name: str, path: Path, dev: str, new_tokens: int) -> dict[str, Any]:
-    from shared.engine.sampling_params import SamplingParams
     from shared.engine.types import ScheduledSeq, SchedulerOutput
+    from shared.modelspec.sampling import SamplingParams
 
     hf, runner = _hf(path, dev), _runner(path, dev, 64)
     prompt = _prompts(1, 48, runner.vocab_size, seed=1)[0]
@@ -98,7 +98,7 @@ def parity_row(name: str, path: Path, dev: str, new_tokens: int) -> dict[str, An
 
 
 def throughput_row(name: str, path: Path, dev: str, quick: bool) -> dict[str, Any]:
-    from shared.engine.sampling_params import SamplingParams
+    from shared.modelspec.sampling import SamplingParams
 
     n, isl, osl = (4, 16, 8) if quick else (16, 128, 64)
     engine = _engine(path, dev)
@@ -137,7 +137,7 @@ def _sync(dev: str) -> None:
 
 def _prefill_proc(path: str, dev: str, prompts: list[list[int]], q_out: Any, q_done: Any) -> None:
     """The prefill process: compute each prompt with its pages held, share the pool, wait until decode has copied."""
-    from shared.engine.sampling_params import SamplingParams
+    from shared.modelspec.sampling import SamplingParams
     from shared.transfer.checksum import PageChecksum, checksum_pages
 
     engine = _engine(Path(path), dev)
@@ -159,7 +159,7 @@ def _prefill_proc(path: str, dev: str, prompts: list[list[int]], q_out: Any, q_d
 def handoff_row(name: str, path: Path, dev: str, quick: bool) -> dict[str, Any]:
     import torch.multiprocessing as mp
 
-    from shared.engine.sampling_params import SamplingParams
+    from shared.modelspec.sampling import SamplingParams
     from shared.transfer.checksum import PageChecksum, checksum_pages
 
     n, isl, osl = (2, 40, 6) if quick else (8, 300, 32)

@@ -146,7 +146,7 @@ class Profile:
 
 def profile_wave(engine: Any, requests: int, input_len: int, output_len: int) -> Profile:
     """A warm-up wave, then one wave with the engine's kernel calls clocked (the engine stays instrumented)."""
-    from shared.engine.sampling_params import SamplingParams
+    from shared.modelspec.sampling import SamplingParams
 
     arch = engine.runner.arch
     kv_bytes_per_token = arch.num_layers * 2 * arch.num_kv_heads * arch.head_dim * engine.runner.kv.dtype.itemsize

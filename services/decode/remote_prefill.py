@@ -27,16 +27,17 @@ from services.decode.prefill_choice import PrefillChoice, is_refusal, is_sick
 from services.decode.prefill_targets import PrefillTargets
 from shared.cluster.grpc_errors import error_from_rpc
 from shared.cluster.membership import Membership
+from shared.cluster.sampling_pb import sampling_to_pb
 from shared.cluster.tls import TlsFiles
 from shared.config.choices import Fault
 from shared.config.groups import DisaggConfig
 from shared.engine.async_engine import AsyncEngine
 from shared.engine.errors import InvalidRequest, RequestFailed
 from shared.engine.request import MediaInput, RequestOutput, TokenLogprobs
-from shared.engine.sampling_params import SamplingParams
 from shared.engine.scheduler.handoff_pages import Reservation
+from shared.modelspec.sampling import SamplingParams
 from shared.service.faults import Faults
-from shared.serving.convert import layout_to_pb, logprob_from_pb, sampling_to_pb
+from shared.serving.convert import layout_to_pb, logprob_from_pb
 from shared.serving.decode_servicer import HandoffFailed
 from shared.serving.handoff import EpochClock, accept_response, checksums_to_pb, pages_needed
 from shared.serving.kv_transfer import KVTransfer

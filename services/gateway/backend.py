@@ -17,8 +17,8 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from typing import Literal, Protocol, runtime_checkable
 
-from shared.grammar.spec import StructuredSpec
 from shared.modelspec.image_processor import RAW_RGB_MIME
+from shared.modelspec.sampling import SamplingParams
 
 FinishReason = Literal["stop", "length", "abort"]
 
@@ -35,38 +35,6 @@ class PromptImage:
 
 
 @dataclass(frozen=True, kw_only=True)
-class BackendSamplingParams:
-    """Sampling parameters sent to the workers.
-
-    Mirrors the fields and defaults of `shared.engine.sampling_params.SamplingParams` (OpenAI / vLLM names),
-    without importing it so that the HTTP layer does not pull in the engine. max_tokens None: until the context
-    is full. temperature 0: greedy. top_k -1: off. logprobs None: off; k >= 0: the sampled token's logprob plus
-    the k most likely alternatives. Stop strings are sent so a worker can stop early, but the gateway is
-    authoritative for them (it cuts the text and cancels the stream itself).
-    """
-
-    max_tokens: int | None = 16
-    min_tokens: int = 0
-    temperature: float = 1.0
-    top_p: float = 1.0
-    top_k: int = -1
-    min_p: float = 0.0
-    repetition_penalty: float = 1.0
-    frequency_penalty: float = 0.0
-    presence_penalty: float = 0.0
-    seed: int | None = None
-    stop: tuple[str, ...] = ()
-    stop_token_ids: tuple[int, ...] = ()
-    include_stop_str_in_output: bool = False
-    ignore_eos: bool = False
-    logprobs: int | None = None
-    logit_bias: tuple[tuple[int, float], ...] = ()
-    structured: StructuredSpec | None = None  # grammar the output must match
-    n: int = 1  # samples of the prompt (chunks carry their index)
-    prompt_logprobs: int | None = None  # echo + logprobs: logprobs of prompt tokens 1.. with k alternatives
-
-
-@dataclass(frozen=True, kw_only=True)
 class BackendRequest:
     """One generation request, already tokenized. request_id is unique per client request; a backend that
     retries on another worker keeps it (idempotency) and bumps its own attempt counter."""
@@ -74,7 +42,7 @@ class BackendRequest:
     request_id: str
     model: str
     prompt_token_ids: tuple[int, ...]
-    sampling: BackendSamplingParams
+    sampling: SamplingParams  # the engine's own type (shared/modelspec/sampling.py), planned by the gateway
     # W3C trace context headers received from the client ("traceparent", "tracestate"), lower-case names.
     trace_headers: tuple[tuple[str, str], ...] = ()
     priority: int = 0  # lower is served first under the workers' "priority" policy

@@ -19,15 +19,16 @@ import grpc
 
 from proto.pdrelay.v1 import common_pb2, worker_pb2, worker_pb2_grpc
 from shared.cluster.grpc_errors import abort
+from shared.cluster.sampling_pb import sampling_from_pb
 from shared.config.choices import Fault
 from shared.config.roles import Role
 from shared.engine.engine import Engine
 from shared.engine.errors import EngineError, InvalidRequest, QueueFull, RequestFailed
 from shared.engine.request import MediaInput, RequestOutput
 from shared.engine.sampler.sampler import poison_marks
-from shared.engine.sampling_params import SamplingParams
+from shared.modelspec.sampling import SamplingParams
 from shared.service.faults import Faults
-from shared.serving.convert import BACKEND_FROM_PB, layout_from_pb, logprob_to_pb, sampling_from_pb
+from shared.serving.convert import BACKEND_FROM_PB, layout_from_pb, logprob_to_pb
 from shared.serving.decode_servicer import local_media
 from shared.serving.engine_service import EngineService
 from shared.serving.handoff import (

@@ -25,8 +25,8 @@ import torch
 from shared.engine.engine import Engine, EngineStats, EngineStepError
 from shared.engine.errors import EngineError, RequestFailed
 from shared.engine.request import MediaInput, RequestOutput
-from shared.engine.sampling_params import SamplingParams
 from shared.engine.scheduler.forks import fork_id
+from shared.modelspec.sampling import SamplingParams
 
 
 def _sample_ids(req_id: str, params: SamplingParams | None) -> list[str]:

@@ -28,11 +28,11 @@ from shared.engine.request import FinishReason, MediaInput, RequestOutput, Token
 from shared.engine.runner import Runner
 from shared.engine.sampler import Sampler, prompt_logprobs
 from shared.engine.sampler.text_window import DecodeFn
-from shared.engine.sampling_params import SamplingParams
 from shared.engine.scheduler import Scheduler
 from shared.engine.scheduler.budget import max_step_tokens
 from shared.engine.scheduler.handoff_pages import DEFAULT_QUARANTINE_S, Reservation
 from shared.engine.types import StepStats
+from shared.modelspec.sampling import SamplingParams
 
 if TYPE_CHECKING:
     from shared.config.groups import (

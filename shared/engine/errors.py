@@ -8,20 +8,14 @@ assert instead.
 
 from __future__ import annotations
 
+from shared.modelspec.errors import InvalidRequest
+
+__all__ = ["EngineError", "InvalidRequest", "QueueFull", "RequestFailed", "UnknownRequest"]
+
 
 class EngineError(Exception):
-    """Base class of errors the engine raises on purpose."""
-
-
-class InvalidRequest(EngineError, ValueError):
-    """The request can never be served as sent (bad sampling values, prompt too long, duplicate id...).
-
-    `field` names the offending value so an API layer can point at it.
-    """
-
-    def __init__(self, message: str, *, field: str | None = None) -> None:
-        super().__init__(message)
-        self.field = field
+    """Base class of errors the engine raises on purpose (but InvalidRequest: the request's own fault, found
+    anywhere from the gateway to the engine, lives in shared/modelspec/errors.py)."""
 
 
 class QueueFull(EngineError):

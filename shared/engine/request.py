@@ -6,8 +6,8 @@ import enum
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal, Protocol
 
-from shared.engine.sampling_params import SamplingParams
 from shared.modelspec.block_hash import ROOT_HASH, media_key, page_hash
+from shared.modelspec.sampling import SamplingParams
 
 if TYPE_CHECKING:
     import torch

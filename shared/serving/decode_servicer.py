@@ -15,10 +15,11 @@ import grpc
 
 from proto.pdrelay.v1 import common_pb2, worker_pb2, worker_pb2_grpc
 from shared.cluster.grpc_errors import abort, make_error
+from shared.cluster.sampling_pb import sampling_from_pb
 from shared.engine.errors import EngineError, InvalidRequest, QueueFull, RequestFailed
 from shared.engine.request import MediaInput, RequestOutput
-from shared.engine.sampling_params import SamplingParams
-from shared.serving.convert import finish_to_pb, logprob_to_pb, matched_stop_to_pb, sampling_from_pb
+from shared.modelspec.sampling import SamplingParams
+from shared.serving.convert import finish_to_pb, logprob_to_pb, matched_stop_to_pb
 from shared.telemetry import spans
 from shared.telemetry.rpc import TokenTimer
 

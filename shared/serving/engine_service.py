@@ -23,8 +23,8 @@ from shared.engine.async_engine import AsyncEngine
 from shared.engine.encoder_cache import EncoderCache
 from shared.engine.engine import Engine, EngineStats
 from shared.engine.radix_cache import AllPagesCleared, KVEvent, PagesEvicted, PagesStored
-from shared.engine.sampling_params import SamplingParams
 from shared.engine.vision_runner import VisionEncoderRunner
+from shared.modelspec.sampling import SamplingParams
 from shared.service import Service, ServiceConfig, ServiceOptions
 from shared.serving.device_start import start_on_device
 from shared.serving.media import LocalVision

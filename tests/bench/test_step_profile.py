@@ -8,7 +8,7 @@ from pathlib import Path
 from bench.step_profile import _report, add_arguments, profile_wave, run
 from shared.config import PassContext, resolve
 from shared.engine.engine import Engine
-from shared.engine.sampling_params import SamplingParams
+from shared.modelspec.sampling import SamplingParams
 from tests.helpers.tiny_models import tiny_llama_dir  # noqa: F401
 
 

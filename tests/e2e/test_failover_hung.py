@@ -158,7 +158,7 @@ def hung(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Hung]:
 def reference(hung: Hung):  # -> Callable[[list[int], int], list[int]]
     from shared.config import resolve
     from shared.engine.engine import Engine
-    from shared.engine.sampling_params import SamplingParams
+    from shared.modelspec.sampling import SamplingParams
 
     cfg = resolve("worker", ["--model", str(hung.model_dir), "--num-pages", "1024", "--threads", "1"], env={})
     engine = Engine.from_config(cfg)

@@ -145,7 +145,7 @@ def reference(cluster: Cluster):  # -> Callable[[list[int], int], list[int]]
     """Greedy token ids of the engine run in this process on the same model (the ground truth)."""
     from shared.config import resolve
     from shared.engine.engine import Engine
-    from shared.engine.sampling_params import SamplingParams
+    from shared.modelspec.sampling import SamplingParams
 
     cfg = resolve("worker", ["--model", str(cluster.model_dir), "--num-pages", "1024", "--threads", "1"], env={})
     engine = Engine.from_config(cfg)

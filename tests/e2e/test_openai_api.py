@@ -81,7 +81,7 @@ def reference(model_dir: Path):  # -> Callable[[list[int], StructuredSpec], str]
     """Greedy structured output of the engine in this process (the ground truth for both topologies)."""
     from shared.config import resolve
     from shared.engine.engine import Engine
-    from shared.engine.sampling_params import SamplingParams
+    from shared.modelspec.sampling import SamplingParams
 
     engine = Engine.from_config(
         resolve("worker", ["--model", str(model_dir), "--num-pages", "512", "--threads", "1"], env={})

@@ -77,7 +77,7 @@ def reference(model_dir: Path, tokenizer):  # -> Callable[[dict], bytes]
     of their tokens (the chat API's logprobs carry them), not as text."""
     from shared.config import resolve
     from shared.engine.engine import Engine
-    from shared.engine.sampling_params import SamplingParams
+    from shared.modelspec.sampling import SamplingParams
 
     engine = Engine.from_config(
         resolve("worker", ["--model", str(model_dir), "--num-pages", "512", "--threads", "1"], env={})

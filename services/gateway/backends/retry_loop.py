@@ -32,7 +32,7 @@ from services.gateway.backend import (
 from services.gateway.routing.failures import FailureKind, Verdict
 from services.gateway.routing.router import NoRoute, NoRouteReason
 from services.gateway.routing.views import RouteRequest
-from services.gateway.routing.wire import remaining_max_tokens
+from shared.cluster.sampling_pb import remaining_max_tokens
 
 
 @dataclass

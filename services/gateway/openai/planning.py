@@ -12,7 +12,6 @@ import enum
 from dataclasses import dataclass
 from typing import Any
 
-from services.gateway.backend import BackendSamplingParams
 from services.gateway.openai.errors import ApiError, bad_request
 from services.gateway.openai.media_parts import image_part
 from services.gateway.openai.requests import (
@@ -26,12 +25,11 @@ from services.gateway.openai.structured import check, structured_spec
 from services.gateway.openai.tools.spec import ToolPlan, plan_tools
 from services.gateway.text.tokenizer import RESERVED_TEMPLATE_KWARGS
 from shared.grammar.spec import StructuredSpec
+from shared.modelspec.sampling import MAX_LOGPROBS, MAX_N, SamplingParams
 
-MAX_LOGPROBS = 20
 MAX_STOP_STRINGS = 32
 MAX_STOP_STRING_CHARS = 1024
 MAX_LOGIT_BIAS_ENTRIES = 1024
-MAX_N = 64  # as the engine's SamplingParams
 MAX_BATCH_PROMPTS = 64
 
 
@@ -50,7 +48,7 @@ class Plan:
     model: str | None
     stream: bool
     include_usage: bool
-    sampling: BackendSamplingParams  # max_tokens None: fill in from the context length after tokenizing
+    sampling: SamplingParams  # max_tokens None: fill in from the context length after tokenizing
     skip_special_tokens: bool
     messages: list[dict[str, Any]] | None = None
     chat_template_kwargs: dict[str, Any] | None = None
@@ -105,7 +103,7 @@ def _sampling(
     logprobs: int | None,
     vocab_size: int,
     structured: StructuredSpec | None = None,
-) -> BackendSamplingParams:
+) -> SamplingParams:
     if not 1 <= req.n <= MAX_N:
         raise bad_request(f"n must be in [1, {MAX_N}] (got {req.n})", "n")
     if max_tokens is not None and max_tokens < 1:
@@ -141,7 +139,7 @@ def _sampling(
     logit_bias = _logit_bias(req.logit_bias, vocab_size)
     if logprobs is not None and not 0 <= logprobs <= MAX_LOGPROBS:
         raise bad_request(f"logprobs must be in [0, {MAX_LOGPROBS}] (got {logprobs})", "logprobs")
-    return BackendSamplingParams(
+    return SamplingParams(
         max_tokens=max_tokens,
         min_tokens=req.min_tokens,
         temperature=temperature,

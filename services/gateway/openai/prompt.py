@@ -5,11 +5,11 @@ from __future__ import annotations
 
 import dataclasses
 
-from services.gateway.backend import BackendSamplingParams
 from services.gateway.openai.errors import bad_request
 from services.gateway.openai.planning import Plan
 from services.gateway.openai.tools.render import render_messages
 from services.gateway.text.tokenizer import ChatTemplateError, GatewayTokenizer
+from shared.modelspec.sampling import SamplingParams
 
 
 def prompt_ids(plan: Plan, tok: GatewayTokenizer, *, template_param: str, prompt_param: str) -> tuple[int, ...]:
@@ -33,8 +33,8 @@ def prompt_ids(plan: Plan, tok: GatewayTokenizer, *, template_param: str, prompt
 
 
 def fit_context(
-    sampling: BackendSamplingParams, prompt_len: int, context_length: int | None, *, prompt_param: str
-) -> BackendSamplingParams:
+    sampling: SamplingParams, prompt_len: int, context_length: int | None, *, prompt_param: str
+) -> SamplingParams:
     """Refuse a prompt that does not fit the context; max_tokens defaults to the room left (vLLM's semantics)."""
     ctx = context_length
     if ctx is None:

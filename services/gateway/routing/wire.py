@@ -11,74 +11,15 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from proto.pdrelay.v1 import common_pb2, worker_pb2
-from services.gateway.backend import (
-    BackendChunk,
-    BackendRequest,
-    BackendSamplingParams,
-    FinishReason,
-    TokenLogprob,
-    TopLogprob,
-)
+from services.gateway.backend import BackendChunk, BackendRequest, FinishReason, TokenLogprob, TopLogprob
 from services.gateway.routing.views import RoutePlan
+from shared.cluster.sampling_pb import sampling_to_pb
 
-_GRAMMAR = {
-    "json_object": common_pb2.GRAMMAR_KIND_JSON_OBJECT,
-    "json_schema": common_pb2.GRAMMAR_KIND_JSON_SCHEMA,
-    "regex": common_pb2.GRAMMAR_KIND_REGEX,
-    "choice": common_pb2.GRAMMAR_KIND_CHOICE,
-    "grammar": common_pb2.GRAMMAR_KIND_GRAMMAR,
-}
 _FINISH: dict[int, FinishReason] = {
     common_pb2.FINISH_REASON_STOP: "stop",
     common_pb2.FINISH_REASON_LENGTH: "length",
     common_pb2.FINISH_REASON_ABORT: "abort",
 }
-
-
-def remaining_max_tokens(sampling: BackendSamplingParams, num_sent: int) -> int | None:
-    return None if sampling.max_tokens is None else max(0, sampling.max_tokens - num_sent)
-
-
-def sampling_to_pb(
-    sp: BackendSamplingParams, num_sent: int = 0, sent_ids: Sequence[int] = ()
-) -> common_pb2.SamplingParams:
-    """The worker's sampling parameters; `num_sent` tokens of the output (`sent_ids`) were already streamed."""
-    pb = common_pb2.SamplingParams(
-        temperature=sp.temperature,
-        top_p=sp.top_p,
-        min_p=sp.min_p,
-        stop=list(sp.stop),
-        stop_token_ids=list(sp.stop_token_ids),
-        min_tokens=max(0, sp.min_tokens - num_sent),
-        ignore_eos=sp.ignore_eos,
-        logprobs=sp.logprobs is not None,
-        top_logprobs=sp.logprobs or 0,
-        presence_penalty=sp.presence_penalty,
-        frequency_penalty=sp.frequency_penalty,
-        repetition_penalty=sp.repetition_penalty,
-    )
-    if sp.top_k > 0:
-        pb.top_k = sp.top_k
-    max_tokens = remaining_max_tokens(sp, num_sent)
-    if max_tokens is not None:
-        pb.max_tokens = max_tokens
-    if sp.seed is not None:
-        pb.seed = sp.seed
-    if sp.logit_bias:
-        pb.logit_bias.update(dict(sp.logit_bias))
-    if sp.prompt_logprobs is not None and not num_sent:  # a replay's prompt logprobs were already sent
-        pb.prompt_logprobs = sp.prompt_logprobs
-    if sp.structured is not None:
-        st = sp.structured
-        # a replay continues inside the structure: the new attempt's matcher first consumes what was sent
-        pb.structured.CopyFrom(
-            common_pb2.StructuredOutput(
-                kind=_GRAMMAR[st.kind.value], spec=st.spec, accepted_token_ids=[*st.accepted, *sent_ids]
-            )
-        )
-    if sp.n > 1:
-        pb.n = sp.n
-    return pb
 
 
 def decode_request(req: BackendRequest, plan: RoutePlan, sent: Sequence[int], attempt: int) -> worker_pb2.DecodeRequest:

@@ -17,9 +17,9 @@ from typing import TYPE_CHECKING, Protocol
 from shared.engine.request import Request, RequestStatus
 
 if TYPE_CHECKING:
-    from shared.engine.sampling_params import SamplingParams
     from shared.engine.scheduler.kv import KVManager
     from shared.engine.scheduler.policy import WaitingQueue
+    from shared.modelspec.sampling import SamplingParams
 
 
 class ForkHost(Protocol):

@@ -29,7 +29,7 @@ from shared.engine.request import (
     RequestStatus,
     TokenLogprobs,
 )
-from shared.engine.sampling_params import SamplingParams
+from shared.modelspec.sampling import SamplingParams
 
 if TYPE_CHECKING:
     from shared.engine.sampler.stop import StopResult

@@ -27,7 +27,6 @@ from shared.engine.radix_cache import RadixCache
 from shared.engine.request import FinishReason, MediaInput, Request, RequestOutput, RequestStatus, TokenLogprobs
 from shared.engine.sampler.stop import StopChecker, StopResult
 from shared.engine.sampler.text_window import DecodeFn
-from shared.engine.sampling_params import SamplingParams
 from shared.engine.scheduler.budget import SchedulerCounters, token_budget
 from shared.engine.scheduler.forks import Forks, fork_id
 from shared.engine.scheduler.handoff_pages import HandoffPages
@@ -35,6 +34,7 @@ from shared.engine.scheduler.kv import KVManager
 from shared.engine.scheduler.media import check_media, embed_slices, lacks_embeds
 from shared.engine.scheduler.policy import WaitingQueue, sort_key
 from shared.engine.types import ScheduledSeq, SchedulerOutput
+from shared.modelspec.sampling import SamplingParams
 
 log = logging.getLogger(__name__)
 

@@ -13,9 +13,10 @@ from typing import Any
 import grpc
 
 from proto.pdrelay.v1 import worker_pb2, worker_pb2_grpc
+from shared.cluster.sampling_pb import sampling_to_pb
 from shared.engine.model_runner import ModelRunner
-from shared.engine.sampling_params import SamplingParams
-from shared.serving.convert import layout_to_pb, sampling_to_pb
+from shared.modelspec.sampling import SamplingParams
+from shared.serving.convert import layout_to_pb
 from shared.serving.handoff import checksums_to_pb
 from shared.serving.kv_transfer import KVTransfer
 from shared.transfer.checksum import PageChecksum

@@ -85,11 +85,12 @@ def test_wire_carries_priority_structured_and_replayed_tokens():
     from types import SimpleNamespace
 
     from proto.pdrelay.v1 import common_pb2, gateway_pb2
-    from services.gateway.backend import BackendRequest, BackendSamplingParams
+    from services.gateway.backend import BackendRequest
     from services.gateway.grpc.api import plan_of
     from services.gateway.routing.wire import decode_request
+    from shared.cluster.sampling_pb import sampling_from_pb
     from shared.grammar.spec import StructuredSpec
-    from shared.serving.convert import sampling_from_pb
+    from shared.modelspec.sampling import SamplingParams
 
     spec = StructuredSpec(GrammarKind.REGEX, "[a-z]+")
     req = BackendRequest(
@@ -97,7 +98,7 @@ def test_wire_carries_priority_structured_and_replayed_tokens():
         model="m",
         prompt_token_ids=(1, 2),
         priority=7,
-        sampling=BackendSamplingParams(structured=spec, logit_bias=((3, 1.0),), n=2),
+        sampling=SamplingParams(structured=spec, logit_bias=((3, 1.0),), n=2),
     )
     msg = decode_request(req, SimpleNamespace(prefill=None), [9, 8], attempt=1)  # type: ignore[arg-type]
     assert msg.priority == 7 and list(msg.prompt_token_ids) == [1, 2, 9, 8]

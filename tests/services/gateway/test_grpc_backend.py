@@ -17,7 +17,6 @@ from services.gateway.backend import (
     BackendChunk,
     BackendOverloaded,
     BackendRequest,
-    BackendSamplingParams,
     BackendUnavailable,
     InvalidRequest,
 )
@@ -27,6 +26,7 @@ from shared.cluster.bus.cancel import Cancel
 from shared.cluster.grpc_errors import abort
 from shared.cluster.instance import Capacity, InstanceInfo, InstanceState
 from shared.cluster.membership import EventKind, MembershipEvent
+from shared.modelspec.sampling import SamplingParams
 
 MODEL = "m"
 PROMPT = tuple(range(3, 40))
@@ -233,7 +233,7 @@ def request(max_tokens: int = 12, rid: str = "req-1", logprobs: int | None = Non
         request_id=rid,
         model=MODEL,
         prompt_token_ids=PROMPT,
-        sampling=BackendSamplingParams(max_tokens=max_tokens, temperature=0.0, logprobs=logprobs),
+        sampling=SamplingParams(max_tokens=max_tokens, temperature=0.0, logprobs=logprobs),
     )
 
 

@@ -13,7 +13,6 @@ from services.gateway.backend import (
     BackendChunk,
     BackendOverloaded,
     BackendRequest,
-    BackendSamplingParams,
     BackendUnavailable,
     InvalidRequest,
     ModelNotFound,
@@ -29,6 +28,7 @@ from services.gateway.routing.media_affinity import MediaAffinity
 from services.gateway.routing.policies import make_policy
 from services.gateway.routing.router import NoRoute, NoRouteReason, Router
 from services.gateway.routing.views import Candidate, Mode, RoutePlan
+from shared.modelspec.sampling import SamplingParams
 from shared.telemetry.tracing import Tracing
 
 PROMPT = (5, 6, 7, 8)
@@ -36,7 +36,7 @@ PROMPT = (5, 6, 7, 8)
 
 def request(max_tokens: int = 6, n: int = 1) -> BackendRequest:
     return BackendRequest(
-        request_id="r1", model="m", prompt_token_ids=PROMPT, sampling=BackendSamplingParams(max_tokens=max_tokens, n=n)
+        request_id="r1", model="m", prompt_token_ids=PROMPT, sampling=SamplingParams(max_tokens=max_tokens, n=n)
     )
 
 

@@ -14,8 +14,8 @@ from shared.engine.engine import Engine
 from shared.engine.errors import InvalidRequest
 from shared.engine.model_runner import ModelRunner
 from shared.engine.radix_cache import PagesStored
-from shared.engine.sampling_params import SamplingParams
 from shared.modelspec.block_hash import page_hashes
+from shared.modelspec.sampling import SamplingParams
 from tests.helpers.tiny_models import tiny_llama_dir, tiny_qwen2_dir  # noqa: F401
 
 PAGE = 4

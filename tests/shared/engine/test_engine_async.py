@@ -15,8 +15,8 @@ from shared.engine.async_engine import AsyncEngine
 from shared.engine.engine import Engine, EngineStepError
 from shared.engine.errors import InvalidRequest, QueueFull
 from shared.engine.request import RequestOutput
-from shared.engine.sampling_params import SamplingParams
 from shared.engine.types import SchedulerOutput
+from shared.modelspec.sampling import SamplingParams
 
 P = 4
 

@@ -11,7 +11,7 @@ import torch
 from shared.config.groups import CacheConfig, SchedulerConfig
 from shared.engine.engine import Engine
 from shared.engine.model_runner import ModelRunner
-from shared.engine.sampling_params import SamplingParams
+from shared.modelspec.sampling import SamplingParams
 
 pytestmark = pytest.mark.slow
 

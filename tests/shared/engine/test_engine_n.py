@@ -12,7 +12,7 @@ import pytest
 from shared.config.groups import CacheConfig, SchedulerConfig
 from shared.engine.engine import Engine
 from shared.engine.model_runner import ModelRunner
-from shared.engine.sampling_params import SamplingParams
+from shared.modelspec.sampling import SamplingParams
 from tests.helpers.tiny_models import tiny_llama_dir  # noqa: F401  (session fixture)
 
 PAGE = 16

@@ -13,8 +13,8 @@ import pytest
 from shared.config.groups import CacheConfig, SchedulerConfig
 from shared.engine.engine import Engine
 from shared.engine.model_runner import ModelRunner
-from shared.engine.sampling_params import SamplingParams
 from shared.grammar.spec import GrammarKind, StructuredSpec
+from shared.modelspec.sampling import SamplingParams
 from tests.helpers.schema_corpus import MAX_TOKENS, SCHEMAS
 from tests.helpers.tiny_models import tiny_llama_dir  # noqa: F401  (session fixture)
 

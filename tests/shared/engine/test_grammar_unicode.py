@@ -14,8 +14,8 @@ from services.gateway.openai.requests import StructuredOutputs
 from services.gateway.openai.structured import structured_spec
 from shared.engine.engine import Engine
 from shared.engine.model_runner import ModelRunner
-from shared.engine.sampling_params import SamplingParams
 from shared.grammar.spec import StructuredSpec
+from shared.modelspec.sampling import SamplingParams
 from tests.helpers.tiny_models import tiny_llama_dir  # noqa: F401  (session fixture)
 
 WORDS = ["café", "naïve", "日本", "😀"]

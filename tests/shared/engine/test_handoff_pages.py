@@ -22,7 +22,7 @@ from shared.config.groups import CacheConfig, SchedulerConfig
 from shared.engine.async_engine import AsyncEngine
 from shared.engine.engine import Engine
 from shared.engine.errors import InvalidRequest, QueueFull, UnknownRequest
-from shared.engine.sampling_params import SamplingParams
+from shared.modelspec.sampling import SamplingParams
 
 P = 4
 GREEDY = SamplingParams(max_tokens=6, temperature=0.0, ignore_eos=True)

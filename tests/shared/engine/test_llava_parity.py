@@ -17,10 +17,10 @@ from shared.config.groups import CacheConfig, SchedulerConfig
 from shared.engine.engine import Engine
 from shared.engine.model_runner import ModelRunner
 from shared.engine.request import MediaInput
-from shared.engine.sampling_params import SamplingParams
 from shared.engine.types import EmbedSlice, ScheduledSeq, SchedulerOutput
 from shared.engine.vision_runner import VisionEncoderRunner
 from shared.modelspec.block_hash import page_hashes
+from shared.modelspec.sampling import SamplingParams
 from tests.helpers.tiny_vlm import make_image, tiny_llava_dir  # noqa: F401
 
 PAGE = 4

@@ -12,8 +12,8 @@ from shared.engine.errors import InvalidRequest
 from shared.engine.page_allocator import PageAllocator
 from shared.engine.radix_cache import RadixCache
 from shared.engine.request import MediaInput
-from shared.engine.sampling_params import SamplingParams
 from shared.engine.scheduler import Scheduler
+from shared.modelspec.sampling import SamplingParams
 
 P = 4
 

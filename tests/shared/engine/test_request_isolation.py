@@ -19,7 +19,7 @@ from shared.engine.engine import Engine
 from shared.engine.errors import RequestFailed
 from shared.engine.model_runner import ModelRunner
 from shared.engine.sampler.sampler import POISON_STOP
-from shared.engine.sampling_params import SamplingParams
+from shared.modelspec.sampling import SamplingParams
 from tests.helpers.tiny_models import tiny_llama_dir  # noqa: F401  (session fixture)
 
 PROMPTS = [[5, 6, 7, 8], [9, 10, 11], [12, 13, 14, 15, 16], [17, 18], [19, 20, 21], [22, 23, 24, 25], [26, 27]]

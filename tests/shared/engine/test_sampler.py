@@ -10,7 +10,7 @@ from shared.engine.request import Request
 from shared.engine.sampler import Sampler, StopChecker
 from shared.engine.sampler.penalties import apply_penalties
 from shared.engine.sampler.text_window import TextWindow
-from shared.engine.sampling_params import SamplingParams
+from shared.modelspec.sampling import SamplingParams
 
 
 def req(params: SamplingParams, prompt=(1,), output=(), rid="r") -> Request:

@@ -15,7 +15,7 @@ from shared.engine.errors import InvalidRequest
 from shared.engine.grammar.mask import MaskFiller
 from shared.engine.request import Request
 from shared.engine.sampler import Sampler
-from shared.engine.sampling_params import SamplingParams
+from shared.modelspec.sampling import SamplingParams
 
 V = 64
 

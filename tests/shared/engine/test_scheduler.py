@@ -10,9 +10,9 @@ from shared.engine.errors import InvalidRequest, QueueFull
 from shared.engine.page_allocator import PageAllocator
 from shared.engine.radix_cache import RadixCache
 from shared.engine.request import RequestOutput
-from shared.engine.sampling_params import SamplingParams
 from shared.engine.scheduler import Scheduler
 from shared.engine.types import SchedulerOutput
+from shared.modelspec.sampling import SamplingParams
 
 P = 4
 

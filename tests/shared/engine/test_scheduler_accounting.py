@@ -14,8 +14,8 @@ from test_engine_fakes import FakeRunner, reference_greedy
 from shared.config.groups import SchedulerConfig
 from shared.engine.page_allocator import PageAllocator
 from shared.engine.radix_cache import RadixCache
-from shared.engine.sampling_params import SamplingParams
 from shared.engine.scheduler import Scheduler
+from shared.modelspec.sampling import SamplingParams
 
 P = 4
 NUM_REQUESTS = 1000

@@ -21,7 +21,7 @@ import torch
 from shared.config.groups import CacheConfig, SchedulerConfig
 from shared.engine.engine import Engine
 from shared.engine.model_runner import ModelRunner
-from shared.engine.sampling_params import SamplingParams
+from shared.modelspec.sampling import SamplingParams
 from shared.serving.handoff import descs_from_pb
 from shared.serving.kv_transfer import KVTransfer
 from shared.transfer.checksum import checksum_pages

@@ -7,8 +7,8 @@ import pytest
 from shared.config import resolve
 from shared.engine.mock import MockRunner, TimingTable, build_mock_engine, next_token
 from shared.engine.mock.timing import DecodeTable, PrefillTable
-from shared.engine.sampling_params import SamplingParams
 from shared.engine.types import ScheduledSeq, SchedulerOutput
+from shared.modelspec.sampling import SamplingParams
 
 
 def _table() -> TimingTable:

@@ -18,7 +18,7 @@ from shared.config import resolve
 from shared.engine.engine import Engine
 from shared.engine.mock import build_mock_engine
 from shared.engine.mock.fit import measure
-from shared.engine.sampling_params import SamplingParams
+from shared.modelspec.sampling import SamplingParams
 
 TOLERANCE = 0.35  # mock / real within [1 - 0.45, 1 + 0.45]
 PROMPT_TOKENS, NEW_TOKENS, BATCH = 96, 12, 4

@@ -1,11 +1,12 @@
-"""Per-request sampling parameters (OpenAI/vLLM names and defaults), frozen and validated."""
+"""Per-request sampling parameters (OpenAI/vLLM names and defaults), frozen and validated: one type from the front
+doors (the gateway plans them) over the wire (shared/cluster/sampling_pb.py) to the engine's sampler."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-from shared.engine.errors import InvalidRequest
 from shared.grammar.spec import StructuredSpec
+from shared.modelspec.errors import InvalidRequest
 
 MAX_LOGPROBS = 20  # the OpenAI API's limit on top alternatives per token
 MAX_N = 64  # samples per prompt (n)
