@@ -36,7 +36,7 @@ import grpc
 import msgspec
 import pytest
 from google.protobuf import text_format
-from hypothesis import HealthCheck, example, given, settings
+from hypothesis import HealthCheck, event, example, given, settings
 from hypothesis import strategies as st
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
@@ -64,6 +64,11 @@ def fuzz_settings(default_examples: int) -> settings:
         print_blob=True,
         suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
     )
+
+
+def mostly(plausible: st.SearchStrategy[Any], wild: st.SearchStrategy[Any]) -> st.SearchStrategy[Any]:
+    """A plausible value nine times in ten, so that most requests get past validation; a wild one otherwise."""
+    return st.integers(0, 9).flatmap(lambda i: wild if i == 0 else plausible)
 
 
 FIELDS = [
@@ -96,6 +101,12 @@ FIELDS = [
     "response_format",
     "chat_template_kwargs",
     "skip_special_tokens",
+    "tool_choice",
+    "parallel_tool_calls",
+    "structured_outputs",
+    "include_stop_str_in_output",
+    "prompt_logprobs",
+    "priority",
     # /tokenize, /detokenize, /v1/embeddings
     "add_special_tokens",
     "return_token_strs",
@@ -150,8 +161,8 @@ json_values = st.recursive(
 )
 message = st.fixed_dictionaries(
     {
-        "role": st.sampled_from(["user", "system", "assistant", "tool", "bot"]) | json_values,
-        "content": st.text(max_size=30) | json_values,
+        "role": mostly(st.sampled_from(["user", "system", "assistant", "tool"]), st.just("bot") | json_values),
+        "content": mostly(st.text(max_size=30), json_values),
     }
 )
 valid_chat = st.fixed_dictionaries(
@@ -165,16 +176,73 @@ valid_completion = st.fixed_dictionaries(
 )
 
 
+TOOL = {"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}
+# For each field, values the server may well accept, so that mutated bodies get past validation into templating,
+# generation and answer encoding, where random JSON values alone rarely go.
+_probability = st.floats(0, 1)
+_token = st.integers(0, 480)
+PLAUSIBLE: dict[str, st.SearchStrategy[Any]] = {
+    "model": st.sampled_from([MODEL, "mini"]),
+    "max_tokens": st.none() | st.integers(1, 8),
+    "max_completion_tokens": st.none() | st.integers(1, 8),
+    "temperature": st.floats(0, 2),
+    "top_p": _probability,
+    "top_k": st.integers(-1, 500),
+    "min_p": _probability,
+    "seed": st.integers(0, 2**64),
+    "stop": st.text(max_size=3) | st.lists(st.text(max_size=3), max_size=3),
+    "stream": st.booleans(),
+    "stream_options": st.fixed_dictionaries({"include_usage": st.booleans()}),
+    "n": st.integers(1, 3),
+    "presence_penalty": st.floats(-2, 2),
+    "frequency_penalty": st.floats(-2, 2),
+    "repetition_penalty": st.floats(0.01, 3),
+    "ignore_eos": st.booleans(),
+    "min_tokens": st.integers(0, 8),
+    "stop_token_ids": st.lists(_token, max_size=3),
+    "logprobs": st.booleans() | st.integers(0, 20),
+    "top_logprobs": st.integers(0, 20),
+    "logit_bias": st.dictionaries(_token.map(str), st.floats(-100, 100), max_size=3),
+    "echo": st.booleans(),
+    "best_of": st.integers(1, 2),
+    "tools": st.lists(st.just(TOOL), min_size=1, max_size=2),
+    "tool_choice": st.sampled_from(["none", "auto", "required", {"type": "function", "function": {"name": "f"}}]),
+    "parallel_tool_calls": st.booleans(),
+    "response_format": st.sampled_from(
+        [
+            {"type": "text"},
+            {"type": "json_object"},
+            {"type": "json_schema", "json_schema": {"name": "x", "schema": {"type": "object"}}},
+        ]
+    ),
+    "structured_outputs": st.sampled_from(
+        [{"regex": "a+"}, {"choice": ["yes", "no"]}, {"json": {"type": "object"}}, {"json_object": True}]
+    ),
+    "chat_template_kwargs": st.dictionaries(st.sampled_from(TEMPLATE_NAMES) | st.text(max_size=6), json_values),
+    "skip_special_tokens": st.booleans(),
+    "include_stop_str_in_output": st.booleans(),
+    "prompt_logprobs": st.integers(0, 20),
+    "priority": st.integers(0, 10),
+    "add_special_tokens": st.booleans(),
+    "return_token_strs": st.booleans(),
+    "tokens": st.lists(_token, max_size=6),
+    "input": st.text(min_size=1, max_size=20) | st.lists(_token, min_size=1, max_size=6),
+    "encoding_format": st.sampled_from(["float", "base64"]),
+    "dimensions": st.integers(1, 64),
+    "truncate_prompt_tokens": st.integers(-1, 10),
+}
+
+
 @st.composite
 def mutated(draw: st.DrawFn, base: st.SearchStrategy[dict[str, Any]]) -> dict[str, Any]:
     body = dict(draw(base))
     for key in draw(st.lists(st.sampled_from(FIELDS), max_size=4)):
-        body[key] = draw(json_values)
+        body[key] = draw(PLAUSIBLE.get(key, json_values) | json_values)
     return body
 
 
 valid_tokenize = st.fixed_dictionaries({"prompt": st.text(max_size=20)}) | st.fixed_dictionaries(
-    {"messages": st.lists(json_values, min_size=1, max_size=3)}
+    {"messages": st.lists(message, min_size=1, max_size=3)}
 )
 valid_detokenize = st.fixed_dictionaries({"tokens": st.lists(st.integers(0, 600), max_size=6)})
 valid_embedding = st.fixed_dictionaries(
@@ -183,15 +251,33 @@ valid_embedding = st.fixed_dictionaries(
         "input": st.text(min_size=1, max_size=20) | st.lists(st.integers(0, 600), min_size=1, max_size=6),
     }
 )
-BODY_ENDPOINTS = ["/v1/chat/completions", "/v1/completions", "/tokenize", "/detokenize", "/v1/embeddings"]
+VALID_BODIES = {  # route -> requests it accepts
+    "/v1/chat/completions": valid_chat,
+    "/v1/completions": valid_completion,
+    "/tokenize": valid_tokenize,
+    "/detokenize": valid_detokenize,
+    "/v1/embeddings": valid_embedding,
+}
 
-bodies = (
-    st.one_of(
-        *(mutated(b) for b in (valid_chat, valid_completion, valid_tokenize, valid_detokenize, valid_embedding))
-    ).map(lambda b: json.dumps(b).encode())
-    | json_values.map(lambda v: json.dumps(v).encode())
-    | st.binary(max_size=64)
-)
+
+def _body(value: Any) -> bytes:
+    return json.dumps(value).encode()
+
+
+@st.composite
+def http_requests(draw: st.DrawFn) -> tuple[str, bytes]:
+    """(route, body): mostly a mutated request of that route, sometimes another route's, any JSON or bytes."""
+    endpoint = draw(st.sampled_from(sorted(VALID_BODIES)))
+    kind = draw(st.integers(0, 9))
+    if kind < 6:
+        body = _body(draw(mutated(VALID_BODIES[endpoint])))
+    elif kind < 8:
+        body = _body(draw(mutated(st.one_of(*VALID_BODIES.values()))))
+    elif kind < 9:
+        body = _body(draw(json_values))
+    else:
+        body = draw(st.binary(max_size=64))
+    return endpoint, body
 
 
 def with_embeddings(app: GatewayApp) -> GatewayApp:
@@ -217,27 +303,28 @@ def check_answer(status: int, content_type: bytes | None, content: bytes, reques
             raise AssertionError(f"{request}\n-> {status}, not an OpenAI error body ({e}): {content[:400]!r}") from e
 
 
-def _body(obj: dict[str, Any]) -> bytes:
-    return json.dumps(obj).encode()
-
-
 HI = [{"role": "user", "content": "hi"}]
 
 
 # Inputs this target has failed on, each with its fix.
 # chat_template_kwargs naming encode_chat's own argument: TypeError, a 500 (issue 49; RESERVED_TEMPLATE_KWARGS).
 @example(
-    body=_body({"model": MODEL, "messages": HI, "chat_template_kwargs": {"messages": 1}, "max_tokens": 2}),
-    endpoint="/v1/chat/completions",
+    request=(
+        "/v1/chat/completions",
+        _body({"model": MODEL, "messages": HI, "chat_template_kwargs": {"messages": 1}, "max_tokens": 2}),
+    )
 )
 @fuzz_settings(EXAMPLES_BODIES)
-@given(body=bodies, endpoint=st.sampled_from(BODY_ENDPOINTS))
-def test_no_body_causes_a_server_error(app_with_embeddings: GatewayApp, body: bytes, endpoint: str) -> None:
+@given(request=http_requests())
+def test_no_body_causes_a_server_error(app_with_embeddings: GatewayApp, request: tuple[str, bytes]) -> None:
+    endpoint, body = request
+
     async def go() -> None:
         async with client_for(app_with_embeddings) as c:
             r = await c.post(endpoint, content=body, headers={"content-type": "application/json"})
             ctype = r.headers.get("content-type")
-            check_answer(r.status_code, ctype and ctype.encode(), r.content, f"body={body!r}, endpoint={endpoint!r}")
+            event(f"{endpoint} -> {r.status_code}")  # the spread of answers, in --hypothesis-show-statistics
+            check_answer(r.status_code, ctype and ctype.encode(), r.content, f"request={request!r}")
 
     asyncio.run(go())
 
@@ -245,17 +332,17 @@ def test_no_body_causes_a_server_error(app_with_embeddings: GatewayApp, body: by
 # ------------------------------------------------------------------ HTTP headers
 
 API_KEY = "k3y"
-ROUTES = {  # path -> a body it accepts
-    "/v1/chat/completions": _body({"messages": HI, "max_tokens": 2}),
-    "/v1/completions": _body({"prompt": "hi", "max_tokens": 2, "stream": True}),
-    "/tokenize": _body({"prompt": "hi"}),
-    "/detokenize": _body({"tokens": [5, 6]}),
-    "/v1/models": b"",
-    "/health": b"",
-    "/ready": b"",
-    "/metrics": b"",
-    "/openapi.json": b"",
-    "/v1/embeddings": _body({"model": "mini", "input": "hi"}),
+ROUTES = {  # path -> its method and a body it accepts
+    "/v1/chat/completions": ("POST", _body({"messages": HI, "max_tokens": 2})),
+    "/v1/completions": ("POST", _body({"prompt": "hi", "max_tokens": 2, "stream": True})),
+    "/tokenize": ("POST", _body({"prompt": "hi"})),
+    "/detokenize": ("POST", _body({"tokens": [5, 6]})),
+    "/v1/embeddings": ("POST", _body({"model": "mini", "input": "hi"})),
+    "/v1/models": ("GET", b""),
+    "/health": ("GET", b""),
+    "/ready": ("GET", b""),
+    "/metrics": ("GET", b""),
+    "/openapi.json": ("GET", b""),
 }
 TRACEPARENT = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"
 # Token characters (RFC 9110), lower-case: what an HTTP server hands an ASGI app as a header name.
@@ -301,6 +388,22 @@ traceparents = st.builds(
     st.text("0123456789abcdef-", max_size=4),
 )
 header_lists = st.lists(st.tuples(header_names, field_values | near_values | traceparents), max_size=6)
+
+
+@st.composite
+def header_requests(draw: st.DrawFn) -> tuple[str, str, list[tuple[bytes, bytes]], bytes]:
+    """(path, method, headers, body): mostly the route's own method and body with the API key (first: the value
+    the gateway reads), so that most requests get past the key check to the headers read after it."""
+    path = draw(st.sampled_from(sorted(ROUTES)))
+    method, body = ROUTES[path]
+    if draw(st.integers(0, 9)) == 0:
+        method = draw(st.sampled_from(["GET", "POST", "PUT", "DELETE"]))
+    if draw(st.integers(0, 9)) == 0:
+        body = draw(st.binary(max_size=32))
+    headers = draw(header_lists)
+    if draw(st.integers(0, 3)) > 0:
+        headers.insert(0, (b"authorization", f"Bearer {API_KEY}".encode()))
+    return path, method, headers, body
 
 
 async def asgi_call(
@@ -363,27 +466,25 @@ def keyed_traced_app(make_app: AppFactory) -> Iterator[GatewayApp]:
 
 
 @fuzz_settings(EXAMPLES_HEADERS)
-@given(
-    path=st.sampled_from(sorted(ROUTES)),
-    method=st.sampled_from(["GET", "POST", "POST", "PUT"]),
-    headers=header_lists,
-    junk_body=st.none() | st.binary(max_size=32),
-)
+@given(request=header_requests())
 def test_no_header_causes_a_server_error(
-    keyed_traced_app: GatewayApp, path: str, method: str, headers: list[tuple[bytes, bytes]], junk_body: bytes | None
+    keyed_traced_app: GatewayApp, request: tuple[str, str, list[tuple[bytes, bytes]], bytes]
 ) -> None:
-    body = ROUTES[path] if junk_body is None else junk_body
+    path, method, headers, body = request
     status, resp_headers, content = asyncio.run(asgi_call(keyed_traced_app, method, path, headers, body))
-    request = f"path={path!r}, method={method!r}, headers={headers!r}, junk_body={junk_body!r}"
-    assert status >= 200, f"{request}\n-> no answer"
-    check_answer(status, resp_headers.get(b"content-type"), content, request)
+    event(f"-> {status}")
+    what = f"request={request!r}"
+    assert status >= 200, f"{what}\n-> no answer"
+    check_answer(status, resp_headers.get(b"content-type"), content, what)
 
 
 # ------------------------------------------------------------------ gRPC messages
 
-uint32s = st.integers(0, 4) | st.integers(0, 2**32 - 1)
-int32s = st.integers(-2, 4) | st.integers(-(2**31), 2**31 - 1)
-floats32 = st.floats(-3, 3, width=32) | st.floats(width=32)  # NaN and infinities included
+
+uint32s = st.integers(0, 2**32 - 1)
+int32s = st.integers(-(2**31), 2**31 - 1)
+floats32 = st.floats(width=32)  # NaN and infinities included
+token_ids = mostly(st.integers(0, 480), uint32s)
 texts = st.text(max_size=24) | st.sampled_from(["hi", "", "\x00", "<|im_end|>", "{{ messages }}", "🙂"])
 struct_values: st.SearchStrategy[Any] = st.recursive(
     st.none() | st.booleans() | st.floats() | st.integers(-(2**53), 2**53) | st.text(max_size=8),
@@ -395,10 +496,11 @@ template_kwargs = st.dictionaries(st.sampled_from(TEMPLATE_NAMES) | st.text(max_
 
 @st.composite
 def chat_messages(draw: st.DrawFn) -> gateway_pb2.ChatMessages:
-    roles = st.sampled_from(["user", "system", "assistant", "tool", "developer", ""]) | texts
+    roles = mostly(st.sampled_from(["user", "system", "assistant", "tool"]), st.just("developer") | texts)
     chat = gateway_pb2.ChatMessages(
         messages=[
-            gateway_pb2.ChatMessage(role=draw(roles), content=draw(texts)) for _ in range(draw(st.integers(0, 3)))
+            gateway_pb2.ChatMessage(role=draw(roles), content=draw(texts))
+            for _ in range(draw(mostly(st.integers(1, 3), st.just(0))))
         ]
     )
     kwargs = draw(st.none() | template_kwargs)
@@ -408,39 +510,49 @@ def chat_messages(draw: st.DrawFn) -> gateway_pb2.ChatMessages:
     return chat
 
 
+_SPECS = {  # a spec of each grammar kind the server may accept
+    common_pb2.GRAMMAR_KIND_JSON_OBJECT: st.just(""),
+    common_pb2.GRAMMAR_KIND_JSON_SCHEMA: st.sampled_from(['{"type": "object"}', '{"type": "string"}']),
+    common_pb2.GRAMMAR_KIND_REGEX: st.sampled_from(["a+", "[0-9]{1,3}", "(yes|no)"]),
+    common_pb2.GRAMMAR_KIND_CHOICE: st.sampled_from(['["yes", "no"]', '["a"]']),
+    common_pb2.GRAMMAR_KIND_GRAMMAR: st.sampled_from(['root ::= "a" | "b"']),
+}
+
+
 @st.composite
 def sampling_params(draw: st.DrawFn) -> common_pb2.SamplingParams:
     sp = common_pb2.SamplingParams(
-        stop=draw(st.lists(texts, max_size=3)),
-        stop_token_ids=draw(st.lists(uint32s, max_size=3)),
+        stop=draw(st.lists(texts, max_size=2)),
+        stop_token_ids=draw(st.lists(token_ids, max_size=2)),
         ignore_eos=draw(st.booleans()),
         logprobs=draw(st.booleans()),
-        top_logprobs=draw(uint32s),
-        presence_penalty=draw(floats32),
-        frequency_penalty=draw(floats32),
+        top_logprobs=draw(mostly(st.integers(0, 5), uint32s)),
+        presence_penalty=draw(mostly(st.floats(-2, 2, width=32), floats32)),
+        frequency_penalty=draw(mostly(st.floats(-2, 2, width=32), floats32)),
         skip_special_tokens=draw(st.booleans()),
-        logit_bias=draw(st.dictionaries(uint32s, floats32, max_size=3)),
-        n=draw(st.integers(0, 3) | uint32s),
+        logit_bias=draw(st.dictionaries(token_ids, mostly(st.floats(-100, 100, width=32), floats32), max_size=2)),
+        n=draw(mostly(st.integers(0, 3), uint32s)),
     )
-    optional = {
-        "temperature": floats32,
-        "top_p": floats32,
-        "top_k": int32s,
-        "min_p": floats32,
-        "seed": st.integers(0, 2**64 - 1),
-        "max_tokens": st.integers(0, 8) | uint32s,
-        "min_tokens": uint32s,
-        "repetition_penalty": floats32,
-        "prompt_logprobs": uint32s,
+    optional = {  # field -> (plausible, wild)
+        "temperature": (st.floats(0, 2, width=32), floats32),
+        "top_p": (st.floats(0, 1, exclude_min=True, width=32), floats32),
+        "top_k": (st.integers(-1, 500), int32s),
+        "min_p": (st.floats(0, 1, width=32), floats32),
+        "seed": (st.integers(0, 2**63 - 1), st.integers(0, 2**64 - 1)),
+        "max_tokens": (st.integers(1, 8), uint32s),
+        "min_tokens": (st.integers(0, 4), uint32s),
+        "repetition_penalty": (st.floats(0, 3, exclude_min=True, width=32), floats32),
+        "prompt_logprobs": (st.integers(0, 5), uint32s),
     }
-    for name, values in optional.items():
-        value = draw(st.none() | values)
+    for name, (plausible, wild) in optional.items():
+        value = draw(st.none() | mostly(plausible, wild))
         if value is not None:
             setattr(sp, name, value)
-    if draw(st.booleans()):
-        sp.structured.kind = draw(st.sampled_from(list(common_pb2.GrammarKind.values())) | st.integers(-3, 9))
-        sp.structured.spec = draw(texts | st.sampled_from(['["a", "b"]', "[1]", '{"type": "object"}', "a+", "[", "{"]))
-        sp.structured.accepted_token_ids.extend(draw(st.lists(uint32s, max_size=2)))
+    if draw(st.integers(0, 3)) == 0:
+        kind = draw(mostly(st.sampled_from(sorted(_SPECS)), st.integers(-3, 9)))
+        sp.structured.kind = kind
+        sp.structured.spec = draw(mostly(_SPECS.get(kind, texts), texts | st.sampled_from(["[1]", "[", "{", "00"])))
+        sp.structured.accepted_token_ids.extend(draw(st.lists(token_ids, max_size=2)))
     return sp
 
 
@@ -448,21 +560,21 @@ def sampling_params(draw: st.DrawFn) -> common_pb2.SamplingParams:
 def generate_requests(draw: st.DrawFn) -> gateway_pb2.GenerateRequest:
     req = gateway_pb2.GenerateRequest(
         request_id=draw(st.sampled_from(["", "r-1"]) | texts),
-        model=draw(st.sampled_from(["", MODEL, "tiny-alias", "gpt-9"]) | texts),
+        model=draw(mostly(st.sampled_from(["", MODEL, "tiny-alias"]), st.just("gpt-9") | texts)),
         return_token_ids=draw(st.booleans()),
-        priority=draw(uint32s),
+        priority=draw(mostly(st.integers(0, 4), uint32s)),
         echo=draw(st.booleans()),
     )
-    which = draw(st.sampled_from(["text", "token_ids", "chat", None]))
+    which = draw(mostly(st.sampled_from(["text", "token_ids", "chat"]), st.none()))
     if which == "text":
         req.text = draw(texts)
     elif which == "token_ids":
-        req.token_ids.ids.extend(draw(st.lists(st.integers(0, 600) | uint32s, max_size=6)))
+        req.token_ids.ids.extend(draw(st.lists(token_ids, max_size=6)))
     elif which == "chat":
         req.chat.CopyFrom(draw(chat_messages()))
-    if draw(st.booleans()):
+    if draw(st.integers(0, 3)) > 0:
         req.sampling.CopyFrom(draw(sampling_params()))
-    if draw(st.integers(0, 9)) == 0:
+    if draw(st.integers(0, 19)) == 0:
         req.media.append(common_pb2.MediaInput(media_hash=draw(texts)))
     if draw(st.booleans()):
         req.trace.traceparent = draw(st.sampled_from([TRACEPARENT, "00-zz"]) | texts)
@@ -473,9 +585,10 @@ def generate_requests(draw: st.DrawFn) -> gateway_pb2.GenerateRequest:
 @st.composite
 def tokenize_requests(draw: st.DrawFn) -> gateway_pb2.TokenizeRequest:
     req = gateway_pb2.TokenizeRequest(
-        model=draw(st.sampled_from(["", MODEL, "gpt-9"])), add_special_tokens=draw(st.booleans())
+        model=draw(mostly(st.sampled_from(["", MODEL]), st.just("gpt-9") | texts)),
+        add_special_tokens=draw(st.booleans()),
     )
-    which = draw(st.sampled_from(["text", "chat", None]))
+    which = draw(mostly(st.sampled_from(["text", "chat"]), st.none()))
     if which == "text":
         req.text = draw(texts)
     elif which == "chat":
@@ -487,13 +600,16 @@ def tokenize_requests(draw: st.DrawFn) -> gateway_pb2.TokenizeRequest:
 def embeddings_requests(draw: st.DrawFn) -> gateway_pb2.EmbeddingsRequest:
     req = gateway_pb2.EmbeddingsRequest(
         request_id=draw(st.sampled_from(["", "e-1"]) | texts),
-        model=draw(st.sampled_from(["", "mini", MODEL]) | texts),
-        texts=draw(st.lists(texts, max_size=3)),
-        dimensions=draw(uint32s),
-        truncate_prompt_tokens=draw(int32s),
+        model=draw(mostly(st.sampled_from(["", "mini"]), st.just(MODEL) | texts)),
+        dimensions=draw(mostly(st.sampled_from([0, 8, 4]), uint32s)),
+        truncate_prompt_tokens=draw(mostly(st.integers(-1, 8), int32s)),
     )
-    for ids in draw(st.lists(st.lists(st.integers(0, 600) | uint32s, max_size=4), max_size=3)):
-        req.token_ids.append(gateway_pb2.TokenIds(ids=ids))
+    which = draw(mostly(st.sampled_from(["texts", "token_ids"]), st.sampled_from(["both", "neither"])))
+    if which in ("texts", "both"):
+        req.texts.extend(draw(st.lists(texts, min_size=1, max_size=3)))
+    if which in ("token_ids", "both"):
+        for ids in draw(st.lists(st.lists(token_ids, max_size=4), min_size=1, max_size=3)):
+            req.token_ids.append(gateway_pb2.TokenIds(ids=ids))
     if draw(st.booleans()):
         req.trace.traceparent = draw(st.sampled_from([TRACEPARENT, "00-zz"]) | texts)
     return req
@@ -589,5 +705,7 @@ def test_no_grpc_message_causes_an_internal_error(grpc_api: GrpcApi, req: GrpcRe
         call = grpc_api.stub.Embed(req)
     try:
         grpc_api.run(call)
+        event(f"{type(req).__name__} -> OK")
     except grpc.aio.AioRpcError as e:
+        event(f"{type(req).__name__} -> {e.code().name}")
         check_rpc_error(e, as_example(req))
