@@ -36,6 +36,14 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         allow_abbrev=False,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
+    _control_plane_args(p)
+    _count_args(p)
+    _placement_args(p)
+    _run_args(p)
+    p.set_defaults(_run=run)
+
+
+def _control_plane_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--run-dir", default=None, help="state, logs and configs (default: .run, or $PDRELAY_RUN_DIR)")
     p.add_argument("--cluster", default="default", help="cluster name (etcd prefix, NATS subjects)")
     p.add_argument(
@@ -46,6 +54,10 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     )
     p.add_argument("--etcd-port", type=int, default=0, help="port of the etcd we start (0: 2379 if free)")
     p.add_argument("--nats-port", type=int, default=0, help="port of the nats-server we start (0: 4222 if free)")
+
+
+def _count_args(p: argparse.ArgumentParser) -> None:
+    """--<role> N for every role, and --role-flags."""
     for role, n in DEFAULT_COUNTS.items():
         what = "the control-plane test service" if role == "echo" else f"{role} instances"
         if role == "planner":  # `--planner` alone: one planner scaling prefill and decode (services/planner)
@@ -78,14 +90,10 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         help="service flags for one role only, after the shared ones (repeatable), e.g. "
         "--role-flags 'prefill=--num-pages 160'",
     )
-    p.add_argument("--lease-ttl-s", type=int, default=5, help="etcd lease TTL of every instance")
-    p.add_argument("--ready-timeout-s", type=float, default=300.0, help="give up when not ready by then")
-    p.add_argument("--stop-timeout-s", type=float, default=30.0, help="SIGKILL what has not stopped by then")
-    p.add_argument(
-        "--no-restart",
-        action="store_true",
-        help="report crashed services, etcd and NATS but do not restart them (default: restart with backoff)",
-    )
+
+
+def _placement_args(p: argparse.ArgumentParser) -> None:
+    """Where the engines run: GPUs, and the plan of a dry run."""
     p.add_argument(
         "--dry-run",
         action="store_true",
@@ -109,6 +117,18 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         default="own",
         help="on a GPU host, encoders get a GPU of their own (default), share an engine's GPU, or run on the CPU",
     )
+
+
+def _run_args(p: argparse.ArgumentParser) -> None:
+    """How the cluster runs: leases, timeouts, restarts, foreground or not, tracing, TLS."""
+    p.add_argument("--lease-ttl-s", type=int, default=5, help="etcd lease TTL of every instance")
+    p.add_argument("--ready-timeout-s", type=float, default=300.0, help="give up when not ready by then")
+    p.add_argument("--stop-timeout-s", type=float, default=30.0, help="SIGKILL what has not stopped by then")
+    p.add_argument(
+        "--no-restart",
+        action="store_true",
+        help="report crashed services, etcd and NATS but do not restart them (default: restart with backoff)",
+    )
     p.add_argument("--detach", action="store_true", help="run in the background; return once ready")
     p.add_argument("--demo", action="store_true", help="once ready, ask the gateway one question and print the answer")
     p.add_argument("--quiet", action="store_true", help="do not stream the services' logs (they stay in the run dir)")
@@ -123,7 +143,6 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         help="mutual TLS on every hop (gRPC, etcd, NATS) and HTTPS on the gateway, with a local CA and "
         "certificates made in <run-dir>/certs (`pdrelay certs`)",
     )
-    p.set_defaults(_run=run)
 
 
 def _options(ns: argparse.Namespace, extra: list[str]):  # -> UpOptions

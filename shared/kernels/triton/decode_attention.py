@@ -166,6 +166,38 @@ def launch_config(head_dim: int, dtype: torch.dtype) -> tuple[int, int]:
     return (64, 8) if head_dim <= 128 else (32, 8)
 
 
+def _checked_out(
+    q: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    page_table: torch.Tensor,
+    seq_lens: torch.Tensor,
+    out: torch.Tensor | None,
+) -> torch.Tensor:
+    """The shapes and dtypes checked (ValueError naming them); the output tensor, allocated unless given."""
+    for name, t in (("q", q), ("k_cache", k_cache), ("v_cache", v_cache)):
+        check_float(name, t)
+    bs, heads, head_dim = q.shape
+    _, _, kv_heads, kd = k_cache.shape
+    if kd != head_dim or v_cache.shape != k_cache.shape or k_cache.dtype != v_cache.dtype:
+        raise ValueError(
+            f"k_cache {tuple(k_cache.shape)} / v_cache {tuple(v_cache.shape)} do not fit q "
+            f"{tuple(q.shape)}: want [num_pages, page_size, kv_heads, {head_dim}] each"
+        )
+    if heads % kv_heads:
+        raise ValueError(f"heads {heads} is not a multiple of kv_heads {kv_heads}")
+    if page_table.dim() != 2 or page_table.shape[0] != bs or seq_lens.shape != (bs,):
+        raise ValueError(
+            f"page_table {tuple(page_table.shape)} / seq_lens {tuple(seq_lens.shape)} must be "
+            f"[{bs}, max_pages] / [{bs}]"
+        )
+    if out is None:
+        return torch.empty((bs, heads, head_dim), dtype=q.dtype, device=q.device)
+    if out.shape != q.shape or out.dtype != q.dtype or out.stride(-1) != 1:
+        raise ValueError(f"out must be a {q.dtype} tensor of shape {tuple(q.shape)} with a contiguous last dim")
+    return out
+
+
 def paged_decode_attention(
     q: torch.Tensor,
     k_cache: torch.Tensor,
@@ -187,26 +219,9 @@ def paged_decode_attention(
     Returns [bs, heads, head_dim] in q's dtype (`out` if given). Entries of page_table past a sequence's last page
     are never read. num_splits, block_n, num_warps override the tuned defaults (launch_config).
     """
-    for name, t in (("q", q), ("k_cache", k_cache), ("v_cache", v_cache)):
-        check_float(name, t)
+    out = _checked_out(q, k_cache, v_cache, page_table, seq_lens, out)
     bs, heads, head_dim = q.shape
-    _, page_size, kv_heads, kd = k_cache.shape
-    if kd != head_dim or v_cache.shape != k_cache.shape or k_cache.dtype != v_cache.dtype:
-        raise ValueError(
-            f"k_cache {tuple(k_cache.shape)} / v_cache {tuple(v_cache.shape)} do not fit q "
-            f"{tuple(q.shape)}: want [num_pages, page_size, kv_heads, {head_dim}] each"
-        )
-    if heads % kv_heads:
-        raise ValueError(f"heads {heads} is not a multiple of kv_heads {kv_heads}")
-    if page_table.dim() != 2 or page_table.shape[0] != bs or seq_lens.shape != (bs,):
-        raise ValueError(
-            f"page_table {tuple(page_table.shape)} / seq_lens {tuple(seq_lens.shape)} must be "
-            f"[{bs}, max_pages] / [{bs}]"
-        )
-    if out is None:
-        out = torch.empty((bs, heads, head_dim), dtype=q.dtype, device=q.device)
-    elif out.shape != q.shape or out.dtype != q.dtype or out.stride(-1) != 1:
-        raise ValueError(f"out must be a {q.dtype} tensor of shape {tuple(q.shape)} with a contiguous last dim")
+    _, page_size, kv_heads, _ = k_cache.shape
     if bs == 0:
         return out
     max_len = page_table.shape[1] * page_size
