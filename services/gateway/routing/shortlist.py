@@ -1,0 +1,85 @@
+"""Which candidates of a large pool the router scores for one request, so that a routing decision costs about the
+same with a thousand instances as with eight.
+
+A pool of up to SHORTLIST_MIN candidates is scored whole. Past that, the router scores:
+
+    holders     up to HOLDERS instances whose exact KV index entry holds most of the prompt (the KV index finds
+                them in one walk over the prompt's hashes, whatever the pool's size)
+    least       the LEAST candidates that were least loaded when the pool was built (a reported queue of prompt
+                tokens, then running requests), kept per pool object: O(pool) once per pool rebuild, not per request
+    sample      SAMPLE candidates drawn at random ("power of d choices": with d >= 2 random picks the most loaded
+                instance stays within O(log log n) of the mean; here it also spreads a burst that arrives between
+                two pool rebuilds over more than the `least` few)
+
+and the policy ranks those. Candidates excluded for this request, or whose circuit breaker is open, are skipped; if
+none of the shortlist is usable the whole pool is scanned, so a shortlist never makes a servable request fail.
+"""
+
+from __future__ import annotations
+
+import heapq
+import random
+from collections.abc import Callable, Collection, Mapping
+from dataclasses import dataclass
+
+from services.gateway.routing.views import Candidate
+
+SHORTLIST_MIN = 32
+HOLDERS = 8
+LEAST = 8
+SAMPLE = 8
+
+
+@dataclass(frozen=True)
+class _PoolIndex:
+    by_id: dict[str, Candidate]
+    least: tuple[Candidate, ...]
+    page_sizes: frozenset[int]
+
+
+def _load_key(c: Candidate) -> tuple[int, int]:
+    return (c.load.queued_prefill_tokens, c.load.running + c.load.queued)
+
+
+class Shortlist:
+    def __init__(self, rng: random.Random | None = None) -> None:
+        self._rng = rng if rng is not None else random.Random(0)
+        # per pool name: the candidate tuple it was built from (kept so its id is not reused) and its index
+        self._index: dict[str, tuple[tuple[Candidate, ...], _PoolIndex]] = {}
+
+    def index(self, pool: str, cands: tuple[Candidate, ...]) -> _PoolIndex:
+        got = self._index.get(pool)
+        if got is not None and got[0] is cands:
+            return got[1]
+        idx = _PoolIndex(
+            by_id={c.instance_id: c for c in cands},
+            least=tuple(heapq.nsmallest(LEAST, cands, key=_load_key)),
+            page_sizes=frozenset(c.page_size for c in cands if c.page_size > 0),
+        )
+        self._index[pool] = (cands, idx)
+        return idx
+
+    def pick(
+        self,
+        pool: str,
+        cands: tuple[Candidate, ...],
+        usable: Callable[[Candidate], bool],
+        holders: Callable[[int], Mapping[str, int]],
+        exclude: Collection[str] = (),
+    ) -> list[Candidate]:
+        """The candidates to score; `holders(page_size)`: instance id -> leading prompt pages it holds."""
+        if len(cands) <= SHORTLIST_MIN:
+            return [c for c in cands if usable(c)]
+        idx = self.index(pool, cands)
+        picked: dict[str, Candidate] = {}
+        for ps in idx.page_sizes:
+            held = holders(ps)
+            best = heapq.nlargest(HOLDERS, ((n, iid) for iid, n in held.items() if iid in idx.by_id))
+            for _, iid in best:
+                picked[iid] = idx.by_id[iid]
+        for c in idx.least:
+            picked.setdefault(c.instance_id, c)
+        for i in self._rng.sample(range(len(cands)), min(SAMPLE, len(cands))):
+            picked.setdefault(cands[i].instance_id, cands[i])
+        out = [c for c in picked.values() if c.instance_id not in exclude and usable(c)]
+        return out if out else [c for c in cands if usable(c)]
