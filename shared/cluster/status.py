@@ -23,6 +23,7 @@ class StatusRow(msgspec.Struct, kw_only=True):
     epoch: int
     grpc: str
     http: str = ""
+    metrics: str = ""  # host:port of /metrics
     model: str = ""
     pid: int = 0
     load: LoadReport | None = None
@@ -97,6 +98,7 @@ async def collect_status(
                 epoch=i.epoch,
                 grpc=i.grpc_address,
                 http=i.http_address,
+                metrics=i.metrics_address,
                 model=i.model,
                 pid=i.pid,
                 load=report,
