@@ -17,6 +17,7 @@ import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import httpx
 import pytest
@@ -96,13 +97,13 @@ def _prefix(i: int) -> list[dict[str, str]]:
     return [{"role": "system", "content": doc}, {"role": "user", "content": "Summarize."}]
 
 
-def _status(run_dir: str) -> dict:  # type: ignore[type-arg]
+def _status(run_dir: str) -> dict[str, Any]:
     st = pdrelay("status", "--run-dir", run_dir, "--json", timeout=30)
     assert st.returncode == 0, st.stderr
     return json.loads(st.stdout)
 
 
-def _prefill_hits(status: dict) -> dict[str, float]:  # type: ignore[type-arg]
+def _prefill_hits(status: dict[str, Any]) -> dict[str, float]:
     """pdrelay:prefix_cache_hits (prompt tokens) of each prefill, from its /metrics."""
     out = {}
     for row in status["rows"]:
