@@ -25,7 +25,7 @@ from services.gateway.routing.views import Candidate, Load, Pools
 from shared.cluster.bus.client import Bus, Meta
 from shared.cluster.bus.kv_events import KVEventBatch, subscribe_kv_events
 from shared.cluster.bus.kv_snapshot import KVSnapshot, fetch_kv_snapshot
-from shared.cluster.bus.load import LoadTable
+from shared.cluster.bus.load import LoadReport, LoadTable
 from shared.cluster.instance import InstanceInfo, InstanceState
 from shared.cluster.membership import EventKind, MembershipEvent
 from shared.config.roles import Role
@@ -115,6 +115,8 @@ class Discovery:
         self.kv_sync: KVIndexSync | None = None
         self._clock = clock
         self._pools: dict[str | None, tuple[float, Pools]] = {}
+        # instance -> (registration, load report, candidate, valid until): see _candidate
+        self._cands: dict[str, tuple[InstanceInfo, LoadReport | None, Candidate, float]] = {}
 
     async def start(self) -> None:
         self._unsubscribe = self.membership.on_event(self._on_membership)
@@ -169,13 +171,24 @@ class Discovery:
 
     def _build_pools(self, model: str | None) -> Pools:
         def ready(role: str) -> tuple[Candidate, ...]:
-            return tuple(
-                candidate_of(i, self.loads, self._max_load_age_s)
-                for i in self.membership.ready(role)
-                if serves(i, model)
-            )
+            return tuple(self._candidate(i) for i in self.membership.ready(role) if serves(i, model))
 
         return Pools(decode=ready(DECODE_ROLE), prefill=ready(PREFILL_ROLE), worker=ready(WORKER_ROLE))
+
+    def _candidate(self, info: InstanceInfo) -> Candidate:
+        """candidate_of, kept while the instance's registration and load report are the same objects and the
+        report is fresh: a large pool's rebuild then makes new candidates only for the instances that reported."""
+        report = self.loads.latest.get(info.instance_id)
+        kept = self._cands.get(info.instance_id)
+        now = time.monotonic()
+        if kept is not None and kept[0] is info and kept[1] is report and now < kept[3]:
+            return kept[2]
+        cand = candidate_of(info, self.loads, self._max_load_age_s)
+        age = self.loads.age_s(info.instance_id)
+        # a report counts until it is max_load_age_s old; without one, until one arrives (a new object)
+        expiry = now + (self._max_load_age_s - age) if cand.load.known and age is not None else float("inf")
+        self._cands[info.instance_id] = (info, report, cand, expiry)
+        return cand
 
     def models(self) -> list[str]:
         """Model names registered by ready decode/worker instances."""
@@ -190,6 +203,8 @@ class Discovery:
     def _on_membership(self, ev: MembershipEvent) -> None:
         info = ev.instance
         self._pools.clear()
+        if ev.kind == EventKind.LEAVE:
+            self._cands.pop(info.instance_id, None)
         if info.role in KV_ROLES:
             self._sync_kv(ev)
         if info.role not in ROUTED_ROLES:

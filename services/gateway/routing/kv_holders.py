@@ -171,23 +171,29 @@ class HolderMap:
         return v == code if isinstance(v, int) else code in v
 
     def overlaps(self, hashes: Sequence[int]) -> dict[int, int]:
-        """Live code -> how many of `hashes`, from the first, it holds (codes holding none are left out)."""
+        """Live code -> how many of `hashes`, from the first, it holds (codes holding none are left out), in
+        order of increasing pages: the deepest holders come last."""
         out: dict[int, int] = {}
         if not hashes:
             return out
         m = self._map
-        active: set[int] | frozenset[int] = self._live
-        for depth, h in enumerate(hashes):
-            held = _held(m.get(h), active)
-            if depth:
-                for c in active:
-                    if c not in held:
-                        out[c] = depth
-            if not held:
-                return out
-            active = held
+        active = _held(m.get(hashes[0]), self._live)
+        depth, n = 1, len(hashes)
+        while active and depth < n:
+            v = m.get(hashes[depth])
+            if len(active) == 1:  # the common case: one instance holds the prefix; no sets per page
+                (c,) = active
+                if v is None or not (v == c if isinstance(v, int) else c in v):
+                    out[c] = depth
+                    return out
+            else:
+                held = _held(v, active)
+                for c in active - held:
+                    out[c] = depth
+                active = held
+            depth += 1
         for c in active:
-            out[c] = len(hashes)
+            out[c] = depth
         return out
 
     def hashes_of(self, code: int) -> set[int]:
@@ -202,12 +208,10 @@ class HolderMap:
         return len(self._map)
 
 
-def _held(v: Holders | None, among: set[int] | frozenset[int]) -> set[int]:
-    """The codes of `v` that are in `among`."""
+def _held(v: Holders | None, among: set[int]) -> set[int]:
+    """The codes of `v` that are in `among` (set operations in C: no Python loop over the holders)."""
     if v is None:
         return set()
     if isinstance(v, int):
         return {v} if v in among else set()
-    if isinstance(v, set) and len(v) > len(among):
-        return {c for c in among if c in v}
-    return {c for c in v if c in among}
+    return among.intersection(v)

@@ -109,7 +109,7 @@ class EntryView:
 class Overlaps:
     """One prompt's overlap at one page size: leading pages per exact instance, and the best kvstore's."""
 
-    pages: dict[str, int] = field(default_factory=dict)
+    pages: dict[str, int] = field(default_factory=dict)  # most pages first
     store_pages: int = 0
 
 
@@ -133,6 +133,7 @@ class KVIndex:
         self._store_codes: set[int] = set()  # codes of non-device tiers (kvstores)
         self.holders = HolderMap()
         self.stats = KVIndexStats()
+        self._full_logged_at = -1e9
 
     # ------------------------------------------------------------------ entries
 
@@ -235,9 +236,12 @@ class KVIndex:
         refused = h.add(e.code, hashes, room=max(0, room))
         if refused:
             self.stats.full += 1
-            if e.reason != Reason.FULL:
+            now = self.clock()
+            if e.reason != Reason.FULL and now - self._full_logged_at >= 60.0:  # at most once a minute
+                self._full_logged_at = now
                 log.warning(
-                    "KV index: full (%d entries, max %d); %s's new pages are dropped and it is routed by load",
+                    "KV index: full (%d entries, max %d); new pages of %s (and of others, from now) are dropped "
+                    "and those instances are routed by load",
                     h.refs,
                     self.max_entries,
                     iid,
@@ -351,7 +355,7 @@ class KVIndex:
         by_code = self.holders.overlaps(prompt_hashes)
         pages: dict[str, int] = {}
         store = 0
-        for code, n in by_code.items():
+        for code, n in reversed(by_code.items()):  # HolderMap.overlaps lists the deepest last
             iid = self._owner.get(code)
             if iid is None:
                 continue

@@ -3,16 +3,18 @@ same with a thousand instances as with eight.
 
 A pool of up to SHORTLIST_MIN candidates is scored whole. Past that, the router scores:
 
-    holders     up to HOLDERS instances whose exact KV index entry holds most of the prompt (the KV index finds
-                them in one walk over the prompt's hashes, whatever the pool's size)
+    holders     up to HOLDERS instances of the pool whose exact KV index entry holds most of the prompt (the KV index
+                finds them in one walk over the prompt's hashes, whatever the pool's size)
     least       the LEAST candidates that were least loaded when the pool was built (a reported queue of prompt
                 tokens, then running requests), kept per pool object: O(pool) once per pool rebuild, not per request
-    sample      SAMPLE candidates drawn at random ("power of d choices": with d >= 2 random picks the most loaded
-                instance stays within O(log log n) of the mean; here it also spreads a burst that arrives between
-                two pool rebuilds over more than the `least` few)
+    sample      SAMPLE candidates drawn at random: with `least`, the two choices of "power of two choices" (the most
+                loaded instance stays within O(log log n) of the mean, against O(log n / log log n) for one random
+                pick), and what spreads a burst that arrives between two pool rebuilds beyond the `least` one
 
-and the policy ranks those. Candidates excluded for this request, or whose circuit breaker is open, are skipped; if
-none of the shortlist is usable the whole pool is scanned, so a shortlist never makes a servable request fail.
+and the policy ranks those (with this gateway's own in-flight work, so a burst does not pile onto `least`).
+Candidates excluded for this request, or whose circuit breaker is open, are skipped; if none of the shortlist is
+usable the whole pool is scanned, so a shortlist never makes a servable request fail. Four candidates per pool
+keep a decision at 1024 instances within ~1.5x of one at 8 (bench/routing_scale.py, bench/RESULTS.md).
 """
 
 from __future__ import annotations
@@ -24,10 +26,10 @@ from dataclasses import dataclass
 
 from services.gateway.routing.views import Candidate
 
-SHORTLIST_MIN = 32
-HOLDERS = 8
-LEAST = 8
-SAMPLE = 8
+SHORTLIST_MIN = 16
+HOLDERS = 2
+LEAST = 1
+SAMPLE = 1
 
 
 @dataclass(frozen=True)
@@ -67,19 +69,26 @@ class Shortlist:
         holders: Callable[[int], Mapping[str, int]],
         exclude: Collection[str] = (),
     ) -> list[Candidate]:
-        """The candidates to score; `holders(page_size)`: instance id -> leading prompt pages it holds."""
+        """The candidates to score; `holders(page_size)`: instance id -> leading prompt pages it holds, most
+        first."""
         if len(cands) <= SHORTLIST_MIN:
             return [c for c in cands if usable(c)]
         idx = self.index(pool, cands)
         picked: dict[str, Candidate] = {}
         for ps in idx.page_sizes:
-            held = holders(ps)
-            best = heapq.nlargest(HOLDERS, ((n, iid) for iid, n in held.items() if iid in idx.by_id))
-            for _, iid in best:
-                picked[iid] = idx.by_id[iid]
+            taken = 0
+            for iid in holders(ps):  # most pages first: the first few of this pool
+                c = idx.by_id.get(iid)
+                if c is not None:
+                    picked[iid] = c
+                    taken += 1
+                    if taken == HOLDERS:
+                        break
         for c in idx.least:
             picked.setdefault(c.instance_id, c)
-        for i in self._rng.sample(range(len(cands)), min(SAMPLE, len(cands))):
-            picked.setdefault(cands[i].instance_id, cands[i])
+        draw, n = self._rng.random, len(cands)
+        for _ in range(SAMPLE):  # with replacement: a repeat only makes the shortlist one shorter
+            c = cands[int(draw() * n)]
+            picked.setdefault(c.instance_id, c)
         out = [c for c in picked.values() if c.instance_id not in exclude and usable(c)]
         return out if out else [c for c in cands if usable(c)]
