@@ -62,8 +62,11 @@ class LiveCluster:
         return f"http://{gw.http}"
 
     def remote_endpoints(self) -> list[str]:
-        """Endpoints of the cluster that are not on this machine's loopback."""
+        """Endpoints of the cluster that are not on this machine's loopback (a `pdrelay up --netns` cluster's hosts
+        are namespaces of this machine: none)."""
         s = self.state()
+        if s.netns:
+            return []
         urls = [
             s.etcd_url,
             s.nats_url,

@@ -36,6 +36,14 @@ from shared.cluster.bus.scale import ScaleReply, ScaleRequest, serve_scale
 from shared.cluster.errors import ControlPlaneUnavailable
 from shared.cluster.etcd import connect_etcd
 from shared.cluster.handshake import ReadyInfo, parse_ready_line
+from shared.cluster.localcluster.netns_hosts import (
+    CTL,
+    ETCD_PORTS,
+    MOONCAKE_PORTS,
+    NATS_PORT,
+    NetnsHosts,
+    instance_ids,
+)
 from shared.cluster.localcluster.plan import (
     ROLE_ORDER,
     InstanceSpec,
@@ -58,6 +66,7 @@ from shared.cluster.localcluster.servers import (
 )
 from shared.cluster.localcluster.summary import format_summary
 from shared.cluster.localcluster.tracesink import TraceSink
+from shared.cluster.netns import SUBNET
 from shared.cluster.tls import TlsFiles
 
 log = logging.getLogger(__name__)
@@ -126,6 +135,7 @@ class Supervisor:
         self._nats_url = opts.nats_url or ""
         self.admin: AdminAuth | None = None  # signs drain commands, verifies scale requests
         self.tls: TlsFiles | None = None  # our own client identity with --tls
+        self.hosts: NetnsHosts | None = None  # --netns
 
     # ------------------------------------------------------------------ output
 
@@ -193,15 +203,19 @@ class Supervisor:
         opts = self.opts
         self.run_dir.mkdir(parents=True, exist_ok=True)
         self._save()  # `pdrelay down` can stop us from here on
+        if opts.netns:
+            self._start_hosts()
         self._secure()
         opts = self.opts  # now with the admin secret (and the certificates) for every instance
         tls_dir = Path(opts.tls_dir) if opts.tls_dir else None
         # Ports first, then configs (bad flags fail before anything runs), then servers.
-        if not opts.etcd_url:
+        if self.hosts is not None:
+            self._netns_servers(tls_dir)
+        elif not opts.etcd_url:
             port = opts.etcd_port or (2379 if port_is_free(2379) and port_is_free(2380) else free_port())
             self.etcd = EtcdServer(data_dir=self.run_dir / "etcd", port=port, tie_to_parent=True, tls_dir=tls_dir)
             self._etcd_url = self.etcd.url
-        if not opts.nats_url:
+        if not opts.nats_url and self.hosts is None:
             port = opts.nats_port or (4222 if port_is_free(4222) else free_port())
             self.nats = NatsServer(data_dir=self.run_dir / "nats", port=port, tie_to_parent=True, tls_dir=tls_dir)
             self._nats_url = self.nats.url
@@ -266,13 +280,48 @@ class Supervisor:
         changes: dict[str, str] = {"admin_secret_file": str(secret)}
         if self.opts.tls:
             certs = self.run_dir / "certs"
-            make_certs(certs, (*DEFAULT_NAMES, *(r for r in ROLE_ORDER if r not in DEFAULT_NAMES)))
+            # --netns: every address a host may get, so instances `pdrelay scale` adds later are covered too
+            sans = [str(a) for a in SUBNET.hosts()] if self.hosts is not None else []
+            make_certs(certs, (*DEFAULT_NAMES, *(r for r in ROLE_ORDER if r not in DEFAULT_NAMES)), sans=sans)
             me = cert_paths(certs, "supervisor")
             self.tls = TlsFiles.load(str(certs / "ca.pem"), str(me.cert), str(me.key))
             changes["tls_dir"] = str(certs)
             self.state.tls_dir = str(certs)
         self.opts = msgspec.structs.replace(self.opts, **changes)
         self.state.admin_secret_file = str(secret)
+
+    def _start_hosts(self) -> None:
+        """--netns: a host per instance, etcd and NATS on the control host, this process on the client host."""
+        assert self.state is not None
+        self.hosts = NetnsHosts(self.run_dir)
+        iids = instance_ids(self.opts.counts, ROLE_ORDER)
+        self.opts = msgspec.structs.replace(self.opts, hosts=self.hosts.start(iids))
+        self.state.netns = self.hosts.client_ns
+        self._save()
+
+    def _netns_servers(self, tls_dir: Path | None) -> None:
+        assert self.hosts is not None
+        if self.opts.etcd_url or self.opts.nats_url:
+            raise ValueError("--netns starts its own etcd and NATS on a host of their own; leave out --etcd / --nats")
+        ctl, prefix = self.hosts.address(CTL), self.hosts.prefix(CTL)
+        self.etcd = EtcdServer(
+            data_dir=self.run_dir / "etcd",
+            host=ctl,
+            port=ETCD_PORTS[0],
+            peer_port=ETCD_PORTS[1],
+            tie_to_parent=True,
+            tls_dir=tls_dir,
+            exec_prefix=prefix,
+        )
+        self.nats = NatsServer(
+            data_dir=self.run_dir / "nats",
+            host=ctl,
+            port=NATS_PORT,
+            tie_to_parent=True,
+            tls_dir=tls_dir,
+            exec_prefix=prefix,
+        )
+        self._etcd_url, self._nats_url = self.etcd.url, self.nats.url
 
     def _start_trace_sink(self) -> None:
         assert self.state is not None
@@ -327,8 +376,12 @@ class Supervisor:
             Path(spec.ready_file).parent.mkdir(parents=True, exist_ok=True)
             Path(spec.ready_file).unlink(missing_ok=True)
         env = {**os.environ, "PYTHONUNBUFFERED": "1", **spec.env}
+        argv = spec.argv
+        if self.hosts is not None:  # on its own host
+            env.update(self.hosts.env())
+            argv = (*self.hosts.prefix(spec.instance_id), *argv)
         proc = await asyncio.create_subprocess_exec(
-            *spec.argv,
+            *argv,
             stdin=asyncio.subprocess.DEVNULL,
             stdout=asyncio.subprocess.PIPE,
             stderr=asyncio.subprocess.PIPE,
@@ -484,6 +537,8 @@ class Supervisor:
         for server in (self.trace_sink, self.mooncake, self.nats, self.etcd):
             if server is not None:
                 await asyncio.to_thread(server.stop)
+        if self.hosts is not None:
+            self.hosts.close()
         if self.state is not None and not self.state.error:
             (self.run_dir / "state.json").unlink(missing_ok=True)
         if self.children:
@@ -502,9 +557,22 @@ class Supervisor:
         except ValueError as e:
             self.say(f"pdrelay up: note: the kvstore runs without its Mooncake Store tier: {e}")
             return opts
-        self.mooncake = MooncakeMaster(
-            data_dir=self.run_dir / "mooncake", port=free_port(), tie_to_parent=True, start_timeout_s=60.0
-        )
+        if self.hosts is not None:  # on the first kvstore's host, where every port is free
+            rpc, meta, metrics = MOONCAKE_PORTS
+            self.mooncake = MooncakeMaster(
+                data_dir=self.run_dir / "mooncake",
+                host=self.hosts.address("kvstore-1"),
+                port=rpc,
+                metadata_port=meta,
+                metrics_port=metrics,
+                tie_to_parent=True,
+                start_timeout_s=60.0,
+                exec_prefix=self.hosts.prefix("kvstore-1"),
+            )
+        else:
+            self.mooncake = MooncakeMaster(
+                data_dir=self.run_dir / "mooncake", port=free_port(), tie_to_parent=True, start_timeout_s=60.0
+            )
         flags = (
             "--kvstore-mooncake-master",
             self.mooncake.address,
@@ -535,6 +603,10 @@ class Supervisor:
             for _ in range(want - len(live)):
                 index = self._next_index.get(role, 0)
                 self._next_index[role] = index + 1
+                if self.hosts is not None:
+                    iid = f"{role}-{index + 1}"
+                    hosts = {**self.opts.hosts, iid: self.hosts.add(iid)}
+                    self.opts = msgspec.structs.replace(self.opts, hosts=hosts)
                 try:
                     placement, gpu_host = scale_placement(role, self.opts, self._gpus_in_use())
                 except ValueError as e:
