@@ -93,37 +93,24 @@ def cluster(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFac
     tmp = tmp_path_factory.mktemp(f"multihost-{variant}")
     model = make_tiny_model(tmp, "llama")
     run_dir = tmp / "run"
-    up = pdrelay(
-        "up",
-        "--netns",
-        "--detach",
-        "--quiet",
-        "--run-dir",
-        str(run_dir),
-        "--cluster",
-        f"mh-{variant}",
-        "--prefill",
-        "2",
-        "--decode",
-        "2",
-        "--model",
-        str(model),
-        "--context-length",
-        "4096",
-        "--num-pages",
-        "512",
-        *VARIANTS[variant],
-        timeout=300,
-    )
+    state: RunState | None = None
     try:
+        # fmt: off
+        up = pdrelay(
+            "up", "--netns", "--detach", "--quiet", "--run-dir", str(run_dir), "--cluster", f"mh-{variant}",
+            "--prefill", "2", "--decode", "2", "--model", str(model), "--context-length", "4096",
+            "--num-pages", "512", *VARIANTS[variant], timeout=300,
+        )
+        # fmt: on
         assert up.returncode == 0, up.stdout[-3000:] + up.stderr[-3000:]
         state = read_state(run_dir)
         assert state is not None and state.netns
         yield MultiHost(variant, state, model)
     finally:
         down = pdrelay("down", "--run-dir", str(run_dir), timeout=120)
-        leftover = [n for n in subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout.split()]
-        assert not any(n.startswith(f"pdr{state.supervisor_pid}-") for n in leftover if up.returncode == 0), down
+        if state is not None:  # every host of the cluster went with it
+            left = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout
+            assert f"pdr{state.supervisor_pid}-" not in left, down.stdout + left
 
 
 @pytest.fixture(scope="module")
@@ -213,3 +200,46 @@ def test_embeddings_come_from_the_encoder_host(cluster: MultiHost) -> None:
         return list(r.json()["data"][0]["embedding"])
 
     assert len(cluster.http(embed)) == 384
+
+
+CHAOS = (
+    "partition-prefill",
+    "partition-decode",
+    "partition-kvstore",
+    "loss-oneway-prefill",
+    "kv-loss",
+    "kv-latency",
+    "kill-kvstore",
+    "stop-kvstore",
+    "mooncake-master-down",
+    "kill-encoder",
+)
+
+
+def test_chaos_between_hosts(cluster: MultiHost, tmp_path: Path) -> None:
+    """`pdrelay chaos` on the hosts: partitions of a prefill, a decode and the kvstore host, one-way loss, loss (and
+    latency, where netem exists) on the KV path, the kvstore killed and hung, the Mooncake master down, the encoder
+    killed with embeddings in flight: every scenario 0 wrong, 0 hung, 0 leaked pages, recovered."""
+    if cluster.variant != "nixl":
+        pytest.skip("one run of the network scenarios is enough (the nixl cluster)")
+    out = tmp_path / "chaos.json"
+    # fmt: off
+    r = pdrelay(
+        "chaos", "--run-dir", cluster.state.run_dir, "--scenarios", ",".join(CHAOS), "--duration", "7",
+        "--fault-after-s", "2", "--hang-s", "4", "--concurrency", "3", "--max-tokens", "8",
+        "--recovery-timeout-s", "60", "--leak-timeout-s", "30", "--json", str(out), timeout=400,
+    )
+    # fmt: on
+    print(r.stdout[-2500:])
+    assert r.returncode == 0, r.stdout[-4000:] + r.stderr[-2000:]
+    res = json.loads(out.read_text())
+    rows = {s["scenario"]: s for s in res["scenarios"]}
+    assert list(rows) == list(CHAOS)
+    netem = netns.netem_unavailable()
+    for name, s in rows.items():
+        if name == "kv-latency" and netem is not None:
+            assert "netem" in s["skipped"], s
+            continue
+        assert not s["skipped"], s
+        assert s["sent"] > 0 and s["correct"] > 0 and s["wrong"] == s["hung"] == s["leaked_pages"] == 0, s
+        assert s["recovery_s"] is not None, s

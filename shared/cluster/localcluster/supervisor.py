@@ -491,10 +491,11 @@ class Supervisor:
         await self._spawn(child.spec)
 
     async def _watch_servers(self) -> None:
-        """etcd and nats-server we started: one that died comes back on its port with its data directory."""
+        """etcd, nats-server and the Mooncake master we started: one that died comes back on its port with its data
+        directory."""
         reported: set[str] = set()
         while not await self._stopped_within(0.5):
-            for name, server in (("etcd", self.etcd), ("nats", self.nats)):
+            for name, server in (("etcd", self.etcd), ("nats", self.nats), ("mooncake_master", self.mooncake)):
                 if server is None or server.alive() or name in reported:
                     continue
                 rc = server.proc.returncode if server.proc is not None else None
@@ -518,8 +519,10 @@ class Supervisor:
                 assert self.state is not None
                 if name == "etcd":
                     self.state.etcd_pid = server.pid or 0
-                else:
+                elif name == "nats":
                     self.state.nats_pid = server.pid or 0
+                else:
+                    self.state.mooncake_pid = server.pid or 0
                 self._save()
 
     async def _shutdown(self) -> None:
