@@ -48,6 +48,7 @@ PAGE = 16
 DOC_PAGES = 32
 OWN_PAGES = 8
 MODEL = "sim"
+Timed = tuple[float, int, str]
 
 
 class StaticMembership:
@@ -182,6 +183,25 @@ def measure_memory(n: int, pages: int, seed: int) -> tuple[int, int, int]:
     return used, index.holders.refs, index.approx_bytes()
 
 
+def _timeline(infos: list[InstanceInfo], args: argparse.Namespace, rate: float, rng: random.Random) -> list[Timed]:
+    """The simulated timeline, a heap of (t, kind, instance): 0 a request, 1 an instance's KV event batch, 2 its
+    load report."""
+    sim_s = args.requests / rate
+    timeline: list[Timed] = []
+    for i in infos:
+        phase = rng.random()
+        timeline += [
+            ((phase + k) / args.batches_per_s, 1, i.instance_id) for k in range(int(sim_s * args.batches_per_s) + 1)
+        ]
+        timeline += [((phase + k) * 0.2, 2, i.instance_id) for k in range(int(sim_s / 0.2) + 1)]
+    t = 0.0
+    for _ in range(args.requests):
+        t += rng.expovariate(rate)
+        timeline.append((t, 0, ""))
+    heapq.heapify(timeline)
+    return timeline
+
+
 def run_one(n: int, args: argparse.Namespace, memory: tuple[int, int, int]) -> Row:
     rng = random.Random(args.seed + n)
     infos = _infos(n)
@@ -196,26 +216,11 @@ def run_one(n: int, args: argparse.Namespace, memory: tuple[int, int, int]) -> R
     doc_hashes = [PromptHashes(d).for_page_size(PAGE) for d in docs]
     weights = [1.0 / (k + 1) ** 1.1 for k in range(len(docs))]
     rate = max(args.min_rate, n * args.rate_per_instance)
-    # the simulated timeline: (t, kind, who)
-    timeline: list[tuple[float, int, str]] = []
-    for i in infos:
-        phase = rng.random()
-        timeline += [
-            ((phase + k) / args.batches_per_s, 1, i.instance_id)
-            for k in range(int(args.requests / rate * args.batches_per_s) + 1)
-        ]
-        timeline += [((phase + k) * 0.2, 2, i.instance_id) for k in range(int(args.requests / rate / 0.2) + 1)]
-    t = 0.0
-    for _ in range(args.requests):
-        t += rng.expovariate(rate)
-        timeline.append((t, 0, ""))
-    heapq.heapify(timeline)
+    timeline = _timeline(infos, args, rate, rng)
     churn = max(1, args.pages_per_s // args.batches_per_s)
     route_ns: list[int] = []
     wall_ns: list[int] = []
-    event_ns = events = 0
-    held_cases = hits = 0
-    report_seq = 0
+    event_ns = events = held_cases = hits = report_seq = 0
     roles = {i.instance_id: i.role for i in infos}
     while timeline:
         t, kind, who = heapq.heappop(timeline)

@@ -16,6 +16,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+from shared.cluster.localcluster.servers import EtcdServer, MooncakeMaster, NatsServer
 from shared.cluster.netns import NetnsUnavailable, Topology, enter, unavailable
 
 CTL, CLIENT = "ctl", "client"
@@ -63,6 +64,37 @@ class NetnsHosts:
 
     def prefix(self, name: str) -> tuple[str, ...]:
         return tuple(self.topology.exec_prefix(name))
+
+    def control_plane(self, run_dir: Path, tls_dir: Path | None) -> tuple[EtcdServer, NatsServer]:
+        """etcd and nats-server on the control host, on their usual ports."""
+        ctl, prefix = self.address(CTL), self.prefix(CTL)
+        etcd = EtcdServer(
+            data_dir=run_dir / "etcd",
+            host=ctl,
+            port=ETCD_PORTS[0],
+            peer_port=ETCD_PORTS[1],
+            tie_to_parent=True,
+            tls_dir=tls_dir,
+            exec_prefix=prefix,
+        )
+        nats = NatsServer(
+            data_dir=run_dir / "nats", host=ctl, port=NATS_PORT, tie_to_parent=True, tls_dir=tls_dir, exec_prefix=prefix
+        )
+        return etcd, nats
+
+    def mooncake_master(self, run_dir: Path) -> MooncakeMaster:
+        """The kvstore's Mooncake master on the first kvstore's host."""
+        rpc, meta, metrics = MOONCAKE_PORTS
+        return MooncakeMaster(
+            data_dir=run_dir / "mooncake",
+            host=self.address("kvstore-1"),
+            port=rpc,
+            metadata_port=meta,
+            metrics_port=metrics,
+            tie_to_parent=True,
+            start_timeout_s=60.0,
+            exec_prefix=self.prefix("kvstore-1"),
+        )
 
     @staticmethod
     def env() -> dict[str, str]:

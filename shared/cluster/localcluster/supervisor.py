@@ -36,14 +36,7 @@ from shared.cluster.bus.scale import ScaleReply, ScaleRequest, serve_scale
 from shared.cluster.errors import ControlPlaneUnavailable
 from shared.cluster.etcd import connect_etcd
 from shared.cluster.handshake import ReadyInfo, parse_ready_line
-from shared.cluster.localcluster.netns_hosts import (
-    CTL,
-    ETCD_PORTS,
-    MOONCAKE_PORTS,
-    NATS_PORT,
-    NetnsHosts,
-    instance_ids,
-)
+from shared.cluster.localcluster.netns_hosts import NetnsHosts, instance_ids
 from shared.cluster.localcluster.plan import (
     ROLE_ORDER,
     InstanceSpec,
@@ -303,24 +296,7 @@ class Supervisor:
         assert self.hosts is not None
         if self.opts.etcd_url or self.opts.nats_url:
             raise ValueError("--netns starts its own etcd and NATS on a host of their own; leave out --etcd / --nats")
-        ctl, prefix = self.hosts.address(CTL), self.hosts.prefix(CTL)
-        self.etcd = EtcdServer(
-            data_dir=self.run_dir / "etcd",
-            host=ctl,
-            port=ETCD_PORTS[0],
-            peer_port=ETCD_PORTS[1],
-            tie_to_parent=True,
-            tls_dir=tls_dir,
-            exec_prefix=prefix,
-        )
-        self.nats = NatsServer(
-            data_dir=self.run_dir / "nats",
-            host=ctl,
-            port=NATS_PORT,
-            tie_to_parent=True,
-            tls_dir=tls_dir,
-            exec_prefix=prefix,
-        )
+        self.etcd, self.nats = self.hosts.control_plane(self.run_dir, tls_dir)
         self._etcd_url, self._nats_url = self.etcd.url, self.nats.url
 
     def _start_trace_sink(self) -> None:
@@ -561,17 +537,7 @@ class Supervisor:
             self.say(f"pdrelay up: note: the kvstore runs without its Mooncake Store tier: {e}")
             return opts
         if self.hosts is not None:  # on the first kvstore's host, where every port is free
-            rpc, meta, metrics = MOONCAKE_PORTS
-            self.mooncake = MooncakeMaster(
-                data_dir=self.run_dir / "mooncake",
-                host=self.hosts.address("kvstore-1"),
-                port=rpc,
-                metadata_port=meta,
-                metrics_port=metrics,
-                tie_to_parent=True,
-                start_timeout_s=60.0,
-                exec_prefix=self.hosts.prefix("kvstore-1"),
-            )
+            self.mooncake = self.hosts.mooncake_master(self.run_dir)
         else:
             self.mooncake = MooncakeMaster(
                 data_dir=self.run_dir / "mooncake", port=free_port(), tie_to_parent=True, start_timeout_s=60.0
