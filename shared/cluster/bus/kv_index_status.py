@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Callable
 
 import msgspec
@@ -41,7 +42,10 @@ async def serve_kv_index_status(
     def answer(req: KVIndexStatusRequest, meta: Meta) -> KVIndexStatus:
         return status()
 
-    return await bus.serve(subjects.kv_index_status(cluster, gateway_id), KVIndexStatusRequest, answer)
+    sub = await bus.serve(subjects.kv_index_status(cluster, gateway_id), KVIndexStatusRequest, answer)
+    with contextlib.suppress(Exception):  # NATS away: the subscription comes back with the connection
+        await bus.flush()  # in place at the server before anyone is told about the gateway
+    return sub
 
 
 async def query_kv_index_status(bus: Bus, cluster: str, gateway_id: str, *, timeout_s: float = 1.0) -> KVIndexStatus:

@@ -16,6 +16,7 @@ snapshot at seq 0 of its epoch: it has published nothing in that epoch.
 from __future__ import annotations
 
 import itertools
+import logging
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -26,6 +27,8 @@ from nats.aio.subscription import Subscription
 from shared.cluster.bus import subjects
 from shared.cluster.bus.client import Bus, Meta
 from shared.cluster.bus.kv_events import KVEventPublisher
+
+log = logging.getLogger(__name__)
 
 PART_HASHES = 65_536  # ~590 KB of msgpack per part
 KEEP_S = 30.0  # how long a taken snapshot's parts stay fetchable
@@ -100,6 +103,10 @@ class KVSnapshotServer:
 
     async def start(self) -> None:
         self._sub = await self._bus.serve(self._subject, KVSnapshotRequest, self.answer)
+        try:  # in place at the server before the instance turns ready (a gateway asks as soon as it sees that)
+            await self._bus.flush()
+        except Exception as e:  # noqa: BLE001  NATS away: the subscription comes back with the connection
+            log.warning("KV snapshots: flush after subscribing failed: %s", e)
 
     async def close(self) -> None:
         if self._sub is not None:
