@@ -17,7 +17,9 @@ from shared.cluster.bus.client import Bus
 from shared.cluster.bus.load import LoadTable
 from shared.cluster.errors import ControlPlaneUnavailable
 from shared.cluster.handshake import read_ready_file
+from shared.cluster.localcluster.netns_hosts import TOPOLOGY_FILE
 from shared.cluster.localcluster.rundir import ChildState, RunState, running_supervisor
+from shared.cluster.netns import Topology
 from shared.cluster.status import collect_status
 
 ENGINE_ROLES = ("prefill", "decode", "worker")
@@ -61,9 +63,17 @@ class LiveCluster:
             raise ValueError(f"the cluster in {self.run_dir} has no gateway with an HTTP API; chaos needs one")
         return f"http://{gw.http}"
 
+    def topology(self) -> Topology | None:
+        """The hosts of a `pdrelay up --netns` cluster (None for one whose instances share a network)."""
+        path = self.run_dir / TOPOLOGY_FILE
+        return Topology.load(path) if self.state().netns and path.exists() else None
+
     def remote_endpoints(self) -> list[str]:
-        """Endpoints of the cluster that are not on this machine's loopback."""
+        """Endpoints of the cluster that are not on this machine's loopback (a `pdrelay up --netns` cluster's hosts
+        are namespaces of this machine: none)."""
         s = self.state()
+        if s.netns:
+            return []
         urls = [
             s.etcd_url,
             s.nats_url,

@@ -17,10 +17,12 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
 from services.chaos.cluster import LiveCluster
+from services.chaos.embed_load import embed_baseline, embed_load
 from services.chaos.load import LoadClient, Outcome, Verdict, burst, poison_load, rejudge, run_load, seeded_prompts
 from services.chaos.report import ChaosReport, ScenarioResult, tally
 from services.chaos.scenarios import HANG_SCENARIOS, STRICT_SCENARIOS, NotApplicable, Scenario, inject
@@ -72,10 +74,18 @@ async def run_chaos(opts: ChaosOptions) -> ChaosReport:
             f"pdrelay chaos: baseline of {len(prompts)} prompts from the healthy cluster ({client.model}), "
             f"median {median_s:.2f} s per request one at a time"
         )
+        embeds = await embed_baseline(client, EMBED_TEXTS) if Scenario.KILL_ENCODER in opts.scenarios else None
+
+        def side_load(sc: Scenario, seed: int) -> asyncio.Future[list[Outcome]] | None:
+            """The kill-encoder scenario's embedding requests, beside the completions (when there are embeddings)."""
+            if sc != Scenario.KILL_ENCODER or not embeds:
+                return None
+            return asyncio.ensure_future(embed_load(client, EMBED_TEXTS, embeds, duration_s=opts.duration_s, seed=seed))
+
         results = []
         for sc in opts.scenarios:
             _say(f"pdrelay chaos: {sc} ...")
-            r = await _scenario(sc, opts, cluster, client, prompts, baseline)
+            r = await _scenario(sc, opts, cluster, client, prompts, baseline, side_load)
             _say(
                 f"pdrelay chaos: {sc}: {r.sent} sent, {r.correct} correct, {r.clear_errors} clear errors, "
                 f"{r.hung} hung, {r.wrong} wrong, {r.leaked_pages} pages leaked"
@@ -98,7 +108,13 @@ async def run_chaos(opts: ChaosOptions) -> ChaosReport:
 
 
 async def _scenario(
-    sc: Scenario, opts: ChaosOptions, cluster: LiveCluster, client: LoadClient, prompts: list[str], baseline: list[str]
+    sc: Scenario,
+    opts: ChaosOptions,
+    cluster: LiveCluster,
+    client: LoadClient,
+    prompts: list[str],
+    baseline: list[str],
+    side_load: SideLoad,
 ) -> ScenarioResult:
     result = ScenarioResult(
         scenario=str(sc),
@@ -127,6 +143,7 @@ async def _scenario(
                 seed=seed,
             )
         )
+        side = side_load(sc, seed)
         if injected is None:
             await asyncio.sleep(opts.fault_after_s)
         fault_at = time.monotonic()
@@ -136,8 +153,10 @@ async def _scenario(
                 injected = await inject(sc, cluster)
             except NotApplicable as e:
                 result.skipped = str(e)
-                load.cancel()
-                await asyncio.gather(load, return_exceptions=True)
+                for task in (load, side):
+                    if task is not None:
+                        task.cancel()
+                await asyncio.gather(*(t for t in (load, side) if t is not None), return_exceptions=True)
                 return result
         result.target = injected.target
         # a killed or stopped instance is back only once it registered again (a new epoch)
@@ -153,6 +172,8 @@ async def _scenario(
             await asyncio.sleep(opts.hang_s)
             await injected.heal()
         outcomes = await load
+        if side is not None:
+            extra = [*extra, *await side]
     except NotApplicable as e:
         result.skipped = str(e)
         return result
@@ -165,6 +186,10 @@ async def _scenario(
     result.recovery_s = await recovery
     result.leaked_pages = await _leaked(cluster, opts.leak_timeout_s)
     return result
+
+
+EMBED_TEXTS = ("Embed 0: the river crosses the bridge", "Embed 1: a signal in the forest", "Embed 2: paper at market")
+SideLoad = Callable[[Scenario, int], "asyncio.Future[list[Outcome]] | None"]
 
 
 async def _judge_later(client: LoadClient, outcomes: list[Outcome], concurrency: int) -> list[Outcome]:

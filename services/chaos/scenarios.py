@@ -1,7 +1,11 @@
 """The chaos scenarios: what each one breaks, and how it is put right again (by itself, or by `pdrelay up`).
 
-kill-<role>            SIGKILL one instance (the supervisor restarts it)
+kill-<role>            SIGKILL one instance (the supervisor restarts it); kill-kvstore mid-load, kill-encoder with
+                       embedding requests in the load (judged against the healthy cluster's vectors)
 stop-<role>            SIGSTOP one instance for --hang-s, then SIGCONT (a hung process: alive, silent)
+mooncake-master-down   SIGKILL the kvstore's Mooncake Store master (the supervisor restarts it): its T3 is gone
+partition-<role>, loss-oneway-prefill, kv-loss, kv-latency
+                       the network between hosts of a `pdrelay up --netns` cluster (services/chaos/network.py)
 etcd-outage            SIGKILL etcd (the supervisor restarts it with its data directory)
 nats-outage            SIGKILL nats-server (restarted the same way)
 fault-prefill-<fault>  one more prefill with --fault-injection prefill_<fault> joins for the scenario
@@ -32,6 +36,16 @@ class Scenario(enum.StrEnum):
     KILL_GATEWAY = "kill-gateway"
     STOP_DECODE = "stop-decode"
     STOP_PREFILL = "stop-prefill"
+    KILL_KVSTORE = "kill-kvstore"
+    STOP_KVSTORE = "stop-kvstore"
+    MOONCAKE_MASTER_DOWN = "mooncake-master-down"
+    KILL_ENCODER = "kill-encoder"
+    PARTITION_PREFILL = "partition-prefill"
+    PARTITION_DECODE = "partition-decode"
+    PARTITION_KVSTORE = "partition-kvstore"
+    LOSS_ONEWAY_PREFILL = "loss-oneway-prefill"
+    KV_LOSS = "kv-loss"
+    KV_LATENCY = "kv-latency"
     ETCD_OUTAGE = "etcd-outage"
     NATS_OUTAGE = "nats-outage"
     FAULT_PREFILL_HANG = "fault-prefill-hang"
@@ -45,7 +59,36 @@ ALL = tuple(Scenario)
 # No fault but the requests themselves: not even a clear error is acceptable for an ordinary request.
 STRICT_SCENARIOS = frozenset({Scenario.POISON})
 # Hangs: every request must still be answered (served elsewhere, or refused clearly) soon after the fault.
-HANG_SCENARIOS = frozenset({Scenario.STOP_DECODE, Scenario.STOP_PREFILL, Scenario.FAULT_PREFILL_HANG})
+HANG_SCENARIOS = frozenset(
+    {
+        Scenario.STOP_DECODE,
+        Scenario.STOP_PREFILL,
+        Scenario.STOP_KVSTORE,
+        Scenario.FAULT_PREFILL_HANG,
+        Scenario.PARTITION_PREFILL,
+        Scenario.PARTITION_DECODE,
+        Scenario.PARTITION_KVSTORE,
+    }
+)
+# The network between hosts: a `pdrelay up --netns` cluster only.
+NETWORK_SCENARIOS = frozenset(
+    {
+        Scenario.PARTITION_PREFILL,
+        Scenario.PARTITION_DECODE,
+        Scenario.PARTITION_KVSTORE,
+        Scenario.LOSS_ONEWAY_PREFILL,
+        Scenario.KV_LOSS,
+        Scenario.KV_LATENCY,
+    }
+)
+_KILLS = (
+    Scenario.KILL_DECODE,
+    Scenario.KILL_PREFILL,
+    Scenario.KILL_GATEWAY,
+    Scenario.KILL_KVSTORE,
+    Scenario.KILL_ENCODER,
+)
+_STOPS = (Scenario.STOP_DECODE, Scenario.STOP_PREFILL, Scenario.STOP_KVSTORE)
 _FAULTS = {
     Scenario.FAULT_PREFILL_HANG: "prefill_hang",
     Scenario.FAULT_PREFILL_CORRUPT: "prefill_corrupt_checksum",
@@ -88,11 +131,19 @@ def _first(cluster: LiveCluster, role: str) -> ChildState:
 
 async def inject(sc: Scenario, cluster: LiveCluster) -> Injected:
     """Break what the scenario breaks, now. Raises NotApplicable."""
-    if sc in (Scenario.KILL_DECODE, Scenario.KILL_PREFILL, Scenario.KILL_GATEWAY):
+    if sc in NETWORK_SCENARIOS:
+        return await _network(sc, cluster)
+    if sc in _KILLS:
         child = _first(cluster, sc.value.removeprefix("kill-"))
         cluster.signal(child.pid, signal.SIGKILL)
         return Injected(child.instance_id)
-    if sc in (Scenario.STOP_DECODE, Scenario.STOP_PREFILL):
+    if sc == Scenario.MOONCAKE_MASTER_DOWN:
+        state = cluster.state()
+        if not state.mooncake_pid:
+            raise NotApplicable("no Mooncake master was started by `pdrelay up` (no kvstore, or an external one)")
+        cluster.signal(state.mooncake_pid, signal.SIGKILL)
+        return Injected(f"mooncake_master {state.mooncake_master}")
+    if sc in _STOPS:
         child = _first(cluster, sc.value.removeprefix("stop-"))
         cluster.signal(child.pid, signal.SIGSTOP)
 
@@ -109,6 +160,8 @@ async def inject(sc: Scenario, cluster: LiveCluster) -> Injected:
         return Injected(name)
     if sc in _FAULTS:
         _first(cluster, "prefill")  # there is a prefill tier to join
+        if cluster.topology() is not None:
+            raise NotApplicable("a faulty prefill joins on the supervisor's host, which --netns keeps for clients")
         iid = f"chaos-{sc.value.removeprefix('fault-')}"
         proc = await asyncio.to_thread(cluster.start_faulty_prefill, _FAULTS[sc], iid)
 
@@ -131,3 +184,22 @@ def _stop(proc: subprocess.Popen[bytes]) -> None:
         except subprocess.TimeoutExpired:
             proc.kill()
             proc.wait(5)
+
+
+async def _network(sc: Scenario, cluster: LiveCluster) -> Injected:
+    """A fault between hosts, undone after --hang-s (heal)."""
+    from services.chaos import network
+    from shared.cluster.netns import NetnsUnavailable
+
+    try:
+        network.hosts_of(cluster)  # first: a cluster without hosts is the reason, whatever runs on it
+        if sc in (Scenario.PARTITION_PREFILL, Scenario.PARTITION_DECODE, Scenario.PARTITION_KVSTORE):
+            fault = await network.partition(cluster, _first(cluster, sc.value.removeprefix("partition-")).instance_id)
+        elif sc == Scenario.LOSS_ONEWAY_PREFILL:
+            fault = await network.one_way_loss(cluster, _first(cluster, "prefill").instance_id)
+        else:
+            prefill, decode = _first(cluster, "prefill").instance_id, _first(cluster, "decode").instance_id
+            fault = await network.kv_path(cluster, prefill, decode, latency=sc == Scenario.KV_LATENCY)
+    except NetnsUnavailable as e:
+        raise NotApplicable(str(e)) from None
+    return Injected(fault.target, heal=fault.undo)

@@ -95,6 +95,7 @@ def run(ns: argparse.Namespace, extra: list[str]) -> int:
     from services.chaos.report import format_table
     from services.chaos.runner import ChaosOptions, run_chaos
     from services.chaos.scenarios import parse_scenarios
+    from shared.cluster.localcluster.netns_hosts import enter_cluster
     from shared.cluster.localcluster.rundir import default_run_dir
 
     if extra:
@@ -135,6 +136,7 @@ def run(ns: argparse.Namespace, extra: list[str]) -> int:
         api_key=ns.api_key,
     )
     try:
+        enter_cluster(run_dir, cluster.state().netns)  # `pdrelay up --netns`: talk to it from its client host
         report = asyncio.run(run_chaos(opts))
     except (RuntimeError, ValueError, OSError) as e:
         print(f"pdrelay chaos: error: {e}", file=sys.stderr)

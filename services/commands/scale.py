@@ -51,6 +51,7 @@ def run(ns: argparse.Namespace, extra: list[str]) -> int:
     from shared.cluster.bus.client import Bus
     from shared.cluster.bus.scale import request_scale
     from shared.cluster.errors import ControlPlaneUnavailable
+    from shared.cluster.localcluster.netns_hosts import enter_cluster
     from shared.cluster.localcluster.rundir import client_tls, default_run_dir, read_state, running_supervisor
 
     if extra:
@@ -73,6 +74,7 @@ def run(ns: argparse.Namespace, extra: list[str]) -> int:
             return await request_scale(bus, state.cluster, targets, timeout_s=30, auth=auth)
 
     try:
+        enter_cluster(run_dir, state.netns)  # `pdrelay up --netns`: talk to it from its client host
         reply = asyncio.run(ask())
     except (ControlPlaneUnavailable, TimeoutError) as e:
         print(f"pdrelay scale: the supervisor did not answer: {e}", file=sys.stderr)

@@ -26,6 +26,7 @@ def run(ns: argparse.Namespace, extra: list[str]) -> int:
     import msgspec
 
     from shared.cluster.errors import ControlPlaneUnavailable
+    from shared.cluster.localcluster.netns_hosts import enter_cluster
     from shared.cluster.localcluster.rundir import client_tls, default_run_dir, running_supervisor
     from shared.cluster.status import collect_status, format_table
 
@@ -52,6 +53,8 @@ def run(ns: argparse.Namespace, extra: list[str]) -> int:
         etcd_url, nats_url, cluster = state.etcd_url, nats_url or state.nats_url, cluster or state.cluster
         tls = client_tls(state)
     try:
+        if state is not None:
+            enter_cluster(run_dir, state.netns)  # `pdrelay up --netns`: talk to it from its client host
         status = asyncio.run(
             collect_status(
                 etcd_url,

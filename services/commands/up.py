@@ -143,6 +143,12 @@ def _run_args(p: argparse.ArgumentParser) -> None:
         help="mutual TLS on every hop (gRPC, etcd, NATS) and HTTPS on the gateway, with a local CA and "
         "certificates made in <run-dir>/certs (`pdrelay certs`)",
     )
+    p.add_argument(
+        "--netns",
+        action="store_true",
+        help="every instance on a host of its own: a network namespace each, on a bridge, addresses from "
+        "198.18.0.0/15; etcd and NATS on another (needs root; `ip netns exec <client ns> CMD` reaches it)",
+    )
 
 
 def _options(ns: argparse.Namespace, extra: list[str]):  # -> UpOptions
@@ -178,6 +184,8 @@ def _options(ns: argparse.Namespace, extra: list[str]):  # -> UpOptions
                 f"{flag[0]}: --tls makes a certificate for every instance; drop it (or --tls, to bring "
                 "your own certificates)"
             )
+        if ns.netns and flag[0].split("=", 1)[0] in ("--host", "--transfer-host"):
+            raise ValueError(f"{flag[0]}: --netns gives every instance an address of its own; drop it")
         if ns.trace and flag[0].split("=", 1)[0] == "--otlp-traces-endpoint":
             raise ValueError(
                 "--trace points the services at a local trace sink; drop --otlp-traces-endpoint (or "
@@ -210,6 +218,7 @@ def _options(ns: argparse.Namespace, extra: list[str]):  # -> UpOptions
         base_gpu_id=ns.base_gpu_id,
         gpu_id_step=ns.gpu_id_step,
         encoder_gpu=ns.encoder_gpu,
+        netns=ns.netns,
     )
 
 

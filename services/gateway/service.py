@@ -30,7 +30,9 @@ from services.gateway.http.asgi import Receive, Scope, Send
 from services.gateway.http.embeddings import Embeddings, mount_embeddings
 from services.gateway.openai.errors import ApiError
 from services.gateway.public_tls import public_tls, uvicorn_ssl_args
+from services.gateway.routing.kv_sync import index_status
 from services.gateway.server import build_app, load_tokenizer, served_names_of
+from shared.cluster.bus.kv_index_status import serve_kv_index_status
 from shared.cluster.bus.load import LoadSnapshot
 from shared.cluster.errors import StartupError
 from shared.cluster.membership import Membership
@@ -40,6 +42,11 @@ from shared.config.roles import Role
 from shared.service import Service, ServiceConfig, ServiceOptions, advertised_host
 
 log = logging.getLogger(__name__)
+
+# How long a starting gateway waits for the instances' KV snapshots before it turns ready: a restarted gateway then
+# routes its first requests to the caches that hold their prefixes (an instance that does not answer is routed by
+# load until it does).
+KV_INDEX_SETTLE_S = 3.0
 
 
 def _embedded_server_class() -> type:
@@ -108,6 +115,7 @@ class GatewayService(Service):
         self.embeddings: Embeddings | None = None
         self._http: Any = None  # the uvicorn server
         self._http_task: asyncio.Task[None] | None = None
+        self._kv_status: Any = None  # the NATS subscription answering `pdrelay status`
 
     # ---- lifecycle hooks ---------------------------------------------------------------------------------------
     def add_servicers(self, server: grpc.aio.Server) -> Sequence[str]:
@@ -157,6 +165,12 @@ class GatewayService(Service):
         )
         self.backend.tracing = self.telemetry.tracing
         await self.backend.start()
+        kv_index = self.backend.router.kv_index
+        if not await self.backend.discovery.settle(KV_INDEX_SETTLE_S):
+            log.warning("gateway %s: KV snapshots still pending after %.0f s", self.instance_id, KV_INDEX_SETTLE_S)
+        self._kv_status = await serve_kv_index_status(
+            self.bus, self.cluster, self.instance_id, lambda: index_status(kv_index, self.instance_id)
+        )
         self.app = build_app(cfg, self.backend, tokenizer=tokenizer)
         self.app.tracing = self.telemetry.tracing
         self.app.metrics.registry.register(BackendCollector(self.backend))
@@ -232,6 +246,9 @@ class GatewayService(Service):
 
     async def on_stop(self) -> None:
         await self._stop_http()
+        if self._kv_status is not None:
+            with contextlib.suppress(Exception):  # NATS already closed
+                await self._kv_status.unsubscribe()
         backend, membership, self.backend, self.membership = self.backend, self.membership, None, None
         if self.embeddings is not None:
             await self.embeddings.backend.close()

@@ -21,6 +21,7 @@ from services.kvstore.remote import MooncakeTier
 from services.kvstore.servicer import KVStoreServicer, stats_pb
 from services.kvstore.store import Namespace, PageStore
 from shared.cluster.bus.kv_events import KVEventPublisher
+from shared.cluster.bus.kv_snapshot import KVSnapshotServer
 from shared.cluster.bus.load import LoadSnapshot, TierFill
 from shared.cluster.instance import Capacity
 from shared.config.groups import KVStoreConfig
@@ -92,6 +93,7 @@ class KVStoreService(Service):
         )
         self.store.on_bound(self._on_bound)
         self._kv_pub: KVEventPublisher | None = None
+        self._kv_snapshots: KVSnapshotServer | None = None
         self._tasks: set[asyncio.Task[None]] = set()
         self.telemetry.metrics.registry.register(
             CountersCollector(
@@ -188,6 +190,12 @@ class KVStoreService(Service):
         return ("pdrelay.v1.KVStore",)
 
     async def warm_up(self) -> None:
+        assert self.bus is not None
+        # what it holds, for gateways that rebuild their KV index (empty until an engine binds a namespace)
+        self._kv_snapshots = KVSnapshotServer(
+            self.bus, self.cluster, self.instance_id, lambda: self._kv_pub, lambda: self.epoch
+        )
+        await self._kv_snapshots.start()
         await asyncio.to_thread(self.store.allocate)
         self.store.start()
         if self.store.disk is not None and self.store.disk.namespace is not None:
@@ -226,6 +234,7 @@ class KVStoreService(Service):
             free_pages=(a.num_slots - a.num_pages) if a else 0,
             total_pages=a.num_slots if a else 0,
             tiers=tiers,
+            kv_seq=self._kv_pub.seq if self._kv_pub is not None else 0,
         )
 
     def stats_pb(self) -> worker_pb2.KVStoreStatsResponse:
@@ -236,6 +245,8 @@ class KVStoreService(Service):
             self._kv_pub.set_epoch(epoch)
 
     async def on_stop(self) -> None:
+        if self._kv_snapshots is not None:
+            await self._kv_snapshots.close()
         if self._kv_pub is not None:
             await self._kv_pub.close()
         await self.store.close()

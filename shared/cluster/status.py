@@ -8,6 +8,7 @@ import msgspec
 from etcd3aio import prefix_range_end
 
 from shared.cluster.bus.client import Bus
+from shared.cluster.bus.kv_index_status import KVIndexStatus, query_kv_index_status
 from shared.cluster.bus.load import LoadReport, LoadTable
 from shared.cluster.errors import ControlPlaneUnavailable
 from shared.cluster.etcd import connect_etcd
@@ -22,6 +23,7 @@ class StatusRow(msgspec.Struct, kw_only=True):
     epoch: int
     grpc: str
     http: str = ""
+    metrics: str = ""  # host:port of /metrics
     model: str = ""
     pid: int = 0
     load: LoadReport | None = None
@@ -38,6 +40,8 @@ class ClusterStatus(msgspec.Struct, kw_only=True):
     skipped_keys: int = 0  # values under the prefix that were not InstanceInfo
     # restarts by the `pdrelay up` supervisor (from its run dir): instance id, "etcd" or "nats" -> count
     restarts: dict[str, int] = msgspec.field(default_factory=dict)
+    # each gateway's KV index per instance (exact / degraded / rebuilding), by gateway id
+    kv_index: dict[str, KVIndexStatus] = msgspec.field(default_factory=dict)
 
 
 async def collect_status(
@@ -67,10 +71,17 @@ async def collect_status(
             skipped += 1
     table = LoadTable()
     nats_error = ""
+    kv_index: dict[str, KVIndexStatus] = {}
     try:
         async with Bus(nats_url, name="pdrelay-status", tls=tls) as bus:
             await table.subscribe(bus, cluster)
-            await asyncio.sleep(load_window_s)  # a few report intervals
+            gateways = [i.instance_id for i in infos if i.role == "gateway"]
+            answers = await asyncio.gather(
+                asyncio.sleep(load_window_s),  # a few report intervals
+                *(query_kv_index_status(bus, cluster, g, timeout_s=max(0.5, load_window_s)) for g in gateways),
+                return_exceptions=True,
+            )
+            kv_index = {a.gateway_id: a for a in answers if isinstance(a, KVIndexStatus)}
             await table.close()
     except ControlPlaneUnavailable as e:
         nats_error = str(e)
@@ -87,6 +98,7 @@ async def collect_status(
                 epoch=i.epoch,
                 grpc=i.grpc_address,
                 http=i.http_address,
+                metrics=i.metrics_address,
                 model=i.model,
                 pid=i.pid,
                 load=report,
@@ -95,7 +107,13 @@ async def collect_status(
             )
         )
     return ClusterStatus(
-        cluster=cluster, etcd_url=etcd_url, nats_url=nats_url, rows=rows, nats_error=nats_error, skipped_keys=skipped
+        cluster=cluster,
+        etcd_url=etcd_url,
+        nats_url=nats_url,
+        rows=rows,
+        nats_error=nats_error,
+        skipped_keys=skipped,
+        kv_index=kv_index,
     )
 
 
@@ -126,6 +144,8 @@ def format_table(status: ClusterStatus) -> str:
             share = 100.0 * t.used_bytes / t.capacity_bytes if t.capacity_bytes else 0.0
             lines.append(f"  {r.instance_id} {t.tier}: {share:.1f}% of {_gib(t.capacity_bytes)} ({t.pages} pages)")
     lines += [f"  {r.instance_id} serves {r.serves}" for r in status.rows if r.serves]
+    for gw, idx in sorted(status.kv_index.items()):
+        lines.append(format_kv_index(gw, idx))
     if not status.rows:
         lines.append("(no instances registered)")
     if status.restarts:
@@ -147,3 +167,13 @@ def _serves(info: InstanceInfo) -> str:
 
 def _gib(n: int) -> str:
     return f"{n / (1 << 30):.2f} GiB" if n >= 1 << 30 else f"{n / (1 << 20):.1f} MiB"
+
+
+def format_kv_index(gateway_id: str, idx: KVIndexStatus) -> str:
+    """`gateway-1 KV index (12.0 MiB, 3 snapshots): prefill-1 exact 120 pages, decode-1 degraded (gap) 4 pages`"""
+    parts = [
+        f"{e.instance_id} {e.state}{f' ({e.reason})' if e.reason and e.state != 'exact' else ''} {e.pages} pages"
+        for e in idx.entries
+    ]
+    head = f"  {gateway_id} KV index ({idx.approx_bytes / 2**20:.1f} MiB, {idx.snapshots} snapshots)"
+    return head + ": " + (", ".join(parts) if parts else "empty")

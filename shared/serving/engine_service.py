@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any
 
 from shared.cluster.bus.cancel import Cancel, subscribe_cancel
 from shared.cluster.bus.kv_events import KVEventPublisher
+from shared.cluster.bus.kv_snapshot import KVSnapshotServer
 from shared.cluster.bus.load import LoadSnapshot
 from shared.cluster.instance import Capacity
 from shared.config.choices import EngineKind
@@ -121,6 +122,7 @@ class EngineService(Service):
         self.ids = RequestIds()
         self.kvstore: KVStoreClient | None = None  # the cluster's kvstore, once attached (engine roles that use one)
         self._kv_pub: KVEventPublisher | None = None
+        self._kv_snapshots: KVSnapshotServer | None = None
         self._rate = _Rate()
         self._steps = _StepWindow()
         self.telemetry.metrics.registry.register(
@@ -164,6 +166,11 @@ class EngineService(Service):
         self._kv_pub = KVEventPublisher(
             self.bus, self.cluster, self.instance_id, epoch=self.epoch, page_size=self.engine.page_size
         )
+        # gateways that start later rebuild their KV index from this (kv_snapshot.py)
+        self._kv_snapshots = KVSnapshotServer(
+            self.bus, self.cluster, self.instance_id, lambda: self._kv_pub, lambda: self.epoch
+        )
+        await self._kv_snapshots.start()
         await subscribe_cancel(self.bus, self.cluster, self._on_cancel)
         await self._warm_request()
         await self.after_engine()
@@ -220,6 +227,7 @@ class EngineService(Service):
             step_ms=self._steps.step_ms,
             busy=self._steps.busy,
             compute_tokens_per_s=self._steps.tokens_per_s,
+            kv_seq=self._kv_pub.seq if self._kv_pub is not None else 0,
         )
 
     def _queued_prefill_tokens(self) -> int:
@@ -285,6 +293,8 @@ class EngineService(Service):
             )
 
     async def on_stop(self) -> None:
+        if self._kv_snapshots is not None:
+            await self._kv_snapshots.close()
         if self._kv_pub is not None:
             await self._kv_pub.close()
         if self.aengine is not None:

@@ -214,18 +214,25 @@ def test_kustomize_renders_every_resource(docs):
 
 
 @pytest.mark.skipif(shutil.which("kubectl") is None, reason="kubectl is not installed (it renders the overlay)")
-def test_gpu_overlay_gives_every_engine_pod_its_own_gpu(docs):
+def test_gpu_overlay_gives_every_engine_pod_its_own_gpu(docs, tmp_path):
     """deploy/k8s-gpu: prefill and decode request one nvidia.com/gpu per pod, with a memory limit that holds an 8B
     model's shards while they stream to the GPU, and resolve to cuda with the KV pool left to the memory plan."""
+    from shared.cluster.certs import make_certs
     from shared.config import StaticProbe
+
+    tls = tmp_path / "tls"
+    make_certs(tls, ("gateway", "prefill", "decode", "encoder", "kvstore"))
 
     overlay = K8S_DIR.parent / "k8s-gpu"
     res = subprocess.run(["kubectl", "kustomize", str(overlay)], capture_output=True, text=True, timeout=60)
     assert res.returncode == 0, res.stderr
     rendered = [d for d in yaml.safe_load_all(res.stdout) if d]
     key = lambda d: (d["kind"], d["metadata"]["name"])
-    assert sorted(map(key, rendered)) == sorted(map(key, docs))  # the same resources, patched
-    probe = StaticProbe(cuda=True, gpus=1, memory_bytes=80 << 30, modules=frozenset({"nixl_cu12._api"}))
+    # the same resources, patched, and the GPU cluster's own (budgets, the models volume, monitoring)
+    assert set(map(key, rendered)) >= set(map(key, docs))
+    probe = StaticProbe(
+        cuda=True, gpus=1, memory_bytes=80 << 30, modules=frozenset({"nixl_cu12._api"}), rdma=("mlx5_0",)
+    )  # a GPU node with the HCA the overlay names
     for launch in k8s_launches(rendered):
         name = launch.where.split("/")[1]
         w = next(x for x in workloads(rendered) if x["metadata"]["name"] == name)
@@ -239,6 +246,8 @@ def test_gpu_overlay_gives_every_engine_pod_its_own_gpu(docs):
         assert limits["nvidia.com/gpu"] == requests["nvidia.com/gpu"] == 1, launch.where
         assert limits["memory"].endswith("Gi") and int(limits["memory"][:-2]) >= 20, launch.where
         assert any(t["key"] == "nvidia.com/gpu" for t in pod["tolerations"]), launch.where
-        cfg = resolve(launch.role, list(launch.argv), launch.env, ctx=PassContext(probe=probe))
+        # the pdrelay-tls Secret mounted at /tls: certificates of a local CA here; the model volume is not here
+        env = {k: v.replace("/tls/", f"{tls}/") for k, v in launch.env.items() if k != "PDRELAY_MODEL"}
+        cfg = resolve(launch.role, list(launch.argv), env, ctx=PassContext(probe=probe))
         assert cfg.device.device == "cuda" and cfg.cache.kv_cache_memory_bytes == 0, launch.where
         assert "memory plan" in cfg.provenance["cache.kv_cache_memory_bytes"].detail, launch.where

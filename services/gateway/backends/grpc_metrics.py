@@ -1,8 +1,9 @@
 """Prometheus view of the routed backend, read at scrape time (nothing is counted twice on the request path).
 
 Registered on the HTTP app's registry by the gateway service, so /metrics shows routing next to the HTTP metrics:
-retries, stream replays, cancels, circuit breakers by state, ready instances by role, KV index size and gaps, and
-whether discovery is running on a stale view.
+retries, stream replays, cancels, circuit breakers by state, ready instances by role, KV index size and gaps, the
+KV index's state per instance (exact / degraded / rebuilding) and its snapshots, and whether discovery is running on
+a stale view.
 """
 
 from __future__ import annotations
@@ -16,6 +17,8 @@ from prometheus_client.registry import Collector
 
 from services.gateway.routing.breaker import BreakerState
 from services.gateway.routing.discovery import ROUTED_ROLES
+from services.gateway.routing.kv_index import IndexState, KVIndex
+from services.gateway.routing.kv_sync import KVIndexSync
 
 if TYPE_CHECKING:
     from services.gateway.backends.grpc_backend import GrpcBackend
@@ -63,3 +66,39 @@ class BackendCollector(Collector):
         yield CounterMetricFamily(
             "pdrelay:gateway_kv_event_gaps", "KV event sequence gaps (an instance was reset)", value=idx.stats.gaps
         )
+        yield from kv_index_metrics(idx, b.discovery.kv_sync)
+
+
+def kv_index_metrics(idx: KVIndex, sync: KVIndexSync | None) -> Iterator[Metric]:
+    """The KV index per instance: one series per state (1 for the current one), and its pages."""
+    state = GaugeMetricFamily(
+        "pdrelay:gateway_kv_index_state",
+        "KV index state of each instance (1 = current): only exact entries earn prefix credit in routing",
+        labels=("instance", "state"),
+    )
+    pages = GaugeMetricFamily(
+        "pdrelay:gateway_kv_index_instance_pages", "Page hashes the KV index holds per instance", labels=("instance",)
+    )
+    for e in idx.entries():
+        for st in IndexState:
+            state.add_metric((e.instance_id, st.value), 1.0 if e.state == st else 0.0)
+        pages.add_metric((e.instance_id,), e.pages)
+    yield state
+    yield pages
+    yield GaugeMetricFamily(
+        "pdrelay:gateway_kv_index_entries", "(hash, instance) entries in the KV index", value=idx.holders.refs
+    )
+    yield GaugeMetricFamily(
+        "pdrelay:gateway_kv_index_max_entries", "Bound on the KV index's entries", value=idx.max_entries
+    )
+    yield GaugeMetricFamily(
+        "pdrelay:gateway_kv_index_bytes", "Estimated memory of the KV index", value=idx.approx_bytes()
+    )
+    yield CounterMetricFamily(
+        "pdrelay:gateway_kv_index_snapshots", "Instance snapshots applied to the KV index", value=idx.stats.snapshots
+    )
+    yield CounterMetricFamily(
+        "pdrelay:gateway_kv_index_snapshot_failures",
+        "Snapshots asked for and not received (the instance is routed by load meanwhile)",
+        value=sync.stats.failed if sync is not None else 0,
+    )

@@ -9,20 +9,24 @@ Pool selection (per request, from what is ready for the request's model):
 A pair is admitted as a unit: when an attempt fails on the prefill side (see failures.py) the caller excludes that
 prefill and asks for a new plan, which may keep the decode, so a decode never waits on a prefill that refused.
 The router also counts what this gateway has in flight per instance (local_load.py), which it measures for each
-candidate beside its KV overlap before a policy ranks them (policies.Scored). Everything here is synchronous and
-pure apart from the clock inside the breakers.
+candidate beside its KV overlap before a policy ranks them (policies.Scored). KV overlap is credited only for
+instances whose KV index entry is exact (kv_index.py); the others are ranked by load. The prompt's overlap with
+every instance comes from one walk of the KV index per page size, and a large pool is cut to a shortlist before
+scoring (shortlist.py). Everything here is synchronous and pure apart from the clock inside the breakers and the
+shortlist's random sample.
 """
 
 from __future__ import annotations
 
 import enum
 import time
-from collections.abc import Callable, Collection
+from collections.abc import Callable, Collection, Mapping
 
 from services.gateway.routing.breaker import BreakerBoard
-from services.gateway.routing.kv_index import KVIndex, PromptHashes, leading_pages
+from services.gateway.routing.kv_index import KVIndex, Overlaps, PromptHashes, leading_pages
 from services.gateway.routing.local_load import Lease, LocalLoad, LocalLoads
 from services.gateway.routing.policies import RankingPolicy, Scored
+from services.gateway.routing.shortlist import Shortlist
 from services.gateway.routing.views import Candidate, Mode, Pools, RoutePlan, RouteRequest
 
 
@@ -40,13 +44,25 @@ class NoRoute(Exception):
         self.reason = reason
 
 
-def _scored(
-    cands: list[Candidate],
-    kv_index: KVIndex,
-    loads: LocalLoads,
-    hashes: PromptHashes,
-    prompt_len: int,
-) -> list[Scored]:
+class _PromptOverlaps:
+    """One request's overlaps with the KV index, one index walk per page size."""
+
+    def __init__(self, kv_index: KVIndex, hashes: PromptHashes) -> None:
+        self._kv_index = kv_index
+        self.hashes = hashes
+        self._by_page_size: dict[int, Overlaps] = {}
+
+    def at(self, page_size: int) -> Overlaps:
+        got = self._by_page_size.get(page_size)
+        if got is None:
+            got = self._by_page_size[page_size] = self._kv_index.overlaps(self.hashes.for_page_size(page_size))
+        return got
+
+    def pages(self, page_size: int) -> Mapping[str, int]:
+        return self.at(page_size).pages
+
+
+def _scored(cands: list[Candidate], overlaps: _PromptOverlaps, loads: LocalLoads, prompt_len: int) -> list[Scored]:
     """What a policy scores of each candidate for one request: its KV overlap with the prompt (KV index, plus
     prompts of ours it is computing now), what a kvstore holds past it, and this gateway's own in-flight work."""
     now = loads.clock()
@@ -55,13 +71,12 @@ def _scored(
         loc = loads.get(c.instance_id)
         cached = store = 0
         if c.page_size > 0:
-            page_hashes = hashes.for_page_size(c.page_size)
-            pages = kv_index.overlap_pages(c.instance_id, page_hashes)
+            ov = overlaps.at(c.page_size)
+            pages = ov.pages.get(c.instance_id, 0)
             if loc.computing:
-                pages = max(pages, leading_pages(page_hashes, loc.computing))
+                pages = max(pages, leading_pages(overlaps.hashes.for_page_size(c.page_size), loc.computing))
             cached = min(pages * c.page_size, prompt_len)
-            stored = kv_index.store_overlap_pages(page_hashes)
-            store = max(0, min(stored * c.page_size, prompt_len) - cached)
+            store = max(0, min(ov.store_pages * c.page_size, prompt_len) - cached)
         out.append(
             Scored(
                 c,
@@ -89,6 +104,7 @@ class Router:
         self.kv_index = kv_index if kv_index is not None else KVIndex()
         self.breakers = breakers if breakers is not None else BreakerBoard()
         self.loads = LocalLoads(clock)  # what this gateway has in flight per instance
+        self.shortlist = Shortlist()
 
     # ------------------------------------------------------------------ planning
 
@@ -101,13 +117,19 @@ class Router:
                 "no decode or worker instance is ready" + (" (only prefill instances are)" if pools.prefill else ""),
                 NoRouteReason.NONE_READY,
             )
-        hashes = hashes or PromptHashes(req.prompt_token_ids)
+        overlaps = _PromptOverlaps(self.kv_index, hashes or PromptHashes(req.prompt_token_ids))
+        hashes = overlaps.hashes
         n = len(req.prompt_token_ids)
 
-        def usable(cands: tuple[Candidate, ...]) -> list[Scored]:
-            return _scored(self._usable(cands, exclude), self.kv_index, self.loads, hashes, n)
+        def allowed(c: Candidate) -> bool:
+            return c.instance_id not in exclude and self.breakers.allows(c.instance_id)
 
-        usable_decode, usable_prefill, usable_worker = usable(pools.decode), usable(pools.prefill), usable(pools.worker)
+        def usable(pool: str, cands: tuple[Candidate, ...]) -> list[Scored]:
+            return _scored(self.shortlist.pick(pool, cands, allowed, overlaps.pages, exclude), overlaps, self.loads, n)
+
+        usable_decode = usable("decode", pools.decode)
+        usable_prefill = usable("prefill", pools.prefill)
+        usable_worker = usable("worker", pools.worker)
         policy = self.policy
         # Disaggregated first when both halves exist; a pool whose members are all excluded falls through to the
         # next mode (a request whose prefills all refused may still be served colocated or decode-local).
@@ -133,9 +155,6 @@ class Router:
             f"the circuit breakers of every ready instance are open ({', '.join(everyone)}); they are failing requests",
             NoRouteReason.BREAKERS_OPEN,
         )
-
-    def _usable(self, cands: tuple[Candidate, ...], exclude: Collection[str]) -> list[Candidate]:
-        return [c for c in cands if c.instance_id not in exclude and self.breakers.allows(c.instance_id)]
 
     # ------------------------------------------------------------------ attempts
 

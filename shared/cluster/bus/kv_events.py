@@ -5,6 +5,10 @@ calls `stored()` / `evicted()` / `cleared()` (from any thread); the publisher ba
 milliseconds into one KVEventBatch, keeping the order of operations, and numbers events per (instance, epoch) so a
 consumer notices a gap (a lost message during an outage) and can drop that instance's entries until the next
 `cleared` or a resync.
+
+The publisher also keeps the net effect of everything it was told (`held`: the hashes a consumer that saw every
+event holds), so a consumer that starts late or lost events asks for a snapshot (kv_snapshot.py) instead of waiting
+for the cache to turn over: `snapshot()` returns that set with the sequence number it is consistent with.
 """
 
 from __future__ import annotations
@@ -73,6 +77,30 @@ class KVEventPublisher:
         self._loop = asyncio.get_running_loop()
         self._flush_scheduled = False
         self._tasks: set[asyncio.Task[None]] = set()
+        # What a consumer holds after every op added so far (published or still batched). A copy of the cache's
+        # hashes (~100 bytes a page): bounded by the cache it mirrors.
+        self._held: set[int] = set()
+
+    def snapshot(self) -> tuple[int, int, tuple[int, ...]]:
+        """(epoch, seq, hashes): the hashes a consumer holds once it applied every event up to `seq`, and the
+        still-batched ops after it. Those ops will be published with a later seq, and replaying them on top of
+        the snapshot changes nothing (stored / evicted / cleared are set operations: the last op on a hash
+        decides), so a consumer takes the snapshot as "state at seq" and applies the events after it."""
+        with self._lock:
+            return self._epoch, self._seq, tuple(self._held)
+
+    @property
+    def seq(self) -> int:
+        """The last sequence number given to an event (it may still be on its way out)."""
+        return self._seq
+
+    @property
+    def page_size(self) -> int:
+        return self._page_size
+
+    @property
+    def tier(self) -> str:
+        return self._tier
 
     def set_epoch(self, epoch: int) -> None:
         """After a re-registration: restart the sequence and tell consumers to forget the old incarnation."""
@@ -80,6 +108,7 @@ class KVEventPublisher:
             self._epoch, self._seq = epoch, 0
             self._ops = [KVOp(KVOpKind.CLEARED)]
             self._n_hashes = 0
+            self._held.clear()
         self._schedule()
 
     def stored(self, block_hashes: Iterable[int]) -> None:
@@ -92,6 +121,7 @@ class KVEventPublisher:
         with self._lock:
             self._ops = [KVOp(KVOpKind.CLEARED)]  # what came before no longer matters
             self._n_hashes = 0
+            self._held.clear()
         self._schedule()
 
     def _add(self, kind: KVOpKind, hashes: tuple[int, ...]) -> None:
@@ -103,6 +133,10 @@ class KVEventPublisher:
             else:
                 self._ops.append(KVOp(kind, hashes))
             self._n_hashes += len(hashes)
+            if kind == KVOpKind.STORED:
+                self._held.update(hashes)
+            else:
+                self._held.difference_update(hashes)
             full = self._n_hashes >= self._max_batch
         self._schedule(now=full)
 

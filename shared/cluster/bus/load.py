@@ -47,6 +47,9 @@ class LoadSnapshot(msgspec.Struct, frozen=True, kw_only=True):
     busy: float = 0.0  # share of wall time spent in steps (0..1)
     compute_tokens_per_s: float = 0.0  # tokens computed per second of step time: what the instance can do
     tiers: tuple[TierFill, ...] = ()  # kvstore: fill of each storage tier
+    # the last KV event sequence number published (kv_events.py): a gateway whose KV index stays behind it has lost
+    # an event that no later event would reveal
+    kv_seq: int = 0
 
 
 class LoadReport(msgspec.Struct, frozen=True, kw_only=True):

@@ -18,6 +18,16 @@ def kv_events(cluster: str, instance_id: str = ANY) -> str:
     return f"pdrelay.{_token('cluster', cluster, False)}.kv.{_token('instance id', instance_id, True)}"
 
 
+def kv_snapshot(cluster: str, instance_id: str) -> str:
+    """Request/reply: an instance's KV snapshot (kv_snapshot.py)."""
+    return f"pdrelay.{_token('cluster', cluster, False)}.kvsnap.{_token('instance id', instance_id, False)}"
+
+
+def kv_index_status(cluster: str, gateway_id: str) -> str:
+    """Request/reply: a gateway's KV index state per instance (kv_index_status.py)."""
+    return f"pdrelay.{_token('cluster', cluster, False)}.kvindex.{_token('gateway id', gateway_id, False)}"
+
+
 def load(cluster: str, instance_id: str = ANY) -> str:
     return f"pdrelay.{_token('cluster', cluster, False)}.load.{_token('instance id', instance_id, True)}"
 

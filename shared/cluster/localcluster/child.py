@@ -8,10 +8,12 @@ import contextlib
 import os
 import signal
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import BinaryIO, TextIO
 
-from shared.cluster.handshake import ReadyInfo
+from shared.cluster.handshake import ReadyInfo, parse_ready_line
 from shared.cluster.localcluster.plan import InstanceSpec
 from shared.cluster.localcluster.rundir import ChildState
 
@@ -112,3 +114,54 @@ def gpus_in_use(children: list[Child]) -> set[int]:
         for d in c.spec.devices
         if d.startswith("cuda:")
     }
+
+
+async def pump(
+    child: Child,
+    stream: asyncio.StreamReader,
+    logf: BinaryIO,
+    echo: TextIO | None,
+    on_ready: Callable[[], None] | None,
+) -> None:
+    """Copy one of the child's output streams into its log file (and to `echo`, prefixed with its instance id).
+    on_ready: given for stdout, where the ready line is looked for; called once the child is ready."""
+    prefix = f"{child.iid:<12}| "
+    while True:
+        try:
+            line = await stream.readline()
+        except (ValueError, asyncio.LimitOverrunError):
+            line = await stream.read(1 << 16)  # an over-long line: pass it on in pieces
+        if not line:
+            return
+        logf.write(line)
+        logf.flush()
+        if on_ready is not None and child.ready is None:
+            info = parse_ready_line(line)
+            if info is not None:
+                child.ready, child.state = info, "ready"
+                child.ready_event.set()
+                on_ready()
+        if echo is not None:
+            echo.write(prefix + line.decode(errors="replace").rstrip("\n") + "\n")
+            echo.flush()
+
+
+async def terminate(children: list[Child], timeout_s: float, force: asyncio.Event, say: Callable[[str], None]) -> None:
+    """SIGTERM (the whole process group), wait (until `force` is set at most), then SIGKILL what is left."""
+    live = [c for c in children if c.proc.returncode is None]
+    for c in live:
+        signal_group(c.proc.pid, signal.SIGTERM)
+    waits = [asyncio.ensure_future(c.exited.wait()) for c in live]
+    if waits:
+        forced = asyncio.ensure_future(force.wait())
+        all_exited = asyncio.ensure_future(asyncio.wait(waits))
+        await asyncio.wait([all_exited, forced], timeout=timeout_s, return_when=asyncio.FIRST_COMPLETED)
+        for f in (forced, all_exited, *waits):
+            f.cancel()
+    for c in live:
+        if c.proc.returncode is None:
+            say(f"pdrelay up: {c.iid} did not stop within {timeout_s:.0f} s; killing it")
+            signal_group(c.proc.pid, signal.SIGKILL)
+    for c in live:
+        with contextlib.suppress(asyncio.TimeoutError):
+            await asyncio.wait_for(c.exited.wait(), 5)

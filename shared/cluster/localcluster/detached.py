@@ -18,6 +18,7 @@ from pathlib import Path
 
 import msgspec
 
+from shared.cluster.localcluster.netns_hosts import delete_leftover
 from shared.cluster.localcluster.plan import UpOptions
 from shared.cluster.localcluster.rundir import STATE_FILE, RunState, pid_alive, read_state, running_supervisor
 
@@ -119,5 +120,7 @@ def stop(run_dir: Path, *, timeout_s: float = 60.0, say: Callable[[str], None] |
                 os.kill(pid, signal.SIGKILL)
             except ProcessLookupError:
                 pass
+    if delete_leftover(run_dir):  # `--netns` hosts of a supervisor that could not remove them
+        tell("removed the cluster's network namespaces")
     (run_dir / STATE_FILE).unlink(missing_ok=True)
     return True

@@ -85,6 +85,8 @@ class UpOptions(msgspec.Struct, frozen=True, kw_only=True):
     base_gpu_id: int = 0  # the first GPU engines get; then every --gpu-id-step-th one (placement.py)
     gpu_id_step: int = 1
     encoder_gpu: str = EncoderGpu.OWN.value
+    netns: bool = False  # every instance on a host (network namespace) of its own (netns_hosts.py)
+    hosts: dict[str, str] = msgspec.field(default_factory=dict)  # set by the supervisor: instance id -> address
 
 
 class InstanceSpec(msgspec.Struct, frozen=True, kw_only=True):
@@ -153,6 +155,10 @@ def _instance_flags(role: str, iid: str, opts: UpOptions, etcd_url: str, nats_ur
     from shared.config.roles import ROLE_GROUPS
 
     groups = ROLE_GROUPS.get(role, ())  # echo: its own flags (the admin secret, no TLS)
+    if iid in opts.hosts:  # --netns: the instance's own host, bound and advertised
+        flags += ["--host", opts.hosts[iid]]
+        if "transfer" in groups:
+            flags += ["--transfer-host", opts.hosts[iid]]
     if opts.admin_secret_file and (role == "echo" or "bus" in groups):
         flags += ["--admin-secret-file", opts.admin_secret_file]
     if opts.tls_dir and "tls" in groups:

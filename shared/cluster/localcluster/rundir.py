@@ -58,6 +58,7 @@ class RunState(msgspec.Struct, kw_only=True):
     error: str = ""  # why the supervisor gave up, when it did
     tls_dir: str = ""  # `pdrelay up --tls`: the CA and certificates (etcd, NATS and gRPC are mutual TLS)
     admin_secret_file: str = ""  # the secret that signs drain / scale commands on NATS (shared.cluster.bus.admin_auth)
+    netns: str = ""  # `pdrelay up --netns`: the client host's namespace, where commands talking to the cluster run
 
 
 def default_run_dir() -> Path:

@@ -101,6 +101,7 @@ class _ServerProcess:
     proc: subprocess.Popen | None = field(default=None, repr=False)
     start_timeout_s: float = 15.0
     tie_to_parent: bool = False  # die_with_parent() (for `pdrelay up`; the test fixtures stop servers themselves)
+    exec_prefix: tuple[str, ...] = ()  # e.g. `ip netns exec NS`: run on another host (`pdrelay up --netns`)
 
     name = "server"
 
@@ -124,7 +125,7 @@ class _ServerProcess:
         with open(self.log_path, "ab") as log:
             # own session: Ctrl-C in a terminal reaches the supervisor, which then stops us in order
             self.proc = subprocess.Popen(
-                self.command(),
+                [*self.exec_prefix, *self.command()],
                 stdout=log,
                 stderr=subprocess.STDOUT,
                 stdin=subprocess.DEVNULL,

@@ -67,10 +67,11 @@ def format_summary(state: RunState) -> str:
     gw = next((c for c in state.children if c.role == "gateway" and c.http), None)
     if gw is not None:
         ca = str(Path(state.tls_dir) / "ca.pem") if state.tls_dir else ""
-        lines += ["", "Try it:", "  " + curl_example(gw.http, served_model_name(gw), ca, needs_api_key(gw))]
+        at = f"ip netns exec {state.netns} " if state.netns else ""  # --netns: from the cluster's client host
+        lines += ["", "Try it:", "  " + at + curl_example(gw.http, served_model_name(gw), ca, needs_api_key(gw))]
         if any(c.role == "encoder" for c in state.children):
             body = json.dumps({"input": ["What is the capital of France?"]})
-            lines.append("  " + curl_example(gw.http, "", ca, needs_api_key(gw), path="/v1/embeddings", body=body))
+            lines.append("  " + at + curl_example(gw.http, "", ca, needs_api_key(gw), path="/v1/embeddings", body=body))
     rd = shlex.quote(state.run_dir)
     if state.traces:
         lines += [

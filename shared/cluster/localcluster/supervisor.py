@@ -35,10 +35,10 @@ from shared.cluster.bus.drain import send_drain
 from shared.cluster.bus.scale import ScaleReply, ScaleRequest, serve_scale
 from shared.cluster.errors import ControlPlaneUnavailable
 from shared.cluster.etcd import connect_etcd
-from shared.cluster.handshake import parse_ready_line
-from shared.cluster.localcluster.child import Child, gpus_in_use, signal_group, wait_ready
+from shared.cluster.localcluster.child import Child, gpus_in_use, pump, terminate, wait_ready
 from shared.cluster.localcluster.demo import ask_demo_question
 from shared.cluster.localcluster.mooncake_plan import plan_mooncake
+from shared.cluster.localcluster.netns_hosts import NetnsHosts, instance_ids
 from shared.cluster.localcluster.plan import (
     ROLE_ORDER,
     InstanceSpec,
@@ -60,6 +60,7 @@ from shared.cluster.localcluster.servers import (
 )
 from shared.cluster.localcluster.summary import format_summary
 from shared.cluster.localcluster.tracesink import TraceSink
+from shared.cluster.netns import SUBNET
 from shared.cluster.tls import TlsFiles
 
 log = logging.getLogger(__name__)
@@ -86,8 +87,14 @@ class Supervisor:
         self._nats_url = opts.nats_url or ""
         self.admin: AdminAuth | None = None  # signs drain commands, verifies scale requests
         self.tls: TlsFiles | None = None  # our own client identity with --tls
+        self.hosts: NetnsHosts | None = None  # --netns
 
     # ------------------------------------------------------------------ output
+
+    @property
+    def _echo_to(self) -> TextIO | None:
+        """Where children's log lines are echoed, prefixed with their instance id (None: only to their log files)."""
+        return self.out if self.opts.echo_log else None
 
     def say(self, text: str) -> None:
         self.out.write(text if text.endswith("\n") else text + "\n")
@@ -153,15 +160,19 @@ class Supervisor:
         opts = self.opts
         self.run_dir.mkdir(parents=True, exist_ok=True)
         self._save()  # `pdrelay down` can stop us from here on
+        if opts.netns:
+            self._start_hosts()
         self._secure()
         opts = self.opts  # now with the admin secret (and the certificates) for every instance
         tls_dir = Path(opts.tls_dir) if opts.tls_dir else None
         # Ports first, then configs (bad flags fail before anything runs), then servers.
-        if not opts.etcd_url:
+        if self.hosts is not None:
+            self._netns_servers(tls_dir)
+        elif not opts.etcd_url:
             port = opts.etcd_port or (2379 if port_is_free(2379) and port_is_free(2380) else free_port())
             self.etcd = EtcdServer(data_dir=self.run_dir / "etcd", port=port, tie_to_parent=True, tls_dir=tls_dir)
             self._etcd_url = self.etcd.url
-        if not opts.nats_url:
+        if not opts.nats_url and self.hosts is None:
             port = opts.nats_port or (4222 if port_is_free(4222) else free_port())
             self.nats = NatsServer(data_dir=self.run_dir / "nats", port=port, tie_to_parent=True, tls_dir=tls_dir)
             self._nats_url = self.nats.url
@@ -169,7 +180,7 @@ class Supervisor:
         if opts.trace:
             self._start_trace_sink()
             opts = self.opts  # now with --otlp-traces-endpoint for every service
-        self.opts, self.mooncake = plan_mooncake(opts, self.run_dir, self.say)
+        self.opts, self.mooncake = plan_mooncake(opts, self.run_dir, self.say, self.hosts)
         opts = self.opts
         specs, notes = plan(opts, self._etcd_url, self._nats_url)
         self.state.skipped = notes
@@ -231,13 +242,31 @@ class Supervisor:
         changes: dict[str, str] = {"admin_secret_file": str(secret)}
         if self.opts.tls:
             certs = self.run_dir / "certs"
-            make_certs(certs, (*DEFAULT_NAMES, *(r for r in ROLE_ORDER if r not in DEFAULT_NAMES)))
+            # --netns: every address a host may get, so instances `pdrelay scale` adds later are covered too
+            sans = [str(a) for a in SUBNET.hosts()] if self.hosts is not None else []
+            make_certs(certs, (*DEFAULT_NAMES, *(r for r in ROLE_ORDER if r not in DEFAULT_NAMES)), sans=sans)
             me = cert_paths(certs, "supervisor")
             self.tls = TlsFiles.load(str(certs / "ca.pem"), str(me.cert), str(me.key))
             changes["tls_dir"] = str(certs)
             self.state.tls_dir = str(certs)
         self.opts = msgspec.structs.replace(self.opts, **changes)
         self.state.admin_secret_file = str(secret)
+
+    def _start_hosts(self) -> None:
+        """--netns: a host per instance, etcd and NATS on the control host, this process on the client host."""
+        assert self.state is not None
+        self.hosts = NetnsHosts(self.run_dir)
+        iids = instance_ids(self.opts.counts, ROLE_ORDER)
+        self.opts = msgspec.structs.replace(self.opts, hosts=self.hosts.start(iids))
+        self.state.netns = self.hosts.client_ns
+        self._save()
+
+    def _netns_servers(self, tls_dir: Path | None) -> None:
+        assert self.hosts is not None
+        if self.opts.etcd_url or self.opts.nats_url:
+            raise ValueError("--netns starts its own etcd and NATS on a host of their own; leave out --etcd / --nats")
+        self.etcd, self.nats = self.hosts.control_plane(self.run_dir, tls_dir)
+        self._etcd_url, self._nats_url = self.etcd.url, self.nats.url
 
     def _start_trace_sink(self) -> None:
         assert self.state is not None
@@ -260,8 +289,12 @@ class Supervisor:
             Path(spec.ready_file).parent.mkdir(parents=True, exist_ok=True)
             Path(spec.ready_file).unlink(missing_ok=True)
         env = {**os.environ, "PYTHONUNBUFFERED": "1", **spec.env}
+        argv = spec.argv
+        if self.hosts is not None:  # on its own host
+            env.update(self.hosts.env())
+            argv = (*self.hosts.prefix(spec.instance_id), *argv)
         proc = await asyncio.create_subprocess_exec(
-            *spec.argv,
+            *argv,
             stdin=asyncio.subprocess.DEVNULL,
             stdout=asyncio.subprocess.PIPE,
             stderr=asyncio.subprocess.PIPE,
@@ -277,33 +310,12 @@ class Supervisor:
         logf = open(child.log_path, "ab")  # noqa: SIM115, ASYNC230 - a local log file, closed by the waiter task
         assert proc.stdout is not None and proc.stderr is not None
         child.tasks = [
-            asyncio.create_task(self._pump(child, proc.stdout, logf, True)),
-            asyncio.create_task(self._pump(child, proc.stderr, logf, False)),
+            asyncio.create_task(pump(child, proc.stdout, logf, self._echo_to, self._save)),
+            asyncio.create_task(pump(child, proc.stderr, logf, self._echo_to, None)),
         ]
         child.tasks.append(asyncio.create_task(self._reap(child, logf)))
         self._save()
         return child
-
-    async def _pump(self, child: Child, stream: asyncio.StreamReader, logf: BinaryIO, is_stdout: bool) -> None:
-        prefix = f"{child.iid:<12}| "
-        while True:
-            try:
-                line = await stream.readline()
-            except (ValueError, asyncio.LimitOverrunError):
-                line = await stream.read(1 << 16)  # an over-long line: pass it on in pieces
-            if not line:
-                return
-            logf.write(line)
-            logf.flush()
-            if is_stdout and child.ready is None:
-                info = parse_ready_line(line)
-                if info is not None:
-                    child.ready, child.state = info, "ready"
-                    child.ready_event.set()
-                    self._save()
-            if self.opts.echo_log:
-                self.out.write(prefix + line.decode(errors="replace").rstrip("\n") + "\n")
-                self.out.flush()
 
     async def _reap(self, child: Child, logf: BinaryIO) -> None:
         rc = await child.proc.wait()
@@ -326,24 +338,7 @@ class Supervisor:
             self._save()
 
     async def _terminate(self, children: list[Child], timeout_s: float) -> None:
-        """SIGTERM (the whole process group), wait, then SIGKILL what is left."""
-        live = [c for c in children if c.proc.returncode is None]
-        for c in live:
-            signal_group(c.proc.pid, signal.SIGTERM)
-        waits = [asyncio.ensure_future(c.exited.wait()) for c in live]
-        if waits:
-            forced = asyncio.ensure_future(self._force.wait())
-            all_exited = asyncio.ensure_future(asyncio.wait(waits))
-            await asyncio.wait([all_exited, forced], timeout=timeout_s, return_when=asyncio.FIRST_COMPLETED)
-            for f in (forced, all_exited, *waits):
-                f.cancel()
-        for c in live:
-            if c.proc.returncode is None:
-                self.say(f"pdrelay up: {c.iid} did not stop within {timeout_s:.0f} s; killing it")
-                signal_group(c.proc.pid, signal.SIGKILL)
-        for c in live:
-            with contextlib.suppress(asyncio.TimeoutError):
-                await asyncio.wait_for(c.exited.wait(), 5)
+        await terminate(children, timeout_s, self._force, self.say)
 
     # ------------------------------------------------------------------ restarts
 
@@ -371,10 +366,11 @@ class Supervisor:
         await self._spawn(child.spec)
 
     async def _watch_servers(self) -> None:
-        """etcd and nats-server we started: one that died comes back on its port with its data directory."""
+        """etcd, nats-server and the Mooncake master we started: one that died comes back on its port with its data
+        directory."""
         reported: set[str] = set()
         while not await self._stopped_within(0.5):
-            for name, server in (("etcd", self.etcd), ("nats", self.nats)):
+            for name, server in (("etcd", self.etcd), ("nats", self.nats), ("mooncake_master", self.mooncake)):
                 if server is None or server.alive() or name in reported:
                     continue
                 rc = server.proc.returncode if server.proc is not None else None
@@ -398,8 +394,10 @@ class Supervisor:
                 assert self.state is not None
                 if name == "etcd":
                     self.state.etcd_pid = server.pid or 0
-                else:
+                elif name == "nats":
                     self.state.nats_pid = server.pid or 0
+                else:
+                    self.state.mooncake_pid = server.pid or 0
                 self._save()
 
     async def _shutdown(self) -> None:
@@ -417,6 +415,8 @@ class Supervisor:
         for server in (self.trace_sink, self.mooncake, self.nats, self.etcd):
             if server is not None:
                 await asyncio.to_thread(server.stop)
+        if self.hosts is not None:
+            self.hosts.close()
         if self.state is not None and not self.state.error:
             (self.run_dir / "state.json").unlink(missing_ok=True)
         if self.children:
@@ -441,6 +441,10 @@ class Supervisor:
             for _ in range(want - len(live)):
                 index = self._next_index.get(role, 0)
                 self._next_index[role] = index + 1
+                if self.hosts is not None:
+                    iid = f"{role}-{index + 1}"
+                    hosts = {**self.opts.hosts, iid: self.hosts.add(iid)}
+                    self.opts = msgspec.structs.replace(self.opts, hosts=hosts)
                 try:
                     placement, gpu_host = scale_placement(role, self.opts, gpus_in_use(self.children))
                 except ValueError as e:

@@ -35,6 +35,29 @@ def test_scenarios_are_a_closed_set() -> None:
         parse_scenarios("stop-dekode")
 
 
+async def test_network_scenarios_need_a_cluster_of_hosts(tmp_path: Path) -> None:
+    """On a cluster whose instances share one network, partitions and loss do not apply (and say why)."""
+    from services.chaos.cluster import LiveCluster
+    from services.chaos.scenarios import NETWORK_SCENARIOS, NotApplicable, inject
+
+    write_state(
+        tmp_path,
+        RunState(
+            supervisor_pid=os.getpid(),
+            cluster="c",
+            etcd_url="http://127.0.0.1:1",
+            nats_url="nats://127.0.0.1:1",
+            run_dir=str(tmp_path),
+            started_at=0.0,
+            children=[ChildState(role=r, instance_id=f"{r}-1", pid=1, state="ready") for r in ("prefill", "decode")],
+        ),
+    )
+    assert len(NETWORK_SCENARIOS) == 6
+    for sc in NETWORK_SCENARIOS:
+        with pytest.raises(NotApplicable, match="pdrelay up --netns"):
+            await inject(sc, LiveCluster(tmp_path))
+
+
 def test_loopback_detection() -> None:
     assert is_loopback("http://127.0.0.1:2379") and is_loopback("127.0.0.5:50051") and is_loopback("localhost:1")
     assert is_loopback("http://[::1]:8000")

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from services.gateway.routing.kv_index import KVIndex, PromptHashes
+from services.gateway.routing.kv_index import IndexState, KVIndex, PromptHashes
 from shared.cluster.bus.kv_events import KVEventBatch, KVOp, KVOpKind
 from shared.modelspec.block_hash import page_hashes
 
@@ -83,12 +83,24 @@ def test_new_epoch_starts_from_scratch() -> None:
     assert idx.stats.gaps == 0
 
 
-def test_joining_late_is_not_a_gap() -> None:
+def test_joining_late_is_not_a_gap_but_not_exact_either() -> None:
     idx = KVIndex()
     idx.apply(ev(40, stored(HASHES)))
     idx.apply(ev(41, evicted(HASHES[3:])))
     assert idx.stats.gaps == 0
     assert idx.overlap_pages("p1", HASHES) == 3
+    # What came before seq 40 is unknown: routing gives it no credit until a snapshot makes it exact.
+    assert idx.state("p1") == IndexState.DEGRADED and idx.needing_snapshot() == ["p1"]
+    assert idx.overlaps(HASHES).pages == {}
+
+
+def test_states_exact_from_seq_1_and_degraded_after_a_gap() -> None:
+    idx = KVIndex()
+    idx.apply(ev(1, stored(HASHES)))
+    assert idx.state("p1") == IndexState.EXACT and idx.overlaps(HASHES).pages == {"p1": 4}
+    idx.apply(ev(3, stored(HASHES[:1])))
+    assert idx.state("p1") == IndexState.DEGRADED and idx.overlaps(HASHES).pages == {}
+    assert [e.reason for e in idx.entries()] == ["gap"]
 
 
 def test_membership_epoch_and_leave() -> None:
