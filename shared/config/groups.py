@@ -36,7 +36,7 @@ class ModelConfig:
     dtype: A[
         str,
         Arg(
-            "Weight and activation dtype ('auto': float32 on CPU, bfloat16 on GPU)",
+            "Weight and activation dtype ('auto': bfloat16 on GPU and on CPUs with avx512_bf16, else float32)",
             choices=("auto", "float32", "bfloat16", "float16"),
         ),
     ] = "auto"

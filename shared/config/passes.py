@@ -12,6 +12,7 @@ import os
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+from shared.config.cpu_features import cpu_auto_dtype
 from shared.config.errors import ConfigError
 from shared.config.groups import BUNDLED_MODEL
 from shared.config.probe import HostProbe
@@ -96,12 +97,14 @@ def check_parallel_fits(cfg: ResolvedConfig, ctx: PassContext) -> ResolvedConfig
 
 
 def resolve_dtype(cfg: ResolvedConfig, ctx: PassContext) -> ResolvedConfig:
-    """dtype is concrete: auto -> float32 on cpu (fast fp32 GEMMs, exact vs HF), bfloat16 on cuda."""
+    """dtype is concrete: auto -> bfloat16 on cuda; on cpu bfloat16 where the native bf16 kernels run (avx512_bf16
+    and a C compiler: cpu_features.cpu_auto_dtype), else float32 (fast fp32 kernels, exact vs HF)."""
     if not cfg.has("model") or cfg.model.dtype != "auto":
         return cfg
     if cfg.device.device == "cuda":
         return cfg.derive("model.dtype", "bfloat16", "auto: bfloat16 on cuda")
-    return cfg.derive("model.dtype", "float32", "auto: float32 on cpu")
+    dtype, why = cpu_auto_dtype(ctx.probe.cpu_flags(), ctx.probe.c_compiler_available())
+    return cfg.derive("model.dtype", dtype, why)
 
 
 def resolve_kv_cache_dtype(cfg: ResolvedConfig, ctx: PassContext) -> ResolvedConfig:
@@ -171,9 +174,9 @@ def resolve_attention_backend(cfg: ResolvedConfig, ctx: PassContext) -> Resolved
 
 
 def resolve_linear_backend(cfg: ResolvedConfig, ctx: PassContext) -> ResolvedConfig:
-    """linear_backend: auto -> torch off cpu or for dtypes other than float32; for float32 on cpu it stays auto, for
-    the runner to pick native (the few-row C kernel over oneDNN, built for the host at first use) or oneDNN alone
-    where no compiler builds it. onednn or native off cpu is an error."""
+    """linear_backend: auto -> torch off cpu or for dtypes other than float32 and bfloat16; for those on cpu it stays
+    auto, for the runner to pick native (the few-row C kernel over oneDNN, built for the host at first use; bf16
+    where the CPU runs the bf16 kernels) or oneDNN / torch where it cannot. onednn or native off cpu is an error."""
     if not cfg.has("kernels"):
         return cfg
     backend, device = cfg.kernels.linear_backend, cfg.device.device
@@ -184,7 +187,7 @@ def resolve_linear_backend(cfg: ResolvedConfig, ctx: PassContext) -> ResolvedCon
     if backend != "auto":
         return cfg
     dtype = cfg.model.dtype if cfg.has("model") else "float32"
-    if device == "cpu" and dtype == "float32":
+    if device == "cpu" and dtype in ("float32", "bfloat16"):
         return cfg
     return cfg.derive("kernels.linear_backend", "torch", f"auto: torch F.linear for {dtype} on {device}")
 

@@ -11,7 +11,10 @@ import ctypes.util
 import importlib.machinery
 import importlib.util
 import os
+import shutil
 from dataclasses import dataclass, field
+
+from shared.config.cpu_features import parse_cpu_flags
 
 
 class HostProbe:
@@ -61,6 +64,21 @@ class HostProbe:
         """Whether the dynamic loader knows lib<name> (e.g. "ibverbs" for mooncake's engine)."""
         return ctypes.util.find_library(name) is not None
 
+    def cpu_flags(self) -> frozenset[str]:
+        """The CPU's feature flags (/proc/cpuinfo's first `flags` line; empty where there is none)."""
+        try:
+            with open("/proc/cpuinfo", encoding="ascii", errors="replace") as f:
+                for line in f:
+                    if line.startswith("flags"):
+                        return parse_cpu_flags(line)
+        except OSError:
+            pass
+        return frozenset()
+
+    def c_compiler_available(self) -> bool:
+        """Whether a C compiler is installed to build the native CPU kernels ($CC, cc, gcc or clang)."""
+        return any(name and shutil.which(name) for name in (os.environ.get("CC"), "cc", "gcc", "clang"))
+
 
 def _mem_available() -> int:
     try:
@@ -83,6 +101,8 @@ class StaticProbe(HostProbe):
     cores: int = 2
     modules: frozenset[str] = field(default_factory=frozenset)  # dotted names that count as installed
     libraries: frozenset[str] = field(default_factory=frozenset)
+    flags: frozenset[str] = field(default_factory=frozenset)  # CPU flags: none, so --dtype auto is float32 on cpu
+    compiler: bool = True
 
     def cuda_available(self) -> bool:
         return self.cuda
@@ -101,3 +121,9 @@ class StaticProbe(HostProbe):
 
     def shared_library_available(self, name: str) -> bool:
         return name in self.libraries
+
+    def cpu_flags(self) -> frozenset[str]:
+        return self.flags
+
+    def c_compiler_available(self) -> bool:
+        return self.compiler
