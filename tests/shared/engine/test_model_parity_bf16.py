@@ -74,6 +74,17 @@ def pair(tiny_model_dir: Path):
     return Refs(tiny_model_dir), runner
 
 
+def test_weights_stay_bf16(pair) -> None:
+    """Loaded tensor by tensor into bf16 parameters and packed from them: no fp32 copy of a matrix is held."""
+    _, runner = pair
+    held = [t for layer in runner.model.layers for t in layer.packed.values()] + [runner.model.packed["lm_head"]]
+    for t in held:
+        parts = (t.panels, t.wide) if hasattr(t, "panels") else (t,)
+        assert all(p.dtype == torch.bfloat16 for p in parts)
+    matrices = [p for n, p in runner.model.named_parameters() if p.dim() == 2 and "norm" not in n]  # Qwen3's qk_norm
+    assert matrices and all(p.dtype == torch.bfloat16 for p in matrices)
+
+
 def prompt(seed: int, n: int, vocab: int) -> list[int]:
     return torch.randint(3, vocab, (n,), generator=torch.Generator().manual_seed(seed)).tolist()
 
