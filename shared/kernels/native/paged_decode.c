@@ -179,27 +179,21 @@ static inline __m512 hsum16(const __m512 *a) {
     return _mm512_add_ps(_mm512_shuffle_f32x4(w01, w23, 0x88), _mm512_shuffle_f32x4(w01, w23, 0xDD));
 }
 
-/* 16 K or V elements from element i of a cache, as fp32 (bf16 is a compile-time constant where this inlines). */
-static inline __m512 ld16(const void *base, int64_t i, int bf16) {
-    return bf16 ? pdr_load16_bf16((const uint16_t *)base + i) : _mm512_loadu_ps((const float *)base + i);
-}
-
-/* P.V for one query head over `cnt` tokens of the rows at element vp of v: acc = acc * corr + sum_t p[t] v_t. d = 64
- * keeps the row in 4 registers over all the tokens; other sizes go through L1. */
-static inline __attribute__((always_inline)) void weigh_values(float *acc, const void *v, int64_t vp,
-                                                               int64_t tok_stride, const float *p, int cnt, int d,
-                                                               float corr, int bf16) {
+/* P.V for one query head over `cnt` tokens: acc = acc * corr + sum_t p[t] v_t. d = 64 keeps the row in 4 registers
+ * over all the tokens; other sizes go through L1. */
+static inline void weigh_values(float *acc, const float *vp, int64_t tok_stride, const float *p, int cnt, int d,
+                                float corr) {
     const __m512 c = _mm512_set1_ps(corr);
     if (d == 64) {
         __m512 r0 = _mm512_mul_ps(_mm512_load_ps(acc), c), r1 = _mm512_mul_ps(_mm512_load_ps(acc + 16), c);
         __m512 r2 = _mm512_mul_ps(_mm512_load_ps(acc + 32), c), r3 = _mm512_mul_ps(_mm512_load_ps(acc + 48), c);
         for (int t = 0; t < cnt; t++) {
-            const int64_t vt = vp + t * tok_stride;
+            const float *vt = vp + t * tok_stride;
             const __m512 w = _mm512_set1_ps(p[t]);
-            r0 = _mm512_fmadd_ps(w, ld16(v, vt, bf16), r0);
-            r1 = _mm512_fmadd_ps(w, ld16(v, vt + 16, bf16), r1);
-            r2 = _mm512_fmadd_ps(w, ld16(v, vt + 32, bf16), r2);
-            r3 = _mm512_fmadd_ps(w, ld16(v, vt + 48, bf16), r3);
+            r0 = _mm512_fmadd_ps(w, _mm512_loadu_ps(vt), r0);
+            r1 = _mm512_fmadd_ps(w, _mm512_loadu_ps(vt + 16), r1);
+            r2 = _mm512_fmadd_ps(w, _mm512_loadu_ps(vt + 32), r2);
+            r3 = _mm512_fmadd_ps(w, _mm512_loadu_ps(vt + 48), r3);
         }
         _mm512_store_ps(acc, r0);
         _mm512_store_ps(acc + 16, r1);
@@ -209,10 +203,10 @@ static inline __attribute__((always_inline)) void weigh_values(float *acc, const
     }
     for (int x = 0; x < d; x += 16) _mm512_store_ps(acc + x, _mm512_mul_ps(_mm512_load_ps(acc + x), c));
     for (int t = 0; t < cnt; t++) {
-        const int64_t vt = vp + t * tok_stride;
+        const float *vt = vp + t * tok_stride;
         const __m512 w = _mm512_set1_ps(p[t]);
         for (int x = 0; x < d; x += 16)
-            _mm512_store_ps(acc + x, _mm512_fmadd_ps(w, ld16(v, vt + x, bf16), _mm512_load_ps(acc + x)));
+            _mm512_store_ps(acc + x, _mm512_fmadd_ps(w, _mm512_loadu_ps(vt + x), _mm512_load_ps(acc + x)));
     }
 }
 
@@ -221,7 +215,8 @@ static inline __attribute__((always_inline)) void weigh_values(float *acc, const
  * vectorised exp), and the next page is prefetched while this one is computed (the pages of a sequence are
  * scattered, so the hardware prefetcher cannot follow). Over 30 layers at 16 sequences of 160 tokens from DRAM
  * (GQA 9/3, head_dim 64, 2 threads, Zen 4): 240-265 us a layer with a horizontal sum per token and the next page
- * into L1, 198-213 here. A bf16 cache is widened as it is read (the loads, not the FMAs, change). */
+ * into L1, 198-213 here. A bf16 cache's block is widened into fp32 rows in L1 once per kv head, and its query heads
+ * (the GQA group) read those: widened at every load instead, each element was widened g times. */
 static inline __attribute__((always_inline)) void attend_avx512_t(const job_t *j, int i, int kh0, int kh1,
                                                                   const int bf16) {
     const int g = j->heads / j->kv_heads, d = j->dim, P = j->page_size;
@@ -233,6 +228,7 @@ static inline __attribute__((always_inline)) void attend_avx512_t(const job_t *j
     const int64_t *pt = j->page_table + (int64_t)i * j->pt_stride;
     float qs[MAX_HEADS][MAX_DIM] __attribute__((aligned(64))), acc[MAX_HEADS][MAX_DIM] __attribute__((aligned(64)));
     float p[16] __attribute__((aligned(64))), m[MAX_HEADS], l[MAX_HEADS];
+    float kw[16 * MAX_DIM] __attribute__((aligned(64))), vw[16 * MAX_DIM] __attribute__((aligned(64))); /* bf16 only */
     start_heads(q, j->scale, gh, d, qs, acc, m, l);
     for (int64_t start = 0; start < len; start += P) {
         const int cnt = (int)(len - start < P ? len - start : P);
@@ -244,14 +240,24 @@ static inline __attribute__((always_inline)) void attend_avx512_t(const job_t *j
             const __mmask16 live = (__mmask16)(bc == 16 ? 0xFFFFu : (1u << bc) - 1u);
             for (int h = 0; h < gh; h++) {
                 if (nlines && t0 == 0) prefetch_share(nk, nv, nlines, gh, h);
-                const int64_t at = page * j->page_stride + (int64_t)(kh0 + h / g) * d + t0 * tok_stride;
+                int64_t at = page * j->page_stride + (int64_t)(kh0 + h / g) * d + t0 * tok_stride, ts = tok_stride;
+                const void *kb = j->k, *vb = j->v;
+                if (bf16) { /* the block's rows of this kv head, widened once for its g query heads */
+                    if (h % g == 0)
+                        for (int t = 0; t < bc; t++) {
+                            pdr_widen_bf16(kw + t * d, (const uint16_t *)j->k + at + t * tok_stride, d);
+                            pdr_widen_bf16(vw + t * d, (const uint16_t *)j->v + at + t * tok_stride, d);
+                        }
+                    kb = kw, vb = vw, at = 0, ts = d;
+                }
                 __m512 a[16];
                 for (int t = 0; t < 16; t++) {
                     a[t] = _mm512_setzero_ps();
                     if (t >= bc) continue;
-                    const int64_t kt = at + t * tok_stride;
+                    const int64_t kt = at + t * ts;
                     for (int x = 0; x < d; x += 16)
-                        a[t] = _mm512_fmadd_ps(_mm512_load_ps(qs[h] + x), ld16(j->k, kt + x, bf16), a[t]);
+                        a[t] = _mm512_fmadd_ps(_mm512_load_ps(qs[h] + x), _mm512_loadu_ps((const float *)kb + kt + x),
+                                               a[t]);
                 }
                 const __m512 sc = hsum16(a); /* [16] scores; lanes past bc are not tokens */
                 const float top = _mm512_mask_reduce_max_ps(live, sc);
@@ -263,7 +269,7 @@ static inline __attribute__((always_inline)) void attend_avx512_t(const job_t *j
                 const __m512 pv = _mm512_maskz_load_ps(live, p); /* exp(0) = 1 past bc: masked out */
                 l[h] = l[h] * corr + _mm512_reduce_add_ps(pv);
                 m[h] = mx;
-                weigh_values(acc[h], j->v, at, tok_stride, p, bc, d, corr, bf16);
+                weigh_values(acc[h], (const float *)vb + at, ts, p, bc, d, corr);
             }
         }
     }
