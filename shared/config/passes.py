@@ -97,12 +97,15 @@ def check_parallel_fits(cfg: ResolvedConfig, ctx: PassContext) -> ResolvedConfig
 
 
 def resolve_dtype(cfg: ResolvedConfig, ctx: PassContext) -> ResolvedConfig:
-    """dtype is concrete: auto -> bfloat16 on cuda; on cpu bfloat16 where the native bf16 kernels run (avx512_bf16
-    and a C compiler: cpu_features.cpu_auto_dtype), else float32 (fast fp32 kernels, exact vs HF)."""
+    """dtype is concrete: auto -> bfloat16 on cuda; on cpu, for the LLM engines, bfloat16 where the native bf16
+    kernels run (avx512_bf16 and a C compiler: cpu_features.cpu_auto_dtype), else float32 (fast fp32 kernels, exact
+    vs HF); float32 for the other roles on cpu (the encoder's models run torch ops, which bf16 only slows down)."""
     if not cfg.has("model") or cfg.model.dtype != "auto":
         return cfg
     if cfg.device.device == "cuda":
         return cfg.derive("model.dtype", "bfloat16", "auto: bfloat16 on cuda")
+    if cfg.role not in ("prefill", "decode", "worker"):
+        return cfg.derive("model.dtype", "float32", f"auto: float32 on cpu for the {cfg.role}")
     dtype, why = cpu_auto_dtype(ctx.probe.cpu_flags(), ctx.probe.c_compiler_available())
     return cfg.derive("model.dtype", dtype, why)
 

@@ -97,6 +97,9 @@ def test_cpu_dtype_auto_follows_the_native_kernels(make_ctx, flags: str, compile
     assert why in _derived(cfg, "model.dtype")
     user = resolve("worker", ["--dtype", "float32"], env={}, ctx=ctx)
     assert user.model.dtype == "float32" and user.provenance["model.dtype"].source == "cli"
+    assert resolve("decode", env={}, ctx=ctx).model.dtype == dtype == resolve("prefill", env={}, ctx=ctx).model.dtype
+    encoder = resolve("encoder", env={}, ctx=ctx)  # its models run torch ops: float32 whatever the CPU
+    assert encoder.model.dtype == "float32" and "for the encoder" in _derived(encoder, "model.dtype")
 
 
 def test_threads(make_ctx, ctx: PassContext) -> None:
