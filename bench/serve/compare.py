@@ -8,8 +8,10 @@ one table with the throughput ratios and the compute roofline.
 The contenders: pdrelay's engine in this process (the worker's resolved config, every core; `--no-in-process`
 skips it), pdrelay's `--pdrelay-setups` (default `colocated`: gateway + one worker; `cluster`: the default `pdrelay
 up`, gateway + prefill + decode), each with its defaults (`--pdrelay-role-flags` adds flags), and the peer at each of
-`--peer-settings` (vLLM: `default`, its own core split, and `all`: its engine on every core, none reserved).
-pdrelay is never given `--threads`: what is measured is what a user gets.
+`--peer-settings` (vLLM: `default`, its own core split, and `all`: its engine on every core, none reserved; both at its
+own `--dtype auto`, bf16 on a CPU with avx512_bf16; `default-fp32` and `all-fp32` at float32). pdrelay is never given
+`--threads`: what is measured is what a user gets (`--dtype auto` too: bf16 where its bf16 kernels run; the
+`-fp32` setups pin float32 for the float32 comparison).
 
 With `--rounds 1` (the default) each server is started alone, measured on every workload and stopped before the
 next starts. With `--rounds N` every server is started first and all stay up (idle ones cost ~1% of a core), then
@@ -72,16 +74,18 @@ def add_compare_arguments(p: argparse.ArgumentParser) -> None:
     )
     g.add_argument(
         "--peer-settings",
-        default="default,all",
+        default="default,all,all-fp32",
         metavar="S1,S2",
-        help="peer settings to measure (vllm: default = its own core split, all = every core)",
+        help="peer settings to measure (vllm: default = its own core split, all = every core, each at its own "
+        "--dtype auto; default-fp32, all-fp32: the same at --dtype float32)",
     )
     g.add_argument(
         "--pdrelay-setups",
         default="colocated",
         metavar="S1,S2",
         help="pdrelay clusters to measure: colocated (gateway + worker), cluster (gateway + prefill + "
-        "decode, the `pdrelay up` default)",
+        "decode, the `pdrelay up` default), each at its defaults; colocated-fp32, cluster-fp32: their engines at "
+        "--dtype float32",
     )
     g.add_argument(
         "--pdrelay-role-flags",

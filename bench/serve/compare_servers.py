@@ -15,7 +15,15 @@ from pathlib import Path
 READY_TIMEOUT_S = 600.0
 PEERS = {"vllm": "vllm_peer.sh"}  # peer name -> start script in bench/
 BENCH_DIR = Path(__file__).resolve().parent.parent  # bench/ (this module lives in bench/serve/)
-PEER_SETTINGS = {"vllm": {"default": {"VLLM_PEER_CORES": "default"}, "all": {"VLLM_PEER_CORES": "all"}}}
+# vLLM's settings: its own core split or every core, each at its own --dtype auto (bf16 on a CPU with avx512_bf16)
+# or at float32 (the comparison of the fp32 paths)
+PEER_SETTINGS = {
+    "vllm": {
+        f"{cores}{suffix}": {"VLLM_PEER_CORES": cores, "VLLM_PEER_DTYPE": dtype}
+        for cores in ("default", "all")
+        for suffix, dtype in (("", "auto"), ("-fp32", "float32"))
+    }
+}
 # What `pdrelay up --worker 1 --prefill 0 --decode 0` and a plain `pdrelay up` start: the encoder and the kvstore come
 # with the engines there (services/commands/up.py), so they are here too. Measured without them the bench would show
 # a cluster no user runs (the encoder took a core of the worker's split; the kvstore looks up and stores every
@@ -25,6 +33,9 @@ SETUPS = {
     "colocated": {"gateway": 1, "worker": 1, **WITH_ENGINES},
     "cluster": {"gateway": 1, "prefill": 1, "decode": 1, **WITH_ENGINES},
 }
+# The same clusters with their engines at --dtype float32 (the defaults pick bf16 on a CPU with avx512_bf16)
+SETUPS |= {f"{name}-fp32": counts for name, counts in list(SETUPS.items())}
+SETUP_DTYPE = {name: "float32" for name in SETUPS if name.endswith("-fp32")}
 
 
 @dataclass(frozen=True)
@@ -54,6 +65,9 @@ def pdrelay_server(
     from shared.cluster.localcluster.servers import free_port
 
     run_dir = tmp / f"pdrelay-{setup}"
+    if setup in SETUP_DTYPE:  # the engines' dtype; the other roles take no --dtype or do not use it
+        engine_roles = [r for r in SETUPS[setup] if r in ENGINE_ROLES]
+        role_flags = {**role_flags} | {r: (*role_flags.get(r, ()), "--dtype", SETUP_DTYPE[setup]) for r in engine_roles}
     opts = UpOptions(
         run_dir=str(run_dir),
         cluster=f"bench-{setup}",

@@ -77,7 +77,7 @@ class ModelConfig:
     dtype: A[
         Dtype,
         Arg(
-            "Weight and activation dtype ('auto': float32 on CPU, bfloat16 on GPU)",
+            "Weight and activation dtype ('auto': bfloat16 on GPU and on CPUs with avx512_bf16, else float32)",
         ),
     ] = Dtype.AUTO
     context_length: A[int | None, Arg("Maximum tokens per sequence (default: the model's own)", min=16)] = None

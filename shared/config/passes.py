@@ -12,6 +12,7 @@ import os
 
 from shared.config.choices import AttentionBackend, Dtype, LinearBackend
 from shared.config.context import Pass, PassContext
+from shared.config.cpu_features import cpu_auto_dtype
 from shared.config.devices import DeviceKind, cuda_name, parse_device, process_gpus
 from shared.config.errors import ConfigError
 from shared.config.groups import BUNDLED_MODEL
@@ -117,12 +118,17 @@ def check_parallel_fits(cfg: ResolvedConfig, ctx: PassContext) -> ResolvedConfig
 
 
 def resolve_dtype(cfg: ResolvedConfig, ctx: PassContext) -> ResolvedConfig:
-    """dtype is concrete: auto -> float32 on cpu (fast fp32 GEMMs, exact vs HF), bfloat16 on cuda."""
+    """dtype is concrete: auto -> bfloat16 on cuda; on cpu, for the LLM engines, bfloat16 where the native bf16
+    kernels run (avx512_bf16 and a C compiler: cpu_features.cpu_auto_dtype), else float32 (fast fp32 kernels, exact
+    vs HF); float32 for the other roles on cpu (the encoder's models run torch ops, which bf16 only slows down)."""
     if not cfg.has("model") or cfg.model.dtype is not Dtype.AUTO:
         return cfg
     if cfg.device.device == DeviceKind.CUDA:
         return cfg.derive("model.dtype", Dtype.BFLOAT16, "auto: bfloat16 on cuda")
-    return cfg.derive("model.dtype", Dtype.FLOAT32, "auto: float32 on cpu")
+    if cfg.role not in (Role.PREFILL, Role.DECODE, Role.WORKER):
+        return cfg.derive("model.dtype", Dtype.FLOAT32, f"auto: float32 on cpu for the {cfg.role}")
+    dtype, why = cpu_auto_dtype(ctx.probe.cpu_flags(), ctx.probe.c_compiler_available())
+    return cfg.derive("model.dtype", dtype, why)
 
 
 def resolve_kv_cache_dtype(cfg: ResolvedConfig, ctx: PassContext) -> ResolvedConfig:
@@ -192,9 +198,9 @@ def resolve_attention_backend(cfg: ResolvedConfig, ctx: PassContext) -> Resolved
 
 
 def resolve_linear_backend(cfg: ResolvedConfig, ctx: PassContext) -> ResolvedConfig:
-    """linear_backend: auto -> torch off cpu or for dtypes other than float32; for float32 on cpu it stays auto, for
-    the runner to pick native (the few-row C kernel over oneDNN, built for the host at first use) or oneDNN alone
-    where no compiler builds it. onednn or native off cpu is an error."""
+    """linear_backend: auto -> torch off cpu or for dtypes other than float32 and bfloat16; for those on cpu it stays
+    auto, for the runner to pick native (the few-row C kernel over oneDNN, built for the host at first use; bf16
+    where the CPU runs the bf16 kernels) or oneDNN / torch where it cannot. onednn or native off cpu is an error."""
     if not cfg.has("kernels"):
         return cfg
     backend, device = cfg.kernels.linear_backend, cfg.device.device
@@ -205,7 +211,7 @@ def resolve_linear_backend(cfg: ResolvedConfig, ctx: PassContext) -> ResolvedCon
     if backend is not LinearBackend.AUTO:
         return cfg
     dtype = cfg.model.dtype if cfg.has("model") else Dtype.FLOAT32
-    if device == DeviceKind.CPU and dtype is Dtype.FLOAT32:
+    if device == DeviceKind.CPU and dtype in (Dtype.FLOAT32, Dtype.BFLOAT16):
         return cfg
     return cfg.derive("kernels.linear_backend", LinearBackend.TORCH, f"auto: torch F.linear for {dtype} on {device}")
 

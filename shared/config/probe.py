@@ -16,6 +16,7 @@ import subprocess
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
+from shared.config.cpu_features import parse_cpu_flags
 from shared.config.devices import SIMULATE_ENV, SimulatedGpus, local_gpu_index, simulated_from_env
 
 IB_SYSFS = "/sys/class/infiniband"
@@ -92,6 +93,21 @@ class HostProbe:
         except OSError:
             return ()
 
+    def cpu_flags(self) -> frozenset[str]:
+        """The CPU's feature flags (/proc/cpuinfo's first `flags` line; empty where there is none)."""
+        try:
+            with open("/proc/cpuinfo", encoding="ascii", errors="replace") as f:
+                for line in f:
+                    if line.startswith("flags"):
+                        return parse_cpu_flags(line)
+        except OSError:
+            pass
+        return frozenset()
+
+    def c_compiler_available(self) -> bool:
+        """Whether a C compiler is installed to build the native CPU kernels ($CC, cc, gcc or clang)."""
+        return any(name and shutil.which(name) for name in (os.environ.get("CC"), "cc", "gcc", "clang"))
+
 
 def _nvidia_smi_memory(gpu: int) -> tuple[int, int] | None:
     exe = shutil.which("nvidia-smi")
@@ -129,6 +145,8 @@ class StaticProbe(HostProbe):
     modules: frozenset[str] = field(default_factory=frozenset)  # dotted names that count as installed
     libraries: frozenset[str] = field(default_factory=frozenset)
     rdma: tuple[str, ...] = ()  # RDMA devices (/sys/class/infiniband)
+    flags: frozenset[str] = field(default_factory=frozenset)  # CPU flags: none, so --dtype auto is float32 on cpu
+    compiler: bool = True
 
     def cuda_available(self) -> bool:
         return self.cuda
@@ -156,6 +174,12 @@ class StaticProbe(HostProbe):
 
     def ib_devices(self) -> tuple[str, ...]:
         return self.rdma
+
+    def cpu_flags(self) -> frozenset[str]:
+        return self.flags
+
+    def c_compiler_available(self) -> bool:
+        return self.compiler
 
 
 @dataclass(frozen=True)

@@ -115,8 +115,8 @@ class KVPool:
         slots_pages, slots_offsets: [T] int64; k, v: [T, kv_heads, head_dim].
         """
         idx = (slots_pages, slots_offsets)
-        self._k[layer].index_put_(idx, k)
-        self._v[layer].index_put_(idx, v)
+        self._k[layer].index_put_(idx, k.to(self.dtype))  # fp32 activations into a bf16 pool: rounded here
+        self._v[layer].index_put_(idx, v.to(self.dtype))
 
     def populate_in_background(self) -> threading.Thread | None:
         """Fault the whole host pool in, in page order, on a daemon thread at the lowest CPU priority; None on GPU.

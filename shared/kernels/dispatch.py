@@ -5,8 +5,8 @@ A step's batch may mix decode tokens (one new token per sequence) and extend seq
 backend's `prepare` plans the step once (attention_plan.py): decode tokens go to the batched paged decode kernel
 in groups of similar length, extend sequences to the per-sequence extend kernel.
 
-Backends: torch (the reference ops, any CPU), native (C decode and extend kernels that read the pages in place; CPU
-fp32, the CPU default), triton (GPU; interpreted on CPU for tests).
+Backends: torch (the reference ops, any CPU), native (C decode and extend kernels that read the pages in place; CPU,
+fp32 q over an fp32 or bf16 cache, the CPU default), triton (GPU; interpreted on CPU for tests).
 """
 
 from __future__ import annotations
@@ -22,6 +22,7 @@ from shared.kernels.attention_plan import AttentionMetadata, DecodeGroup, plan_a
 from shared.kernels.decode_attention import GatherWorkspace, paged_decode_attention
 from shared.kernels.extend_attention import extend_attention
 from shared.kernels.native.build import native_available
+from shared.kernels.native.gemm import bf16_kernels
 from shared.kernels.native.paged_decode import native_paged_decode
 from shared.kernels.native.paged_extend import native_paged_extend
 
@@ -213,29 +214,37 @@ def select_attention_backend(
 ) -> AttentionBackend:
     """'auto' | 'torch' | 'triton' on a device, for q/k/v of `dtype` -> a backend instance (one per model runner).
 
-    auto: the Triton kernels on CUDA, native on CPU for fp32 where a C compiler can build it (else the torch
-    reference ops, with a warning saying why). 'native' asked for explicitly must build. 'triton' on CPU runs the
-    same kernels under Triton's interpreter: for tests, far slower than 'torch'.
+    auto: the Triton kernels on CUDA, native on CPU for fp32 where a C compiler can build it, and for bf16 where the
+    CPU also runs the bf16 kernels (avx512_bf16) (else the torch reference ops, with a warning saying why). 'native'
+    asked for explicitly must build. 'triton' on CPU runs the same kernels under Triton's interpreter: for tests, far
+    slower than 'torch'.
+
+    The native backend takes fp32 q (a bf16 model's native path keeps its activations in fp32, models/llama.py's
+    act_dtype) over a cache of the model's dtype; its `dtype` is fp32 either way.
     """
     dev = torch.device(device)
     if name not in ATTENTION_BACKENDS:
         raise ValueError(f"attention_backend {name!r} is unknown; use one of: {', '.join(ATTENTION_BACKENDS)}")
+    native_dtypes = (torch.float32, torch.bfloat16)
     if name == "auto":
-        name = "triton" if dev.type == "cuda" else "native" if dtype == torch.float32 else "torch"
+        name = "triton" if dev.type == "cuda" else "native" if dtype in native_dtypes else "torch"
         if name == "native":
             ok, why = native_available()
+            if ok and dtype == torch.bfloat16 and not bf16_kernels():
+                ok, why = False, "no avx512_bf16 for the bf16 kernels"
             if not ok:
                 log.warning("native CPU attention unavailable (%s); using the torch reference ops", why)
                 name = "torch"
     if name == "native":
-        if dev.type != "cpu" or dtype != torch.float32:
+        if dev.type != "cpu" or dtype not in native_dtypes:
             raise ValueError(
-                f"attention_backend 'native' runs fp32 on cpu, not {dtype} on {dev.type}; use --attention-backend torch"
+                f"attention_backend 'native' runs fp32 or bf16 on cpu, not {dtype} on {dev.type}; "
+                "use --attention-backend torch"
             )
         ok, why = native_available()
         if not ok:
             raise ValueError(f"attention_backend 'native' is unavailable: {why}; use --attention-backend torch")
-        return NativeAttentionBackend(dtype)
+        return NativeAttentionBackend(torch.float32)
     if name == "triton":
         if dev.type not in ("cuda", "cpu"):
             raise ValueError(

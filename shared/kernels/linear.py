@@ -17,6 +17,11 @@ on its lm_head, and ~2x MKL's on the down projection; at one row 1.1-1.7x oneDNN
 rows) oneDNN's blocking wins (see NATIVE_MAX_ROWS). Its sums are blocked like MKL's (rounding error on par with
 MKL's, half of oneDNN's on K = 1536), so the down projection may take it without leaving the HF-parity contract.
 Cost: each weight is held twice (the native panels next to the wrapped backend's copy).
+
+bf16 on CPU: where the CPU has avx512_bf16 (gemm.bf16_kernels()) the native backend packs bf16 weights into bf16
+panels (skinny_gemm_bf16.c: half the bytes a decode step streams, vdpbf16ps sums in fp32) and wraps oneDNN's bf16
+inner product for larger steps. The model's activations stay fp32 there (llama.py's act_dtype); a backend whose
+weight dtype differs from x's casts x to the weight's dtype and the result back (the torch and oneDNN backends).
 """
 
 from __future__ import annotations
@@ -67,7 +72,7 @@ class NativePacked:
 
     @property
     def shape(self) -> tuple[int, int]:
-        return self.out_features, int(self.panels.shape[1])
+        return self.out_features, int(self.panels.shape[1]) * (1 if self.panels.dtype == torch.float32 else 2)
 
 
 PackedWeight = torch.Tensor | NativePacked
@@ -108,6 +113,8 @@ class TorchLinear:
 
     def apply(self, x: torch.Tensor, packed: PackedWeight, bias: torch.Tensor | None = None) -> torch.Tensor:
         assert isinstance(packed, torch.Tensor)
+        if x.dtype != packed.dtype:  # fp32 activations over bf16 weights (see the module's docstring)
+            return F.linear(x.to(packed.dtype), packed, _cast(bias, packed.dtype)).to(x.dtype)
         return F.linear(x, packed, bias)
 
     def exact(self) -> LinearBackend:
@@ -140,6 +147,9 @@ class OneDnnLinear:
         assert isinstance(packed, torch.Tensor)
         if x.shape[0] == 0:  # no rows (a step where no sequence wants logits): oneDNN rejects empty shapes
             return x.new_empty((0, packed.shape[0]))
+        if x.dtype != packed.dtype:  # fp32 activations over bf16 weights (see the module's docstring)
+            xw = x.to(packed.dtype).contiguous()
+            return torch.ops.mkldnn._linear_pointwise(xw, packed, _cast(bias, packed.dtype), "none", [], "").to(x.dtype)
         return torch.ops.mkldnn._linear_pointwise(x.contiguous(), packed, bias, "none", [], "")
 
     def pack_gated(self, weight: torch.Tensor) -> PackedWeight:
@@ -149,9 +159,13 @@ class OneDnnLinear:
         return None
 
 
+def _cast(bias: torch.Tensor | None, dtype: torch.dtype) -> torch.Tensor | None:
+    return bias if bias is None or bias.dtype == dtype else bias.to(dtype)
+
+
 class NativeLinear:
-    """The native few-row kernel for steps of up to `max_rows` rows (None: every step), `wide` for larger ones. CPU,
-    fp32."""
+    """The native few-row kernel for steps of up to `max_rows` rows (None: every step), `wide` for larger ones. CPU;
+    fp32 weights, or bf16 ones where the CPU runs the bf16 kernels; the output in x's dtype."""
 
     name = "native"
 
@@ -174,7 +188,8 @@ class NativeLinear:
             return self.wide.apply(x, packed.wide, bias)
         if packed.gated:  # its panels are gate/up pairs, in an order no caller of apply expects
             raise ValueError("a weight packed by pack_gated takes apply_gated at this row count")
-        return self._gemm.native_gemm(x, packed.panels, packed.out_features, bias)
+        out = self._gemm.native_gemm(x, packed.panels, packed.out_features, bias)
+        return out if x.dtype == out.dtype else out.to(x.dtype)
 
     def pack_gated(self, weight: torch.Tensor) -> PackedWeight:
         wide = self.wide.pack(weight)
@@ -189,7 +204,8 @@ class NativeLinear:
         assert isinstance(packed, NativePacked)
         if not packed.gated or (self.max_rows is not None and x.shape[0] > self.max_rows):
             return None
-        return self._gemm.native_gemm_silu_mul(x, packed.panels, packed.out_features // 2)
+        out = self._gemm.native_gemm_silu_mul(x, packed.panels, packed.out_features // 2)
+        return out if x.dtype == out.dtype else out.to(x.dtype)
 
     def exact(self) -> LinearBackend:
         wide = self.wide.exact()
@@ -211,23 +227,25 @@ def select_linear_backend(name: str, device: torch.device | str, dtype: torch.dt
     """'auto' | 'torch' | 'onednn' | 'native' for weights of `dtype` on `device` -> a backend.
 
     auto: for fp32 on CPU, native over oneDNN where the C kernels build and torch has oneDNN (oneDNN alone, or
-    F.linear, where either is missing); F.linear elsewhere (on GPU cuBLAS is the fast path; for bf16 on CPU F.linear
-    already runs oneDNN's bf16 GEMM).
+    F.linear, where either is missing); for bf16 on CPU, native over oneDNN's bf16 where the CPU runs the bf16
+    kernels (avx512_bf16), else F.linear; F.linear elsewhere (on GPU cuBLAS is the fast path).
     """
     dev = torch.device(device)
     if name not in LINEAR_BACKENDS:
         raise ValueError(f"linear_backend {name!r} is unknown; use one of: {', '.join(LINEAR_BACKENDS)}")
     fp32_cpu = dev.type == "cpu" and dtype == torch.float32
+    bf16_cpu = dev.type == "cpu" and dtype == torch.bfloat16
     if name == "auto":
         name = "onednn" if fp32_cpu and onednn_available() else "torch"
-        if fp32_cpu and _native_ok()[0]:
+        if (fp32_cpu or bf16_cpu) and native_linear_ok(dtype)[0]:
             name = "native"
     if name == "native":
-        if not fp32_cpu:
+        if not (fp32_cpu or bf16_cpu):
             raise ValueError(
-                f"linear_backend 'native' runs fp32 on cpu, not {dtype} on {dev.type}; use --linear-backend torch"
+                f"linear_backend 'native' runs fp32 or bf16 on cpu, not {dtype} on {dev.type}; "
+                "use --linear-backend torch"
             )
-        ok, why = _native_ok()
+        ok, why = native_linear_ok(dtype)
         if not ok:
             raise ValueError(f"linear_backend 'native' is unavailable: {why}; use --linear-backend onednn")
         return NativeLinear(OneDnnLinear() if onednn_available() else TorchLinear())
@@ -242,7 +260,14 @@ def select_linear_backend(name: str, device: torch.device | str, dtype: torch.dt
     return TorchLinear()
 
 
-def _native_ok() -> tuple[bool, str]:
+def native_linear_ok(dtype: torch.dtype) -> tuple[bool, str]:
+    """(True, "") where the native GEMM runs weights of `dtype` on this host, else (False, why)."""
     from shared.kernels.native.build import native_available
 
-    return native_available()
+    ok, why = native_available()
+    if ok and dtype == torch.bfloat16:
+        from shared.kernels.native.gemm import bf16_kernels
+
+        if not bf16_kernels():
+            return False, "this CPU has no avx512_bf16 for the bf16 kernels"
+    return ok, why

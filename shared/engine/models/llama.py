@@ -6,8 +6,11 @@ Inference only, laid out for few ops per layer on CPU:
   - cos/sin looked up once per forward, shared by all layers;
   - logits only for the rows that need them;
   - projections through a LinearBackend (shared/kernels/linear.py), chosen once after the weights load;
-  - with every kernel native (CPU, fp32), a pure decode step runs all layers in one C call
-    (shared/kernels/native/decode_layers.py), bit-identical to the layers one by one.
+  - with every kernel native (CPU, fp32 or bf16 weights), a pure decode step runs all layers in one C call
+    (shared/kernels/native/decode_layers.py), bit-identical to the layers one by one;
+  - on the native CPU kernels a bf16 model keeps bf16 weights (packed) and a bf16 KV cache but fp32 activations
+    (act_dtype): the kernels sum in fp32 and widen bf16 as they read it, so nothing is gained by rounding the
+    activations, and the norms and biases are upcast once (exactly) after loading.
 The fused parameters are filled from the checkpoint's separate tensors by `hf_weight_map` (see weights.py).
 """
 
@@ -199,6 +202,9 @@ class LlamaForCausalLM(nn.Module):
         super().__init__()
         self.cfg = cfg
         self.dtype = dtype
+        # the dtype of the hidden states: fp32 on the native CPU kernels (they take fp32 activations, whatever the
+        # weights' dtype), the weights' dtype elsewhere
+        self.act_dtype = torch.float32 if ops.name == "native" else dtype
         self.ops = ops
         # The parameters are allocated where they will live (a GPU model never has a host copy of its weights); the
         # RoPE tables are computed on the CPU and moved by to_device, as before.
@@ -226,6 +232,7 @@ class LlamaForCausalLM(nn.Module):
 
         A tied lm_head gets a packed copy next to the embedding table (the embedding lookup needs the original).
         """
+        self._upcast_vectors()
         self.linear = backend
         for layer in self.layers:
             assert isinstance(layer, DecoderLayer)
@@ -236,12 +243,26 @@ class LlamaForCausalLM(nn.Module):
         self.fused_decode = self._native_decode_layers(backend)
         self._fused_with = (backend, self.ops)
 
+    def _upcast_vectors(self) -> None:
+        """Norm weights and biases in act_dtype where it is wider than the weights' (exact: bf16 -> fp32), for the
+        native elementwise ops and GEMM epilogues, which read them as fp32."""
+        if self.act_dtype == self.dtype:
+            return
+        vectors: list[nn.Parameter | None] = [self.norm]
+        for layer in self.layers:
+            assert isinstance(layer, DecoderLayer)
+            vectors += [layer.input_norm, layer.post_norm, layer.qkv_bias, layer.o_bias, layer.qk_norm]
+        for p in vectors:
+            if p is not None and p.dtype != self.act_dtype:
+                p.data = p.data.to(self.act_dtype)
+
     def _native_decode_layers(self, backend: LinearBackend) -> NativeDecodeLayers | None:
-        """The one-call decode layers, where every layer's kernels are the native ones it calls (fp32 CPU, native
-        GEMMs for the projections and the down projection, native rope_store, no q/k norm); None elsewhere."""
+        """The one-call decode layers, where every layer's kernels are the native ones it calls (CPU, fp32 activations
+        over fp32 or bf16 weights, native GEMMs for the projections and the down projection, native rope_store, no
+        q/k norm); None elsewhere."""
         if not isinstance(backend, NativeLinear) or self.ops.name != "native" or self.ops.rope_store is None:
             return None
-        if self.cfg.qk_norm or self.dtype != torch.float32:
+        if self.cfg.qk_norm or self.act_dtype != torch.float32:
             return None
         from shared.kernels.native.decode_layers import LayerWeights, NativeDecodeLayers
 
@@ -306,11 +327,11 @@ class LlamaForCausalLM(nn.Module):
 
         Returns the final-normed hidden states of the rows in batch.logits_indices: [n, hidden].
         """
-        hidden = F.embedding(batch.input_ids, self.embed_tokens)  # [T, hidden]
+        hidden = F.embedding(batch.input_ids, self.embed_tokens).to(self.act_dtype)  # [T, hidden]
         if batch.embed_rows is not None:  # image embeddings in place of their placeholder tokens' embeddings
             assert batch.embed_values is not None
             hidden.index_copy_(0, batch.embed_rows, batch.embed_values.to(hidden.dtype))
-        cos, sin = self.rotary.lookup(batch.positions, self.dtype)  # [T, 1, D / 2] each
+        cos, sin = self.rotary.lookup(batch.positions, self.act_dtype)  # [T, 1, D / 2] each
         residual: torch.Tensor | None = None
         fused = self.fused_decode
         if (

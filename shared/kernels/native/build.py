@@ -26,9 +26,16 @@ log = logging.getLogger(__name__)
 
 _SOURCES = tuple(
     Path(__file__).with_name(n)
-    for n in ("paged_decode.c", "paged_extend.c", "skinny_gemm.c", "elementwise.c", "decode_layers.c")
+    for n in (
+        "paged_decode.c",
+        "paged_extend.c",
+        "skinny_gemm.c",
+        "skinny_gemm_bf16.c",
+        "elementwise.c",
+        "decode_layers.c",
+    )
 )
-_HEADERS = (abi.HEADER,)  # included by every source: part of the cache key
+_HEADERS = (abi.HEADER, abi.HEADER.with_name("bf16.h"))  # included by the sources: part of the cache key
 # -ffast-math: lets the compiler vectorise the dot-product sums and call glibc's vector expf (the kernel keeps every
 # value finite, which fast-math assumes). Compile only: linking with -ffast-math adds crtfastmath.o, whose constructor
 # turns on flush-to-zero for the whole process when the library loads (torch's and Python's subnormals would vanish),

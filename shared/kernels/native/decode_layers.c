@@ -38,11 +38,23 @@ enum {
  * out [t, hidden]: the last layer's MLP output. cos, sin: [t, head_dim / 2]; pages, offsets [t]: where each
  * token's K/V goes; page_table [seqs, *], seq_lens, rows [seqs]: as pdr_paged_decode_f32 takes them.
  * Returns 0; -1 (nothing written) when a K/V slot lies outside the caches; -2 when the attention kernel does not
- * take the head shapes; -3 when the scratch cannot be allocated. */
-int pdr_decode_layers_f32(const int64_t *layer_ptrs, const int64_t *dims, const float *x0, float *residual, float *out,
-                          const float *cos, const float *sin, const int64_t *pages, const int64_t *offsets,
-                          const int64_t *page_table, const int64_t *seq_lens, const int64_t *rows, float eps,
-                          float scale) {
+ * take the head shapes; -3 when the scratch cannot be allocated; -4 when the bf16 GEMM does not run in this build.
+ * bf16: the packed weights and the K/V caches are bf16 (skinny_gemm_bf16.c's panels), the activations fp32. */
+
+/* y [t, n] = x [t, k] @ w^T (+ bias), over fp32 or bf16 panels; 0, or -4 / -3 as the bf16 GEMM fails. */
+static int gemm(int bf16, const float *x, int64_t t, int64_t k, int64_t p, int64_t n, int64_t bias, float *y, int nt) {
+    if (!bf16) {
+        pdr_gemm_f32(x, k, t, k, (const float *)p, n, (const float *)bias, y, n, nt);
+        return 0;
+    }
+    const int rc = pdr_gemm_bf16(x, k, t, k, (const uint16_t *)p, n, (const float *)bias, y, n, nt);
+    return rc == -1 ? -4 : rc;
+}
+
+static int decode_layers(const int64_t *layer_ptrs, const int64_t *dims, const float *x0, float *residual, float *out,
+                         const float *cos, const float *sin, const int64_t *pages, const int64_t *offsets,
+                         const int64_t *page_table, const int64_t *seq_lens, const int64_t *rows, float eps,
+                         float scale, int bf16) {
     const int64_t t = dims[D_ROWS], hd = dims[D_HIDDEN], h = dims[D_HEADS], kvh = dims[D_KV_HEADS];
     const int64_t d = dims[D_HEAD_DIM], inter = dims[D_INTER], layers = dims[D_LAYERS];
     const int nt = (int)dims[D_THREADS];
@@ -63,24 +75,53 @@ int pdr_decode_layers_f32(const int64_t *layer_ptrs, const int64_t *dims, const 
             pdr_add_rms_norm_f32(out, hd, residual, hd, (const float *)p[L_INPUT_NORM], x, residual, t, hd, eps, nt);
             xin = x;
         }
-        pdr_gemm_f32(xin, hd, t, hd, (const float *)p[L_QKV], nqkv, (const float *)p[L_QKV_BIAS], qkv, nqkv, nt);
-        float *kc = (float *)p[L_K_CACHE], *vc = (float *)p[L_V_CACHE];
-        if (pdr_rope_store_f32(qkv, nqkv, t, h, kvh, d, cos, sin, q, k, kc, vc, dims[D_PAGE_STRIDE], dims[D_NUM_PAGES],
-                               dims[D_PAGE_SIZE], pages, offsets, nt) != 0) {
+        if ((rc = gemm(bf16, xin, t, hd, p[L_QKV], nqkv, p[L_QKV_BIAS], qkv, nt)) != 0) break;
+        void *kc = (void *)p[L_K_CACHE], *vc = (void *)p[L_V_CACHE];
+        const int64_t ps = dims[D_PAGE_STRIDE], np = dims[D_NUM_PAGES], psz = dims[D_PAGE_SIZE];
+        const int stored =
+            bf16 ? pdr_rope_store_bf16(qkv, nqkv, t, h, kvh, d, cos, sin, q, k, kc, vc, ps, np, psz, pages, offsets, nt)
+                 : pdr_rope_store_f32(qkv, nqkv, t, h, kvh, d, cos, sin, q, k, kc, vc, ps, np, psz, pages, offsets, nt);
+        if (stored != 0) {
             rc = -1; /* not reached: the slots were checked above */
             break;
         }
-        if (pdr_paged_decode_f32(q, qd, kc, vc, dims[D_PAGE_STRIDE], page_table, dims[D_PT_STRIDE], seq_lens, rows, att,
-                                 qd, (int)dims[D_SEQS], (int)h, (int)kvh, (int)d, (int)dims[D_PAGE_SIZE], scale,
-                                 nt) != 0) {
+        const int64_t pts = dims[D_PT_STRIDE];
+        const int n = (int)dims[D_SEQS];
+        if ((bf16 ? pdr_paged_decode_bf16(q, qd, kc, vc, ps, page_table, pts, seq_lens, rows, att, qd, n, (int)h,
+                                          (int)kvh, (int)d, (int)psz, scale, nt)
+                  : pdr_paged_decode_f32(q, qd, kc, vc, ps, page_table, pts, seq_lens, rows, att, qd, n, (int)h,
+                                         (int)kvh, (int)d, (int)psz, scale, nt)) != 0) {
             rc = -2;
             break;
         }
-        pdr_gemm_f32(att, qd, t, qd, (const float *)p[L_O], hd, (const float *)p[L_O_BIAS], o, hd, nt);
+        if ((rc = gemm(bf16, att, t, qd, p[L_O], hd, p[L_O_BIAS], o, nt)) != 0) break;
         pdr_add_rms_norm_f32(o, hd, residual, hd, (const float *)p[L_POST_NORM], x, residual, t, hd, eps, nt);
-        pdr_gemm_silu_mul_f32(x, hd, t, hd, (const float *)p[L_GATE_UP], inter, scratch, act, inter, nt);
-        pdr_gemm_f32(act, inter, t, inter, (const float *)p[L_DOWN], hd, 0, out, hd, nt);
+        if (bf16) {
+            const int g =
+                pdr_gemm_silu_mul_bf16(x, hd, t, hd, (const uint16_t *)p[L_GATE_UP], inter, scratch, act, inter, nt);
+            if ((rc = g == -1 ? -4 : g) != 0) break;
+        } else {
+            pdr_gemm_silu_mul_f32(x, hd, t, hd, (const float *)p[L_GATE_UP], inter, scratch, act, inter, nt);
+        }
+        if ((rc = gemm(bf16, act, t, inter, p[L_DOWN], hd, 0, out, nt)) != 0) break;
     }
     free(buf);
     return rc;
+}
+
+int pdr_decode_layers_f32(const int64_t *layer_ptrs, const int64_t *dims, const float *x0, float *residual, float *out,
+                          const float *cos, const float *sin, const int64_t *pages, const int64_t *offsets,
+                          const int64_t *page_table, const int64_t *seq_lens, const int64_t *rows, float eps,
+                          float scale) {
+    return decode_layers(layer_ptrs, dims, x0, residual, out, cos, sin, pages, offsets, page_table, seq_lens, rows, eps,
+                         scale, 0);
+}
+
+/* The same layers over bf16 panels and bf16 K/V caches (the kernels' bf16 forms; activations fp32). */
+int pdr_decode_layers_bf16(const int64_t *layer_ptrs, const int64_t *dims, const float *x0, float *residual, float *out,
+                           const float *cos, const float *sin, const int64_t *pages, const int64_t *offsets,
+                           const int64_t *page_table, const int64_t *seq_lens, const int64_t *rows, float eps,
+                           float scale) {
+    return decode_layers(layer_ptrs, dims, x0, residual, out, cos, sin, pages, offsets, page_table, seq_lens, rows, eps,
+                         scale, 1);
 }

@@ -23,8 +23,8 @@ _PTRS_PER_LAYER = 10  # decode_layers.c's L_N
 
 
 class LayerWeights:
-    """One layer's tensors as the C call reads them: norms, biases and the native GEMM's packed panels (gate_up's
-    in gate/up pairs, gemm.pack_gated_panels; the others gemm.pack_panels)."""
+    """One layer's tensors as the C call reads them: norms, biases (fp32) and the native GEMM's packed panels (gate_up's
+    in gate/up pairs, gemm.pack_gated_panels; the others gemm.pack_panels), fp32 or bf16 panels alike."""
 
     def __init__(
         self,
@@ -37,9 +37,18 @@ class LayerWeights:
         gate_up: torch.Tensor,
         down: torch.Tensor,
     ) -> None:
-        # fp32 contiguous (a no-op for the model's own tensors), held here so the addresses stay valid
+        # norms and biases fp32, panels as packed; contiguous (a no-op for the model's own tensors), held here so
+        # the addresses stay valid
+        self.bf16 = qkv.dtype == torch.bfloat16
+        panels = (qkv, o, gate_up, down)
+        if any(p.dtype != qkv.dtype for p in panels):
+            raise ValueError("the fused decode call needs every panel of a layer in one dtype")
         self.tensors = [
-            t.detach().float().contiguous() if t is not None else None
+            None
+            if t is None
+            else t.detach().contiguous()
+            if any(t is p for p in panels)
+            else t.detach().float().contiguous()
             for t in (input_norm, qkv, qkv_bias, o, o_bias, post_norm, gate_up, down)
         ]
 
@@ -66,6 +75,9 @@ class NativeDecodeLayers:
         self.hidden, self.heads, self.kv_heads, self.head_dim, self.inter = hidden, heads, kv_heads, head_dim, inter
         self.eps, self.scale, self.max_rows = eps, head_dim**-0.5, max_rows
         self._weights = [layer.addresses() for layer in self.layers]
+        self.bf16 = bool(self.layers) and self.layers[0].bf16
+        if any(layer.bf16 != self.bf16 for layer in self.layers):
+            raise ValueError("the fused decode call needs every layer's panels in one dtype")
         self._table: torch.Tensor | None = None  # [layers, 10] int64 addresses, set by bind_caches
         self._cache_shape: tuple[int, int, int] = (0, 0, 0)  # pages, tokens a page, elements between pages
         self.pool: object | None = None  # what owns the bound caches (the caller's KV pool)
@@ -84,9 +96,10 @@ class NativeDecodeLayers:
         """Every layer's K/V cache (`pool`'s views, one layout for all), checked and packed with the weights'
         addresses once per pool, not once per step. The caches must outlive the calls that follow."""
         k0 = k_caches[0]
+        want = torch.bfloat16 if self.bf16 else torch.float32
         for c in (*k_caches, *v_caches):
-            if c.stride() != k0.stride() or c.shape != k0.shape or c.dtype != torch.float32:
-                raise ValueError("every layer's K/V cache must share one fp32 layout for the fused decode call")
+            if c.stride() != k0.stride() or c.shape != k0.shape or c.dtype != want:
+                raise ValueError(f"every layer's K/V cache must share one {want} layout for the fused decode call")
         if k0.stride(3) != 1 or k0.stride(2) != self.head_dim or k0.stride(1) != self.kv_heads * self.head_dim:
             raise ValueError(f"fused decode needs each cache page contiguous, got strides {k0.stride()}")
         rows = [[*w, k.data_ptr(), v.data_ptr()] for w, k, v in zip(self._weights, k_caches, v_caches, strict=True)]
@@ -133,7 +146,8 @@ class NativeDecodeLayers:
             ],
             dtype=torch.int64,
         )
-        rc = self._lib.pdr_decode_layers_f32(
+        call = self._lib.pdr_decode_layers_bf16 if self.bf16 else self._lib.pdr_decode_layers_f32
+        rc = call(
             self._table.data_ptr(),
             dims.data_ptr(),
             x0.data_ptr(),
@@ -156,6 +170,8 @@ class NativeDecodeLayers:
                 f"native decode attention does not take heads {self.heads} / kv_heads {self.kv_heads}, head_dim "
                 f"{self.head_dim}, page_size {page_size}; use --attention-backend torch"
             )
+        if rc == -4:
+            raise RuntimeError("the bf16 GEMM needs a CPU with avx512_bf16; use --dtype float32 on this host")
         if rc != 0:
             raise MemoryError("the fused decode call could not allocate its scratch")
         return out, residual

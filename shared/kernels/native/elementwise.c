@@ -7,6 +7,7 @@
 #include <math.h>
 #include <stdint.h>
 
+#include "bf16.h"
 #include "pdr_kernels.h"
 
 #define PAR_MIN_ELEMS 65536  // rows x columns below which one thread does the whole call
@@ -43,11 +44,11 @@ static inline void rotate(const float *x, const float *c, const float *s, float 
 // the rotated k to k_out [t, kvh, d] (both contiguous), and stores k and v into their cache slots: token i's go
 // to page pages[i], slot offsets[i] of k_cache / v_cache ([pages, page_size, kvh, d], page stride ps elements;
 // a page < 0 is padding and stored nowhere). cos, sin: [t, d / 2]. Returns -1, having written nothing, when a
-// slot lies outside the caches' num_pages x page_size.
-int pdr_rope_store_f32(const float *qkv, int64_t qs, int64_t t, int64_t h, int64_t kvh, int64_t d, const float *cos,
-                       const float *sin, float *q_out, float *k_out, float *k_cache, float *v_cache, int64_t ps,
-                       int64_t num_pages, int64_t page_size, const int64_t *pages, const int64_t *offsets,
-                       int threads) {
+// slot lies outside the caches' num_pages x page_size. bf16: the caches hold bf16 (K and V rounded to nearest even).
+static int rope_store(const float *qkv, int64_t qs, int64_t t, int64_t h, int64_t kvh, int64_t d, const float *cos,
+                      const float *sin, float *q_out, float *k_out, void *k_cache, void *v_cache, int64_t ps,
+                      int64_t num_pages, int64_t page_size, const int64_t *pages, const int64_t *offsets, int threads,
+                      int bf16) {
     const int64_t half = d / 2, kv = kvh * d;
     for (int64_t i = 0; i < t; i++)
         if (pages[i] >= num_pages || (pages[i] >= 0 && (offsets[i] < 0 || offsets[i] >= page_size))) return -1;
@@ -60,13 +61,36 @@ int pdr_rope_store_f32(const float *qkv, int64_t qs, int64_t t, int64_t h, int64
         if (pages[i] < 0) continue;
         const int64_t slot = pages[i] * ps + offsets[i] * kv;
         const float *vi = row + (h + kvh) * d;
-        float *kc = k_cache + slot, *vc = v_cache + slot;
+        if (bf16) {
+            pdr_store_bf16((uint16_t *)k_cache + slot, ko, kv);
+            pdr_store_bf16((uint16_t *)v_cache + slot, vi, kv);
+            continue;
+        }
+        float *kc = (float *)k_cache + slot, *vc = (float *)v_cache + slot;
         for (int64_t j = 0; j < kv; j++) {
             kc[j] = ko[j];
             vc[j] = vi[j];
         }
     }
     return 0;
+}
+
+int pdr_rope_store_f32(const float *qkv, int64_t qs, int64_t t, int64_t h, int64_t kvh, int64_t d, const float *cos,
+                       const float *sin, float *q_out, float *k_out, float *k_cache, float *v_cache, int64_t ps,
+                       int64_t num_pages, int64_t page_size, const int64_t *pages, const int64_t *offsets,
+                       int threads) {
+    return rope_store(qkv, qs, t, h, kvh, d, cos, sin, q_out, k_out, k_cache, v_cache, ps, num_pages, page_size, pages,
+                      offsets, threads, 0);
+}
+
+// pdr_rope_store_f32 into bf16 caches (q_out and k_out stay fp32: the step's attention reads q from them, and the
+// cache's rounded K/V).
+int pdr_rope_store_bf16(const float *qkv, int64_t qs, int64_t t, int64_t h, int64_t kvh, int64_t d, const float *cos,
+                        const float *sin, float *q_out, float *k_out, uint16_t *k_cache, uint16_t *v_cache, int64_t ps,
+                        int64_t num_pages, int64_t page_size, const int64_t *pages, const int64_t *offsets,
+                        int threads) {
+    return rope_store(qkv, qs, t, h, kvh, d, cos, sin, q_out, k_out, k_cache, v_cache, ps, num_pages, page_size, pages,
+                      offsets, threads, 1);
 }
 
 // x [t, 2 inter] (row stride xs) holds gate | up; out [t, inter] = silu(gate) * up.

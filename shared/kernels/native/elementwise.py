@@ -1,4 +1,5 @@
-"""The decoder layer's elementwise ops in C (elementwise.c), fp32 on CPU: the `native` backend's set.
+"""The decoder layer's elementwise ops in C (elementwise.c), fp32 activations on CPU: the `native` backend's set (a
+bf16 model's native path keeps its activations in fp32 too; only rope_store's K/V cache may be bf16).
 
 Same contracts as the torch references (shared/kernels/rms_norm.py, activation.py) they are tested against, plus
 one fused op the references do in several: `rope_store` rotates q and k, writes K/V into their cache slots and
@@ -70,17 +71,20 @@ def rope_store(
     """qkv [T, (heads + 2 * kv_heads) * head_dim] (q | k | v per row) -> (q [T, heads, d], k [T, kv_heads, d]),
     rotated by cos/sin ([T, 1, d / 2], as RotaryCache.lookup gives them), contiguous; the rotated k and the v of
     token i are stored at (pages[i], offsets[i]) of the caches ([num_pages, page_size, kv_heads, d], each page
-    contiguous), as KVPool.write would."""
+    contiguous; fp32, or bf16 rounded to nearest even as torch's .to(bfloat16) rounds), as KVPool.write would."""
     qkv = _rows(qkv)
     t = qkv.shape[0]
     assert qkv.shape[1] == (heads + 2 * kv_heads) * head_dim
     assert cos.is_contiguous() and sin.is_contiguous() and cos.numel() == t * (head_dim // 2)
     assert k_cache.stride() == v_cache.stride() and k_cache.stride(1) == kv_heads * head_dim
-    assert k_cache.stride(2) == head_dim and k_cache.stride(3) == 1 and k_cache.dtype == torch.float32
+    assert k_cache.stride(2) == head_dim and k_cache.stride(3) == 1 and k_cache.dtype == v_cache.dtype
+    assert k_cache.dtype in (torch.float32, torch.bfloat16)
     assert pages.dtype == offsets.dtype == torch.int64 and pages.is_contiguous() and offsets.is_contiguous()
     q = torch.empty((t, heads, head_dim), dtype=torch.float32)
     k = torch.empty((t, kv_heads, head_dim), dtype=torch.float32)
-    rc = load_library().pdr_rope_store_f32(
+    lib = load_library()
+    kernel = lib.pdr_rope_store_f32 if k_cache.dtype == torch.float32 else lib.pdr_rope_store_bf16
+    rc = kernel(
         qkv.data_ptr(),
         qkv.stride(0),
         t,

@@ -16,6 +16,7 @@
 #include <math.h>
 #include <stdint.h>
 
+#include "bf16.h"
 #include "pdr_kernels.h"
 
 #if defined(__AVX512F__) || (defined(__AVX2__) && defined(__FMA__))
@@ -30,8 +31,8 @@
 typedef struct {
     const float *q;
     int64_t q_stride; /* floats between two query tokens */
-    const float *k, *v;
-    int64_t page_stride; /* floats between two pages of one layer's K (or V) */
+    const void *k, *v;   /* float, or bf16 (uint16_t) where bf16 is set */
+    int64_t page_stride; /* elements between two pages of one layer's K (or V) */
     const int64_t *page_table;
     int64_t pt_stride;
     const int64_t *seq_lens, *rows;
@@ -39,7 +40,18 @@ typedef struct {
     int64_t out_stride;
     int n, heads, kv_heads, dim, page_size;
     float scale;
+    int bf16; /* the cache holds bf16: every K/V element is widened to fp32 as it is read */
 } job_t;
+
+/* Element i of a K or V cache, as fp32. */
+static inline float kv_at(const void *base, int64_t i, int bf16) {
+    return bf16 ? pdr_from_bf16(((const uint16_t *)base)[i]) : ((const float *)base)[i];
+}
+
+/* The address of element i of a K or V cache (for prefetches). */
+static inline const char *kv_addr(const void *base, int64_t i, int bf16) {
+    return (const char *)base + i * (bf16 ? 2 : 4);
+}
 
 /* Per query head: scaled q, a zero accumulator, running max and sum at their start values. */
 static void start_heads(const float *q, float scale, int heads, int d, float (*qs)[MAX_DIM], float (*acc)[MAX_DIM],
@@ -74,15 +86,14 @@ static void attend(const job_t *j, int i, int kh) {
     for (int64_t start = 0; start < len; start += P) {
         const int cnt = (int)(len - start < P ? len - start : P);
         const int64_t page = pt[start / P];
-        const float *kp = j->k + page * j->page_stride + (int64_t)kh * d;
-        const float *vp = j->v + page * j->page_stride + (int64_t)kh * d;
+        const int64_t at = page * j->page_stride + (int64_t)kh * d; /* element of this page's first row */
         for (int h = 0; h < g; h++) {
             float mx = m[h];
             for (int t = 0; t < cnt; t++) {
-                const float *kt = kp + t * tok_stride;
+                const int64_t kt = at + t * tok_stride;
                 float dot = 0.0f;
 #pragma omp simd reduction(+ : dot)
-                for (int x = 0; x < d; x++) dot += qs[h][x] * kt[x];
+                for (int x = 0; x < d; x++) dot += qs[h][x] * kv_at(j->k, kt + x, j->bf16);
                 s[h][t] = dot;
                 mx = dot > mx ? dot : mx;
             }
@@ -97,10 +108,10 @@ static void attend(const job_t *j, int i, int kh) {
             m[h] = mx;
             for (int x = 0; x < d; x++) acc[h][x] *= corr;
             for (int t = 0; t < cnt; t++) {
-                const float *vt = vp + t * tok_stride;
+                const int64_t vt = at + t * tok_stride;
                 const float p = s[h][t];
 #pragma omp simd
-                for (int x = 0; x < d; x++) acc[h][x] += p * vt[x];
+                for (int x = 0; x < d; x++) acc[h][x] += p * kv_at(j->v, vt + x, j->bf16);
             }
         }
     }
@@ -111,9 +122,9 @@ static void attend(const job_t *j, int i, int kh) {
 /* The lines of `cnt` tokens' rows (d floats each, tok_stride apart) into L2. Into L2, not L1: a page's K and V for
  * every kv head of a sequence (24 KiB at 3 x 64) plus the next one's would not fit L1 beside the working set
  * (measured 10-15% slower with _MM_HINT_T0 at 16 sequences of 160 tokens from DRAM). */
-static void prefetch_page(const float *p, int cnt, int64_t tok_stride, int d) {
+static void prefetch_page(const char *p, int cnt, int64_t tok_bytes, int64_t row_bytes) {
     for (int t = 0; t < cnt; t++)
-        for (int x = 0; x < d; x += 16) _mm_prefetch((const char *)(p + t * tok_stride + x), _MM_HINT_T1);
+        for (int64_t x = 0; x < row_bytes; x += 64) _mm_prefetch(p + t * tok_bytes + x, _MM_HINT_T1);
 }
 
 /* The page after the one at `start`, for an item over kv heads [kh0, kh0 + span / d) of a sequence of `len` tokens.
@@ -123,27 +134,28 @@ static void prefetch_page(const float *p, int cnt, int64_t tok_stride, int d) {
  * 8.6-9.2 -> 6.8-8.5 ms; of 512: 32 -> 21.5 ms). A one-head item's rows are strided: prefetched here in one burst,
  * and the result is 0. */
 static int64_t next_page(const job_t *j, const int64_t *pt, int64_t start, int64_t len, int kh0, int span,
-                         const float **nk, const float **nv) {
-    const int64_t P = j->page_size, tok_stride = (int64_t)j->kv_heads * j->dim;
+                         const char **nk, const char **nv) {
+    const int64_t P = j->page_size, tok_stride = (int64_t)j->kv_heads * j->dim, es = j->bf16 ? 2 : 4;
     if (start + P >= len) return 0;
     const int64_t next = pt[start / P + 1];
     const int ncnt = (int)(len - start - P < P ? len - start - P : P);
     if (span == tok_stride) {
-        *nk = j->k + next * j->page_stride;
-        *nv = j->v + next * j->page_stride;
-        return ((int64_t)ncnt * span + 15) / 16;
+        *nk = kv_addr(j->k, next * j->page_stride, j->bf16);
+        *nv = kv_addr(j->v, next * j->page_stride, j->bf16);
+        return ((int64_t)ncnt * span * es + 63) / 64;
     }
-    prefetch_page(j->k + next * j->page_stride + (int64_t)kh0 * j->dim, ncnt, tok_stride, span);
-    prefetch_page(j->v + next * j->page_stride + (int64_t)kh0 * j->dim, ncnt, tok_stride, span);
+    const int64_t first = next * j->page_stride + (int64_t)kh0 * j->dim;
+    prefetch_page(kv_addr(j->k, first, j->bf16), ncnt, tok_stride * es, span * es);
+    prefetch_page(kv_addr(j->v, first, j->bf16), ncnt, tok_stride * es, span * es);
     return 0;
 }
 
 /* Query head h's share of the next page's lines, prefetched into L2. */
-static inline void prefetch_share(const float *nk, const float *nv, int64_t nlines, int gh, int h) {
+static inline void prefetch_share(const char *nk, const char *nv, int64_t nlines, int gh, int h) {
     const int64_t share = (nlines + gh - 1) / gh, lo = h * share, hi = lo + share < nlines ? lo + share : nlines;
     for (int64_t x = lo; x < hi; x++) {
-        _mm_prefetch((const char *)(nk + x * 16), _MM_HINT_T1);
-        _mm_prefetch((const char *)(nv + x * 16), _MM_HINT_T1);
+        _mm_prefetch(nk + x * 64, _MM_HINT_T1);
+        _mm_prefetch(nv + x * 64, _MM_HINT_T1);
     }
 }
 #endif
@@ -203,8 +215,10 @@ static inline void weigh_values(float *acc, const float *vp, int64_t tok_stride,
  * vectorised exp), and the next page is prefetched while this one is computed (the pages of a sequence are
  * scattered, so the hardware prefetcher cannot follow). Over 30 layers at 16 sequences of 160 tokens from DRAM
  * (GQA 9/3, head_dim 64, 2 threads, Zen 4): 240-265 us a layer with a horizontal sum per token and the next page
- * into L1, 198-213 here. */
-static void attend_avx512(const job_t *j, int i, int kh0, int kh1) {
+ * into L1, 198-213 here. A bf16 cache's block is widened into fp32 rows in L1 once per kv head, and its query heads
+ * (the GQA group) read those: widened at every load instead, each element was widened g times. */
+static inline __attribute__((always_inline)) void attend_avx512_t(const job_t *j, int i, int kh0, int kh1,
+                                                                  const int bf16) {
     const int g = j->heads / j->kv_heads, d = j->dim, P = j->page_size;
     const int64_t tok_stride = (int64_t)j->kv_heads * d;
     const int64_t row = j->rows[i], len = j->seq_lens[i];
@@ -214,26 +228,36 @@ static void attend_avx512(const job_t *j, int i, int kh0, int kh1) {
     const int64_t *pt = j->page_table + (int64_t)i * j->pt_stride;
     float qs[MAX_HEADS][MAX_DIM] __attribute__((aligned(64))), acc[MAX_HEADS][MAX_DIM] __attribute__((aligned(64)));
     float p[16] __attribute__((aligned(64))), m[MAX_HEADS], l[MAX_HEADS];
+    float kw[16 * MAX_DIM] __attribute__((aligned(64))), vw[16 * MAX_DIM] __attribute__((aligned(64))); /* bf16 only */
     start_heads(q, j->scale, gh, d, qs, acc, m, l);
     for (int64_t start = 0; start < len; start += P) {
         const int cnt = (int)(len - start < P ? len - start : P);
         const int64_t page = pt[start / P];
-        const float *nk = 0, *nv = 0;
+        const char *nk = 0, *nv = 0;
         const int64_t nlines = next_page(j, pt, start, len, kh0, span, &nk, &nv);
         for (int t0 = 0; t0 < cnt; t0 += 16) {
             const int bc = cnt - t0 < 16 ? cnt - t0 : 16;
             const __mmask16 live = (__mmask16)(bc == 16 ? 0xFFFFu : (1u << bc) - 1u);
             for (int h = 0; h < gh; h++) {
                 if (nlines && t0 == 0) prefetch_share(nk, nv, nlines, gh, h);
-                const int64_t at = page * j->page_stride + (int64_t)(kh0 + h / g) * d + t0 * tok_stride;
-                const float *kp = j->k + at, *vp = j->v + at;
+                int64_t at = page * j->page_stride + (int64_t)(kh0 + h / g) * d + t0 * tok_stride, ts = tok_stride;
+                const void *kb = j->k, *vb = j->v;
+                if (bf16) { /* the block's rows of this kv head, widened once for its g query heads */
+                    if (h % g == 0)
+                        for (int t = 0; t < bc; t++) {
+                            pdr_widen_bf16(kw + t * d, (const uint16_t *)j->k + at + t * tok_stride, d);
+                            pdr_widen_bf16(vw + t * d, (const uint16_t *)j->v + at + t * tok_stride, d);
+                        }
+                    kb = kw, vb = vw, at = 0, ts = d;
+                }
                 __m512 a[16];
                 for (int t = 0; t < 16; t++) {
                     a[t] = _mm512_setzero_ps();
                     if (t >= bc) continue;
-                    const float *kt = kp + t * tok_stride;
+                    const int64_t kt = at + t * ts;
                     for (int x = 0; x < d; x += 16)
-                        a[t] = _mm512_fmadd_ps(_mm512_load_ps(qs[h] + x), _mm512_loadu_ps(kt + x), a[t]);
+                        a[t] = _mm512_fmadd_ps(_mm512_load_ps(qs[h] + x), _mm512_loadu_ps((const float *)kb + kt + x),
+                                               a[t]);
                 }
                 const __m512 sc = hsum16(a); /* [16] scores; lanes past bc are not tokens */
                 const float top = _mm512_mask_reduce_max_ps(live, sc);
@@ -245,11 +269,18 @@ static void attend_avx512(const job_t *j, int i, int kh0, int kh1) {
                 const __m512 pv = _mm512_maskz_load_ps(live, p); /* exp(0) = 1 past bc: masked out */
                 l[h] = l[h] * corr + _mm512_reduce_add_ps(pv);
                 m[h] = mx;
-                weigh_values(acc[h], vp, tok_stride, p, bc, d, corr);
+                weigh_values(acc[h], (const float *)vb + at, ts, p, bc, d, corr);
             }
         }
     }
     finish_heads(j->out + row * j->out_stride + (int64_t)kh0 * g * d, gh, d, acc, l);
+}
+
+static void attend_avx512(const job_t *j, int i, int kh0, int kh1) {
+    if (j->bf16)
+        attend_avx512_t(j, i, kh0, kh1, 1);
+    else
+        attend_avx512_t(j, i, kh0, kh1, 0);
 }
 #define ATTEND_VEC attend_avx512
 #define VEC_DIM 16
@@ -349,7 +380,7 @@ static void attend_avx2(const job_t *j, int i, int kh0, int kh1) {
     for (int64_t start = 0; start < len; start += P) {
         const int cnt = (int)(len - start < P ? len - start : P);
         const int64_t page = pt[start / P];
-        const float *nk = 0, *nv = 0;
+        const char *nk = 0, *nv = 0;
         const int64_t nlines = next_page(j, pt, start, len, kh0, span, &nk, &nv);
         for (int t0 = 0; t0 < cnt; t0 += 16) {
             const int bc = cnt - t0 < 16 ? cnt - t0 : 16;
@@ -358,7 +389,7 @@ static void attend_avx2(const job_t *j, int i, int kh0, int kh1) {
             for (int h = 0; h < gh; h++) {
                 if (nlines && t0 == 0) prefetch_share(nk, nv, nlines, gh, h);
                 const int64_t at = page * j->page_stride + (int64_t)(kh0 + h / g) * d + t0 * tok_stride;
-                const float *kp = j->k + at, *vp = j->v + at;
+                const float *kp = (const float *)j->k + at, *vp = (const float *)j->v + at; /* fp32 only */
                 const __m256 s0 = scores8(qs[h], kp, tok_stride, d, bc < 8 ? bc : 8);
                 const __m256 s1 = bc > 8 ? scores8(qs[h], kp + 8 * tok_stride, tok_stride, d, bc - 8) : neg;
                 const float top = hmax8(_mm256_max_ps(s0, s1));
@@ -384,23 +415,23 @@ static void attend_avx2(const job_t *j, int i, int kh0, int kh1) {
 #define VEC_DIM 8
 #endif
 
-/* Returns 0, or -1 when a size is past the fixed per-item buffers (the caller says which flag avoids it). */
-int pdr_paged_decode_f32(const float *q, int64_t q_stride, const float *k, const float *v, int64_t page_stride,
-                         const int64_t *page_table, int64_t pt_stride, const int64_t *seq_lens, const int64_t *rows,
-                         float *out, int64_t out_stride, int n, int heads, int kv_heads, int dim, int page_size,
-                         float scale, int nthreads) {
+/* The entry points below, over a cache of fp32 or (bf16 set) bf16 elements. */
+static int decode(const float *q, int64_t q_stride, const void *k, const void *v, int64_t page_stride,
+                  const int64_t *page_table, int64_t pt_stride, const int64_t *seq_lens, const int64_t *rows,
+                  float *out, int64_t out_stride, int n, int heads, int kv_heads, int dim, int page_size, float scale,
+                  int nthreads, int bf16) {
     if (kv_heads <= 0 || heads % kv_heads || heads / kv_heads > MAX_GROUP || dim > MAX_DIM || page_size > MAX_PAGE)
         return -1;
     const job_t j = {q,   q_stride,   k, v,     page_stride, page_table, pt_stride, seq_lens, rows,
-                     out, out_stride, n, heads, kv_heads,    dim,        page_size, scale};
+                     out, out_stride, n, heads, kv_heads,    dim,        page_size, scale,    bf16};
     const int items = n * kv_heads;
     if (nthreads < 1) nthreads = 1;
     /* AVX-512 or AVX2, head_dim a multiple of the vector: with enough sequences to go round, an item is a whole
      * sequence, every kv head page by page (a page's heads share its cache lines: 418 -> 343 us a layer over 30
      * layers at 16 sequences of 160 tokens on Zen 4, against one head per item), else one kv head (every thread
-     * busy with few sequences). */
+     * busy with few sequences). A bf16 cache takes the AVX-512 path (the AVX2 one reads fp32 only) or the loops. */
 #if defined(ATTEND_VEC)
-    if (dim % VEC_DIM == 0) {
+    if (dim % VEC_DIM == 0 && (!bf16 || VEC_DIM == 16)) {
         if (n >= 2 * nthreads && heads <= MAX_HEADS) {
 #pragma omp parallel for schedule(dynamic, 1) num_threads(nthreads)
             for (int i = 0; i < n; i++) ATTEND_VEC(&j, i, 0, kv_heads);
@@ -414,4 +445,23 @@ int pdr_paged_decode_f32(const float *q, int64_t q_stride, const float *k, const
 #pragma omp parallel for schedule(dynamic, 1) num_threads(nthreads)
     for (int it = 0; it < items; it++) attend(&j, it / kv_heads, it % kv_heads);
     return 0;
+}
+
+/* Returns 0, or -1 when a size is past the fixed per-item buffers (the caller says which flag avoids it). */
+int pdr_paged_decode_f32(const float *q, int64_t q_stride, const float *k, const float *v, int64_t page_stride,
+                         const int64_t *page_table, int64_t pt_stride, const int64_t *seq_lens, const int64_t *rows,
+                         float *out, int64_t out_stride, int n, int heads, int kv_heads, int dim, int page_size,
+                         float scale, int nthreads) {
+    return decode(q, q_stride, k, v, page_stride, page_table, pt_stride, seq_lens, rows, out, out_stride, n, heads,
+                  kv_heads, dim, page_size, scale, nthreads, 0);
+}
+
+/* pdr_paged_decode_f32 over a bf16 cache (q and out fp32): each K/V element widened to fp32 as it is read, the
+ * sums and the softmax in fp32. */
+int pdr_paged_decode_bf16(const float *q, int64_t q_stride, const uint16_t *k, const uint16_t *v, int64_t page_stride,
+                          const int64_t *page_table, int64_t pt_stride, const int64_t *seq_lens, const int64_t *rows,
+                          float *out, int64_t out_stride, int n, int heads, int kv_heads, int dim, int page_size,
+                          float scale, int nthreads) {
+    return decode(q, q_stride, k, v, page_stride, page_table, pt_stride, seq_lens, rows, out, out_stride, n, heads,
+                  kv_heads, dim, page_size, scale, nthreads, 1);
 }

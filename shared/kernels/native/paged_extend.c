@@ -20,6 +20,7 @@
 #include <stdint.h>
 #include <stdlib.h>
 
+#include "bf16.h"
 #include "pdr_kernels.h"
 
 #if defined(__AVX512F__) || (defined(__AVX2__) && defined(__FMA__))
@@ -35,7 +36,7 @@
 typedef struct {
     const float *q;
     int64_t q_stride; /* floats between two tokens' q rows */
-    const float *k, *v;
+    const void *k, *v; /* float, or bf16 (uint16_t) where bf16 is set */
     int64_t page_stride;
     const int64_t *page_table;
     int64_t pt_stride;
@@ -44,6 +45,7 @@ typedef struct {
     int64_t out_stride;
     int heads, kv_heads, dim, page_size;
     float scale;
+    int bf16; /* the cache holds bf16: each key tile's rows are widened into fp32 rows first */
 } job_t;
 
 #if !defined(__AVX512F__) && defined(__AVX2__) && defined(__FMA__)
@@ -189,6 +191,9 @@ static void attend_block(const job_t *j, int s, int h, int64_t i0, int nq) {
         l[t] = 0.0f;
     }
     const float *kr[KB], *vr[KB];
+    /* A bf16 cache's tile, widened: 8 keys x d for K and V, converted once a tile and read by all 16 query lanes
+     * (the tile's FMAs outnumber the conversions ~8 to 1). */
+    float kw[KB][MAX_DIM] __attribute__((aligned(64))), vw[KB][MAX_DIM] __attribute__((aligned(64)));
     const int64_t *pt_row = j->page_table + (int64_t)s * j->pt_stride, tok_stride = (int64_t)j->kv_heads * d;
     for (int64_t k0 = 0; k0 < keys; k0 += KB) {
         const int kc = keys - k0 < KB ? (int)(keys - k0) : KB;
@@ -196,8 +201,15 @@ static void attend_block(const job_t *j, int s, int h, int64_t i0, int nq) {
             int64_t pi = k0 / j->page_size, slot = k0 % j->page_size; /* one division a tile, then walk */
             for (int c = 0; c < kc; c++) {
                 const int64_t at = pt_row[pi] * j->page_stride + slot * tok_stride + (int64_t)kh * d;
-                kr[c] = j->k + at;
-                vr[c] = j->v + at;
+                if (j->bf16) {
+                    pdr_widen_bf16(kw[c], (const uint16_t *)j->k + at, d);
+                    pdr_widen_bf16(vw[c], (const uint16_t *)j->v + at, d);
+                    kr[c] = kw[c];
+                    vr[c] = vw[c];
+                } else {
+                    kr[c] = (const float *)j->k + at;
+                    vr[c] = (const float *)j->v + at;
+                }
                 if (++slot == j->page_size) {
                     slot = 0;
                     pi++;
@@ -322,15 +334,15 @@ static void attend_block(const job_t *j, int s, int h, int64_t i0, int nq) {
     }
 }
 
-/* Returns 0, or -1 when head_dim is past the per-item buffers (the caller says which flag avoids it). */
-int pdr_paged_extend_f32(const float *q, int64_t q_stride, const float *k, const float *v, int64_t page_stride,
-                         const int64_t *page_table, int64_t pt_stride, const int64_t *starts, const int64_t *prefix,
-                         const int64_t *lens, float *out, int64_t out_stride, int n, int heads, int kv_heads, int dim,
-                         int page_size, float scale, int nthreads) {
+/* The entry points below, over a cache of fp32 or (bf16 set) bf16 elements. */
+static int extend(const float *q, int64_t q_stride, const void *k, const void *v, int64_t page_stride,
+                  const int64_t *page_table, int64_t pt_stride, const int64_t *starts, const int64_t *prefix,
+                  const int64_t *lens, float *out, int64_t out_stride, int n, int heads, int kv_heads, int dim,
+                  int page_size, float scale, int nthreads, int bf16) {
     if (kv_heads <= 0 || heads % kv_heads || dim > MAX_DIM || dim <= 0) return -1;
     if (n <= 0) return 0;
     const job_t j = {q,    q_stride, k,          v,     page_stride, page_table, pt_stride, starts, prefix,
-                     lens, out,      out_stride, heads, kv_heads,    dim,        page_size, scale};
+                     lens, out,      out_stride, heads, kv_heads,    dim,        page_size, scale,  bf16};
     /* items: every (sequence, block of 16 new tokens), times the heads; first[s] = the sequence's first block */
     int64_t *first = malloc(sizeof(int64_t) * (size_t)(n + 1));
     if (!first) return -2;
@@ -351,4 +363,22 @@ int pdr_paged_extend_f32(const float *q, int64_t q_stride, const float *k, const
     }
     free(first);
     return 0;
+}
+
+/* Returns 0, or -1 when head_dim is past the per-item buffers (the caller says which flag avoids it). */
+int pdr_paged_extend_f32(const float *q, int64_t q_stride, const float *k, const float *v, int64_t page_stride,
+                         const int64_t *page_table, int64_t pt_stride, const int64_t *starts, const int64_t *prefix,
+                         const int64_t *lens, float *out, int64_t out_stride, int n, int heads, int kv_heads, int dim,
+                         int page_size, float scale, int nthreads) {
+    return extend(q, q_stride, k, v, page_stride, page_table, pt_stride, starts, prefix, lens, out, out_stride, n,
+                  heads, kv_heads, dim, page_size, scale, nthreads, 0);
+}
+
+/* pdr_paged_extend_f32 over a bf16 cache (q and out fp32; sums and softmax in fp32). */
+int pdr_paged_extend_bf16(const float *q, int64_t q_stride, const uint16_t *k, const uint16_t *v, int64_t page_stride,
+                          const int64_t *page_table, int64_t pt_stride, const int64_t *starts, const int64_t *prefix,
+                          const int64_t *lens, float *out, int64_t out_stride, int n, int heads, int kv_heads, int dim,
+                          int page_size, float scale, int nthreads) {
+    return extend(q, q_stride, k, v, page_stride, page_table, pt_stride, starts, prefix, lens, out, out_stride, n,
+                  heads, kv_heads, dim, page_size, scale, nthreads, 1);
 }

@@ -1,4 +1,5 @@
-"""Paged extend (prefill) attention in C over the KV pool in place (CPU, fp32): the `native` backend's extend path.
+"""Paged extend (prefill) attention in C over the KV pool in place (CPU; q and out fp32, the cache fp32 or bf16): the
+`native` backend's extend path.
 
 Same contract as shared/kernels/extend_attention.extend_attention (the torch reference it is tested against), except
 that every key and value, the new tokens' included, is read from the pages: the caller has written the new tokens'
@@ -29,7 +30,8 @@ def native_paged_extend(
     """out[starts[i] + j] = causal attention of q[starts[i] + j] ([heads, head_dim], position prefix_lens[i] + j)
     over sequence i's first prefix_lens[i] + j + 1 cached tokens, for j < extend_lens[i].
 
-    q, out: [T, heads, head_dim] fp32 contiguous; k_cache, v_cache: as check_cache says (same strides); page_table:
+    q, out: [T, heads, head_dim] fp32 contiguous; k_cache, v_cache: as check_cache says (same strides and dtype: a
+    bf16 cache is widened to fp32 as it is read); page_table:
     [n, max_pages] int64 contiguous, row i for sequence i. Raises ValueError on a head_dim past the kernel's buffers.
     """
     n = len(extend_lens)
@@ -41,10 +43,12 @@ def native_paged_extend(
     _, heads, head_dim = q.shape
     _, page_size, kv_heads, _ = k_cache.shape
     assert q.is_contiguous() and out.is_contiguous() and out.shape == q.shape
-    assert k_cache.stride() == v_cache.stride()
+    assert k_cache.stride() == v_cache.stride() and k_cache.dtype == v_cache.dtype
     assert page_table.dtype == torch.int64 and page_table.is_contiguous() and page_table.shape[0] == n
     plan = torch.tensor([list(starts), list(prefix_lens), list(extend_lens)], dtype=torch.int64)  # [3, n]
-    rc = load_library().pdr_paged_extend_f32(
+    lib = load_library()
+    kernel = lib.pdr_paged_extend_f32 if k_cache.dtype == torch.float32 else lib.pdr_paged_extend_bf16
+    rc = kernel(
         q.data_ptr(),
         heads * head_dim,
         k_cache.data_ptr(),

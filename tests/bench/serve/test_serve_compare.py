@@ -38,7 +38,9 @@ def test_compare_peer_flags_are_checked(tmp_path: Path) -> None:
             "worker=--threads 2",
         )
     )
-    assert spec.setups == ("colocated", "cluster") and spec.peer_settings == ("default", "all")
+    assert spec.setups == ("colocated", "cluster") and spec.peer_settings == ("default", "all", "all-fp32")
+    fp32 = validate(_ns("--compare-peer", "vllm", "--peer-python", str(py), "--pdrelay-setups", "colocated-fp32"))
+    assert fp32.setups == ("colocated-fp32",)
     assert spec.range_ratios == (0.0, 0.5) and spec.role_flags == {"worker": ("--threads", "2")}
     bad = [
         (("--peer-python", str(tmp_path / "nope")), "--peer-python"),
@@ -242,3 +244,15 @@ def test_the_setups_are_what_pdrelay_up_starts() -> None:
     colocated = {r: n for r, n in DEFAULT_COUNTS.items() if n and r not in engines} | {"worker": 1}
     assert SETUPS["colocated"] == colocated
     assert all(SETUPS[s][r] == DEFAULT_COUNTS[r] for s in SETUPS for r in _WITH_ENGINES)
+
+
+def test_fp32_setups_pin_the_engines_dtype_and_the_peer_settings_name_theirs() -> None:
+    from bench.serve.compare_servers import PEER_SETTINGS, SETUP_DTYPE, SETUPS
+
+    assert SETUPS["colocated-fp32"] == SETUPS["colocated"] and SETUP_DTYPE == {
+        "colocated-fp32": "float32",
+        "cluster-fp32": "float32",
+    }
+    vllm = PEER_SETTINGS["vllm"]
+    assert vllm["default"] == {"VLLM_PEER_CORES": "default", "VLLM_PEER_DTYPE": "auto"}  # vLLM at its defaults
+    assert vllm["all-fp32"] == {"VLLM_PEER_CORES": "all", "VLLM_PEER_DTYPE": "float32"}

@@ -72,6 +72,36 @@ def test_dtypes(make_ctx, ctx: PassContext) -> None:
     assert kept.cache.kv_cache_dtype == "bfloat16" and kept.provenance["cache.kv_cache_dtype"].source == "cli"
 
 
+ZEN4 = "fpu sse2 avx avx2 fma avx512f avx512dq avx512bw avx512vl avx512_bf16 avx512_vnni"
+SKYLAKE_X = "fpu sse2 avx avx2 fma avx512f avx512dq avx512bw avx512vl"
+ZEN3 = "fpu sse2 avx avx2 fma"
+
+
+@pytest.mark.parametrize(
+    ("flags", "compiler", "dtype", "why"),
+    [
+        (ZEN4, True, "bfloat16", "avx512_bf16 runs the native bf16 kernels"),
+        (ZEN4 + " amx_bf16 amx_tile", True, "bfloat16", "AMX-BF16 present"),
+        (ZEN4, False, "float32", "no C compiler"),
+        (SKYLAKE_X, True, "float32", "no avx512_bf16 (avx512 kernels run float32)"),
+        (ZEN3, True, "float32", "no avx512_bf16 (avx2 kernels run float32)"),
+        ("", True, "float32", "no avx512_bf16 (plain kernels"),
+    ],
+)
+def test_cpu_dtype_auto_follows_the_native_kernels(make_ctx, flags: str, compiler: bool, dtype: str, why: str) -> None:
+    """--dtype auto on cpu: bf16 where the native bf16 kernels run (as vLLM-cpu picks bf16 there), float32 elsewhere;
+    `config show` says which flag decided. A user's --dtype is never overridden."""
+    ctx = make_ctx(flags=frozenset(flags.split()), compiler=compiler)
+    cfg = resolve("worker", env={}, ctx=ctx)
+    assert (cfg.model.dtype, cfg.cache.kv_cache_dtype) == (dtype, dtype)
+    assert why in _derived(cfg, "model.dtype")
+    user = resolve("worker", ["--dtype", "float32"], env={}, ctx=ctx)
+    assert user.model.dtype == "float32" and user.provenance["model.dtype"].source == "cli"
+    assert resolve("decode", env={}, ctx=ctx).model.dtype == dtype == resolve("prefill", env={}, ctx=ctx).model.dtype
+    encoder = resolve("encoder", env={}, ctx=ctx)  # its models run torch ops: float32 whatever the CPU
+    assert encoder.model.dtype == "float32" and "for the encoder" in _derived(encoder, "model.dtype")
+
+
 def test_threads(make_ctx, ctx: PassContext) -> None:
     cfg = resolve("decode", env={}, ctx=ctx)
     assert cfg.device.threads == 1 and "share" in _derived(cfg, "device.threads")
@@ -126,7 +156,9 @@ def test_attention_backend(make_ctx, ctx: PassContext) -> None:
 def test_linear_backend(make_ctx, ctx: PassContext) -> None:
     # fp32 on cpu stays auto: the runner picks native (C kernel) over oneDNN, or oneDNN where no compiler builds it
     assert resolve("worker", env={}, ctx=ctx).kernels.linear_backend == "auto"
-    assert resolve("worker", ["--dtype", "bfloat16"], env={}, ctx=ctx).kernels.linear_backend == "torch"
+    # bf16 on cpu stays auto too: the runner picks the native bf16 GEMM where the CPU runs it, F.linear elsewhere
+    assert resolve("worker", ["--dtype", "bfloat16"], env={}, ctx=ctx).kernels.linear_backend == "auto"
+    assert resolve("worker", ["--dtype", "float16"], env={}, ctx=ctx).kernels.linear_backend == "torch"
     assert resolve("worker", env={}, ctx=make_ctx(cuda=True, gpus=1)).kernels.linear_backend == "torch"
     assert resolve("worker", ["--linear-backend", "torch"], env={}, ctx=ctx).kernels.linear_backend == "torch"
     with pytest.raises(

@@ -50,7 +50,8 @@ def definitions() -> dict[str, abi.Signature]:
 
 def test_header_declares_every_kernel() -> None:
     declared = abi.declared()
-    assert len(declared) == 11
+    assert len(declared) == 20  # 11 fp32 kernels, 8 bf16 forms and pdr_bf16_kernels
+    assert declared["pdr_bf16_kernels"] == abi.Signature("pdr_bf16_kernels", ctypes.c_int, ())
     assert declared["pdr_gemm_vector_bits"] == abi.Signature("pdr_gemm_vector_bits", ctypes.c_int, ())
     assert declared["pdr_silu_mul_f32"].argtypes == (
         *(ctypes.c_void_p, ctypes.c_int64, ctypes.c_void_p),
@@ -83,8 +84,9 @@ def test_library_exports_exactly_the_header() -> None:
 def test_a_changed_declaration_is_a_mismatch() -> None:
     """The checks above fail when the header and a definition, or the header and ctypes, disagree."""
     header = abi.HEADER.read_text()
-    assert header.count("int64_t n, const float *bias") == 1  # in pdr_gemm_f32
-    changed = abi.parse(header.replace("int64_t n, const float *bias", "int n, const float *bias"))
+    decl = "const float *wp, int64_t n, const float *bias"
+    assert header.count(decl) == 1  # in pdr_gemm_f32
+    changed = abi.parse(header.replace(decl, "const float *wp, int n, const float *bias"))
     [line] = signature_mismatches(changed, definitions())
     assert line.startswith("pdr_gemm_f32: ")
     dropped = abi.parse(header.replace("int pdr_gemm_vector_bits(void);", ""))

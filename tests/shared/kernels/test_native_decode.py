@@ -12,7 +12,7 @@ import torch
 
 from shared.kernels import dispatch
 from shared.kernels.decode_attention import paged_decode_attention
-from shared.kernels.native import build
+from shared.kernels.native import build, gemm
 from shared.kernels.native.paged_decode import native_paged_decode
 from tests.shared.kernels.paged_ref import naive_attention, page_table, scatter_to_pages
 
@@ -104,9 +104,12 @@ def test_backend_plans_decode_flat() -> None:
 
 def test_selection_and_fallback(monkeypatch, tmp_path, caplog) -> None:
     assert dispatch.select_attention_backend("auto", "cpu").name == "native"
-    assert dispatch.select_attention_backend("auto", "cpu", torch.bfloat16).name == "torch"
-    with pytest.raises(ValueError, match="fp32 on cpu"):
-        dispatch.select_attention_backend("native", "cpu", torch.bfloat16)
+    # bf16: native (fp32 q over a bf16 cache) where the CPU runs the bf16 kernels, the reference ops elsewhere
+    bf16 = gemm.bf16_kernels()
+    assert dispatch.select_attention_backend("auto", "cpu", torch.bfloat16).name == ("native" if bf16 else "torch")
+    assert dispatch.select_attention_backend("native", "cpu", torch.bfloat16).dtype == torch.float32
+    with pytest.raises(ValueError, match="fp32 or bf16 on cpu"):
+        dispatch.select_attention_backend("native", "cpu", torch.float16)
     # no compiler: auto falls back to the reference ops and says why; an explicit 'native' is an error
     monkeypatch.setenv("PDRELAY_KERNEL_CACHE", str(tmp_path))
     monkeypatch.setattr(build, "_compiler", lambda: None)

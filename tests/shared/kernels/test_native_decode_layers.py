@@ -1,6 +1,7 @@
 """All decoder layers of a decode step in one C call (shared/kernels/native/decode_layers.py): the same logits, to
-the bit, as the layers one by one, on tiny Llama / Qwen2 (q/k/v bias) / Qwen3 checkpoints and the bundled model;
-taken only for pure decode steps within the few-row GEMM's limit, and only where every kernel is native."""
+the bit, as the layers one by one, on tiny Llama / Qwen2 (q/k/v bias) / Qwen3 checkpoints and the bundled model, in
+fp32 and (where the CPU runs the bf16 kernels) bf16; taken only for pure decode steps within the few-row GEMM's limit,
+and only where every kernel is native."""
 
 from __future__ import annotations
 
@@ -16,6 +17,18 @@ from tests.helpers.tiny_models import tiny_model_dir  # noqa: F401
 
 pytestmark = pytest.mark.skipif(not native_available()[0], reason="the native kernels do not build here")
 PAGE = 4
+
+
+def _bf16_runs() -> bool:
+    from shared.kernels.native.gemm import bf16_kernels
+
+    return native_available()[0] and bf16_kernels()
+
+
+DTYPES = pytest.mark.parametrize(
+    "dtype",
+    ["float32", pytest.param("bfloat16", marks=pytest.mark.skipif(not _bf16_runs(), reason="no avx512_bf16 here"))],
+)
 
 
 class Counted:
@@ -63,8 +76,9 @@ def decode_steps(runner: ModelRunner, prompts: list[list[int]], steps: int, chec
         logits = check(step)
 
 
-def test_fused_decode_is_bit_identical_on_tiny_models(tiny_model_dir: Path) -> None:
-    runner = ModelRunner(tiny_model_dir, num_pages=256, page_size=PAGE)
+@DTYPES
+def test_fused_decode_is_bit_identical_on_tiny_models(tiny_model_dir: Path, dtype: str) -> None:
+    runner = ModelRunner(tiny_model_dir, dtype=dtype, num_pages=256, page_size=PAGE)
     model = runner.model
     if runner.arch.qk_norm:  # Qwen3's q/k norm sits between projection and rotation: the layers run one by one
         assert model.fused_decode is None
@@ -83,9 +97,10 @@ def test_fused_decode_is_bit_identical_on_tiny_models(tiny_model_dir: Path) -> N
     assert counted.calls == 6
 
 
-def test_fused_decode_is_bit_identical_on_the_bundled_model(bundled_model_dir: Path) -> None:
-    runner = ModelRunner(bundled_model_dir, num_pages=16 * 32, page_size=16)
-    assert runner.model.fused_decode is not None
+@DTYPES
+def test_fused_decode_is_bit_identical_on_the_bundled_model(bundled_model_dir: Path, dtype: str) -> None:
+    runner = ModelRunner(bundled_model_dir, dtype=dtype, num_pages=16 * 32, page_size=16)
+    assert runner.model.fused_decode is not None and runner.model.fused_decode.bf16 == (dtype == "bfloat16")
     prompts = [prompt(10 + i, 20 + 7 * i, runner.vocab_size) for i in range(16)]
 
     def check(step: SchedulerOutput) -> torch.Tensor:

@@ -146,8 +146,13 @@ def test_gated_larger_steps_and_other_backends_decline() -> None:
 def test_selection() -> None:
     assert select_linear_backend("auto", "cpu", torch.float32).name == "native"
     assert select_linear_backend("native", "cpu", torch.float32).name == "native"
-    assert select_linear_backend("auto", "cpu", torch.bfloat16).name == "torch"
+    # bf16: native where the CPU runs the bf16 kernels (avx512_bf16), F.linear elsewhere
+    bf16 = gemm_module.bf16_kernels()
+    assert select_linear_backend("auto", "cpu", torch.bfloat16).name == ("native" if bf16 else "torch")
     with pytest.raises(ValueError, match="--linear-backend torch"):
         select_linear_backend("native", "cuda", torch.float32)
     with pytest.raises(ValueError, match="--linear-backend torch"):
-        select_linear_backend("native", "cpu", torch.bfloat16)
+        select_linear_backend("native", "cpu", torch.float16)
+    if not bf16:
+        with pytest.raises(ValueError, match="avx512_bf16"):
+            select_linear_backend("native", "cpu", torch.bfloat16)

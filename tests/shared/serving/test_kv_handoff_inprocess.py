@@ -5,7 +5,8 @@ own KV pool (shared/serving/kv_transfer.py), and a third, colocated Engine as th
 reserves pages (reserve_remote, skipping what its own prefix cache holds), the ticket's descriptors go through
 the real wire format (descriptors -> descs_from_pb), prefill computes with hold_pages and writes its pages into
 decode's, decode verifies checksums and activates. The valid token slots of decode's pages must equal the
-colocated engine's pages (torch.equal), and decode's continuation must equal the colocated output.
+colocated engine's pages (torch.equal; in bf16, where the CPU runs the native bf16 kernels, byte for byte), and
+decode's continuation must equal the colocated output.
 """
 
 from __future__ import annotations
@@ -32,8 +33,18 @@ NEW = 8
 PARAMS = SamplingParams(max_tokens=NEW, temperature=0.0, ignore_eos=True)
 
 
-def make_engine(model_dir: Path) -> Engine:
-    runner = ModelRunner(model_dir, num_pages=96, page_size=P, max_batch_tokens=64)
+def _bf16_runs() -> bool:
+    from shared.kernels.native.build import native_available
+    from shared.kernels.native.gemm import bf16_kernels
+
+    return native_available()[0] and bf16_kernels()
+
+
+DTYPES = ["float32", *(["bfloat16"] if _bf16_runs() else [])]
+
+
+def make_engine(model_dir: Path, dtype: str = "float32") -> Engine:
+    runner = ModelRunner(model_dir, dtype=dtype, num_pages=96, page_size=P, max_batch_tokens=64)
     return Engine(
         runner, cache=CacheConfig(page_size=P), scheduler=SchedulerConfig(max_running_requests=4, max_prefill_tokens=64)
     )
@@ -49,10 +60,12 @@ class Rig:
     t_dec: KVTransfer
 
 
-@pytest.fixture(scope="module", params=["nixl", "mooncake"])
+@pytest.fixture(
+    scope="module", params=[(b, d) for b in ("nixl", "mooncake") for d in DTYPES], ids=lambda p: "-".join(p)
+)
 def rig(request: pytest.FixtureRequest, tiny_llama_dir: Path) -> Iterator[Rig]:
-    backend = request.param
-    pre, dec, colo = (make_engine(tiny_llama_dir) for _ in range(3))
+    backend, dtype = request.param
+    pre, dec, colo = (make_engine(tiny_llama_dir, dtype) for _ in range(3))
     t_pre = KVTransfer(backend, f"inproc-prefill-{backend}", "127.0.0.1", pre.runner.kv)
     t_dec = KVTransfer(backend, f"inproc-decode-{backend}", "127.0.0.1", dec.runner.kv)
     try:
@@ -135,6 +148,8 @@ def test_received_pages_are_bit_identical_to_colocated_prefill(rig: Rig):
         # direct compare of every valid token slot, the pages decode skipped (its own cache) included
         got = token_slots(dec, res.page_ids, n)
         assert torch.equal(got, reference), f"prompt {i}: received KV differs from colocated prefill"
+        bits = torch.int16 if got.dtype == torch.bfloat16 else torch.int32  # and byte for byte (bf16: not widened)
+        assert torch.equal(got.view(bits), reference.view(bits))
         assert got.abs().sum() > 0
         pre.release_held(rid)
         colo.release_held(rid)
