@@ -177,7 +177,7 @@ def elementwise_rows(dev: torch.device, clock: Clock, copy_bw: float, quick: boo
     import torch.nn.functional as F
 
     from shared.kernels.rotary import RotaryCache
-    from shared.kernels.triton import activation, kv_pack, rms_norm, rotary
+    from shared.kernels.triton import activation, rms_norm, rotary
 
     dt, rows = torch.bfloat16, []
     t, hidden, inter, heads, d = (8, 64, 96, 6, 32) if quick else (4096, 4096, 14336, 40, 128)
@@ -243,6 +243,15 @@ def elementwise_rows(dev: torch.device, clock: Clock, copy_bw: float, quick: boo
             copy_bw,
         )
     )
+    rows += kv_pack_rows(dev, clock, copy_bw, quick)
+    return rows
+
+
+def kv_pack_rows(dev: torch.device, clock: Clock, copy_bw: float, quick: bool) -> list[Row]:
+    """KV page pack/unpack against index_select / index_copy_, in the bundled model's page layout."""
+    from shared.kernels.triton import kv_pack
+
+    dt, rows = torch.bfloat16, []
     # KV page pack/unpack in the bundled model's layout: 256 scattered pages of a 2048-page pool
     npool, n = (16, 4) if quick else (2048, 256)
     pool = torch.randn(npool, 30, 2, 16, 3, 64, dtype=dt, device=dev)

@@ -394,43 +394,14 @@ def run_compare(
     ]
     inproc = InProcess(ns, tok, tokenizer_dir) if ns.in_process else None
     try:
-        if spec.rounds == 1:  # each server alone: started, measured, stopped
-            workloads, warm = rounds[0]
+        if spec.rounds == 1:  # each alone: the in-process engine first (closed before the servers start)
             if inproc is not None:
-                runs[inproc.label] = [inproc.run(workloads, warm)]
+                runs[inproc.label] = [inproc.run(*rounds[0])]
                 inproc.close()
                 inproc = None
-            for label, start in servers:
-                try:
-                    with start() as ep:
-                        runs[label] = [_measure_endpoint(ep, workloads=workloads, warm=warm, **kw)]
-                except (RuntimeError, TimeoutError, ValueError, OSError) as e:
-                    failed.append(f"{label}: {e}")
-                    _log(f"{label} failed: {str(e)[-2000:]}")
+            _one_at_a_time(rounds[0], servers, runs, failed, kw)
         else:
-            with contextlib.ExitStack() as stack:
-                endpoints: list[Endpoint] = []
-                for label, start in servers:
-                    try:
-                        endpoints.append(stack.enter_context(start()))
-                    except (RuntimeError, TimeoutError, ValueError, OSError) as e:
-                        failed.append(f"{label}: {e}")
-                        _log(f"{label} failed: {str(e)[-2000:]}")
-                order: list[Endpoint | InProcess] = [*([inproc] if inproc is not None else []), *endpoints]
-                for i, (workloads, warm) in enumerate(rounds):
-                    _log(f"round {i + 1} of {spec.rounds}")
-                    for c in order[i % len(order) :] + order[: i % len(order)]:
-                        try:
-                            got = (
-                                c.run(workloads, warm)
-                                if isinstance(c, InProcess)
-                                else _measure_endpoint(c, workloads=workloads, warm=warm, **kw)
-                            )
-                        except (RuntimeError, TimeoutError, ValueError, OSError) as e:
-                            failed.append(f"{c.label} round {i + 1}: {e}")
-                            _log(f"{c.label} round {i + 1} failed: {str(e)[-2000:]}")
-                            continue
-                        runs.setdefault(c.label, []).append(got)
+            _interleaved(rounds, inproc, servers, runs, failed, kw)
     finally:
         if inproc is not None:
             inproc.close()
@@ -466,3 +437,55 @@ def run_compare(
         return 1
     partial = any(s.get("partial") for by_w in results.values() for s in by_w.values())
     return 1 if partial else 0
+
+
+def _one_at_a_time(
+    round_: tuple[Any, Any],
+    servers: list[tuple[str, Callable[[], AbstractContextManager[Endpoint]]]],
+    runs: dict[str, list[dict[str, dict[str, Any]]]],
+    failed: list[str],
+    kw: dict[str, Any],
+) -> None:
+    """One round: each server alone, started, measured and stopped."""
+    workloads, warm = round_
+    for label, start in servers:
+        try:
+            with start() as ep:
+                runs[label] = [_measure_endpoint(ep, workloads=workloads, warm=warm, **kw)]
+        except (RuntimeError, TimeoutError, ValueError, OSError) as e:
+            failed.append(f"{label}: {e}")
+            _log(f"{label} failed: {str(e)[-2000:]}")
+
+
+def _interleaved(
+    rounds: list[tuple[Any, Any]],
+    inproc: InProcess | None,
+    servers: list[tuple[str, Callable[[], AbstractContextManager[Endpoint]]]],
+    runs: dict[str, list[dict[str, dict[str, Any]]]],
+    failed: list[str],
+    kw: dict[str, Any],
+) -> None:
+    """Several rounds: every server up at once, each round measuring them all, the first one rotating."""
+    with contextlib.ExitStack() as stack:
+        endpoints: list[Endpoint] = []
+        for label, start in servers:
+            try:
+                endpoints.append(stack.enter_context(start()))
+            except (RuntimeError, TimeoutError, ValueError, OSError) as e:
+                failed.append(f"{label}: {e}")
+                _log(f"{label} failed: {str(e)[-2000:]}")
+        order: list[Endpoint | InProcess] = [*([inproc] if inproc is not None else []), *endpoints]
+        for i, (workloads, warm) in enumerate(rounds):
+            _log(f"round {i + 1} of {len(rounds)}")
+            for c in order[i % len(order) :] + order[: i % len(order)]:
+                try:
+                    got = (
+                        c.run(workloads, warm)
+                        if isinstance(c, InProcess)
+                        else _measure_endpoint(c, workloads=workloads, warm=warm, **kw)
+                    )
+                except (RuntimeError, TimeoutError, ValueError, OSError) as e:
+                    failed.append(f"{c.label} round {i + 1}: {e}")
+                    _log(f"{c.label} round {i + 1} failed: {str(e)[-2000:]}")
+                    continue
+                runs.setdefault(c.label, []).append(got)

@@ -61,6 +61,56 @@ def open_remote_tier(k: KVStoreConfig, host: str) -> MooncakeTier | None:
     )
 
 
+# The store's counters as Prometheus metrics: (name, help, the attribute `__getattr__` reads at scrape time).
+_COUNTERS = [
+    ("pdrelay:kvstore_lookups", "Lookup calls", "m_lookups"),
+    ("pdrelay:kvstore_lookup_pages", "Pages asked about by Lookup", "m_lookup_pages"),
+    ("pdrelay:kvstore_hit_pages", "Pages Lookup found (leading, any tier)", "m_hit_pages"),
+    ("pdrelay:kvstore_get_pages", "Pages written into callers' memory by Get", "m_get_pages"),
+    ("pdrelay:kvstore_get_failures", "Gets whose transfer failed or timed out", "m_get_failures"),
+    ("pdrelay:kvstore_stored_pages", "Pages that became visible (committed puts)", "m_stored"),
+    (
+        "pdrelay:kvstore_evicted_pages",
+        "Pages evicted from DRAM (demoted when a disk tier is on)",
+        "m_evicted",
+    ),
+    (
+        "pdrelay:kvstore_rejected_pages",
+        "Put pages whose written bytes failed the caller's checksum",
+        "m_rejected",
+    ),
+    (
+        "pdrelay:kvstore_corrupt_pages",
+        "Stored pages found corrupt at read (DRAM or disk) and dropped",
+        "m_corrupt",
+    ),
+    ("pdrelay:kvstore_promoted_pages", "Pages read back from disk into DRAM on a hit", "m_promoted"),
+    ("pdrelay:kvstore_t3_put_chunks", "Chunks put into the Mooncake Store", "m_t3_put_chunks"),
+    ("pdrelay:kvstore_t3_put_bytes", "Bytes put into the Mooncake Store", "m_t3_put_bytes"),
+    (
+        "pdrelay:kvstore_t3_put_failures",
+        "Mooncake Store puts refused, failed or timed out",
+        "m_t3_put_failures",
+    ),
+    (
+        "pdrelay:kvstore_t3_promoted_pages",
+        "Pages promoted from the Mooncake Store into DRAM on a lookup",
+        "m_t3_promoted",
+    ),
+    (
+        "pdrelay:kvstore_t3_fetch_failures",
+        "Mooncake Store gets failed or timed out",
+        "m_t3_fetch_failures",
+    ),
+    (
+        "pdrelay:kvstore_t3_dropped_pages",
+        "Evicted pages the Mooncake Store did not get (down, lagging)",
+        "m_t3_dropped",
+    ),
+    ("pdrelay:kvstore_t3_up", "1 while the Mooncake Store tier is connected and answering", "m_t3_up"),
+]
+
+
 class KVStoreService(Service):
     role = Role.KVSTORE
 
@@ -95,58 +145,7 @@ class KVStoreService(Service):
         self._kv_pub: KVEventPublisher | None = None
         self._kv_snapshots: KVSnapshotServer | None = None
         self._tasks: set[asyncio.Task[None]] = set()
-        self.telemetry.metrics.registry.register(
-            CountersCollector(
-                self,
-                [
-                    ("pdrelay:kvstore_lookups", "Lookup calls", "m_lookups"),
-                    ("pdrelay:kvstore_lookup_pages", "Pages asked about by Lookup", "m_lookup_pages"),
-                    ("pdrelay:kvstore_hit_pages", "Pages Lookup found (leading, any tier)", "m_hit_pages"),
-                    ("pdrelay:kvstore_get_pages", "Pages written into callers' memory by Get", "m_get_pages"),
-                    ("pdrelay:kvstore_get_failures", "Gets whose transfer failed or timed out", "m_get_failures"),
-                    ("pdrelay:kvstore_stored_pages", "Pages that became visible (committed puts)", "m_stored"),
-                    (
-                        "pdrelay:kvstore_evicted_pages",
-                        "Pages evicted from DRAM (demoted when a disk tier is on)",
-                        "m_evicted",
-                    ),
-                    (
-                        "pdrelay:kvstore_rejected_pages",
-                        "Put pages whose written bytes failed the caller's checksum",
-                        "m_rejected",
-                    ),
-                    (
-                        "pdrelay:kvstore_corrupt_pages",
-                        "Stored pages found corrupt at read (DRAM or disk) and dropped",
-                        "m_corrupt",
-                    ),
-                    ("pdrelay:kvstore_promoted_pages", "Pages read back from disk into DRAM on a hit", "m_promoted"),
-                    ("pdrelay:kvstore_t3_put_chunks", "Chunks put into the Mooncake Store", "m_t3_put_chunks"),
-                    ("pdrelay:kvstore_t3_put_bytes", "Bytes put into the Mooncake Store", "m_t3_put_bytes"),
-                    (
-                        "pdrelay:kvstore_t3_put_failures",
-                        "Mooncake Store puts refused, failed or timed out",
-                        "m_t3_put_failures",
-                    ),
-                    (
-                        "pdrelay:kvstore_t3_promoted_pages",
-                        "Pages promoted from the Mooncake Store into DRAM on a lookup",
-                        "m_t3_promoted",
-                    ),
-                    (
-                        "pdrelay:kvstore_t3_fetch_failures",
-                        "Mooncake Store gets failed or timed out",
-                        "m_t3_fetch_failures",
-                    ),
-                    (
-                        "pdrelay:kvstore_t3_dropped_pages",
-                        "Evicted pages the Mooncake Store did not get (down, lagging)",
-                        "m_t3_dropped",
-                    ),
-                    ("pdrelay:kvstore_t3_up", "1 while the Mooncake Store tier is connected and answering", "m_t3_up"),
-                ],
-            )
-        )
+        self.telemetry.metrics.registry.register(CountersCollector(self, _COUNTERS))
 
     # ---- metrics (read at scrape time) ---------------------------------------------------------------------------
     def __getattr__(self, name: str) -> int:
