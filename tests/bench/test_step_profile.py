@@ -14,7 +14,10 @@ from tests.helpers.tiny_models import tiny_llama_dir  # noqa: F401
 
 def _engine(model_dir: Path) -> Engine:
     cfg = resolve(
-        "worker", ["--model", str(model_dir), "--threads", "1", "--num-pages", "64"], env={}, ctx=PassContext()
+        "worker",
+        ["--model", str(model_dir), "--threads", "1", "--num-pages", "64", "--dtype", "float32"],
+        env={},
+        ctx=PassContext(),
     )
     return Engine.from_config(cfg)
 

@@ -147,7 +147,11 @@ def reference(cluster: Cluster):  # -> Callable[[list[int], int], list[int]]
     from shared.engine.engine import Engine
     from shared.modelspec.sampling import SamplingParams
 
-    cfg = resolve("worker", ["--model", str(cluster.model_dir), "--num-pages", "1024", "--threads", "1"], env={})
+    cfg = resolve(
+        "worker",
+        ["--model", str(cluster.model_dir), "--num-pages", "1024", "--threads", "1", "--dtype", "float32"],
+        env={},
+    )
     engine = Engine.from_config(cfg)
 
     def run(prompt: list[int], max_tokens: int) -> list[int]:

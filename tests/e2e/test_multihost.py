@@ -122,7 +122,11 @@ def reference(cluster: MultiHost) -> Callable[[str, int], str]:
     from shared.engine.engine import Engine
     from shared.modelspec.sampling import SamplingParams
 
-    cfg = resolve("worker", ["--model", str(cluster.model_dir), "--num-pages", "512", "--threads", "1"], env={})
+    cfg = resolve(
+        "worker",
+        ["--model", str(cluster.model_dir), "--num-pages", "512", "--threads", "1", "--dtype", "float32"],
+        env={},
+    )
     engine = Engine.from_config(cfg)
     tok = GatewayTokenizer.from_dir(cluster.model_dir)
 

@@ -84,7 +84,9 @@ def reference(model_dir: Path):  # -> Callable[[list[int], StructuredSpec], str]
     from shared.modelspec.sampling import SamplingParams
 
     engine = Engine.from_config(
-        resolve("worker", ["--model", str(model_dir), "--num-pages", "512", "--threads", "1"], env={})
+        resolve(
+            "worker", ["--model", str(model_dir), "--num-pages", "512", "--threads", "1", "--dtype", "float32"], env={}
+        )
     )
 
     def run(prompt: list[int], spec, max_tokens: int) -> str:  # type: ignore[no-untyped-def]

@@ -80,7 +80,9 @@ def reference(model_dir: Path, tokenizer):  # -> Callable[[dict], bytes]
     from shared.modelspec.sampling import SamplingParams
 
     engine = Engine.from_config(
-        resolve("worker", ["--model", str(model_dir), "--num-pages", "512", "--threads", "1"], env={})
+        resolve(
+            "worker", ["--model", str(model_dir), "--num-pages", "512", "--threads", "1", "--dtype", "float32"], env={}
+        )
     )
     prompt = tokenizer.encode_chat(MESSAGES)
 

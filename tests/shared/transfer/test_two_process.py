@@ -8,6 +8,7 @@ import os
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 from typing import Any
@@ -28,11 +29,13 @@ class Reader:
 
     def __init__(self, backend: str, name: str) -> None:
         env = dict(os.environ, OMP_NUM_THREADS="1")
+        # its stderr (library logs) kept aside: quoted when it exits early, so a failure says why
+        self.stderr = tempfile.TemporaryFile(mode="w+")  # noqa: SIM115 (closed in quit)
         self.proc = subprocess.Popen(
             [sys.executable, str(READER), backend, name, str(NUM_PAGES), str(PAGE_FLOATS)],
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
-            stderr=subprocess.DEVNULL,
+            stderr=self.stderr,
             text=True,
             env=env,
         )
@@ -48,7 +51,10 @@ class Reader:
     def _read(self) -> dict[str, Any]:
         assert self.proc.stdout is not None
         line = self.proc.stdout.readline()
-        assert line, f"reader exited early (rc {self.proc.poll()})"
+        if not line:
+            self.proc.wait(timeout=10)
+            self.stderr.seek(0)
+            raise AssertionError(f"reader exited early (rc {self.proc.returncode}): {self.stderr.read()[-3000:]}")
         return json.loads(line)  # a non-JSON line here means something printed to stdout
 
     def ask(self, **cmd: Any) -> dict[str, Any]:
@@ -83,7 +89,7 @@ class Reader:
             if self.proc.poll() is None:
                 self.proc.kill()
                 self.proc.wait()
-            for f in (self.proc.stdin, self.proc.stdout):
+            for f in (self.proc.stdin, self.proc.stdout, self.stderr):
                 if f is not None:
                     f.close()
 
