@@ -146,3 +146,19 @@ async def test_a_grammar_answer_is_not_split(make_app, backend, tiny_tokenizer):
         model="tiny", messages=[{"role": "user", "content": "json"}], response_format={"type": "json_object"}
     )
     assert whole.choices[0].message.content == '{"a": 1}'
+
+
+async def test_each_of_n_choices_is_split(reasoning_app, backend, tiny_tokenizer):
+    script(backend, tiny_tokenizer, QWEN3_ANSWER)
+    client = openai_client(reasoning_app)
+    kw = {"messages": [{"role": "user", "content": "2+2?"}], "n": 2}
+    whole = await client.chat.completions.create(model="tiny", **kw)
+    assert [(c.message.reasoning_content, c.message.content) for c in whole.choices] == [
+        ("The user asks 2+2. That is 4.", "The answer is 4.")
+    ] * 2
+    parts: dict[int, list[str]] = {0: ["", ""], 1: ["", ""]}
+    async for chunk in await client.chat.completions.create(model="tiny", stream=True, **kw):
+        for c in chunk.choices:
+            parts[c.index][0] += getattr(c.delta, "reasoning_content", None) or ""
+            parts[c.index][1] += c.delta.content or ""
+    assert parts[0] == parts[1] == ["The user asks 2+2. That is 4.", "The answer is 4."]
