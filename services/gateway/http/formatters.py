@@ -149,7 +149,7 @@ class ChatFormatter(_Answer):
 
     def chunk(self, d: Delta) -> bytes:
         reasoning, content = self.split(d)
-        if not (reasoning or content or d.logprobs or d.finish_reason):
+        if not (reasoning or content) and d.logprobs is None and d.finish_reason is None:
             return b""  # all of it held back (a piece of a tag)
         delta = ChatDelta(
             content=content or msgspec.UNSET,
