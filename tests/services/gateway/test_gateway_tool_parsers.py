@@ -153,6 +153,17 @@ async def test_cut_before_any_call_completed_is_text(make_app, backend, tiny_tok
     assert whole.choices[0].finish_reason == "length" and whole.choices[0].message.tool_calls is None
 
 
+@pytest.mark.parametrize("parser", list(ToolCallParser))
+def test_auto_mode_cut_by_max_tokens_keeps_the_completed_calls(parser):
+    _, answer = ANSWERS[parser]
+    cut = answer[: answer.index("CET") + 1]  # inside the second call's arguments
+    plan = plan_tools([WEATHER, TIME], "auto", None)
+    assert parse_output(cut, plan, parser) == (cut, [])  # ended without being cut: a malformed answer is text
+    content, calls = parse_output(cut, plan, parser, partial=True)
+    assert content == "Let me check."
+    assert [(c.name, json.loads(c.arguments)) for c in calls] == TWO_CALLS[:1]
+
+
 def test_parallel_calls_are_bounded():
     plan = plan_tools([WEATHER], "required", True)
     schema = json.loads(plan.grammar().spec)
