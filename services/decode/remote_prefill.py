@@ -15,7 +15,7 @@ import asyncio
 import logging
 import time
 from collections.abc import AsyncIterator, Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import grpc
 
@@ -401,6 +401,8 @@ class RemotePrefillClient:
             ):
                 if not n:
                     self.telemetry.tracing.record(spans.DECODE_FIRST_TOKEN, t_activate, time.monotonic())
+                if out.finished:  # usage: the prompt tokens prefill did not compute (its prefix cache, the kvstore)
+                    out = replace(out, num_cached_tokens=min(delivered.resp.cached_tokens, out.num_prompt_tokens))
                 yield out
                 n += 1
                 if n == 2:

@@ -13,6 +13,7 @@ from typing import Any
 from services.gateway.backend import GenerateBackend
 from services.gateway.http.app import GatewayApp
 from services.gateway.http.media.processor import MediaProcessor
+from services.gateway.openai.output_parsers import OutputParsers
 from services.gateway.public_tls import uvicorn_ssl_args
 from services.gateway.text.tokenizer import GatewayTokenizer
 from shared.config.resolved import ResolvedConfig
@@ -68,6 +69,12 @@ def build_app(
         model_root=cfg.model.model,
         media=media,
         media_cfg=cfg.http,
+        parsers=OutputParsers.resolve(
+            reasoning=cfg.http.reasoning_parser,
+            tool_call=cfg.http.tool_call_parser,
+            max_parallel_tool_calls=cfg.http.max_parallel_tool_calls,
+            template=tok.chat_template or getattr(tok.hf, "chat_template", None),
+        ),
     )
 
 

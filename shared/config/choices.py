@@ -62,6 +62,24 @@ class RoutingPolicy(enum.StrEnum):
     ROUND_ROBIN = "round_robin"
 
 
+class ReasoningParser(enum.StrEnum):
+    """How the gateway splits a reasoning model's thinking from its answer (--reasoning-parser; SGLang's names).
+
+    QWEN3: a `<think>` at the start of the output opens the reasoning. DEEPSEEK_R1: the output starts inside the
+    reasoning (its template opens `<think>` in the prompt), which ends at `</think>`."""
+
+    QWEN3 = "qwen3"
+    DEEPSEEK_R1 = "deepseek-r1"
+
+
+class ToolCallParser(enum.StrEnum):
+    """The format a model writes tool calls in (--tool-call-parser; SGLang's names)."""
+
+    HERMES = "hermes"  # <tool_call>{"name": ..., "arguments": {...}}</tool_call>
+    LLAMA3 = "llama3"  # [<|python_tag|>]{"name": ..., "parameters": {...}}
+    MISTRAL = "mistral"  # [TOOL_CALLS][{"name": ..., "arguments": {...}}, ...]
+
+
 class LogLevel(enum.StrEnum):
     DEBUG = "debug"
     INFO = "info"

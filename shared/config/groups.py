@@ -18,9 +18,11 @@ from shared.config.choices import (
     GrammarBackendKind,
     LinearBackend,
     LogLevel,
+    ReasoningParser,
     RoutingPolicy,
     SamplingBackend,
     SchedulePolicy,
+    ToolCallParser,
     TransferBackend,
     TransferProtocol,
 )
@@ -370,6 +372,24 @@ class HttpConfig:
     max_image_bytes: A[int, Arg("Largest encoded image accepted (bytes)", min=1024)] = 20 * 1024 * 1024
     max_image_pixels: A[int, Arg("Largest decoded image accepted (width x height)", min=1)] = 4096 * 4096
     media_fetch_timeout_s: A[float, Arg("Seconds an http(s) image fetch may take", min=0.1)] = 5.0
+    # chat answers: thinking and tool calls read out of the model's text (services/gateway/openai/)
+    reasoning_parser: A[
+        ReasoningParser | None,
+        Arg("Split <think>...</think> into message.reasoning_content (default: off, all text is content)"),
+    ] = None
+    tool_call_parser: A[
+        ToolCallParser | None,
+        Arg("Format of the model's tool calls (default: recognised from the chat template, else hermes)"),
+    ] = None
+    max_parallel_tool_calls: A[
+        int,
+        Arg(
+            "Most tool calls in one answer (a request may raise it with max_parallel_tool_calls): the bound of "
+            "tool_choice=required's array, and auto mode keeps the first this many",
+            min=1,
+            max=128,
+        ),
+    ] = 8
 
 
 @dataclass(frozen=True, kw_only=True)

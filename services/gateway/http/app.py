@@ -44,6 +44,7 @@ from services.gateway.http.tokenize_api import DetokenizeRequest, TokenizeReques
 from services.gateway.metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
 from services.gateway.metrics import GatewayMetrics
 from services.gateway.openai.errors import ApiError, bad_request, from_backend, internal_error
+from services.gateway.openai.output_parsers import OutputParsers
 from services.gateway.openai.planning import ApiKind, Plan, plan_chat, plan_completion
 from services.gateway.openai.prompt import fit_context, prompt_ids
 from services.gateway.openai.requests import ChatCompletionRequest, CompletionRequest
@@ -110,6 +111,7 @@ class GatewayApp:
         model_root: str | None = None,
         media: MediaProcessor | None = None,
         media_cfg: HttpConfig | None = None,
+        parsers: OutputParsers | None = None,
     ) -> None:
         if not served_model_names:
             raise ValueError("served_model_names is empty; pass at least one name clients may use")
@@ -121,6 +123,7 @@ class GatewayApp:
         self._model_names.update({n: n for n in self.served_model_names})
         self.model_root = model_root
         self.media = MediaInputs(media, media_cfg or HttpConfig())
+        self.parsers = parsers or OutputParsers()  # reasoning and tool-call formats of chat answers
         self.max_request_bytes = max_request_bytes
         self.metrics = GatewayMetrics()
         self.tracing = Tracing.off()  # the service sets its process tracer (shared.telemetry) once it has one
@@ -374,7 +377,7 @@ class GatewayApp:
             n_prompt = sum(len(q.prompt_token_ids) for q in reqs)
             attrs = {spans.PROMPT_TOKENS: n_prompt}
             self.tracing.record(spans.GATEWAY_TOKENIZE, perf_to_mono(arrival), time.monotonic(), attrs, parent=span)
-        fmt = formatter_for(plan, kind, reqs, self.tokenizer, rid, model)
+        fmt = formatter_for(plan, kind, reqs, self.tokenizer, rid, model, self.parsers)
         gens = [
             Generation(
                 self.backend,
@@ -403,7 +406,12 @@ class GatewayApp:
         try:
             if kind is ApiKind.CHAT:
                 req = decode_body(self._chat_decoder, body)
-                return plan_chat(req, vocab_size=vocab, image_placeholder=self.media.placeholder)
+                return plan_chat(
+                    req,
+                    vocab_size=vocab,
+                    image_placeholder=self.media.placeholder,
+                    max_tool_calls=self.parsers.max_parallel_tool_calls,
+                )
             return plan_completion(decode_body(self._completion_decoder, body), vocab_size=vocab)
         except msgspec.DecodeError as e:
             raise _decode_error(e) from None

@@ -9,6 +9,7 @@ from typing import Any
 import msgspec
 
 from services.gateway.backend import TokenLogprob
+from services.gateway.openai.reasoning import ReasoningSplitter, split_reasoning
 from services.gateway.openai.responses import (
     AssistantMessage,
     ChatChoice,
@@ -30,6 +31,7 @@ from services.gateway.openai.responses import (
 )
 from services.gateway.text.generation import Delta
 from services.gateway.text.tokenizer import GatewayTokenizer
+from shared.config.choices import ReasoningParser
 
 _ENC = msgspec.json.Encoder()
 DONE = b"data: [DONE]\n\n"
@@ -95,6 +97,31 @@ class _Answer:
 
 
 class ChatFormatter(_Answer):
+    def __init__(self, *args: Any, reasoning: ReasoningParser | None = None, **kw: Any) -> None:
+        super().__init__(*args, **kw)
+        self.reasoning = reasoning  # None: all text is content; else <think> text goes to reasoning_content
+        self._splitters: dict[int, ReasoningSplitter] = {}  # choice index -> its splitter (streaming)
+
+    def split(self, d: Delta) -> tuple[str, str]:
+        """A delta's text as (reasoning, content) that is safe to send now (all content without a parser)."""
+        if self.reasoning is None:
+            return "", d.text
+        s = self._splitters.get(d.index)
+        if s is None:
+            s = self._splitters[d.index] = ReasoningSplitter(self.reasoning)
+        r, c = s.feed(d.text)
+        if d.finish_reason is not None:
+            r2, c2 = s.finish()
+            r, c = r + r2, c + c2
+        return r, c
+
+    def message(self, text: str) -> AssistantMessage:
+        """A whole choice's text as the assistant message (reasoning split off when there is a parser)."""
+        if self.reasoning is None:
+            return AssistantMessage("assistant", text)
+        reasoning, content = split_reasoning(text, self.reasoning)
+        return AssistantMessage("assistant", content or None, reasoning_content=reasoning)
+
     def logprobs(self, entries: Sequence[TokenLogprob] | None) -> ChatLogprobs | None:
         if entries is None:
             return None
@@ -121,7 +148,13 @@ class ChatFormatter(_Answer):
         )
 
     def chunk(self, d: Delta) -> bytes:
-        delta = ChatDelta(content=d.text) if d.text else ChatDelta()
+        reasoning, content = self.split(d)
+        if not (reasoning or content) and d.logprobs is None and d.finish_reason is None:
+            return b""  # all of it held back (a piece of a tag)
+        delta = ChatDelta(
+            content=content or msgspec.UNSET,
+            reasoning_content=reasoning or msgspec.UNSET,
+        )
         return self._chunk(
             ChatChunkChoice(
                 index=d.index,
@@ -144,7 +177,7 @@ class ChatFormatter(_Answer):
             choices.append(
                 ChatChoice(
                     index=i,
-                    message=AssistantMessage("assistant", "".join(d.text for d in ds)),
+                    message=self.message("".join(d.text for d in ds)),
                     logprobs=logprobs,
                     finish_reason=last.finish_reason,
                     stop_reason=last.stop_reason,

@@ -23,6 +23,7 @@ from services.gateway.openai.planning import (
     MAX_STOP_STRING_CHARS,
     MAX_STOP_STRINGS,
 )
+from services.gateway.openai.tools.spec import MAX_PARALLEL_CALLS
 from services.gateway.text.tokenizer import RESERVED_TEMPLATE_KWARGS
 
 _REF = "#/components/schemas/{name}"
@@ -121,6 +122,7 @@ def _chat(vocab_size: int | None, context_length: int | None) -> dict[str, dict[
             "anyOf": [{"type": "array", "items": _TOOL}, _NULL],
             "description": "Functions the model may call; names unique (a 400 otherwise)",
         },
+        "max_parallel_tool_calls": {"minimum": 1, "maximum": MAX_PARALLEL_CALLS},
         "chat_template_kwargs": {
             "propertyNames": {"not": {"enum": sorted(RESERVED_TEMPLATE_KWARGS)}},
             "description": "Extension: extra variables for the chat template; the names the gateway or transformers "

@@ -14,6 +14,7 @@ from services.gateway.http.batch import BatchGeneration
 from services.gateway.http.formatters import DONE, ChatFormatter, CompletionFormatter, Formatter, sse, usage
 from services.gateway.http.tool_formatter import ToolChatFormatter
 from services.gateway.openai.errors import from_backend
+from services.gateway.openai.output_parsers import OutputParsers
 from services.gateway.openai.planning import ApiKind, Plan
 from services.gateway.openai.tools.spec import ToolChoiceMode
 from services.gateway.text.generation import Delta, Generation
@@ -21,12 +22,22 @@ from services.gateway.text.tokenizer import GatewayTokenizer
 
 
 def formatter_for(
-    plan: Plan, kind: ApiKind, reqs: Sequence[BackendRequest], tok: GatewayTokenizer, rid: str, model: str
+    plan: Plan,
+    kind: ApiKind,
+    reqs: Sequence[BackendRequest],
+    tok: GatewayTokenizer,
+    rid: str,
+    model: str,
+    parsers: OutputParsers | None = None,
 ) -> Formatter:
     """The response bodies of this request (reqs: its backend requests, one per prompt of a batch)."""
+    parsers = parsers or OutputParsers()
     sampling = reqs[0].sampling
     want_logprobs = sampling.logprobs is not None
     created = int(time.time())
+    # A grammar (response_format, structured_outputs, tool_choice required / named) constrains the output from its
+    # first token, so such an answer holds no reasoning to split off.
+    reasoning = parsers.reasoning if sampling.structured is None else None
     if plan.tools is not None and plan.tools.mode is not ToolChoiceMode.NONE:
         rid = reqs[0].request_id
         return ToolChatFormatter(
@@ -36,11 +47,24 @@ def formatter_for(
             model,
             plan.include_usage,
             want_logprobs,
-            plan.tools,
+            plan=plan.tools,
+            parser=parsers.tool_call,
             want_prompt_logprobs=plan.prompt_logprobs,
+            reasoning=reasoning,
         )
-    fmt_cls = ChatFormatter if kind is ApiKind.CHAT else CompletionFormatter
-    fmt = fmt_cls(
+    if kind is ApiKind.CHAT:
+        return ChatFormatter(
+            tok,
+            rid,
+            created,
+            model,
+            plan.include_usage,
+            want_logprobs,
+            n=sampling.n,
+            want_prompt_logprobs=plan.prompt_logprobs,
+            reasoning=reasoning,
+        )
+    fmt = CompletionFormatter(
         tok,
         rid,
         created,
@@ -50,7 +74,7 @@ def formatter_for(
         n=sampling.n,
         want_prompt_logprobs=plan.prompt_logprobs,
     )
-    if plan.echo and isinstance(fmt, CompletionFormatter):
+    if plan.echo:
         fmt.echo = {
             p * sampling.n + s: tok.decode(q.prompt_token_ids, skip_special_tokens=False)
             for p, q in enumerate(reqs)

@@ -22,7 +22,7 @@ from services.gateway.openai.requests import (
     _CommonRequest,
 )
 from services.gateway.openai.structured import check, structured_spec
-from services.gateway.openai.tools.spec import ToolPlan, plan_tools
+from services.gateway.openai.tools.spec import DEFAULT_PARALLEL_CALLS, ToolPlan, plan_tools
 from services.gateway.text.tokenizer import RESERVED_TEMPLATE_KWARGS
 from shared.grammar.spec import StructuredSpec
 from shared.modelspec.sampling import MAX_LOGPROBS, MAX_N, SamplingParams
@@ -210,12 +210,18 @@ def _stream_flags(req: _CommonRequest) -> bool:
     return bool(req.stream and req.stream_options is not None and req.stream_options.include_usage)
 
 
-def plan_chat(req: ChatCompletionRequest, *, vocab_size: int, image_placeholder: str | None = None) -> Plan:
+def plan_chat(
+    req: ChatCompletionRequest,
+    *,
+    vocab_size: int,
+    image_placeholder: str | None = None,
+    max_tool_calls: int = DEFAULT_PARALLEL_CALLS,
+) -> Plan:
     """image_placeholder: the text an image part becomes in the templated prompt (the served model's image token);
-    None for a text-only model, which refuses image parts."""
+    None for a text-only model, which refuses image parts. max_tool_calls: --max-parallel-tool-calls."""
     if not req.messages:
         raise bad_request("messages must contain at least one message", "messages")
-    tools = plan_tools(req.tools, req.tool_choice, req.parallel_tool_calls)
+    tools = plan_tools(req.tools, req.tool_choice, req.parallel_tool_calls, req.max_parallel_tool_calls, max_tool_calls)
     if tools is not None and req.n != 1:
         raise bad_request(f"n={req.n} with tools is not supported; send n separate requests", "n")
     structured = structured_spec(req.response_format, req.structured_outputs)

@@ -115,6 +115,13 @@ class ChatCompletionRequest(_CommonRequest, kw_only=True):
     tools: list[Any] | None = None
     tool_choice: Any = None
     parallel_tool_calls: bool | None = None
+    max_parallel_tool_calls: Annotated[
+        int | None,
+        Meta(
+            description="Extension: most tool calls in the answer (default: the gateway's --max-parallel-tool-calls); "
+            "tool_choice=required stops at this many, auto keeps the first this many"
+        ),
+    ] = None
     response_format: ResponseFormat | None = None
     chat_template_kwargs: Annotated[
         dict[str, Any] | None, Meta(description="Extension: extra variables for the chat template")

@@ -111,6 +111,8 @@ class AssistantMessage(msgspec.Struct, omit_defaults=True):
     role: Literal["assistant"]
     content: str | None
     tool_calls: list[ToolCall] | UnsetType = UNSET
+    # with --reasoning-parser: the model's thinking (null when it wrote none); absent without one
+    reasoning_content: str | None | UnsetType = UNSET
 
 
 class ChatChoice(msgspec.Struct, kw_only=True):
@@ -134,6 +136,7 @@ class ChatCompletionResponse(msgspec.Struct, kw_only=True):
 class ChatDelta(msgspec.Struct, kw_only=True, omit_defaults=True):
     role: Literal["assistant"] | UnsetType = UNSET
     content: str | UnsetType = UNSET
+    reasoning_content: str | UnsetType = UNSET  # with --reasoning-parser: a piece of the thinking
     tool_calls: list[DeltaToolCall] | UnsetType = UNSET
 
 

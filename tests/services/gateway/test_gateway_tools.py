@@ -151,14 +151,14 @@ def _reassemble(stream: bytes) -> tuple[str, dict[int, dict], str | None]:
 )
 def test_streamed_deltas_reassemble_to_the_calls(tiny_tokenizer, choice, text):
     plan = plan_tools([WEATHER], choice, None)
-    fmt = ToolChatFormatter(tiny_tokenizer, "chatcmpl-1", 0, "m", False, False, plan)
+    fmt = ToolChatFormatter(tiny_tokenizer, "chatcmpl-1", 0, "m", False, False, plan=plan)
     stream = b"".join(fmt.chunk(d) for d in _deltas(text))
     content, calls, finish = _reassemble(stream)
     assert finish == "tool_calls"
     assert content == ("Checking" if choice == "auto" else "")
     assert [(c["name"], json.loads(c["arguments"])) for c in calls.values()] == [("get_weather", {"city": "Rome"})]
     whole = msgspec.json.decode(
-        ToolChatFormatter(tiny_tokenizer, "x", 0, "m", False, False, plan).response(
+        ToolChatFormatter(tiny_tokenizer, "x", 0, "m", False, False, plan=plan).response(
             _deltas(text), msgspec.convert({"prompt_tokens": 1, "completion_tokens": 1, "total_tokens": 2}, Usage)
         )
     )
@@ -169,7 +169,7 @@ def test_streamed_deltas_reassemble_to_the_calls(tiny_tokenizer, choice, text):
 
 def test_plain_text_streams_through_auto_mode(tiny_tokenizer):
     plan = plan_tools([WEATHER], "auto", None)
-    fmt = ToolChatFormatter(tiny_tokenizer, "chatcmpl-1", 0, "m", False, False, plan)
+    fmt = ToolChatFormatter(tiny_tokenizer, "chatcmpl-1", 0, "m", False, False, plan=plan)
     text = "It is sunny <tool but no call>"
     content, calls, finish = _reassemble(b"".join(fmt.chunk(d) for d in _deltas(text)))
     assert (content, calls, finish) == (text, {}, "stop")

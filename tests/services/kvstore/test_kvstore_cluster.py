@@ -139,8 +139,23 @@ def test_the_next_turn_finds_the_whole_history_through_decode_and_prefill(cluste
     on_pd = _run(cluster["d1"], "t2-pd", turn2, prefill=cluster["p1"])
     reference = _run(cluster["w-off"], "t2-off", turn2)
     assert on_wb.tokens == on_pd.tokens == reference.tokens
+    assert on_pd.usage.cached_tokens >= (len(history) - 1) // P * P  # prefill's cache and the store, not recomputed
     ref1 = _run(cluster["w-off"], "t2-off1", turn1, max_tokens=40)
     assert ref1.tokens == out1.tokens
+
+
+def test_disaggregated_usage_counts_the_prompt_tokens_prefill_did_not_compute(cluster: Cluster) -> None:
+    """usage.cached_tokens on the prefill -> decode path is prefill's count (what it loaded from the store or found
+    in its prefix cache), not decode's own prefix-cache hit: decode never saw this prompt."""
+    prompt = _prompt(8, 100)  # 6 loadable pages
+    stored = store_stats(cluster.kv.grpc).stored_pages
+    on_wa = _run(cluster["wa"], "t8-wa", prompt)
+    _wait_stored(cluster, stored + 6)
+    from_store = _run(cluster["d1"], "t8-pd1", prompt, prefill=cluster["p1"])
+    assert from_store.usage.cached_tokens == 6 * P
+    from_prefix_cache = _run(cluster["d1"], "t8-pd2", prompt, prefill=cluster["p1"])
+    assert from_prefix_cache.usage.cached_tokens == 6 * P
+    assert on_wa.tokens == from_store.tokens == from_prefix_cache.tokens
 
 
 def test_a_foreign_layout_is_refused(cluster: Cluster) -> None:

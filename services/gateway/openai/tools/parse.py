@@ -1,18 +1,21 @@
-"""Model output -> tool calls: Hermes-style <tool_call>{...}</tool_call> blocks (auto), or the JSON a constrained
-request produced (required / named; shapes in spec.py)."""
+"""Model output -> tool calls: the calls a model wrote in its format (auto; formats.py), or the JSON a constrained
+request produced (required / named; shapes in spec.py).
+
+An output cut by max_tokens (`partial`) keeps the calls it completed: a weak model under tool_choice="required"
+can repeat calls until it runs out of tokens, and the client should still get the calls, with finish_reason
+"length", rather than the raw JSON as content.
+"""
 
 from __future__ import annotations
 
 import json
-import re
 import uuid
 from dataclasses import dataclass
 from typing import Any
 
+from services.gateway.openai.tools.formats import FORMATS, ToolFormat, json_value
 from services.gateway.openai.tools.spec import ToolChoiceMode, ToolPlan
-
-START, END = "<tool_call>", "</tool_call>"
-_BLOCK = re.compile(r"<tool_call>\s*(.*?)\s*(?:</tool_call>|$)", re.DOTALL)
+from shared.config.choices import ToolCallParser
 
 
 @dataclass(frozen=True)
@@ -27,34 +30,40 @@ def _call(obj: Any, names: set[str]) -> ParsedCall | None:
         return None
     name = obj.get("name")
     args = obj.get("arguments", obj.get("parameters", {}))
+    if isinstance(args, str):  # some models write the arguments as a JSON string, as OpenAI sends them
+        try:
+            args = json.loads(args)
+        except ValueError:
+            return None
     if not isinstance(name, str) or name not in names or not isinstance(args, dict):
         return None
     return ParsedCall(f"call_{uuid.uuid4().hex[:24]}", name, json.dumps(args, ensure_ascii=False))
 
 
-def parse_output(text: str, plan: ToolPlan) -> tuple[str | None, list[ParsedCall]]:
-    """-> (content left as text, calls). Text that does not parse as a call stays content."""
+def _calls(items: list[Any] | None, plan: ToolPlan) -> list[ParsedCall]:
+    """Every item a call of a known function, or none at all (a malformed call: the client gets the text rather
+    than half the calls). Bounded by the plan's parallel setting and its max_calls."""
     names = {f.name for f in plan.functions}
+    calls = [_call(v, names) for v in items or ()]
+    if not calls or any(c is None for c in calls):
+        return []
+    return [c for c in calls if c is not None][: plan.max_calls if plan.parallel else 1]
+
+
+def parse_output(
+    text: str, plan: ToolPlan, parser: ToolCallParser = ToolCallParser.HERMES, *, partial: bool = False
+) -> tuple[str | None, list[ParsedCall]]:
+    """-> (content left as text, calls). Text that does not parse as calls stays content."""
     if plan.constrained:
-        try:
-            value = json.loads(text)
-        except ValueError:
-            return text, []
-        items = value if isinstance(value, list) else [value]
-        calls = [c for c in (_call(v, names) for v in items) if c is not None]
+        calls = _calls(json_value(text, partial), plan)
         return (None, calls) if calls else (text, [])
-    if plan.mode is not ToolChoiceMode.AUTO or START not in text:
+    if plan.mode is not ToolChoiceMode.AUTO:
         return text, []
-    calls = []
-    for m in _BLOCK.finditer(text):
-        try:
-            c = _call(json.loads(m.group(1)), names)
-        except ValueError:
-            c = None
-        if c is None:
-            return text, []  # a malformed block: give the client the text rather than half the calls
-        calls.append(c)
-    if not plan.parallel:
-        calls = calls[:1]
-    content = text[: text.index(START)].strip()
-    return content or None, calls
+    fmt: ToolFormat = FORMATS[parser]
+    at = fmt.start(text)
+    if at < 0:
+        return text, []
+    calls = _calls(fmt.items(text[at:], partial), plan)
+    if not calls:
+        return text, []
+    return text[:at].rstrip() or None, calls

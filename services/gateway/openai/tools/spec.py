@@ -3,9 +3,14 @@ named function the JSON schema the whole output is constrained to (so the call i
 
 Constrained output shapes (parsed back by parse.py):
     named function f        {"name": "f", "arguments": {...f's parameters...}}
-    required, parallel      [{"name": ..., "arguments": {...}}, ...]   (1 to MAX_PARALLEL_CALLS calls)
+    required, parallel      [{"name": ..., "arguments": {...}}, ...]   (1 to max_calls calls)
     required, not parallel  {"name": ..., "arguments": {...}}          (anyOf over the functions)
-`auto` is not constrained: the model writes Hermes-style <tool_call>{...}</tool_call> blocks, or plain text.
+`auto` is not constrained: the model writes calls in its own format (formats.py), or plain text.
+
+max_calls bounds the calls of one answer: without it a small model under `required` can repeat calls until
+max_tokens. It is the grammar's maxItems (so the model must close the array) and, in auto mode, how many of the
+calls written are kept. The gateway's --max-parallel-tool-calls sets it; a request may raise (or lower) it with
+the extension field max_parallel_tool_calls, up to MAX_PARALLEL_CALLS (a bigger maxItems makes a bigger grammar).
 """
 
 from __future__ import annotations
@@ -18,7 +23,8 @@ from typing import Any
 from services.gateway.openai.errors import bad_request
 from shared.grammar.spec import GrammarKind, StructuredSpec
 
-MAX_PARALLEL_CALLS = 8  # bound on a constrained array of calls (a weak model could otherwise never close it)
+DEFAULT_PARALLEL_CALLS = 8  # --max-parallel-tool-calls
+MAX_PARALLEL_CALLS = 128  # the most a request or the flag may ask for
 
 
 class ToolChoiceMode(enum.Enum):
@@ -41,6 +47,7 @@ class ToolPlan:
     functions: tuple[Function, ...]
     parallel: bool
     named: str | None = None
+    max_calls: int = DEFAULT_PARALLEL_CALLS  # most calls in one answer (when parallel)
 
     @property
     def constrained(self) -> bool:
@@ -70,7 +77,7 @@ class ToolPlan:
         else:
             one = {"anyOf": [call(f) for f in self.functions]} if len(self.functions) > 1 else call(self.functions[0])
             schema = (
-                {"type": "array", "items": one, "minItems": 1, "maxItems": MAX_PARALLEL_CALLS} if self.parallel else one
+                {"type": "array", "items": one, "minItems": 1, "maxItems": self.max_calls} if self.parallel else one
             )
         return StructuredSpec(GrammarKind.JSON_SCHEMA, json.dumps(schema, sort_keys=True))
 
@@ -96,8 +103,20 @@ def _function(i: int, tool: Any) -> Function:
     return Function(name, desc, params)
 
 
-def plan_tools(tools: list[Any] | None, tool_choice: Any, parallel_tool_calls: bool | None) -> ToolPlan | None:
-    """None: the request has no tools (or tool_choice "none" with none given). Raises ApiError (400)."""
+def plan_tools(
+    tools: list[Any] | None,
+    tool_choice: Any,
+    parallel_tool_calls: bool | None,
+    max_calls: int | None = None,
+    default_max_calls: int = DEFAULT_PARALLEL_CALLS,
+) -> ToolPlan | None:
+    """None: the request has no tools (or tool_choice "none" with none given). Raises ApiError (400).
+    max_calls: the request's max_parallel_tool_calls (None: default_max_calls, the gateway's flag)."""
+    if max_calls is not None and not 1 <= max_calls <= MAX_PARALLEL_CALLS:
+        raise bad_request(
+            f"max_parallel_tool_calls must be in [1, {MAX_PARALLEL_CALLS}] (got {max_calls})",
+            "max_parallel_tool_calls",
+        )
     functions = tuple(_function(i, t) for i, t in enumerate(tools or ()))
     names = [f.name for f in functions]
     if len(set(names)) != len(names):
@@ -126,4 +145,4 @@ def plan_tools(tools: list[Any] | None, tool_choice: Any, parallel_tool_calls: b
         raise bad_request(f"tool_choice {mode.value!r} needs at least one tool in tools", "tool_choice")
     if not functions:
         return None
-    return ToolPlan(mode, functions, parallel, named)
+    return ToolPlan(mode, functions, parallel, named, max_calls or default_max_calls)
