@@ -6,8 +6,9 @@ must equal). Per scenario:
     load       --concurrency clients send requests for --duration seconds (seeded prompts, half streamed)
     fault      --fault-after-s into the load (fault-* scenarios: the faulty prefill joins before the load starts)
     heal       stop-* scenarios continue the process after --hang-s; kills are restarted by `pdrelay up`
-    recovery   seconds from the fault until every instance that was ready before is ready again and a probe
-               request gets the baseline answer (--recovery-timeout-s at most)
+    recovery   seconds from the fault until every instance that was ready before is ready again (a killed one
+               with a new epoch, a stopped one once continued) and a probe request gets the baseline answer
+               (--recovery-timeout-s at most)
     leaks      once idle, every engine instance must report all its KV pages free (quarantines included, so this
                waits up to --leak-timeout-s); what is still taken then is leaked
 """
@@ -159,10 +160,17 @@ async def _scenario(
                 await asyncio.gather(*(t for t in (load, side) if t is not None), return_exceptions=True)
                 return result
         result.target = injected.target
-        # a killed or stopped instance is back only once it registered again (a new epoch)
-        renewed = {injected.target} if sc.value.startswith(("kill-", "stop-")) else set()
+        # A killed instance is back only once it registered again (a new epoch). A stopped one is back once it runs
+        # again (healed) and is ready: with a new epoch if its lease ran out while it hung, with the same one if the
+        # hang was shorter than the lease (nothing then declared it gone; demanding a new epoch would wait forever).
+        renewed = {injected.target} if sc.value.startswith("kill-") else set()
+        healed = asyncio.Event()  # a partition's recovery is the cluster routing around it: not gated on its heal
+        if injected.heal is None or not sc.value.startswith("stop-"):
+            healed.set()
         recovery = asyncio.ensure_future(
-            _recovered(cluster, client, before, renewed, prompts[0], baseline[0], fault_at, opts.recovery_timeout_s)
+            _recovered(
+                cluster, client, before, renewed, healed, prompts[0], baseline[0], fault_at, opts.recovery_timeout_s
+            )
         )
         if sc == Scenario.OVERLOAD:
             extra = await burst(client, prompts, baseline, count=opts.overload_requests, seed=seed)
@@ -171,6 +179,7 @@ async def _scenario(
         if injected.heal is not None:
             await asyncio.sleep(opts.hang_s)
             await injected.heal()
+            healed.set()
         outcomes = await load
         if side is not None:
             extra = [*extra, *await side]
@@ -209,16 +218,17 @@ async def _recovered(
     client: LoadClient,
     before: dict[str, int],
     renewed: set[str],
+    healed: asyncio.Event,
     prompt: str,
     want: str,
     fault_at: float,
     timeout_s: float,
 ) -> float | None:
-    """Seconds from the fault until every instance ready before is ready again (those in `renewed` with a new
-    epoch) and a probe gets the baseline answer; None after `timeout_s`."""
+    """Seconds from the fault until it is healed (a stopped process runs again), every instance ready before is ready
+    again (those in `renewed` with a new epoch) and a probe gets the baseline answer; None after `timeout_s`."""
     deadline = fault_at + timeout_s
     while time.monotonic() < deadline:
-        ready = await cluster.ready_epochs()
+        ready = await cluster.ready_epochs() if healed.is_set() else None
         if ready is not None and set(before) <= set(ready) and all(ready[i] != before[i] for i in renewed):
             probe = await client.judge(prompt, want, stream=False)
             if probe.verdict == Verdict.CORRECT:
