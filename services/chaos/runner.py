@@ -26,7 +26,7 @@ from services.chaos.cluster import LiveCluster
 from services.chaos.embed_load import embed_baseline, embed_load
 from services.chaos.load import LoadClient, Outcome, Verdict, burst, poison_load, rejudge, run_load, seeded_prompts
 from services.chaos.report import ChaosReport, ScenarioResult, tally
-from services.chaos.scenarios import HANG_SCENARIOS, STRICT_SCENARIOS, NotApplicable, Scenario, inject
+from services.chaos.scenarios import HANG_SCENARIOS, STRICT_SCENARIOS, Injected, NotApplicable, Scenario, inject
 
 log = logging.getLogger(__name__)
 
@@ -160,17 +160,8 @@ async def _scenario(
                 await asyncio.gather(*(t for t in (load, side) if t is not None), return_exceptions=True)
                 return result
         result.target = injected.target
-        # A killed instance is back only once it registered again (a new epoch). A stopped one is back once it runs
-        # again (healed) and is ready: with a new epoch if its lease ran out while it hung, with the same one if the
-        # hang was shorter than the lease (nothing then declared it gone; demanding a new epoch would wait forever).
-        renewed = {injected.target} if sc.value.startswith("kill-") else set()
-        healed = asyncio.Event()  # a partition's recovery is the cluster routing around it: not gated on its heal
-        if injected.heal is None or not sc.value.startswith("stop-"):
-            healed.set()
-        recovery = asyncio.ensure_future(
-            _recovered(
-                cluster, client, before, renewed, healed, prompts[0], baseline[0], fault_at, opts.recovery_timeout_s
-            )
+        recovery, healed = _watch_recovery(
+            sc, injected, cluster, client, before, (prompts[0], baseline[0]), fault_at, opts
         )
         if sc == Scenario.OVERLOAD:
             extra = await burst(client, prompts, baseline, count=opts.overload_requests, seed=seed)
@@ -195,6 +186,34 @@ async def _scenario(
     result.recovery_s = await recovery
     result.leaked_pages = await _leaked(cluster, opts.leak_timeout_s)
     return result
+
+
+def _watch_recovery(
+    sc: Scenario,
+    injected: Injected,
+    cluster: LiveCluster,
+    client: LoadClient,
+    before: dict[str, int],
+    probe: tuple[str, str],
+    fault_at: float,
+    opts: ChaosOptions,
+) -> tuple[asyncio.Future[float | None], asyncio.Event]:
+    """The recovery measurement, running from the fault on, and the event the caller sets once it healed the fault.
+
+    A killed instance is back only once it registered again (a new epoch). A stopped one is back once it runs again
+    (healed) and is ready: with a new epoch if its lease ran out while it hung, with the same one if the hang was
+    shorter than the lease (nothing then declared it gone; demanding a new epoch would wait forever). A partition's
+    recovery is the cluster routing around it, so it is not gated on the heal.
+    """
+    renewed = {injected.target} if sc.value.startswith("kill-") else set()
+    healed = asyncio.Event()
+    if injected.heal is None or not sc.value.startswith("stop-"):
+        healed.set()
+    prompt, want = probe
+    recovery = asyncio.ensure_future(
+        _recovered(cluster, client, before, renewed, healed, prompt, want, fault_at, opts.recovery_timeout_s)
+    )
+    return recovery, healed
 
 
 EMBED_TEXTS = ("Embed 0: the river crosses the bridge", "Embed 1: a signal in the forest", "Embed 2: paper at market")
