@@ -39,16 +39,52 @@ def test_unsupported_architecture_names_it_and_the_supported_list() -> None:
 @pytest.mark.parametrize(
     "extra,match",
     [
-        ({"hidden_act": "gelu"}, "gelu"),
-        ({"use_sliding_window": True}, "sliding"),
+        ({"hidden_act": "gelu"}, "hidden_act 'gelu'"),
         ({"mlp_bias": True}, "mlp_bias"),
-        ({"rope_scaling": {"rope_type": "yarn", "factor": 4.0}}, "yarn"),
+        ({"rope_scaling": {"rope_type": "yarn", "factor": 4.0}}, "rope_type 'yarn'"),
+        ({"rope_parameters": {"rope_type": "dynamic", "factor": 2.0}}, "rope_type 'dynamic'"),
         ({"num_key_value_heads": 3}, "multiple"),
+        ({"auto_map": {"AutoModelForCausalLM": "modeling_x.XForCausalLM"}}, "auto_map"),
+        ({"quantization_config": {"quant_method": "awq", "bits": 4}}, "quantization_config \\('awq'\\)"),
+        ({"architectures": ["Phi3ForCausalLM"], "rope_scaling": {"type": "longrope"}}, "rope_type 'longrope'"),
+        ({"architectures": ["Phi3ForCausalLM"], "partial_rotary_factor": 0.375}, "partial_rotary_factor"),
+        ({"architectures": ["Gemma3ForCausalLM"], "use_bidirectional_attention": True}, "use_bidirectional"),
+        ({"architectures": ["Gemma2ForCausalLM"], "hidden_activation": "gelu"}, "hidden_activation 'gelu'"),
+        (
+            {
+                "architectures": ["Qwen2ForCausalLM"],
+                "use_sliding_window": True,
+                "sliding_window": 4,
+                "layer_types": ["x", "y"],
+            },
+            "layer_types",
+        ),
     ],
 )
 def test_unsupported_features_are_refused(extra: dict, match: str) -> None:
-    with pytest.raises(ValueError, match=match):
+    with pytest.raises(ValueError, match=match) as e:
         parse_model_config(dict(BASE, **extra))
+    assert "\n" not in str(e.value)  # one line at start
+
+
+def test_sliding_windows_per_family() -> None:
+    """Which layers slide, as transformers decides it: Mistral and Phi-3 all; Qwen only with use_sliding_window and
+    from max_window_layers on; Gemma 2 every other layer from 0; Gemma 3 five in six; layer_types when given."""
+
+    def windows(arch: str, **extra: object) -> tuple[int, ...]:
+        cfg = {**BASE, "architectures": [arch], "num_hidden_layers": 6, "sliding_window": 7, **extra}
+        cfg.pop("model_type")
+        return parse_model_config(cfg).layer_windows
+
+    assert windows("MistralForCausalLM") == (7,) * 6
+    assert windows("MistralForCausalLM", sliding_window=None) == ()
+    assert windows("Phi3ForCausalLM") == (7,) * 6
+    assert windows("Qwen2ForCausalLM") == ()  # sliding_window alone does nothing
+    assert windows("Qwen3ForCausalLM", use_sliding_window=True, max_window_layers=4) == (0, 0, 0, 0, 7, 7)
+    assert windows("Gemma2ForCausalLM") == (7, 0, 7, 0, 7, 0)
+    assert windows("Gemma3ForCausalLM") == (7, 7, 7, 7, 7, 0)
+    assert windows("Gemma3ForCausalLM", layer_types=["full_attention"] * 5 + ["sliding_attention"]) == (0,) * 5 + (7,)
+    assert windows("LlamaForCausalLM") == ()
 
 
 def test_both_rope_spellings() -> None:

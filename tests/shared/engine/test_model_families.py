@@ -1,0 +1,187 @@
+"""The families beyond Llama/Qwen against transformers on tiny random checkpoints (fp32, max abs logit diff <= 1e-4,
+greedy tokens identical): Mistral and Qwen2 with a sliding window, Phi-3 (fused checkpoint tensors, partial RoPE,
+a window), Gemma 2 (alternating local/global layers, attention and final soft-capping, pre/post norms, GeGLU) and
+Gemma 3 (q/k norm, local and global RoPE bases, linear scaling on global layers).
+
+Every checkpoint has a window (6 tokens) shorter than the prompts and not page-aligned, 9 query heads over 3 KV
+heads, and is run with the torch reference kernels and the CPU default (native attention, whose windowed layers
+take the torch path). HF (eager attention) recomputes each whole sequence, an independent reference; the decode
+test runs well past the window."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+
+from shared.config.groups import CacheConfig, SchedulerConfig
+from shared.engine.engine import Engine
+from shared.engine.model_runner import ModelRunner
+from shared.engine.types import ScheduledSeq, SchedulerOutput
+from shared.modelspec.sampling import SamplingParams
+from tests.helpers.tiny_models import FAMILIES, WINDOW, make_tiny_model
+
+PAGE = 4
+TOL = 1e-4
+# the largest difference seen per (family, backend), printed at the end of the module (pytest -s) for the record
+WORST: dict[str, float] = {}
+
+
+@pytest.fixture(scope="module", params=FAMILIES)
+def family_dir(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return make_tiny_model(tmp_path_factory.mktemp("families"), request.param, hidden=72, heads=9, kv_heads=3)
+
+
+@pytest.fixture(scope="module")
+def hf(family_dir: Path):
+    from transformers import AutoModelForCausalLM
+
+    return AutoModelForCausalLM.from_pretrained(family_dir, dtype=torch.float32, attn_implementation="eager").eval()
+
+
+@pytest.fixture(scope="module", params=["torch", "native"], ids=["reference", "cpu-default"])
+def runner(request: pytest.FixtureRequest, family_dir: Path) -> ModelRunner:
+    r = ModelRunner(family_dir, num_pages=160, page_size=PAGE, attention_backend=request.param)
+    assert r.attn.name == request.param
+    return r
+
+
+@pytest.fixture(scope="module", autouse=True)
+def report():
+    yield
+    for key, diff in sorted(WORST.items()):
+        print(f"max abs logit diff {key}: {diff:.2e}")
+
+
+def hf_logits(hf, tokens: list[int]) -> torch.Tensor:
+    with torch.no_grad():
+        return hf(torch.tensor([tokens])).logits[0].float()
+
+
+def prompt(seed: int, n: int, vocab: int) -> list[int]:
+    return torch.randint(3, vocab, (n,), generator=torch.Generator().manual_seed(seed)).tolist()
+
+
+class Pages:
+    """Page ids in a scrambled order, so contiguity is never assumed."""
+
+    def __init__(self, n: int) -> None:
+        self.free = torch.randperm(n, generator=torch.Generator().manual_seed(5)).tolist()
+
+    def take(self, n: int) -> tuple[int, ...]:
+        got, self.free = self.free[:n], self.free[n:]
+        assert len(got) == n
+        return tuple(got)
+
+
+def npages(n: int) -> int:
+    return -(-n // PAGE)
+
+
+def check(runner: ModelRunner, ours: torch.Tensor, ref: torch.Tensor) -> None:
+    assert not ours.isnan().any()
+    diff = (ours - ref).abs().max().item()
+    key = f"{runner.model_dir.name} [{runner.attn.name}]"
+    WORST[key] = max(WORST.get(key, 0.0), diff)
+    assert diff <= TOL, f"max abs diff {diff:.2e} > {TOL}"
+
+
+def test_config_has_the_family_features(runner: ModelRunner) -> None:
+    arch = runner.arch
+    assert WINDOW in arch.layer_windows and arch.num_kv_heads == 3 and arch.num_heads == 9
+    if arch.model_type == "phi3":
+        assert arch.rotary_dim == arch.head_dim // 2
+    if arch.model_type == "gemma2":
+        assert arch.attn_softcap == 2.0 and arch.final_softcap == 3.0 and arch.layer_windows == (WINDOW, 0)
+    if arch.model_type == "gemma3_text":
+        assert arch.local_rope_theta == 10000.0 and arch.rope_scaling is not None and arch.qk_norm
+
+
+def test_mixed_lengths_in_one_forward(runner: ModelRunner, hf) -> None:
+    pages = Pages(runner.num_pages)
+    prompts = [prompt(i, n, runner.vocab_size) for i, n in enumerate([1, 5, 8, 13, 30])]
+    seqs = tuple(ScheduledSeq(f"r{i}", tuple(p), 0, pages.take(npages(len(p))), True) for i, p in enumerate(prompts))
+    logits = runner.forward(SchedulerOutput(seqs))
+    for i, p in enumerate(prompts):
+        check(runner, logits[i], hf_logits(hf, p)[-1])
+
+
+def test_chunked_prefill_and_prefix_hit(runner: ModelRunner, hf) -> None:
+    """Chunks that start mid-window and mid-page: each chunk's first tokens see keys of the previous chunk only."""
+    pages = Pages(runner.num_pages)
+    p = prompt(11, 23, runner.vocab_size)
+    ref = hf_logits(hf, p)
+    ids = pages.take(npages(len(p)))
+    start = 0
+    for n in (6, 9, 8):
+        end = start + n
+        logits = runner.forward(
+            SchedulerOutput((ScheduledSeq("c", tuple(p[start:end]), start, ids[: npages(end)], True),))
+        )
+        check(runner, logits[0], ref[end - 1])
+        start = end
+    # a second prompt sharing the first 12 tokens (3 pages) computes only its own tail
+    b = p[:12] + prompt(12, 9, runner.vocab_size)
+    b_pages = ids[:3] + pages.take(npages(len(b)) - 3)
+    logits = runner.forward(SchedulerOutput((ScheduledSeq("b", tuple(b[12:]), 12, b_pages, True),)))
+    check(runner, logits[0], hf_logits(hf, b)[-1])
+
+
+def test_decode_steps_past_the_window(runner: ModelRunner, hf) -> None:
+    pages = Pages(runner.num_pages)
+    seqs = {f"d{i}": prompt(30 + i, n, runner.vocab_size) for i, n in enumerate([2, 9, 16])}
+    steps = 14  # the 2-token prompt ends 16 tokens long: well past the window of 6
+    room = {r: pages.take(npages(len(p) + steps + 1)) for r, p in seqs.items()}
+    logits = runner.forward(
+        SchedulerOutput(tuple(ScheduledSeq(r, tuple(p), 0, room[r], True) for r, p in seqs.items()))
+    )
+    for _ in range(steps):
+        for i, p in enumerate(seqs.values()):
+            check(runner, logits[i], hf_logits(hf, p)[-1])
+            p.append(int(logits[i].argmax()))
+        out = SchedulerOutput(tuple(ScheduledSeq(r, (p[-1],), len(p) - 1, room[r], True) for r, p in seqs.items()))
+        assert out.is_decode_only
+        logits = runner.forward(out)
+
+
+def test_decode_and_prefill_in_one_step(runner: ModelRunner, hf) -> None:
+    pages = Pages(runner.num_pages)
+    a = prompt(41, 10, runner.vocab_size)
+    a_pages = pages.take(4)
+    first = runner.forward(SchedulerOutput((ScheduledSeq("a", tuple(a), 0, a_pages, True),)))
+    a.append(int(first[0].argmax()))
+    b = prompt(42, 11, runner.vocab_size)
+    out = SchedulerOutput(
+        (ScheduledSeq("b", tuple(b), 0, pages.take(3), True), ScheduledSeq("a", (a[-1],), len(a) - 1, a_pages, True))
+    )
+    logits = runner.forward(out)
+    check(runner, logits[0], hf_logits(hf, b)[-1])
+    check(runner, logits[1], hf_logits(hf, a)[-1])
+
+
+def test_engine_greedy_matches_hf_generate(runner: ModelRunner, hf) -> None:
+    """The whole engine (continuous batch, chunked prefill, prefix cache): greedy tokens identical to HF generate."""
+    from transformers import GenerationConfig
+
+    g = torch.Generator().manual_seed(7)
+    shared = torch.randint(3, runner.vocab_size, (8,), generator=g).tolist()
+    prompts = [
+        shared[: 8 * (i % 2)] + torch.randint(3, runner.vocab_size, (n,), generator=g).tolist()
+        for i, n in enumerate([3, 11, 17, 7])
+    ]
+    new = 20
+    gen = GenerationConfig(max_new_tokens=new, do_sample=False, eos_token_id=None, pad_token_id=0)
+    hf.generation_config.eos_token_id = None
+    ref = []
+    for p in prompts:
+        with torch.no_grad():
+            ref.append(hf.generate(torch.tensor([p]), generation_config=gen)[0, len(p) :].tolist())
+    engine = Engine(
+        runner,
+        cache=CacheConfig(page_size=PAGE, disable_radix_cache=False),
+        scheduler=SchedulerConfig(max_running_requests=4, chunked_prefill_size=8, max_prefill_tokens=16),
+    )
+    got = engine.generate(prompts, SamplingParams(max_tokens=new, temperature=0.0, ignore_eos=True))
+    for i, (c, toks) in enumerate(zip(got, ref, strict=True)):
+        assert list(c.token_ids) == toks, f"prompt {i} (len {len(prompts[i])}) diverged from HF"
