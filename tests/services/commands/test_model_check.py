@@ -74,3 +74,21 @@ def test_missing_and_misshaped_tensors(mistral_dir: Path, tmp_path: Path, capsys
 def test_no_config(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     rc, out = _check(tmp_path, capsys)
     assert rc == 1 and "has no config.json" in out
+
+
+@pytest.mark.parametrize("role", ["worker", "prefill", "decode"])
+def test_engine_roles_refuse_an_unsupported_model_before_joining_the_cluster(
+    role: str, mistral_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """One line naming the field, exit 2, and no etcd needed (none runs here: a role that got that far would say it
+    cannot reach etcd instead)."""
+    import importlib
+
+    bad = _edit_config(mistral_dir, tmp_path / "m", quantization_config={"quant_method": "fp8"})
+    main_of = importlib.import_module(f"services.{role}.__main__").main
+    rc = main_of(["--model", str(bad), "--etcd-endpoints", "http://127.0.0.1:9"])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert rc == 2
+    assert err[-1] == f"pdrelay {role}: error: {bad}/config.json: quantization_config ('fp8') is not supported: " + (
+        "give unquantized fp32/bf16/fp16 weights"
+    )

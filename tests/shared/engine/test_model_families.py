@@ -185,3 +185,13 @@ def test_engine_greedy_matches_hf_generate(runner: ModelRunner, hf) -> None:
     got = engine.generate(prompts, SamplingParams(max_tokens=new, temperature=0.0, ignore_eos=True))
     for i, (c, toks) in enumerate(zip(got, ref, strict=True)):
         assert list(c.token_ids) == toks, f"prompt {i} (len {len(prompts[i])}) diverged from HF"
+
+
+def test_bfloat16_runs_and_tracks_float32(family_dir: Path) -> None:
+    r32 = ModelRunner(family_dir, num_pages=16, page_size=PAGE)
+    r16 = ModelRunner(family_dir, dtype="bfloat16", num_pages=16, page_size=PAGE)
+    p = prompt(51, 13, r32.vocab_size)
+    out = SchedulerOutput((ScheduledSeq("x", tuple(p), 0, (0, 1, 2, 3), True),))
+    l32, l16 = r32.forward(out), r16.forward(out)
+    assert l16.dtype == torch.float32 and not l16.isnan().any()
+    assert (l16 - l32).abs().max().item() < 0.15  # bf16 keeps ~3 significant digits
