@@ -25,7 +25,7 @@ from shared.kernels.native.build import native_available
 from shared.kernels.native.gemm import bf16_kernels
 from shared.kernels.native.paged_decode import native_paged_decode
 from shared.kernels.native.paged_extend import native_paged_extend
-from shared.kernels.window_attention import window_attention
+from shared.kernels.window_attention import needs_window_path, window_attention
 
 __all__ = [
     "ATTENTION_BACKENDS",
@@ -135,7 +135,7 @@ class TorchAttentionBackend:
         softcap: float = 0.0,
     ) -> torch.Tensor:
         """q [T, heads, d], k/v [T, kv_heads, d] (already written to the cache) -> [T, heads, d]."""
-        if window or softcap:
+        if needs_window_path(meta, window, softcap):
             return window_attention(q, k_cache, v_cache, meta, scale, window, softcap)
         if meta.all_decode:
             g = meta.decode_groups[0]
@@ -212,7 +212,7 @@ class NativeAttentionBackend(TorchAttentionBackend):
         window: int = 0,
         softcap: float = 0.0,
     ) -> torch.Tensor:
-        if window or softcap:  # the C kernels take neither (see window_attention.py)
+        if needs_window_path(meta, window, softcap):  # the C kernels take neither (window_attention.py)
             return window_attention(q, k_cache, v_cache, meta, scale, window, softcap)
         flat = meta.flat_decode
         out = self._extend(q, k, v, k_cache, v_cache, meta, scale)

@@ -10,13 +10,15 @@ Why the native C kernels (and Triton's) do not take these layers: they walk a se
 page-aligned blocks (16-token vector blocks with the next page prefetched, three variants: generic, AVX-512, AVX2),
 so a window starting mid-page needs an offset threaded through every variant and through the extend kernel's causal
 tiling, and soft-capping a tanh inside their fused online softmax; each is a kernel change with its own parity tests.
-Until then these layers run here, reading the same pages in place of a gathered copy's kernel, and every other layer
-keeps its fast kernel. Both paths read only the cache (the step's K/V are written before attention runs).
+Until then these layers run here whenever their window is shorter than the step's longest sequence (needs_window_path;
+otherwise the window changes nothing and the backend's own kernels run), and every other layer keeps its fast kernel.
+Both paths read only the cache (the step's K/V are written before attention runs).
 """
 
 from __future__ import annotations
 
 import torch
+import torch.nn.functional as F
 
 from shared.kernels.attention_plan import AttentionMetadata
 
@@ -26,20 +28,28 @@ def _attend(
 ) -> torch.Tensor:
     """q [B, Lq, H, D], k/v [B, Lk, KVH, D], keep [B, Lq, Lk] bool -> [B, Lq, H, D].
 
-    The same op order as transformers' eager attention: (q @ k^T) * scale, soft-cap, mask, float32 softmax, @ v.
+    Without soft-capping: one masked SDPA call (GQA-grouped, no K/V copy). With it, the op order of transformers'
+    eager attention: (q @ k^T) * scale, soft-cap, mask, float32 softmax, @ v; the query heads of a KV head are
+    stacked as rows ([G * Lq, D] per KV head), so no K/V is expanded per query head.
     """
     b, lq, h, d = q.shape
     kvh = k.shape[2]
-    qg = q.view(b, lq, kvh, h // kvh, d).permute(0, 2, 3, 1, 4)  # [B, KVH, G, Lq, D]
-    kt = k.to(q.dtype).permute(0, 2, 3, 1).unsqueeze(2)  # [B, KVH, 1, D, Lk]
-    vv = v.to(q.dtype).permute(0, 2, 1, 3).unsqueeze(2)  # [B, KVH, 1, Lk, D]
-    scores = torch.matmul(qg, kt) * scale  # [B, KVH, G, Lq, Lk]
-    if softcap:
-        scores = torch.tanh(scores / softcap) * softcap
-    scores = scores.float().masked_fill(~keep[:, None, None], float("-inf"))
-    probs = torch.softmax(scores, dim=-1).to(q.dtype)
-    out = torch.matmul(probs, vv)  # [B, KVH, G, Lq, D]
-    return out.permute(0, 3, 1, 2, 4).reshape(b, lq, h, d)
+    kt, vt = k.to(q.dtype).transpose(1, 2), v.to(q.dtype).transpose(1, 2)  # [B, KVH, Lk, D]
+    if not softcap:
+        # an additive mask: measured faster than a boolean one in SDPA on CPU (decode_attention.decode_mask)
+        mask = torch.zeros(keep.shape, dtype=q.dtype, device=q.device).masked_fill_(~keep, float("-inf"))
+        o = F.scaled_dot_product_attention(
+            q.transpose(1, 2), kt, vt, attn_mask=mask.unsqueeze(1), scale=scale, enable_gqa=h != kvh
+        )  # [B, H, Lq, D]
+        return o.transpose(1, 2)
+    g = h // kvh
+    qg = q.view(b, lq, kvh, g, d).permute(0, 2, 3, 1, 4).reshape(b, kvh, g * lq, d)
+    scores = torch.matmul(qg, kt.transpose(-1, -2)) * scale  # [B, KVH, G * Lq, Lk]
+    scores = torch.tanh(scores / softcap) * softcap
+    scores = scores.float().view(b, kvh, g, lq, -1).masked_fill(~keep[:, None, None], float("-inf"))
+    probs = torch.softmax(scores, dim=-1).to(q.dtype).view(b, kvh, g * lq, -1)
+    out = torch.matmul(probs, vt)  # [B, KVH, G * Lq, D]
+    return out.view(b, kvh, g, lq, d).permute(0, 3, 1, 2, 4).reshape(b, lq, h, d)
 
 
 def _decode_sets(
@@ -110,6 +120,12 @@ def _extend(
             keep &= kpos.unsqueeze(0) > qpos - window
         o = _attend(q[t0 : t0 + n].unsqueeze(0), k.unsqueeze(0), v.unsqueeze(0), keep.unsqueeze(0), scale, softcap)
         out[t0 : t0 + n] = o[0]
+
+
+def needs_window_path(meta: AttentionMetadata, window: int, softcap: float) -> bool:
+    """Whether a layer must take window_attention this step: soft-capped, or windowed with some sequence longer than
+    the window (a window covering every sequence changes nothing, and the backend's own kernels run)."""
+    return bool(softcap) or (window > 0 and meta.max_seq_len > window)
 
 
 def window_attention(

@@ -107,6 +107,16 @@ def test_mixed_lengths_in_one_forward(runner: ModelRunner, hf) -> None:
         check(runner, logits[i], hf_logits(hf, p)[-1])
 
 
+def test_prompts_within_the_window(runner: ModelRunner, hf) -> None:
+    """No sequence longer than the window: windowed layers run the backend's own kernels (needs_window_path)."""
+    pages = Pages(runner.num_pages)
+    prompts = [prompt(60 + i, n, runner.vocab_size) for i, n in enumerate([1, 4, WINDOW])]
+    seqs = tuple(ScheduledSeq(f"w{i}", tuple(p), 0, pages.take(npages(len(p))), True) for i, p in enumerate(prompts))
+    logits = runner.forward(SchedulerOutput(seqs))
+    for i, p in enumerate(prompts):
+        check(runner, logits[i], hf_logits(hf, p)[-1])
+
+
 def test_chunked_prefill_and_prefix_hit(runner: ModelRunner, hf) -> None:
     """Chunks that start mid-window and mid-page: each chunk's first tokens see keys of the previous chunk only."""
     pages = Pages(runner.num_pages)

@@ -11,6 +11,7 @@ import torch
 
 from shared.kernels.dispatch import NativeAttentionBackend, TorchAttentionBackend, sequence_token_starts
 from shared.kernels.native.build import native_available
+from shared.kernels.window_attention import needs_window_path
 from tests.shared.kernels.paged_ref import page_table, scatter_to_pages
 
 HEADS, KV_HEADS, D, PAGE = 9, 3, 16, 4
@@ -45,7 +46,8 @@ def _backends() -> list[object]:
 
 
 @pytest.mark.parametrize("backend", _backends(), ids=lambda b: b.name)
-@pytest.mark.parametrize("window,softcap", [(5, 0.0), (0, 1.5), (7, 1.5), (1, 0.0)])
+# (40, 0): a window longer than every sequence, which the backends' own kernels take (needs_window_path)
+@pytest.mark.parametrize("window,softcap", [(5, 0.0), (0, 1.5), (7, 1.5), (1, 0.0), (40, 0.0)])
 @pytest.mark.parametrize("all_decode", [False, True])
 def test_window_matches_naive(backend, window: int, softcap: float, all_decode: bool) -> None:
     g = torch.Generator().manual_seed(window * 10 + int(softcap) + all_decode)
@@ -62,7 +64,10 @@ def test_window_matches_naive(backend, window: int, softcap: float, all_decode: 
     starts = sequence_token_starts(extend)
     q = torch.randn(int(extend.sum()), HEADS, D, generator=g)
     meta = backend.prepare(pt, prefix, extend, starts, PAGE)
-    out = backend.forward(q, None, None, k_cache, v_cache, meta, SCALE, window, softcap)
+    assert needs_window_path(meta, window, softcap) == ((window, softcap) != (40, 0.0))
+    k_new = torch.cat([k[p:] for k, (p, _) in zip(ks, plan)])  # the new tokens' K/V (the torch extend reads them)
+    v_new = torch.cat([v[p:] for v, (p, _) in zip(vs, plan)])
+    out = backend.forward(q, k_new, v_new, k_cache, v_cache, meta, SCALE, window, softcap)
     for i, (p, n) in enumerate(plan):
         for j in range(n):
             t = int(starts[i]) + j
