@@ -95,6 +95,12 @@ def _decode(
         out.index_copy_(0, token_idx, o[:, 0])
 
 
+# Query tokens attended at once by the extend path: the scores of a block are [heads, QUERY_BLOCK, keys it sees], so
+# a long prompt never builds an [n, n] mask (an 8k-token prompt's would be 256 MB a layer) and a windowed block reads
+# only the keys its window reaches.
+QUERY_BLOCK = 256
+
+
 def _extend(
     q: torch.Tensor,
     k_cache: torch.Tensor,
@@ -105,21 +111,24 @@ def _extend(
     softcap: float,
     out: torch.Tensor,
 ) -> None:
-    """Each extend sequence alone: its new tokens over (the visible part of its prefix + themselves), from the cache."""
+    """Each extend sequence alone, QUERY_BLOCK new tokens at a time: over the visible part of its prefix and the new
+    tokens up to the block's last, read from the cache."""
     page = k_cache.shape[1]
     for row, t0, p, n in zip(meta.extend_rows, meta.extend_token_starts, meta.extend_prefix_lens, meta.extend_lens):
-        end = p + n
-        first = max(0, p - window + 1) // page if window else 0  # the first query's oldest visible key's page
-        pages = meta.page_table[row, first : -(-end // page)]
-        k = k_cache.index_select(0, pages).flatten(0, 1)[: end - first * page]  # [Lk, KVH, D]
-        v = v_cache.index_select(0, pages).flatten(0, 1)[: end - first * page]
-        kpos = torch.arange(first * page, end, device=q.device)
-        qpos = torch.arange(p, end, device=q.device).unsqueeze(1)
-        keep = kpos.unsqueeze(0) <= qpos
-        if window:
-            keep &= kpos.unsqueeze(0) > qpos - window
-        o = _attend(q[t0 : t0 + n].unsqueeze(0), k.unsqueeze(0), v.unsqueeze(0), keep.unsqueeze(0), scale, softcap)
-        out[t0 : t0 + n] = o[0]
+        for j0 in range(0, n, QUERY_BLOCK):
+            lo, hi = p + j0, p + min(n, j0 + QUERY_BLOCK)  # the block's query positions [lo, hi)
+            first = max(0, lo - window + 1) // page if window else 0  # the page of its oldest visible key
+            pages = meta.page_table[row, first : -(-hi // page)]
+            k = k_cache.index_select(0, pages).flatten(0, 1)[: hi - first * page]  # [Lk, KVH, D]
+            v = v_cache.index_select(0, pages).flatten(0, 1)[: hi - first * page]
+            kpos = torch.arange(first * page, hi, device=q.device).unsqueeze(0)
+            qpos = torch.arange(lo, hi, device=q.device).unsqueeze(1)
+            keep = kpos <= qpos
+            if window:
+                keep &= kpos > qpos - window
+            rows = slice(t0 + lo - p, t0 + hi - p)
+            o = _attend(q[rows].unsqueeze(0), k.unsqueeze(0), v.unsqueeze(0), keep.unsqueeze(0), scale, softcap)
+            out[rows] = o[0]
 
 
 def needs_window_path(meta: AttentionMetadata, window: int, softcap: float) -> bool:

@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 import torch
 
+from shared.kernels import window_attention
 from shared.kernels.dispatch import NativeAttentionBackend, TorchAttentionBackend, sequence_token_starts
 from shared.kernels.native.build import native_available
 from shared.kernels.window_attention import needs_window_path
@@ -49,7 +50,11 @@ def _backends() -> list[object]:
 # (40, 0): a window longer than every sequence, which the backends' own kernels take (needs_window_path)
 @pytest.mark.parametrize("window,softcap", [(5, 0.0), (0, 1.5), (7, 1.5), (1, 0.0), (40, 0.0)])
 @pytest.mark.parametrize("all_decode", [False, True])
-def test_window_matches_naive(backend, window: int, softcap: float, all_decode: bool) -> None:
+@pytest.mark.parametrize("block", [256, 3], ids=["one-block", "query-blocks-of-3"])
+def test_window_matches_naive(
+    backend, window: int, softcap: float, all_decode: bool, block: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(window_attention, "QUERY_BLOCK", block)  # blocks that start mid-page and mid-window
     g = torch.Generator().manual_seed(window * 10 + int(softcap) + all_decode)
     # (cached prefix, new tokens) per sequence: decode tokens far past the window and near its start, extends with
     # and without a prefix, one crossing several pages
