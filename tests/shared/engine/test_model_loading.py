@@ -258,3 +258,45 @@ def test_a_gpu_model_loads_straight_to_the_device(tiny_llama_dir: Path) -> None:
     host = _load_with(tiny_llama_dir, threads=1, dtype=torch.bfloat16)
     for (na, pa), (_, pb) in zip(model.named_parameters(), host.named_parameters(), strict=True):
         assert torch.equal(pa.cpu(), pb), na
+
+
+def test_gemma3_config_in_its_older_spelling() -> None:
+    """Gemma 3 as its released config.json spells it (before transformers 5's per-layer-type rope_parameters):
+    rope_theta + rope_scaling for global layers, rope_local_base_freq for local ones, sliding_window_pattern."""
+    cfg = parse_model_config(
+        dict(
+            BASE,
+            architectures=["Gemma3ForCausalLM"],
+            model_type="gemma3_text",
+            num_hidden_layers=12,
+            head_dim=16,
+            rope_theta=1e6,
+            rope_local_base_freq=1e4,
+            rope_scaling={"rope_type": "linear", "factor": 8.0},
+            sliding_window=512,
+            sliding_window_pattern=6,
+            query_pre_attn_scalar=256,
+            final_logit_softcapping=None,
+            attn_logit_softcapping=None,
+            hidden_activation="gelu_pytorch_tanh",
+        )
+    )
+    assert cfg.rope_theta == 1e6 and cfg.local_rope_theta == 1e4
+    assert cfg.rope_scaling == {"rope_type": "linear", "factor": 8.0}
+    assert cfg.layer_windows == ((512,) * 5 + (0,)) * 2
+    assert cfg.softmax_scale == 256**-0.5 and cfg.attn_softcap == 0.0 and cfg.final_softcap == 0.0
+    assert (
+        cfg.embed_scale == 32**0.5 and cfg.qk_norm and cfg.tie_word_embeddings and cfg.hidden_act == "gelu_pytorch_tanh"
+    )
+
+
+def test_released_mistral_and_phi3_configs() -> None:
+    """Mistral-7B-v0.1 (window 4096) and v0.3 (sliding_window null: full attention), Phi-3-mini-4k (window 2047,
+    RoPE over the whole head), Phi-4-mini's partial RoPE (0.75 of the head)."""
+    mistral = dict(BASE, architectures=["MistralForCausalLM"], model_type="mistral", rope_theta=1e4)
+    assert parse_model_config(dict(mistral, sliding_window=4096)).layer_windows == (4096, 4096)
+    assert parse_model_config(dict(mistral, sliding_window=None)).layer_windows == ()
+    phi = dict(BASE, architectures=["Phi3ForCausalLM"], model_type="phi3", rope_scaling=None, sliding_window=2047)
+    p = parse_model_config(phi)
+    assert p.layer_windows == (2047, 2047) and p.rotary_dim == 0 and p.model_type == "phi3"
+    assert parse_model_config(dict(phi, partial_rotary_factor=0.75)).rotary_dim == 6  # head_dim 8
