@@ -4,8 +4,8 @@ a window), Gemma 2 (alternating local/global layers, attention and final soft-ca
 Gemma 3 (q/k norm, local and global RoPE bases, linear scaling on global layers).
 
 Every checkpoint has a window (6 tokens) shorter than the prompts and not page-aligned, 9 query heads over 3 KV
-heads, and is run with the torch reference kernels and the CPU default (native attention, whose windowed layers
-take the torch path). HF (eager attention) recomputes each whole sequence, an independent reference; the decode
+heads, and is run with the torch reference kernels, the CPU default (native attention, whose windowed layers take
+the torch path) and the Triton backend with its norm / RoPE / activation kernels (under the interpreter here). HF (eager attention) recomputes each whole sequence, an independent reference; the decode
 test runs well past the window."""
 
 from __future__ import annotations
@@ -24,27 +24,51 @@ from tests.helpers.tiny_models import FAMILIES, WINDOW, make_tiny_model
 
 PAGE = 4
 TOL = 1e-4
+# Triton's own ops meet new inputs in these two: partial RoPE (Phi-3), Gemma's four norms and q/k norm (Gemma 3)
+TRITON_FAMILIES = ("phi3", "gemma3")
 # the largest difference seen per (family, backend), printed at the end of the module (pytest -s) for the record
 WORST: dict[str, float] = {}
 
 
+# (family, attention backend): every family on the reference and the CPU default, two of them on Triton
+CASES = [(f, b) for f in FAMILIES for b in ("torch", "native")] + [(f, "triton") for f in TRITON_FAMILIES]
+_DIRS: dict[str, Path] = {}
+_HF: dict[str, torch.nn.Module] = {}
+
+
+def _family_dir(family: str, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    if family not in _DIRS:
+        _DIRS[family] = make_tiny_model(tmp_path_factory.mktemp("families"), family, hidden=72, heads=9, kv_heads=3)
+    return _DIRS[family]
+
+
 @pytest.fixture(scope="module", params=FAMILIES)
 def family_dir(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return make_tiny_model(tmp_path_factory.mktemp("families"), request.param, hidden=72, heads=9, kv_heads=3)
+    return _family_dir(request.param, tmp_path_factory)
 
 
-@pytest.fixture(scope="module")
-def hf(family_dir: Path):
+@pytest.fixture(scope="module", params=CASES, ids=lambda c: "-".join(c))
+def case(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> tuple[ModelRunner, object]:
+    """(our runner, HF's model in fp32 with eager attention) for one (family, backend)."""
     from transformers import AutoModelForCausalLM
 
-    return AutoModelForCausalLM.from_pretrained(family_dir, dtype=torch.float32, attn_implementation="eager").eval()
+    family, backend = request.param
+    d = _family_dir(family, tmp_path_factory)
+    if family not in _HF:
+        _HF[family] = AutoModelForCausalLM.from_pretrained(d, dtype=torch.float32, attn_implementation="eager").eval()
+    r = ModelRunner(d, num_pages=160, page_size=PAGE, attention_backend=backend)
+    assert r.attn.name == backend
+    return r, _HF[family]
 
 
-@pytest.fixture(scope="module", params=["torch", "native"], ids=["reference", "cpu-default"])
-def runner(request: pytest.FixtureRequest, family_dir: Path) -> ModelRunner:
-    r = ModelRunner(family_dir, num_pages=160, page_size=PAGE, attention_backend=request.param)
-    assert r.attn.name == request.param
-    return r
+@pytest.fixture
+def runner(case: tuple[ModelRunner, object]) -> ModelRunner:
+    return case[0]
+
+
+@pytest.fixture
+def hf(case: tuple[ModelRunner, object]):
+    return case[1]
 
 
 @pytest.fixture(scope="module", autouse=True)
