@@ -4,9 +4,10 @@ a window), Gemma 2 (alternating local/global layers, attention and final soft-ca
 Gemma 3 (q/k norm, local and global RoPE bases, linear scaling on global layers).
 
 Every checkpoint has a window (6 tokens) shorter than the prompts and not page-aligned, 9 query heads over 3 KV
-heads, and is run with the torch reference kernels, the CPU default (native attention, whose windowed layers take
-the torch path) and the Triton backend with its norm / RoPE / activation kernels (under the interpreter here). HF (eager attention) recomputes each whole sequence, an independent reference; the decode
-test runs well past the window."""
+heads, and is run with the torch reference kernels and the CPU default (native attention, whose windowed layers take
+the torch path); Phi-3 and Gemma 3 also with the Triton backend and its norm / RoPE / activation kernels (under the
+interpreter here). HF (eager attention) recomputes each whole sequence, an independent reference; the decode test
+runs well past the window."""
 
 from __future__ import annotations
 
