@@ -4,6 +4,7 @@ no memory is allocated: the model is built on the meta device)."""
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -72,9 +73,34 @@ def _tensor_problems(cfg: ModelArchConfig, model_dir: Path) -> list[str]:
     return problems
 
 
+def _bert_check(d: Path) -> ModelCheck | None:
+    """A BERT embedding model is the encoder's (--encoder-model), not an LLM role's; None for any other model."""
+    path = d / "config.json"
+    try:
+        raw = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None  # load_model_config says what is wrong
+    if raw.get("model_type") != "bert":
+        return None
+    from shared.engine.models.bert import BertConfig
+
+    try:
+        bert = BertConfig.from_dict(raw, where=str(path))
+    except ValueError as e:
+        return ModelCheck(False, str(e))
+    return ModelCheck(
+        True,
+        f"{', '.join(raw.get('architectures') or ['BertModel'])}: an embedding model ({bert.num_layers} layers, "
+        f"hidden {bert.hidden_size}), served by the encoder (--encoder-model DIR), not by prefill/decode/worker",
+    )
+
+
 def check_model_dir(model_dir: str | Path) -> ModelCheck:
     """Whether `model_dir` can be served, and why not (the first problem found)."""
     d = Path(model_dir)
+    bert = _bert_check(d)
+    if bert is not None:
+        return bert
     try:
         cfg = load_model_config(d)
     except ValueError as e:

@@ -92,3 +92,22 @@ def test_engine_roles_refuse_an_unsupported_model_before_joining_the_cluster(
     assert err[-1] == f"pdrelay {role}: error: {bad}/config.json: quantization_config ('fp8') is not supported: " + (
         "give unquantized fp32/bf16/fp16 weights"
     )
+
+
+def test_a_bert_model_is_the_encoders(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    bert = {
+        "architectures": ["BertModel"],
+        "model_type": "bert",
+        "vocab_size": 100,
+        "hidden_size": 32,
+        "num_hidden_layers": 2,
+        "num_attention_heads": 4,
+        "intermediate_size": 64,
+        "max_position_embeddings": 64,
+    }
+    (tmp_path / "config.json").write_text(json.dumps(bert))
+    rc, out = _check(tmp_path, capsys)
+    assert rc == 0 and "an embedding model" in out and "--encoder-model" in out
+    (tmp_path / "config.json").write_text(json.dumps(dict(bert, hidden_act="swish")))
+    rc, out = _check(tmp_path, capsys)
+    assert rc == 1 and "hidden_act 'swish'" in out
