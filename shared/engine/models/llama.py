@@ -306,7 +306,9 @@ class LlamaForCausalLM(nn.Module):
         c = self.cfg
         if c.qk_norm or self.act_dtype != torch.float32 or type(self) is not LlamaForCausalLM:
             return None
-        if any(c.layer_windows) or c.rotary_dim or c.attn_softcap:  # the C call has none of these (see its module)
+        # the C call has none of these (see its module); a sliding window only runs it while every sequence of the
+        # step is within the window (forward), where the window changes nothing
+        if c.rotary_dim or c.attn_softcap:
             return None
         from shared.kernels.native.decode_layers import LayerWeights, NativeDecodeLayers
 
@@ -382,6 +384,7 @@ class LlamaForCausalLM(nn.Module):
             and isinstance(attn, NativeAttentionBackend)
             and self._fused_with == (self.linear, self.ops)
             and fused.takes(hidden.shape[0], meta.flat_decode, meta.extend_rows)
+            and (not any(self.cfg.layer_windows) or meta.max_seq_len <= min(w for w in self.cfg.layer_windows if w))
         ):
             assert meta.flat_decode is not None
             first = self.layers[0]

@@ -132,14 +132,37 @@ def test_mixed_lengths_in_one_forward(runner: ModelRunner, hf) -> None:
         check(runner, logits[i], hf_logits(hf, p)[-1])
 
 
-def test_prompts_within_the_window(runner: ModelRunner, hf) -> None:
-    """No sequence longer than the window: windowed layers run the backend's own kernels (needs_window_path)."""
+def test_prompts_within_the_window(runner: ModelRunner, hf, monkeypatch: pytest.MonkeyPatch) -> None:
+    """No sequence longer than the window: windowed layers run the backend's own kernels (needs_window_path), and a
+    decode step on the CPU default all layers in one C call, until a sequence passes the window."""
+    fused = runner.model.fused_decode
+    calls: list[int] = []
+    if fused is not None:
+        monkeypatch.setattr(fused, "run", lambda *a, run=fused.run: calls.append(1) or run(*a))
     pages = Pages(runner.num_pages)
-    prompts = [prompt(60 + i, n, runner.vocab_size) for i, n in enumerate([1, 4, WINDOW])]
-    seqs = tuple(ScheduledSeq(f"w{i}", tuple(p), 0, pages.take(npages(len(p))), True) for i, p in enumerate(prompts))
-    logits = runner.forward(SchedulerOutput(seqs))
+    prompts = [prompt(60 + i, n, runner.vocab_size) for i, n in enumerate([1, 3, WINDOW - 1])]
+    room = [pages.take(npages(WINDOW + 2)) for _ in prompts]
+    logits = runner.forward(
+        SchedulerOutput(tuple(ScheduledSeq(f"w{i}", tuple(p), 0, room[i], True) for i, p in enumerate(prompts)))
+    )
+    for step in range(2):  # the longest reaches WINDOW, then WINDOW + 1 tokens
+        for i, p in enumerate(prompts):
+            check(runner, logits[i], hf_logits(hf, p)[-1])
+            p.append(int(logits[i].argmax()))
+        out = SchedulerOutput(
+            tuple(ScheduledSeq(f"w{i}", (p[-1],), len(p) - 1, room[i], True) for i, p in enumerate(prompts))
+        )
+        logits = runner.forward(out)
+        assert len(calls) == (1 if fused is not None else 0)  # step 2 passes the window: the layers one by one
     for i, p in enumerate(prompts):
         check(runner, logits[i], hf_logits(hf, p)[-1])
+    # the one-call decode is built for windowed models on the CPU default (not with partial RoPE or soft-capping)
+    a = runner.arch
+    assert (fused is not None) == (
+        runner.attn.name == "native"
+        and not (a.rotary_dim or a.attn_softcap or a.qk_norm)
+        and a.model_type not in ("gemma2", "gemma3_text")
+    )
 
 
 def test_chunked_prefill_and_prefix_hit(runner: ModelRunner, hf) -> None:
