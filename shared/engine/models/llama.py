@@ -224,7 +224,7 @@ class DecoderLayer(nn.Module):
 class LlamaForCausalLM(nn.Module):
     """Llama / Qwen2 / Qwen3 / Mistral / Phi-3 causal LM over a paged KV pool."""
 
-    layer_class: type[DecoderLayer] = DecoderLayer  # a family's own layer (gemma.py) subclasses both
+    layer_class: type[DecoderLayer] = DecoderLayer  # a subclass model sets its own layer (gemma.py)
 
     def __init__(
         self,
