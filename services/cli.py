@@ -21,7 +21,7 @@ COMMANDS: tuple[tuple[str, str, str], ...] = (
     ("scale", "services.commands.scale", "add or drain instances: pdrelay scale prefill=2 decode=3"),
     ("serve", "services.commands.serve", "run one service in the foreground: pdrelay serve <role> [flags]"),
     ("config", "services.commands.config_show", "show the resolved configuration of a role"),
-    ("model", "services.commands.model_prepare", "prepare the bundled model"),
+    ("model", "services.commands.model_prepare", "prepare the bundled model, or check a model directory"),
     ("trace", "services.commands.trace", "print one request's span tree (needs `pdrelay up --trace`)"),
     ("certs", "services.commands.certs", "make a local CA and per-service certificates (mutual TLS)"),
     ("planner", "services.commands.planner", "the planner's decisions (log) and manual pins (unpin)"),

@@ -1,4 +1,5 @@
-"""`pdrelay model prepare`: turn the bundled GGUF into a safetensors model directory and print its path."""
+"""`pdrelay model prepare`: turn the bundled GGUF into a safetensors model directory and print its path.
+`pdrelay model check DIR`: say whether a model directory can be served, and why not (exit status 0 or 1)."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ from shared.config.groups import BUNDLED_MODEL
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
-    model = sub.add_parser("model", help="prepare the bundled model")
+    model = sub.add_parser("model", help="prepare the bundled model, or check a model directory")
     model_sub = model.add_subparsers(dest="model_command", metavar="<action>")
     model_sub.required = True
     prep = model_sub.add_parser("prepare", help="prepare a model directory (idempotent) and print its path")
@@ -21,6 +22,9 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         help="cache folder (default: $PDRELAY_MODEL_CACHE_DIR, else $XDG_CACHE_HOME/pdrelay/models)",
     )
     prep.set_defaults(_run=run)
+    check = model_sub.add_parser("check", help="say whether a model directory can be served, and why not")
+    check.add_argument("model_dir", help="a Hugging Face model directory (config.json + safetensors)")
+    check.set_defaults(_run=run_check)
 
 
 def run(ns: argparse.Namespace, extra: list[str]) -> int:
@@ -36,3 +40,17 @@ def run(ns: argparse.Namespace, extra: list[str]) -> int:
         return 2
     print(path)
     return 0
+
+
+def run_check(ns: argparse.Namespace, extra: list[str]) -> int:
+    if extra:
+        print(f"pdrelay model check: unknown arguments: {' '.join(extra)}", file=sys.stderr)
+        return 2
+    from shared.engine.model_check import check_model_dir
+
+    result = check_model_dir(ns.model_dir)
+    if result.ok:
+        print(f"ok: {result.reason}")
+        return 0
+    print(f"cannot serve: {result.reason}")
+    return 1

@@ -99,6 +99,7 @@ class ModelRunner:
                 rename=canonical_name,
                 skip_prefixes=text.skipped_prefixes(self.arch),
             )
+        self.model.post_load()
         self.model.eval()
         self.model.to_device(self.device)
         self.linear = select_linear_backend(linear_backend, self.device, self.dtype)
@@ -118,7 +119,7 @@ class ModelRunner:
         self.num_pages = num_pages
         # Decode CUDA graphs (cuda only) pad a batch with rows whose K/V go to one extra page past the num_pages
         # the scheduler hands out.
-        want_graphs = self.device.type == "cuda" and bool(cuda_graph_bs)
+        want_graphs = self.device.type == "cuda" and bool(cuda_graph_bs) and not self.arch.host_planned_attention
         self.kv = KVPool(self.layout, num_pages + int(want_graphs), self.device)
         self.kv.populate_in_background()  # host pools: fault the pool in now, not in the first steps that write it
         self.graphs: CudaGraphDecodeRunner | None = None

@@ -26,7 +26,7 @@ from torch import nn
 
 from shared.engine.models.llama import WeightSlot
 
-_IGNORED_SUFFIXES = ("rotary_emb.inv_freq", "rotary_emb.cos_cached", "rotary_emb.sin_cached")
+IGNORED_SUFFIXES = ("rotary_emb.inv_freq", "rotary_emb.cos_cached", "rotary_emb.sin_cached")
 # Most threads a load uses: reads of one NVMe and host-to-device copies saturate well before this.
 MAX_LOAD_THREADS = 8
 
@@ -110,7 +110,7 @@ def _load_piece(path: Path, names: list[str], rules: _Rules) -> _Found:
                 continue
             slot = rules.weight_map.get(name)
             if slot is None:
-                if not (name.endswith(_IGNORED_SUFFIXES) or (rules.tied_lm_head and name == "lm_head.weight")):
+                if not (name.endswith(IGNORED_SUFFIXES) or (rules.tied_lm_head and name == "lm_head.weight")):
                     found.unexpected.append(name)
                 continue
             target = rules.params[slot.param]

@@ -4,6 +4,7 @@ sequences take the per-sequence extend path. Built once per step on the CPU; eve
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -51,6 +52,17 @@ class AttentionMetadata:
     extend_prefix_lens: tuple[int, ...]
     extend_lens: tuple[int, ...]
     flat_decode: FlatDecode | None = field(default=None, kw_only=True)  # keyword-only: subclasses add fields
+
+    @functools.cached_property
+    def max_seq_len(self) -> int:
+        """The step's longest sequence, cached tokens and new ones (once per step, on first use): a layer whose
+        sliding window covers it attends exactly as a full layer does, on the fast kernels."""
+        longest = max((p + n for p, n in zip(self.extend_prefix_lens, self.extend_lens)), default=0)
+        if self.flat_decode is not None and self.flat_decode.seq_lens.numel():
+            longest = max(longest, int(self.flat_decode.seq_lens.max().item()))
+        for g in self.decode_groups:
+            longest = max(longest, int(g.seq_lens.max().item()))
+        return longest
 
     @property
     def all_decode(self) -> bool:

@@ -25,6 +25,7 @@ from shared.kernels.native.build import native_available
 from shared.kernels.native.gemm import bf16_kernels
 from shared.kernels.native.paged_decode import native_paged_decode
 from shared.kernels.native.paged_extend import native_paged_extend
+from shared.kernels.window_attention import needs_window_path, window_attention
 
 __all__ = [
     "ATTENTION_BACKENDS",
@@ -63,7 +64,12 @@ class AttentionBackend(Protocol):
         v_cache: torch.Tensor,
         meta: AttentionMetadata,
         scale: float,
-    ) -> torch.Tensor: ...
+        window: int = 0,
+        softcap: float = 0.0,
+    ) -> torch.Tensor:
+        """window: the layer's sliding window (0: full); softcap: its score soft-capping (0: none). Layers with
+        either go through window_attention.py on every backend (that module says why)."""
+        ...
 
 
 class TorchAttentionBackend:
@@ -125,8 +131,12 @@ class TorchAttentionBackend:
         v_cache: torch.Tensor,
         meta: AttentionMetadata,
         scale: float,
+        window: int = 0,
+        softcap: float = 0.0,
     ) -> torch.Tensor:
         """q [T, heads, d], k/v [T, kv_heads, d] (already written to the cache) -> [T, heads, d]."""
+        if needs_window_path(meta, window, softcap):
+            return window_attention(q, k_cache, v_cache, meta, scale, window, softcap)
         if meta.all_decode:
             g = meta.decode_groups[0]
             return paged_decode_attention(
@@ -199,7 +209,11 @@ class NativeAttentionBackend(TorchAttentionBackend):
         v_cache: torch.Tensor,
         meta: AttentionMetadata,
         scale: float,
+        window: int = 0,
+        softcap: float = 0.0,
     ) -> torch.Tensor:
+        if needs_window_path(meta, window, softcap):  # the C kernels take neither (window_attention.py)
+            return window_attention(q, k_cache, v_cache, meta, scale, window, softcap)
         flat = meta.flat_decode
         out = self._extend(q, k, v, k_cache, v_cache, meta, scale)
         if flat is not None:

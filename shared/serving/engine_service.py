@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from shared.cluster.bus.cancel import Cancel, subscribe_cancel
@@ -23,6 +24,7 @@ from shared.config.resolved import ResolvedConfig
 from shared.engine.async_engine import AsyncEngine
 from shared.engine.encoder_cache import EncoderCache
 from shared.engine.engine import Engine, EngineStats
+from shared.engine.models import load_model_config
 from shared.engine.radix_cache import AllPagesCleared, KVEvent, PagesEvicted, PagesStored
 from shared.engine.vision_runner import VisionEncoderRunner
 from shared.modelspec.sampling import SamplingParams
@@ -114,6 +116,10 @@ class EngineService(Service):
     """Base of the worker, decode and prefill services. Subclasses add their gRPC servicers."""
 
     def __init__(self, cfg: ResolvedConfig, options: ServiceOptions = ServiceOptions()) -> None:
+        if cfg.engine.engine != EngineKind.MOCK and Path(cfg.model.model).is_dir():
+            # an unsupported model is refused now, in one line naming the field (serve_role prints the ValueError),
+            # not after the control plane is joined and the weights start loading
+            load_model_config(cfg.model.model)
         super().__init__(ServiceConfig.of(cfg), options)
         self.cfg = cfg
         self.engine: Engine | None = None

@@ -78,7 +78,44 @@ def _hf_config(
             transformers.Qwen3Config(**common, head_dim=2 * hidden // heads, rope_theta=1000000.0),
             transformers.Qwen3ForCausalLM,
         )
-    raise ValueError(f"arch {arch!r} is not one of {ARCHS}")
+    return _family_config(arch, common, hidden, heads)
+
+
+WINDOW = 6  # the sliding window of the windowed families: shorter than the parity tests' prompts, not page-aligned
+# Families beyond ARCHS (tests/shared/engine/test_model_families.py), each with a sliding window of WINDOW tokens
+FAMILIES = ("mistral", "qwen2-swa", "phi3", "gemma2", "gemma3")
+
+
+def _family_config(arch: str, common: dict, hidden: int, heads: int):
+    """Mistral, Qwen2 with use_sliding_window, Phi-3 (partial RoPE), Gemma 2 (soft-capping small enough to bite on
+    random weights) and Gemma 3 (local/global RoPE, q/k norm, linear RoPE scaling on global layers)."""
+    import transformers
+
+    if arch == "mistral":
+        return (
+            transformers.MistralConfig(**common, head_dim=2 * hidden // heads, sliding_window=WINDOW),
+            transformers.MistralForCausalLM,
+        )
+    if arch == "qwen2-swa":  # layer 0 full, layer 1 windowed (max_window_layers)
+        cfg = transformers.Qwen2Config(**common, use_sliding_window=True, sliding_window=WINDOW, max_window_layers=1)
+        return cfg, transformers.Qwen2ForCausalLM
+    if arch == "phi3":
+        rope = {"rope_type": "default", "rope_theta": 10000.0, "partial_rotary_factor": 0.5}
+        cfg = transformers.Phi3Config(**common, rope_parameters=rope, sliding_window=WINDOW, pad_token_id=0)
+        return cfg, transformers.Phi3ForCausalLM
+    gemma = dict(common, head_dim=16, query_pre_attn_scalar=24, sliding_window=WINDOW, pad_token_id=0)
+    if arch == "gemma2":
+        cfg = transformers.Gemma2Config(**gemma, attn_logit_softcapping=2.0, final_logit_softcapping=3.0)
+        return cfg, transformers.Gemma2ForCausalLM
+    if arch == "gemma3":
+        rope = {
+            "full_attention": {"rope_type": "linear", "factor": 2.0, "rope_theta": 1000000.0},
+            "sliding_attention": {"rope_type": "default", "rope_theta": 10000.0},
+        }
+        types = ["sliding_attention", "full_attention"] * (common["num_hidden_layers"] // 2)
+        cfg = transformers.Gemma3TextConfig(**gemma, rope_parameters=rope, layer_types=types)
+        return cfg, transformers.Gemma3ForCausalLM
+    raise ValueError(f"arch {arch!r} is not one of {ARCHS + FAMILIES}")
 
 
 def make_tiny_model(
@@ -107,7 +144,7 @@ def make_tiny_model(
     if tok.get_vocab_size() > vocab:
         raise ValueError(f"the trained tokenizer has {tok.get_vocab_size()} tokens, more than vocab={vocab}")
     eos, bos = tok.token_to_id("<|im_end|>"), tok.token_to_id("<|endoftext|>")
-    tie = arch == "llama" if tie_word_embeddings is None else tie_word_embeddings
+    tie = arch in ("llama", "gemma2", "gemma3") if tie_word_embeddings is None else tie_word_embeddings
     cfg, cls = _hf_config(
         arch, layers=layers, hidden=hidden, heads=heads, kv_heads=kv_heads, vocab=vocab, eos=eos, bos=bos, tie=tie
     )

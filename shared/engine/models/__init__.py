@@ -1,15 +1,17 @@
-"""Model implementations. All supported architectures share the Llama-family decoder in llama.py."""
+"""Model implementations: the Llama-family decoder (llama.py) and Gemma's subclass of it (gemma.py)."""
 
 from __future__ import annotations
 
 import torch
 
 from shared.engine.models.config import (
+    GEMMA_TYPES,
     SUPPORTED_ARCHITECTURES,
     ModelArchConfig,
     load_model_config,
     parse_model_config,
 )
+from shared.engine.models.gemma import GemmaForCausalLM
 from shared.engine.models.llama import LlamaForCausalLM, WeightSlot
 from shared.kernels.elementwise import TORCH_OPS, ElementwiseOps
 
@@ -31,7 +33,8 @@ def build_model(
     ops: ElementwiseOps = TORCH_OPS,
     device: torch.device | None = None,
 ) -> LlamaForCausalLM:
-    """An unloaded model for `cfg` (Llama, Qwen2 or Qwen3: the differences are flags on the config), calling the
-    norm/rotary/activation kernels in `ops`, its parameters allocated on `device` (default: the CPU)."""
+    """An unloaded model for `cfg` (Gemma's own class; the other families' differences are flags on the config),
+    calling the norm/rotary/activation kernels in `ops`, its parameters allocated on `device` (default: the CPU)."""
     assert cfg.architecture in SUPPORTED_ARCHITECTURES, cfg.architecture  # parse_model_config refused the rest
-    return LlamaForCausalLM(cfg, dtype, max_positions, ops, device)
+    cls = GemmaForCausalLM if cfg.model_type in GEMMA_TYPES else LlamaForCausalLM
+    return cls(cfg, dtype, max_positions, ops, device)

@@ -1,8 +1,8 @@
 """config.json -> the few numbers our models need, with every unsupported feature refused by name.
 
 Read from the raw JSON (not a transformers config object) so that both spellings of RoPE settings work:
-transformers 5 writes `rope_parameters: {rope_theta, rope_type, ...}`, older checkpoints `rope_theta` +
-`rope_scaling`.
+transformers 5 writes `rope_parameters: {rope_theta, rope_type, ...}` (Gemma 3: one such dict per layer type),
+older checkpoints `rope_theta` + `rope_scaling`.
 """
 
 from __future__ import annotations
@@ -15,17 +15,26 @@ from typing import Any
 
 from shared.kernels.rotary import SUPPORTED_ROPE_TYPES
 
-# architectures[0] in config.json -> model_type; all three share one decoder (see llama.py)
+# architectures[0] in config.json -> model_type. Llama, Qwen2/3, Mistral and Phi-3 share one decoder (llama.py);
+# Gemma 2 and Gemma 3 (text) have their own layer (gemma.py).
 SUPPORTED_ARCHITECTURES: dict[str, str] = {
     "LlamaForCausalLM": "llama",
     "Qwen2ForCausalLM": "qwen2",
     "Qwen3ForCausalLM": "qwen3",
+    "MistralForCausalLM": "mistral",
+    "Phi3ForCausalLM": "phi3",
+    "Gemma2ForCausalLM": "gemma2",
+    "Gemma3ForCausalLM": "gemma3_text",
 }
+GEMMA_TYPES = ("gemma2", "gemma3_text")
+# hidden_act (Gemma: hidden_activation) each family's MLP may use
+_ACTIVATIONS = {"gemma2": ("gelu_pytorch_tanh",), "gemma3_text": ("gelu_pytorch_tanh",)}
+FULL, SLIDING = "full_attention", "sliding_attention"
 
 
 @dataclass(frozen=True)
 class ModelArchConfig:
-    """What our Llama-family decoder needs to know about a checkpoint."""
+    """What our decoders need to know about a checkpoint."""
 
     architecture: str
     model_type: str
@@ -41,10 +50,35 @@ class ModelArchConfig:
     max_position_embeddings: int
     tie_word_embeddings: bool
     qkv_bias: bool  # Qwen2 (and Llama/Qwen3 with attention_bias)
-    qk_norm: bool  # Qwen3: RMSNorm over head_dim of every q and k head before RoPE
+    qk_norm: bool  # Qwen3, Gemma 3: RMSNorm over head_dim of every q and k head before RoPE
     o_bias: bool = False  # Llama/Qwen3 with attention_bias (Qwen2 never has one)
     rope_scaling: Mapping[str, Any] | None = field(default=None, hash=False)
     eos_token_ids: tuple[int, ...] = ()
+    # Sliding-window attention: layer i's query at position p sees keys at positions > p - layer_windows[i]
+    # (transformers' rule); 0 = full attention. () = every layer full.
+    layer_windows: tuple[int, ...] = ()
+    rotary_dim: int = 0  # the leading dims of each head that RoPE rotates (Phi-3's partial_rotary_factor); 0 = all
+    hidden_act: str = "silu"  # the gate's activation: silu, or gelu_pytorch_tanh (Gemma's GeGLU)
+    attn_scale: float = 0.0  # the attention's softmax scale; 0 = head_dim ** -0.5 (Gemma: query_pre_attn_scalar)
+    attn_softcap: float = 0.0  # Gemma 2: scores -> cap * tanh(scores / cap) before the mask; 0 = none
+    final_softcap: float = 0.0  # Gemma 2: the same on the logits
+    embed_scale: float = 1.0  # Gemma: the embeddings are multiplied by sqrt(hidden_size)
+    # Gemma 3: sliding layers rotate with their own base (and no scaling); None = the same RoPE as full layers
+    local_rope_theta: float | None = None
+
+    def window(self, layer: int) -> int:
+        """Layer `layer`'s sliding window in tokens, 0 for full attention."""
+        return self.layer_windows[layer] if self.layer_windows else 0
+
+    @property
+    def host_planned_attention(self) -> bool:
+        """Some layer is windowed or soft-capped: its attention is planned on the host (window_attention.py), which
+        a CUDA graph cannot capture."""
+        return any(self.layer_windows) or bool(self.attn_softcap)
+
+    @property
+    def softmax_scale(self) -> float:
+        return self.attn_scale or self.head_dim**-0.5
 
 
 def _as_ids(value: Any) -> tuple[int, ...]:
@@ -53,6 +87,120 @@ def _as_ids(value: Any) -> tuple[int, ...]:
     if isinstance(value, int):
         return (value,)
     return tuple(int(v) for v in value)
+
+
+def _supported_line() -> str:
+    return f"supported: {', '.join(SUPPORTED_ARCHITECTURES)}"
+
+
+def _architecture(cfg: Mapping[str, Any], source: str) -> tuple[str, str]:
+    """(architecture, model_type), or ValueError naming the field and listing what is supported."""
+    if cfg.get("auto_map"):
+        raise ValueError(
+            f"{source}: auto_map is set: the model needs its own remote code, which is never run; {_supported_line()}"
+        )
+    if cfg.get("quantization_config"):
+        method = (cfg["quantization_config"] or {}).get("quant_method", "?")
+        raise ValueError(
+            f"{source}: quantization_config ({method!r}) is not supported: give unquantized fp32/bf16/fp16 weights"
+        )
+    archs = cfg.get("architectures") or []
+    arch = next((a for a in archs if a in SUPPORTED_ARCHITECTURES), None)
+    if arch is None:
+        model_type = cfg.get("model_type")
+        arch = next((a for a, t in SUPPORTED_ARCHITECTURES.items() if t == model_type), None)
+    if arch is None:
+        raise ValueError(
+            f"{source}: architecture {archs or cfg.get('model_type')!r} is not supported; {_supported_line()}"
+        )
+    return arch, SUPPORTED_ARCHITECTURES[arch]
+
+
+def _rope(params: Mapping[str, Any], cfg: Mapping[str, Any], source: str) -> tuple[float, dict[str, Any] | None]:
+    """(rope_theta, scaling or None) from one rope_parameters dict, with the old top-level spellings as fallback."""
+    rope = dict(params)
+    scaling = cfg.get("rope_scaling") or None
+    theta = float(rope.get("rope_theta", cfg.get("rope_theta", 10000.0)))
+    rope_type = rope.get("rope_type") or rope.get("type")
+    if scaling is None and rope_type not in (None, "default"):
+        scaling = rope
+    if scaling is not None:
+        kind = scaling.get("rope_type", scaling.get("type", "default"))
+        if kind not in SUPPORTED_ROPE_TYPES:
+            raise ValueError(
+                f"{source}: rope_type {kind!r} is not supported; supported: {', '.join(SUPPORTED_ROPE_TYPES)}"
+            )
+        if kind == "default":
+            scaling = None
+    return theta, dict(scaling) if scaling else None
+
+
+def _layer_windows(cfg: Mapping[str, Any], model_type: str, layers: int, source: str) -> tuple[int, ...]:
+    """Per-layer sliding windows, as transformers decides them for each family."""
+    window = int(cfg.get("sliding_window") or 0)
+    if model_type in ("qwen2", "qwen3") and not cfg.get("use_sliding_window"):
+        window = 0  # Qwen keeps a sliding_window number in every config; it applies only with use_sliding_window
+    if model_type == "llama" or window == 0:
+        return ()
+    types = cfg.get("layer_types")
+    if model_type in ("mistral", "phi3"):  # every layer slides (transformers ignores layer_types for these two)
+        types = [SLIDING] * layers
+    elif types is None and model_type in ("qwen2", "qwen3"):
+        first = int(cfg.get("max_window_layers", layers))
+        types = [SLIDING if i >= first else FULL for i in range(layers)]
+    elif types is None:  # Gemma 2 alternates from layer 0; Gemma 3 has one full layer in every 6 (its default)
+        every = 2 if model_type == "gemma2" else int(cfg.get("sliding_window_pattern", 6))
+        types = [SLIDING if (i + 1) % every else FULL for i in range(layers)]
+    if len(types) != layers or any(t not in (FULL, SLIDING) for t in types):
+        raise ValueError(f"{source}: layer_types {types!r} must list {layers} of {FULL!r} / {SLIDING!r}")
+    return tuple(window if t == SLIDING else 0 for t in types)
+
+
+def _check_features(cfg: Mapping[str, Any], model_type: str, source: str) -> str:
+    """Refuse what no decoder here implements; returns the MLP activation."""
+    act_key = "hidden_activation" if model_type in GEMMA_TYPES and cfg.get("hidden_activation") else "hidden_act"
+    act = cfg.get(act_key, "silu" if model_type not in GEMMA_TYPES else "gelu_pytorch_tanh")
+    allowed = _ACTIVATIONS.get(model_type, ("silu",))
+    if act not in allowed:
+        raise ValueError(f"{source}: {act_key} {act!r} is not supported for {model_type} (only {', '.join(allowed)})")
+    if cfg.get("mlp_bias"):
+        raise ValueError(f"{source}: mlp_bias=true is not supported")
+    if cfg.get("use_bidirectional_attention"):
+        raise ValueError(f"{source}: use_bidirectional_attention=true is not supported (a causal LM only)")
+    return str(act)
+
+
+def _rotary_dim(cfg: Mapping[str, Any], head_dim: int, source: str) -> int:
+    """The rotated dims of each head: head_dim, or Phi-3's partial_rotary_factor of it."""
+    factor = float(
+        (cfg.get("rope_parameters") or {}).get("partial_rotary_factor", cfg.get("partial_rotary_factor", 1.0))
+    )
+    dim = int(head_dim * factor)
+    if dim <= 0 or dim % 2 or dim > head_dim:
+        raise ValueError(f"{source}: partial_rotary_factor {factor} gives {dim} rotary dims of {head_dim}; need even")
+    return 0 if dim == head_dim else dim
+
+
+def _gemma_fields(cfg: Mapping[str, Any], model_type: str, hidden: int, source: str) -> dict[str, Any]:
+    """Gemma's extras: the query scale, soft-capping, the embedding scale and Gemma 3's local RoPE base."""
+    if model_type not in GEMMA_TYPES:
+        return {}
+    out: dict[str, Any] = {
+        "attn_scale": float(cfg.get("query_pre_attn_scalar") or 256) ** -0.5,
+        "attn_softcap": float(cfg.get("attn_logit_softcapping") or 0.0),
+        "final_softcap": float(cfg.get("final_logit_softcapping") or 0.0),
+        "embed_scale": hidden**0.5,
+    }
+    if model_type == "gemma3_text":
+        local = (cfg.get("rope_parameters") or {}).get(SLIDING)
+        if local is not None:
+            theta, scaling = _rope(local, {}, f"{source} rope_parameters.{SLIDING}")
+            if scaling is not None:
+                raise ValueError(f"{source}: rope scaling on sliding layers is not supported")
+        else:
+            theta = float(cfg.get("rope_local_base_freq", 10000.0))
+        out["local_rope_theta"] = theta
+    return out
 
 
 def parse_model_config(cfg: Mapping[str, Any], source: str = "config.json") -> ModelArchConfig:
@@ -67,41 +215,12 @@ def parse_model_config(cfg: Mapping[str, Any], source: str = "config.json") -> M
         if text.get("eos_token_id") is None and cfg.get("eos_token_id") is not None:
             text["eos_token_id"] = cfg["eos_token_id"]
         return parse_model_config(text, source=f"{source} (text_config)")
-    archs = cfg.get("architectures") or []
-    arch = next((a for a in archs if a in SUPPORTED_ARCHITECTURES), None)
-    if arch is None:
-        model_type = cfg.get("model_type")
-        arch = next((a for a, t in SUPPORTED_ARCHITECTURES.items() if t == model_type), None)
-    if arch is None:
-        raise ValueError(
-            f"{source}: architecture {archs or cfg.get('model_type')!r} is not supported; supported: "
-            f"{', '.join(SUPPORTED_ARCHITECTURES)}"
-        )
-    model_type = SUPPORTED_ARCHITECTURES[arch]
-    act = cfg.get("hidden_act", "silu")
-    if act != "silu":
-        raise ValueError(f"{source}: hidden_act {act!r} is not supported (only 'silu')")
-    if cfg.get("mlp_bias"):
-        raise ValueError(f"{source}: mlp_bias=true is not supported")
-    if cfg.get("use_sliding_window"):
-        raise ValueError(f"{source}: use_sliding_window=true is not supported; only full attention is")
-    if float(cfg.get("partial_rotary_factor", 1.0)) != 1.0:
-        raise ValueError(f"{source}: partial_rotary_factor {cfg['partial_rotary_factor']} is not supported (only 1.0)")
-
-    rope = dict(cfg.get("rope_parameters") or {})
-    scaling = cfg.get("rope_scaling") or None
-    theta = float(rope.get("rope_theta", cfg.get("rope_theta", 10000.0)))
-    rope_type = rope.get("rope_type") or rope.get("type")
-    if scaling is None and rope_type not in (None, "default"):
-        scaling = rope
-    if scaling is not None:
-        kind = scaling.get("rope_type", scaling.get("type", "default"))
-        if kind not in SUPPORTED_ROPE_TYPES:
-            raise ValueError(
-                f"{source}: rope scaling {kind!r} is not supported; supported: {', '.join(SUPPORTED_ROPE_TYPES)}"
-            )
-        if kind == "default":
-            scaling = None
+    arch, model_type = _architecture(cfg, source)
+    act = _check_features(cfg, model_type, source)
+    rope = cfg.get("rope_parameters") or {}
+    if model_type == "gemma3_text" and FULL in rope:
+        rope = rope[FULL] or {}
+    theta, scaling = _rope(rope, cfg, source)
 
     hidden = int(cfg["hidden_size"])
     heads = int(cfg["num_attention_heads"])
@@ -109,6 +228,7 @@ def parse_model_config(cfg: Mapping[str, Any], source: str = "config.json") -> M
     if heads % kv_heads:
         raise ValueError(f"{source}: num_attention_heads {heads} is not a multiple of num_key_value_heads {kv_heads}")
     head_dim = int(cfg.get("head_dim") or hidden // heads)
+    layers = int(cfg["num_hidden_layers"])
     attention_bias = bool(cfg.get("attention_bias", False))
     return ModelArchConfig(
         architecture=arch,
@@ -116,19 +236,23 @@ def parse_model_config(cfg: Mapping[str, Any], source: str = "config.json") -> M
         vocab_size=int(cfg["vocab_size"]),
         hidden_size=hidden,
         intermediate_size=int(cfg["intermediate_size"]),
-        num_layers=int(cfg["num_hidden_layers"]),
+        num_layers=layers,
         num_heads=heads,
         num_kv_heads=kv_heads,
         head_dim=head_dim,
         rms_norm_eps=float(cfg.get("rms_norm_eps", 1e-6)),
         rope_theta=theta,
         max_position_embeddings=int(cfg.get("max_position_embeddings", 2048)),
-        tie_word_embeddings=bool(cfg.get("tie_word_embeddings", False)),
+        tie_word_embeddings=bool(cfg.get("tie_word_embeddings", model_type in GEMMA_TYPES)),
         qkv_bias=attention_bias or model_type == "qwen2",
-        qk_norm=model_type == "qwen3",
+        qk_norm=model_type in ("qwen3", "gemma3_text"),
         o_bias=attention_bias and model_type != "qwen2",
-        rope_scaling=dict(scaling) if scaling else None,
+        rope_scaling=scaling,
         eos_token_ids=_as_ids(cfg.get("eos_token_id")),
+        layer_windows=_layer_windows(cfg, model_type, layers, source),
+        rotary_dim=_rotary_dim(cfg, head_dim, source),
+        hidden_act=act,
+        **_gemma_fields(cfg, model_type, hidden, source),
     )
 
 

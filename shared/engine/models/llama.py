@@ -1,4 +1,5 @@
-"""Our Llama-family decoder: Llama, Qwen2 (q/k/v bias) and Qwen3 (per-head q/k RMSNorm) in one module.
+"""Our Llama-family decoder: Llama, Qwen2 (q/k/v bias), Qwen3 (per-head q/k RMSNorm), Mistral (sliding window) and
+Phi-3 (fused checkpoint tensors, partial RoPE) in one module; Gemma's layer (gemma.py) builds on it.
 
 Inference only, laid out for few ops per layer on CPU:
   - q, k, v projections fused into one [(H + 2 * KVH) * D, hidden] weight, gate and up into one [2 * I, hidden];
@@ -62,7 +63,10 @@ class DecoderLayer(nn.Module):
         self.num_heads, self.num_kv_heads, self.head_dim = h, kvh, d
         self.q_size, self.kv_size = h * d, kvh * d
         self.eps = cfg.rms_norm_eps
-        self.scale = d**-0.5
+        self.scale = cfg.softmax_scale
+        self.window, self.softcap = cfg.window(layer_id), cfg.attn_softcap  # 0: full attention, no capping
+        self.rotary_dim = cfg.rotary_dim  # 0: RoPE over the whole head
+        self.fused_names = cfg.model_type == "phi3"  # the checkpoint holds qkv_proj and gate_up_proj fused already
         self.input_norm = _param(cfg.hidden_size, dtype=dtype)
         self.qkv_weight = _param(self.q_size + 2 * self.kv_size, cfg.hidden_size, dtype=dtype)
         self.qkv_bias = _param(self.q_size + 2 * self.kv_size, dtype=dtype) if cfg.qkv_bias else None
@@ -100,12 +104,16 @@ class DecoderLayer(nn.Module):
         self.packed = {
             "qkv": backend.pack(self.qkv_weight),
             "o": backend.pack(self.o_weight),
-            "gate_up": backend.pack_gated(self.gate_up_weight),
+            "gate_up": self.pack_gate_up(backend),
             "down": self.exact.pack(self.down_weight),
         }
         if backend.name != "torch":  # the packed copies replace the originals: do not hold the weights twice
             for p in (self.qkv_weight, self.o_weight, self.gate_up_weight):
                 p.data = p.data.new_empty(0)
+
+    def pack_gate_up(self, backend: LinearBackend) -> PackedWeight:
+        """gate_up for silu-and-mul: the backend may fuse the activation into the GEMM (apply_gated)."""
+        return backend.pack_gated(self.gate_up_weight)
 
     def _gated(self, x: torch.Tensor) -> torch.Tensor:
         """silu(x @ gate.T) * (x @ up.T): [T, hidden] -> [T, inter].
@@ -128,15 +136,19 @@ class DecoderLayer(nn.Module):
         q, kv, inter = self.q_size, self.kv_size, cfg.intermediate_size
         m = {
             pre + "input_layernorm.weight": WeightSlot(me + "input_norm"),
-            pre + "self_attn.q_proj.weight": WeightSlot(me + "qkv_weight", 0, q),
-            pre + "self_attn.k_proj.weight": WeightSlot(me + "qkv_weight", q, q + kv),
-            pre + "self_attn.v_proj.weight": WeightSlot(me + "qkv_weight", q + kv, q + 2 * kv),
             pre + "self_attn.o_proj.weight": WeightSlot(me + "o_weight"),
             pre + "post_attention_layernorm.weight": WeightSlot(me + "post_norm"),
-            pre + "mlp.gate_proj.weight": WeightSlot(me + "gate_up_weight", 0, inter),
-            pre + "mlp.up_proj.weight": WeightSlot(me + "gate_up_weight", inter, 2 * inter),
             pre + "mlp.down_proj.weight": WeightSlot(me + "down_weight"),
         }
+        if self.fused_names:  # Phi-3: [q; k; v] and [gate; up], the row order of our fused parameters
+            m[pre + "self_attn.qkv_proj.weight"] = WeightSlot(me + "qkv_weight")
+            m[pre + "mlp.gate_up_proj.weight"] = WeightSlot(me + "gate_up_weight")
+        else:
+            m[pre + "self_attn.q_proj.weight"] = WeightSlot(me + "qkv_weight", 0, q)
+            m[pre + "self_attn.k_proj.weight"] = WeightSlot(me + "qkv_weight", q, q + kv)
+            m[pre + "self_attn.v_proj.weight"] = WeightSlot(me + "qkv_weight", q + kv, q + 2 * kv)
+            m[pre + "mlp.gate_proj.weight"] = WeightSlot(me + "gate_up_weight", 0, inter)
+            m[pre + "mlp.up_proj.weight"] = WeightSlot(me + "gate_up_weight", inter, 2 * inter)
         if self.qkv_bias is not None:
             m[pre + "self_attn.q_proj.bias"] = WeightSlot(me + "qkv_bias", 0, q)
             m[pre + "self_attn.k_proj.bias"] = WeightSlot(me + "qkv_bias", q, q + kv)
@@ -167,29 +179,52 @@ class DecoderLayer(nn.Module):
             x = self.ops.rms_norm(hidden, self.input_norm, self.eps)
         else:
             x, residual = self.ops.fused_add_rms_norm(hidden, residual, self.input_norm, self.eps)
+        x = self.attention(x, cos, sin, batch, kv, attn, meta)
+        x, residual = self.ops.fused_add_rms_norm(x, residual, self.post_norm, self.eps)
+        x = self.exact.apply(self._gated(x), self.packed["down"])
+        return x, residual
+
+    def attention(
+        self,
+        x: torch.Tensor,
+        cos: torch.Tensor,
+        sin: torch.Tensor,
+        batch: ForwardBatch,
+        kv: KVPool,
+        attn: AttentionBackend,
+        meta: AttentionMetadata,
+    ) -> torch.Tensor:
+        """The attention block after the input norm: x [T, hidden] -> o_proj output [T, hidden] (K/V stored)."""
         t = x.shape[0]
         h, kvh, d = self.num_heads, self.num_kv_heads, self.head_dim
         qkv = self.linear.apply(x, self.packed["qkv"], self.qkv_bias)  # [T, (H + 2 * KVH) * D]
         v = qkv[:, self.q_size + self.kv_size :].view(t, kvh, d)
         k_cache, v_cache = kv.k(self.layer_id), kv.v(self.layer_id)
-        if self.ops.rope_store is not None and self.qk_norm is None:  # one call: rotate, store K/V, q/k contiguous
+        if self.ops.rope_store is not None and self.qk_norm is None and not self.rotary_dim:
+            # one call: rotate, store K/V, q/k contiguous
             q, k = self.ops.rope_store(qkv, h, kvh, d, cos, sin, k_cache, v_cache, batch.out_pages, batch.out_offsets)
         else:
             qk = qkv[:, : self.q_size + self.kv_size].view(t, h + kvh, d)
             if self.qk_norm is not None:
                 qk = self.ops.rms_norm(qk, self.qk_norm, self.eps)
-            qk = self.ops.apply_rotary(qk, cos, sin)  # [T, H + KVH, D]
+            qk = self._rotate(qk, cos, sin)  # [T, H + KVH, D]
             q, k = qk[:, :h], qk[:, h:]
             kv.write(self.layer_id, batch.out_pages, batch.out_offsets, k, v)
-        o = attn.forward(q, k, v, k_cache, v_cache, meta, self.scale)  # [T, H, D]
-        x = self.linear.apply(o.reshape(t, self.q_size), self.packed["o"], self.o_bias)
-        x, residual = self.ops.fused_add_rms_norm(x, residual, self.post_norm, self.eps)
-        x = self.exact.apply(self._gated(x), self.packed["down"])
-        return x, residual
+        o = attn.forward(q, k, v, k_cache, v_cache, meta, self.scale, self.window, self.softcap)  # [T, H, D]
+        return self.linear.apply(o.reshape(t, self.q_size), self.packed["o"], self.o_bias)
+
+    def _rotate(self, qk: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+        """RoPE over each head's first rotary_dim dims (all of them unless partial); the rest pass through."""
+        if not self.rotary_dim:
+            return self.ops.apply_rotary(qk, cos, sin)
+        r = self.rotary_dim
+        return torch.cat((self.ops.apply_rotary(qk[..., :r].contiguous(), cos, sin), qk[..., r:]), dim=-1)
 
 
 class LlamaForCausalLM(nn.Module):
-    """Llama / Qwen2 / Qwen3 causal LM over a paged KV pool."""
+    """Llama / Qwen2 / Qwen3 / Mistral / Phi-3 causal LM over a paged KV pool."""
+
+    layer_class: type[DecoderLayer] = DecoderLayer  # a subclass model sets its own layer (gemma.py)
 
     def __init__(
         self,
@@ -210,13 +245,16 @@ class LlamaForCausalLM(nn.Module):
         # RoPE tables are computed on the CPU and moved by to_device, as before.
         with torch.device(device or "cpu"):
             self.embed_tokens = _param(cfg.vocab_size, cfg.hidden_size, dtype=dtype)
-            self.layers = nn.ModuleList(DecoderLayer(cfg, i, dtype, ops) for i in range(cfg.num_layers))
+            self.layers = nn.ModuleList(self.layer_class(cfg, i, dtype, ops) for i in range(cfg.num_layers))
             self.norm = _param(cfg.hidden_size, dtype=dtype)
             self.lm_head = (
                 self.embed_tokens if cfg.tie_word_embeddings else _param(cfg.vocab_size, cfg.hidden_size, dtype=dtype)
             )
         self.rotary = RotaryCache(
-            cfg.head_dim, max_positions or cfg.max_position_embeddings, cfg.rope_theta, cfg.rope_scaling
+            cfg.rotary_dim or cfg.head_dim,
+            max_positions or cfg.max_position_embeddings,
+            cfg.rope_theta,
+            cfg.rope_scaling,
         )
         # Bytes of the checkpoint's weights (a tied lm_head once), fixed here: packing may replace parameters.
         self.weight_bytes = sum(p.numel() * p.element_size() for p in self.parameters())
@@ -226,6 +264,9 @@ class LlamaForCausalLM(nn.Module):
         # only while the backends it was built from are still in place (a profiler that wraps them gets the layers).
         self.fused_decode: NativeDecodeLayers | None = None
         self._fused_with: tuple[LinearBackend, ElementwiseOps] | None = None
+
+    def post_load(self) -> None:
+        """Turn checkpoint values into the form the forward uses, once, after the weights are loaded (none here)."""
 
     def use_linear(self, backend: LinearBackend) -> None:
         """Run the projections and the lm_head through `backend` (after the weights are loaded and on their device).
@@ -262,7 +303,12 @@ class LlamaForCausalLM(nn.Module):
         q/k norm); None elsewhere."""
         if not isinstance(backend, NativeLinear) or self.ops.name != "native" or self.ops.rope_store is None:
             return None
-        if self.cfg.qk_norm or self.act_dtype != torch.float32:
+        c = self.cfg
+        if c.qk_norm or self.act_dtype != torch.float32 or type(self) is not LlamaForCausalLM:
+            return None
+        # the C call has none of these (see its module); a sliding window only runs it while every sequence of the
+        # step is within the window (forward), where the window changes nothing
+        if c.rotary_dim or c.attn_softcap:
             return None
         from shared.kernels.native.decode_layers import LayerWeights, NativeDecodeLayers
 
@@ -296,7 +342,6 @@ class LlamaForCausalLM(nn.Module):
                     down.panels,
                 )
             )
-        c = self.cfg
         return NativeDecodeLayers(
             weights,
             hidden=c.hidden_size,
@@ -339,6 +384,7 @@ class LlamaForCausalLM(nn.Module):
             and isinstance(attn, NativeAttentionBackend)
             and self._fused_with == (self.linear, self.ops)
             and fused.takes(hidden.shape[0], meta.flat_decode, meta.extend_rows)
+            and (not any(self.cfg.layer_windows) or meta.max_seq_len <= min(w for w in self.cfg.layer_windows if w))
         ):
             assert meta.flat_decode is not None
             first = self.layers[0]

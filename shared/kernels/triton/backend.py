@@ -17,6 +17,7 @@ import torch
 from shared.kernels.attention_plan import AttentionMetadata, DecodeGroup
 from shared.kernels.triton.decode_attention import paged_decode_attention
 from shared.kernels.triton.extend_attention import extend_attention
+from shared.kernels.window_attention import needs_window_path, window_attention
 
 __all__ = ["TritonAttentionBackend", "TritonAttentionMetadata"]
 
@@ -94,9 +95,13 @@ class TritonAttentionBackend:
         v_cache: torch.Tensor,
         meta: AttentionMetadata,
         scale: float,
+        window: int = 0,
+        softcap: float = 0.0,
     ) -> torch.Tensor:
         """q [T, heads, d], k/v [T, kv_heads, d] (already written to the cache, which the kernels read them from)
-        -> [T, heads, d]."""
+        -> [T, heads, d]. Windowed or soft-capped layers take the torch path (window_attention.py says why)."""
+        if needs_window_path(meta, window, softcap):
+            return window_attention(q, k_cache, v_cache, meta, scale, window, softcap)
         if meta.all_decode:
             g = meta.decode_groups[0]
             return paged_decode_attention(q, k_cache, v_cache, g.page_table, g.seq_lens, scale)

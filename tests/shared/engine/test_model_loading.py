@@ -39,16 +39,52 @@ def test_unsupported_architecture_names_it_and_the_supported_list() -> None:
 @pytest.mark.parametrize(
     "extra,match",
     [
-        ({"hidden_act": "gelu"}, "gelu"),
-        ({"use_sliding_window": True}, "sliding"),
+        ({"hidden_act": "gelu"}, "hidden_act 'gelu'"),
         ({"mlp_bias": True}, "mlp_bias"),
-        ({"rope_scaling": {"rope_type": "yarn", "factor": 4.0}}, "yarn"),
+        ({"rope_scaling": {"rope_type": "yarn", "factor": 4.0}}, "rope_type 'yarn'"),
+        ({"rope_parameters": {"rope_type": "dynamic", "factor": 2.0}}, "rope_type 'dynamic'"),
         ({"num_key_value_heads": 3}, "multiple"),
+        ({"auto_map": {"AutoModelForCausalLM": "modeling_x.XForCausalLM"}}, "auto_map"),
+        ({"quantization_config": {"quant_method": "awq", "bits": 4}}, "quantization_config \\('awq'\\)"),
+        ({"architectures": ["Phi3ForCausalLM"], "rope_scaling": {"type": "longrope"}}, "rope_type 'longrope'"),
+        ({"architectures": ["Phi3ForCausalLM"], "partial_rotary_factor": 0.375}, "partial_rotary_factor"),
+        ({"architectures": ["Gemma3ForCausalLM"], "use_bidirectional_attention": True}, "use_bidirectional"),
+        ({"architectures": ["Gemma2ForCausalLM"], "hidden_activation": "gelu"}, "hidden_activation 'gelu'"),
+        (
+            {
+                "architectures": ["Qwen2ForCausalLM"],
+                "use_sliding_window": True,
+                "sliding_window": 4,
+                "layer_types": ["x", "y"],
+            },
+            "layer_types",
+        ),
     ],
 )
 def test_unsupported_features_are_refused(extra: dict, match: str) -> None:
-    with pytest.raises(ValueError, match=match):
+    with pytest.raises(ValueError, match=match) as e:
         parse_model_config(dict(BASE, **extra))
+    assert "\n" not in str(e.value)  # one line at start
+
+
+def test_sliding_windows_per_family() -> None:
+    """Which layers slide, as transformers decides it: Mistral and Phi-3 all; Qwen only with use_sliding_window and
+    from max_window_layers on; Gemma 2 every other layer from 0; Gemma 3 five in six; layer_types when given."""
+
+    def windows(arch: str, **extra: object) -> tuple[int, ...]:
+        cfg = {**BASE, "architectures": [arch], "num_hidden_layers": 6, "sliding_window": 7, **extra}
+        cfg.pop("model_type")
+        return parse_model_config(cfg).layer_windows
+
+    assert windows("MistralForCausalLM") == (7,) * 6
+    assert windows("MistralForCausalLM", sliding_window=None) == ()
+    assert windows("Phi3ForCausalLM") == (7,) * 6
+    assert windows("Qwen2ForCausalLM") == ()  # sliding_window alone does nothing
+    assert windows("Qwen3ForCausalLM", use_sliding_window=True, max_window_layers=4) == (0, 0, 0, 0, 7, 7)
+    assert windows("Gemma2ForCausalLM") == (7, 0, 7, 0, 7, 0)
+    assert windows("Gemma3ForCausalLM") == (7, 7, 7, 7, 7, 0)
+    assert windows("Gemma3ForCausalLM", layer_types=["full_attention"] * 5 + ["sliding_attention"]) == (0,) * 5 + (7,)
+    assert windows("LlamaForCausalLM") == ()
 
 
 def test_both_rope_spellings() -> None:
@@ -222,3 +258,45 @@ def test_a_gpu_model_loads_straight_to_the_device(tiny_llama_dir: Path) -> None:
     host = _load_with(tiny_llama_dir, threads=1, dtype=torch.bfloat16)
     for (na, pa), (_, pb) in zip(model.named_parameters(), host.named_parameters(), strict=True):
         assert torch.equal(pa.cpu(), pb), na
+
+
+def test_gemma3_config_in_its_older_spelling() -> None:
+    """Gemma 3 as its released config.json spells it (before transformers 5's per-layer-type rope_parameters):
+    rope_theta + rope_scaling for global layers, rope_local_base_freq for local ones, sliding_window_pattern."""
+    cfg = parse_model_config(
+        dict(
+            BASE,
+            architectures=["Gemma3ForCausalLM"],
+            model_type="gemma3_text",
+            num_hidden_layers=12,
+            head_dim=16,
+            rope_theta=1e6,
+            rope_local_base_freq=1e4,
+            rope_scaling={"rope_type": "linear", "factor": 8.0},
+            sliding_window=512,
+            sliding_window_pattern=6,
+            query_pre_attn_scalar=256,
+            final_logit_softcapping=None,
+            attn_logit_softcapping=None,
+            hidden_activation="gelu_pytorch_tanh",
+        )
+    )
+    assert cfg.rope_theta == 1e6 and cfg.local_rope_theta == 1e4
+    assert cfg.rope_scaling == {"rope_type": "linear", "factor": 8.0}
+    assert cfg.layer_windows == ((512,) * 5 + (0,)) * 2
+    assert cfg.softmax_scale == 256**-0.5 and cfg.attn_softcap == 0.0 and cfg.final_softcap == 0.0
+    assert (
+        cfg.embed_scale == 32**0.5 and cfg.qk_norm and cfg.tie_word_embeddings and cfg.hidden_act == "gelu_pytorch_tanh"
+    )
+
+
+def test_released_mistral_and_phi3_configs() -> None:
+    """Mistral-7B-v0.1 (window 4096) and v0.3 (sliding_window null: full attention), Phi-3-mini-4k (window 2047,
+    RoPE over the whole head), Phi-4-mini's partial RoPE (0.75 of the head)."""
+    mistral = dict(BASE, architectures=["MistralForCausalLM"], model_type="mistral", rope_theta=1e4)
+    assert parse_model_config(dict(mistral, sliding_window=4096)).layer_windows == (4096, 4096)
+    assert parse_model_config(dict(mistral, sliding_window=None)).layer_windows == ()
+    phi = dict(BASE, architectures=["Phi3ForCausalLM"], model_type="phi3", rope_scaling=None, sliding_window=2047)
+    p = parse_model_config(phi)
+    assert p.layer_windows == (2047, 2047) and p.rotary_dim == 0 and p.model_type == "phi3"
+    assert parse_model_config(dict(phi, partial_rotary_factor=0.75)).rotary_dim == 6  # head_dim 8

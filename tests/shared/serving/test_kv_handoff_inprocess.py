@@ -6,7 +6,8 @@ reserves pages (reserve_remote, skipping what its own prefix cache holds), the t
 the real wire format (descriptors -> descs_from_pb), prefill computes with hold_pages and writes its pages into
 decode's, decode verifies checksums and activates. The valid token slots of decode's pages must equal the
 colocated engine's pages (torch.equal; in bf16, where the CPU runs the native bf16 kernels, byte for byte), and
-decode's continuation must equal the colocated output.
+decode's continuation must equal the colocated output. Also for Mistral and Gemma 2 (sliding windows shorter than
+the prompts, soft-capping): their pages hold every position, so the hand-off moves them as Llama's.
 """
 
 from __future__ import annotations
@@ -26,7 +27,7 @@ from shared.modelspec.sampling import SamplingParams
 from shared.serving.handoff import descs_from_pb
 from shared.serving.kv_transfer import KVTransfer
 from shared.transfer.checksum import checksum_pages
-from tests.helpers.tiny_models import tiny_llama_dir  # noqa: F401
+from tests.helpers.tiny_models import make_tiny_model, tiny_llama_dir  # noqa: F401
 
 P = 4  # small pages: every prompt spans several
 NEW = 8
@@ -60,12 +61,21 @@ class Rig:
     t_dec: KVTransfer
 
 
-@pytest.fixture(
-    scope="module", params=[(b, d) for b in ("nixl", "mooncake") for d in DTYPES], ids=lambda p: "-".join(p)
-)
-def rig(request: pytest.FixtureRequest, tiny_llama_dir: Path) -> Iterator[Rig]:
-    backend, dtype = request.param
-    pre, dec, colo = (make_engine(tiny_llama_dir, dtype) for _ in range(3))
+# Llama on every backend and dtype; the windowed / Gemma families (whose KV layout is Llama's) on one of them
+RIGS = [(b, d, "llama") for b in ("nixl", "mooncake") for d in DTYPES] + [
+    ("nixl", "float32", f) for f in ("mistral", "gemma2")
+]
+
+
+@pytest.fixture(scope="module", params=RIGS, ids=lambda p: "-".join(p))
+def rig(
+    request: pytest.FixtureRequest, tiny_llama_dir: Path, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[Rig]:
+    backend, dtype, family = request.param
+    model_dir = tiny_llama_dir
+    if family != "llama":
+        model_dir = make_tiny_model(tmp_path_factory.mktemp(family), family, hidden=72, heads=9, kv_heads=3)
+    pre, dec, colo = (make_engine(model_dir, dtype) for _ in range(3))
     t_pre = KVTransfer(backend, f"inproc-prefill-{backend}", "127.0.0.1", pre.runner.kv)
     t_dec = KVTransfer(backend, f"inproc-decode-{backend}", "127.0.0.1", dec.runner.kv)
     try:

@@ -1,0 +1,113 @@
+"""`pdrelay model check DIR`: "ok: ..." and exit 0 for a servable directory, "cannot serve: <the field and what is
+supported>" and exit 1 otherwise (one line, no traceback)."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+from safetensors.torch import load_file, save_file
+
+from services.cli import main
+from tests.helpers.tiny_models import make_tiny_model
+
+
+@pytest.fixture(scope="module")
+def mistral_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return make_tiny_model(tmp_path_factory.mktemp("check"), "mistral", heads=4, kv_heads=2)
+
+
+def _check(d: Path, capsys: pytest.CaptureFixture[str]) -> tuple[int, str]:
+    rc = main(["model", "check", str(d)])
+    out = capsys.readouterr()
+    assert out.err == ""
+    return rc, out.out
+
+
+def _edit_config(src: Path, dst: Path, **changes: object) -> Path:
+    shutil.copytree(src, dst)
+    cfg = json.loads((dst / "config.json").read_text())
+    cfg.update(changes)
+    (dst / "config.json").write_text(json.dumps(cfg))
+    return dst
+
+
+def test_servable(mistral_dir: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    rc, out = _check(mistral_dir, capsys)
+    assert rc == 0
+    assert out.startswith("ok: MistralForCausalLM (mistral): 2 layers") and "sliding window 6 on 2 of 2" in out
+
+
+@pytest.mark.parametrize(
+    "changes,expect",
+    [
+        ({"auto_map": {"AutoModelForCausalLM": "m.X"}}, "auto_map is set"),
+        ({"architectures": ["FalconForCausalLM"], "model_type": "falcon"}, "'FalconForCausalLM'"),
+        ({"rope_parameters": {"rope_type": "yarn", "factor": 4.0}}, "rope_type 'yarn'"),
+        ({"quantization_config": {"quant_method": "gptq"}}, "quantization_config ('gptq')"),
+    ],
+)
+def test_refused_config_names_the_field(
+    mistral_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str], changes: dict, expect: str
+) -> None:
+    rc, out = _check(_edit_config(mistral_dir, tmp_path / "m", **changes), capsys)
+    assert rc == 1 and out.startswith("cannot serve: ") and expect in out and len(out.splitlines()) == 1
+    if "architecture" in out or "auto_map" in out:
+        assert "MistralForCausalLM, Phi3ForCausalLM, Gemma2ForCausalLM, Gemma3ForCausalLM" in out
+
+
+def test_missing_and_misshaped_tensors(mistral_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    d = tmp_path / "m"
+    shutil.copytree(mistral_dir, d)
+    sd = load_file(str(d / "model.safetensors"))
+    del sd["model.layers.1.mlp.up_proj.weight"]
+    save_file(sd, str(d / "model.safetensors"))
+    rc, out = _check(d, capsys)
+    assert rc == 1 and "missing tensor(s) model.layers.1.mlp.up_proj.weight" in out
+    bad = _edit_config(mistral_dir, tmp_path / "b", intermediate_size=99)
+    rc, out = _check(bad, capsys)
+    assert rc == 1 and "model.layers.0.mlp.down_proj.weight has shape" in out
+
+
+def test_no_config(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    rc, out = _check(tmp_path, capsys)
+    assert rc == 1 and "has no config.json" in out
+
+
+@pytest.mark.parametrize("role", ["worker", "prefill", "decode"])
+def test_engine_roles_refuse_an_unsupported_model_before_joining_the_cluster(
+    role: str, mistral_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """One line naming the field, exit 2, and no etcd needed (none runs here: a role that got that far would say it
+    cannot reach etcd instead)."""
+    import importlib
+
+    bad = _edit_config(mistral_dir, tmp_path / "m", quantization_config={"quant_method": "fp8"})
+    main_of = importlib.import_module(f"services.{role}.__main__").main
+    rc = main_of(["--model", str(bad), "--etcd-endpoints", "http://127.0.0.1:9"])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert rc == 2
+    assert err[-1] == f"pdrelay {role}: error: {bad}/config.json: quantization_config ('fp8') is not supported: " + (
+        "give unquantized fp32/bf16/fp16 weights"
+    )
+
+
+def test_a_bert_model_is_the_encoders(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    bert = {
+        "architectures": ["BertModel"],
+        "model_type": "bert",
+        "vocab_size": 100,
+        "hidden_size": 32,
+        "num_hidden_layers": 2,
+        "num_attention_heads": 4,
+        "intermediate_size": 64,
+        "max_position_embeddings": 64,
+    }
+    (tmp_path / "config.json").write_text(json.dumps(bert))
+    rc, out = _check(tmp_path, capsys)
+    assert rc == 0 and "an embedding model" in out and "--encoder-model" in out
+    (tmp_path / "config.json").write_text(json.dumps(dict(bert, hidden_act="swish")))
+    rc, out = _check(tmp_path, capsys)
+    assert rc == 1 and "hidden_act 'swish'" in out
