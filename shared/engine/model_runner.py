@@ -15,15 +15,18 @@ from typing import Any
 
 import torch
 
+from shared.config.quantization import parse_quantization
 from shared.engine.cuda_graph import CudaGraphDecodeRunner, build_decode_graphs
 from shared.engine.forward_batch import ForwardBatch, build_forward_batch
 from shared.engine.kv_pool import KVPool, num_pages_for_budget, torch_dtype
+from shared.engine.kv_scales import read_kv_scales
 from shared.engine.models import LlamaForCausalLM, build_model, load_model_config
 from shared.engine.models.llava import LlavaWeights, canonical_name, load_llava_config
 from shared.engine.types import SchedulerOutput
-from shared.engine.weights import load_weights
+from shared.engine.weights import checkpoint_files, load_weights
 from shared.kernels.dispatch import select_attention_backend
 from shared.kernels.elementwise import elementwise_ops
+from shared.kernels.fp8_linear import Fp8Linear
 from shared.kernels.linear import select_linear_backend
 from shared.modelspec.kv_layout import KVLayout
 
@@ -33,6 +36,15 @@ DEFAULT_KV_BUDGET_BYTES = 512 * 1024 * 1024
 
 def _read_json(path: Path) -> dict[str, Any]:
     return json.loads(path.read_text()) if path.is_file() else {}
+
+
+def fp8_kv_attention_backend(name: str) -> str:
+    """The attention backend for fp8 KV pages: torch (auto or torch asked for); ValueError for the others."""
+    if name not in ("auto", "torch"):
+        raise ValueError(
+            f"attention_backend {name!r} reads fp32/bf16 KV pages, not fp8_e4m3; use --attention-backend torch"
+        )
+    return "torch"
 
 
 class ModelRunner:
@@ -50,6 +62,7 @@ class ModelRunner:
         model_dir: str | Path,
         *,
         dtype: str = "float32",
+        kv_cache_dtype: str | None = None,
         device: str = "cpu",
         num_pages: int | None = None,
         kv_budget_bytes: int | None = None,
@@ -71,12 +84,17 @@ class ModelRunner:
             self.device = torch.device("cuda", torch.cuda.current_device())
         self.dtype = torch_dtype(dtype)
         self.arch = load_model_config(model_dir)
+        self.quant = parse_quantization(_read_json(model_dir / "config.json"))  # None: unquantized weights
         self.vocab_size = self.arch.vocab_size
         self.context_length = context_length or self.arch.max_position_embeddings
         self.page_size = page_size
         self.max_batch_tokens = max_batch_tokens
         self.eos_token_ids = self._eos_ids(model_dir)
 
+        kv_dtype = kv_cache_dtype or dtype  # None: the model's dtype
+        if kv_dtype == "fp8_e4m3":  # only the torch reference ops read fp8 pages (they widen what they gather)
+            attention_backend = fp8_kv_attention_backend(attention_backend)
+            cuda_graph_bs = ()  # the decode graphs are captured over the Triton kernels
         # The attention backend decides the other kernels too: Triton attention comes with Triton norms/rotary/act.
         self.attn = select_attention_backend(attention_backend, self.device, self.dtype)
         # Built on its device: each checkpoint tensor is copied there as it is read (weights.py), no host copy.
@@ -86,6 +104,7 @@ class ModelRunner:
             max_positions=self.context_length,
             ops=elementwise_ops(self.attn.name),
             device=self.device if self.device.type != "cpu" else None,
+            quant=self.quant,
         )
         self.llava = load_llava_config(model_dir)  # None: a text-only model
         if self.llava is None:
@@ -102,10 +121,12 @@ class ModelRunner:
         self.model.eval()
         self.model.to_device(self.device)
         self.linear = select_linear_backend(linear_backend, self.device, self.dtype)
+        if self.quant is not None:  # fp8 projections dequantized per call; the lm_head on the backend chosen
+            self.linear = Fp8Linear(self.linear)
         self.model.use_linear(self.linear)
 
         self.layout = KVLayout(
-            dtype=dtype,
+            dtype=kv_dtype,
             page_size=page_size,
             num_layers=self.arch.num_layers,
             num_kv_heads=self.arch.num_kv_heads,
@@ -120,6 +141,10 @@ class ModelRunner:
         # the scheduler hands out.
         want_graphs = self.device.type == "cuda" and bool(cuda_graph_bs)
         self.kv = KVPool(self.layout, num_pages + int(want_graphs), self.device)
+        if self.kv.quantized:
+            scales = read_kv_scales(checkpoint_files(model_dir), self.arch.num_layers)
+            if scales is not None:
+                self.kv.set_scales(*scales)
         self.kv.populate_in_background()  # host pools: fault the pool in now, not in the first steps that write it
         self.graphs: CudaGraphDecodeRunner | None = None
         if want_graphs:

@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from shared.config.quantization import parse_quantization
 from shared.kernels.rotary import SUPPORTED_ROPE_TYPES
 
 # architectures[0] in config.json -> model_type; all three share one decoder (see llama.py)
@@ -60,6 +61,7 @@ def parse_model_config(cfg: Mapping[str, Any], source: str = "config.json") -> M
 
     A LLaVA checkpoint (llava.py) yields its text decoder's config: its vision side is parsed by llava.py.
     """
+    parse_quantization(cfg, source)  # refuses a quantization method the engine cannot run, by name (quantization.py)
     if cfg.get("model_type") == "llava" or "LlavaForConditionalGeneration" in (cfg.get("architectures") or ()):
         text = {k: v for k, v in (cfg.get("text_config") or {}).items() if k != "architectures"}
         text.setdefault("model_type", "llama")

@@ -23,11 +23,13 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from shared.config.quantization import QuantSpec
 from shared.engine.forward_batch import ForwardBatch
 from shared.engine.kv_pool import KVPool
 from shared.engine.models.config import ModelArchConfig
 from shared.kernels.dispatch import AttentionBackend, AttentionMetadata, NativeAttentionBackend
 from shared.kernels.elementwise import TORCH_OPS, ElementwiseOps
+from shared.kernels.fp8_weight import Fp8BlockWeight
 from shared.kernels.linear import LinearBackend, NativeLinear, NativePacked, PackedWeight, TorchLinear
 from shared.kernels.rotary import RotaryCache
 
@@ -38,12 +40,18 @@ if TYPE_CHECKING:
 @dataclass(frozen=True)
 class WeightSlot:
     """Where one checkpoint tensor goes: rows [start, end) of our parameter `param` (all rows if start is None).
-    broadcast: the tensor fills every row of the slice (Qwen3's q_norm/k_norm [D] -> [heads, D])."""
+    broadcast: the tensor fills every row of the slice (Qwen3's q_norm/k_norm [D] -> [heads, D]).
+    row_block: the tensor has one row per `row_block` rows of the slice (fp8 block scales), repeated at load."""
 
     param: str
     start: int | None = None
     end: int | None = None
     broadcast: bool = False
+    row_block: int = 0
+
+
+# the fused projections, by their key in DecoderLayer.packed (each parameter is named <key>_weight)
+_PROJECTIONS = ("qkv", "o", "gate_up", "down")
 
 
 def _param(*shape: int, dtype: torch.dtype) -> nn.Parameter:
@@ -53,10 +61,17 @@ def _param(*shape: int, dtype: torch.dtype) -> nn.Parameter:
 
 class DecoderLayer(nn.Module):
     def __init__(
-        self, cfg: ModelArchConfig, layer_id: int, dtype: torch.dtype, ops: ElementwiseOps = TORCH_OPS
+        self,
+        cfg: ModelArchConfig,
+        layer_id: int,
+        dtype: torch.dtype,
+        ops: ElementwiseOps = TORCH_OPS,
+        quant: QuantSpec | None = None,
     ) -> None:
         super().__init__()
         self.layer_id = layer_id
+        self.quant = quant
+        wdtype = torch.float8_e4m3fn if quant is not None else dtype  # the projections' weights as the checkpoint's
         self.ops = ops
         h, kvh, d = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
         self.num_heads, self.num_kv_heads, self.head_dim = h, kvh, d
@@ -64,15 +79,20 @@ class DecoderLayer(nn.Module):
         self.eps = cfg.rms_norm_eps
         self.scale = d**-0.5
         self.input_norm = _param(cfg.hidden_size, dtype=dtype)
-        self.qkv_weight = _param(self.q_size + 2 * self.kv_size, cfg.hidden_size, dtype=dtype)
+        self.qkv_weight = _param(self.q_size + 2 * self.kv_size, cfg.hidden_size, dtype=wdtype)
         self.qkv_bias = _param(self.q_size + 2 * self.kv_size, dtype=dtype) if cfg.qkv_bias else None
         # Qwen3's q_norm and k_norm weights, repeated per head: [H + KVH, D] so one rms_norm covers q and k
         self.qk_norm = _param(h + kvh, d, dtype=dtype) if cfg.qk_norm else None
-        self.o_weight = _param(cfg.hidden_size, self.q_size, dtype=dtype)
+        self.o_weight = _param(cfg.hidden_size, self.q_size, dtype=wdtype)
         self.o_bias = _param(cfg.hidden_size, dtype=dtype) if cfg.o_bias else None
         self.post_norm = _param(cfg.hidden_size, dtype=dtype)
-        self.gate_up_weight = _param(2 * cfg.intermediate_size, cfg.hidden_size, dtype=dtype)
-        self.down_weight = _param(cfg.hidden_size, cfg.intermediate_size, dtype=dtype)
+        self.gate_up_weight = _param(2 * cfg.intermediate_size, cfg.hidden_size, dtype=wdtype)
+        self.down_weight = _param(cfg.hidden_size, cfg.intermediate_size, dtype=wdtype)
+        if quant is not None:  # fp8 blocks: a float32 scale per row and block of columns (kernels/fp8_weight.py)
+            for key in _PROJECTIONS:
+                w = getattr(self, f"{key}_weight")
+                cols = -(-w.shape[1] // quant.weight_block[1])
+                self.register_parameter(f"{key}_weight_scale", _param(w.shape[0], cols, dtype=torch.float32))
         self.linear: LinearBackend = TorchLinear()
         self.exact: LinearBackend = TorchLinear()  # the down projection's (see use_linear)
         # What self.linear.apply takes for qkv, o and gate_up (self.exact.apply for down): the parameters themselves
@@ -97,6 +117,13 @@ class DecoderLayer(nn.Module):
         """
         self.linear = backend
         self.exact = backend.exact()
+        if self.quant is not None:  # fp8 weights stay 1 byte, as loaded; the backend dequantizes them per call
+            bk = self.quant.weight_block[1]
+            self.packed = {
+                k: Fp8BlockWeight(getattr(self, f"{k}_weight"), getattr(self, f"{k}_weight_scale"), bk)
+                for k in _PROJECTIONS
+            }
+            return
         self.packed = {
             "qkv": backend.pack(self.qkv_weight),
             "o": backend.pack(self.o_weight),
@@ -147,6 +174,18 @@ class DecoderLayer(nn.Module):
             h = self.num_heads
             m[pre + "self_attn.q_norm.weight"] = WeightSlot(me + "qk_norm", 0, h, broadcast=True)
             m[pre + "self_attn.k_norm.weight"] = WeightSlot(me + "qk_norm", h, h + self.num_kv_heads, broadcast=True)
+        if self.quant is not None:  # each projection's block scales go to the same rows of its scale parameter
+            rows, suffix = self.quant.weight_block[0], self.quant.scale_suffix
+            projections = tuple(f"{me}{k}_weight" for k in _PROJECTIONS)
+            m.update(
+                {
+                    name.removesuffix("weight") + suffix: WeightSlot(
+                        slot.param + "_scale", slot.start, slot.end, row_block=rows
+                    )
+                    for name, slot in m.items()
+                    if slot.param in projections
+                }
+            )
         return m
 
     def forward(
@@ -172,7 +211,8 @@ class DecoderLayer(nn.Module):
         qkv = self.linear.apply(x, self.packed["qkv"], self.qkv_bias)  # [T, (H + 2 * KVH) * D]
         v = qkv[:, self.q_size + self.kv_size :].view(t, kvh, d)
         k_cache, v_cache = kv.k(self.layer_id), kv.v(self.layer_id)
-        if self.ops.rope_store is not None and self.qk_norm is None:  # one call: rotate, store K/V, q/k contiguous
+        if self.ops.rope_store is not None and self.qk_norm is None and not kv.quantized:
+            # one call: rotate, store K/V, q/k contiguous
             q, k = self.ops.rope_store(qkv, h, kvh, d, cos, sin, k_cache, v_cache, batch.out_pages, batch.out_offsets)
         else:
             qk = qkv[:, : self.q_size + self.kv_size].view(t, h + kvh, d)
@@ -180,8 +220,14 @@ class DecoderLayer(nn.Module):
                 qk = self.ops.rms_norm(qk, self.qk_norm, self.eps)
             qk = self.ops.apply_rotary(qk, cos, sin)  # [T, H + KVH, D]
             q, k = qk[:, :h], qk[:, h:]
+            if kv.quantized:  # fp8 pages: attend over K/V exactly as the pages hold them (kv_pool.py)
+                k, v = kv.quantize(self.layer_id, k, v)
             kv.write(self.layer_id, batch.out_pages, batch.out_offsets, k, v)
-        o = attn.forward(q, k, v, k_cache, v_cache, meta, self.scale)  # [T, H, D]
+        if kv.quantized:  # K/V in page units: k_scale folds into the softmax scale, v_scale into the output
+            i = self.layer_id
+            o = attn.forward(q, k, v, k_cache, v_cache, meta, self.scale * kv.k_scales[i]) * kv.v_scales[i]
+        else:
+            o = attn.forward(q, k, v, k_cache, v_cache, meta, self.scale)  # [T, H, D]
         x = self.linear.apply(o.reshape(t, self.q_size), self.packed["o"], self.o_bias)
         x, residual = self.ops.fused_add_rms_norm(x, residual, self.post_norm, self.eps)
         x = self.exact.apply(self._gated(x), self.packed["down"])
@@ -198,6 +244,7 @@ class LlamaForCausalLM(nn.Module):
         max_positions: int | None = None,
         ops: ElementwiseOps = TORCH_OPS,
         device: torch.device | None = None,
+        quant: QuantSpec | None = None,
     ) -> None:
         super().__init__()
         self.cfg = cfg
@@ -210,7 +257,7 @@ class LlamaForCausalLM(nn.Module):
         # RoPE tables are computed on the CPU and moved by to_device, as before.
         with torch.device(device or "cpu"):
             self.embed_tokens = _param(cfg.vocab_size, cfg.hidden_size, dtype=dtype)
-            self.layers = nn.ModuleList(DecoderLayer(cfg, i, dtype, ops) for i in range(cfg.num_layers))
+            self.layers = nn.ModuleList(DecoderLayer(cfg, i, dtype, ops, quant) for i in range(cfg.num_layers))
             self.norm = _param(cfg.hidden_size, dtype=dtype)
             self.lm_head = (
                 self.embed_tokens if cfg.tie_word_embeddings else _param(cfg.vocab_size, cfg.hidden_size, dtype=dtype)
@@ -238,7 +285,7 @@ class LlamaForCausalLM(nn.Module):
             assert isinstance(layer, DecoderLayer)
             layer.use_linear(backend)
         self.packed = {"lm_head": backend.pack(self.lm_head)}
-        if backend.name != "torch" and not self.cfg.tie_word_embeddings:
+        if self.packed["lm_head"] is not self.lm_head and not self.cfg.tie_word_embeddings:
             self.lm_head.data = self.lm_head.data.new_empty(0)
         self.fused_decode = self._native_decode_layers(backend)
         self._fused_with = (backend, self.ops)

@@ -1,0 +1,131 @@
+"""FP8 block-wise weights (e4m3 + weight_scale_inv per 128 x 128 block, the DeepSeek-V3 / Qwen3-FP8 layout): a tiny
+random Llama quantized here, served with its projections 1 byte per weight in memory, against transformers running
+the dequantized weights.
+
+Tolerance: logits within 1e-4 of transformers (fp32), the same bar as unquantized checkpoints: both sides compute
+the same dequantized fp32 weights (fp8 -> fp32 is exact, then one product by the block's scale), so what is left is
+GEMM summation order. Greedy tokens identical on 3 prompts.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file, save_file
+
+from shared.config.groups import CacheConfig, SchedulerConfig
+from shared.engine.engine import Engine
+from shared.engine.model_runner import ModelRunner
+from shared.engine.types import ScheduledSeq, SchedulerOutput
+from shared.kernels.fp8_weight import Fp8BlockWeight, quantize_fp8_block
+from shared.modelspec.sampling import SamplingParams
+from tests.helpers.tiny_models import make_tiny_model
+
+TOL = 1e-4
+BLOCK = (128, 128)
+_PROJ = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+
+
+def _expand(scale: torch.Tensor, shape: torch.Size) -> torch.Tensor:
+    return scale.repeat_interleave(BLOCK[0], 0).repeat_interleave(BLOCK[1], 1)[: shape[0], : shape[1]]
+
+
+def quantize_checkpoint(src: Path, dst: Path) -> dict[str, torch.Tensor]:
+    """Write an FP8 block-wise copy of `src` into `dst`; returns the dequantized weights (HF names)."""
+    shutil.copytree(src, dst)
+    state = load_file(src / "model.safetensors")
+    out, dequant = {}, {}
+    for name, w in state.items():
+        if name.endswith(".weight") and name.split(".")[-2] in _PROJ:
+            w8, s = quantize_fp8_block(w, BLOCK)
+            out[name], out[name.removesuffix("weight") + "weight_scale_inv"] = w8, s
+            dequant[name] = w8.float() * _expand(s, w.shape)
+        else:
+            out[name] = w
+    save_file(out, str(dst / "model.safetensors"), metadata={"format": "pt"})
+    cfg = json.loads((src / "config.json").read_text())
+    cfg["quantization_config"] = {
+        "quant_method": "fp8",
+        "fmt": "e4m3",
+        "activation_scheme": "dynamic",
+        "weight_block_size": list(BLOCK),
+    }
+    (dst / "config.json").write_text(json.dumps(cfg))
+    return dequant
+
+
+@pytest.fixture(scope="module")
+def fp8_pair(tmp_path_factory: pytest.TempPathFactory):
+    """(HF on the dequantized weights, our runner on the fp8 checkpoint). hidden 256 / 4 heads / 2 KV heads: the
+    k and v projections (128 rows each) and the intermediate size (544: a partial block) cross block edges."""
+    from transformers import AutoModelForCausalLM
+
+    tmp = tmp_path_factory.mktemp("fp8")
+    src = make_tiny_model(tmp, "llama", hidden=256, heads=4, kv_heads=2, layers=2)
+    dst = tmp / "llama-fp8"
+    dequant = quantize_checkpoint(src, dst)
+    hf = AutoModelForCausalLM.from_pretrained(src, dtype=torch.float32).eval()
+    missing = hf.load_state_dict(dequant, strict=False).unexpected_keys
+    assert not missing
+    runner = ModelRunner(dst, num_pages=64, page_size=4, attention_backend="torch")
+    return hf, runner, dst
+
+
+def test_projections_stay_one_byte_in_memory(fp8_pair) -> None:
+    _, runner, _ = fp8_pair
+    layer = runner.model.layers[0]
+    packed = layer.packed["qkv"]
+    assert isinstance(packed, Fp8BlockWeight) and packed.weight.dtype == torch.float8_e4m3fn
+    assert packed.weight.element_size() == 1 and packed.shape == (256 + 2 * 128, 256)
+    assert layer.gate_up_weight.dtype == torch.float8_e4m3fn and layer.down_weight.shape == (256, 544)
+    assert runner.linear.name == "fp8"
+
+
+def _hf_logits(hf, tokens: list[int]) -> torch.Tensor:
+    with torch.no_grad():
+        return hf(torch.tensor([tokens])).logits[0].float()
+
+
+def test_logits_match_transformers_on_the_dequantized_weights(fp8_pair) -> None:
+    hf, runner, _ = fp8_pair
+    g = torch.Generator().manual_seed(3)
+    prompts = [torch.randint(3, runner.vocab_size, (n,), generator=g).tolist() for n in (5, 13, 30)]
+    pages, start = [], 0
+    for p in prompts:
+        n = -(-len(p) // 4)
+        pages.append(tuple(range(start, start + n)))
+        start += n
+    seqs = tuple(ScheduledSeq(f"r{i}", tuple(p), 0, pages[i], True) for i, p in enumerate(prompts))
+    logits = runner.forward(SchedulerOutput(seqs))
+    worst = max((logits[i] - _hf_logits(hf, p)[-1]).abs().max().item() for i, p in enumerate(prompts))
+    assert worst <= TOL, f"max abs logit diff {worst:.2e}"
+
+
+def test_greedy_tokens_match_transformers_on_3_prompts(fp8_pair) -> None:
+    hf, runner, _ = fp8_pair
+    engine = Engine(runner, cache=CacheConfig(page_size=4), scheduler=SchedulerConfig(max_prefill_tokens=64))
+    prompts = [[5, 17, 99, 3], list(range(40, 61)), [250, 7, 7, 7, 300, 12]]
+    from transformers import GenerationConfig
+
+    got = engine.generate(prompts, SamplingParams(max_tokens=12, temperature=0.0, ignore_eos=True))
+    hf.generation_config.eos_token_id = None  # ignore_eos: a GenerationConfig argument cannot unset it
+    cfg = GenerationConfig(max_new_tokens=12, do_sample=False, eos_token_id=None, pad_token_id=0)
+    for p, c in zip(prompts, got, strict=True):
+        with torch.no_grad():
+            ref = hf.generate(torch.tensor([p]), generation_config=cfg)
+        assert list(c.token_ids) == ref[0, len(p) :].tolist()
+
+
+def test_a_missing_scale_is_named(fp8_pair, tmp_path: Path) -> None:
+    _, _, dst = fp8_pair
+    broken = tmp_path / "broken"
+    shutil.copytree(dst, broken)
+    state = load_file(broken / "model.safetensors")
+    del state["model.layers.1.mlp.down_proj.weight_scale_inv"]
+    save_file(state, str(broken / "model.safetensors"), metadata={"format": "pt"})
+    with pytest.raises(ValueError, match=r"missing 1 tensor\(s\): model.layers.1.mlp.down_proj.weight_scale_inv"):
+        ModelRunner(broken, num_pages=8, page_size=4)
