@@ -17,7 +17,7 @@ from shared.config.devices import DeviceKind, cuda_name, parse_device, process_g
 from shared.config.errors import ConfigError
 from shared.config.groups import BUNDLED_MODEL
 from shared.config.plan_passes import plan_kv_cache_memory
-from shared.config.quant_passes import check_quantization, resolve_fp8_kv_attention
+from shared.config.quant_passes import check_quantization, resolve_kv_attention
 from shared.config.resolved import ResolvedConfig
 from shared.config.roles import Role
 from shared.config.tls_passes import check_ssl_files, check_tls_files
@@ -466,7 +466,7 @@ PASSES: tuple[Pass, ...] = (
     resolve_dtype,
     resolve_kv_cache_dtype,
     resolve_threads,
-    resolve_fp8_kv_attention,
+    resolve_kv_attention,
     resolve_attention_backend,
     resolve_linear_backend,
     resolve_served_model_name,

@@ -1,8 +1,8 @@
 """Resolution passes for quantized weights (--quantization) and an fp8 KV cache (--kv-cache-dtype fp8_e4m3).
 
 Both refuse at start, in one line, what the engine cannot run: a checkpoint quantized with a method it does not
-support (named with what is supported), a --quantization the checkpoint does not carry, and fp8 KV pages under an
-attention kernel that reads only fp32/bf16 pages.
+support (named with what is supported), a --quantization the checkpoint does not carry, and KV pages of another
+dtype than the model's (fp8) under an attention kernel that reads only pages of the model's dtype.
 """
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from shared.config.choices import AttentionBackend, EngineKind, KVCacheDtype
+from shared.config.choices import AttentionBackend, EngineKind
 from shared.config.context import PassContext
 from shared.config.errors import ConfigError
 from shared.config.quantization import check_requested, parse_quantization
@@ -39,19 +39,22 @@ def check_quantization(cfg: ResolvedConfig, ctx: PassContext) -> ResolvedConfig:
     return cfg
 
 
-def resolve_fp8_kv_attention(cfg: ResolvedConfig, ctx: PassContext) -> ResolvedConfig:
-    """With fp8 KV pages the attention backend is torch: its reference ops widen the pages they gather to the
-    query's dtype; the native (CPU) and Triton kernels read fp32/bf16 pages only. Runs before the auto -> triton
+def resolve_kv_attention(cfg: ResolvedConfig, ctx: PassContext) -> ResolvedConfig:
+    """With KV pages of another dtype than the model's (fp8_e4m3, or bfloat16 under a float32 model) the attention
+    backend is torch: its reference ops widen the pages they gather to the query's dtype; the native (CPU) and
+    Triton kernels, and the native fused decode, read pages of the model's dtype. Runs before the auto -> triton
     choice on cuda."""
-    if not cfg.has("cache") or not cfg.has("kernels") or cfg.cache.kv_cache_dtype is not KVCacheDtype.FP8_E4M3:
+    if not cfg.has("cache") or not cfg.has("kernels") or cfg.cache.kv_cache_dtype == cfg.model.dtype:
         return cfg
-    backend = cfg.kernels.attention_backend
+    kv, backend = cfg.cache.kv_cache_dtype, cfg.kernels.attention_backend
     if backend is AttentionBackend.AUTO:
         return cfg.derive(
-            "kernels.attention_backend", AttentionBackend.TORCH, "auto: torch, the kernels that read fp8 KV pages"
+            "kernels.attention_backend", AttentionBackend.TORCH, f"auto: torch, the kernels that read {kv} KV pages"
         )
     if backend is not AttentionBackend.TORCH:
         raise cfg.origin("kernels.attention_backend").fail(
-            backend, "reads fp32/bf16 KV pages, not fp8_e4m3", "use --attention-backend torch (or auto)"
+            backend,
+            f"reads KV pages of the model's dtype ({cfg.model.dtype}), not {kv}",
+            "use --attention-backend torch (or auto)",
         )
     return cfg

@@ -38,11 +38,14 @@ def _read_json(path: Path) -> dict[str, Any]:
     return json.loads(path.read_text()) if path.is_file() else {}
 
 
-def fp8_kv_attention_backend(name: str) -> str:
-    """The attention backend for fp8 KV pages: torch (auto or torch asked for); ValueError for the others."""
+def kv_attention_backend(name: str, kv_dtype: str, dtype: str) -> str:
+    """The attention backend over KV pages of another dtype than the model's (fp8, or bf16 under an fp32 model):
+    torch, whose ops widen what they gather (auto or torch asked for); ValueError for the others, whose kernels (and
+    the native fused decode) read pages of the model's dtype."""
     if name not in ("auto", "torch"):
         raise ValueError(
-            f"attention_backend {name!r} reads fp32/bf16 KV pages, not fp8_e4m3; use --attention-backend torch"
+            f"attention_backend {name!r} reads KV pages of the model's dtype ({dtype}), not {kv_dtype}; "
+            "use --attention-backend torch"
         )
     return "torch"
 
@@ -92,8 +95,8 @@ class ModelRunner:
         self.eos_token_ids = self._eos_ids(model_dir)
 
         kv_dtype = kv_cache_dtype or dtype  # None: the model's dtype
-        if kv_dtype == "fp8_e4m3":  # only the torch reference ops read fp8 pages (they widen what they gather)
-            attention_backend = fp8_kv_attention_backend(attention_backend)
+        if kv_dtype != dtype:  # fp8 pages, or bf16 under fp32: only the torch ops widen what they gather
+            attention_backend = kv_attention_backend(attention_backend, kv_dtype, dtype)
             cuda_graph_bs = ()  # the decode graphs are captured over the Triton kernels
         # The attention backend decides the other kernels too: Triton attention comes with Triton norms/rotary/act.
         self.attn = select_attention_backend(attention_backend, self.device, self.dtype)

@@ -98,9 +98,14 @@ def test_fp8_kv_cache_takes_the_torch_attention(ctx, make_ctx) -> None:
     assert cfg.provenance["kernels.attention_backend"].source == "derived"
     gpu = resolve("decode", ["--kv-cache-dtype", "fp8_e4m3"], env={}, ctx=make_ctx(cuda=True, gpus=1))
     assert gpu.kernels.attention_backend == "torch"
-    with pytest.raises(ConfigError, match=r"--attention-backend native reads fp32/bf16 KV pages, not fp8_e4m3"):
+    with pytest.raises(
+        ConfigError, match=r"--attention-backend native reads KV pages of the model's dtype \(float32\), not fp8_e4m3"
+    ):
         resolve("decode", ["--kv-cache-dtype", "fp8_e4m3", "--attention-backend", "native"], env={}, ctx=ctx)
-    assert resolve("decode", env={}, ctx=ctx).cache.kv_cache_dtype == "float32"  # auto: the model's, as before
+    plain = resolve("decode", env={}, ctx=ctx)
+    assert plain.cache.kv_cache_dtype == "float32" and plain.kernels.attention_backend == "auto"  # as before
+    mixed = resolve("decode", ["--kv-cache-dtype", "bfloat16", "--dtype", "float32"], env={}, ctx=ctx)
+    assert mixed.kernels.attention_backend == "torch"  # bf16 pages under an fp32 model: the torch ops too
 
 
 @pytest.mark.parametrize(

@@ -69,7 +69,7 @@ def test_tiny_model_fp8_kv_runs_on_the_torch_ops_and_a_prefix_hit_changes_nothin
     again = e.generate([prompt], GREEDY)[0].token_ids  # its full pages now come from the radix cache
     assert e.stats.num_cached_prompt_tokens >= 32
     assert again == first  # the step's own K/V are the numbers the pages hold (kv_pool.quantize)
-    with pytest.raises(ValueError, match="reads fp32/bf16 KV pages, not fp8_e4m3"):
+    with pytest.raises(ValueError, match=r"reads KV pages of the model's dtype \(float32\), not fp8_e4m3"):
         ModelRunner(tiny_llama_dir, kv_cache_dtype="fp8_e4m3", num_pages=8, attention_backend="native")
 
 
@@ -115,3 +115,30 @@ def test_bundled_model_with_fp8_kv_follows_fp32_kv(bundled_model_dir: Path) -> N
     assert agree >= 0.9 * logits.shape[0] * logits.shape[1]
     free, _ = _teacher_forced(fp8, prompts[:1], None, 8)
     assert "Paris" in tok.decode(free[0][len(prompts[0]) :])
+
+
+def test_checkpoint_kv_scales_are_read_for_fp8_and_ignored_otherwise(tiny_llama_dir: Path, tmp_path: Path) -> None:
+    import shutil
+
+    from safetensors.torch import load_file, save_file
+
+    d = tmp_path / "scaled"
+    shutil.copytree(tiny_llama_dir, d)
+    state = load_file(d / "model.safetensors")
+    state["model.layers.0.self_attn.k_scale"] = torch.tensor(0.5)
+    state["model.layers.0.self_attn.v_scale"] = torch.tensor(0.25)
+    state["model.layers.1.self_attn.kv_scale"] = torch.tensor(2.0)  # the older one-scale spelling
+    save_file(state, str(d / "model.safetensors"), metadata={"format": "pt"})
+    fp8 = ModelRunner(d, kv_cache_dtype="fp8_e4m3", num_pages=16, page_size=4)
+    assert (fp8.kv.k_scales, fp8.kv.v_scales) == ([0.5, 2.0], [0.25, 2.0])
+    plain = ModelRunner(d, num_pages=16, page_size=4)  # fp32 KV: the scales are not weights, and not used
+    assert plain.kv.k_scales == [1.0, 1.0]
+    # the scaled pages give the same next tokens as unscaled fp8 pages (scales only move e4m3's range)
+    unscaled = ModelRunner(tiny_llama_dir, kv_cache_dtype="fp8_e4m3", num_pages=16, page_size=4)
+    out = SchedulerOutput((ScheduledSeq("a", tuple(range(3, 30)), 0, tuple(range(7)), True),))
+    a, b = fp8.forward(out), unscaled.forward(out)
+    assert int(a.argmax()) == int(b.argmax()) and (a - b).abs().max() < 0.1 * b.abs().max()
+    del state["model.layers.1.self_attn.kv_scale"]
+    save_file(state, str(d / "model.safetensors"), metadata={"format": "pt"})
+    with pytest.raises(ValueError, match=r"leave out layer\(s\) \[1\]"):
+        ModelRunner(d, kv_cache_dtype="fp8_e4m3", num_pages=16, page_size=4)
