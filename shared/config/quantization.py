@@ -78,11 +78,13 @@ def check_requested(requested: str | None, spec: QuantSpec | None, model: str) -
     """--quantization against what the checkpoint declares: None when they agree (or none was asked), else why not."""
     if requested is None:
         return None
-    if spec is None:
+    if spec is None and requested != "fp8":
         return (
-            f"--quantization {requested}: {model} is not a quantized checkpoint and quantizing one at load is not "
-            "supported; drop --quantization (or serve a checkpoint quantized with it)"
+            f"--quantization {requested}: {model} is not a quantized checkpoint and only fp8 quantizes one at load; "
+            "drop --quantization (or serve a checkpoint quantized with it)"
         )
+    if spec is None:
+        return None  # fp8 at load (model_runner.py)
     if requested != spec.method:
         return f"--quantization {requested}: {model} is quantized with {spec.method!r}; drop --quantization"
     return None

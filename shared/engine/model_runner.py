@@ -15,12 +15,13 @@ from typing import Any
 
 import torch
 
-from shared.config.quantization import parse_quantization
+from shared.config.quantization import QuantSpec, parse_quantization
 from shared.engine.cuda_graph import CudaGraphDecodeRunner, build_decode_graphs
 from shared.engine.forward_batch import ForwardBatch, build_forward_batch
 from shared.engine.kv_pool import KVPool, num_pages_for_budget, torch_dtype
 from shared.engine.kv_scales import read_kv_scales
 from shared.engine.models import LlamaForCausalLM, build_model, load_model_config
+from shared.engine.models.llama import DecoderLayer
 from shared.engine.models.llava import LlavaWeights, canonical_name, load_llava_config
 from shared.engine.types import SchedulerOutput
 from shared.engine.weights import checkpoint_files, load_weights
@@ -66,6 +67,7 @@ class ModelRunner:
         *,
         dtype: str = "float32",
         kv_cache_dtype: str | None = None,
+        quantization: str | None = None,
         device: str = "cpu",
         num_pages: int | None = None,
         kv_budget_bytes: int | None = None,
@@ -121,6 +123,8 @@ class ModelRunner:
                 rename=canonical_name,
                 skip_prefixes=text.skipped_prefixes(self.arch),
             )
+        if quantization is not None:
+            self._quantize_online(quantization)
         self.model.eval()
         self.model.to_device(self.device)
         self.linear = select_linear_backend(linear_backend, self.device, self.dtype)
@@ -160,6 +164,21 @@ class ModelRunner:
                 page_size=page_size,
                 scratch_page=num_pages,
             )
+
+    def _quantize_online(self, method: str) -> None:
+        """--quantization: a checkpoint quantized with it is served as it is; fp8 also quantizes an unquantized one
+        here, after loading (128 x 128 blocks, like the FP8 checkpoints); any other mismatch is refused."""
+        if self.quant is not None:
+            if method != self.quant.method:
+                raise ValueError(f"--quantization {method}: the checkpoint is quantized with {self.quant.method!r}")
+            return
+        if method != "fp8":
+            raise ValueError(f"--quantization {method}: only fp8 quantizes an unquantized checkpoint at load")
+        self.quant = QuantSpec("fp8", (128, 128))
+        for layer in self.model.layers:
+            assert isinstance(layer, DecoderLayer)
+            layer.quantize_fp8(self.quant)
+        self.model.weight_bytes = sum(p.numel() * p.element_size() for p in self.model.parameters())
 
     @functools.cached_property
     def hf_config(self) -> Any:

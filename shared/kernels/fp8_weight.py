@@ -56,3 +56,9 @@ def quantize_fp8_block(w: torch.Tensor, block: tuple[int, int] = (128, 128)) -> 
     scale = amax / FP8_MAX
     q = (blocks / scale[:, None, :, None]).clamp(-FP8_MAX, FP8_MAX).to(torch.float8_e4m3fn)
     return q.view(pad.shape)[:out, :k].contiguous(), scale.float()
+
+
+def quantize_fp8_rows(w: torch.Tensor, block: tuple[int, int] = (128, 128)) -> Fp8BlockWeight:
+    """An unquantized [out, in] weight -> its Fp8BlockWeight (--quantization fp8 over a bf16/fp32 checkpoint)."""
+    q, scale = quantize_fp8_block(w, block)
+    return Fp8BlockWeight(q, scale.repeat_interleave(block[0], 0)[: w.shape[0]].contiguous(), block[1])

@@ -29,7 +29,7 @@ from shared.engine.kv_pool import KVPool
 from shared.engine.models.config import ModelArchConfig
 from shared.kernels.dispatch import AttentionBackend, AttentionMetadata, NativeAttentionBackend
 from shared.kernels.elementwise import TORCH_OPS, ElementwiseOps
-from shared.kernels.fp8_weight import Fp8BlockWeight
+from shared.kernels.fp8_weight import Fp8BlockWeight, quantize_fp8_rows
 from shared.kernels.linear import LinearBackend, NativeLinear, NativePacked, PackedWeight, TorchLinear
 from shared.kernels.rotary import RotaryCache
 
@@ -133,6 +133,15 @@ class DecoderLayer(nn.Module):
         if backend.name != "torch":  # the packed copies replace the originals: do not hold the weights twice
             for p in (self.qkv_weight, self.o_weight, self.gate_up_weight):
                 p.data = p.data.new_empty(0)
+
+    def quantize_fp8(self, quant: QuantSpec) -> None:
+        """--quantization fp8 over an unquantized checkpoint: each loaded projection to fp8 blocks (before
+        use_linear). The fused q/k/v and gate/up weights are quantized whole, in blocks of their own rows."""
+        for key in _PROJECTIONS:
+            fp8 = quantize_fp8_rows(getattr(self, f"{key}_weight").data, quant.weight_block)
+            setattr(self, f"{key}_weight", nn.Parameter(fp8.weight, requires_grad=False))
+            self.register_parameter(f"{key}_weight_scale", nn.Parameter(fp8.scale, requires_grad=False))
+        self.quant = quant
 
     def _gated(self, x: torch.Tensor) -> torch.Tensor:
         """silu(x @ gate.T) * (x @ up.T): [T, hidden] -> [T, inter].

@@ -79,8 +79,9 @@ def test_the_resolution_refuses_an_unsupported_checkpoint_at_start(tmp_path: Pat
 
 def test_quantization_flag_must_match_the_checkpoint(tmp_path: Path, ctx) -> None:
     plain = _model_dir(tmp_path, None)
-    with pytest.raises(ConfigError, match=r"^--quantization fp8: .* is not a quantized checkpoint"):
-        resolve("worker", ["--model", str(plain), "--quantization", "fp8"], env={}, ctx=ctx)
+    with pytest.raises(ConfigError, match=r"^--quantization awq: .* is not a quantized checkpoint and only fp8"):
+        resolve("worker", ["--model", str(plain), "--quantization", "awq"], env={}, ctx=ctx)
+    assert resolve("worker", ["--model", str(plain), "--quantization", "fp8"], env={}, ctx=ctx).model.quantization
     fp8 = tmp_path / "fp8"
     fp8.mkdir()
     (fp8 / "config.json").write_text(json.dumps(_llama(FP8_BLOCK)))
