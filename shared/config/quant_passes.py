@@ -44,7 +44,7 @@ def resolve_kv_attention(cfg: ResolvedConfig, ctx: PassContext) -> ResolvedConfi
     backend is torch: its reference ops widen the pages they gather to the query's dtype; the native (CPU) and
     Triton kernels, and the native fused decode, read pages of the model's dtype. Runs before the auto -> triton
     choice on cuda."""
-    if not cfg.has("cache") or not cfg.has("kernels") or cfg.cache.kv_cache_dtype == cfg.model.dtype:
+    if not cfg.has("cache") or not cfg.has("kernels") or str(cfg.cache.kv_cache_dtype) == str(cfg.model.dtype):
         return cfg
     kv, backend = cfg.cache.kv_cache_dtype, cfg.kernels.attention_backend
     if backend is AttentionBackend.AUTO:
