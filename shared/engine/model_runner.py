@@ -97,9 +97,8 @@ class ModelRunner:
         self.eos_token_ids = self._eos_ids(model_dir)
 
         kv_dtype = kv_cache_dtype or dtype  # None: the model's dtype
-        if kv_dtype != dtype:  # fp8 pages, or bf16 under fp32: only the torch ops widen what they gather
-            attention_backend = kv_attention_backend(attention_backend, kv_dtype, dtype)
-            cuda_graph_bs = ()  # the decode graphs are captured over the Triton kernels
+        if kv_dtype != dtype:  # fp8, or bf16 under fp32: the torch ops widen the pages; no (Triton) decode graphs
+            attention_backend, cuda_graph_bs = kv_attention_backend(attention_backend, kv_dtype, dtype), ()
         # The attention backend decides the other kernels too: Triton attention comes with Triton norms/rotary/act.
         self.attn = select_attention_backend(attention_backend, self.device, self.dtype)
         # Built on its device: each checkpoint tensor is copied there as it is read (weights.py), no host copy.
@@ -112,24 +111,13 @@ class ModelRunner:
             quant=self.quant,
         )
         self.llava = load_llava_config(model_dir)  # None: a text-only model
-        if self.llava is None:
-            load_weights(self.model, self.model.hf_weight_map(), model_dir, tied_lm_head=self.arch.tie_word_embeddings)
-        else:  # the decoder half of a vision-language checkpoint (the tower runs in a VisionEncoderRunner)
-            text = LlavaWeights(self.model, None)
-            load_weights(
-                text,
-                text.hf_weight_map(),
-                model_dir,
-                rename=canonical_name,
-                skip_prefixes=text.skipped_prefixes(self.arch),
-            )
-        if quantization is not None:
-            self._quantize_online(quantization)
+        self._load_weights(model_dir)
+        self._quantize_online(quantization)
         self.model.eval()
         self.model.to_device(self.device)
         self.linear = select_linear_backend(linear_backend, self.device, self.dtype)
-        if self.quant is not None:  # fp8 projections dequantized per call; the lm_head on the backend chosen
-            self.linear = Fp8Linear(self.linear)
+        # fp8 projections dequantized per call, the lm_head on the backend chosen
+        self.linear = Fp8Linear(self.linear) if self.quant is not None else self.linear
         self.model.use_linear(self.linear)
 
         self.layout = KVLayout(
@@ -147,12 +135,7 @@ class ModelRunner:
         # Decode CUDA graphs (cuda only) pad a batch with rows whose K/V go to one extra page past the num_pages
         # the scheduler hands out.
         want_graphs = self.device.type == "cuda" and bool(cuda_graph_bs)
-        self.kv = KVPool(self.layout, num_pages + int(want_graphs), self.device)
-        if self.kv.quantized:
-            scales = read_kv_scales(checkpoint_files(model_dir), self.arch.num_layers)
-            if scales is not None:
-                self.kv.set_scales(*scales)
-        self.kv.populate_in_background()  # host pools: fault the pool in now, not in the first steps that write it
+        self.kv = self._make_pool(num_pages + int(want_graphs))
         self.graphs: CudaGraphDecodeRunner | None = None
         if want_graphs:
             self.graphs = build_decode_graphs(
@@ -165,9 +148,31 @@ class ModelRunner:
                 scratch_page=num_pages,
             )
 
-    def _quantize_online(self, method: str) -> None:
+    def _load_weights(self, model_dir: Path) -> None:
+        if self.llava is None:
+            load_weights(self.model, self.model.hf_weight_map(), model_dir, tied_lm_head=self.arch.tie_word_embeddings)
+            return
+        # the decoder half of a vision-language checkpoint (the tower runs in a VisionEncoderRunner)
+        text = LlavaWeights(self.model, None)
+        load_weights(
+            text, text.hf_weight_map(), model_dir, rename=canonical_name, skip_prefixes=text.skipped_prefixes(self.arch)
+        )
+
+    def _make_pool(self, num_pages: int) -> KVPool:
+        """The KV pool of self.layout, with the checkpoint's k/v scales when its pages are fp8, populating."""
+        kv = KVPool(self.layout, num_pages, self.device)
+        if kv.quantized:
+            scales = read_kv_scales(checkpoint_files(self.model_dir), self.arch.num_layers)
+            if scales is not None:
+                kv.set_scales(*scales)
+        kv.populate_in_background()  # host pools: fault the pool in now, not in the first steps that write it
+        return kv
+
+    def _quantize_online(self, method: str | None) -> None:
         """--quantization: a checkpoint quantized with it is served as it is; fp8 also quantizes an unquantized one
         here, after loading (128 x 128 blocks, like the FP8 checkpoints); any other mismatch is refused."""
+        if method is None:
+            return
         if self.quant is not None:
             if method != self.quant.method:
                 raise ValueError(f"--quantization {method}: the checkpoint is quantized with {self.quant.method!r}")
