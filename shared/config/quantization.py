@@ -6,8 +6,9 @@ by the engine's config parse: a quantized checkpoint the engine cannot run must 
 
 Supported: FP8 e4m3 weights in square-ish blocks with a float32 `weight_scale_inv` per block (weight = fp8 x scale),
 as DeepSeek-V3 and Qwen3-*-FP8 ship them (`quant_method: fp8`, `weight_block_size: [128, 128]`), activations
-dynamic (the engine runs them unquantized: dequantize-on-the-fly weights, full-precision GEMM). Everything else is
-refused naming the method and its format.
+dynamic; and AWQ int4 (`quant_method: awq`, 4 bits, zero points, AutoAWQ's GEMM packing, any group size). The
+engine runs activations unquantized: dequantize-on-the-fly weights, full-precision GEMM. Everything else (GPTQ,
+compressed-tensors, ...) is refused naming the method and its format.
 """
 
 from __future__ import annotations
@@ -19,17 +20,21 @@ from typing import Any
 # What --quantization accepts (SGLang's flag and spellings): the methods a checkpoint may declare.
 QUANTIZATION_METHODS = ("fp8", "awq", "gptq")
 # What the engine runs today, as the refusal lists it.
-SUPPORTED_QUANTIZATION = "fp8 (block-wise e4m3 with weight_scale_inv, as DeepSeek-V3 and Qwen3-FP8 ship)"
+SUPPORTED_QUANTIZATION = (
+    "fp8 (block-wise e4m3 with weight_scale_inv, as DeepSeek-V3 and Qwen3-FP8 ship), awq (4-bit, zero point, gemm)"
+)
 
 
 @dataclass(frozen=True)
 class QuantSpec:
-    """How a checkpoint's linear weights are stored: fp8 e4m3 in blocks of `weight_block` (rows, columns), each block
-    with one float32 scale named `<weight>_scale_inv` (the dequantized weight is fp8 value x scale)."""
+    """How a checkpoint's linear weights are stored. fp8: e4m3 in blocks of `weight_block` (rows, columns), each block
+    with one float32 scale named `<weight>_scale_inv` (the dequantized weight is fp8 value x scale). awq: 4-bit
+    qweight / qzeros / scales per `group_size` input columns (kernels/int4_weight.py)."""
 
     method: str
-    weight_block: tuple[int, int]
+    weight_block: tuple[int, int] = (128, 128)
     scale_suffix: str = "weight_scale_inv"
+    group_size: int = 0
 
 
 def _describe_compressed_tensors(q: Mapping[str, Any]) -> str:
@@ -58,6 +63,8 @@ def parse_quantization(cfg: Mapping[str, Any], source: str = "config.json") -> Q
     method = str(q.get("quant_method") or q.get("quantization_method") or "unknown").lower()
     if method == "compressed-tensors":
         raise _refuse(source, repr(_describe_compressed_tensors(q)))
+    if method == "awq":
+        return _parse_awq(q, source)
     if method != "fp8":
         bits = f" ({q['bits']}-bit)" if "bits" in q else ""
         raise _refuse(source, f"{method!r}{bits}")
@@ -72,6 +79,19 @@ def parse_quantization(cfg: Mapping[str, Any], source: str = "config.json") -> Q
     if len(block) != 2 or not all(isinstance(b, int) and b > 0 for b in block):
         raise ValueError(f"{source}: quantization_config.weight_block_size must be two positive ints, got {block!r}")
     return QuantSpec(method="fp8", weight_block=(int(block[0]), int(block[1])))
+
+
+def _parse_awq(q: Mapping[str, Any], source: str) -> QuantSpec:
+    bits, group, version = q.get("bits", q.get("w_bit")), q.get("group_size", q.get("q_group_size")), q.get("version")
+    if bits != 4:
+        raise _refuse(source, f"'awq' ({bits}-bit)")
+    if str(version or "gemm").lower() != "gemm":
+        raise _refuse(source, f"'awq' version {version!r}")
+    if not q.get("zero_point", True):
+        raise _refuse(source, "'awq' without zero points")
+    if not isinstance(group, int) or group <= 0:
+        raise ValueError(f"{source}: quantization_config.group_size must be a positive int, got {group!r}")
+    return QuantSpec(method="awq", group_size=group)
 
 
 def check_requested(requested: str | None, spec: QuantSpec | None, model: str) -> str | None:

@@ -25,9 +25,9 @@ from shared.engine.models.llama import DecoderLayer
 from shared.engine.models.llava import LlavaWeights, canonical_name, load_llava_config
 from shared.engine.types import SchedulerOutput
 from shared.engine.weights import checkpoint_files, load_weights
+from shared.kernels.dequant_linear import DequantLinear
 from shared.kernels.dispatch import select_attention_backend
 from shared.kernels.elementwise import elementwise_ops
-from shared.kernels.fp8_linear import Fp8Linear
 from shared.kernels.linear import select_linear_backend
 from shared.modelspec.kv_layout import KVLayout
 
@@ -116,8 +116,8 @@ class ModelRunner:
         self.model.eval()
         self.model.to_device(self.device)
         self.linear = select_linear_backend(linear_backend, self.device, self.dtype)
-        # fp8 projections dequantized per call, the lm_head on the backend chosen
-        self.linear = Fp8Linear(self.linear) if self.quant is not None else self.linear
+        # quantized projections dequantized per call, the lm_head on the backend chosen
+        self.linear = DequantLinear(self.linear) if self.quant is not None else self.linear
         self.model.use_linear(self.linear)
 
         self.layout = KVLayout(

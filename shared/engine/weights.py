@@ -120,6 +120,8 @@ def _load_piece(path: Path, names: list[str], rules: _Rules) -> _Found:
                 target = target[slot.start : slot.end]
             want = target.shape[1:] if slot.broadcast else target.shape
             tensor = f.get_tensor(raw)  # memory-mapped: only this tensor's pages are read
+            if slot.transpose:
+                tensor = tensor.t()
             if slot.row_block and tensor.dim() == 2 and tensor.shape[0] == -(-want[0] // slot.row_block):
                 tensor = tensor.repeat_interleave(slot.row_block, 0)[: want[0]]  # block scales -> one row per row
             if tuple(tensor.shape) != tuple(want):

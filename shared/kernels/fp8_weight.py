@@ -1,5 +1,5 @@
 """FP8 block-wise weights (e4m3, one float32 scale per block, as DeepSeek-V3 and Qwen3-*-FP8 ship them); the
-linear backend that runs them is fp8_linear.Fp8Linear.
+linear backend that runs them is dequant_linear.DequantLinear.
 
 The weight stays one byte per element in memory; each call widens it to the activations' dtype, multiplies each
 block by its scale and runs the ordinary GEMM. That is the reference a faster kernel (an fp8 GEMM on GPU,

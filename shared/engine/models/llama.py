@@ -16,7 +16,6 @@ The fused parameters are filled from the checkpoint's separate tensors by `hf_we
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 import torch
@@ -27,31 +26,16 @@ from shared.config.quantization import QuantSpec
 from shared.engine.forward_batch import ForwardBatch
 from shared.engine.kv_pool import KVPool
 from shared.engine.models.config import ModelArchConfig
+from shared.engine.models.quant_params import PROJECTIONS, add_params, packed, quant_slots, weight_dtype
+from shared.engine.models.slots import WeightSlot
 from shared.kernels.dispatch import AttentionBackend, AttentionMetadata, NativeAttentionBackend
 from shared.kernels.elementwise import TORCH_OPS, ElementwiseOps
-from shared.kernels.fp8_weight import Fp8BlockWeight, quantize_fp8_rows
+from shared.kernels.fp8_weight import quantize_fp8_rows
 from shared.kernels.linear import LinearBackend, NativeLinear, NativePacked, PackedWeight, TorchLinear
 from shared.kernels.rotary import RotaryCache
 
 if TYPE_CHECKING:
     from shared.kernels.native.decode_layers import NativeDecodeLayers
-
-
-@dataclass(frozen=True)
-class WeightSlot:
-    """Where one checkpoint tensor goes: rows [start, end) of our parameter `param` (all rows if start is None).
-    broadcast: the tensor fills every row of the slice (Qwen3's q_norm/k_norm [D] -> [heads, D]).
-    row_block: the tensor has one row per `row_block` rows of the slice (fp8 block scales), repeated at load."""
-
-    param: str
-    start: int | None = None
-    end: int | None = None
-    broadcast: bool = False
-    row_block: int = 0
-
-
-# the fused projections, by their key in DecoderLayer.packed (each parameter is named <key>_weight)
-_PROJECTIONS = ("qkv", "o", "gate_up", "down")
 
 
 def _param(*shape: int, dtype: torch.dtype) -> nn.Parameter:
@@ -71,7 +55,7 @@ class DecoderLayer(nn.Module):
         super().__init__()
         self.layer_id = layer_id
         self.quant = quant
-        wdtype = torch.float8_e4m3fn if quant is not None else dtype  # the projections' weights as the checkpoint's
+        wdtype = weight_dtype(quant, dtype)  # the projections' weights as the checkpoint's (quant_params.py)
         self.ops = ops
         h, kvh, d = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
         self.num_heads, self.num_kv_heads, self.head_dim = h, kvh, d
@@ -88,11 +72,8 @@ class DecoderLayer(nn.Module):
         self.post_norm = _param(cfg.hidden_size, dtype=dtype)
         self.gate_up_weight = _param(2 * cfg.intermediate_size, cfg.hidden_size, dtype=wdtype)
         self.down_weight = _param(cfg.hidden_size, cfg.intermediate_size, dtype=wdtype)
-        if quant is not None:  # fp8 blocks: a float32 scale per row and block of columns (kernels/fp8_weight.py)
-            for key in _PROJECTIONS:
-                w = getattr(self, f"{key}_weight")
-                cols = -(-w.shape[1] // quant.weight_block[1])
-                self.register_parameter(f"{key}_weight_scale", _param(w.shape[0], cols, dtype=torch.float32))
+        if quant is not None:  # fp8 block scales, or AWQ's int4 tensors (quant_params.py)
+            add_params(self, quant)
         self.linear: LinearBackend = TorchLinear()
         self.exact: LinearBackend = TorchLinear()  # the down projection's (see use_linear)
         # What self.linear.apply takes for qkv, o and gate_up (self.exact.apply for down): the parameters themselves
@@ -117,12 +98,8 @@ class DecoderLayer(nn.Module):
         """
         self.linear = backend
         self.exact = backend.exact()
-        if self.quant is not None:  # fp8 weights stay 1 byte, as loaded; the backend dequantizes them per call
-            bk = self.quant.weight_block[1]
-            self.packed = {
-                k: Fp8BlockWeight(getattr(self, f"{k}_weight"), getattr(self, f"{k}_weight_scale"), bk)
-                for k in _PROJECTIONS
-            }
+        if self.quant is not None:  # fp8 / int4 weights stay as loaded; the backend dequantizes them per call
+            self.packed = packed(self, self.quant)
             return
         self.packed = {
             "qkv": backend.pack(self.qkv_weight),
@@ -137,7 +114,7 @@ class DecoderLayer(nn.Module):
     def quantize_fp8(self, quant: QuantSpec) -> None:
         """--quantization fp8 over an unquantized checkpoint: each loaded projection to fp8 blocks (before
         use_linear). The fused q/k/v and gate/up weights are quantized whole, in blocks of their own rows."""
-        for key in _PROJECTIONS:
+        for key in PROJECTIONS:
             fp8 = quantize_fp8_rows(getattr(self, f"{key}_weight").data, quant.weight_block)
             setattr(self, f"{key}_weight", nn.Parameter(fp8.weight, requires_grad=False))
             self.register_parameter(f"{key}_weight_scale", nn.Parameter(fp8.scale, requires_grad=False))
@@ -183,18 +160,8 @@ class DecoderLayer(nn.Module):
             h = self.num_heads
             m[pre + "self_attn.q_norm.weight"] = WeightSlot(me + "qk_norm", 0, h, broadcast=True)
             m[pre + "self_attn.k_norm.weight"] = WeightSlot(me + "qk_norm", h, h + self.num_kv_heads, broadcast=True)
-        if self.quant is not None:  # each projection's block scales go to the same rows of its scale parameter
-            rows, suffix = self.quant.weight_block[0], self.quant.scale_suffix
-            projections = tuple(f"{me}{k}_weight" for k in _PROJECTIONS)
-            m.update(
-                {
-                    name.removesuffix("weight") + suffix: WeightSlot(
-                        slot.param + "_scale", slot.start, slot.end, row_block=rows
-                    )
-                    for name, slot in m.items()
-                    if slot.param in projections
-                }
-            )
+        if self.quant is not None:  # each projection's quantized tensors go to the same rows of theirs
+            m = quant_slots(m, me, self.quant)
         return m
 
     def forward(

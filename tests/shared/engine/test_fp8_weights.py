@@ -82,7 +82,7 @@ def test_projections_stay_one_byte_in_memory(fp8_pair) -> None:
     assert isinstance(packed, Fp8BlockWeight) and packed.weight.dtype == torch.float8_e4m3fn
     assert packed.weight.element_size() == 1 and packed.shape == (256 + 2 * 128, 256)
     assert layer.gate_up_weight.dtype == torch.float8_e4m3fn and layer.down_weight.shape == (256, 544)
-    assert runner.linear.name == "fp8"
+    assert runner.linear.name == "dequant"
 
 
 def _hf_logits(hf, tokens: list[int]) -> torch.Tensor:
