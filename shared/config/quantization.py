@@ -6,9 +6,10 @@ by the engine's config parse: a quantized checkpoint the engine cannot run must 
 
 Supported: FP8 e4m3 weights in square-ish blocks with a float32 `weight_scale_inv` per block (weight = fp8 x scale),
 as DeepSeek-V3 and Qwen3-*-FP8 ship them (`quant_method: fp8`, `weight_block_size: [128, 128]`), activations
-dynamic; and AWQ int4 (`quant_method: awq`, 4 bits, zero points, AutoAWQ's GEMM packing, any group size). The
-engine runs activations unquantized: dequantize-on-the-fly weights, full-precision GEMM. Everything else (GPTQ,
-compressed-tensors, ...) is refused naming the method and its format.
+dynamic; AWQ int4 (`quant_method: awq`, 4 bits, zero points, AutoAWQ's GEMM packing, any group size) and GPTQ int4
+(`quant_method: gptq`, 4 bits, grouped, without act-order; v1 and v2 zero points). The engine runs activations
+unquantized: dequantize-on-the-fly weights, full-precision GEMM. Everything else (compressed-tensors, bitsandbytes,
+...) is refused naming the method and its format.
 """
 
 from __future__ import annotations
@@ -21,7 +22,8 @@ from typing import Any
 QUANTIZATION_METHODS = ("fp8", "awq", "gptq")
 # What the engine runs today, as the refusal lists it.
 SUPPORTED_QUANTIZATION = (
-    "fp8 (block-wise e4m3 with weight_scale_inv, as DeepSeek-V3 and Qwen3-FP8 ship), awq (4-bit, zero point, gemm)"
+    "fp8 (block-wise e4m3 with weight_scale_inv, as DeepSeek-V3 and Qwen3-FP8 ship), awq (4-bit, zero point, gemm), "
+    "gptq (4-bit, grouped, no act-order)"
 )
 
 
@@ -35,6 +37,7 @@ class QuantSpec:
     weight_block: tuple[int, int] = (128, 128)
     scale_suffix: str = "weight_scale_inv"
     group_size: int = 0
+    zero_offset: int = 0  # gptq: added to the stored zero points (1 in GPTQ's v1 format, which stores zero - 1)
 
 
 def _describe_compressed_tensors(q: Mapping[str, Any]) -> str:
@@ -65,6 +68,8 @@ def parse_quantization(cfg: Mapping[str, Any], source: str = "config.json") -> Q
         raise _refuse(source, repr(_describe_compressed_tensors(q)))
     if method == "awq":
         return _parse_awq(q, source)
+    if method == "gptq":
+        return _parse_gptq(q, source)
     if method != "fp8":
         bits = f" ({q['bits']}-bit)" if "bits" in q else ""
         raise _refuse(source, f"{method!r}{bits}")
@@ -92,6 +97,19 @@ def _parse_awq(q: Mapping[str, Any], source: str) -> QuantSpec:
     if not isinstance(group, int) or group <= 0:
         raise ValueError(f"{source}: quantization_config.group_size must be a positive int, got {group!r}")
     return QuantSpec(method="awq", group_size=group)
+
+
+def _parse_gptq(q: Mapping[str, Any], source: str) -> QuantSpec:
+    bits, group, fmt = q.get("bits"), q.get("group_size"), str(q.get("checkpoint_format") or "gptq")
+    if bits != 4:
+        raise _refuse(source, f"'gptq' ({bits}-bit)")
+    if q.get("desc_act"):
+        raise _refuse(source, "'gptq' with desc_act (act-order)")
+    if fmt not in ("gptq", "gptq_v2"):
+        raise _refuse(source, f"'gptq' checkpoint_format {fmt!r}")
+    if not isinstance(group, int) or group <= 0:
+        raise _refuse(source, f"'gptq' with group_size {group!r}")
+    return QuantSpec(method="gptq", group_size=group, zero_offset=1 if fmt == "gptq" else 0)
 
 
 def check_requested(requested: str | None, spec: QuantSpec | None, model: str) -> str | None:

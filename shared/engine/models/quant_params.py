@@ -3,8 +3,9 @@ down), by quantization method (shared.config.quantization.QuantSpec):
 
   fp8: <key>_weight in float8_e4m3fn plus <key>_weight_scale [rows, ceil(in / 128)] float32, the checkpoint's
        `weight_scale_inv` blocks repeated per row (kernels/fp8_weight.py);
-  awq: <key>_qweight / <key>_qzeros / <key>_scales, the checkpoint's `qweight` / `qzeros` / `scales` transposed to
-       rows of output columns (kernels/int4_weight.py); <key>_weight holds nothing.
+  awq, gptq: <key>_qweight / <key>_qzeros / <key>_scales, the checkpoint's `qweight` / `qzeros` / `scales`
+       transposed to rows of output columns (kernels/int4_weight.py), and GPTQ's `g_idx` (i // group without
+       act-order: kept, not read); <key>_weight holds nothing.
 """
 
 from __future__ import annotations
@@ -40,12 +41,16 @@ def add_params(layer: nn.Module, quant: QuantSpec) -> None:
             layer.register_parameter(f"{key}_weight_scale", _param(out, cols, dtype=torch.float32))
             continue
         groups = inner // quant.group_size
-        if out % 8 or inner % quant.group_size:
+        if out % 8 or inner % 8 or inner % quant.group_size:
             raise ValueError(
                 f"awq: a {out} x {inner} projection is not whole int32s of 8 output columns by groups of "
                 f"{quant.group_size} inputs"
             )
-        layer.register_parameter(f"{key}_qweight", _param(out // 8, inner, dtype=torch.int32))
+        gptq = quant.method == "gptq"
+        qshape = (out, inner // 8) if gptq else (out // 8, inner)
+        layer.register_parameter(f"{key}_qweight", _param(*qshape, dtype=torch.int32))
+        if gptq:
+            layer.register_parameter(f"{key}_g_idx", _param(inner, dtype=torch.int32))
         layer.register_parameter(f"{key}_qzeros", _param(out // 8, groups, dtype=torch.int32))
         layer.register_parameter(f"{key}_scales", _param(out, groups, dtype=torch.float16))
         w.data = w.data.new_empty(0)  # the int4 tensors are the weight
@@ -66,7 +71,11 @@ def quant_slots(m: dict[str, WeightSlot], me: str, quant: QuantSpec) -> dict[str
         if (s.start or 0) % 8 or (s.end or 0) % 8:
             raise ValueError(f"awq: {name} starts or ends inside an int32 of 8 output columns of {key}")
         r0, r1 = (None, None) if s.start is None else (s.start // 8, (s.end or 0) // 8)  # 8 columns per int32
-        out[base + "qweight"] = WeightSlot(f"{me}{key}_qweight", r0, r1, transpose=True)
+        gptq = quant.method == "gptq"
+        q0, q1 = (s.start, s.end) if gptq else (r0, r1)  # GPTQ packs inputs, AWQ outputs
+        out[base + "qweight"] = WeightSlot(f"{me}{key}_qweight", q0, q1, transpose=True)
+        if gptq:
+            out[base + "g_idx"] = WeightSlot(f"{me}{key}_g_idx")
         out[base + "qzeros"] = WeightSlot(f"{me}{key}_qzeros", r0, r1, transpose=True)
         out[base + "scales"] = WeightSlot(f"{me}{key}_scales", s.start, s.end, transpose=True)
     return out
@@ -86,6 +95,8 @@ def packed(layer: nn.Module, quant: QuantSpec) -> dict[str, PackedWeight]:
             getattr(layer, f"{k}_qzeros"),
             getattr(layer, f"{k}_scales"),
             quant.group_size,
+            quant.method,
+            quant.zero_offset,
         )
         for k in PROJECTIONS
     }

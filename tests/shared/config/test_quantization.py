@@ -16,6 +16,7 @@ from shared.config.quantization import QuantSpec, parse_quantization
 FP8_BLOCK = {"quant_method": "fp8", "fmt": "e4m3", "activation_scheme": "dynamic", "weight_block_size": [128, 128]}
 AWQ = {"quant_method": "awq", "bits": 4, "group_size": 128, "zero_point": True, "version": "gemm"}
 GPTQ = {"quant_method": "gptq", "bits": 4, "group_size": 128, "sym": True, "desc_act": False}
+BNB = {"quant_method": "bitsandbytes", "bits": 4, "load_in_4bit": True}
 CT_FP8 = {
     "quant_method": "compressed-tensors",
     "format": "float-quantized",
@@ -42,6 +43,9 @@ def test_fp8_block_parses_and_plain_checkpoints_have_none() -> None:
     assert parse_quantization(_llama(FP8_BLOCK)) == QuantSpec("fp8", (128, 128))
     assert parse_quantization(_llama(None)) is None
     assert parse_quantization(_llama(AWQ)) == QuantSpec("awq", group_size=128)
+    assert parse_quantization(_llama(GPTQ)) == QuantSpec("gptq", group_size=128, zero_offset=1)
+    v2 = parse_quantization(_llama(GPTQ | {"checkpoint_format": "gptq_v2"}))
+    assert v2 is not None and v2.zero_offset == 0
 
 
 @pytest.mark.parametrize(
@@ -49,7 +53,8 @@ def test_fp8_block_parses_and_plain_checkpoints_have_none() -> None:
     [
         (AWQ | {"bits": 3}, "quantization 'awq' (3-bit) is not supported"),
         (AWQ | {"version": "gemv"}, "quantization 'awq' version 'gemv' is not supported"),
-        ({"quant_method": "gptq", "bits": 4, "group_size": 128}, "quantization 'gptq' (4-bit) is not supported"),
+        (GPTQ | {"desc_act": True}, "quantization 'gptq' with desc_act (act-order) is not supported"),
+        (GPTQ | {"bits": 8}, "quantization 'gptq' (8-bit) is not supported"),
         ({"quant_method": "bitsandbytes", "load_in_4bit": True}, "quantization 'bitsandbytes' is not supported"),
         (CT_FP8, "quantization 'compressed-tensors (float 8-bit, channel)' is not supported"),
         ({"quant_method": "fp8", "activation_scheme": "dynamic"}, "'fp8' per-tensor (no weight_block_size)"),
@@ -63,7 +68,7 @@ def test_unsupported_methods_are_refused_by_name_with_what_is_supported(quant: d
         parse_model_config(_llama(quant), source="m/config.json")
     msg = str(e.value)
     assert msg.startswith("m/config.json: ") and named in msg and "\n" not in msg
-    assert "supported: fp8 (block-wise e4m3" in msg and "awq (4-bit, zero point, gemm)" in msg
+    assert "supported: fp8 (block-wise e4m3" in msg and "awq (4-bit, zero point, gemm)" in msg and "gptq (" in msg
 
 
 def _model_dir(tmp_path: Path, quant: dict | None) -> Path:
@@ -74,9 +79,11 @@ def _model_dir(tmp_path: Path, quant: dict | None) -> Path:
 
 
 def test_the_resolution_refuses_an_unsupported_checkpoint_at_start(tmp_path: Path, ctx) -> None:
-    d = _model_dir(tmp_path, GPTQ)
+    d = _model_dir(tmp_path, BNB)
     for role in ("worker", "prefill", "decode"):
-        with pytest.raises(ConfigError, match=r"quantization 'gptq' \(4-bit\) is not supported; supported: fp8"):
+        with pytest.raises(
+            ConfigError, match=r"quantization 'bitsandbytes' \(4-bit\) is not supported; supported: fp8"
+        ):
             resolve(role, ["--model", str(d)], env={}, ctx=ctx)
 
 
@@ -118,7 +125,7 @@ def test_fp8_kv_cache_takes_the_torch_attention(ctx, make_ctx) -> None:
     ids=["service", "up"],
 )
 def test_a_start_refuses_in_one_line(tmp_path: Path, argv: list[str]) -> None:
-    d = _model_dir(tmp_path, GPTQ)
+    d = _model_dir(tmp_path, BNB)
     p = subprocess.run(
         [sys.executable, "-m", "services.cli", *argv, "--model", str(d)],
         capture_output=True,
@@ -130,4 +137,4 @@ def test_a_start_refuses_in_one_line(tmp_path: Path, argv: list[str]) -> None:
     lines = [ln for ln in p.stderr.splitlines() if ln.strip()]
     assert p.returncode == 2, p.stderr
     assert "Traceback" not in p.stderr and len(lines) == 1, p.stderr
-    assert "quantization 'gptq' (4-bit) is not supported; supported: fp8" in lines[0]
+    assert "quantization 'bitsandbytes' (4-bit) is not supported; supported: fp8" in lines[0]
