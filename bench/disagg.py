@@ -55,6 +55,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--reps", type=int, default=3, help="measured rounds per length (each mode once per round)")
     p.add_argument("--threads", type=int, default=1, help="torch threads of each service")
     p.add_argument("--page-size", type=int, default=16, help="--page-size of every service")
+    p.add_argument(
+        "--kv-cache-dtype",
+        default="float32",
+        choices=("float32", "bfloat16", "fp8_e4m3"),
+        help="--kv-cache-dtype of every service (fp8_e4m3: half the bytes of bfloat16 per hand-off)",
+    )
     p.add_argument("--seed", type=int, default=0, help="seed of the random prompts")
     p.add_argument("--quick", action="store_true", help="smoke run: prompts of 64 and 256 tokens, 2 rounds")
     p.add_argument("--json-out", default=None, help="also write the results as JSON to this file")
@@ -231,6 +237,7 @@ def _target(rows: list[dict[str, Any]], quick: bool) -> dict[str, Any] | None:
 def run(ns: argparse.Namespace) -> int:
     from shared.engine.models import load_model_config
     from shared.modelspec.bundled import resolve_model_path
+    from shared.modelspec.kv_layout import KVLayout
 
     try:
         backends, lengths, reps = _workload(ns)
@@ -246,9 +253,11 @@ def run(ns: argparse.Namespace) -> int:
             file=sys.stderr,
         )
         return 2
-    page_bytes = arch.num_layers * 2 * ns.page_size * arch.num_kv_heads * arch.head_dim * 4  # fp32 KV on CPU
+    kv = KVLayout(ns.kv_cache_dtype, ns.page_size, arch.num_layers, arch.num_kv_heads, arch.head_dim)
+    page_bytes = kv.page_bytes
     pages = str(2 * (-(-max(lengths) // ns.page_size)) + 8)  # the longest prompt twice over: never short of pages
     common = ["--model", model, "--threads", str(ns.threads), "--num-pages", pages, "--page-size", str(ns.page_size)]
+    common += ["--kv-cache-dtype", ns.kv_cache_dtype]
     raw, load = _run_services(common, backends, lengths, reps, arch.vocab_size, ns.seed)
     rows = _summarize(raw, backends, lengths, page_bytes, ns.page_size)
     _engine_reference(rows, page_bytes)

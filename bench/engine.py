@@ -214,6 +214,19 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         help="the engine's dense projections (auto: prepacked oneDNN for float32 on CPU); HF always "
         "runs torch's F.linear",
     )
+    p.add_argument(
+        "--quantization",
+        default=None,
+        choices=("fp8",),
+        help="the engine's projections as fp8 blocks, dequantized per call (an unquantized checkpoint is quantized "
+        "at load); HF runs the unquantized weights",
+    )
+    p.add_argument(
+        "--kv-cache-dtype",
+        default=None,
+        choices=("float32", "bfloat16", "fp8_e4m3"),
+        help="the engine's KV pages (default: --dtype); another dtype runs the torch attention ops",
+    )
     p.add_argument("--page-size", type=int, default=16)
     p.add_argument("--kv-budget-mb", type=int, default=1024, help="KV pool size in MiB")
     p.add_argument("--chunked-prefill-size", type=int, default=512)
@@ -325,6 +338,8 @@ def _load_sides(
     runner = ModelRunner(
         model_dir,
         dtype=ns.dtype,
+        kv_cache_dtype=ns.kv_cache_dtype,
+        quantization=ns.quantization,
         page_size=ns.page_size,
         kv_budget_bytes=ns.kv_budget_mb << 20,
         attention_backend=ns.attention_backend,

@@ -17,11 +17,17 @@ from typing import Any
 
 # A safetensors header is at most this large (the format's own limit is 100 MB).
 _MAX_HEADER = 100 << 20
+# Tensors the engine holds in --dtype; every other dtype (F8_E4M3 weights, packed I32 int4, ...) is held as stored.
+_FLOAT_DTYPES = ("F64", "F32", "F16", "BF16")
+_STORED_BYTES = {"F8_E4M3": 1, "F8_E5M2": 1, "I8": 1, "U8": 1, "BOOL": 1, "I16": 2, "I32": 4, "U32": 4, "I64": 8}
 
 
 @dataclass(frozen=True)
 class ModelShape:
-    """A decoder checkpoint's numbers: parameter count from its headers, the rest from config.json."""
+    """A decoder checkpoint's numbers: parameter count from its headers, the rest from config.json.
+
+    num_params counts the floating-point tensors (held in --dtype); stored_bytes are the bytes of the others, held as
+    the checkpoint stores them (quantized weights: fp8 at 1 byte, AWQ/GPTQ int4 packed in int32s)."""
 
     name: str
     num_params: int
@@ -33,10 +39,11 @@ class ModelShape:
     head_dim: int
     vocab_size: int
     max_position_embeddings: int
+    stored_bytes: int = 0
 
     def weights_bytes(self, dtype_bytes: int, tp_size: int = 1) -> int:
         """Bytes of the weights one rank holds when served in a dtype of `dtype_bytes` (split evenly over TP)."""
-        return -(-self.num_params * dtype_bytes // tp_size)
+        return -(-(self.num_params * dtype_bytes + self.stored_bytes) // tp_size)
 
     def kv_heads_per_rank(self, tp_size: int) -> int:
         """KV heads one TP rank holds (heads are replicated when there are fewer than ranks)."""
@@ -55,6 +62,23 @@ def checkpoint_files(model_dir: Path) -> list[Path]:
 
 def header_params(path: Path) -> int:
     """Elements of every tensor a safetensors file holds, read from its header alone."""
+    return sum(math.prod(t["shape"]) for t in _header(path).values())
+
+
+def header_sizes(path: Path) -> tuple[int, int]:
+    """(elements of the floating-point tensors, bytes of the others) of a safetensors file, from its header."""
+    floats = stored = 0
+    for t in _header(path).values():
+        n = math.prod(t["shape"])
+        if t.get("dtype") in _FLOAT_DTYPES:
+            floats += n
+        else:
+            stored += n * _STORED_BYTES.get(t.get("dtype"), 4)
+    return floats, stored
+
+
+def _header(path: Path) -> dict[str, Any]:
+    """The tensor entries of a safetensors file's JSON header."""
     with open(path, "rb") as f:
         raw = f.read(8)
         if len(raw) != 8:
@@ -63,7 +87,7 @@ def header_params(path: Path) -> int:
         if size > _MAX_HEADER:
             raise ValueError(f"{path} is not a safetensors file (header length {size})")
         header: dict[str, Any] = json.loads(f.read(size))
-    return sum(math.prod(t["shape"]) for name, t in header.items() if name != "__metadata__")
+    return {name: t for name, t in header.items() if name != "__metadata__"}
 
 
 def _text_config(cfg: dict[str, Any]) -> dict[str, Any]:
@@ -84,9 +108,11 @@ def read_model_shape(model_dir: str | Path) -> ModelShape:
         what = f"lists shards that are missing: {', '.join(missing)}" if missing else "has no *.safetensors weights"
         raise ValueError(f"{d} {what}; the memory plan reads the tensor sizes from the safetensors headers")
     hidden, heads = int(cfg["hidden_size"]), int(cfg["num_attention_heads"])
+    sizes = [header_sizes(f) for f in files]
     return ModelShape(
         name=d.name,
-        num_params=sum(header_params(f) for f in files),
+        num_params=sum(n for n, _ in sizes),
+        stored_bytes=sum(b for _, b in sizes),
         num_layers=int(cfg["num_hidden_layers"]),
         hidden_size=hidden,
         intermediate_size=int(cfg["intermediate_size"]),

@@ -13,12 +13,31 @@ import enum
 
 
 class Dtype(enum.StrEnum):
-    """Weights and activations (--dtype) and the KV cache (--kv-cache-dtype); AUTO: chosen by device."""
+    """Weights and activations (--dtype); AUTO: chosen by device."""
 
     AUTO = "auto"
     FLOAT32 = "float32"
     BFLOAT16 = "bfloat16"
     FLOAT16 = "float16"
+
+
+class KVCacheDtype(enum.StrEnum):
+    """The KV cache (--kv-cache-dtype): the model's dtypes, or fp8 e4m3 pages (half of bf16's bytes; kv_pool.py);
+    AUTO: the model dtype."""
+
+    AUTO = "auto"
+    FLOAT32 = "float32"
+    BFLOAT16 = "bfloat16"
+    FLOAT16 = "float16"
+    FP8_E4M3 = "fp8_e4m3"
+
+
+class Quantization(enum.StrEnum):
+    """Weight quantization (--quantization, SGLang's values); unset: what the checkpoint's config.json declares."""
+
+    FP8 = "fp8"
+    AWQ = "awq"
+    GPTQ = "gptq"
 
 
 class EngineKind(enum.StrEnum):

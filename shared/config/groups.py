@@ -16,8 +16,10 @@ from shared.config.choices import (
     EngineKind,
     Fault,
     GrammarBackendKind,
+    KVCacheDtype,
     LinearBackend,
     LogLevel,
+    Quantization,
     ReasoningParser,
     RoutingPolicy,
     SamplingBackend,
@@ -82,6 +84,13 @@ class ModelConfig:
             "Weight and activation dtype ('auto': bfloat16 on GPU and on CPUs with avx512_bf16, else float32)",
         ),
     ] = Dtype.AUTO
+    quantization: A[
+        Quantization | None,
+        Arg(
+            "Weight quantization the checkpoint must carry (default: whatever its config.json declares; a method the "
+            "engine cannot run is refused at start)"
+        ),
+    ] = None
     context_length: A[int | None, Arg("Maximum tokens per sequence (default: the model's own)", min=16)] = None
     model_cache_dir: A[str | None, Arg("Where prepared models live (default: $XDG_CACHE_HOME/pdrelay/models)")] = None
     trust_remote_code: A[bool, Arg("Allow model code from the model directory (never needed for Llama/Qwen2)")] = False
@@ -142,7 +151,12 @@ class CacheConfig:
     kv_cache_memory_bytes: A[
         int, Arg("KV pool budget in bytes (0: what the memory plan leaves after weights and activations)", min=0)
     ] = 0
-    kv_cache_dtype: A[Dtype, Arg("KV cache dtype ('auto': the model dtype)")] = Dtype.AUTO
+    kv_cache_dtype: A[
+        KVCacheDtype,
+        Arg(
+            "KV cache dtype ('auto': the model dtype; fp8_e4m3: 1-byte pages, scale 1.0 or the checkpoint's k/v_scale)"
+        ),
+    ] = KVCacheDtype.AUTO
     disable_radix_cache: A[bool, Arg("Turn off prefix sharing between requests")] = False
 
 

@@ -10,13 +10,14 @@ from __future__ import annotations
 
 import os
 
-from shared.config.choices import AttentionBackend, Dtype, LinearBackend
+from shared.config.choices import AttentionBackend, Dtype, KVCacheDtype, LinearBackend
 from shared.config.context import Pass, PassContext
 from shared.config.cpu_features import cpu_auto_dtype
 from shared.config.devices import DeviceKind, cuda_name, parse_device, process_gpus
 from shared.config.errors import ConfigError
 from shared.config.groups import BUNDLED_MODEL
 from shared.config.plan_passes import plan_kv_cache_memory
+from shared.config.quant_passes import check_quantization, resolve_kv_attention
 from shared.config.resolved import ResolvedConfig
 from shared.config.roles import Role
 from shared.config.tls_passes import check_ssl_files, check_tls_files
@@ -133,9 +134,10 @@ def resolve_dtype(cfg: ResolvedConfig, ctx: PassContext) -> ResolvedConfig:
 
 def resolve_kv_cache_dtype(cfg: ResolvedConfig, ctx: PassContext) -> ResolvedConfig:
     """kv_cache_dtype is concrete: auto -> the model dtype."""
-    if not cfg.has("cache") or cfg.cache.kv_cache_dtype is not Dtype.AUTO:
+    if not cfg.has("cache") or cfg.cache.kv_cache_dtype is not KVCacheDtype.AUTO:
         return cfg
-    return cfg.derive("cache.kv_cache_dtype", cfg.model.dtype, f"auto: the model dtype ({cfg.model.dtype})")
+    dtype = KVCacheDtype(cfg.model.dtype)
+    return cfg.derive("cache.kv_cache_dtype", dtype, f"auto: the model dtype ({cfg.model.dtype})")
 
 
 def resolve_threads(cfg: ResolvedConfig, ctx: PassContext) -> ResolvedConfig:
@@ -464,11 +466,13 @@ PASSES: tuple[Pass, ...] = (
     resolve_dtype,
     resolve_kv_cache_dtype,
     resolve_threads,
+    resolve_kv_attention,
     resolve_attention_backend,
     resolve_linear_backend,
     resolve_served_model_name,
     check_page_size,
     check_context_length,
+    check_quantization,
     check_kv_pool_sizing,
     check_local_prefill_role,
     check_kvstore_tiers,

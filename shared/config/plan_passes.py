@@ -6,7 +6,7 @@ from __future__ import annotations
 import dataclasses
 
 from shared.config.checkpoint import ModelShape, read_model_shape
-from shared.config.choices import Dtype, EngineKind
+from shared.config.choices import Dtype, EngineKind, KVCacheDtype
 from shared.config.context import PassContext
 from shared.config.devices import DeviceKind, cuda_name, process_gpus
 from shared.config.errors import ConfigError
@@ -19,7 +19,7 @@ _KV_KEY = "cache.kv_cache_memory_bytes"
 
 
 def _dtype_bytes(dtype: str) -> int:
-    return 4 if dtype == Dtype.FLOAT32 else 2
+    return 4 if dtype == Dtype.FLOAT32 else 1 if dtype == KVCacheDtype.FP8_E4M3 else 2
 
 
 def user_kv_bytes(cfg: ResolvedConfig) -> int:

@@ -244,6 +244,8 @@ class Engine:
         runner = ModelRunner(
             path,
             dtype=dtype,
+            kv_cache_dtype=None if cache.kv_cache_dtype == "auto" else str(cache.kv_cache_dtype),
+            quantization=model.quantization,
             device=dev,
             num_pages=cache.num_pages or None,
             kv_budget_bytes=(cache.kv_cache_memory_bytes or None) if not cache.num_pages else None,

@@ -33,6 +33,17 @@ def torch_dtype(name: str) -> torch.dtype:
     return _DTYPES[name]
 
 
+_KV_DTYPES = {**_DTYPES, "fp8_e4m3": torch.float8_e4m3fn}
+FP8_E4M3_MAX = 448.0  # torch.finfo(torch.float8_e4m3fn).max: casting past it gives NaN, so writes clamp first
+
+
+def kv_torch_dtype(name: str) -> torch.dtype:
+    """A KV layout's dtype name -> torch dtype: the model dtypes, or 'fp8_e4m3'."""
+    if name not in _KV_DTYPES:
+        raise ValueError(f"KV cache dtype {name!r} is not supported; use one of: {', '.join(_KV_DTYPES)}")
+    return _KV_DTYPES[name]
+
+
 def num_pages_for_budget(layout: KVLayout, budget_bytes: int) -> int:
     """How many whole pages fit in `budget_bytes`."""
     pages = budget_bytes // layout.page_bytes
@@ -53,7 +64,11 @@ class KVPool:
         self.layout = layout
         self.num_pages = num_pages
         self.device = torch.device(device)
-        self.dtype = torch_dtype(layout.dtype)
+        self.dtype = kv_torch_dtype(layout.dtype)
+        self.quantized = self.dtype == torch.float8_e4m3fn
+        # per-layer dequantization scales of fp8 pages (set_scales); 1.0 for unquantized pools
+        self.k_scales = [1.0] * layout.num_layers
+        self.v_scales = [1.0] * layout.num_layers
         # zeros, not empty: a never-written page must read as finite numbers (masked attention multiplies it by 0,
         # and 0 * NaN would poison the output).
         shape = (num_pages, layout.num_layers, 2, layout.page_size, layout.num_kv_heads, layout.head_dim)
@@ -74,6 +89,20 @@ class KVPool:
         self._v = [self.buffer[:, i, 1] for i in range(layout.num_layers)]
         # Pages known to be backed by memory (populated or written): host pools start unbacked (see prefault()).
         self._resident = bytearray(num_pages) if self.device.type == "cpu" else bytearray(b"\x01" * num_pages)
+
+    def set_scales(self, k_scales: Sequence[float], v_scales: Sequence[float]) -> None:
+        """Per-layer K and V scales of an fp8 pool (a checkpoint's k_scale / v_scale); both ends of a hand-off must
+        use the same ones, as they load the same checkpoint."""
+        n = self.layout.num_layers
+        if len(k_scales) != n or len(v_scales) != n or min(*k_scales, *v_scales) <= 0:
+            raise ValueError(f"KV scales must be {n} positive numbers per K and V")
+        self.k_scales, self.v_scales = [float(x) for x in k_scales], [float(x) for x in v_scales]
+
+    def quantize(self, layer: int, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """fp8 pools: (k / k_scale, v / v_scale) rounded to e4m3 as the pages will hold them, in k's dtype."""
+        k8 = (k / self.k_scales[layer]).clamp(-FP8_E4M3_MAX, FP8_E4M3_MAX).to(self.dtype)
+        v8 = (v / self.v_scales[layer]).clamp(-FP8_E4M3_MAX, FP8_E4M3_MAX).to(self.dtype)
+        return k8.to(k.dtype), v8.to(v.dtype)
 
     @property
     def bytes_per_page(self) -> int:
@@ -115,6 +144,8 @@ class KVPool:
         slots_pages, slots_offsets: [T] int64; k, v: [T, kv_heads, head_dim].
         """
         idx = (slots_pages, slots_offsets)
+        if self.quantized:  # in page units already (quantize); clamped so no value casts to NaN
+            k, v = k.clamp(-FP8_E4M3_MAX, FP8_E4M3_MAX), v.clamp(-FP8_E4M3_MAX, FP8_E4M3_MAX)
         self._k[layer].index_put_(idx, k.to(self.dtype))  # fp32 activations into a bf16 pool: rounded here
         self._v[layer].index_put_(idx, v.to(self.dtype))
 
@@ -180,7 +211,8 @@ class KVPool:
         """Copy whole pages (all layers, K and V): pairs of (src page, dst page)."""
         src = torch.tensor([a for a, _ in pairs], device=self.device)
         dst = torch.tensor([b for _, b in pairs], device=self.device)
-        self.buffer.index_copy_(0, dst, self.buffer.index_select(0, src))
+        buf = self.buffer.view(torch.uint8) if self.quantized else self.buffer  # torch has no fp8 index_copy_
+        buf.index_copy_(0, dst, buf.index_select(0, src))
 
     def page_ptr(self, page_id: int) -> int:
         """Address of page `page_id` (for transfer descriptors)."""

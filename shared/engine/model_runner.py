@@ -15,13 +15,17 @@ from typing import Any
 
 import torch
 
+from shared.config.quantization import QuantSpec, parse_quantization
 from shared.engine.cuda_graph import CudaGraphDecodeRunner, build_decode_graphs
 from shared.engine.forward_batch import ForwardBatch, build_forward_batch
 from shared.engine.kv_pool import KVPool, num_pages_for_budget, torch_dtype
+from shared.engine.kv_scales import read_kv_scales
 from shared.engine.models import LlamaForCausalLM, build_model, load_model_config
+from shared.engine.models.llama import DecoderLayer
 from shared.engine.models.llava import LlavaWeights, canonical_name, load_llava_config
 from shared.engine.types import SchedulerOutput
-from shared.engine.weights import load_weights
+from shared.engine.weights import checkpoint_files, load_weights
+from shared.kernels.dequant_linear import DequantLinear
 from shared.kernels.dispatch import select_attention_backend
 from shared.kernels.elementwise import elementwise_ops
 from shared.kernels.linear import select_linear_backend
@@ -33,6 +37,18 @@ DEFAULT_KV_BUDGET_BYTES = 512 * 1024 * 1024
 
 def _read_json(path: Path) -> dict[str, Any]:
     return json.loads(path.read_text()) if path.is_file() else {}
+
+
+def kv_attention_backend(name: str, kv_dtype: str, dtype: str) -> str:
+    """The attention backend over KV pages of another dtype than the model's (fp8, or bf16 under an fp32 model):
+    torch, whose ops widen what they gather (auto or torch asked for); ValueError for the others, whose kernels (and
+    the native fused decode) read pages of the model's dtype."""
+    if name not in ("auto", "torch"):
+        raise ValueError(
+            f"attention_backend {name!r} reads KV pages of the model's dtype ({dtype}), not {kv_dtype}; "
+            "use --attention-backend torch"
+        )
+    return "torch"
 
 
 class ModelRunner:
@@ -50,6 +66,8 @@ class ModelRunner:
         model_dir: str | Path,
         *,
         dtype: str = "float32",
+        kv_cache_dtype: str | None = None,
+        quantization: str | None = None,
         device: str = "cpu",
         num_pages: int | None = None,
         kv_budget_bytes: int | None = None,
@@ -71,12 +89,16 @@ class ModelRunner:
             self.device = torch.device("cuda", torch.cuda.current_device())
         self.dtype = torch_dtype(dtype)
         self.arch = load_model_config(model_dir)
+        self.quant = parse_quantization(_read_json(model_dir / "config.json"))  # None: unquantized weights
         self.vocab_size = self.arch.vocab_size
         self.context_length = context_length or self.arch.max_position_embeddings
         self.page_size = page_size
         self.max_batch_tokens = max_batch_tokens
         self.eos_token_ids = self._eos_ids(model_dir)
 
+        kv_dtype = kv_cache_dtype or dtype  # None: the model's dtype
+        if kv_dtype != dtype:  # fp8, or bf16 under fp32: the torch ops widen the pages; no (Triton) decode graphs
+            attention_backend, cuda_graph_bs = kv_attention_backend(attention_backend, kv_dtype, dtype), ()
         # The attention backend decides the other kernels too: Triton attention comes with Triton norms/rotary/act.
         self.attn = select_attention_backend(attention_backend, self.device, self.dtype)
         # Built on its device: each checkpoint tensor is copied there as it is read (weights.py), no host copy.
@@ -86,27 +108,21 @@ class ModelRunner:
             max_positions=self.context_length,
             ops=elementwise_ops(self.attn.name),
             device=self.device if self.device.type != "cpu" else None,
+            quant=self.quant,
         )
         self.llava = load_llava_config(model_dir)  # None: a text-only model
-        if self.llava is None:
-            load_weights(self.model, self.model.hf_weight_map(), model_dir, tied_lm_head=self.arch.tie_word_embeddings)
-        else:  # the decoder half of a vision-language checkpoint (the tower runs in a VisionEncoderRunner)
-            text = LlavaWeights(self.model, None)
-            load_weights(
-                text,
-                text.hf_weight_map(),
-                model_dir,
-                rename=canonical_name,
-                skip_prefixes=text.skipped_prefixes(self.arch),
-            )
+        self._load_weights(model_dir)
         self.model.post_load()
+        self._quantize_online(quantization)
         self.model.eval()
         self.model.to_device(self.device)
         self.linear = select_linear_backend(linear_backend, self.device, self.dtype)
+        # quantized projections dequantized per call, the lm_head on the backend chosen
+        self.linear = DequantLinear(self.linear) if self.quant is not None else self.linear
         self.model.use_linear(self.linear)
 
         self.layout = KVLayout(
-            dtype=dtype,
+            dtype=kv_dtype,
             page_size=page_size,
             num_layers=self.arch.num_layers,
             num_kv_heads=self.arch.num_kv_heads,
@@ -120,8 +136,7 @@ class ModelRunner:
         # Decode CUDA graphs (cuda only) pad a batch with rows whose K/V go to one extra page past the num_pages
         # the scheduler hands out.
         want_graphs = self.device.type == "cuda" and bool(cuda_graph_bs) and not self.arch.host_planned_attention
-        self.kv = KVPool(self.layout, num_pages + int(want_graphs), self.device)
-        self.kv.populate_in_background()  # host pools: fault the pool in now, not in the first steps that write it
+        self.kv = self._make_pool(num_pages + int(want_graphs))
         self.graphs: CudaGraphDecodeRunner | None = None
         if want_graphs:
             self.graphs = build_decode_graphs(
@@ -133,6 +148,43 @@ class ModelRunner:
                 page_size=page_size,
                 scratch_page=num_pages,
             )
+
+    def _load_weights(self, model_dir: Path) -> None:
+        if self.llava is None:
+            load_weights(self.model, self.model.hf_weight_map(), model_dir, tied_lm_head=self.arch.tie_word_embeddings)
+            return
+        # the decoder half of a vision-language checkpoint (the tower runs in a VisionEncoderRunner)
+        text = LlavaWeights(self.model, None)
+        load_weights(
+            text, text.hf_weight_map(), model_dir, rename=canonical_name, skip_prefixes=text.skipped_prefixes(self.arch)
+        )
+
+    def _make_pool(self, num_pages: int) -> KVPool:
+        """The KV pool of self.layout, with the checkpoint's k/v scales when its pages are fp8, populating."""
+        kv = KVPool(self.layout, num_pages, self.device)
+        if kv.quantized:
+            scales = read_kv_scales(checkpoint_files(self.model_dir), self.arch.num_layers)
+            if scales is not None:
+                kv.set_scales(*scales)
+        kv.populate_in_background()  # host pools: fault the pool in now, not in the first steps that write it
+        return kv
+
+    def _quantize_online(self, method: str | None) -> None:
+        """--quantization: a checkpoint quantized with it is served as it is; fp8 also quantizes an unquantized one
+        here, after loading (128 x 128 blocks, like the FP8 checkpoints); any other mismatch is refused."""
+        if method is None:
+            return
+        if self.quant is not None:
+            if method != self.quant.method:
+                raise ValueError(f"--quantization {method}: the checkpoint is quantized with {self.quant.method!r}")
+            return
+        if method != "fp8":
+            raise ValueError(f"--quantization {method}: only fp8 quantizes an unquantized checkpoint at load")
+        self.quant = QuantSpec("fp8", (128, 128))
+        for layer in self.model.layers:
+            assert isinstance(layer, DecoderLayer)
+            layer.quantize_fp8(self.quant)
+        self.model.weight_bytes = sum(p.numel() * p.element_size() for p in self.model.parameters())
 
     @functools.cached_property
     def hf_config(self) -> Any:

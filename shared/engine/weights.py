@@ -24,9 +24,11 @@ import torch
 from safetensors import safe_open
 from torch import nn
 
+from shared.engine.kv_scales import KV_SCALE_SUFFIXES
 from shared.engine.models.llama import WeightSlot
 
-IGNORED_SUFFIXES = ("rotary_emb.inv_freq", "rotary_emb.cos_cached", "rotary_emb.sin_cached")
+# fp8 KV scales are read by kv_scales.py, for an fp8 KV pool only
+IGNORED_SUFFIXES = ("rotary_emb.inv_freq", "rotary_emb.cos_cached", "rotary_emb.sin_cached", *KV_SCALE_SUFFIXES)
 # Most threads a load uses: reads of one NVMe and host-to-device copies saturate well before this.
 MAX_LOAD_THREADS = 8
 
@@ -118,6 +120,10 @@ def _load_piece(path: Path, names: list[str], rules: _Rules) -> _Found:
                 target = target[slot.start : slot.end]
             want = target.shape[1:] if slot.broadcast else target.shape
             tensor = f.get_tensor(raw)  # memory-mapped: only this tensor's pages are read
+            if slot.transpose:
+                tensor = tensor.t()
+            if slot.row_block and tensor.dim() == 2 and tensor.shape[0] == -(-want[0] // slot.row_block):
+                tensor = tensor.repeat_interleave(slot.row_block, 0)[: want[0]]  # block scales -> one row per row
             if tuple(tensor.shape) != tuple(want):
                 found.bad_shape.append(f"{name}: checkpoint {tuple(tensor.shape)}, model expects {tuple(want)}")
                 continue

@@ -78,6 +78,8 @@ def paged_decode_attention(
         torch.index_select(v_rows, 0, flat, out=vb)
     else:
         kb, vb = k_rows.index_select(0, flat), v_rows.index_select(0, flat)
+    if kb.dtype != q.dtype:  # fp8 pages (engine/kv_pool.py): widened once gathered, in the pages' own units
+        kb, vb = kb.to(q.dtype), vb.to(q.dtype)
     # [bs, kv_heads, max_len, head_dim]: permuted views of the gathered rows, no copy
     k = kb.view(bs, max_len, kv_heads, head_dim).transpose(1, 2)
     v = vb.view(bs, max_len, kv_heads, head_dim).transpose(1, 2)

@@ -54,8 +54,9 @@ def extend_attention(
         qi, ki, vi = q[t0 : t0 + n], k[t0 : t0 + n], v[t0 : t0 + n]
         if p > 0:
             pages = page_table[rows[i] if rows is not None else i]
-            ki = torch.cat((gather_prefix(k_cache, pages, p), ki))
-            vi = torch.cat((gather_prefix(v_cache, pages, p), vi))
+            # .to: fp8 pages (engine/kv_pool.py) widen to the new tokens' dtype (a no-op otherwise)
+            ki = torch.cat((gather_prefix(k_cache, pages, p).to(ki.dtype), ki))
+            vi = torch.cat((gather_prefix(v_cache, pages, p).to(vi.dtype), vi))
             # new token j (position p + j) sees keys 0..p + j: bottom-right aligned causal mask [n, p + n]
             key_pos = torch.arange(p + n, device=q.device)
             keep = key_pos.unsqueeze(0) <= key_pos[p:].unsqueeze(1)

@@ -32,6 +32,9 @@ from typing import Protocol
 import torch
 import torch.nn.functional as F
 
+from shared.kernels.fp8_weight import Fp8BlockWeight
+from shared.kernels.int4_weight import Int4Weight
+
 LINEAR_BACKENDS = ("auto", "torch", "onednn", "native")
 
 # Steps of up to this many rows take the native kernel. Against oneDNN the whole decode step measured faster at 16
@@ -75,7 +78,7 @@ class NativePacked:
         return self.out_features, int(self.panels.shape[1]) * (1 if self.panels.dtype == torch.float32 else 2)
 
 
-PackedWeight = torch.Tensor | NativePacked
+PackedWeight = torch.Tensor | NativePacked | Fp8BlockWeight | Int4Weight  # the last two: dequant_linear.py's
 
 
 class LinearBackend(Protocol):

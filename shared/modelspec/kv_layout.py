@@ -18,7 +18,7 @@ class KVLayout:
         buffer: [num_pages, num_layers, 2 (K, V), page_size, num_kv_heads, head_dim]
     """
 
-    dtype: str  # "float32" | "bfloat16" | "float16"
+    dtype: str  # "float32" | "bfloat16" | "float16" | "fp8_e4m3" (one byte: float8_e4m3fn pages, see kv_pool.py)
     page_size: int
     num_layers: int
     num_kv_heads: int
@@ -26,7 +26,7 @@ class KVLayout:
 
     @property
     def dtype_bytes(self) -> int:
-        return 4 if self.dtype == "float32" else 2
+        return {"float32": 4, "fp8_e4m3": 1}.get(self.dtype, 2)
 
     @property
     def page_bytes(self) -> int:

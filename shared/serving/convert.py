@@ -11,6 +11,7 @@ _DTYPE_TO_PB = {
     "float32": common_pb2.DTYPE_FLOAT32,
     "bfloat16": common_pb2.DTYPE_BFLOAT16,
     "float16": common_pb2.DTYPE_FLOAT16,
+    "fp8_e4m3": common_pb2.DTYPE_FP8_E4M3,
 }
 _DTYPE_FROM_PB = {v: k for k, v in _DTYPE_TO_PB.items()}
 _FINISH_TO_PB = {

@@ -158,7 +158,7 @@ class EngineService(Service):
         enc = EncoderConfig()  # engine roles have no encoder group: the in-process cache takes its default sizes
         cache = EncoderCache(max_items=enc.encoder_cache_items, max_bytes=enc.encoder_cache_bytes)
         return LocalVision(
-            VisionEncoderRunner(runner.model_dir, dtype=runner.layout.dtype, device=str(runner.device)), cache
+            VisionEncoderRunner(runner.model_dir, dtype=_dtype_name(runner.dtype), device=str(runner.device)), cache
         )
 
     async def warm_up(self) -> None:
@@ -305,3 +305,8 @@ class EngineService(Service):
             await self._kv_pub.close()
         if self.aengine is not None:
             await asyncio.to_thread(self.aengine.shutdown)
+
+
+def _dtype_name(dtype: Any) -> str:
+    """torch.bfloat16 -> 'bfloat16': the model's dtype (the KV layout's may be fp8)."""
+    return str(dtype).removeprefix("torch.")

@@ -47,6 +47,7 @@ class DType(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     DTYPE_FLOAT32: _ClassVar[DType]
     DTYPE_BFLOAT16: _ClassVar[DType]
     DTYPE_FLOAT16: _ClassVar[DType]
+    DTYPE_FP8_E4M3: _ClassVar[DType]
 
 class TransferBackend(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     __slots__ = ()
@@ -88,6 +89,7 @@ DTYPE_UNSPECIFIED: DType
 DTYPE_FLOAT32: DType
 DTYPE_BFLOAT16: DType
 DTYPE_FLOAT16: DType
+DTYPE_FP8_E4M3: DType
 TRANSFER_BACKEND_UNSPECIFIED: TransferBackend
 TRANSFER_BACKEND_NIXL: TransferBackend
 TRANSFER_BACKEND_MOONCAKE: TransferBackend

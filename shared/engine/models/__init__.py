@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import torch
 
+from shared.config.quantization import QuantSpec
 from shared.engine.models.config import (
     GEMMA_TYPES,
     SUPPORTED_ARCHITECTURES,
@@ -32,9 +33,11 @@ def build_model(
     max_positions: int | None = None,
     ops: ElementwiseOps = TORCH_OPS,
     device: torch.device | None = None,
+    quant: QuantSpec | None = None,
 ) -> LlamaForCausalLM:
     """An unloaded model for `cfg` (Gemma's own class; the other families' differences are flags on the config),
-    calling the norm/rotary/activation kernels in `ops`, its parameters allocated on `device` (default: the CPU)."""
+    calling the norm/rotary/activation kernels in `ops`, its parameters allocated on `device` (default: the CPU);
+    `quant`: its projections' weights fp8 or int4 blocks (shared.config.quantization)."""
     assert cfg.architecture in SUPPORTED_ARCHITECTURES, cfg.architecture  # parse_model_config refused the rest
     cls = GemmaForCausalLM if cfg.model_type in GEMMA_TYPES else LlamaForCausalLM
-    return cls(cfg, dtype, max_positions, ops, device)
+    return cls(cfg, dtype, max_positions, ops, device, quant)

@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from shared.config.quantization import parse_quantization
 from shared.kernels.rotary import SUPPORTED_ROPE_TYPES
 
 # architectures[0] in config.json -> model_type. Llama, Qwen2/3, Mistral and Phi-3 share one decoder (llama.py);
@@ -98,11 +99,6 @@ def _architecture(cfg: Mapping[str, Any], source: str) -> tuple[str, str]:
     if cfg.get("auto_map"):
         raise ValueError(
             f"{source}: auto_map is set: the model needs its own remote code, which is never run; {_supported_line()}"
-        )
-    if cfg.get("quantization_config"):
-        method = (cfg["quantization_config"] or {}).get("quant_method", "?")
-        raise ValueError(
-            f"{source}: quantization_config ({method!r}) is not supported: give unquantized fp32/bf16/fp16 weights"
         )
     archs = cfg.get("architectures") or []
     arch = next((a for a in archs if a in SUPPORTED_ARCHITECTURES), None)
@@ -208,6 +204,7 @@ def parse_model_config(cfg: Mapping[str, Any], source: str = "config.json") -> M
 
     A LLaVA checkpoint (llava.py) yields its text decoder's config: its vision side is parsed by llava.py.
     """
+    parse_quantization(cfg, source)  # refuses a quantization method the engine cannot run, by name (quantization.py)
     if cfg.get("model_type") == "llava" or "LlavaForConditionalGeneration" in (cfg.get("architectures") or ()):
         text = {k: v for k, v in (cfg.get("text_config") or {}).items() if k != "architectures"}
         text.setdefault("model_type", "llama")

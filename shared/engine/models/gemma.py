@@ -15,6 +15,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from shared.config.quantization import QuantSpec
 from shared.engine.forward_batch import ForwardBatch
 from shared.engine.kv_pool import KVPool
 from shared.engine.models.config import ModelArchConfig
@@ -30,9 +31,14 @@ class GemmaDecoderLayer(DecoderLayer):
     wrap the MLP."""
 
     def __init__(
-        self, cfg: ModelArchConfig, layer_id: int, dtype: torch.dtype, ops: ElementwiseOps = TORCH_OPS
+        self,
+        cfg: ModelArchConfig,
+        layer_id: int,
+        dtype: torch.dtype,
+        ops: ElementwiseOps = TORCH_OPS,
+        quant: QuantSpec | None = None,
     ) -> None:
-        super().__init__(cfg, layer_id, dtype, ops)
+        super().__init__(cfg, layer_id, dtype, ops, quant)
         self.pre_ff_norm = _param(cfg.hidden_size, dtype=dtype)
         self.post_ff_norm = _param(cfg.hidden_size, dtype=dtype)
 
@@ -88,8 +94,9 @@ class GemmaForCausalLM(LlamaForCausalLM):
         max_positions: int | None = None,
         ops: ElementwiseOps = TORCH_OPS,
         device: torch.device | None = None,
+        quant: QuantSpec | None = None,
     ) -> None:
-        super().__init__(cfg, dtype, max_positions, ops, device)
+        super().__init__(cfg, dtype, max_positions, ops, device, quant)
         # Gemma 3's local layers: the same positions, another base (no scaling); None = the global tables
         self.local_rotary: RotaryCache | None = None
         if cfg.local_rope_theta is not None:

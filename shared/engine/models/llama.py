@@ -17,34 +17,26 @@ The fused parameters are filled from the checkpoint's separate tensors by `hf_we
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
+from shared.config.quantization import QuantSpec
 from shared.engine.forward_batch import ForwardBatch
 from shared.engine.kv_pool import KVPool
 from shared.engine.models.config import ModelArchConfig
+from shared.engine.models.quant_params import PROJECTIONS, add_params, packed, quant_slots, weight_dtype
+from shared.engine.models.slots import WeightSlot
 from shared.kernels.dispatch import AttentionBackend, AttentionMetadata, NativeAttentionBackend
 from shared.kernels.elementwise import TORCH_OPS, ElementwiseOps
+from shared.kernels.fp8_weight import quantize_fp8_rows
 from shared.kernels.linear import LinearBackend, NativeLinear, NativePacked, PackedWeight, TorchLinear
 from shared.kernels.rotary import RotaryCache
 
 if TYPE_CHECKING:
     from shared.kernels.native.decode_layers import NativeDecodeLayers
-
-
-@dataclass(frozen=True)
-class WeightSlot:
-    """Where one checkpoint tensor goes: rows [start, end) of our parameter `param` (all rows if start is None).
-    broadcast: the tensor fills every row of the slice (Qwen3's q_norm/k_norm [D] -> [heads, D])."""
-
-    param: str
-    start: int | None = None
-    end: int | None = None
-    broadcast: bool = False
 
 
 def _param(*shape: int, dtype: torch.dtype) -> nn.Parameter:
@@ -54,10 +46,17 @@ def _param(*shape: int, dtype: torch.dtype) -> nn.Parameter:
 
 class DecoderLayer(nn.Module):
     def __init__(
-        self, cfg: ModelArchConfig, layer_id: int, dtype: torch.dtype, ops: ElementwiseOps = TORCH_OPS
+        self,
+        cfg: ModelArchConfig,
+        layer_id: int,
+        dtype: torch.dtype,
+        ops: ElementwiseOps = TORCH_OPS,
+        quant: QuantSpec | None = None,
     ) -> None:
         super().__init__()
         self.layer_id = layer_id
+        self.quant = quant
+        wdtype = weight_dtype(quant, dtype)  # the projections' weights as the checkpoint's (quant_params.py)
         self.ops = ops
         h, kvh, d = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
         self.num_heads, self.num_kv_heads, self.head_dim = h, kvh, d
@@ -68,15 +67,17 @@ class DecoderLayer(nn.Module):
         self.rotary_dim = cfg.rotary_dim  # 0: RoPE over the whole head
         self.fused_names = cfg.model_type == "phi3"  # the checkpoint holds qkv_proj and gate_up_proj fused already
         self.input_norm = _param(cfg.hidden_size, dtype=dtype)
-        self.qkv_weight = _param(self.q_size + 2 * self.kv_size, cfg.hidden_size, dtype=dtype)
+        self.qkv_weight = _param(self.q_size + 2 * self.kv_size, cfg.hidden_size, dtype=wdtype)
         self.qkv_bias = _param(self.q_size + 2 * self.kv_size, dtype=dtype) if cfg.qkv_bias else None
         # Qwen3's q_norm and k_norm weights, repeated per head: [H + KVH, D] so one rms_norm covers q and k
         self.qk_norm = _param(h + kvh, d, dtype=dtype) if cfg.qk_norm else None
-        self.o_weight = _param(cfg.hidden_size, self.q_size, dtype=dtype)
+        self.o_weight = _param(cfg.hidden_size, self.q_size, dtype=wdtype)
         self.o_bias = _param(cfg.hidden_size, dtype=dtype) if cfg.o_bias else None
         self.post_norm = _param(cfg.hidden_size, dtype=dtype)
-        self.gate_up_weight = _param(2 * cfg.intermediate_size, cfg.hidden_size, dtype=dtype)
-        self.down_weight = _param(cfg.hidden_size, cfg.intermediate_size, dtype=dtype)
+        self.gate_up_weight = _param(2 * cfg.intermediate_size, cfg.hidden_size, dtype=wdtype)
+        self.down_weight = _param(cfg.hidden_size, cfg.intermediate_size, dtype=wdtype)
+        if quant is not None:  # fp8 block scales, or AWQ's int4 tensors (quant_params.py)
+            add_params(self, quant)
         self.linear: LinearBackend = TorchLinear()
         self.exact: LinearBackend = TorchLinear()  # the down projection's (see use_linear)
         # What self.linear.apply takes for qkv, o and gate_up (self.exact.apply for down): the parameters themselves
@@ -101,6 +102,9 @@ class DecoderLayer(nn.Module):
         """
         self.linear = backend
         self.exact = backend.exact()
+        if self.quant is not None:  # fp8 / int4 weights stay as loaded; the backend dequantizes them per call
+            self.packed = packed(self, self.quant)
+            return
         self.packed = {
             "qkv": backend.pack(self.qkv_weight),
             "o": backend.pack(self.o_weight),
@@ -114,6 +118,15 @@ class DecoderLayer(nn.Module):
     def pack_gate_up(self, backend: LinearBackend) -> PackedWeight:
         """gate_up for silu-and-mul: the backend may fuse the activation into the GEMM (apply_gated)."""
         return backend.pack_gated(self.gate_up_weight)
+
+    def quantize_fp8(self, quant: QuantSpec) -> None:
+        """--quantization fp8 over an unquantized checkpoint: each loaded projection to fp8 blocks (before
+        use_linear). The fused q/k/v and gate/up weights are quantized whole, in blocks of their own rows."""
+        for key in PROJECTIONS:
+            fp8 = quantize_fp8_rows(getattr(self, f"{key}_weight").data, quant.weight_block)
+            setattr(self, f"{key}_weight", nn.Parameter(fp8.weight, requires_grad=False))
+            self.register_parameter(f"{key}_weight_scale", nn.Parameter(fp8.scale, requires_grad=False))
+        self.quant = quant
 
     def _gated(self, x: torch.Tensor) -> torch.Tensor:
         """silu(x @ gate.T) * (x @ up.T): [T, hidden] -> [T, inter].
@@ -159,6 +172,8 @@ class DecoderLayer(nn.Module):
             h = self.num_heads
             m[pre + "self_attn.q_norm.weight"] = WeightSlot(me + "qk_norm", 0, h, broadcast=True)
             m[pre + "self_attn.k_norm.weight"] = WeightSlot(me + "qk_norm", h, h + self.num_kv_heads, broadcast=True)
+        if self.quant is not None:  # each projection's quantized tensors go to the same rows of theirs
+            m = quant_slots(m, me, self.quant)
         return m
 
     def forward(
@@ -200,7 +215,7 @@ class DecoderLayer(nn.Module):
         qkv = self.linear.apply(x, self.packed["qkv"], self.qkv_bias)  # [T, (H + 2 * KVH) * D]
         v = qkv[:, self.q_size + self.kv_size :].view(t, kvh, d)
         k_cache, v_cache = kv.k(self.layer_id), kv.v(self.layer_id)
-        if self.ops.rope_store is not None and self.qk_norm is None and not self.rotary_dim:
+        if self.ops.rope_store is not None and self.qk_norm is None and not self.rotary_dim and not kv.quantized:
             # one call: rotate, store K/V, q/k contiguous
             q, k = self.ops.rope_store(qkv, h, kvh, d, cos, sin, k_cache, v_cache, batch.out_pages, batch.out_offsets)
         else:
@@ -209,8 +224,15 @@ class DecoderLayer(nn.Module):
                 qk = self.ops.rms_norm(qk, self.qk_norm, self.eps)
             qk = self._rotate(qk, cos, sin)  # [T, H + KVH, D]
             q, k = qk[:, :h], qk[:, h:]
+            if kv.quantized:  # fp8 pages: attend over K/V exactly as the pages hold them (kv_pool.py)
+                k, v = kv.quantize(self.layer_id, k, v)
             kv.write(self.layer_id, batch.out_pages, batch.out_offsets, k, v)
-        o = attn.forward(q, k, v, k_cache, v_cache, meta, self.scale, self.window, self.softcap)  # [T, H, D]
+        if kv.quantized:  # K/V in page units: k_scale folds into the softmax scale, v_scale into the output
+            i = self.layer_id
+            scale = self.scale * kv.k_scales[i]
+            o = attn.forward(q, k, v, k_cache, v_cache, meta, scale, self.window, self.softcap) * kv.v_scales[i]
+        else:
+            o = attn.forward(q, k, v, k_cache, v_cache, meta, self.scale, self.window, self.softcap)  # [T, H, D]
         return self.linear.apply(o.reshape(t, self.q_size), self.packed["o"], self.o_bias)
 
     def _rotate(self, qk: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
@@ -233,6 +255,7 @@ class LlamaForCausalLM(nn.Module):
         max_positions: int | None = None,
         ops: ElementwiseOps = TORCH_OPS,
         device: torch.device | None = None,
+        quant: QuantSpec | None = None,
     ) -> None:
         super().__init__()
         self.cfg = cfg
@@ -245,7 +268,7 @@ class LlamaForCausalLM(nn.Module):
         # RoPE tables are computed on the CPU and moved by to_device, as before.
         with torch.device(device or "cpu"):
             self.embed_tokens = _param(cfg.vocab_size, cfg.hidden_size, dtype=dtype)
-            self.layers = nn.ModuleList(self.layer_class(cfg, i, dtype, ops) for i in range(cfg.num_layers))
+            self.layers = nn.ModuleList(self.layer_class(cfg, i, dtype, ops, quant) for i in range(cfg.num_layers))
             self.norm = _param(cfg.hidden_size, dtype=dtype)
             self.lm_head = (
                 self.embed_tokens if cfg.tie_word_embeddings else _param(cfg.vocab_size, cfg.hidden_size, dtype=dtype)
@@ -279,7 +302,7 @@ class LlamaForCausalLM(nn.Module):
             assert isinstance(layer, DecoderLayer)
             layer.use_linear(backend)
         self.packed = {"lm_head": backend.pack(self.lm_head)}
-        if backend.name != "torch" and not self.cfg.tie_word_embeddings:
+        if self.packed["lm_head"] is not self.lm_head and not self.cfg.tie_word_embeddings:
             self.lm_head.data = self.lm_head.data.new_empty(0)
         self.fused_decode = self._native_decode_layers(backend)
         self._fused_with = (backend, self.ops)

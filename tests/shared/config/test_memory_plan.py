@@ -149,3 +149,24 @@ def test_simulated_devices_from_the_environment(llama8b: Path) -> None:
 
 def test_gib_prints_two_decimals() -> None:
     assert gib(LLAMA_31_8B_PARAMS * 2) == "14.96 GiB"
+
+
+def test_quantized_tensors_count_the_bytes_they_are_stored_in(tmp_path: Path) -> None:
+    """fp8 weights at 1 byte and AWQ/GPTQ's packed int32s as stored; floating-point tensors in the served dtype."""
+    import json
+
+    import torch
+    from safetensors.torch import save_file
+
+    tensors = {
+        "w": torch.zeros(256, 256, dtype=torch.float8_e4m3fn),
+        "w_scale_inv": torch.zeros(2, 2),
+        "qweight": torch.zeros(32, 64, dtype=torch.int32),
+        "embed": torch.zeros(10, 10, dtype=torch.bfloat16),
+    }
+    save_file(tensors, str(tmp_path / "model.safetensors"))
+    cfg = {"hidden_size": 64, "num_attention_heads": 4, "num_hidden_layers": 1, "intermediate_size": 128}
+    (tmp_path / "config.json").write_text(json.dumps(cfg | {"vocab_size": 10}))
+    shape = read_model_shape(tmp_path)
+    assert (shape.num_params, shape.stored_bytes) == (4 + 100, 256 * 256 + 32 * 64 * 4)
+    assert shape.weights_bytes(2) == 2 * 104 + 65536 + 8192

@@ -45,7 +45,7 @@ def test_unsupported_architecture_names_it_and_the_supported_list() -> None:
         ({"rope_parameters": {"rope_type": "dynamic", "factor": 2.0}}, "rope_type 'dynamic'"),
         ({"num_key_value_heads": 3}, "multiple"),
         ({"auto_map": {"AutoModelForCausalLM": "modeling_x.XForCausalLM"}}, "auto_map"),
-        ({"quantization_config": {"quant_method": "awq", "bits": 4}}, "quantization_config \\('awq'\\)"),
+        ({"quantization_config": {"quant_method": "bitsandbytes"}}, "quantization 'bitsandbytes' is not supported"),
         ({"architectures": ["Phi3ForCausalLM"], "rope_scaling": {"type": "longrope"}}, "rope_type 'longrope'"),
         ({"architectures": ["Phi3ForCausalLM"], "partial_rotary_factor": 0.375}, "partial_rotary_factor"),
         ({"architectures": ["Gemma3ForCausalLM"], "use_bidirectional_attention": True}, "use_bidirectional"),
