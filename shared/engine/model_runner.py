@@ -11,14 +11,14 @@ import functools
 import json
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
 from shared.engine.cuda_graph import CudaGraphDecodeRunner, build_decode_graphs
 from shared.engine.forward_batch import ForwardBatch, build_forward_batch
 from shared.engine.kv_pool import KVPool, num_pages_for_budget, torch_dtype
-from shared.engine.models import LlamaForCausalLM, build_model, load_model_config
+from shared.engine.models import LlamaForCausalLM, ModelArchConfig, build_model, load_model_config
 from shared.engine.models.llava import LlavaWeights, canonical_name, load_llava_config
 from shared.engine.types import SchedulerOutput
 from shared.engine.weights import load_weights
@@ -26,6 +26,10 @@ from shared.kernels.dispatch import select_attention_backend
 from shared.kernels.elementwise import elementwise_ops
 from shared.kernels.linear import select_linear_backend
 from shared.modelspec.kv_layout import KVLayout
+
+if TYPE_CHECKING:
+    from shared.engine.parallel.comm import GroupHandle, TensorParallel
+    from shared.engine.parallel.shard import ShardSpec
 
 # When neither num_pages nor kv_budget_bytes is given: enough for a few full batches, small enough for a laptop.
 DEFAULT_KV_BUDGET_BYTES = 512 * 1024 * 1024
@@ -59,7 +63,10 @@ class ModelRunner:
         max_batch_tokens: int = 4096,
         context_length: int | None = None,
         cuda_graph_bs: Sequence[int] = (),
+        tp_group: GroupHandle | None = None,
     ) -> None:
+        """tp_group: this process is one rank of a tensor-parallel group (shared/engine/parallel): it builds and
+        loads only its shard, and its KV pool holds only its KV heads."""
         model_dir = Path(model_dir)
         if page_size < 1 or page_size & (page_size - 1):
             raise ValueError(f"page_size must be a power of two (got {page_size}); try 16")
@@ -77,18 +84,28 @@ class ModelRunner:
         self.max_batch_tokens = max_batch_tokens
         self.eos_token_ids = self._eos_ids(model_dir)
 
+        self.shard: ShardSpec | None = None
+        arch, tp = self.arch, None
+        if tp_group is not None and tp_group.size > 1:
+            arch, tp = self._shard(tp_group, model_dir, cuda_graph_bs)
         # The attention backend decides the other kernels too: Triton attention comes with Triton norms/rotary/act.
         self.attn = select_attention_backend(attention_backend, self.device, self.dtype)
         # Built on its device: each checkpoint tensor is copied there as it is read (weights.py), no host copy.
         self.model: LlamaForCausalLM = build_model(
-            self.arch,
+            arch,
             self.dtype,
             max_positions=self.context_length,
             ops=elementwise_ops(self.attn.name),
             device=self.device if self.device.type != "cpu" else None,
+            tp=tp,
         )
         self.llava = load_llava_config(model_dir)  # None: a text-only model
-        if self.llava is None:
+        if self.shard is not None:  # only this rank's slice of each tensor is read
+            self.shard.prepare(self.model)
+            wmap = self.shard.weight_map(self.model.hf_weight_map())
+            load_weights(self.model, wmap, model_dir, tied_lm_head=self.arch.tie_word_embeddings)
+            self.shard.finish(self.model)
+        elif self.llava is None:
             load_weights(self.model, self.model.hf_weight_map(), model_dir, tied_lm_head=self.arch.tie_word_embeddings)
         else:  # the decoder half of a vision-language checkpoint (the tower runs in a VisionEncoderRunner)
             text = LlavaWeights(self.model, None)
@@ -108,7 +125,7 @@ class ModelRunner:
             dtype=dtype,
             page_size=page_size,
             num_layers=self.arch.num_layers,
-            num_kv_heads=self.arch.num_kv_heads,
+            num_kv_heads=arch.num_kv_heads,  # this rank's under tensor parallelism
             head_dim=self.arch.head_dim,
         )
         if num_pages is None:
@@ -132,6 +149,21 @@ class ModelRunner:
                 page_size=page_size,
                 scratch_page=num_pages,
             )
+
+    def _shard(
+        self, group: GroupHandle, model_dir: Path, cuda_graph_bs: Sequence[int]
+    ) -> tuple[ModelArchConfig, TensorParallel]:
+        """This rank's arch config and collectives; ValueError for what tensor parallelism does not cover yet."""
+        from shared.engine.parallel.comm import TensorParallel
+        from shared.engine.parallel.shard import ShardSpec
+
+        if load_llava_config(model_dir) is not None:
+            raise ValueError(f"--tp-size {group.size}: vision-language models run at --tp-size 1 only for now")
+        if self.device.type == "cuda" and cuda_graph_bs:
+            raise ValueError(f"--tp-size {group.size}: CUDA graphs are not captured at tp > 1 yet; add --disable-cuda-graph")
+        self.shard = ShardSpec.for_rank(self.arch, group.size, group.rank)
+        tp = TensorParallel(group, self.shard.vocab_start, self.shard.vocab_rows, self.arch.vocab_size)
+        return self.shard.local_arch(self.arch), tp
 
     @functools.cached_property
     def hf_config(self) -> Any:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import torch
 
 from shared.engine.models.config import (
@@ -12,6 +14,9 @@ from shared.engine.models.config import (
 )
 from shared.engine.models.llama import LlamaForCausalLM, WeightSlot
 from shared.kernels.elementwise import TORCH_OPS, ElementwiseOps
+
+if TYPE_CHECKING:
+    from shared.engine.parallel.comm import TensorParallel
 
 __all__ = [
     "SUPPORTED_ARCHITECTURES",
@@ -30,8 +35,10 @@ def build_model(
     max_positions: int | None = None,
     ops: ElementwiseOps = TORCH_OPS,
     device: torch.device | None = None,
+    tp: TensorParallel | None = None,
 ) -> LlamaForCausalLM:
     """An unloaded model for `cfg` (Llama, Qwen2 or Qwen3: the differences are flags on the config), calling the
-    norm/rotary/activation kernels in `ops`, its parameters allocated on `device` (default: the CPU)."""
+    norm/rotary/activation kernels in `ops`, its parameters allocated on `device` (default: the CPU); `tp`: a
+    tensor-parallel rank's collectives (cfg then sized per rank)."""
     assert cfg.architecture in SUPPORTED_ARCHITECTURES, cfg.architecture  # parse_model_config refused the rest
-    return LlamaForCausalLM(cfg, dtype, max_positions, ops, device)
+    return LlamaForCausalLM(cfg, dtype, max_positions, ops, device, tp)

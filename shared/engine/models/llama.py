@@ -32,18 +32,21 @@ from shared.kernels.linear import LinearBackend, NativeLinear, NativePacked, Pac
 from shared.kernels.rotary import RotaryCache
 
 if TYPE_CHECKING:
+    from shared.engine.parallel.comm import TensorParallel
     from shared.kernels.native.decode_layers import NativeDecodeLayers
 
 
 @dataclass(frozen=True)
 class WeightSlot:
     """Where one checkpoint tensor goes: rows [start, end) of our parameter `param` (all rows if start is None).
-    broadcast: the tensor fills every row of the slice (Qwen3's q_norm/k_norm [D] -> [heads, D])."""
+    broadcast: the tensor fills every row of the slice (Qwen3's q_norm/k_norm [D] -> [heads, D]).
+    source: (dim, start, end) to read only that slice of the checkpoint tensor (a tensor-parallel rank's part)."""
 
     param: str
     start: int | None = None
     end: int | None = None
     broadcast: bool = False
+    source: tuple[int, int, int] | None = None
 
 
 def _param(*shape: int, dtype: torch.dtype) -> nn.Parameter:
@@ -53,10 +56,17 @@ def _param(*shape: int, dtype: torch.dtype) -> nn.Parameter:
 
 class DecoderLayer(nn.Module):
     def __init__(
-        self, cfg: ModelArchConfig, layer_id: int, dtype: torch.dtype, ops: ElementwiseOps = TORCH_OPS
+        self,
+        cfg: ModelArchConfig,
+        layer_id: int,
+        dtype: torch.dtype,
+        ops: ElementwiseOps = TORCH_OPS,
+        tp: TensorParallel | None = None,
     ) -> None:
+        """cfg: sized per rank under tensor parallelism (shared/engine/parallel/shard.py); tp: its collectives."""
         super().__init__()
         self.layer_id = layer_id
+        self.tp = tp
         self.ops = ops
         h, kvh, d = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
         self.num_heads, self.num_kv_heads, self.head_dim = h, kvh, d
@@ -183,8 +193,12 @@ class DecoderLayer(nn.Module):
             kv.write(self.layer_id, batch.out_pages, batch.out_offsets, k, v)
         o = attn.forward(q, k, v, k_cache, v_cache, meta, self.scale)  # [T, H, D]
         x = self.linear.apply(o.reshape(t, self.q_size), self.packed["o"], self.o_bias)
+        if self.tp is not None:  # o is row-parallel: this rank's heads' partial sum
+            x = self.tp.all_reduce(x)
         x, residual = self.ops.fused_add_rms_norm(x, residual, self.post_norm, self.eps)
         x = self.exact.apply(self._gated(x), self.packed["down"])
+        if self.tp is not None:  # down is row-parallel: this rank's intermediate columns' partial sum
+            x = self.tp.all_reduce(x)
         return x, residual
 
 
@@ -198,9 +212,13 @@ class LlamaForCausalLM(nn.Module):
         max_positions: int | None = None,
         ops: ElementwiseOps = TORCH_OPS,
         device: torch.device | None = None,
+        tp: TensorParallel | None = None,
     ) -> None:
+        """tp: this rank's collectives, with cfg sized per rank (shared/engine/parallel/shard.py); None: one
+        process holds the whole model."""
         super().__init__()
         self.cfg = cfg
+        self.tp = tp
         self.dtype = dtype
         # the dtype of the hidden states: fp32 on the native CPU kernels (they take fp32 activations, whatever the
         # weights' dtype), the weights' dtype elsewhere
@@ -210,7 +228,7 @@ class LlamaForCausalLM(nn.Module):
         # RoPE tables are computed on the CPU and moved by to_device, as before.
         with torch.device(device or "cpu"):
             self.embed_tokens = _param(cfg.vocab_size, cfg.hidden_size, dtype=dtype)
-            self.layers = nn.ModuleList(DecoderLayer(cfg, i, dtype, ops) for i in range(cfg.num_layers))
+            self.layers = nn.ModuleList(DecoderLayer(cfg, i, dtype, ops, tp) for i in range(cfg.num_layers))
             self.norm = _param(cfg.hidden_size, dtype=dtype)
             self.lm_head = (
                 self.embed_tokens if cfg.tie_word_embeddings else _param(cfg.vocab_size, cfg.hidden_size, dtype=dtype)
@@ -240,7 +258,8 @@ class LlamaForCausalLM(nn.Module):
         self.packed = {"lm_head": backend.pack(self.lm_head)}
         if backend.name != "torch" and not self.cfg.tie_word_embeddings:
             self.lm_head.data = self.lm_head.data.new_empty(0)
-        self.fused_decode = self._native_decode_layers(backend)
+        # the one-call decode has no all-reduce between its layers: tensor-parallel ranks run the layers one by one
+        self.fused_decode = self._native_decode_layers(backend) if self.tp is None else None
         self._fused_with = (backend, self.ops)
 
     def _upcast_vectors(self) -> None:
@@ -327,7 +346,10 @@ class LlamaForCausalLM(nn.Module):
 
         Returns the final-normed hidden states of the rows in batch.logits_indices: [n, hidden].
         """
-        hidden = F.embedding(batch.input_ids, self.embed_tokens).to(self.act_dtype)  # [T, hidden]
+        if self.tp is None:
+            hidden = F.embedding(batch.input_ids, self.embed_tokens).to(self.act_dtype)  # [T, hidden]
+        else:  # vocab-parallel: this rank's rows, summed over ranks
+            hidden = self.tp.embed(batch.input_ids, self.embed_tokens).to(self.act_dtype)
         if batch.embed_rows is not None:  # image embeddings in place of their placeholder tokens' embeddings
             assert batch.embed_values is not None
             hidden.index_copy_(0, batch.embed_rows, batch.embed_values.to(hidden.dtype))
@@ -360,4 +382,5 @@ class LlamaForCausalLM(nn.Module):
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """[n, hidden] -> float32 logits [n, vocab]."""
-        return self.linear.apply(hidden, self.packed["lm_head"]).float()
+        logits = self.linear.apply(hidden, self.packed["lm_head"]).float()
+        return logits if self.tp is None else self.tp.gather_logits(logits)  # vocab-parallel: every rank's columns
