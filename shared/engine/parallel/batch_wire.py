@@ -8,6 +8,7 @@ The attention metadata is not sent: every rank derives it from the batch with th
 from __future__ import annotations
 
 import dataclasses
+from datetime import timedelta
 from enum import IntEnum
 
 import numpy as np
@@ -24,11 +25,18 @@ class Command(IntEnum):
     STOP = 2
 
 
-def _broadcast(t: torch.Tensor, group: dist.ProcessGroup) -> None:
-    dist.broadcast(t, src=0, group=group)
+def _broadcast(t: torch.Tensor, group: dist.ProcessGroup, timeout: timedelta | None = None) -> None:
+    """timeout: rank 0's (a rank that hangs must not block the step: gloo's send waits for the receiver); the
+    followers wait without one (an idle instance sends nothing for as long as it is idle)."""
+    work = dist.broadcast(t, src=0, group=group, async_op=True)
+    assert work is not None
+    if timeout is None:
+        work.wait()
+    elif not work.wait(timeout):
+        raise RuntimeError(f"the step broadcast timed out after {timeout.total_seconds():.0f} s")
 
 
-def send_batch(batch: ForwardBatch, group: dist.ProcessGroup) -> None:
+def send_batch(batch: ForwardBatch, group: dist.ProcessGroup, timeout: timedelta) -> None:
     """Rank 0: the batch every rank computes this step (multimodal rows are not supported at tp > 1)."""
     if batch.embed_rows is not None:
         raise ValueError("image inputs are not supported at --tp-size > 1")
@@ -38,14 +46,14 @@ def send_batch(batch: ForwardBatch, group: dist.ProcessGroup) -> None:
     cpu = [t.reshape(-1).cpu() for t in (batch.input_ids, batch.positions, batch.out_pages, batch.out_offsets)]
     cpu += [batch.logits_indices.cpu(), batch.page_table.reshape(-1).cpu()]
     cpu += [torch.from_numpy(a.astype(np.int64)) for a in (batch.prefix_lens, batch.extend_lens, batch.token_starts)]
-    _broadcast(torch.tensor(header, dtype=torch.int64), group)
-    _broadcast(torch.cat(cpu), group)
+    _broadcast(torch.tensor(header, dtype=torch.int64), group, timeout)
+    _broadcast(torch.cat(cpu), group, timeout)
 
 
-def send_stop(group: dist.ProcessGroup) -> None:
+def send_stop(group: dist.ProcessGroup, timeout: timedelta) -> None:
     header = torch.zeros(_HEADER, dtype=torch.int64)
     header[0] = Command.STOP
-    _broadcast(header, group)
+    _broadcast(header, group, timeout)
 
 
 def receive(group: dist.ProcessGroup, device: torch.device) -> ForwardBatch | None:

@@ -19,6 +19,8 @@ from shared.engine.parallel.comm import GroupHandle
 LOCALHOST = "127.0.0.1"
 # The step broadcast's wait (an idle instance). gloo takes a finite timeout: a year is "as long as it takes".
 IDLE_WAIT = timedelta(days=365)
+# Joining the group: a rank's interpreter starts and imports torch first.
+START_TIMEOUT_S = 300.0
 
 
 @dataclass(frozen=True)
@@ -28,7 +30,8 @@ class GroupAddress:
     port: int
     size: int
     backend: str  # "gloo" (cpu) or "nccl" (cuda)
-    timeout_s: float  # of a collective inside a step (and of the start handshake)
+    timeout_s: float  # of a collective inside a step
+    start_timeout_s: float = START_TIMEOUT_S
 
 
 @dataclass(frozen=True)
@@ -49,14 +52,18 @@ def serve_store(size: int, timeout_s: float) -> dist.TCPStore:
 
 
 def join(addr: GroupAddress, rank: int, store: dist.TCPStore | None = None) -> Joined:
-    """Join the group as `rank` (rank 0 passes the store it serves). Blocks until every rank has joined."""
-    timeout = timedelta(seconds=addr.timeout_s)
+    """Join the group as `rank` (rank 0 passes the store it serves). Blocks until every rank has joined.
+
+    The default group only gathers the ranks (its timeout is the start's); the model's collectives get a group
+    of their own with the step timeout."""
+    start = timedelta(seconds=addr.start_timeout_s)
     if store is None:
-        store = dist.TCPStore(LOCALHOST, addr.port, addr.size, is_master=False, timeout=timeout)
-    dist.init_process_group(addr.backend, store=store, rank=rank, world_size=addr.size, timeout=timeout)
+        store = dist.TCPStore(LOCALHOST, addr.port, addr.size, is_master=False, timeout=start)
+    dist.init_process_group(addr.backend, store=store, rank=rank, world_size=addr.size, timeout=start)
+    model = dist.new_group(backend=addr.backend, timeout=timedelta(seconds=addr.timeout_s))
     control = dist.new_group(backend="gloo", timeout=IDLE_WAIT)
-    assert control is not None
-    return Joined(GroupHandle(rank, addr.size, dist.group.WORLD), control, store)
+    assert model is not None and control is not None
+    return Joined(GroupHandle(rank, addr.size, model), control, store)
 
 
 def leave() -> None:

@@ -8,6 +8,7 @@ writes the same pages of its pool, so the prefix cache and the page allocator st
 from __future__ import annotations
 
 import atexit
+from datetime import timedelta
 from dataclasses import dataclass
 
 import torch
@@ -16,7 +17,7 @@ from shared.engine.forward_batch import ForwardBatch
 from shared.engine.model_runner import ModelRunner
 from shared.engine.models import load_model_config
 from shared.engine.parallel import batch_wire
-from shared.engine.parallel.group import GroupAddress, join, leave, serve_store
+from shared.engine.parallel.group import START_TIMEOUT_S, GroupAddress, join, leave, serve_store
 from shared.engine.errors import RankLost
 from shared.engine.parallel.ranks import RankArgs, RankProcesses
 from shared.engine.parallel.shard import ShardSpec
@@ -58,8 +59,11 @@ class TPRunner:
     can_copy_pages = False
     llava = None  # vision-language models are refused at tp > 1
 
-    def __init__(self, inner: ModelRunner, ranks: RankProcesses, control: torch.distributed.ProcessGroup) -> None:
+    def __init__(
+        self, inner: ModelRunner, ranks: RankProcesses, control: torch.distributed.ProcessGroup, timeout_s: float
+    ) -> None:
         self.inner, self.ranks, self.control = inner, ranks, control
+        self.timeout = timedelta(seconds=timeout_s)
         self.tp_size = len(ranks.args) + 1
         self.num_pages, self.vocab_size, self.eos_token_ids = inner.num_pages, inner.vocab_size, inner.eos_token_ids
         self.context_length, self.layout, self.kv, self.device = inner.context_length, inner.layout, inner.kv, inner.device
@@ -77,7 +81,7 @@ class TPRunner:
             raise RankLost("the tensor-parallel ranks were stopped")
         self.ranks.check()
         try:
-            batch_wire.send_batch(batch, self.control)
+            batch_wire.send_batch(batch, self.control, self.timeout)
             return self.inner.forward_batch(batch)
         except RuntimeError as e:  # gloo/nccl: a peer closed its connection or a collective timed out
             why = self.ranks.dead() or "a tensor-parallel collective failed"
@@ -90,7 +94,7 @@ class TPRunner:
         self._closed = True
         if self.ranks.dead() is None:
             try:
-                batch_wire.send_stop(self.control)
+                batch_wire.send_stop(self.control, self.timeout)
             except RuntimeError:
                 pass  # a rank is gone: stop() kills what is left
         self.ranks.stop()
@@ -102,7 +106,7 @@ def start_tp_runner(o: TPOptions) -> TPRunner:
     does not split over tp_size ranks is refused (ValueError) before any process starts."""
     ShardSpec.for_rank(load_model_config(o.model_dir), o.tp_size, 0)
     backend = "nccl" if o.device.startswith("cuda") else "gloo"
-    store = serve_store(o.tp_size, o.collective_timeout_s)
+    store = serve_store(o.tp_size, START_TIMEOUT_S)
     addr = GroupAddress(store.port, o.tp_size, backend, o.collective_timeout_s)
     args = [
         RankArgs(
@@ -148,4 +152,4 @@ def start_tp_runner(o: TPOptions) -> TPRunner:
         ranks.stop()
         leave()
         raise
-    return TPRunner(inner, ranks, joined.control)
+    return TPRunner(inner, ranks, joined.control, o.collective_timeout_s)
