@@ -29,8 +29,10 @@ class WorkerService(EngineService):
     async def after_engine(self) -> None:
         if self.cfg.parallel.tp_size > 1:
             # rank 0's pool holds only its own KV heads: pages saved from it or loaded into it would be partial
-            log.info("the kvstore tier is off at --tp-size %d (one process's pages hold a slice of the heads)",
-                     self.cfg.parallel.tp_size)
+            log.info(
+                "the kvstore tier is off at --tp-size %d (one process's pages hold a slice of the heads)",
+                self.cfg.parallel.tp_size,
+            )
             return
         self.kvstore = await attach_kvstore(self, None)  # its transfer engine is made once a store shows up
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+from typing import Any
 
 from shared.config.context import PassContext
 from shared.config.devices import DeviceKind, cuda_name, process_gpus
@@ -49,8 +50,9 @@ def check_parallel_fits(cfg: ResolvedConfig, ctx: PassContext) -> ResolvedConfig
     )
 
 
-def _text_config(model_dir: str) -> dict[str, object]:
-    raw = json.loads(open(os.path.join(model_dir, "config.json")).read())
+def _text_config(model_dir: str) -> dict[str, Any]:
+    with open(os.path.join(model_dir, "config.json")) as f:
+        raw = json.load(f)
     # a vision-language checkpoint shards its text decoder
     return dict(raw.get("text_config") or {}) if raw.get("model_type") == "llava" else raw
 
@@ -66,9 +68,9 @@ def check_tp_layout(cfg: ResolvedConfig, ctx: PassContext) -> ResolvedConfig:
         return cfg
     try:
         c = _text_config(model_dir)
-        heads = int(c["num_attention_heads"])  # type: ignore[call-overload]
-        kv = int(c.get("num_key_value_heads") or heads)  # type: ignore[call-overload]
-        inter = int(c["intermediate_size"])  # type: ignore[call-overload]
+        heads = int(c["num_attention_heads"])
+        kv = int(c.get("num_key_value_heads") or heads)
+        inter = int(c["intermediate_size"])
     except (OSError, ValueError, KeyError) as e:
         raise ConfigError(f"--model {cfg.model.model}: cannot read its config.json to check --tp-size ({e})") from None
     problem = tp_layout_problem(heads, kv, inter, cfg.parallel.tp_size)

@@ -13,7 +13,7 @@ import os
 from shared.config.choices import AttentionBackend, Dtype, LinearBackend
 from shared.config.context import Pass, PassContext
 from shared.config.cpu_features import cpu_auto_dtype
-from shared.config.devices import DeviceKind, cuda_name, parse_device, process_gpus
+from shared.config.devices import DeviceKind, parse_device
 from shared.config.errors import ConfigError
 from shared.config.groups import BUNDLED_MODEL
 from shared.config.parallel_passes import check_parallel_fits, check_tp_layout

@@ -11,14 +11,14 @@ import functools
 import json
 from collections.abc import Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 import torch
 
 from shared.engine.cuda_graph import CudaGraphDecodeRunner, build_decode_graphs
 from shared.engine.forward_batch import ForwardBatch, build_forward_batch
 from shared.engine.kv_pool import KVPool, num_pages_for_budget, torch_dtype
-from shared.engine.models import LlamaForCausalLM, ModelArchConfig, build_model, load_model_config
+from shared.engine.models import LlamaForCausalLM, build_model, load_model_config
 from shared.engine.models.llava import LlavaWeights, canonical_name, load_llava_config
 from shared.engine.types import SchedulerOutput
 from shared.engine.weights import load_weights
@@ -28,8 +28,8 @@ from shared.kernels.linear import select_linear_backend
 from shared.modelspec.kv_layout import KVLayout
 
 if TYPE_CHECKING:
-    from shared.engine.parallel.comm import GroupHandle, TensorParallel
-    from shared.engine.parallel.shard import ShardSpec
+    from shared.engine.models import ModelArchConfig, WeightSlot
+    from shared.engine.models.tp_hooks import TPComm
 
 # When neither num_pages nor kv_budget_bytes is given: enough for a few full batches, small enough for a laptop.
 DEFAULT_KV_BUDGET_BYTES = 512 * 1024 * 1024
@@ -37,6 +37,45 @@ DEFAULT_KV_BUDGET_BYTES = 512 * 1024 * 1024
 
 def _read_json(path: Path) -> dict[str, Any]:
     return json.loads(path.read_text()) if path.is_file() else {}
+
+
+class ModelShard(Protocol):
+    """One rank's part of a tensor-parallel model (shared/engine/parallel/shard.py implements it): a protocol
+    here so the runner never imports the parallel package, which imports the runner."""
+
+    @property
+    def size(self) -> int:
+        """Ranks in the group."""
+        ...
+
+    @property
+    def comm(self) -> TPComm:
+        """This rank's collectives."""
+        ...
+
+    def local_arch(self, arch: ModelArchConfig) -> ModelArchConfig:
+        """The config this rank's model is built from (its heads, KV heads, intermediate size, vocab rows)."""
+        ...
+
+    def weight_map(self, full: dict[str, WeightSlot]) -> dict[str, WeightSlot]:
+        """The model's weight map with the slice of each checkpoint tensor this rank reads."""
+        ...
+
+    def prepare(self, model: LlamaForCausalLM) -> None:
+        """Before loading (padding rows)."""
+        ...
+
+    def finish(self, model: LlamaForCausalLM) -> None:
+        """After loading (biases only one rank adds)."""
+        ...
+
+
+def _check_shardable(tp: int, model_dir: Path, device: torch.device, cuda_graph_bs: Sequence[int]) -> None:
+    """ValueError for what tensor parallelism does not cover yet."""
+    if load_llava_config(model_dir) is not None:
+        raise ValueError(f"--tp-size {tp}: vision-language models run at --tp-size 1 only for now")
+    if device.type == "cuda" and cuda_graph_bs:
+        raise ValueError(f"--tp-size {tp}: CUDA graphs are not captured at tp > 1 yet; add --disable-cuda-graph")
 
 
 class ModelRunner:
@@ -63,10 +102,10 @@ class ModelRunner:
         max_batch_tokens: int = 4096,
         context_length: int | None = None,
         cuda_graph_bs: Sequence[int] = (),
-        tp_group: GroupHandle | None = None,
+        shard: ModelShard | None = None,
     ) -> None:
-        """tp_group: this process is one rank of a tensor-parallel group (shared/engine/parallel): it builds and
-        loads only its shard, and its KV pool holds only its KV heads."""
+        """shard: this process is one rank of a tensor-parallel group (shared/engine/parallel): it builds and
+        loads only its part of the model, and its KV pool holds only its KV heads."""
         model_dir = Path(model_dir)
         if page_size < 1 or page_size & (page_size - 1):
             raise ValueError(f"page_size must be a power of two (got {page_size}); try 16")
@@ -84,10 +123,10 @@ class ModelRunner:
         self.max_batch_tokens = max_batch_tokens
         self.eos_token_ids = self._eos_ids(model_dir)
 
-        self.shard: ShardSpec | None = None
-        arch, tp = self.arch, None
-        if tp_group is not None and tp_group.size > 1:
-            arch, tp = self._shard(tp_group, model_dir, cuda_graph_bs)
+        self.shard = shard
+        arch = self.arch if shard is None else shard.local_arch(self.arch)
+        if shard is not None:
+            _check_shardable(shard.size, model_dir, self.device, cuda_graph_bs)
         # The attention backend decides the other kernels too: Triton attention comes with Triton norms/rotary/act.
         self.attn = select_attention_backend(attention_backend, self.device, self.dtype)
         # Built on its device: each checkpoint tensor is copied there as it is read (weights.py), no host copy.
@@ -97,25 +136,10 @@ class ModelRunner:
             max_positions=self.context_length,
             ops=elementwise_ops(self.attn.name),
             device=self.device if self.device.type != "cpu" else None,
-            tp=tp,
+            tp=None if shard is None else shard.comm,
         )
         self.llava = load_llava_config(model_dir)  # None: a text-only model
-        if self.shard is not None:  # only this rank's slice of each tensor is read
-            self.shard.prepare(self.model)
-            wmap = self.shard.weight_map(self.model.hf_weight_map())
-            load_weights(self.model, wmap, model_dir, tied_lm_head=self.arch.tie_word_embeddings)
-            self.shard.finish(self.model)
-        elif self.llava is None:
-            load_weights(self.model, self.model.hf_weight_map(), model_dir, tied_lm_head=self.arch.tie_word_embeddings)
-        else:  # the decoder half of a vision-language checkpoint (the tower runs in a VisionEncoderRunner)
-            text = LlavaWeights(self.model, None)
-            load_weights(
-                text,
-                text.hf_weight_map(),
-                model_dir,
-                rename=canonical_name,
-                skip_prefixes=text.skipped_prefixes(self.arch),
-            )
+        self._load_weights(model_dir)
         self.model.eval()
         self.model.to_device(self.device)
         self.linear = select_linear_backend(linear_backend, self.device, self.dtype)
@@ -150,20 +174,25 @@ class ModelRunner:
                 scratch_page=num_pages,
             )
 
-    def _shard(
-        self, group: GroupHandle, model_dir: Path, cuda_graph_bs: Sequence[int]
-    ) -> tuple[ModelArchConfig, TensorParallel]:
-        """This rank's arch config and collectives; ValueError for what tensor parallelism does not cover yet."""
-        from shared.engine.parallel.comm import TensorParallel
-        from shared.engine.parallel.shard import ShardSpec
-
-        if load_llava_config(model_dir) is not None:
-            raise ValueError(f"--tp-size {group.size}: vision-language models run at --tp-size 1 only for now")
-        if self.device.type == "cuda" and cuda_graph_bs:
-            raise ValueError(f"--tp-size {group.size}: CUDA graphs are not captured at tp > 1 yet; add --disable-cuda-graph")
-        self.shard = ShardSpec.for_rank(self.arch, group.size, group.rank)
-        tp = TensorParallel(group, self.shard.vocab_start, self.shard.vocab_rows, self.arch.vocab_size)
-        return self.shard.local_arch(self.arch), tp
+    def _load_weights(self, model_dir: Path) -> None:
+        """The checkpoint into self.model: this rank's slice of each tensor under tensor parallelism, the decoder
+        half of a vision-language checkpoint (its tower runs in a VisionEncoderRunner), or the whole model."""
+        tied = self.arch.tie_word_embeddings
+        if self.shard is not None:
+            self.shard.prepare(self.model)
+            load_weights(self.model, self.shard.weight_map(self.model.hf_weight_map()), model_dir, tied_lm_head=tied)
+            self.shard.finish(self.model)
+        elif self.llava is None:
+            load_weights(self.model, self.model.hf_weight_map(), model_dir, tied_lm_head=tied)
+        else:
+            text = LlavaWeights(self.model, None)
+            load_weights(
+                text,
+                text.hf_weight_map(),
+                model_dir,
+                rename=canonical_name,
+                skip_prefixes=text.skipped_prefixes(self.arch),
+            )
 
     @functools.cached_property
     def hf_config(self) -> Any:

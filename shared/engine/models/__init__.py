@@ -16,7 +16,7 @@ from shared.engine.models.llama import LlamaForCausalLM, WeightSlot
 from shared.kernels.elementwise import TORCH_OPS, ElementwiseOps
 
 if TYPE_CHECKING:
-    from shared.engine.parallel.comm import TensorParallel
+    from shared.engine.models.tp_hooks import TPComm
 
 __all__ = [
     "SUPPORTED_ARCHITECTURES",
@@ -35,7 +35,7 @@ def build_model(
     max_positions: int | None = None,
     ops: ElementwiseOps = TORCH_OPS,
     device: torch.device | None = None,
-    tp: TensorParallel | None = None,
+    tp: TPComm | None = None,
 ) -> LlamaForCausalLM:
     """An unloaded model for `cfg` (Llama, Qwen2 or Qwen3: the differences are flags on the config), calling the
     norm/rotary/activation kernels in `ops`, its parameters allocated on `device` (default: the CPU); `tp`: a

@@ -32,7 +32,7 @@ from shared.kernels.linear import LinearBackend, NativeLinear, NativePacked, Pac
 from shared.kernels.rotary import RotaryCache
 
 if TYPE_CHECKING:
-    from shared.engine.parallel.comm import TensorParallel
+    from shared.engine.models.tp_hooks import TPComm
     from shared.kernels.native.decode_layers import NativeDecodeLayers
 
 
@@ -61,7 +61,7 @@ class DecoderLayer(nn.Module):
         layer_id: int,
         dtype: torch.dtype,
         ops: ElementwiseOps = TORCH_OPS,
-        tp: TensorParallel | None = None,
+        tp: TPComm | None = None,
     ) -> None:
         """cfg: sized per rank under tensor parallelism (shared/engine/parallel/shard.py); tp: its collectives."""
         super().__init__()
@@ -212,7 +212,7 @@ class LlamaForCausalLM(nn.Module):
         max_positions: int | None = None,
         ops: ElementwiseOps = TORCH_OPS,
         device: torch.device | None = None,
-        tp: TensorParallel | None = None,
+        tp: TPComm | None = None,
     ) -> None:
         """tp: this rank's collectives, with cfg sized per rank (shared/engine/parallel/shard.py); None: one
         process holds the whole model."""

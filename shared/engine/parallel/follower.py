@@ -16,9 +16,11 @@ import sys
 import torch
 
 from shared.engine.model_runner import ModelRunner
+from shared.engine.models import load_model_config
 from shared.engine.parallel import batch_wire
 from shared.engine.parallel.group import GroupAddress, join, leave
 from shared.engine.parallel.ranks import RankArgs, ready_key
+from shared.engine.parallel.shard import rank_shard
 
 _PR_SET_PDEATHSIG = 1
 
@@ -45,7 +47,7 @@ def run(args: RankArgs) -> None:
         linear_backend=args.linear_backend,
         max_batch_tokens=args.max_batch_tokens,
         context_length=args.context_length,
-        tp_group=joined.handle,
+        shard=rank_shard(load_model_config(args.model_dir), joined.handle),
     )
     joined.store.set(ready_key(args.rank), "1")
     while True:

@@ -8,19 +8,19 @@ writes the same pages of its pool, so the prefix cache and the page allocator st
 from __future__ import annotations
 
 import atexit
-from datetime import timedelta
 from dataclasses import dataclass
+from datetime import timedelta
 
 import torch
 
+from shared.engine.errors import RankLost
 from shared.engine.forward_batch import ForwardBatch
 from shared.engine.model_runner import ModelRunner
 from shared.engine.models import load_model_config
 from shared.engine.parallel import batch_wire
 from shared.engine.parallel.group import START_TIMEOUT_S, GroupAddress, join, leave, serve_store
-from shared.engine.errors import RankLost
 from shared.engine.parallel.ranks import RankArgs, RankProcesses
-from shared.engine.parallel.shard import ShardSpec
+from shared.engine.parallel.shard import ShardSpec, rank_shard
 from shared.engine.types import SchedulerOutput
 
 # A collective inside a step waits this long for a peer before the step fails (a hung rank fails loudly).
@@ -66,7 +66,12 @@ class TPRunner:
         self.timeout = timedelta(seconds=timeout_s)
         self.tp_size = len(ranks.args) + 1
         self.num_pages, self.vocab_size, self.eos_token_ids = inner.num_pages, inner.vocab_size, inner.eos_token_ids
-        self.context_length, self.layout, self.kv, self.device = inner.context_length, inner.layout, inner.kv, inner.device
+        self.context_length, self.layout, self.kv, self.device = (
+            inner.context_length,
+            inner.layout,
+            inner.kv,
+            inner.device,
+        )
         self.model_dir, self.model, self.attn, self.linear = inner.model_dir, inner.model, inner.attn, inner.linear
         self.max_batch_tokens: int | None = inner.max_batch_tokens
         self._closed = False
@@ -104,7 +109,8 @@ class TPRunner:
 def start_tp_runner(o: TPOptions) -> TPRunner:
     """Start ranks 1..tp-1, join the group as rank 0, load rank 0's shard and wait for the others'. A model that
     does not split over tp_size ranks is refused (ValueError) before any process starts."""
-    ShardSpec.for_rank(load_model_config(o.model_dir), o.tp_size, 0)
+    arch = load_model_config(o.model_dir)
+    ShardSpec.for_rank(arch, o.tp_size, 0)
     backend = "nccl" if o.device.startswith("cuda") else "gloo"
     store = serve_store(o.tp_size, START_TIMEOUT_S)
     addr = GroupAddress(store.port, o.tp_size, backend, o.collective_timeout_s)
@@ -143,7 +149,7 @@ def start_tp_runner(o: TPOptions) -> TPRunner:
             linear_backend=o.linear_backend,
             max_batch_tokens=o.max_batch_tokens,
             context_length=o.context_length,
-            tp_group=joined.handle,
+            shard=rank_shard(arch, joined.handle),
         )
         ranks.wait_ready(store, o.load_timeout_s)
     except BaseException:

@@ -21,6 +21,7 @@ import torch
 from shared.config.tp_rules import kv_heads_replicated, tp_layout_problem
 from shared.engine.models.config import ModelArchConfig
 from shared.engine.models.llama import LlamaForCausalLM, WeightSlot
+from shared.engine.parallel.comm import GroupHandle, TensorParallel
 
 # checkpoint name suffix -> (which split, the dimension of the checkpoint tensor it splits)
 _SPLITS = {
@@ -135,3 +136,33 @@ class ShardSpec:
                 bias = getattr(layer, "o_bias", None)
                 if bias is not None:
                     bias.zero_()
+
+
+@dataclass(frozen=True)
+class RankShard:
+    """One rank's ModelShard (shared/engine/models/tp_hooks.py): what it holds and its collectives."""
+
+    spec: ShardSpec
+    comm: TensorParallel
+
+    @property
+    def size(self) -> int:
+        return self.spec.tp_size
+
+    def local_arch(self, arch: ModelArchConfig) -> ModelArchConfig:
+        return self.spec.local_arch(arch)
+
+    def weight_map(self, full: dict[str, WeightSlot]) -> dict[str, WeightSlot]:
+        return self.spec.weight_map(full)
+
+    def prepare(self, model: LlamaForCausalLM) -> None:
+        self.spec.prepare(model)
+
+    def finish(self, model: LlamaForCausalLM) -> None:
+        self.spec.finish(model)
+
+
+def rank_shard(arch: ModelArchConfig, handle: GroupHandle) -> RankShard:
+    """The shard of rank handle.rank of handle.size for a model of `arch` (ValueError: it does not split)."""
+    spec = ShardSpec.for_rank(arch, handle.size, handle.rank)
+    return RankShard(spec, TensorParallel(handle, spec.vocab_start, spec.vocab_rows, arch.vocab_size))
