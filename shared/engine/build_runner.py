@@ -3,12 +3,14 @@ one process per rank (shared/engine/parallel). Nothing of the tensor-parallel pa
 
 from __future__ import annotations
 
+import os
 from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 import torch
 
+from shared.config.devices import local_gpu_index
 from shared.engine.model_runner import DEFAULT_KV_BUDGET_BYTES, ModelRunner
 from shared.engine.runner import Runner
 
@@ -27,8 +29,10 @@ def rank_threads(threads: int | None, tp_size: int, device: str) -> int | None:
 def _follower_devices(device: str, cfg: DeviceConfig | None, tp_size: int) -> tuple[str, ...]:
     if device != "cuda":
         return (device,) * (tp_size - 1)
+    # host GPU ids (base + r x step, as the config check counted them) in this process's numbering: the followers
+    # inherit its CUDA_VISIBLE_DEVICES
     base, step = (cfg.base_gpu_id, cfg.gpu_id_step) if cfg is not None else (0, 1)
-    return tuple(f"cuda:{base + r * step}" for r in range(1, tp_size))
+    return tuple(f"cuda:{local_gpu_index(base + r * step, os.environ)}" for r in range(1, tp_size))
 
 
 def build_runner(

@@ -35,6 +35,8 @@ def _die_with_parent() -> None:
 
 def run(args: RankArgs) -> None:
     torch.set_num_threads(args.threads)
+    if args.device.startswith("cuda"):
+        torch.cuda.set_device(torch.device(args.device))  # nccl runs on the current device
     joined = join(GroupAddress(args.port, args.size, args.backend, args.timeout_s), args.rank)
     runner = ModelRunner(
         args.model_dir,
