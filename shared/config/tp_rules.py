@@ -8,8 +8,8 @@ query heads still read one KV head of their own group; any other pair is refused
 
 from __future__ import annotations
 
-# Sizes suggested in the error (the powers of two up to the flag's maximum).
-_CANDIDATES = (1, 2, 4, 8, 16, 32, 64)
+# Sizes the error may suggest (the flag's range).
+_MAX_TP = 64
 
 
 def kv_heads_replicated(num_kv_heads: int, tp: int) -> bool:
@@ -38,5 +38,5 @@ def tp_layout_problem(num_heads: int, num_kv_heads: int, intermediate_size: int,
     why = _problem(num_heads, num_kv_heads, intermediate_size, tp)
     if why is None:
         return None
-    ok = [t for t in _CANDIDATES if _problem(num_heads, num_kv_heads, intermediate_size, t) is None]
+    ok = [t for t in range(1, _MAX_TP + 1) if _problem(num_heads, num_kv_heads, intermediate_size, t) is None]
     return f"--tp-size {tp} {why}; use --tp-size {', '.join(map(str, ok))}"

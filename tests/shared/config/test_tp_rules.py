@@ -15,12 +15,17 @@ def test_rules_split_replicate_or_refuse() -> None:
     assert tp_layout_problem(8, 4, 64, 2) is None and not kv_heads_replicated(4, 2)
     assert tp_layout_problem(8, 2, 64, 4) is None and kv_heads_replicated(2, 4)  # 2 KV heads, each on 2 ranks
     assert tp_layout_problem(14, 2, 4864, 2) is None  # Qwen2.5-0.5B at TP=2
+    # SmolLM2-135M (the bundled model): 9 heads and 3 KV heads split over 3 ranks, not 2
+    assert tp_layout_problem(9, 3, 1536, 3) is None
+    assert tp_layout_problem(9, 3, 1536, 2) == (
+        "--tp-size 2 does not divide the model's 9 attention heads (9 % 2 = 1); use --tp-size 1, 3"
+    )
     assert tp_layout_problem(8, 4, 64, 3) == (
         "--tp-size 3 does not divide the model's 8 attention heads (8 % 3 = 2); use --tp-size 1, 2, 4, 8"
     )
     assert tp_layout_problem(12, 4, 48, 6) == (
         "--tp-size 6 fits neither way with the model's 4 KV heads (split needs 4 % 6 == 0, replication needs "
-        "6 % 4 == 0); use --tp-size 1, 2, 4"
+        "6 % 4 == 0); use --tp-size 1, 2, 4, 12"
     )
     assert tp_layout_problem(8, 8, 66, 4) == (
         "--tp-size 4 does not divide the model's MLP intermediate size 66 (66 % 4 = 2); use --tp-size 1, 2"
