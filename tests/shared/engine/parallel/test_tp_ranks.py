@@ -75,7 +75,7 @@ def test_a_hung_rank_times_out_the_step(tiny_llama_dir: Path) -> None:
         runner.close()
 
 
-def test_engine_ends_streams_when_a_rank_dies(tiny_llama_dir: Path) -> None:
+def test_engine_step_names_the_lost_rank(tiny_llama_dir: Path) -> None:
     from shared.config.groups import CacheConfig, DeviceConfig, ModelConfig, ParallelConfig, SchedulerConfig
 
     engine = Engine.from_groups(
