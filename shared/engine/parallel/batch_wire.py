@@ -7,7 +7,6 @@ The attention metadata is not sent: every rank derives it from the batch with th
 
 from __future__ import annotations
 
-import dataclasses
 from datetime import timedelta
 from enum import IntEnum
 
@@ -82,16 +81,3 @@ def receive(group: dist.ProcessGroup, device: torch.device) -> ForwardBatch | No
         page_size=page_size,
         num_prompt_rows=prompt_rows,
     )
-
-
-def same_batch(a: ForwardBatch, b: ForwardBatch) -> bool:
-    """Field-by-field equality (tests)."""
-    for f in dataclasses.fields(ForwardBatch):
-        x, y = getattr(a, f.name), getattr(b, f.name)
-        if isinstance(x, torch.Tensor) and not torch.equal(x.cpu(), y.cpu()):
-            return False
-        if isinstance(x, np.ndarray) and not np.array_equal(x, y):
-            return False
-        if isinstance(x, int | None) and x != y:
-            return False
-    return True
