@@ -209,8 +209,10 @@ class EngineSimConfig:
 
 @dataclass(frozen=True, kw_only=True)
 class ParallelConfig:
-    tp_size: A[int, Arg("Tensor-parallel degree (1 on CPU)", min=1, max=64)] = 1
-    dp_size: A[int, Arg("Data-parallel engine replicas in this service", min=1, max=64)] = 1
+    tp_size: A[
+        int, Arg("Tensor-parallel degree: one process per rank (GPUs on cuda; the cores split on cpu)", min=1, max=64)
+    ] = 1
+    dp_size: A[int, Arg("Data-parallel engine replicas in this service (only 1 for now)", min=1, max=64)] = 1
 
 
 @dataclass(frozen=True, kw_only=True)

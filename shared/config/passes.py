@@ -13,9 +13,10 @@ import os
 from shared.config.choices import AttentionBackend, Dtype, KVCacheDtype, LinearBackend
 from shared.config.context import Pass, PassContext
 from shared.config.cpu_features import cpu_auto_dtype
-from shared.config.devices import DeviceKind, cuda_name, parse_device, process_gpus
+from shared.config.devices import DeviceKind, parse_device
 from shared.config.errors import ConfigError
 from shared.config.groups import BUNDLED_MODEL
+from shared.config.parallel_passes import check_parallel_fits, check_tp_layout
 from shared.config.plan_passes import plan_kv_cache_memory
 from shared.config.quant_passes import check_quantization, resolve_kv_attention
 from shared.config.resolved import ResolvedConfig
@@ -86,36 +87,6 @@ def resolve_device(cfg: ResolvedConfig, ctx: PassContext) -> ResolvedConfig:
     if name.gpu is not None:
         return cfg.derive("device.device", DeviceKind.CUDA.value, f"{text}: cuda with --base-gpu-id {name.gpu}")
     return cfg
-
-
-def check_parallel_fits(cfg: ResolvedConfig, ctx: PassContext) -> ResolvedConfig:
-    """tp_size > 1 needs CUDA; the process's GPUs (base_gpu_id + i x gpu_id_step for its tp_size x dp_size ranks)
-    are visible."""
-    tp, dp = (cfg.parallel.tp_size, cfg.parallel.dp_size) if cfg.has("parallel") else (1, 1)
-    if cfg.device.device == DeviceKind.CPU and tp > 1:
-        raise cfg.origin("parallel.tp_size").fail(
-            str(tp), "needs CUDA devices (device is cpu)", "use --tp-size 1 on cpu; --dp-size adds engine replicas"
-        )
-    if cfg.device.device != DeviceKind.CUDA:
-        return cfg
-    base, step = cfg.device.base_gpu_id, cfg.device.gpu_id_step
-    ids = process_gpus(base, step, tp * dp)
-    gpus = ctx.probe.cuda_device_count()
-    if ids[-1] < gpus:
-        return cfg
-    if not cfg.has("parallel"):
-        raise cfg.origin("device.base_gpu_id").fail(
-            str(base), f"names cuda:{base} but {gpus} GPUs are visible", f"use a GPU below {gpus}"
-        )
-    if base == 0 and step == 1:
-        raise ConfigError(
-            f"--tp-size {tp} x --dp-size {dp} needs {tp * dp} GPUs but {gpus} are visible; lower --tp-size or --dp-size"
-        )
-    raise ConfigError(
-        f"--tp-size {tp} x --dp-size {dp} from --base-gpu-id {base} with --gpu-id-step {step} needs "
-        f"{', '.join(map(cuda_name, ids))} but {gpus} GPUs are visible (cuda:0..cuda:{gpus - 1}); lower "
-        "--base-gpu-id, --gpu-id-step, --tp-size or --dp-size"
-    )
 
 
 def resolve_dtype(cfg: ResolvedConfig, ctx: PassContext) -> ResolvedConfig:
@@ -463,6 +434,7 @@ def check_planner_bounds(cfg: ResolvedConfig, ctx: PassContext) -> ResolvedConfi
 PASSES: tuple[Pass, ...] = (
     resolve_device,
     check_parallel_fits,
+    check_tp_layout,
     resolve_dtype,
     resolve_kv_cache_dtype,
     resolve_threads,

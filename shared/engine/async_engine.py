@@ -23,7 +23,7 @@ from typing import TypeVar
 import torch
 
 from shared.engine.engine import Engine, EngineStats, EngineStepError
-from shared.engine.errors import EngineError, RequestFailed
+from shared.engine.errors import EngineError, RankLost, RequestFailed
 from shared.engine.request import MediaInput, RequestOutput
 from shared.engine.scheduler.forks import fork_id
 from shared.modelspec.sampling import SamplingParams
@@ -241,6 +241,9 @@ class AsyncEngine:
             except EngineStepError as e:
                 self.last_error = e
                 self._deliver([(rid, e) for rid in e.req_ids])
+                if isinstance(e.__cause__, RankLost):  # no later step can run: end every stream now, loudly
+                    self._stopping = True
+                    self._deliver([(rid, e.__cause__) for rid in list(self._streams)])
                 continue
             # a request whose own processing failed ends its stream with RequestFailed; the others go on
             self._deliver([(o.req_id, RequestFailed(o.error) if o.error else o) for o in outputs])

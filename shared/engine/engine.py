@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from shared.config.choices import AttentionBackend, Dtype, Fault, GrammarBackendKind, LinearBackend
+from shared.config.roles import Role
 from shared.engine.errors import EngineError
 from shared.engine.grammar import GrammarBackend, MaskFiller
 from shared.engine.page_allocator import PageAllocator
@@ -42,6 +43,7 @@ if TYPE_CHECKING:
         DisaggConfig,
         KernelConfig,
         ModelConfig,
+        ParallelConfig,
         SchedulerConfig,
         TokenizerConfig,
     )
@@ -226,9 +228,11 @@ class Engine:
         on_kv_event: Callable[[KVEvent], None] | None = None,
         disagg: DisaggConfig | None = None,
         cuda_graph: CudaGraphConfig | None = None,
+        parallel: ParallelConfig | None = None,
     ) -> Engine:
-        """Build the runner (weights + KV pool) and the engine from resolved config groups."""
-        from shared.engine.model_runner import ModelRunner
+        """Build the runner (weights + KV pool; one process per rank at --tp-size > 1) and the engine from
+        resolved config groups."""
+        from shared.engine.build_runner import build_runner, rank_threads
         from shared.modelspec.bundled import resolve_model_path
 
         dev = device.device if device is not None else "auto"
@@ -237,11 +241,12 @@ class Engine:
         dtype = model.dtype if model.dtype != Dtype.AUTO else (Dtype.BFLOAT16 if dev == "cuda" else Dtype.FLOAT32)
         # the runner resolves auto
         backend = AttentionBackend(kernels.attention_backend) if kernels is not None else AttentionBackend.AUTO
-        threads = device.threads if device is not None and device.threads > 0 else None
+        tp = parallel.tp_size if parallel is not None else 1
+        threads = rank_threads(device.threads if device is not None and device.threads > 0 else None, tp, dev)
         if threads:
             torch.set_num_threads(threads)  # before loading: weight conversion uses the intra-op pool too
         path = resolve_model_path(model.model, model.model_cache_dir)
-        runner = ModelRunner(
+        runner = build_runner(
             path,
             dtype=dtype,
             kv_cache_dtype=None if cache.kv_cache_dtype == "auto" else str(cache.kv_cache_dtype),
@@ -254,7 +259,10 @@ class Engine:
             linear_backend=LinearBackend(kernels.linear_backend) if kernels is not None else LinearBackend.AUTO,
             max_batch_tokens=max_step_tokens(scheduler),
             context_length=model.context_length,
-            cuda_graph_bs=_graph_sizes(cuda_graph),
+            cuda_graph_bs=_graph_sizes(cuda_graph) if tp == 1 else (),  # not captured at tp > 1 yet
+            tp_size=tp,
+            threads=threads,
+            device_cfg=device,
         )
         tok_dir = tokenizer.tokenizer if tokenizer is not None and tokenizer.tokenizer else str(path)
         from transformers import AutoTokenizer
@@ -276,7 +284,12 @@ class Engine:
     @classmethod
     def from_config(cls, cfg: ResolvedConfig, *, on_kv_event: Callable[[KVEvent], None] | None = None) -> Engine:
         """From the resolved config of an engine role (prefill, decode, worker): its model, cache, scheduler,
-        kernels, device, tokenizer, disagg and cuda_graph groups."""
+        kernels, device, tokenizer, disagg, cuda_graph and parallel groups."""
+        if cfg.parallel.tp_size > 1 and cfg.role is not Role.WORKER:  # the hand-off moves one process's pages
+            raise ValueError(
+                f"--tp-size {cfg.parallel.tp_size}: --tp-size > 1 is supported for the colocated worker only for now "
+                f"(this is the {cfg.role} role)"
+            )
         return cls.from_groups(
             model=cfg.model,
             cache=cfg.cache,
@@ -287,6 +300,7 @@ class Engine:
             on_kv_event=on_kv_event,
             disagg=cfg.disagg,
             cuda_graph=cfg.cuda_graph,
+            parallel=cfg.parallel,
         )
 
     # ---- requests ----------------------------------------------------------------------------------------------

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from shared.modelspec.errors import InvalidRequest
 
-__all__ = ["EngineError", "InvalidRequest", "QueueFull", "RequestFailed", "UnknownRequest"]
+__all__ = ["EngineError", "InvalidRequest", "QueueFull", "RankLost", "RequestFailed", "UnknownRequest"]
 
 
 class EngineError(Exception):
@@ -35,3 +35,8 @@ class RequestFailed(EngineError):
     """Processing this one request failed (its logits processing, grammar step, detokenizing or stop check) and
     it was aborted; the engine and the other requests of its batch go on untouched. Neither the client's input
     (that is InvalidRequest, refused before admission) nor a sick instance: a circuit breaker never counts it."""
+
+
+class RankLost(EngineError):
+    """A tensor-parallel rank of this instance exited or stopped answering: no step can be computed without it, so
+    the engine stops (its streams end with this error) instead of failing every later step one by one."""

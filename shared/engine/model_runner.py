@@ -11,7 +11,7 @@ import functools
 import json
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 import torch
 
@@ -21,6 +21,7 @@ from shared.engine.forward_batch import ForwardBatch, build_forward_batch
 from shared.engine.kv_pool import KVPool, num_pages_for_budget, torch_dtype
 from shared.engine.kv_scales import read_kv_scales
 from shared.engine.models import LlamaForCausalLM, build_model, load_model_config
+from shared.engine.models.config import GEMMA_TYPES, ModelArchConfig
 from shared.engine.models.llama import DecoderLayer
 from shared.engine.models.llava import LlavaWeights, canonical_name, load_llava_config
 from shared.engine.types import SchedulerOutput
@@ -30,6 +31,10 @@ from shared.kernels.dispatch import select_attention_backend
 from shared.kernels.elementwise import elementwise_ops
 from shared.kernels.linear import select_linear_backend
 from shared.modelspec.kv_layout import KVLayout
+
+if TYPE_CHECKING:
+    from shared.engine.models import ModelArchConfig, WeightSlot
+    from shared.engine.models.tp_hooks import TPComm
 
 # When neither num_pages nor kv_budget_bytes is given: enough for a few full batches, small enough for a laptop.
 DEFAULT_KV_BUDGET_BYTES = 512 * 1024 * 1024
@@ -49,6 +54,51 @@ def kv_attention_backend(name: str, kv_dtype: str, dtype: str) -> str:
             "use --attention-backend torch"
         )
     return "torch"
+
+
+class ModelShard(Protocol):
+    """One rank's part of a tensor-parallel model (shared/engine/parallel/shard.py implements it): a protocol
+    here so the runner never imports the parallel package, which imports the runner."""
+
+    @property
+    def size(self) -> int:
+        """Ranks in the group."""
+        ...
+
+    @property
+    def comm(self) -> TPComm:
+        """This rank's collectives."""
+        ...
+
+    def local_arch(self, arch: ModelArchConfig) -> ModelArchConfig:
+        """The config this rank's model is built from (its heads, KV heads, intermediate size, vocab rows)."""
+        ...
+
+    def weight_map(self, full: dict[str, WeightSlot]) -> dict[str, WeightSlot]:
+        """The model's weight map with the slice of each checkpoint tensor this rank reads."""
+        ...
+
+    def prepare(self, model: LlamaForCausalLM) -> None:
+        """Before loading (padding rows)."""
+        ...
+
+    def finish(self, model: LlamaForCausalLM) -> None:
+        """After loading (biases only one rank adds)."""
+        ...
+
+
+def _check_shardable(
+    tp: int, model_dir: Path, device: torch.device, cuda_graph_bs: Sequence[int], arch: ModelArchConfig, quantized: bool
+) -> None:
+    """ValueError for what tensor parallelism does not cover yet."""
+    if arch.model_type in (*GEMMA_TYPES, "phi3"):  # Gemma's extra norms, Phi-3's fused checkpoint tensors
+        raise ValueError(f"--tp-size {tp}: {arch.architecture} runs at --tp-size 1 only for now")
+    if quantized:  # the block scales are not sliced per rank
+        raise ValueError(f"--tp-size {tp}: quantized weights (--quantization) run at --tp-size 1 only for now")
+    if load_llava_config(model_dir) is not None:
+        raise ValueError(f"--tp-size {tp}: vision-language models run at --tp-size 1 only for now")
+    if device.type == "cuda" and cuda_graph_bs:
+        raise ValueError(f"--tp-size {tp}: CUDA graphs are not captured at tp > 1 yet; add --disable-cuda-graph")
 
 
 class ModelRunner:
@@ -77,7 +127,10 @@ class ModelRunner:
         max_batch_tokens: int = 4096,
         context_length: int | None = None,
         cuda_graph_bs: Sequence[int] = (),
+        shard: ModelShard | None = None,
     ) -> None:
+        """shard: this process is one rank of a tensor-parallel group (shared/engine/parallel): it builds and
+        loads only its part of the model, and its KV pool holds only its KV heads."""
         model_dir = Path(model_dir)
         if page_size < 1 or page_size & (page_size - 1):
             raise ValueError(f"page_size must be a power of two (got {page_size}); try 16")
@@ -99,16 +152,22 @@ class ModelRunner:
         kv_dtype = kv_cache_dtype or dtype  # None: the model's dtype
         if kv_dtype != dtype:  # fp8, or bf16 under fp32: the torch ops widen the pages; no (Triton) decode graphs
             attention_backend, cuda_graph_bs = kv_attention_backend(attention_backend, kv_dtype, dtype), ()
+        self.shard = shard
+        arch = self.arch if shard is None else shard.local_arch(self.arch)
+        if shard is not None:
+            quantized = self.quant is not None or quantization is not None
+            _check_shardable(shard.size, model_dir, self.device, cuda_graph_bs, self.arch, quantized)
         # The attention backend decides the other kernels too: Triton attention comes with Triton norms/rotary/act.
         self.attn = select_attention_backend(attention_backend, self.device, self.dtype)
         # Built on its device: each checkpoint tensor is copied there as it is read (weights.py), no host copy.
         self.model: LlamaForCausalLM = build_model(
-            self.arch,
+            arch,
             self.dtype,
             max_positions=self.context_length,
             ops=elementwise_ops(self.attn.name),
             device=self.device if self.device.type != "cpu" else None,
             quant=self.quant,
+            tp=None if shard is None else shard.comm,
         )
         self.llava = load_llava_config(model_dir)  # None: a text-only model
         self._load_weights(model_dir)
@@ -125,7 +184,7 @@ class ModelRunner:
             dtype=kv_dtype,
             page_size=page_size,
             num_layers=self.arch.num_layers,
-            num_kv_heads=self.arch.num_kv_heads,
+            num_kv_heads=arch.num_kv_heads,  # this rank's under tensor parallelism
             head_dim=self.arch.head_dim,
         )
         if num_pages is None:
@@ -150,14 +209,24 @@ class ModelRunner:
             )
 
     def _load_weights(self, model_dir: Path) -> None:
-        if self.llava is None:
-            load_weights(self.model, self.model.hf_weight_map(), model_dir, tied_lm_head=self.arch.tie_word_embeddings)
-            return
-        # the decoder half of a vision-language checkpoint (the tower runs in a VisionEncoderRunner)
-        text = LlavaWeights(self.model, None)
-        load_weights(
-            text, text.hf_weight_map(), model_dir, rename=canonical_name, skip_prefixes=text.skipped_prefixes(self.arch)
-        )
+        """The checkpoint into self.model: this rank's slice of each tensor under tensor parallelism, the decoder
+        half of a vision-language checkpoint (its tower runs in a VisionEncoderRunner), or the whole model."""
+        tied = self.arch.tie_word_embeddings
+        if self.shard is not None:
+            self.shard.prepare(self.model)
+            load_weights(self.model, self.shard.weight_map(self.model.hf_weight_map()), model_dir, tied_lm_head=tied)
+            self.shard.finish(self.model)
+        elif self.llava is None:
+            load_weights(self.model, self.model.hf_weight_map(), model_dir, tied_lm_head=tied)
+        else:
+            text = LlavaWeights(self.model, None)
+            load_weights(
+                text,
+                text.hf_weight_map(),
+                model_dir,
+                rename=canonical_name,
+                skip_prefixes=text.skipped_prefixes(self.arch),
+            )
 
     def _make_pool(self, num_pages: int) -> KVPool:
         """The KV pool of self.layout, with the checkpoint's k/v scales when its pages are fp8, populating."""

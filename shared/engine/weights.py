@@ -19,6 +19,7 @@ from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import torch
 from safetensors import safe_open
@@ -103,6 +104,16 @@ def _pieces(files: list[Path], threads: int) -> list[tuple[Path, list[str]]]:
     return pieces
 
 
+def _read(f: Any, name: str, source: tuple[int, int, int] | None) -> torch.Tensor:
+    """The tensor `name`, or only its slice `source` = (dim, start, end) (a tensor-parallel rank's part: the other
+    ranks' rows or columns are never read). Memory-mapped: only the pages read are touched."""
+    if source is None:
+        return f.get_tensor(name)
+    dim, start, end = source
+    part = f.get_slice(name)
+    return part[start:end] if dim == 0 else part[:, start:end]
+
+
 def _load_piece(path: Path, names: list[str], rules: _Rules) -> _Found:
     found = _Found()
     with torch.no_grad(), safe_open(str(path), framework="pt") as f:
@@ -119,7 +130,7 @@ def _load_piece(path: Path, names: list[str], rules: _Rules) -> _Found:
             if slot.start is not None:
                 target = target[slot.start : slot.end]
             want = target.shape[1:] if slot.broadcast else target.shape
-            tensor = f.get_tensor(raw)  # memory-mapped: only this tensor's pages are read
+            tensor = _read(f, raw, slot.source)  # memory-mapped: only the pages read are touched
             if slot.transpose:
                 tensor = tensor.t()
             if slot.row_block and tensor.dim() == 2 and tensor.shape[0] == -(-want[0] // slot.row_block):

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import torch
 
 from shared.config.quantization import QuantSpec
@@ -15,6 +17,9 @@ from shared.engine.models.config import (
 from shared.engine.models.gemma import GemmaForCausalLM
 from shared.engine.models.llama import LlamaForCausalLM, WeightSlot
 from shared.kernels.elementwise import TORCH_OPS, ElementwiseOps
+
+if TYPE_CHECKING:
+    from shared.engine.models.tp_hooks import TPComm
 
 __all__ = [
     "SUPPORTED_ARCHITECTURES",
@@ -34,10 +39,12 @@ def build_model(
     ops: ElementwiseOps = TORCH_OPS,
     device: torch.device | None = None,
     quant: QuantSpec | None = None,
+    tp: TPComm | None = None,
 ) -> LlamaForCausalLM:
     """An unloaded model for `cfg` (Gemma's own class; the other families' differences are flags on the config),
     calling the norm/rotary/activation kernels in `ops`, its parameters allocated on `device` (default: the CPU);
-    `quant`: its projections' weights fp8 or int4 blocks (shared.config.quantization)."""
+    `quant`: its projections' weights fp8 or int4 blocks (shared.config.quantization); `tp`: a tensor-parallel
+    rank's collectives (cfg then sized per rank)."""
     assert cfg.architecture in SUPPORTED_ARCHITECTURES, cfg.architecture  # parse_model_config refused the rest
     cls = GemmaForCausalLM if cfg.model_type in GEMMA_TYPES else LlamaForCausalLM
-    return cls(cfg, dtype, max_positions, ops, device, quant)
+    return cls(cfg, dtype, max_positions, ops, device, quant, tp)

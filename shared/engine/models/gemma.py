@@ -11,6 +11,8 @@
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -25,6 +27,9 @@ from shared.kernels.elementwise import TORCH_OPS, ElementwiseOps
 from shared.kernels.linear import LinearBackend, PackedWeight
 from shared.kernels.rotary import RotaryCache
 
+if TYPE_CHECKING:
+    from shared.engine.models.tp_hooks import TPComm
+
 
 class GemmaDecoderLayer(DecoderLayer):
     """post_norm is Gemma's post_attention_layernorm (on the attention's output); pre_ff_norm and post_ff_norm
@@ -37,8 +42,9 @@ class GemmaDecoderLayer(DecoderLayer):
         dtype: torch.dtype,
         ops: ElementwiseOps = TORCH_OPS,
         quant: QuantSpec | None = None,
+        tp: TPComm | None = None,
     ) -> None:
-        super().__init__(cfg, layer_id, dtype, ops, quant)
+        super().__init__(cfg, layer_id, dtype, ops, quant, tp)
         self.pre_ff_norm = _param(cfg.hidden_size, dtype=dtype)
         self.post_ff_norm = _param(cfg.hidden_size, dtype=dtype)
 
@@ -95,8 +101,9 @@ class GemmaForCausalLM(LlamaForCausalLM):
         ops: ElementwiseOps = TORCH_OPS,
         device: torch.device | None = None,
         quant: QuantSpec | None = None,
+        tp: TPComm | None = None,
     ) -> None:
-        super().__init__(cfg, dtype, max_positions, ops, device, quant)
+        super().__init__(cfg, dtype, max_positions, ops, device, quant, tp)
         # Gemma 3's local layers: the same positions, another base (no scaling); None = the global tables
         self.local_rotary: RotaryCache | None = None
         if cfg.local_rope_theta is not None:

@@ -36,6 +36,7 @@ from shared.kernels.linear import LinearBackend, NativeLinear, NativePacked, Pac
 from shared.kernels.rotary import RotaryCache
 
 if TYPE_CHECKING:
+    from shared.engine.models.tp_hooks import TPComm
     from shared.kernels.native.decode_layers import NativeDecodeLayers
 
 
@@ -52,11 +53,14 @@ class DecoderLayer(nn.Module):
         dtype: torch.dtype,
         ops: ElementwiseOps = TORCH_OPS,
         quant: QuantSpec | None = None,
+        tp: TPComm | None = None,
     ) -> None:
+        """cfg: sized per rank under tensor parallelism (shared/engine/parallel/shard.py); tp: its collectives."""
         super().__init__()
         self.layer_id = layer_id
         self.quant = quant
         wdtype = weight_dtype(quant, dtype)  # the projections' weights as the checkpoint's (quant_params.py)
+        self.tp = tp
         self.ops = ops
         h, kvh, d = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
         self.num_heads, self.num_kv_heads, self.head_dim = h, kvh, d
@@ -195,8 +199,12 @@ class DecoderLayer(nn.Module):
         else:
             x, residual = self.ops.fused_add_rms_norm(hidden, residual, self.input_norm, self.eps)
         x = self.attention(x, cos, sin, batch, kv, attn, meta)
+        if self.tp is not None:  # o is row-parallel: this rank's heads' partial sum
+            x = self.tp.all_reduce(x)
         x, residual = self.ops.fused_add_rms_norm(x, residual, self.post_norm, self.eps)
         x = self.exact.apply(self._gated(x), self.packed["down"])
+        if self.tp is not None:  # down is row-parallel: this rank's intermediate columns' partial sum
+            x = self.tp.all_reduce(x)
         return x, residual
 
     def attention(
@@ -256,9 +264,13 @@ class LlamaForCausalLM(nn.Module):
         ops: ElementwiseOps = TORCH_OPS,
         device: torch.device | None = None,
         quant: QuantSpec | None = None,
+        tp: TPComm | None = None,
     ) -> None:
+        """tp: this rank's collectives, with cfg sized per rank (shared/engine/parallel/shard.py); None: one
+        process holds the whole model."""
         super().__init__()
         self.cfg = cfg
+        self.tp = tp
         self.dtype = dtype
         # the dtype of the hidden states: fp32 on the native CPU kernels (they take fp32 activations, whatever the
         # weights' dtype), the weights' dtype elsewhere
@@ -268,7 +280,7 @@ class LlamaForCausalLM(nn.Module):
         # RoPE tables are computed on the CPU and moved by to_device, as before.
         with torch.device(device or "cpu"):
             self.embed_tokens = _param(cfg.vocab_size, cfg.hidden_size, dtype=dtype)
-            self.layers = nn.ModuleList(self.layer_class(cfg, i, dtype, ops, quant) for i in range(cfg.num_layers))
+            self.layers = nn.ModuleList(self.layer_class(cfg, i, dtype, ops, quant, tp) for i in range(cfg.num_layers))
             self.norm = _param(cfg.hidden_size, dtype=dtype)
             self.lm_head = (
                 self.embed_tokens if cfg.tie_word_embeddings else _param(cfg.vocab_size, cfg.hidden_size, dtype=dtype)
@@ -304,7 +316,8 @@ class LlamaForCausalLM(nn.Module):
         self.packed = {"lm_head": backend.pack(self.lm_head)}
         if self.packed["lm_head"] is not self.lm_head and not self.cfg.tie_word_embeddings:
             self.lm_head.data = self.lm_head.data.new_empty(0)
-        self.fused_decode = self._native_decode_layers(backend)
+        # the one-call decode has no all-reduce between its layers: tensor-parallel ranks run the layers one by one
+        self.fused_decode = self._native_decode_layers(backend) if self.tp is None else None
         self._fused_with = (backend, self.ops)
 
     def _upcast_vectors(self) -> None:
@@ -395,7 +408,10 @@ class LlamaForCausalLM(nn.Module):
 
         Returns the final-normed hidden states of the rows in batch.logits_indices: [n, hidden].
         """
-        hidden = F.embedding(batch.input_ids, self.embed_tokens).to(self.act_dtype)  # [T, hidden]
+        if self.tp is None:
+            hidden = F.embedding(batch.input_ids, self.embed_tokens).to(self.act_dtype)  # [T, hidden]
+        else:  # vocab-parallel: this rank's rows, summed over ranks
+            hidden = self.tp.embed(batch.input_ids, self.embed_tokens).to(self.act_dtype)
         if batch.embed_rows is not None:  # image embeddings in place of their placeholder tokens' embeddings
             assert batch.embed_values is not None
             hidden.index_copy_(0, batch.embed_rows, batch.embed_values.to(hidden.dtype))
@@ -429,4 +445,5 @@ class LlamaForCausalLM(nn.Module):
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """[n, hidden] -> float32 logits [n, vocab]."""
-        return self.linear.apply(hidden, self.packed["lm_head"]).float()
+        logits = self.linear.apply(hidden, self.packed["lm_head"]).float()
+        return logits if self.tp is None else self.tp.gather_logits(logits)  # vocab-parallel: every rank's columns

@@ -52,12 +52,14 @@ def test_real_probe_detects_this_host() -> None:
 
 
 def test_parallel_conflicts(make_ctx, ctx: PassContext) -> None:
-    with pytest.raises(ConfigError, match=r"^--tp-size 2 needs CUDA devices \(device is cpu\)"):
-        resolve("decode", ["--tp-size", "2"], env={}, ctx=ctx)
-    with pytest.raises(ConfigError, match=r"--tp-size 2 x --dp-size 2 needs 4 GPUs but 2 are visible"):
-        resolve("decode", ["--tp-size", "2", "--dp-size", "2"], env={}, ctx=make_ctx(cuda=True, gpus=2))
+    # tensor parallelism runs one process per rank: on cpu the ranks share the cores
+    assert resolve("worker", ["--tp-size", "2"], env={}, ctx=ctx).parallel.tp_size == 2
+    with pytest.raises(ConfigError, match=r"--tp-size 4 x --dp-size 1 needs 4 GPUs but 2 are visible"):
+        resolve("decode", ["--tp-size", "4"], env={}, ctx=make_ctx(cuda=True, gpus=2))
     assert resolve("decode", ["--tp-size", "2"], env={}, ctx=make_ctx(cuda=True, gpus=2)).parallel.tp_size == 2
-    assert resolve("decode", ["--dp-size", "2"], env={}, ctx=ctx).parallel.dp_size == 2  # replicas work on cpu
+    # data-parallel replicas are not built: refused, never silently ignored
+    with pytest.raises(ConfigError, match=r"^--dp-size 2 is not supported yet \(an instance runs one engine\); use"):
+        resolve("decode", ["--dp-size", "2"], env={}, ctx=ctx)
 
 
 def test_dtypes(make_ctx, ctx: PassContext) -> None:

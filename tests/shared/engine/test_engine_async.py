@@ -13,7 +13,7 @@ from test_engine_fakes import FakeRunner, reference_greedy
 from shared.config.groups import CacheConfig, SchedulerConfig
 from shared.engine.async_engine import AsyncEngine
 from shared.engine.engine import Engine, EngineStepError
-from shared.engine.errors import InvalidRequest, QueueFull
+from shared.engine.errors import EngineError, InvalidRequest, QueueFull, RankLost
 from shared.engine.request import RequestOutput
 from shared.engine.types import SchedulerOutput
 from shared.modelspec.sampling import SamplingParams
@@ -266,3 +266,26 @@ def test_stream_interval_below_one_is_refused() -> None:
 
 def _engine() -> Engine:
     return Engine(SlowRunner(64, P), cache=CacheConfig(page_size=P), scheduler=SchedulerConfig())
+
+
+class LosesARank(SlowRunner):
+    """A tensor-parallel runner whose other rank dies once a step holds token 66 (shared/engine/parallel)."""
+
+    def forward(self, out: SchedulerOutput) -> torch.Tensor:
+        if any(66 in s.token_ids for s in out.seqs):
+            raise RankLost("tensor-parallel rank 1 of 2 (pid 1) exited with code -9")
+        return super().forward(out)
+
+
+async def test_a_lost_rank_ends_every_stream_and_stops_the_engine(aengine):
+    ae = aengine(LosesARank(64, P))
+    long = asyncio.ensure_future(collect(ae, "long", [1, 2], greedy(200)))
+    await asyncio.sleep(0.05)  # "long" is decoding when the rank dies
+    with pytest.raises(EngineStepError) as boom:
+        await collect(ae, "boom", [66, 1], greedy(3))
+    assert isinstance(boom.value.__cause__, RankLost)
+    with pytest.raises((EngineStepError, RankLost)) as other:  # in the failed step, or ended after it
+        await long
+    assert "rank 1 of 2" in str(other.value)
+    with pytest.raises(EngineError, match="shut down"):  # no step can run without the rank: refused, not hung
+        await collect(ae, "later", [3, 4], greedy(2))
