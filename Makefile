@@ -22,8 +22,8 @@ status:
 	@$(VENV)/bin/pdrelay status
 
 # ruff (lint + format), mypy, import-linter's contracts and deptry (settings in pyproject.toml); the native kernels'
-# C layout (clang-format) and warnings (scripts/check_native.py); the largest files and functions (scripts/size_report.py,
-# report only).
+# C layout (clang-format) and warnings (scripts/check_native.py); no product file over 500 lines or function over 80
+# (scripts/size_report.py).
 lint: install
 	@bash scripts/lint.sh
 

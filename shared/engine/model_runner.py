@@ -157,6 +157,13 @@ class ModelRunner:
         if shard is not None:
             quantized = self.quant is not None or quantization is not None
             _check_shardable(shard.size, model_dir, self.device, cuda_graph_bs, self.arch, quantized)
+        self._build_model(arch, attention_backend, linear_backend, quantization)
+        self._build_kv(arch, kv_dtype, num_pages, kv_budget_bytes, cuda_graph_bs)
+
+    def _build_model(
+        self, arch: ModelArchConfig, attention_backend: str, linear_backend: str, quantization: str | None
+    ) -> None:
+        """self.attn, self.model (loaded, on its device) and self.linear; `arch` is this rank's config."""
         # The attention backend decides the other kernels too: Triton attention comes with Triton norms/rotary/act.
         self.attn = select_attention_backend(attention_backend, self.device, self.dtype)
         # Built on its device: each checkpoint tensor is copied there as it is read (weights.py), no host copy.
@@ -167,10 +174,10 @@ class ModelRunner:
             ops=elementwise_ops(self.attn.name),
             device=self.device if self.device.type != "cpu" else None,
             quant=self.quant,
-            tp=None if shard is None else shard.comm,
+            tp=None if self.shard is None else self.shard.comm,
         )
-        self.llava = load_llava_config(model_dir)  # None: a text-only model
-        self._load_weights(model_dir)
+        self.llava = load_llava_config(self.model_dir)  # None: a text-only model
+        self._load_weights(self.model_dir)
         self.model.post_load()
         self._quantize_online(quantization)
         self.model.eval()
@@ -180,6 +187,16 @@ class ModelRunner:
         self.linear = DequantLinear(self.linear) if self.quant is not None else self.linear
         self.model.use_linear(self.linear)
 
+    def _build_kv(
+        self,
+        arch: ModelArchConfig,
+        kv_dtype: str,
+        num_pages: int | None,
+        kv_budget_bytes: int | None,
+        cuda_graph_bs: Sequence[int],
+    ) -> None:
+        """self.layout, self.num_pages, self.kv and self.graphs (decode CUDA graphs, cuda only)."""
+        page_size = self.page_size
         self.layout = KVLayout(
             dtype=kv_dtype,
             page_size=page_size,
