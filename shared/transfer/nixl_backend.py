@@ -8,10 +8,12 @@ progress()/notifications(). Between processes on one host UCX picks `cma` (proce
 
 from __future__ import annotations
 
+import contextlib
 import ipaddress
 import logging
 import os
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -80,6 +82,25 @@ def prepare_ucx_env(host: str, options: TransferOptions | None = None) -> None:
         os.environ.setdefault("UCX_MODULES", "^ib")
 
 
+@contextlib.contextmanager
+def ucx_env_for_agent(host: str, options: TransferOptions | None = None) -> Iterator[None]:
+    """prepare_ucx_env's choices in force while an agent is created (UCX reads them then), the process's UCX_*
+    variables as they were afterwards.
+
+    Left set, they would be inherited by every process this one starts: a test or tool that made a loopback engine
+    (UCX_NET_DEVICES=lo) and then starts services on other network namespaces would have them advertise loopback
+    only, unreachable from their peers (every hand-off to them rejected with NIXL_ERR_BACKEND).
+    """
+    before = {k: v for k, v in os.environ.items() if k.startswith("UCX_")}
+    prepare_ucx_env(host, options)
+    try:
+        yield
+    finally:
+        for key in [k for k in os.environ if k.startswith("UCX_") and k not in before]:
+            del os.environ[key]
+        os.environ.update(before)
+
+
 def quiet_nixl_logging() -> None:
     """NIXL's Python logger writes INFO lines to stdout, which would break services' stdout ready-line protocol:
     send them to stderr, at WARNING unless NIXL_LOG_LEVEL (NIXL's own knob) asks for something else."""
@@ -102,14 +123,16 @@ class NixlEngine(TransferEngine):
 
     def __init__(self, name: str, host: str, options: TransferOptions | None = None) -> None:
         super().__init__(name, host)
-        prepare_ucx_env(host, options)  # before the import: UCX reads its global options when its library loads
-        nixl_agent, nixl_agent_config = import_nixl()
-        quiet_nixl_logging()
-        cfg = nixl_agent_config(enable_prog_thread=False, enable_listen_thread=False, backends=["UCX"])
-        try:
-            self._agent = nixl_agent(name, cfg)
-        except Exception as e:
-            raise BackendUnavailable(_nixl_error(f"cannot create NIXL agent {name!r}", e) + f"; {INSTALL_HINT}") from e
+        # before the import: UCX reads its global options when its library loads, the rest when the agent is made
+        with ucx_env_for_agent(host, options):
+            nixl_agent, nixl_agent_config = import_nixl()
+            quiet_nixl_logging()
+            cfg = nixl_agent_config(enable_prog_thread=False, enable_listen_thread=False, backends=["UCX"])
+            try:
+                self._agent = nixl_agent(name, cfg)
+            except Exception as e:
+                why = _nixl_error(f"cannot create NIXL agent {name!r}", e)
+                raise BackendUnavailable(f"{why}; {INSTALL_HINT}") from e
         if "UCX" not in self._agent.backends:
             raise BackendUnavailable(f"NIXL agent {name!r} has no UCX backend (plugins: {self._agent.plugin_list})")
 

@@ -32,10 +32,11 @@ def test_nixl_sets_ucx_from_options_and_the_operator_wins(monkeypatch: pytest.Mo
     for key in ("UCX_TLS", "UCX_NET_DEVICES"):
         monkeypatch.delenv(key, raising=False)
     monkeypatch.setenv("UCX_NET_DEVICES", "mlx5_3:1")  # the operator's choice
-    nixl_backend.prepare_ucx_env("10.0.0.5", TransferOptions("rdma", ("mlx5_0",), ("rc", "cuda_copy")))
     import os
 
-    assert os.environ["UCX_TLS"] == "rc,cuda_copy" and os.environ["UCX_NET_DEVICES"] == "mlx5_3:1"
+    with nixl_backend.ucx_env_for_agent("10.0.0.5", TransferOptions("rdma", ("mlx5_0",), ("rc", "cuda_copy"))):
+        assert os.environ["UCX_TLS"] == "rc,cuda_copy" and os.environ["UCX_NET_DEVICES"] == "mlx5_3:1"
+    assert "UCX_TLS" not in os.environ  # what the agent needed is not left to the next agent or child process
 
 
 def test_mooncake_starts_with_the_protocol_and_devices(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -57,3 +58,21 @@ def test_mooncake_starts_with_the_protocol_and_devices(monkeypatch: pytest.Monke
     assert calls == [("10.0.0.5", "P2PHANDSHAKE", "rdma", "mlx5_0,mlx5_1")] and eng.address == "10.0.0.5:15123"
     with pytest.raises(Exception, match=r"protocol 'tcp' on mlx5_0 \(rc -1\).*pdrelay\[cuda\]"):
         mooncake_backend.MooncakeEngine("m2", "10.0.0.5", "tcp", ("mlx5_0",))
+
+
+def test_a_loopback_agent_leaves_the_process_environment_as_it_was(monkeypatch: pytest.MonkeyPatch) -> None:
+    """UCX's settings hold while the agent is made, then go: a process that made a loopback engine must not hand
+    UCX_NET_DEVICES=lo to the services it starts on other hosts (they would advertise loopback only)."""
+    import os
+
+    from shared.transfer import create_engine
+
+    for key in [k for k in os.environ if k.startswith("UCX_")]:
+        monkeypatch.delenv(key)
+    monkeypatch.setenv("UCX_CMA_SEG_SIZE", "4m")  # the operator's own stays, and wins while the agent is made
+    with nixl_backend.ucx_env_for_agent("127.0.0.1"):
+        assert os.environ["UCX_NET_DEVICES"] == "lo" and os.environ["UCX_CMA_SEG_SIZE"] == "4m"
+    assert {k: v for k, v in os.environ.items() if k.startswith("UCX_")} == {"UCX_CMA_SEG_SIZE": "4m"}
+    with create_engine("nixl", name="env-check", host="127.0.0.1"):
+        pass
+    assert {k: v for k, v in os.environ.items() if k.startswith("UCX_")} == {"UCX_CMA_SEG_SIZE": "4m"}
