@@ -89,6 +89,7 @@ class ReasoningParser(enum.StrEnum):
 
     QWEN3 = "qwen3"
     DEEPSEEK_R1 = "deepseek-r1"
+    GPT_OSS = "gpt-oss"  # harmony channels: analysis is reasoning, final is the answer
 
 
 class ToolCallParser(enum.StrEnum):
@@ -97,6 +98,10 @@ class ToolCallParser(enum.StrEnum):
     HERMES = "hermes"  # <tool_call>{"name": ..., "arguments": {...}}</tool_call>
     LLAMA3 = "llama3"  # [<|python_tag|>]{"name": ..., "parameters": {...}}
     MISTRAL = "mistral"  # [TOOL_CALLS][{"name": ..., "arguments": {...}}, ...]
+    QWEN3_CODER = "qwen3_coder"  # <tool_call><function=f><parameter=p>value</parameter></function></tool_call>
+    DEEPSEEK_V3 = "deepseekv3"  # <｜tool▁call▁begin｜>function<｜tool▁sep｜>f ```json {...}```<｜tool▁call▁end｜>
+    DEEPSEEK_V31 = "deepseekv31"  # <｜tool▁call▁begin｜>f<｜tool▁sep｜>{...}<｜tool▁call▁end｜> (the same reader)
+    GPT_OSS = "gpt-oss"  # <|channel|>commentary to=functions.f <|constrain|>json<|message|>{...}<|call|>
 
 
 class LogLevel(enum.StrEnum):

@@ -17,6 +17,7 @@ from shared.config.devices import DeviceKind, parse_device
 from shared.config.errors import ConfigError
 from shared.config.groups import BUNDLED_MODEL
 from shared.config.parallel_passes import check_parallel_fits, check_tp_layout
+from shared.config.parser_passes import check_output_parsers
 from shared.config.plan_passes import plan_kv_cache_memory
 from shared.config.quant_passes import check_quantization, resolve_kv_attention
 from shared.config.resolved import ResolvedConfig
@@ -451,6 +452,7 @@ PASSES: tuple[Pass, ...] = (
     check_tls_files,
     check_ssl_files,
     check_planner_bounds,
+    check_output_parsers,
     resolve_cuda_graph_switches,
     cap_cuda_graph_max_bs,
     resolve_cuda_graph_bs,

@@ -383,7 +383,8 @@ class GatewayApp:
                 self.backend,
                 self.tokenizer,
                 q,
-                skip_special_tokens=plan.skip_special_tokens,
+                skip_special_tokens=plan.skip_special_tokens
+                and not (kind is ApiKind.CHAT and self.parsers.keeps_special_tokens),
                 metrics=self.metrics,
                 arrival=arrival,
             )

@@ -9,7 +9,7 @@ from typing import Any
 import msgspec
 
 from services.gateway.backend import TokenLogprob
-from services.gateway.openai.reasoning import ReasoningSplitter, split_reasoning
+from services.gateway.openai.reasoning import Splitter, make_splitter, split_reasoning
 from services.gateway.openai.responses import (
     AssistantMessage,
     ChatChoice,
@@ -100,7 +100,7 @@ class ChatFormatter(_Answer):
     def __init__(self, *args: Any, reasoning: ReasoningParser | None = None, **kw: Any) -> None:
         super().__init__(*args, **kw)
         self.reasoning = reasoning  # None: all text is content; else <think> text goes to reasoning_content
-        self._splitters: dict[int, ReasoningSplitter] = {}  # choice index -> its splitter (streaming)
+        self._splitters: dict[int, Splitter] = {}  # choice index -> its splitter (streaming)
 
     def split(self, d: Delta) -> tuple[str, str]:
         """A delta's text as (reasoning, content) that is safe to send now (all content without a parser)."""
@@ -108,7 +108,7 @@ class ChatFormatter(_Answer):
             return "", d.text
         s = self._splitters.get(d.index)
         if s is None:
-            s = self._splitters[d.index] = ReasoningSplitter(self.reasoning)
+            s = self._splitters[d.index] = make_splitter(self.reasoning)
         r, c = s.feed(d.text)
         if d.finish_reason is not None:
             r2, c2 = s.finish()

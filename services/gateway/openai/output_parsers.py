@@ -16,6 +16,12 @@ class OutputParsers:
     tool_call: ToolCallParser = ToolCallParser.HERMES
     max_parallel_tool_calls: int = DEFAULT_PARALLEL_CALLS
 
+    @property
+    def keeps_special_tokens(self) -> bool:
+        """gpt-oss's channels and calls are marked by special tokens: chat answers are decoded with them kept, and its
+        channel splitter (harmony.py) takes them out of what the client sees."""
+        return self.reasoning is ReasoningParser.GPT_OSS
+
     @classmethod
     def resolve(
         cls,

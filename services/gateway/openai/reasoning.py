@@ -14,6 +14,7 @@ An output that ends while still thinking (max_tokens) is all reasoning, as its p
 from __future__ import annotations
 
 import enum
+from typing import Protocol
 
 from shared.config.choices import ReasoningParser
 
@@ -96,9 +97,23 @@ class ReasoningSplitter:
         return out
 
 
+class Splitter(Protocol):
+    def feed(self, text: str) -> tuple[str, str]: ...
+    def finish(self) -> tuple[str, str]: ...
+
+
+def make_splitter(style: ReasoningParser) -> Splitter:
+    """The <think> splitter above, or gpt-oss's channels (harmony.py)."""
+    if style is ReasoningParser.GPT_OSS:
+        from services.gateway.openai.harmony import HarmonySplitter
+
+        return HarmonySplitter()
+    return ReasoningSplitter(style)
+
+
 def split_reasoning(text: str, style: ReasoningParser) -> tuple[str | None, str]:
     """A whole output -> (reasoning_content or None when there was none, content)."""
-    s = ReasoningSplitter(style)
+    s = make_splitter(style)
     r1, c1 = s.feed(text)
     r2, c2 = s.finish()
     return (r1 + r2) or None, c1 + c2

@@ -1,4 +1,4 @@
-"""--tool-call-parser hermes / llama3 / mistral with the official openai client, streamed and not; the parser a
+"""--tool-call-parser hermes / llama3 / mistral / qwen3_coder / deepseekv3 / deepseekv31 with the official openai client, streamed and not; the parser a
 chat template implies; and tool_choice="required" cut by max_tokens: the calls it completed, finish "length",
 bounded by max_parallel_tool_calls."""
 
@@ -45,6 +45,27 @@ ANSWERS = {  # each parser: an answer with a preamble and two calls, as that mod
         "Let me check.",
         'Let me check.[TOOL_CALLS][{"name": "get_weather", "arguments": {"city": "Oslo"}}, '
         '{"name": "get_time", "arguments": {"tz": "CET"}}]',
+    ),
+    ToolCallParser.QWEN3_CODER: (
+        "Let me check.",
+        "Let me check.\n<tool_call>\n<function=get_weather>\n<parameter=city>\nOslo\n</parameter>\n</function>\n"
+        "</tool_call>\n<tool_call>\n<function=get_time>\n<parameter=tz>\nCET\n</parameter>\n</function>\n</tool_call>",
+    ),
+    ToolCallParser.DEEPSEEK_V3: (
+        "Let me check.",
+        "Let me check.<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>function<｜tool▁sep｜>get_weather\n```json\n"
+        '{"city": "Oslo"}\n```<｜tool▁call▁end｜>\n<｜tool▁call▁begin｜>function<｜tool▁sep｜>get_time\n```json\n'
+        '{"tz": "CET"}\n```<｜tool▁call▁end｜><｜tool▁calls▁end｜>',
+    ),
+    ToolCallParser.DEEPSEEK_V31: (
+        "Let me check.",
+        'Let me check.<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>get_weather<｜tool▁sep｜>{"city": "Oslo"}'
+        '<｜tool▁call▁end｜><｜tool▁call▁begin｜>get_time<｜tool▁sep｜>{"tz": "CET"}<｜tool▁call▁end｜><｜tool▁calls▁end｜>',
+    ),
+    ToolCallParser.GPT_OSS: (  # as the channel splitter leaves it (test_gateway_harmony.py has the whole path)
+        "Let me check.",
+        'Let me check.<|channel|>commentary to=functions.get_weather<|message|>{"city": "Oslo"}<|call|>'
+        '<|channel|>commentary to=functions.get_time<|message|>{"tz": "CET"}<|call|>',
     ),
 }
 
@@ -93,6 +114,51 @@ def test_text_that_is_not_calls_stays_content(parser):
         assert parse_output(text, plan, parser) == (text, [])
 
 
+UNITS = {
+    "type": "function",
+    "function": {
+        "name": "convert",
+        "parameters": {
+            "type": "object",
+            "properties": {
+                "code": {"type": "string"},
+                "amount": {"type": "number"},
+                "exact": {"type": "boolean"},
+                "units": {"type": "array", "items": {"type": "string"}},
+                "note": {"type": ["string", "null"]},
+            },
+        },
+    },
+}
+
+
+def test_qwen3_coder_values_take_their_schema_type():
+    """A bare "42" is a string for a string parameter and a number for a number one; a value that does not read as
+    its type stays the text the model wrote; an undeclared parameter is read as JSON where it can be."""
+    plan = plan_tools([UNITS], "auto", None)
+    params = {"code": "42", "amount": "2.5", "exact": "true", "units": '["m", "km"]', "note": "1", "extra": "[1"}
+    body = "".join(f"<parameter={k}>\n{v}\n</parameter>\n" for k, v in params.items())
+    text = f"<tool_call>\n<function=convert>\n{body}</function>\n</tool_call>"
+    content, calls = parse_output(text, plan, ToolCallParser.QWEN3_CODER)
+    assert content is None and len(calls) == 1
+    assert json.loads(calls[0].arguments) == {
+        "code": "42",
+        "amount": 2.5,
+        "exact": True,
+        "units": ["m", "km"],
+        "note": "1",
+        "extra": "[1",
+    }
+    multiline = (
+        "<tool_call>\n<function=convert>\n<parameter=code>\nline 1\nline 2\n</parameter>\n</function>\n</tool_call>"
+    )
+    assert json.loads(parse_output(multiline, plan, ToolCallParser.QWEN3_CODER)[1][0].arguments) == {
+        "code": "line 1\nline 2"
+    }
+    unclosed = "<tool_call>\n<function=convert>\n<parameter=code>\nx\n</parameter>\n</tool_call>"
+    assert parse_output(unclosed, plan, ToolCallParser.QWEN3_CODER) == (unclosed, [])  # no </function>: text
+
+
 def test_parser_from_the_chat_template():
     assert format_for_template(None) is ToolCallParser.HERMES  # the gateway renders tools Hermes-style itself
     assert format_for_template("{{ '<tool_call>' }}") is ToolCallParser.HERMES
@@ -100,6 +166,12 @@ def test_parser_from_the_chat_template():
     llama = "{% if message.role == 'ipython' %}{{ '<|python_tag|>' }}{% endif %}"
     assert format_for_template(llama) is ToolCallParser.LLAMA3
     assert format_for_template("{% for m in messages %}{{ m.content }}{% endfor %}") is ToolCallParser.HERMES
+    coder = "{{ '<tool_call>\\n<function=' + name + '>' }}{{ '<parameter=' + k + '>' }}"
+    assert format_for_template(coder) is ToolCallParser.QWEN3_CODER
+    v3 = "{{'<｜tool▁call▁begin｜>' + tool['type'] + '<｜tool▁sep｜>' + name + '\\n```json\\n' + args + '\\n```' }}"
+    assert format_for_template(v3) is ToolCallParser.DEEPSEEK_V3
+    v31 = "{{'<｜tool▁call▁begin｜>' + name + '<｜tool▁sep｜>' + args + '<｜tool▁call▁end｜>' }}"
+    assert format_for_template(v31) is ToolCallParser.DEEPSEEK_V31
     resolved = OutputParsers.resolve(reasoning=None, tool_call=None, max_parallel_tool_calls=8, template=llama)
     assert resolved.tool_call is ToolCallParser.LLAMA3
     forced = OutputParsers.resolve(

@@ -8,6 +8,7 @@
     hermes   <tool_call>\\n{"name": "f", "arguments": {...}}\\n</tool_call>       (one block per call)
     llama3   <|python_tag|>{"name": "f", "parameters": {...}}; {...}              (the tag is optional)
     mistral  [TOOL_CALLS][{"name": "f", "arguments": {...}}, ...]                 (or [TOOL_CALLS]f[ARGS]{...})
+    qwen3_coder, deepseekv3, deepseekv31: formats_tagged.py
 
 `<|python_tag|>` and `[TOOL_CALLS]` are special tokens, which the detokenizer drops unless the request sends
 skip_special_tokens=false: so llama3 and mistral calls are also recognised without them, as a JSON object (an
@@ -17,40 +18,11 @@ array) that is the whole output.
 from __future__ import annotations
 
 import json
-import re
 from typing import Any, Protocol
 
+from services.gateway.openai.tools.formats_tagged import DeepSeekV3, GptOss, Qwen3Coder
+from services.gateway.openai.tools.json_text import json_items, tag_prefix
 from shared.config.choices import ToolCallParser
-
-_DECODER = json.JSONDecoder()
-_WS = re.compile(r"[\s;,]*")  # between calls: whitespace, llama3's ";", an array's ","
-
-
-def tag_prefix(text: str, tag: str) -> int:
-    """Length of the longest end of text that is a proper start of tag."""
-    for n in range(min(len(tag) - 1, len(text)), 0, -1):
-        if tag.startswith(text[-n:]):
-            return n
-    return 0
-
-
-def json_items(text: str, pos: int, partial: bool, *, until: str = "") -> tuple[list[Any], int] | None:
-    """JSON values from pos on, separated by whitespace, ',' or ';', up to `until` (e.g. an array's "]") or the
-    end. -> (values, position after them); None when something else is there (partial: the values before it)."""
-    items: list[Any] = []
-    while True:
-        sep = _WS.match(text, pos)
-        assert sep is not None  # the pattern matches the empty string
-        pos = sep.end()
-        if pos == len(text):
-            return items, pos
-        if until and text.startswith(until, pos):
-            return items, pos + len(until)
-        try:
-            value, pos = _DECODER.raw_decode(text, pos)
-        except ValueError:
-            return (items, pos) if partial else None
-        items.append(value)
 
 
 def json_value(text: str, partial: bool) -> list[Any] | None:
@@ -140,11 +112,20 @@ class Mistral(_BareJson):
         return out
 
 
-FORMATS: dict[ToolCallParser, ToolFormat] = {
-    ToolCallParser.HERMES: Hermes(),
-    ToolCallParser.LLAMA3: Llama3(),
-    ToolCallParser.MISTRAL: Mistral(),
-}
+def _formats() -> dict[ToolCallParser, ToolFormat]:
+    deepseek = DeepSeekV3()  # reads V3's fenced form and V3.1's bare one
+    return {
+        ToolCallParser.HERMES: Hermes(),
+        ToolCallParser.LLAMA3: Llama3(),
+        ToolCallParser.MISTRAL: Mistral(),
+        ToolCallParser.QWEN3_CODER: Qwen3Coder(),
+        ToolCallParser.DEEPSEEK_V3: deepseek,
+        ToolCallParser.DEEPSEEK_V31: deepseek,
+        ToolCallParser.GPT_OSS: GptOss(),
+    }
+
+
+FORMATS = _formats()
 
 
 def format_for_template(template: str | None) -> ToolCallParser:
@@ -153,6 +134,12 @@ def format_for_template(template: str | None) -> ToolCallParser:
     t = template if isinstance(template, str) else ""  # a dict of named templates: none recognised
     if "[TOOL_CALLS]" in t:
         return ToolCallParser.MISTRAL
+    if "<|channel|>" in t and "to=functions." in t:  # gpt-oss (harmony)
+        return ToolCallParser.GPT_OSS
+    if "<function=" in t and "<parameter=" in t:  # Qwen3-Coder's XML calls
+        return ToolCallParser.QWEN3_CODER
+    if "tool▁call▁begin" in t:  # DeepSeek V3 fences the arguments as ```json; V3.1 writes them bare
+        return ToolCallParser.DEEPSEEK_V3 if "```json" in t else ToolCallParser.DEEPSEEK_V31
     if "<|python_tag|>" in t or "ipython" in t:  # Llama 3.1+: tool results come back as role "ipython"
         return ToolCallParser.LLAMA3
     return ToolCallParser.HERMES

@@ -14,7 +14,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from services.gateway.openai.tools.formats import FORMATS, ToolFormat, json_value
-from services.gateway.openai.tools.spec import ToolChoiceMode, ToolPlan
+from services.gateway.openai.tools.formats_tagged import XmlValue, typed
+from services.gateway.openai.tools.spec import Function, ToolChoiceMode, ToolPlan
 from shared.config.choices import ToolCallParser
 
 
@@ -25,7 +26,7 @@ class ParsedCall:
     arguments: str  # a JSON object, as text (OpenAI's format)
 
 
-def _call(obj: Any, names: set[str]) -> ParsedCall | None:
+def _call(obj: Any, functions: dict[str, Function]) -> ParsedCall | None:
     if not isinstance(obj, dict):
         return None
     name = obj.get("name")
@@ -35,16 +36,19 @@ def _call(obj: Any, names: set[str]) -> ParsedCall | None:
             args = json.loads(args)
         except ValueError:
             return None
-    if not isinstance(name, str) or name not in names or not isinstance(args, dict):
+    if not isinstance(name, str) or name not in functions or not isinstance(args, dict):
         return None
+    props = functions[name].parameters.get("properties")
+    props = props if isinstance(props, dict) else {}
+    args = {k: typed(v, props.get(k)) if isinstance(v, XmlValue) else v for k, v in args.items()}
     return ParsedCall(f"call_{uuid.uuid4().hex[:24]}", name, json.dumps(args, ensure_ascii=False))
 
 
 def _calls(items: list[Any] | None, plan: ToolPlan) -> list[ParsedCall]:
     """Every item a call of a known function, or none at all (a malformed call: the client gets the text rather
     than half the calls). Bounded by the plan's parallel setting and its max_calls."""
-    names = {f.name for f in plan.functions}
-    calls = [_call(v, names) for v in items or ()]
+    functions = {f.name: f for f in plan.functions}
+    calls = [_call(v, functions) for v in items or ()]
     if not calls or any(c is None for c in calls):
         return []
     return [c for c in calls if c is not None][: plan.max_calls if plan.parallel else 1]
