@@ -1,7 +1,8 @@
 """Rotary position embedding (GPT-NeoX "rotate half" style, as Llama/Qwen use), torch reference.
 
 The cos/sin cache is computed once in float32 exactly the way Hugging Face computes it (fp32 inv_freq times fp32
-positions), so logits match HF to float rounding. Supported scalings: none ("default"), "linear" and "llama3".
+positions), so logits match HF to float rounding. Supported scalings: none ("default"), "linear" and "llama3" here,
+"yarn" and "longrope" in rope_scaling.py.
 """
 
 from __future__ import annotations
@@ -12,7 +13,9 @@ from typing import Any
 
 import torch
 
-SUPPORTED_ROPE_TYPES = ("default", "linear", "llama3")
+from shared.kernels.rope_scaling import longrope, yarn
+
+SUPPORTED_ROPE_TYPES = ("default", "linear", "llama3", "yarn", "longrope")
 
 
 def rope_inv_freq(head_dim: int, base: float, scaling: Mapping[str, Any] | None = None) -> torch.Tensor:
@@ -26,6 +29,8 @@ def rope_inv_freq(head_dim: int, base: float, scaling: Mapping[str, Any] | None 
         raise ValueError(
             f"rope scaling type {rope_type!r} is not supported; supported: {', '.join(SUPPORTED_ROPE_TYPES)}"
         )
+    if rope_type in ("yarn", "longrope"):
+        raise ValueError(f"rope scaling type {rope_type!r} scales cos/sin too: use RotaryCache")
     factor = float(scaling["factor"])
     if rope_type == "linear":
         return inv_freq / factor
@@ -51,16 +56,27 @@ class RotaryCache:
         base: float,
         scaling: Mapping[str, Any] | None = None,
         device: torch.device | str = "cpu",
+        model_max_positions: int
+        | None = None,  # config.json's max_position_embeddings: yarn's / longrope's default factor
     ) -> None:
         if head_dim % 2:
             raise ValueError(f"rotary embedding needs an even head_dim, got {head_dim}")
         self.head_dim = head_dim
         self.max_positions = max_positions
-        inv_freq = rope_inv_freq(head_dim, base, scaling)
         t = torch.arange(max_positions, dtype=torch.float32)
-        freqs = torch.outer(t, inv_freq)  # [max_positions, head_dim // 2]
-        self.cos = freqs.cos().to(device)
-        self.sin = freqs.sin().to(device)
+        kind = (scaling or {}).get("rope_type", (scaling or {}).get("type"))
+        attention = 1.0
+        if kind in ("yarn", "longrope"):
+            assert scaling is not None
+            scaled = (yarn if kind == "yarn" else longrope)(head_dim, base, scaling, model_max_positions)
+            freqs = torch.outer(t, scaled.inv_freq)
+            if scaled.long_inv_freq is not None:  # each position on its side of the original length
+                freqs[scaled.switch_at :] = torch.outer(t[scaled.switch_at :], scaled.long_inv_freq)
+            attention = scaled.attention_factor
+        else:
+            freqs = torch.outer(t, rope_inv_freq(head_dim, base, scaling))  # [max_positions, head_dim // 2]
+        self.cos = (freqs.cos() * attention).to(device)
+        self.sin = (freqs.sin() * attention).to(device)
 
     def lookup(self, positions: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
         """positions [T] int64 -> (cos, sin), each [T, 1, head_dim // 2] in `dtype`, ready to broadcast over heads.

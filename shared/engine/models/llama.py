@@ -290,6 +290,7 @@ class LlamaForCausalLM(nn.Module):
             max_positions or cfg.max_position_embeddings,
             cfg.rope_theta,
             cfg.rope_scaling,
+            model_max_positions=cfg.max_position_embeddings,
         )
         # Bytes of the checkpoint's weights (a tied lm_head once), fixed here: packing may replace parameters.
         self.weight_bytes = sum(p.numel() * p.element_size() for p in self.parameters())
