@@ -2,6 +2,8 @@
 
 kill-<role>            SIGKILL one instance (the supervisor restarts it); kill-kvstore mid-load, kill-encoder with
                        embedding requests in the load (judged against the healthy cluster's vectors)
+kill-decode-rank       SIGKILL one tensor-parallel rank (not rank 0) of a decode at --tp-size > 1: the instance must
+                       end itself (its streams replayed elsewhere) and come back whole
 stop-<role>            SIGSTOP one instance for --hang-s, then SIGCONT (a hung process: alive, silent)
 mooncake-master-down   SIGKILL the kvstore's Mooncake Store master (the supervisor restarts it): its T3 is gone
 partition-<role>, loss-oneway-prefill, kv-loss, kv-latency
@@ -23,6 +25,7 @@ import signal
 import subprocess
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
@@ -32,6 +35,7 @@ if TYPE_CHECKING:
 
 class Scenario(enum.StrEnum):
     KILL_DECODE = "kill-decode"
+    KILL_DECODE_RANK = "kill-decode-rank"
     KILL_PREFILL = "kill-prefill"
     KILL_GATEWAY = "kill-gateway"
     STOP_DECODE = "stop-decode"
@@ -133,6 +137,8 @@ async def inject(sc: Scenario, cluster: LiveCluster) -> Injected:
     """Break what the scenario breaks, now. Raises NotApplicable."""
     if sc in NETWORK_SCENARIOS:
         return await _network(sc, cluster)
+    if sc == Scenario.KILL_DECODE_RANK:
+        return _kill_rank(cluster, "decode")
     if sc in _KILLS:
         child = _first(cluster, sc.value.removeprefix("kill-"))
         cluster.signal(child.pid, signal.SIGKILL)
@@ -173,6 +179,40 @@ async def inject(sc: Scenario, cluster: LiveCluster) -> Injected:
         return Injected("requests")
     assert sc == Scenario.OVERLOAD
     return Injected("gateway")
+
+
+def _kill_rank(cluster: LiveCluster, role: str) -> Injected:
+    """SIGKILL rank 1 of the first ready instance of `role` that runs more than one rank."""
+    for child in sorted((c for c in cluster.children(role) if c.state == "ready"), key=lambda c: c.instance_id):
+        ranks = follower_pids(child.pid)
+        if ranks:
+            cluster.signal(ranks[0], signal.SIGKILL)
+            return Injected(child.instance_id)
+    raise NotApplicable(f"no ready {role} instance runs more than one tensor-parallel rank (--tp-size 1)")
+
+
+def follower_pids(pid: int) -> list[int]:
+    """The follower ranks under process `pid` (rank 0 starts them as `python -m shared.engine.parallel.follower`),
+    in start order; [] at --tp-size 1. Read from /proc: ranks are children of rank 0, whatever wraps it."""
+    parents: dict[int, list[int]] = {}
+    for d in Path("/proc").iterdir():
+        if d.name.isdigit():
+            try:
+                ppid = int((d / "stat").read_text().rsplit(")", 1)[1].split()[1])
+            except (OSError, IndexError, ValueError):
+                continue  # gone meanwhile
+            parents.setdefault(ppid, []).append(int(d.name))
+    out, todo = [], [pid]
+    while todo:
+        for kid in sorted(parents.get(todo.pop(), ())):
+            try:
+                cmd = (Path("/proc") / str(kid) / "cmdline").read_bytes()
+            except OSError:
+                continue
+            if b"shared.engine.parallel.follower" in cmd:
+                out.append(kid)
+            todo.append(kid)
+    return sorted(out)
 
 
 def _stop(proc: subprocess.Popen[bytes]) -> None:

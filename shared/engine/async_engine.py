@@ -64,6 +64,9 @@ class AsyncEngine:
         self._held: dict[str, RequestOutput] = {}  # engine thread: deltas gathered under stream_interval
         self._stopping = False
         self.last_error: BaseException | None = None
+        # Called once, on the engine thread, when the engine can never step again (a tensor-parallel rank was lost):
+        # the service ends the instance rather than stay registered and fail every request.
+        self.on_lost: Callable[[BaseException], None] | None = None
         self._built: concurrent.futures.Future[Engine] = concurrent.futures.Future()
         if engine is not None:
             self._built.set_result(engine)
@@ -244,6 +247,8 @@ class AsyncEngine:
                 if isinstance(e.__cause__, RankLost):  # no later step can run: end every stream now, loudly
                     self._stopping = True
                     self._deliver([(rid, e.__cause__) for rid in list(self._streams)])
+                    if self.on_lost is not None:
+                        self.on_lost(e.__cause__)
                 continue
             # a request whose own processing failed ends its stream with RequestFailed; the others go on
             self._deliver([(o.req_id, RequestFailed(o.error) if o.error else o) for o in outputs])

@@ -165,6 +165,8 @@ class EngineService(Service):
         t0 = time.monotonic()
         # built on the engine thread, which then runs every torch op of the engine (one OpenMP team: async_engine)
         self.aengine = await AsyncEngine.build(self.build_engine, stream_interval=self.cfg.scheduler.stream_interval)
+        loop = asyncio.get_running_loop()
+        self.aengine.on_lost = lambda e: loop.call_soon_threadsafe(self._engine_lost, e)
         self.engine = self.aengine.engine
         engine = self.engine
         self.vision = await self.aengine.call(lambda: self.build_vision(engine))
@@ -189,6 +191,15 @@ class EngineService(Service):
             self.engine.runner.num_pages,
             self.engine.page_size,
         )
+
+    def _engine_lost(self, e: BaseException) -> None:
+        """The engine cannot step again (a tensor-parallel rank died or hung): its streams have ended with a
+        retryable error, which the gateway replays elsewhere; the instance deregisters and exits 1 at once, so it
+        neither stays listed nor waits out its lease, and `pdrelay up`'s supervisor starts it again."""
+        log.error("%s: engine lost (%s); stopping this instance", self.instance_id, e)
+        self.exit_code = 1
+        self.request_drain(f"engine lost: {e}")
+        self.request_drain("engine lost")  # the second request stops waiting for in-flight work: there is none
 
     async def after_engine(self) -> None:
         """Hook for subclasses: set up what needs the engine (transfer engine, peers) before "ready"."""
