@@ -166,7 +166,11 @@ class EngineService(Service):
         # built on the engine thread, which then runs every torch op of the engine (one OpenMP team: async_engine)
         self.aengine = await AsyncEngine.build(self.build_engine, stream_interval=self.cfg.scheduler.stream_interval)
         loop = asyncio.get_running_loop()
-        self.aengine.on_lost = lambda e: loop.call_soon_threadsafe(self._engine_lost, e)
+
+        def lost(e: BaseException) -> None:
+            loop.call_soon_threadsafe(self._engine_lost, e)
+
+        self.aengine.on_lost = lost
         self.engine = self.aengine.engine
         engine = self.engine
         self.vision = await self.aengine.call(lambda: self.build_vision(engine))

@@ -131,8 +131,10 @@ def _rope(params: Mapping[str, Any], cfg: Mapping[str, Any], source: str) -> tup
     if scaling is not None and "original_max_position_embeddings" in cfg:  # Phi-3 keeps it at the top level
         scaling = {"original_max_position_embeddings": cfg["original_max_position_embeddings"], **scaling}
     if scaling is not None:
-        kind = scaling.get("rope_type", scaling.get("type"))
-        needs = {"longrope": ("short_factor", "long_factor", "original_max_position_embeddings")}.get(kind, ())
+        kind = str(scaling.get("rope_type", scaling.get("type")))
+        needs: tuple[str, ...] = ()
+        if kind == "longrope":
+            needs = ("short_factor", "long_factor", "original_max_position_embeddings")
         if kind == "yarn" and scaling.get("factor") is None:
             needs = ("original_max_position_embeddings",)  # the factor is then max / original, as transformers does
         missing = [k for k in needs if scaling.get(k) is None]
