@@ -351,8 +351,14 @@ class PrefillServicer(worker_pb2_grpc.PrefillServicer):
         # Tells decode the compute is done: from here only the write remains, which it waits for only briefly
         # (a prefill that hangs now is given up on in seconds, whatever the compute deadline was).
         await context.send_initial_metadata(((COMPUTED_KEY, "1"),))
-        pages = await aengine.call(lambda: engine.held_pages(rid))
-        src_pages = list(pages[job.skip_pages : job.n_pages])
+
+        def held() -> list[int]:
+            # the pages to send, in the layout every TP size shares (a gather of the ranks' heads at tp > 1)
+            ids = list(engine.held_pages(rid)[job.skip_pages : job.n_pages])
+            engine.export_pages(ids)
+            return ids
+
+        src_pages = await aengine.call(held)
         t_pinned = time.monotonic()
         if time.monotonic() >= deadline:
             await abort(

@@ -69,11 +69,13 @@ def free(engine: Engine, page_ids: Sequence[int]) -> None:
 
 
 def pin(engine: Engine, tokens: Sequence[int], hashes: Sequence[int]) -> tuple[tuple[int, ...], tuple[int, ...]]:
-    """Lock the cached leading pages of tokens against eviction while they are stored: (hashes, page ids)."""
+    """Lock the cached leading pages of tokens against eviction while they are stored, their KV in runner.kv:
+    (hashes, page ids)."""
     n = len(hashes)
     m = engine.cache.match(tokens[: n * engine.page_size], hashes)
     if m.num_pages:
         engine.cache.lock(m.hashes)
+        engine.export_pages(m.page_ids)  # the store reads runner.kv: the ranks' heads gathered at tp > 1
     return m.hashes, m.page_ids
 
 
