@@ -53,13 +53,13 @@ def prefill(engine: Engine, rid: str, prompt: list[int]) -> tuple[int, torch.Ten
 def decode(engine: Engine, rid: str, prompt: list[int], first: int, data: torch.Tensor) -> list[int]:
     """Decode's side: reserve pages, land the bytes in runner.kv (what NIXL / Mooncake do), import, continue."""
     res = engine.reserve_remote(rid, prompt, GREEDY)
-    skip = res.skip_tokens // PAGE  # pages of the prompt decode's prefix cache holds (prefill == decode engine)
+    assert res.skip_tokens == 0, "a prompt this decode computed before: its prefix cache would shorten the hand-off"
     kv = engine.runner.kv
     pb = kv.bytes_per_page
-    for i in range(skip, len(res.page_ids)):
-        kv.page_view(res.page_ids[i]).view(-1).view(torch.uint8).copy_(data[i * pb : (i + 1) * pb])
+    for i, page in enumerate(res.page_ids):
+        kv.page_view(page).view(-1).view(torch.uint8).copy_(data[i * pb : (i + 1) * pb])
     toks = [first]
-    engine.activate_remote(rid, first, received=res.page_ids[skip:])
+    engine.activate_remote(rid, first, received=res.page_ids)
     while engine.has_work():
         for o in engine.step():
             if o.req_id == rid:
