@@ -89,3 +89,11 @@ async def test_hand_off_between_tp_sizes_answers_as_colocated_tp1(
         assert r.prefill_instance_id == prefill_id, f"{where}: the prompt KV came from {r.prefill_instance_id!r}"
     async with Loads(servers.nats.url, [CLUSTER]) as loads:
         await loads.all_pages_free([prefill_id, decode_id])
+
+
+async def test_status_shows_each_instances_tp_size(servers: Servers, tp_cluster: dict[str, ServiceProc]) -> None:
+    from shared.cluster.status import collect_status, format_table
+
+    status = await collect_status(servers.etcd.url, servers.nats.url, CLUSTER, load_window_s=0.3)
+    assert {r.instance_id: r.tp_size for r in status.rows} == {"p-tp1": 1, "p-tp2": 2, "d-tp1": 1, "d-tp2": 2}
+    assert " TP " in format_table(status).splitlines()[1]
