@@ -362,7 +362,6 @@ class KVStoreClient:
 
         def settle() -> int:
             pages.free(engine, rest)
-            engine.import_pages(keep)  # into the model's pool(s) before any step reads them (tp > 1: the ranks')
             return pages.adopt(engine, prompt, hashes, local, keep)
 
         cached = await asyncio.shield(self.aengine.call(settle))
