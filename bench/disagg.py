@@ -61,6 +61,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         choices=("float32", "bfloat16", "fp8_e4m3"),
         help="--kv-cache-dtype of every service (fp8_e4m3: half the bytes of bfloat16 per hand-off)",
     )
+    p.add_argument("--prefill-tp-size", type=int, default=1, help="--tp-size of each prefill (the worker stays at 1)")
+    p.add_argument("--decode-tp-size", type=int, default=1, help="--tp-size of each decode (the worker stays at 1)")
     p.add_argument("--seed", type=int, default=0, help="seed of the random prompts")
     p.add_argument("--quick", action="store_true", help="smoke run: prompts of 64 and 256 tokens, 2 rounds")
     p.add_argument("--json-out", default=None, help="also write the results as JSON to this file")
@@ -258,7 +260,8 @@ def run(ns: argparse.Namespace) -> int:
     pages = str(2 * (-(-max(lengths) // ns.page_size)) + 8)  # the longest prompt twice over: never short of pages
     common = ["--model", model, "--threads", str(ns.threads), "--num-pages", pages, "--page-size", str(ns.page_size)]
     common += ["--kv-cache-dtype", ns.kv_cache_dtype]
-    raw, load = _run_services(common, backends, lengths, reps, arch.vocab_size, ns.seed)
+    tp = (ns.prefill_tp_size, ns.decode_tp_size)
+    raw, load = _run_services(common, backends, lengths, reps, arch.vocab_size, ns.seed, tp)
     rows = _summarize(raw, backends, lengths, page_bytes, ns.page_size)
     _engine_reference(rows, page_bytes)
     _report(ns, rows, reps, load)
@@ -280,10 +283,17 @@ def _workload(ns: argparse.Namespace) -> tuple[list[str], list[int], int]:
 
 
 def _run_services(
-    common: list[str], backends: list[str], lengths: list[int], reps: int, vocab: int, seed: int
+    common: list[str],
+    backends: list[str],
+    lengths: list[int],
+    reps: int,
+    vocab: int,
+    seed: int,
+    tp: tuple[int, int] = (1, 1),
 ) -> tuple[dict[tuple[str, int], list[tuple[float, float, float]]], tuple[float, float]]:
-    """Starts etcd, NATS, the colocated worker and a prefill + decode per backend, measures every mode, stops
-    them all; (the measurements, the machine's load average before and after them)."""
+    """Starts etcd, NATS, the colocated worker and a prefill + decode per backend (at tp = (prefill's, decode's)
+    --tp-size), measures every mode, stops them all; (the measurements, the machine's load average before and after
+    them)."""
     from shared.cluster.localcluster.servers import EtcdServer, NatsServer, free_port
 
     tmp = Path(tempfile.mkdtemp(prefix="pdrelay-bench-handoff-"))
@@ -297,8 +307,9 @@ def _run_services(
         services.append(_service("worker", "bench-worker", "bench-colo", common, tmp, etcd.url, nats.url))
         for b in backends:
             args = [*common, "--transfer-backend", b, "--local-prefill-threshold", "0"]
-            services.append(_service("prefill", f"bench-prefill-{b}", f"bench-{b}", args, tmp, etcd.url, nats.url))
-            services.append(_service("decode", f"bench-decode-{b}", f"bench-{b}", args, tmp, etcd.url, nats.url))
+            pre, dec = [*args, "--tp-size", str(tp[0])], [*args, "--tp-size", str(tp[1])]
+            services.append(_service("prefill", f"bench-prefill-{b}", f"bench-{b}", pre, tmp, etcd.url, nats.url))
+            services.append(_service("decode", f"bench-decode-{b}", f"bench-{b}", dec, tmp, etcd.url, nats.url))
         t0 = time.monotonic()
         wait_all_ready(services, READY_TIMEOUT_S)
         print(f"{len(services)} services ready in {time.monotonic() - t0:.1f} s (logs in {tmp})", file=sys.stderr)
@@ -342,7 +353,8 @@ def _report(ns: argparse.Namespace, rows: list[dict[str, Any]], reps: int, load:
     """The table, the target line and (--json-out) the JSON."""
     load_before, load_after = load
     print(
-        f"model {ns.model}, {ns.threads} thread(s) per service, {reps} rounds, medians; overhead = TTFT_disagg - "
+        f"model {ns.model}, {ns.threads} thread(s) per service, prefill TP={ns.prefill_tp_size} -> decode "
+        f"TP={ns.decode_tp_size}, {reps} rounds, medians; overhead = TTFT_disagg - "
         "TTFT_colocated as a fraction of TTFT_colocated, transfer = prefill-reported KV write time; machine load "
         f"average {load_before:.1f} -> {load_after:.1f} on {os.cpu_count()} CPUs (TTFT differences are noise when "
         "it exceeds the CPU count; CPU/request is not)"
@@ -360,6 +372,8 @@ def _report(ns: argparse.Namespace, rows: list[dict[str, Any]], reps: int, load:
         summary = {
             "model": ns.model,
             "threads": ns.threads,
+            "prefill_tp_size": ns.prefill_tp_size,
+            "decode_tp_size": ns.decode_tp_size,
             "rounds": reps,
             "quick": ns.quick,
             "results": rows,

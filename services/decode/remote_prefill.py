@@ -65,6 +65,7 @@ class _Delivered:
     resp: worker_pb2.PrefillResponse
     first_logprob: TokenLogprobs | None
     prompt_logprobs: tuple[TokenLogprobs, ...]
+    written: tuple[int, ...]  # the pages the prefill wrote (past the prefix this decode held)
 
 
 class RemotePrefillClient:
@@ -320,7 +321,8 @@ class RemotePrefillClient:
             tr.end(handoff)
             await self._verify(resp, request.request_id, epoch, res, target_id)
             lp = logprob_from_pb(resp.first_logprob) if resp.HasField("first_logprob") else None
-            delivered = _Delivered(resp, lp, tuple(logprob_from_pb(x) for x in resp.prompt_logprobs))
+            written = tuple(res.page_ids[res.skip_tokens // engine.page_size :])
+            delivered = _Delivered(resp, lp, tuple(logprob_from_pb(x) for x in resp.prompt_logprobs), written)
         except grpc.aio.AioRpcError as e:
             err = error_from_rpc(e)
             failure.code = err.code if err is not None else common_pb2.ERROR_CODE_UNAVAILABLE
@@ -396,8 +398,10 @@ class RemotePrefillClient:
         n = 0
         t_activate = time.monotonic()
         try:
+            # the pages the prefill wrote reach the model first (its ranks' pools at --tp-size > 1)
+            received = delivered.written
             async for out in aengine.stream(
-                rid, lambda: engine.activate_remote(rid, first_token, lp, plps), n=params.n
+                rid, lambda: engine.activate_remote(rid, first_token, lp, plps, received), n=params.n
             ):
                 if not n:
                     self.telemetry.tracing.record(spans.DECODE_FIRST_TOKEN, t_activate, time.monotonic())

@@ -18,6 +18,7 @@ from dataclasses import dataclass
 import grpc
 
 from proto.pdrelay.v1 import common_pb2, worker_pb2, worker_pb2_grpc
+from services.prefill.observe import observe_handoff
 from shared.cluster.grpc_errors import abort
 from shared.cluster.sampling_pb import sampling_from_pb
 from shared.config.choices import Fault
@@ -351,8 +352,14 @@ class PrefillServicer(worker_pb2_grpc.PrefillServicer):
         # Tells decode the compute is done: from here only the write remains, which it waits for only briefly
         # (a prefill that hangs now is given up on in seconds, whatever the compute deadline was).
         await context.send_initial_metadata(((COMPUTED_KEY, "1"),))
-        pages = await aengine.call(lambda: engine.held_pages(rid))
-        src_pages = list(pages[job.skip_pages : job.n_pages])
+
+        def held() -> list[int]:
+            # the pages to send, in the layout every TP size shares (a gather of the ranks' heads at tp > 1)
+            ids = list(engine.held_pages(rid)[job.skip_pages : job.n_pages])
+            engine.export_pages(ids)
+            return ids
+
+        src_pages = await aengine.call(held)
         t_pinned = time.monotonic()
         if time.monotonic() >= deadline:
             await abort(
@@ -379,7 +386,9 @@ class PrefillServicer(worker_pb2_grpc.PrefillServicer):
         t_sent = time.monotonic()
         algorithm = job.checksum
         checksum = await asyncio.to_thread(transfer.checksum, src_pages, algorithm)
-        self._observe(
+        observe_handoff(
+            svc.telemetry,
+            transfer.backend,
             first,
             job.t_start,
             t_accepted,
@@ -435,59 +444,6 @@ class PrefillServicer(worker_pb2_grpc.PrefillServicer):
         if first.prompt_logprobs:
             resp.prompt_logprobs.extend(logprob_to_pb(lp) for lp in first.prompt_logprobs)
         return resp
-
-    def _observe(
-        self,
-        first: RequestOutput,
-        t_start: float,
-        t_accepted: float,
-        t_pinned: float,
-        t_write: float,
-        t_sent: float,
-        pages: int,
-        nbytes: int,
-        descs: int,
-        decode_id: str,
-    ) -> None:
-        """Metrics and spans of one hand-off's phases (monotonic times), the checksum ending now."""
-        tel = self.svc.telemetry
-        m = tel.metrics.prefill
-        m.queue.observe(t_accepted - t_start)
-        m.compute.observe(t_pinned - t_accepted)
-        m.transfer.observe(t_sent - t_write)
-        m.transfer_bytes.inc(nbytes)
-        m.transfer_pages.inc(pages)
-        m.transfer_descs.inc(descs)
-        tr = tel.tracing
-        if not tr.enabled:
-            return
-        prompt = first.num_prompt_tokens
-        tr.record(spans.PREFILL_QUEUE_WAIT, t_start, t_accepted)
-        tr.record(
-            spans.PREFILL_COMPUTE,
-            t_accepted,
-            t_pinned,
-            {
-                spans.PROMPT_TOKENS: prompt,
-                spans.CACHED_TOKENS: first.num_cached_tokens,
-                spans.COMPUTED_TOKENS: prompt - first.num_cached_tokens,
-            },
-        )
-        took = max(t_sent - t_write, 1e-9)
-        tr.record(
-            spans.KV_TRANSFER,
-            t_write,
-            t_sent,
-            {
-                spans.TRANSFER_BACKEND: self.svc.transfer.backend if self.svc.transfer else "",
-                spans.TRANSFER_BYTES: nbytes,
-                spans.TRANSFER_PAGES: pages,
-                spans.TRANSFER_DESCS: descs,
-                spans.TRANSFER_GBPS: nbytes / took / 1e9,
-                spans.DECODE_INSTANCE: decode_id,
-            },
-        )
-        tr.record(spans.PREFILL_CHECKSUM, t_sent, time.monotonic(), {spans.PAGES: pages})
 
 
 async def prefill_media(

@@ -3,7 +3,6 @@ disaggregation benchmark, and the simplest way to serve one machine."""
 
 from __future__ import annotations
 
-import logging
 from collections.abc import Sequence
 
 import grpc
@@ -15,8 +14,6 @@ from shared.serving.engine_service import EngineService
 from shared.serving.kvstore_attach import attach_kvstore
 from shared.serving.kvstore_client import KVStoreClient
 
-log = logging.getLogger(__name__)
-
 
 class WorkerService(EngineService):
     role = Role.WORKER
@@ -27,13 +24,6 @@ class WorkerService(EngineService):
         return ("pdrelay.v1.Decode",)
 
     async def after_engine(self) -> None:
-        if self.cfg.parallel.tp_size > 1:
-            # rank 0's pool holds only its own KV heads: pages saved from it or loaded into it would be partial
-            log.info(
-                "the kvstore tier is off at --tp-size %d (one process's pages hold a slice of the heads)",
-                self.cfg.parallel.tp_size,
-            )
-            return
         self.kvstore = await attach_kvstore(self, None)  # its transfer engine is made once a store shows up
 
     async def on_stop(self) -> None:

@@ -28,6 +28,7 @@ class Capacity(msgspec.Struct, frozen=True, kw_only=True):
     max_running_requests: int = 0
     num_pages: int = 0  # KV pages in the pool (0: no KV cache, e.g. the gateway)
     page_size: int = 0
+    tp_size: int = 0  # tensor-parallel ranks (processes) of an engine instance (0: not an engine)
 
 
 class Modality(enum.StrEnum):

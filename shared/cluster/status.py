@@ -29,6 +29,7 @@ class StatusRow(msgspec.Struct, kw_only=True):
     load: LoadReport | None = None
     load_age_s: float | None = None
     serves: str = ""  # an encoder's modalities and models, e.g. "image vlm, embedding all-MiniLM-L6-v2"
+    tp_size: int = 0  # an engine instance's tensor-parallel ranks (0: not an engine)
 
 
 class ClusterStatus(msgspec.Struct, kw_only=True):
@@ -104,6 +105,7 @@ async def collect_status(
                 load=report,
                 load_age_s=table.age_s(i.instance_id) if report else None,
                 serves=_serves(i),
+                tp_size=i.capacity.tp_size,
             )
         )
     return ClusterStatus(
@@ -118,7 +120,7 @@ async def collect_status(
 
 
 def format_table(status: ClusterStatus) -> str:
-    head = ("ROLE", "INSTANCE", "STATE", "EPOCH", "GRPC", "RUNNING", "QUEUED", "FREE PAGES", "TOK/S", "LOAD AGE")
+    head = ("ROLE", "INSTANCE", "STATE", "EPOCH", "GRPC", "TP", "RUNNING", "QUEUED", "FREE PAGES", "TOK/S", "LOAD AGE")
     rows: list[tuple[str, ...]] = [head]
     for r in status.rows:
         ld = r.load.load if r.load else None
@@ -129,6 +131,7 @@ def format_table(status: ClusterStatus) -> str:
                 r.state,
                 str(r.epoch),
                 r.grpc,
+                str(r.tp_size) if r.tp_size else "-",
                 str(ld.running) if ld else "-",
                 str(ld.queued) if ld else "-",
                 f"{ld.free_pages}/{ld.total_pages}" if ld and ld.total_pages else "-",

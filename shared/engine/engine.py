@@ -20,7 +20,6 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from shared.config.choices import AttentionBackend, Dtype, Fault, GrammarBackendKind, LinearBackend
-from shared.config.roles import Role
 from shared.engine.errors import EngineError
 from shared.engine.grammar import GrammarBackend, MaskFiller
 from shared.engine.page_allocator import PageAllocator
@@ -285,11 +284,6 @@ class Engine:
     def from_config(cls, cfg: ResolvedConfig, *, on_kv_event: Callable[[KVEvent], None] | None = None) -> Engine:
         """From the resolved config of an engine role (prefill, decode, worker): its model, cache, scheduler,
         kernels, device, tokenizer, disagg, cuda_graph and parallel groups."""
-        if cfg.parallel.tp_size > 1 and cfg.role is not Role.WORKER:  # the hand-off moves one process's pages
-            raise ValueError(
-                f"--tp-size {cfg.parallel.tp_size}: --tp-size > 1 is supported for the colocated worker only for now "
-                f"(this is the {cfg.role} role)"
-            )
         return cls.from_groups(
             model=cfg.model,
             cache=cfg.cache,
@@ -337,7 +331,10 @@ class Engine:
         first_token: int,
         logprob: TokenLogprobs | None = None,
         prompt_logprobs: Sequence[TokenLogprobs] = (),
+        received: Sequence[int] = (),
     ) -> list[RequestOutput]:
+        """received: the pages the peer wrote into runner.kv, handed to the model first (import_pages)."""
+        self.import_pages(received)
         return self.scheduler.handoff.activate_remote(req_id, first_token, logprob, prompt_logprobs)
 
     def cancel_remote(self, req_id: str, quarantine_s: float = 0.0) -> bool:
@@ -348,6 +345,16 @@ class Engine:
 
     def release_held(self, req_id: str) -> bool:
         return self.scheduler.handoff.release_held(req_id)
+
+    def export_pages(self, page_ids: Sequence[int]) -> None:
+        """Before a peer reads runner.kv's pages (a hand-off, a kvstore save): the model's KV into them (a gather
+        of the ranks' KV heads at --tp-size > 1, nothing at 1). Engine thread only, between steps."""
+        self.runner.export_pages(page_ids)
+
+    def import_pages(self, page_ids: Sequence[int]) -> None:
+        """After a peer wrote runner.kv's pages (a hand-off, a kvstore load): the model reads them from now on."""
+        if page_ids:
+            self.runner.import_pages(page_ids)
 
     def release_expired_pages(self) -> float | None:
         """Free hand-off pages whose quarantine is over; seconds until the next ones are due (None: none left)."""

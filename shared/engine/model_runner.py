@@ -24,6 +24,7 @@ from shared.engine.models import LlamaForCausalLM, build_model, load_model_confi
 from shared.engine.models.config import GEMMA_TYPES, ModelArchConfig
 from shared.engine.models.llama import DecoderLayer
 from shared.engine.models.llava import LlavaWeights, canonical_name, load_llava_config
+from shared.engine.runner import OwnPool
 from shared.engine.types import SchedulerOutput
 from shared.engine.weights import checkpoint_files, load_weights
 from shared.kernels.dequant_linear import DequantLinear
@@ -101,7 +102,7 @@ def _check_shardable(
         raise ValueError(f"--tp-size {tp}: CUDA graphs are not captured at tp > 1 yet; add --disable-cuda-graph")
 
 
-class ModelRunner:
+class ModelRunner(OwnPool):
     """One model + one KV pool on one device.
 
     Attributes: layout (KVLayout), kv (KVPool), num_pages, vocab_size, hf_config (transformers config, lazy),

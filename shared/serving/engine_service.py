@@ -226,6 +226,7 @@ class EngineService(Service):
                 max_running_requests=self.cfg.scheduler.max_running_requests,
                 num_pages=runner.num_pages,
                 page_size=self.engine.page_size,
+                tp_size=self.cfg.parallel.tp_size,
             )
         return d
 

@@ -41,12 +41,13 @@ def take_pages(engine: Engine, n: int, keep_free: int = 0) -> list[int] | None:
 
 
 def adopt(engine: Engine, tokens: Sequence[int], hashes: Sequence[int], local: int, page_ids: Sequence[int]) -> int:
-    """Loaded pages [local, local + len(page_ids)) -> the prefix cache. Returns how many it now serves from them;
+    """Loaded pages [local, local + len(page_ids)) of runner.kv -> the model and the prefix cache. Returns how many it now serves from them;
     0 when the local prefix they continue was evicted meanwhile (the pages are then just freed)."""
     P = engine.page_size
     cache = engine.cache
     n = local + len(page_ids)
     cached = 0
+    engine.import_pages(page_ids)  # runner.kv -> the model's pool(s) before a step reads them (tp > 1: the ranks')
     if page_ids and cache.enabled:
         m = cache.match(tokens[: local * P], hashes[:local]) if local else None
         if m is None or m.num_pages == local:
@@ -69,11 +70,13 @@ def free(engine: Engine, page_ids: Sequence[int]) -> None:
 
 
 def pin(engine: Engine, tokens: Sequence[int], hashes: Sequence[int]) -> tuple[tuple[int, ...], tuple[int, ...]]:
-    """Lock the cached leading pages of tokens against eviction while they are stored: (hashes, page ids)."""
+    """Lock the cached leading pages of tokens against eviction while they are stored, their KV in runner.kv:
+    (hashes, page ids)."""
     n = len(hashes)
     m = engine.cache.match(tokens[: n * engine.page_size], hashes)
     if m.num_pages:
         engine.cache.lock(m.hashes)
+        engine.export_pages(m.page_ids)  # the store reads runner.kv: the ranks' heads gathered at tp > 1
     return m.hashes, m.page_ids
 
 

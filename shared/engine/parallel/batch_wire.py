@@ -1,5 +1,6 @@
 """Rank 0 -> the other ranks: each step's ForwardBatch, as two gloo broadcasts of int64 tensors (a fixed header,
-then every field packed in one tensor). No pickle: the fields and their order are declared here.
+then every field packed in one tensor), and between steps the page commands of a hand-off or a kvstore transfer
+(gather or scatter these pages' KV heads: kv_exchange.py). No pickle: the fields and their order are declared here.
 
 The attention metadata is not sent: every rank derives it from the batch with the same pure function
 (AttentionBackend.prepare), which costs less than a third broadcast and cannot differ between ranks.
@@ -7,6 +8,7 @@ The attention metadata is not sent: every rank derives it from the batch with th
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from datetime import timedelta
 from enum import IntEnum
 
@@ -22,6 +24,16 @@ _HEADER = 8
 class Command(IntEnum):
     FORWARD = 1
     STOP = 2
+    GATHER_PAGES = 3  # every rank sends rank 0 its KV heads of the pages (an export: kv_exchange.py)
+    SCATTER_PAGES = 4  # rank 0 sends every rank its KV heads of the pages (an import)
+
+
+@dataclass(frozen=True)
+class PageCommand:
+    """A page command as a follower receives it: which one, and the page ids ([n] int64, on the cpu)."""
+
+    command: Command
+    page_ids: torch.Tensor
 
 
 def _broadcast(t: torch.Tensor, group: dist.ProcessGroup, timeout: timedelta | None = None) -> None:
@@ -55,13 +67,26 @@ def send_stop(group: dist.ProcessGroup, timeout: timedelta) -> None:
     _broadcast(header, group, timeout)
 
 
-def receive(group: dist.ProcessGroup, device: torch.device) -> ForwardBatch | None:
-    """The other ranks: the next step's batch (on `device`), or None when rank 0 stops."""
+def send_pages(command: Command, page_ids: torch.Tensor, group: dist.ProcessGroup, timeout: timedelta) -> None:
+    """Rank 0: tell every rank to take part in a gather or a scatter of these pages ([n] int64), which follows."""
+    assert command in (Command.GATHER_PAGES, Command.SCATTER_PAGES), command
+    header = torch.zeros(_HEADER, dtype=torch.int64)
+    header[0], header[1] = command, page_ids.numel()
+    _broadcast(header, group, timeout)
+    _broadcast(page_ids.to(torch.int64).cpu().contiguous(), group, timeout)
+
+
+def receive(group: dist.ProcessGroup, device: torch.device) -> ForwardBatch | PageCommand | None:
+    """The other ranks: the next step's batch (on `device`), a page command, or None when rank 0 stops."""
     header = torch.empty(_HEADER, dtype=torch.int64)
     _broadcast(header, group)
     cmd, t, bs, max_pages, n, page_size, prompt_rows, _ = (int(v) for v in header)
     if cmd == Command.STOP:
         return None
+    if cmd in (Command.GATHER_PAGES, Command.SCATTER_PAGES):
+        ids = torch.empty(t, dtype=torch.int64)
+        _broadcast(ids, group)
+        return PageCommand(Command(cmd), ids)
     assert cmd == Command.FORWARD, cmd
     sizes = [t, t, t, t, n, bs * max_pages, bs, bs, bs]
     flat = torch.empty(sum(sizes), dtype=torch.int64)

@@ -1,4 +1,5 @@
-"""A follower rank (1..tp-1): load this rank's shard, then run every step rank 0 broadcasts, until it says stop.
+"""A follower rank (1..tp-1): load this rank's shard, then run every step rank 0 broadcasts (and take part in the
+page exchanges it announces on the same broadcast), until it says stop.
 
 Run as `python -m shared.engine.parallel.follower '<RankArgs JSON>'` by rank 0 (ranks.py). Why the other ranks
 follow a broadcast batch instead of running their own scheduler: a scheduler's decisions depend on timing (when a
@@ -17,7 +18,8 @@ import torch
 
 from shared.engine.model_runner import ModelRunner
 from shared.engine.models import load_model_config
-from shared.engine.parallel import batch_wire
+from shared.engine.parallel import batch_wire, kv_exchange
+from shared.engine.parallel.batch_wire import PageCommand
 from shared.engine.parallel.group import GroupAddress, join, leave
 from shared.engine.parallel.ranks import RankArgs, ready_key
 from shared.engine.parallel.shard import rank_shard
@@ -53,10 +55,13 @@ def run(args: RankArgs) -> None:
     )
     joined.store.set(ready_key(args.rank), "1")
     while True:
-        batch = batch_wire.receive(joined.control, runner.device)
-        if batch is None:
+        msg = batch_wire.receive(joined.control, runner.device)
+        if msg is None:
             break
-        runner.forward_batch(batch)  # the logits are rank 0's to sample; the collectives inside need every rank
+        if isinstance(msg, PageCommand):  # a hand-off's or the kvstore's pages, between steps (kv_exchange.py)
+            kv_exchange.serve(msg, runner.kv, joined.control)
+            continue
+        runner.forward_batch(msg)  # the logits are rank 0's to sample; the collectives inside need every rank
     leave()
 
 

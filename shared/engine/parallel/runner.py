@@ -2,12 +2,16 @@
 step broadcasts the batch to them before it computes its own shard of it (follower.py says why a broadcast).
 
 Each rank's KV pool holds its own KV heads of the same pages: rank 0's scheduler hands out page ids and every rank
-writes the same pages of its pool, so the prefix cache and the page allocator stay on rank 0 alone.
+writes the same pages of its pool, so the prefix cache and the page allocator stay on rank 0 alone. What leaves or
+enters the instance (a hand-off, the kvstore) goes through `kv`, a full-head pool of the same page ids on rank 0's
+host, in the layout a tp-1 instance has (kv_exchange.py says why): export_pages / import_pages move pages between
+it and the ranks' pools.
 """
 
 from __future__ import annotations
 
 import atexit
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from datetime import timedelta
 
@@ -15,10 +19,12 @@ import torch
 
 from shared.engine.errors import RankLost
 from shared.engine.forward_batch import ForwardBatch
+from shared.engine.kv_pool import KVPool
 from shared.engine.model_runner import ModelRunner
 from shared.engine.models import load_model_config
 from shared.engine.parallel import batch_wire
 from shared.engine.parallel.group import START_TIMEOUT_S, GroupAddress, join, leave, serve_store
+from shared.engine.parallel.kv_exchange import KVExchange, full_layout, head_slices
 from shared.engine.parallel.ranks import RankArgs, RankProcesses
 from shared.engine.parallel.shard import ShardSpec, rank_shard
 from shared.engine.types import SchedulerOutput
@@ -66,12 +72,12 @@ class TPRunner:
         self.timeout = timedelta(seconds=timeout_s)
         self.tp_size = len(ranks.args) + 1
         self.num_pages, self.vocab_size, self.eos_token_ids = inner.num_pages, inner.vocab_size, inner.eos_token_ids
-        self.context_length, self.layout, self.kv, self.device = (
-            inner.context_length,
-            inner.layout,
-            inner.kv,
-            inner.device,
-        )
+        self.context_length, self.device = inner.context_length, inner.device
+        # The pages hand-offs and the kvstore read and write: all KV heads, on rank 0's host (registered with a
+        # transfer engine as host memory on any device). Lazily backed: only exchanged pages ever become resident.
+        self.layout = full_layout(inner.layout, inner.arch)
+        self.kv = KVPool(self.layout, inner.num_pages, "cpu")
+        self.exchange = KVExchange(self.kv, inner.kv, head_slices(inner.arch, self.tp_size), control, self.timeout)
         self.model_dir, self.model, self.attn, self.linear = inner.model_dir, inner.model, inner.attn, inner.linear
         self.max_batch_tokens: int | None = inner.max_batch_tokens
         self._closed = False
@@ -90,6 +96,24 @@ class TPRunner:
             return self.inner.forward_batch(batch)
         except RuntimeError as e:  # gloo/nccl: a peer closed its connection or a collective timed out
             why = self.ranks.dead() or "a tensor-parallel collective failed"
+            raise RankLost(f"{why}: {e}") from e
+
+    def export_pages(self, page_ids: Sequence[int]) -> None:
+        """`kv`'s pages `page_ids` := every rank's KV heads of them (before a hand-off or a store reads them)."""
+        self._exchange("export", lambda: self.exchange.export(page_ids))
+
+    def import_pages(self, page_ids: Sequence[int]) -> None:
+        """Every rank's pool's pages `page_ids` := its heads of `kv`'s (after a hand-off or a load wrote them)."""
+        self._exchange("import", lambda: self.exchange.import_(page_ids))
+
+    def _exchange(self, what: str, run: Callable[[], None]) -> None:
+        if self._closed:
+            raise RankLost("the tensor-parallel ranks were stopped")
+        self.ranks.check()
+        try:
+            run()
+        except RuntimeError as e:  # as in forward_batch: a rank is gone or hangs
+            why = self.ranks.dead() or f"the {what} of KV pages failed"
             raise RankLost(f"{why}: {e}") from e
 
     def close(self) -> None:

@@ -1,6 +1,6 @@
 """The rank processes of a tensor-parallel instance: a rank that dies or hangs fails rank 0's next step loudly
 (RankLost naming the rank) instead of blocking it; the batch every rank computes is the one rank 0 built; the
-disaggregated roles refuse --tp-size > 1 at start."""
+prefill and decode roles run at --tp-size > 1 (a size the model cannot split is refused in one line)."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from shared.config import PassContext
+from shared.config import ConfigError, PassContext
 from shared.config.resolve import resolve
 from shared.engine.engine import Engine, EngineStepError
 from shared.engine.errors import RankLost
@@ -98,8 +98,18 @@ def test_engine_step_names_the_lost_rank(tiny_llama_dir: Path) -> None:
 
 
 @pytest.mark.parametrize("role", ["prefill", "decode"])
-def test_disaggregated_roles_refuse_tp(tiny_llama_dir: Path, role: str) -> None:
-    argv = ["--model", str(tiny_llama_dir), "--tp-size", "2", "--device", "cpu"]
-    cfg = resolve(role, argv, env={}, ctx=PassContext(check_transfer_backends=False))
-    with pytest.raises(ValueError, match=r"^--tp-size 2: --tp-size > 1 is supported for the colocated worker only"):
-        Engine.from_config(cfg)
+def test_disaggregated_roles_run_tp_and_refuse_a_bad_size(tiny_llama_dir: Path, role: str) -> None:
+    """The roles start at --tp-size 2, their hand-off pool in the layout every TP size shares (all KV heads); a
+    --tp-size the model cannot split is one line naming the numbers."""
+    argv = ["--model", str(tiny_llama_dir), "--device", "cpu"]
+    ctx = PassContext(check_transfer_backends=False)
+    with pytest.raises(ConfigError, match=r"^--tp-size 3 does not divide the model's 4 attention heads \(4 % 3 = 1\)"):
+        resolve(role, [*argv, "--tp-size", "3"], env={}, ctx=ctx)
+    engine = Engine.from_config(resolve(role, [*argv, "--tp-size", "2", "--num-pages", "16"], env={}, ctx=ctx))
+    runner = engine.runner
+    try:
+        assert isinstance(runner, TPRunner) and runner.inner.layout.num_kv_heads == 1
+        assert runner.layout.num_kv_heads == runner.kv.layout.num_kv_heads == 2
+    finally:
+        assert isinstance(runner, TPRunner)
+        runner.close()
