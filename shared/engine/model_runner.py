@@ -93,6 +93,10 @@ def _check_shardable(
     """ValueError for what tensor parallelism does not cover yet."""
     if arch.model_type in (*GEMMA_TYPES, "phi3"):  # Gemma's extra norms, Phi-3's fused checkpoint tensors
         raise ValueError(f"--tp-size {tp}: {arch.architecture} runs at --tp-size 1 only for now")
+    if arch.num_experts:  # the stacked experts are not split per rank (neither TP within them nor expert parallel)
+        raise ValueError(
+            f"--tp-size {tp}: mixture-of-experts models ({arch.architecture}) run at --tp-size 1 only for now"
+        )
     if quantized:  # the block scales are not sliced per rank
         raise ValueError(f"--tp-size {tp}: quantized weights (--quantization) run at --tp-size 1 only for now")
     if load_llava_config(model_dir) is not None:
@@ -143,6 +147,11 @@ class ModelRunner:
         self.dtype = torch_dtype(dtype)
         self.arch = load_model_config(model_dir)
         self.quant = parse_quantization(_read_json(model_dir / "config.json"))  # None: unquantized weights
+        if quantization is not None and self.arch.num_experts:  # the experts' stacked weights are not quantized
+            raise ValueError(
+                f"--quantization {quantization}: mixture-of-experts models ({self.arch.architecture}) run "
+                "unquantized only for now"
+            )
         self.vocab_size = self.arch.vocab_size
         self.context_length = context_length or self.arch.max_position_embeddings
         self.page_size = page_size
@@ -266,6 +275,7 @@ class ModelRunner:
             return
         if method != "fp8":
             raise ValueError(f"--quantization {method}: only fp8 quantizes an unquantized checkpoint at load")
+
         self.quant = QuantSpec("fp8", (128, 128))
         for layer in self.model.layers:
             assert isinstance(layer, DecoderLayer)

@@ -103,6 +103,8 @@ def _family_config(arch: str, common: dict, hidden: int, heads: int):
         rope = {"rope_type": "default", "rope_theta": 10000.0, "partial_rotary_factor": 0.5}
         cfg = transformers.Phi3Config(**common, rope_parameters=rope, sliding_window=WINDOW, pad_token_id=0)
         return cfg, transformers.Phi3ForCausalLM
+    if arch in MOE_FAMILIES:
+        return _moe_config(arch, common, hidden)
     gemma = dict(common, head_dim=16, query_pre_attn_scalar=24, sliding_window=WINDOW, pad_token_id=0)
     if arch == "gemma2":
         cfg = transformers.Gemma2Config(**gemma, attn_logit_softcapping=2.0, final_logit_softcapping=3.0)
@@ -115,7 +117,34 @@ def _family_config(arch: str, common: dict, hidden: int, heads: int):
         types = ["sliding_attention", "full_attention"] * (common["num_hidden_layers"] // 2)
         cfg = transformers.Gemma3TextConfig(**gemma, rope_parameters=rope, layer_types=types)
         return cfg, transformers.Gemma3ForCausalLM
-    raise ValueError(f"arch {arch!r} is not one of {ARCHS + FAMILIES}")
+    raise ValueError(f"arch {arch!r} is not one of {ARCHS + FAMILIES + MOE_FAMILIES}")
+
+
+# Mixture-of-experts families (tests/shared/engine/test_moe_families.py): 8 experts, top-2, an expert size that is
+# not a multiple of 8 (the grouped GEMM's padding); Qwen3-MoE with its last layer dense (mlp_only_layers) and
+# norm_topk_prob off, Mixtral (which always renormalises) with the sliding window
+MOE_FAMILIES = ("qwen3_moe", "mixtral")
+
+
+def _moe_config(arch: str, common: dict, hidden: int):
+    import transformers
+
+    experts = dict(num_experts_per_tok=2, rope_theta=10000.0)
+    if arch == "qwen3_moe":
+        cfg = transformers.Qwen3MoeConfig(
+            **dict(common, intermediate_size=hidden + 8),
+            **experts,
+            num_experts=8,
+            moe_intermediate_size=hidden // 2 + 2,
+            norm_topk_prob=False,
+            mlp_only_layers=[common["num_hidden_layers"] - 1],
+            head_dim=2 * hidden // common["num_attention_heads"],
+        )
+        return cfg, transformers.Qwen3MoeForCausalLM
+    cfg = transformers.MixtralConfig(
+        **dict(common, intermediate_size=hidden // 2 + 2), **experts, num_local_experts=8, sliding_window=WINDOW
+    )
+    return cfg, transformers.MixtralForCausalLM
 
 
 def make_tiny_model(

@@ -78,8 +78,9 @@ class DecoderLayer(nn.Module):
         self.o_weight = _param(cfg.hidden_size, self.q_size, dtype=wdtype)
         self.o_bias = _param(cfg.hidden_size, dtype=dtype) if cfg.o_bias else None
         self.post_norm = _param(cfg.hidden_size, dtype=dtype)
-        self.gate_up_weight = _param(2 * cfg.intermediate_size, cfg.hidden_size, dtype=wdtype)
-        self.down_weight = _param(cfg.hidden_size, cfg.intermediate_size, dtype=wdtype)
+        inter = self.dense_intermediate(cfg)
+        self.gate_up_weight = _param(2 * inter, cfg.hidden_size, dtype=wdtype)
+        self.down_weight = _param(cfg.hidden_size, inter, dtype=wdtype)
         if quant is not None:  # fp8 block scales, or AWQ's int4 tensors (quant_params.py)
             add_params(self, quant)
         self.linear: LinearBackend = TorchLinear()
@@ -92,6 +93,10 @@ class DecoderLayer(nn.Module):
             "gate_up": self.gate_up_weight,
             "down": self.down_weight,
         }
+
+    def dense_intermediate(self, cfg: ModelArchConfig) -> int:
+        """The dense MLP's intermediate size (0 where the layer's MLP is routed experts: moe_model.py)."""
+        return cfg.intermediate_size
 
     def use_linear(self, backend: LinearBackend) -> None:
         """Run qkv, o and gate_up through `backend`, down through `backend.exact()` (packing the weights once; call
@@ -202,10 +207,14 @@ class DecoderLayer(nn.Module):
         if self.tp is not None:  # o is row-parallel: this rank's heads' partial sum
             x = self.tp.all_reduce(x)
         x, residual = self.ops.fused_add_rms_norm(x, residual, self.post_norm, self.eps)
-        x = self.exact.apply(self._gated(x), self.packed["down"])
+        x = self.mlp(x)
         if self.tp is not None:  # down is row-parallel: this rank's intermediate columns' partial sum
             x = self.tp.all_reduce(x)
         return x, residual
+
+    def mlp(self, x: torch.Tensor) -> torch.Tensor:
+        """The MLP after the post-attention norm: [T, hidden] -> [T, hidden]."""
+        return self.exact.apply(self._gated(x), self.packed["down"])
 
     def attention(
         self,
