@@ -26,6 +26,9 @@ BASE = {
     "num_key_value_heads": 2,
 }
 
+QWEN3_MOE = {"architectures": ["Qwen3MoeForCausalLM"], "num_experts": 4, "num_experts_per_tok": 2}
+QWEN3_MOE["moe_intermediate_size"] = 16
+
 
 def test_unsupported_architecture_names_it_and_the_supported_list() -> None:
     cfg = dict(BASE, architectures=["GPT2LMHeadModel"], model_type="gpt2")
@@ -50,6 +53,18 @@ def test_unsupported_architecture_names_it_and_the_supported_list() -> None:
         ({"architectures": ["Phi3ForCausalLM"], "partial_rotary_factor": 0.375}, "partial_rotary_factor"),
         ({"architectures": ["Gemma3ForCausalLM"], "use_bidirectional_attention": True}, "use_bidirectional"),
         ({"architectures": ["Gemma2ForCausalLM"], "hidden_activation": "gelu"}, "hidden_activation 'gelu'"),
+        (dict(QWEN3_MOE, shared_expert_intermediate_size=32), "shared_expert_intermediate_size=32: shared experts"),
+        (dict(QWEN3_MOE, num_experts_per_tok=5), "num_experts_per_tok 5 must be in 1..4"),
+        (dict(QWEN3_MOE, moe_intermediate_size=0), "moe_intermediate_size 0"),
+        ({"architectures": ["MixtralForCausalLM"], "scoring_func": "sigmoid"}, "scoring_func 'sigmoid'"),
+        ({"architectures": ["MixtralForCausalLM"], "topk_method": "noaux_tc"}, "topk_method 'noaux_tc'"),
+        (
+            {
+                "architectures": ["MixtralForCausalLM"],
+                "quantization_config": {"quant_method": "fp8", "weight_block_size": [128, 128]},
+            },
+            "quantization_config: quantized mixture-of-experts",
+        ),
         (
             {
                 "architectures": ["Qwen2ForCausalLM"],
@@ -126,6 +141,28 @@ def test_family_flags(tiny_qwen2_dir: Path, tiny_qwen3_dir: Path) -> None:
     assert q2.qkv_bias and not q2.qk_norm and not q2.o_bias
     assert q3.qk_norm and not q3.qkv_bias and q3.head_dim == 32  # head_dim decoupled from hidden / heads
     assert not parse_model_config(BASE).qkv_bias
+
+
+def test_moe_layers_per_family() -> None:
+    """Which layers are sparse, as transformers builds them: Mixtral all (its intermediate_size is the experts'),
+    Qwen3-MoE every decoder_sparse_step-th but mlp_only_layers, none without experts; both spellings of the expert
+    count (config.json's num_experts, transformers 5's num_local_experts)."""
+    six = dict(BASE, num_hidden_layers=6)
+    mix = parse_model_config(
+        dict(six, architectures=["MixtralForCausalLM"], num_local_experts=8, num_experts_per_tok=2)
+    )
+    assert mix.moe_layers == tuple(range(6)) and mix.moe_intermediate_size == 64 and mix.norm_topk_prob
+    assert mix.num_experts == 8 and mix.experts_per_token == 2 and mix.is_moe(5)
+    q = dict(six, **QWEN3_MOE)
+    assert parse_model_config(q).moe_layers == tuple(range(6)) and not parse_model_config(q).norm_topk_prob
+    assert parse_model_config(dict(q, decoder_sparse_step=2)).moe_layers == (1, 3, 5)
+    assert parse_model_config(dict(q, mlp_only_layers=[0, 4], norm_topk_prob=True)).moe_layers == (1, 2, 3, 5)
+    local = {k: v for k, v in q.items() if k != "num_experts"}
+    assert parse_model_config(dict(local, num_local_experts=4)).num_experts == 4
+    dense = parse_model_config(dict(q, num_experts=0))
+    assert dense.moe_layers == () and dense.num_experts == 0 and not dense.is_moe(0)
+    assert parse_model_config(dict(q, use_sliding_window=True, sliding_window=5)).layer_windows == (5,) * 6
+    assert parse_model_config(dict(q, sliding_window=5)).layer_windows == ()
 
 
 def _copy_model(src: Path, dst: Path) -> Path:
