@@ -61,7 +61,7 @@ def test_moe_servable_and_its_experts_checked(family: str, tmp_path: Path, capsy
     [
         ({"auto_map": {"AutoModelForCausalLM": "m.X"}}, "auto_map is set"),
         ({"architectures": ["FalconForCausalLM"], "model_type": "falcon"}, "'FalconForCausalLM'"),
-        ({"rope_parameters": {"rope_type": "yarn", "factor": 4.0}}, "rope_type 'yarn'"),
+        ({"rope_parameters": {"rope_type": "longrope", "factor": 4.0}}, "rope_type 'longrope'"),
         ({"quantization_config": {"quant_method": "bitsandbytes"}}, "quantization 'bitsandbytes' is not supported"),
     ],
 )

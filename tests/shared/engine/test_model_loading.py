@@ -44,9 +44,10 @@ def test_unsupported_architecture_names_it_and_the_supported_list() -> None:
     [
         ({"hidden_act": "gelu"}, "hidden_act 'gelu'"),
         ({"mlp_bias": True}, "mlp_bias"),
-        ({"rope_scaling": {"rope_type": "yarn", "factor": 4.0}}, "rope_type 'yarn'"),
+        ({"rope_scaling": {"rope_type": "longrope", "factor": 4.0}}, "rope_type 'longrope'"),
         ({"rope_parameters": {"rope_type": "dynamic", "factor": 2.0}}, "rope_type 'dynamic'"),
         ({"num_key_value_heads": 3}, "multiple"),
+        ({"rope_parameters": {"rope_type": "yarn", "factor": 4.0}}, "needs original_max_position_embeddings"),
         ({"auto_map": {"AutoModelForCausalLM": "modeling_x.XForCausalLM"}}, "auto_map"),
         ({"quantization_config": {"quant_method": "bitsandbytes"}}, "quantization 'bitsandbytes' is not supported"),
         ({"architectures": ["Phi3ForCausalLM"], "rope_scaling": {"type": "longrope"}}, "rope_type 'longrope'"),
