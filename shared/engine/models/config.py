@@ -142,11 +142,11 @@ def _rope(params: Mapping[str, Any], cfg: Mapping[str, Any], source: str) -> tup
             raise ValueError(
                 f"{source}: rope_type {kind!r} is not supported; supported: {', '.join(SUPPORTED_ROPE_TYPES)}"
             )
-        if kind == "default":
-            scaling = None
         for key in {"yarn": ("factor", "original_max_position_embeddings")}.get(kind, ()):
             if scaling.get(key) is None:
                 raise ValueError(f"{source}: rope_type {kind!r} needs {key} in rope_parameters / rope_scaling")
+        if kind == "default":
+            scaling = None
     return theta, dict(scaling) if scaling else None
 
 
