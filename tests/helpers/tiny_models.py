@@ -122,8 +122,9 @@ def _family_config(arch: str, common: dict, hidden: int, heads: int):
 
 # Mixture-of-experts families (tests/shared/engine/test_moe_families.py): 8 experts, top-2, an expert size that is
 # not a multiple of 8 (the grouped GEMM's padding); Qwen3-MoE with its last layer dense (mlp_only_layers) and
-# norm_topk_prob off, Mixtral (which always renormalises) with the sliding window
-MOE_FAMILIES = ("qwen3_moe", "mixtral")
+# norm_topk_prob off, Mixtral (which always renormalises) with the sliding window, gpt-oss with its default yarn RoPE,
+# alternating windowed layers, attention sinks, biases everywhere and a SwiGLU clamp small enough to bite
+MOE_FAMILIES = ("qwen3_moe", "mixtral", "gpt_oss")
 
 
 def _moe_config(arch: str, common: dict, hidden: int):
@@ -141,6 +142,26 @@ def _moe_config(arch: str, common: dict, hidden: int):
             head_dim=2 * hidden // common["num_attention_heads"],
         )
         return cfg, transformers.Qwen3MoeForCausalLM
+    if arch == "gpt_oss":
+        cfg = transformers.GptOssConfig(
+            **dict(common, intermediate_size=hidden // 2 + 2),
+            num_local_experts=8,
+            num_experts_per_tok=2,
+            sliding_window=WINDOW,
+            head_dim=2 * hidden // common["num_attention_heads"],
+            swiglu_limit=0.5,
+            # gpt-oss's yarn, its original context shrunk so that 32 x it is the tiny model's max_position_embeddings
+            rope_parameters={
+                "rope_type": "yarn",
+                "factor": 32.0,
+                "beta_fast": 32.0,
+                "beta_slow": 1.0,
+                "truncate": False,
+                "original_max_position_embeddings": common["max_position_embeddings"] // 32,
+                "rope_theta": 150000.0,
+            },
+        )
+        return cfg, transformers.GptOssForCausalLM
     cfg = transformers.MixtralConfig(
         **dict(common, intermediate_size=hidden // 2 + 2), **experts, num_local_experts=8, sliding_window=WINDOW
     )
@@ -183,6 +204,8 @@ def make_tiny_model(
         for name, p in model.named_parameters():
             if name.endswith("norm.weight"):
                 p.copy_(1.0 + 0.1 * torch.randn_like(p))  # not all ones, so a wrong norm weight shows
+            elif name.endswith("sinks"):
+                p.normal_(0.0, 1.0)  # gpt-oss's sink logits: as large as the scores, so they take real mass
             else:
                 p.normal_(0.0, 0.08)
     model.save_pretrained(out, safe_serialization=True)

@@ -17,7 +17,7 @@ from shared.config.quantization import parse_quantization
 from shared.kernels.rotary import SUPPORTED_ROPE_TYPES
 
 # architectures[0] in config.json -> model_type. Llama, Qwen2/3, Mistral and Phi-3 share one decoder (llama.py);
-# Gemma 2 and Gemma 3 (text) have their own layer (gemma.py); Qwen3-MoE and Mixtral swap its MLP for routed
+# Gemma 2 and Gemma 3 (text) have their own layer (gemma.py); Qwen3-MoE, Mixtral and gpt-oss swap its MLP for routed
 # experts (moe_model.py).
 SUPPORTED_ARCHITECTURES: dict[str, str] = {
     "LlamaForCausalLM": "llama",
@@ -29,9 +29,10 @@ SUPPORTED_ARCHITECTURES: dict[str, str] = {
     "Gemma3ForCausalLM": "gemma3_text",
     "Qwen3MoeForCausalLM": "qwen3_moe",
     "MixtralForCausalLM": "mixtral",
+    "GptOssForCausalLM": "gpt_oss",
 }
 GEMMA_TYPES = ("gemma2", "gemma3_text")
-MOE_TYPES = ("qwen3_moe", "mixtral")
+MOE_TYPES = ("qwen3_moe", "mixtral", "gpt_oss")
 # hidden_act (Gemma: hidden_activation) each family's MLP may use
 _ACTIVATIONS = {"gemma2": ("gelu_pytorch_tanh",), "gemma3_text": ("gelu_pytorch_tanh",)}
 FULL, SLIDING = "full_attention", "sliding_attention"
@@ -78,6 +79,13 @@ class ModelArchConfig:
     moe_intermediate_size: int = 0
     norm_topk_prob: bool = False
     moe_layers: tuple[int, ...] = ()
+    # gpt-oss: router logits with a bias, top-k then softmax over the k; experts with biases and a clamped SwiGLU
+    # (gate and up interleaved in the checkpoint): (clamp(up, +-limit) + 1) * g * sigmoid(alpha * g), g = min(gate,
+    # limit). "" = the softmax-then-top-k router and silu(gate) * up experts of Qwen3-MoE and Mixtral.
+    moe_kind: str = ""
+    swiglu_alpha: float = 0.0
+    swiglu_limit: float = 0.0
+    attn_sinks: bool = False  # gpt-oss: a learned logit per query head joins every softmax (window_attention.py)
 
     def is_moe(self, layer: int) -> bool:
         """Layer `layer`'s MLP is the routed experts (else the dense MLP of intermediate_size)."""
@@ -89,9 +97,9 @@ class ModelArchConfig:
 
     @property
     def host_planned_attention(self) -> bool:
-        """Some layer is windowed or soft-capped: its attention is planned on the host (window_attention.py), which
-        a CUDA graph cannot capture."""
-        return any(self.layer_windows) or bool(self.attn_softcap)
+        """Some layer is windowed, soft-capped or has sinks: its attention is planned on the host
+        (window_attention.py), which a CUDA graph cannot capture."""
+        return any(self.layer_windows) or bool(self.attn_softcap) or self.attn_sinks
 
     @property
     def softmax_scale(self) -> float:
@@ -163,8 +171,8 @@ def _layer_windows(cfg: Mapping[str, Any], model_type: str, layers: int, source:
     elif types is None and model_type in ("qwen2", "qwen3"):
         first = int(cfg.get("max_window_layers", layers))
         types = [SLIDING if i >= first else FULL for i in range(layers)]
-    elif types is None:  # Gemma 2 alternates from layer 0; Gemma 3 has one full layer in every 6 (its default)
-        every = 2 if model_type == "gemma2" else int(cfg.get("sliding_window_pattern", 6))
+    elif types is None:  # Gemma 2, gpt-oss alternate from layer 0; Gemma 3 has one full layer in every 6
+        every = 2 if model_type in ("gemma2", "gpt_oss") else int(cfg.get("sliding_window_pattern", 6))
         types = [SLIDING if (i + 1) % every else FULL for i in range(layers)]
     if len(types) != layers or any(t not in (FULL, SLIDING) for t in types):
         raise ValueError(f"{source}: layer_types {types!r} must list {layers} of {FULL!r} / {SLIDING!r}")
@@ -234,8 +242,12 @@ def _moe_fields(cfg: Mapping[str, Any], model_type: str, layers: int, source: st
     # Qwen3-MoE's config.json says num_experts, transformers 5 writes num_local_experts (Mixtral's name) for both
     experts = int(cfg.get("num_experts") or cfg.get("num_local_experts") or 0)
     top_k = int(cfg.get("num_experts_per_tok") or 0)
-    if model_type == "mixtral":  # every layer sparse; the experts' size is intermediate_size; always renormalised
-        sparse, inter, norm = tuple(range(layers)), int(cfg["intermediate_size"]), True
+    extra: dict[str, Any] = {}
+    if model_type in ("mixtral", "gpt_oss"):  # every layer sparse, of intermediate_size; Mixtral renormalises
+        sparse, inter, norm = tuple(range(layers)), int(cfg["intermediate_size"]), model_type == "mixtral"
+        if model_type == "gpt_oss":
+            alpha, limit = float(cfg.get("swiglu_alpha", 1.702)), float(cfg.get("swiglu_limit", 7.0))
+            extra = {"moe_kind": "gpt_oss", "swiglu_alpha": alpha, "swiglu_limit": limit, "attn_sinks": True}
     else:
         step = int(cfg.get("decoder_sparse_step") or 1)
         dense = {int(i) for i in cfg.get("mlp_only_layers") or ()}
@@ -253,6 +265,7 @@ def _moe_fields(cfg: Mapping[str, Any], model_type: str, layers: int, source: st
         "moe_intermediate_size": inter,
         "norm_topk_prob": norm,
         "moe_layers": sparse,
+        **extra,
     }
 
 

@@ -77,6 +77,7 @@ class DecoderLayer(nn.Module):
         self.qk_norm = _param(h + kvh, d, dtype=dtype) if cfg.qk_norm else None
         self.o_weight = _param(cfg.hidden_size, self.q_size, dtype=wdtype)
         self.o_bias = _param(cfg.hidden_size, dtype=dtype) if cfg.o_bias else None
+        self.sinks = _param(h, dtype=dtype) if cfg.attn_sinks else None  # gpt-oss: a sink logit per query head
         self.post_norm = _param(cfg.hidden_size, dtype=dtype)
         inter = self.dense_intermediate(cfg)
         self.gate_up_weight = _param(2 * inter, cfg.hidden_size, dtype=wdtype)
@@ -177,6 +178,8 @@ class DecoderLayer(nn.Module):
             m[pre + "self_attn.v_proj.bias"] = WeightSlot(me + "qkv_bias", q + kv, q + 2 * kv)
         if self.o_bias is not None:
             m[pre + "self_attn.o_proj.bias"] = WeightSlot(me + "o_bias")
+        if self.sinks is not None:
+            m[pre + "self_attn.sinks"] = WeightSlot(me + "sinks")
         if self.qk_norm is not None:
             h = self.num_heads
             m[pre + "self_attn.q_norm.weight"] = WeightSlot(me + "qk_norm", 0, h, broadcast=True)
@@ -247,9 +250,10 @@ class DecoderLayer(nn.Module):
         if kv.quantized:  # K/V in page units: k_scale folds into the softmax scale, v_scale into the output
             i = self.layer_id
             scale = self.scale * kv.k_scales[i]
-            o = attn.forward(q, k, v, k_cache, v_cache, meta, scale, self.window, self.softcap) * kv.v_scales[i]
-        else:
-            o = attn.forward(q, k, v, k_cache, v_cache, meta, self.scale, self.window, self.softcap)  # [T, H, D]
+            o = attn.forward(q, k, v, k_cache, v_cache, meta, scale, self.window, self.softcap, self.sinks)
+            o = o * kv.v_scales[i]
+        else:  # [T, H, D]
+            o = attn.forward(q, k, v, k_cache, v_cache, meta, self.scale, self.window, self.softcap, self.sinks)
         return self.linear.apply(o.reshape(t, self.q_size), self.packed["o"], self.o_bias)
 
     def _rotate(self, qk: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:

@@ -40,9 +40,17 @@ class MoEBlock(nn.Module):
         self.norm_topk = norm_topk
         self.hidden_p, self.inter_p = _up(hidden), _up(inter)  # padded sizes (post_load)
         self.router = _param(experts, hidden, dtype=dtype)  # [E, hidden]
-        self.w13 = _param(experts * 2 * inter, hidden, dtype=dtype)  # loaded: [E * (gate I; up I), hidden]
-        self.w2 = _param(experts * hidden, inter, dtype=dtype)  # loaded: [E * hidden, I]
+        self.router_bias: nn.Parameter | None = None
+        self.b13: nn.Parameter | None = None  # the experts' biases (gpt-oss): [E, 2 * inter_p] after post_load
+        self.b2: nn.Parameter | None = None  # [E, hidden]
+        self.make_weights(dtype)
         self.stacked = False
+
+    def make_weights(self, dtype: torch.dtype) -> None:
+        """The experts' parameters as the checkpoint's tensors load into them."""
+        e, h, i = self.num_experts, self.hidden, self.inter
+        self.w13 = _param(e * 2 * i, h, dtype=dtype)  # loaded: [E * (gate I; up I), hidden]
+        self.w2 = _param(e * h, i, dtype=dtype)  # loaded: [E * hidden, I]
 
     def weight_map(self, pre: str, me: str, names: tuple[str, str, str, str]) -> dict[str, WeightSlot]:
         """HF names -> slots; names = (router, gate, up, down) as the family spells them below `pre`, with {e} for
@@ -60,16 +68,23 @@ class MoEBlock(nn.Module):
     def post_load(self) -> None:
         """The loaded weights -> w13 [E, hidden_p, 2 * inter_p] (gate in columns [0, I), up in [inter_p,
         inter_p + I)) and w2 [E, inter_p, hidden_p], zero-padded, once."""
+        e, h, i = self.num_experts, self.hidden, self.inter
+        self._stack(self.w13.data.view(e, 2, i, h).permute(0, 3, 1, 2), self.w2.data.view(e, h, i).transpose(1, 2))
+
+    def _stack(self, w13: torch.Tensor, w2: torch.Tensor) -> None:
+        """w13 [E, hidden, gate/up, I] and w2 [E, I, hidden] (any strides) into the padded grouped layouts."""
         e, h, i, hp, ip = self.num_experts, self.hidden, self.inter, self.hidden_p, self.inter_p
-        w13 = self.w13.data.view(e, 2, i, h)  # [E, gate/up, I, hidden]
         packed = w13.new_zeros(e, hp, 2, ip)
-        packed[:, :h, :, :i] = w13.permute(0, 3, 1, 2)
+        packed[:, :h, :, :i] = w13
         self.w13.data = packed.view(e, hp, 2 * ip)
-        w2 = self.w2.data.view(e, h, i)
         down = w2.new_zeros(e, ip, hp)
-        down[:, :i, :h] = w2.transpose(1, 2)
+        down[:, :i, :h] = w2
         self.w2.data = down
         self.stacked = True
+
+    def activate(self, gate_up: torch.Tensor) -> torch.Tensor:
+        """[rows, 2 * inter_p] -> [rows, inter_p]: silu(gate) * up (a padded column stays 0)."""
+        return F.silu(gate_up[:, : self.inter_p]) * gate_up[:, self.inter_p :]
 
     def route(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """x [T, hidden] (the weights' dtype) -> (weights [T, k] in x's dtype, expert ids [T, k]), as transformers
@@ -97,8 +112,13 @@ class MoEBlock(nn.Module):
         if self.hidden_p != self.hidden:
             rows = F.pad(rows, (0, self.hidden_p - self.hidden))
         gate_up = torch._grouped_mm(rows, self.w13, offs=offs)  # [T * k, 2 * inter_p]
-        act = F.silu(gate_up[:, : self.inter_p]) * gate_up[:, self.inter_p :]
+        expert = flat.index_select(0, order) if self.b13 is not None else flat  # each sorted row's expert
+        if self.b13 is not None:
+            gate_up = gate_up + self.b13.index_select(0, expert)
+        act = self.activate(gate_up)
         out = torch._grouped_mm(act.contiguous(), self.w2, offs=offs)[:, : self.hidden]  # [T * k, hidden]
+        if self.b2 is not None:
+            out = out + self.b2.index_select(0, expert)
         out = out * weights.reshape(-1).index_select(0, order).unsqueeze(1)
         return x.new_zeros(t, self.hidden).index_add_(0, tokens, out).to(dtype)
 
@@ -110,12 +130,68 @@ class MoEBlock(nn.Module):
         x = x.to(self.router.dtype)
         weights, ids = self.route(x)
         out = x.new_zeros(x.shape[0], self.hidden)
-        h, ip = self.hidden, self.inter_p
+        h = self.hidden
         for e in range(self.num_experts):
             tok, slot = (ids == e).nonzero(as_tuple=True)
             if tok.numel() == 0:
                 continue
             gate_up = x.index_select(0, tok) @ self.w13[e, :h]
-            y = (F.silu(gate_up[:, :ip]) * gate_up[:, ip:]) @ self.w2[e, :, :h]
+            if self.b13 is not None:
+                gate_up = gate_up + self.b13[e]
+            y = self.activate(gate_up) @ self.w2[e, :, :h]
+            if self.b2 is not None:
+                y = y + self.b2[e]
             out.index_add_(0, tok, y * weights[tok, slot].unsqueeze(1))
         return out.to(dtype)
+
+
+class GptOssMoEBlock(MoEBlock):
+    """gpt-oss's experts: a router with a bias whose top-k logits are softmaxed (over the k only), experts with
+    biases and a clamped SwiGLU, stored fused in the checkpoint as [E, in, out] with gate and up interleaved
+    (gate_up_proj [E, hidden, 2I]: column 2j is gate j, 2j + 1 up j; down_proj [E, I, hidden])."""
+
+    def __init__(
+        self, hidden: int, inter: int, experts: int, top_k: int, alpha: float, limit: float, dtype: torch.dtype
+    ) -> None:
+        super().__init__(hidden, inter, experts, top_k, False, dtype)
+        self.alpha, self.limit = alpha, limit
+        self.router_bias = _param(experts, dtype=dtype)
+        self.b13 = _param(experts, 2 * inter, dtype=dtype)
+        self.b2 = _param(experts, hidden, dtype=dtype)
+
+    def make_weights(self, dtype: torch.dtype) -> None:
+        e, h, i = self.num_experts, self.hidden, self.inter
+        self.w13 = _param(e, h, 2 * i, dtype=dtype)
+        self.w2 = _param(e, i, h, dtype=dtype)
+
+    def weight_map(self, pre: str, me: str, names: tuple[str, str, str, str]) -> dict[str, WeightSlot]:
+        """gpt-oss's names (what its BF16 checkpoints and save_pretrained write); `names` is not used."""
+        m = {
+            f"{pre}mlp.router.weight": WeightSlot(me + "router"),
+            f"{pre}mlp.router.bias": WeightSlot(me + "router_bias"),
+        }
+        for ours, theirs in (("w13", "gate_up_proj"), ("b13", "gate_up_proj_bias"), ("w2", "down_proj")):
+            m[f"{pre}mlp.experts.{theirs}"] = WeightSlot(me + ours)
+        m[f"{pre}mlp.experts.down_proj_bias"] = WeightSlot(me + "b2")
+        return m
+
+    @torch.no_grad()
+    def post_load(self) -> None:
+        """De-interleave gate and up (columns and biases) into MoEBlock's padded halves."""
+        assert self.b13 is not None
+        e, h, i, ip = self.num_experts, self.hidden, self.inter, self.inter_p
+        self._stack(self.w13.data.view(e, h, i, 2).transpose(2, 3), self.w2.data)
+        bias = self.b13.data.new_zeros(e, 2, ip)
+        bias[:, :, :i] = self.b13.data.view(e, i, 2).transpose(1, 2)
+        self.b13.data = bias.view(e, 2 * ip)
+
+    def route(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        logits = F.linear(x, self.router, self.router_bias)  # [T, E]
+        top, ids = logits.topk(self.top_k, dim=-1)
+        return top.softmax(dim=-1), ids
+
+    def activate(self, gate_up: torch.Tensor) -> torch.Tensor:
+        """(clamp(up, -limit, limit) + 1) * g * sigmoid(alpha * g), g = clamp(gate, max=limit); 0 where padded."""
+        gate = gate_up[:, : self.inter_p].clamp(max=self.limit)
+        up = gate_up[:, self.inter_p :].clamp(min=-self.limit, max=self.limit)
+        return (up + 1) * (gate * torch.sigmoid(gate * self.alpha))

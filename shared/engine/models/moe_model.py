@@ -1,6 +1,6 @@
-"""Qwen3-MoE and Mixtral: the Llama-family decoder (Qwen3's q/k norm, Mistral's window) whose MLP is the routed
-experts of moe.py on the layers the config makes sparse (Qwen3-MoE's mlp_only_layers / decoder_sparse_step keep
-a dense MLP on the others)."""
+"""Qwen3-MoE, Mixtral and gpt-oss: the Llama-family decoder (Qwen3's q/k norm, Mistral's window, gpt-oss's
+attention biases, alternating windows and sinks) whose MLP is the routed experts of moe.py on the layers the config
+makes sparse (Qwen3-MoE's mlp_only_layers / decoder_sparse_step keep a dense MLP on the others)."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ import torch
 from shared.config.quantization import QuantSpec
 from shared.engine.models.config import ModelArchConfig
 from shared.engine.models.llama import DecoderLayer, LlamaForCausalLM
-from shared.engine.models.moe import MoEBlock
+from shared.engine.models.moe import GptOssMoEBlock, MoEBlock
 from shared.engine.models.slots import WeightSlot
 from shared.kernels.elementwise import TORCH_OPS, ElementwiseOps
 from shared.kernels.linear import LinearBackend
@@ -46,7 +46,17 @@ class MoeDecoderLayer(DecoderLayer):
     ) -> None:
         super().__init__(cfg, layer_id, dtype, ops, quant, tp)
         self.moe: MoEBlock | None = None
-        if cfg.is_moe(layer_id):
+        if cfg.is_moe(layer_id) and cfg.moe_kind == "gpt_oss":
+            self.moe = GptOssMoEBlock(
+                cfg.hidden_size,
+                cfg.moe_intermediate_size,
+                cfg.num_experts,
+                cfg.experts_per_token,
+                cfg.swiglu_alpha,
+                cfg.swiglu_limit,
+                dtype,
+            )
+        elif cfg.is_moe(layer_id):
             self.moe = MoEBlock(
                 cfg.hidden_size,
                 cfg.moe_intermediate_size,
@@ -66,7 +76,7 @@ class MoeDecoderLayer(DecoderLayer):
         pre, me = f"model.layers.{self.layer_id}.", f"layers.{self.layer_id}."
         dense = (me + "gate_up_weight", me + "down_weight")
         m = {name: slot for name, slot in m.items() if slot.param not in dense}
-        return m | self.moe.weight_map(pre, me + "moe.", EXPERT_NAMES[cfg.model_type])
+        return m | self.moe.weight_map(pre, me + "moe.", EXPERT_NAMES.get(cfg.model_type, ("",) * 4))
 
     def use_linear(self, backend: LinearBackend) -> None:
         if self.moe is None:
@@ -84,7 +94,7 @@ class MoeDecoderLayer(DecoderLayer):
 
 
 class MoeForCausalLM(LlamaForCausalLM):
-    """Qwen3-MoE / Mixtral causal LM over a paged KV pool."""
+    """Qwen3-MoE / Mixtral / gpt-oss causal LM over a paged KV pool."""
 
     layer_class = MoeDecoderLayer
 

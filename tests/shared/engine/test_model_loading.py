@@ -57,6 +57,10 @@ def test_unsupported_architecture_names_it_and_the_supported_list() -> None:
         (dict(QWEN3_MOE, shared_expert_intermediate_size=32), "shared_expert_intermediate_size=32: shared experts"),
         (dict(QWEN3_MOE, num_experts_per_tok=5), "num_experts_per_tok 5 must be in 1..4"),
         (dict(QWEN3_MOE, moe_intermediate_size=0), "moe_intermediate_size 0"),
+        (
+            {"architectures": ["GptOssForCausalLM"], "quantization_config": {"quant_method": "mxfp4"}},
+            "quantization 'mxfp4' is not supported",
+        ),
         ({"architectures": ["MixtralForCausalLM"], "scoring_func": "sigmoid"}, "scoring_func 'sigmoid'"),
         ({"architectures": ["MixtralForCausalLM"], "topk_method": "noaux_tc"}, "topk_method 'noaux_tc'"),
         (
@@ -100,6 +104,10 @@ def test_sliding_windows_per_family() -> None:
     assert windows("Gemma2ForCausalLM") == (7, 0, 7, 0, 7, 0)
     assert windows("Gemma3ForCausalLM") == (7, 7, 7, 7, 7, 0)
     assert windows("Gemma3ForCausalLM", layer_types=["full_attention"] * 5 + ["sliding_attention"]) == (0,) * 5 + (7,)
+    moe = {"num_local_experts": 4, "num_experts_per_tok": 2}
+    assert windows("MixtralForCausalLM", **moe) == (7,) * 6
+    assert windows("GptOssForCausalLM", **moe) == (7, 0, 7, 0, 7, 0)
+    assert windows("GptOssForCausalLM", **moe, layer_types=["full_attention"] * 6) == (0,) * 6
     assert windows("LlamaForCausalLM") == ()
 
 

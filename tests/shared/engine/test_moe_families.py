@@ -1,7 +1,9 @@
-"""Qwen3-MoE and Mixtral against transformers on tiny random checkpoints (fp32, max abs logit diff <= 1e-4, greedy
-tokens identical): 8 experts top-2, 9 query heads over 3 KV heads, an expert size that is not a multiple of 8;
-Qwen3-MoE with q/k norm, a dense last layer (mlp_only_layers) and norm_topk_prob off; Mixtral (always renormalised)
-with a sliding window shorter than the prompts. Each on the torch reference kernels and on the CPU default (native).
+"""Qwen3-MoE, Mixtral and gpt-oss against transformers on tiny random checkpoints (fp32, max abs logit diff <= 1e-4,
+greedy tokens identical): 8 experts top-2, 9 query heads over 3 KV heads, an expert size that is not a multiple of
+8; Qwen3-MoE with q/k norm, a dense last layer (mlp_only_layers) and norm_topk_prob off; Mixtral (always
+renormalised) with a sliding window shorter than the prompts; gpt-oss with yarn RoPE, windowed and full layers in
+turn, attention sinks, q/k/v/o, router and expert biases and a SwiGLU clamp that bites. Each on the torch reference
+kernels and on the CPU default (native).
 
 HF runs its eager experts (a loop over experts) and eager attention, recomputing each whole sequence: an
 independent reference for the grouped GEMMs and the paged cache."""
@@ -115,8 +117,14 @@ def test_config_has_the_moe_features(runner: ModelRunner) -> None:
     if a.model_type == "qwen3_moe":
         assert a.moe_layers == (0,) and not a.norm_topk_prob and a.qk_norm and not any(a.layer_windows)
         assert layers[0].moe is not None and layers[1].moe is None  # mlp_only_layers: a dense last layer
-    else:
+    elif a.model_type == "mixtral":
         assert a.moe_layers == (0, 1) and a.norm_topk_prob and a.layer_windows == (WINDOW, WINDOW)
+    else:
+        assert a.moe_layers == (0, 1) and a.moe_kind == "gpt_oss" and a.layer_windows == (WINDOW, 0)
+        assert a.attn_sinks and a.qkv_bias and a.o_bias and a.swiglu_limit == 0.5 and a.swiglu_alpha == 1.702
+        assert a.rope_scaling is not None and a.rope_scaling["rope_type"] == "yarn"
+        sinks = layers[0].sinks
+        assert sinks is not None and sinks.abs().max().item() > 0.5  # large enough to move the softmax
     assert runner.model.fused_decode is None  # the one-call native decode has no experts
 
 
@@ -220,3 +228,24 @@ def test_refused_at_tensor_parallel(tmp_path_factory: pytest.TempPathFactory) ->
     d = _family_dir("qwen3_moe", tmp_path_factory)
     with pytest.raises(ValueError, match=r"--tp-size 2: mixture-of-experts models \(Qwen3MoeForCausalLM\)"):
         _check_shardable(2, d, torch.device("cpu"), (), load_model_config(d), False)
+
+
+def test_gpt_oss_sinks_and_clamp_change_the_logits(tmp_path_factory: pytest.TempPathFactory) -> None:
+    """The parity above would not catch a sink or a clamp that does nothing if they changed nothing: each, undone,
+    moves the logits well past the tolerance."""
+    d = _family_dir("gpt_oss", tmp_path_factory)
+    r = ModelRunner(d, num_pages=16, page_size=PAGE, attention_backend="torch")
+    p = prompt(61, 13, r.vocab_size)
+    out = SchedulerOutput((ScheduledSeq("x", tuple(p), 0, (0, 1, 2, 3), True),))
+    base = r.forward(out)
+    layers = [layer for layer in r.model.layers if isinstance(layer, MoeDecoderLayer)]
+    sinks = [layer.sinks for layer in layers]
+    for layer in layers:
+        layer.sinks = None
+    assert (r.forward(out) - base).abs().max().item() > 100 * TOL
+    for layer, s in zip(layers, sinks, strict=True):
+        layer.sinks = s
+    for layer in layers:
+        assert layer.moe is not None
+        layer.moe.limit = 1e9
+    assert (r.forward(out) - base).abs().max().item() > 100 * TOL
