@@ -346,3 +346,111 @@ def test_released_mistral_and_phi3_configs() -> None:
     p = parse_model_config(phi)
     assert p.layer_windows == (2047, 2047) and p.rotary_dim == 0 and p.model_type == "phi3"
     assert parse_model_config(dict(phi, partial_rotary_factor=0.75)).rotary_dim == 6  # head_dim 8
+
+
+def test_released_moe_configs() -> None:
+    """Qwen3-30B-A3B, Mixtral-8x7B and gpt-oss-20b as their config.json files spell them (the fields that matter),
+    and the names of the tensors the model built from each expects (on the meta device: nothing allocated)."""
+    qwen = dict(
+        architectures=["Qwen3MoeForCausalLM"],
+        model_type="qwen3_moe",
+        vocab_size=151936,
+        hidden_size=2048,
+        intermediate_size=6144,
+        moe_intermediate_size=768,
+        num_hidden_layers=48,
+        num_attention_heads=32,
+        num_key_value_heads=4,
+        head_dim=128,
+        num_experts=128,
+        num_experts_per_tok=8,
+        norm_topk_prob=True,
+        decoder_sparse_step=1,
+        mlp_only_layers=[],
+        max_window_layers=48,
+        use_sliding_window=False,
+        sliding_window=None,
+        rope_scaling=None,
+        rope_theta=1e6,
+    )
+    q = parse_model_config(qwen)
+    assert (q.num_experts, q.experts_per_token, q.moe_intermediate_size) == (128, 8, 768)
+    assert q.moe_layers == tuple(range(48)) and q.norm_topk_prob and q.qk_norm and q.layer_windows == ()
+    mixtral = dict(
+        architectures=["MixtralForCausalLM"],
+        model_type="mixtral",
+        vocab_size=32000,
+        hidden_size=4096,
+        intermediate_size=14336,
+        num_hidden_layers=32,
+        num_attention_heads=32,
+        num_key_value_heads=8,
+        num_local_experts=8,
+        num_experts_per_tok=2,
+        router_aux_loss_coef=0.02,
+        rope_theta=1e6,
+        sliding_window=None,
+    )
+    m = parse_model_config(mixtral)
+    assert (m.num_experts, m.experts_per_token, m.moe_intermediate_size) == (8, 2, 14336) and m.layer_windows == ()
+    yarn = {
+        "beta_fast": 32.0,
+        "beta_slow": 1.0,
+        "factor": 32.0,
+        "original_max_position_embeddings": 4096,
+        "rope_type": "yarn",
+        "truncate": False,
+    }
+    gpt_oss = dict(
+        architectures=["GptOssForCausalLM"],
+        model_type="gpt_oss",
+        vocab_size=201088,
+        hidden_size=2880,
+        intermediate_size=2880,
+        num_hidden_layers=24,
+        num_attention_heads=64,
+        num_key_value_heads=8,
+        head_dim=64,
+        num_local_experts=32,
+        num_experts_per_tok=4,
+        experts_per_token=4,
+        layer_types=["sliding_attention", "full_attention"] * 12,
+        sliding_window=128,
+        rope_scaling=yarn,
+        rope_theta=150000,
+        swiglu_limit=7.0,
+        attention_bias=True,
+        max_position_embeddings=131072,
+    )
+    with pytest.raises(ValueError, match="quantization 'mxfp4'"):  # the released checkpoint's experts are MXFP4
+        parse_model_config(dict(gpt_oss, quantization_config={"quant_method": "mxfp4"}))
+    g = parse_model_config(gpt_oss)  # a BF16 export
+    assert (g.num_experts, g.experts_per_token, g.moe_intermediate_size) == (32, 4, 2880)
+    assert g.layer_windows == (128, 0) * 12 and g.attn_sinks and g.qkv_bias and g.o_bias and g.moe_kind == "gpt_oss"
+    assert g.rope_theta == 150000 and g.rope_scaling is not None and g.rope_scaling["rope_type"] == "yarn"
+    small = {"num_hidden_layers": 2, "vocab_size": 64}  # the names per layer, without building 48 layers
+    names = set(
+        build_model(
+            parse_model_config(dict(qwen, **small)), torch.float32, 4, device=torch.device("meta")
+        ).hf_weight_map()
+    )
+    assert "model.layers.1.mlp.experts.127.down_proj.weight" in names and "model.layers.0.mlp.gate.weight" in names
+    names = set(
+        build_model(
+            parse_model_config(dict(mixtral, **small)), torch.float32, 4, device=torch.device("meta")
+        ).hf_weight_map()
+    )
+    assert "model.layers.1.block_sparse_moe.experts.7.w3.weight" in names
+    names = set(
+        build_model(
+            parse_model_config(dict(gpt_oss, **small, layer_types=["sliding_attention", "full_attention"])),
+            torch.float32,
+            4,
+            device=torch.device("meta"),
+        ).hf_weight_map()
+    )
+    assert {
+        "model.layers.1.mlp.experts.gate_up_proj",
+        "model.layers.0.self_attn.sinks",
+        "model.layers.1.mlp.router.bias",
+    } <= names
