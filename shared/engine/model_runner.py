@@ -87,16 +87,22 @@ class ModelShard(Protocol):
         ...
 
 
+def arch_tp_problem(arch: ModelArchConfig, tp: int) -> str | None:
+    """Why tensor parallelism cannot split this architecture yet (None: it can); checked before ranks start."""
+    if arch.model_type in (*GEMMA_TYPES, "phi3"):  # Gemma's extra norms, Phi-3's fused checkpoint tensors
+        return f"--tp-size {tp}: {arch.architecture} runs at --tp-size 1 only for now"
+    if arch.num_experts:  # the stacked experts are not split per rank (neither TP within them nor expert parallel)
+        return f"--tp-size {tp}: mixture-of-experts models ({arch.architecture}) run at --tp-size 1 only for now"
+    return None
+
+
 def _check_shardable(
     tp: int, model_dir: Path, device: torch.device, cuda_graph_bs: Sequence[int], arch: ModelArchConfig, quantized: bool
 ) -> None:
     """ValueError for what tensor parallelism does not cover yet."""
-    if arch.model_type in (*GEMMA_TYPES, "phi3"):  # Gemma's extra norms, Phi-3's fused checkpoint tensors
-        raise ValueError(f"--tp-size {tp}: {arch.architecture} runs at --tp-size 1 only for now")
-    if arch.num_experts:  # the stacked experts are not split per rank (neither TP within them nor expert parallel)
-        raise ValueError(
-            f"--tp-size {tp}: mixture-of-experts models ({arch.architecture}) run at --tp-size 1 only for now"
-        )
+    problem = arch_tp_problem(arch, tp)
+    if problem is not None:
+        raise ValueError(problem)
     if quantized:  # the block scales are not sliced per rank
         raise ValueError(f"--tp-size {tp}: quantized weights (--quantization) run at --tp-size 1 only for now")
     if load_llava_config(model_dir) is not None:

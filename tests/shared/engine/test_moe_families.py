@@ -221,13 +221,24 @@ def test_refused_with_quantization(tmp_path_factory: pytest.TempPathFactory) -> 
 
 
 def test_refused_at_tensor_parallel(tmp_path_factory: pytest.TempPathFactory) -> None:
-    """The stacked experts are not split per rank: --tp-size > 1 is refused at start, naming the flag."""
-    from shared.engine.model_runner import _check_shardable
-    from shared.engine.models import load_model_config
+    """The stacked experts are not split per rank: --tp-size > 1 is refused in one line naming the flag, before
+    any rank process starts."""
+    from shared.config.groups import DeviceConfig, ModelConfig, ParallelConfig
+    from shared.engine.parallel import ranks
 
+    started: list[object] = []
     d = _family_dir("qwen3_moe", tmp_path_factory)
-    with pytest.raises(ValueError, match=r"--tp-size 2: mixture-of-experts models \(Qwen3MoeForCausalLM\)"):
-        _check_shardable(2, d, torch.device("cpu"), (), load_model_config(d), False)
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(ranks.RankProcesses, "__init__", lambda self, args: started.append(args))
+        with pytest.raises(ValueError, match=r"^--tp-size 2: mixture-of-experts models \(Qwen3MoeForCausalLM\) run"):
+            Engine.from_groups(
+                model=ModelConfig(model=str(d)),
+                cache=CacheConfig(num_pages=16, page_size=PAGE),
+                scheduler=SchedulerConfig(),
+                device=DeviceConfig(device="cpu", threads=2),
+                parallel=ParallelConfig(tp_size=2),
+            )
+    assert started == []
 
 
 def test_gpt_oss_sinks_and_clamp_change_the_logits(tmp_path_factory: pytest.TempPathFactory) -> None:
