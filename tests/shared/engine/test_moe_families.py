@@ -3,7 +3,8 @@ greedy tokens identical): 8 experts top-2, 9 query heads over 3 KV heads, an exp
 8; Qwen3-MoE with q/k norm, a dense last layer (mlp_only_layers) and norm_topk_prob off; Mixtral (always
 renormalised) with a sliding window shorter than the prompts; gpt-oss with yarn RoPE, windowed and full layers in
 turn, attention sinks, q/k/v/o, router and expert biases and a SwiGLU clamp that bites. Each on the torch reference
-kernels and on the CPU default (native).
+kernels and on the CPU default (native); gpt-oss also on the Triton backend and its norm / RoPE kernels (under the
+interpreter here: its sink layers take the torch window path there too).
 
 HF runs its eager experts (a loop over experts) and eager attention, recomputing each whole sequence: an
 independent reference for the grouped GEMMs and the paged cache."""
@@ -26,7 +27,7 @@ from tests.helpers.tiny_models import MOE_FAMILIES, WINDOW, make_tiny_model
 PAGE = 4
 TOL = 1e-4
 WORST: dict[str, float] = {}  # the largest difference per (family, backend), printed at the end (pytest -s)
-CASES = [(f, b) for f in MOE_FAMILIES for b in ("torch", "native")]
+CASES = [(f, b) for f in MOE_FAMILIES for b in ("torch", "native")] + [("gpt_oss", "triton")]
 _DIRS: dict[str, Path] = {}
 _HF: dict[str, torch.nn.Module] = {}
 
