@@ -112,7 +112,7 @@ class MoEBlock(nn.Module):
         if self.hidden_p != self.hidden:
             rows = F.pad(rows, (0, self.hidden_p - self.hidden))
         gate_up = torch._grouped_mm(rows, self.w13, offs=offs)  # [T * k, 2 * inter_p]
-        expert = flat.index_select(0, order) if self.b13 is not None else flat  # each sorted row's expert
+        expert = flat.index_select(0, order)  # each sorted row's expert: the rows of the biases (gpt-oss)
         if self.b13 is not None:
             gate_up = gate_up + self.b13.index_select(0, expert)
         act = self.activate(gate_up)
