@@ -1,4 +1,4 @@
-"""The grouped MoE block (shared/engine/models/moe.py) against a plain per-token reference written from the
+"""The grouped MoE blocks (shared/engine/models/moe.py) against a plain per-token reference written from the
 checkpoint's per-expert tensors: hidden and expert sizes off the 16-byte alignment _grouped_mm needs, experts that
 get no rows, a single token, fp32 and bf16, with and without top-k renormalisation."""
 
@@ -8,7 +8,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from shared.engine.models.moe import MoEBlock
+from shared.engine.models.moe import GptOssMoEBlock, MoEBlock
 
 
 def make_block(hidden: int, inter: int, experts: int, top_k: int, norm: bool, dtype: torch.dtype):
@@ -74,3 +74,48 @@ def test_bf16_weights_under_fp32_activations() -> None:
     assert got.dtype == torch.float32
     ref = reference(x.bfloat16(), router, per, 2, True).float()
     assert (got - ref).abs().max().item() < 0.05 * ref.abs().max().item()
+
+
+@pytest.mark.parametrize("hidden,inter", [(30, 13), (32, 16)])
+@pytest.mark.parametrize("tokens", [1, 3, 16])
+def test_gpt_oss_block_matches_reference(hidden: int, inter: int, tokens: int) -> None:
+    """gpt-oss's block from its fused checkpoint tensors (gate and up interleaved, [E, in, out]) against a float64
+    per-token reference: biased router, softmax over the top-k logits, biased experts, the clamped SwiGLU."""
+    e, k, alpha, limit = 8, 2, 1.702, 0.5
+    g = torch.Generator().manual_seed(hidden + tokens)
+    block = GptOssMoEBlock(hidden, inter, e, k, alpha, limit, torch.float32)
+    t = {
+        "router": torch.randn(e, hidden, generator=g) * 0.3,
+        "router_bias": torch.randn(e, generator=g) * 0.3,
+        "w13": torch.randn(e, hidden, 2 * inter, generator=g) * 0.3,
+        "b13": torch.randn(e, 2 * inter, generator=g) * 0.3,
+        "w2": torch.randn(e, inter, hidden, generator=g) * 0.3,
+        "b2": torch.randn(e, hidden, generator=g) * 0.3,
+    }
+    params = dict(block.named_parameters())
+    for name, slot in block.weight_map("", "", ("",) * 4).items():
+        params[slot.param].data.copy_(
+            {
+                "mlp.router.weight": t["router"],
+                "mlp.router.bias": t["router_bias"],
+                "mlp.experts.gate_up_proj": t["w13"],
+                "mlp.experts.gate_up_proj_bias": t["b13"],
+                "mlp.experts.down_proj": t["w2"],
+                "mlp.experts.down_proj_bias": t["b2"],
+            }[name]
+        )
+    block.post_load()
+    x = torch.randn(tokens, hidden, generator=g)
+    d = {n: v.double() for n, v in t.items()}
+    ref = []
+    for row in x.double():
+        top, ids = (d["router"] @ row + d["router_bias"]).topk(k)
+        acc = torch.zeros_like(row)
+        for w, i in zip(top.softmax(-1), ids.tolist(), strict=True):
+            gu = row @ d["w13"][i] + d["b13"][i]
+            gate, up = gu[0::2].clamp(max=limit), gu[1::2].clamp(-limit, limit)
+            acc += w * ((up + 1) * gate * torch.sigmoid(gate * alpha) @ d["w2"][i] + d["b2"][i])
+        ref.append(acc)
+    want = torch.stack(ref).float()
+    assert (block(x) - want).abs().max().item() < 1e-5
+    assert (block.forward_loop(x) - want).abs().max().item() < 1e-5
