@@ -29,6 +29,12 @@ def _describe(cfg: ModelArchConfig) -> str:
     if windows:
         n = sum(1 for w in cfg.layer_windows if w)
         parts.append(f"sliding window {'/'.join(map(str, windows))} on {n} of {cfg.num_layers} layers")
+    if cfg.num_experts:
+        dense = cfg.num_layers - len(cfg.moe_layers)
+        parts.append(
+            f"{cfg.num_experts} experts top-{cfg.experts_per_token} of size {cfg.moe_intermediate_size}"
+            + (f" ({dense} dense layer{'s' * (dense > 1)})" if dense else "")
+        )
     if cfg.rope_scaling:
         parts.append(f"rope {cfg.rope_scaling.get('rope_type', cfg.rope_scaling.get('type'))}")
     return ", ".join(parts)

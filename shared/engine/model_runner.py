@@ -88,12 +88,22 @@ class ModelShard(Protocol):
         ...
 
 
+def arch_tp_problem(arch: ModelArchConfig, tp: int) -> str | None:
+    """Why tensor parallelism cannot split this architecture yet (None: it can); checked before ranks start."""
+    if arch.model_type in (*GEMMA_TYPES, "phi3"):  # Gemma's extra norms, Phi-3's fused checkpoint tensors
+        return f"--tp-size {tp}: {arch.architecture} runs at --tp-size 1 only for now"
+    if arch.num_experts:  # the stacked experts are not split per rank (neither TP within them nor expert parallel)
+        return f"--tp-size {tp}: mixture-of-experts models ({arch.architecture}) run at --tp-size 1 only for now"
+    return None
+
+
 def _check_shardable(
     tp: int, model_dir: Path, device: torch.device, cuda_graph_bs: Sequence[int], arch: ModelArchConfig, quantized: bool
 ) -> None:
     """ValueError for what tensor parallelism does not cover yet."""
-    if arch.model_type in (*GEMMA_TYPES, "phi3"):  # Gemma's extra norms, Phi-3's fused checkpoint tensors
-        raise ValueError(f"--tp-size {tp}: {arch.architecture} runs at --tp-size 1 only for now")
+    problem = arch_tp_problem(arch, tp)
+    if problem is not None:
+        raise ValueError(problem)
     if quantized:  # the block scales are not sliced per rank
         raise ValueError(f"--tp-size {tp}: quantized weights (--quantization) run at --tp-size 1 only for now")
     if load_llava_config(model_dir) is not None:
@@ -144,6 +154,11 @@ class ModelRunner(OwnPool):
         self.dtype = torch_dtype(dtype)
         self.arch = load_model_config(model_dir)
         self.quant = parse_quantization(_read_json(model_dir / "config.json"))  # None: unquantized weights
+        if quantization is not None and self.arch.num_experts:  # the experts' stacked weights are not quantized
+            raise ValueError(
+                f"--quantization {quantization}: mixture-of-experts models ({self.arch.architecture}) run "
+                "unquantized only for now"
+            )
         self.vocab_size = self.arch.vocab_size
         self.context_length = context_length or self.arch.max_position_embeddings
         self.page_size = page_size
@@ -267,6 +282,7 @@ class ModelRunner(OwnPool):
             return
         if method != "fp8":
             raise ValueError(f"--quantization {method}: only fp8 quantizes an unquantized checkpoint at load")
+
         self.quant = QuantSpec("fp8", (128, 128))
         for layer in self.model.layers:
             assert isinstance(layer, DecoderLayer)

@@ -66,9 +66,11 @@ class AttentionBackend(Protocol):
         scale: float,
         window: int = 0,
         softcap: float = 0.0,
+        sinks: torch.Tensor | None = None,
     ) -> torch.Tensor:
-        """window: the layer's sliding window (0: full); softcap: its score soft-capping (0: none). Layers with
-        either go through window_attention.py on every backend (that module says why)."""
+        """window: the layer's sliding window (0: full); softcap: its score soft-capping (0: none); sinks: its
+        per-head sink logits [heads] (gpt-oss; None: none). Layers with any go through window_attention.py on every
+        backend (that module says why)."""
         ...
 
 
@@ -133,10 +135,11 @@ class TorchAttentionBackend:
         scale: float,
         window: int = 0,
         softcap: float = 0.0,
+        sinks: torch.Tensor | None = None,
     ) -> torch.Tensor:
         """q [T, heads, d], k/v [T, kv_heads, d] (already written to the cache) -> [T, heads, d]."""
-        if needs_window_path(meta, window, softcap):
-            return window_attention(q, k_cache, v_cache, meta, scale, window, softcap)
+        if needs_window_path(meta, window, softcap, sinks):
+            return window_attention(q, k_cache, v_cache, meta, scale, window, softcap, sinks)
         if meta.all_decode:
             g = meta.decode_groups[0]
             return paged_decode_attention(
@@ -211,9 +214,10 @@ class NativeAttentionBackend(TorchAttentionBackend):
         scale: float,
         window: int = 0,
         softcap: float = 0.0,
+        sinks: torch.Tensor | None = None,
     ) -> torch.Tensor:
-        if needs_window_path(meta, window, softcap):  # the C kernels take neither (window_attention.py)
-            return window_attention(q, k_cache, v_cache, meta, scale, window, softcap)
+        if needs_window_path(meta, window, softcap, sinks):  # the C kernels take neither (window_attention.py)
+            return window_attention(q, k_cache, v_cache, meta, scale, window, softcap, sinks)
         flat = meta.flat_decode
         out = self._extend(q, k, v, k_cache, v_cache, meta, scale)
         if flat is not None:

@@ -1,10 +1,11 @@
-"""Paged attention with a sliding window and/or logit soft-capping, torch reference (any device): the path every
-attention backend takes for the layers that need either (Mistral, Phi-3, Qwen2/3 with use_sliding_window, Gemma 2's
-soft-capped layers, Gemma 2/3's local layers).
+"""Paged attention with a sliding window, logit soft-capping and/or attention sinks, torch reference (any device): the
+path every attention backend takes for the layers that need one (Mistral, Phi-3, Qwen2/3 with use_sliding_window,
+Gemma 2's soft-capped layers, Gemma 2/3's local layers, gpt-oss's sinks).
 
 Semantics are transformers' exactly: a query at position p sees the keys at positions k with p - window < k <= p
 (window 0: every k <= p); with soft-capping the scaled scores become cap * tanh(scores / cap) before the mask and the
-softmax (taken in float32).
+softmax (taken in float32); with sinks, each head's sink logit joins the softmax as one more column that is then
+dropped (it takes probability mass from the keys and gives no value).
 
 Why the native C kernels (and Triton's) do not take these layers: they walk a sequence's pages from position 0 in
 page-aligned blocks (16-token vector blocks with the next page prefetched, three variants: generic, AVX-512, AVX2),
@@ -24,7 +25,13 @@ from shared.kernels.attention_plan import AttentionMetadata
 
 
 def _attend(
-    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, keep: torch.Tensor, scale: float, softcap: float
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    keep: torch.Tensor,
+    scale: float,
+    softcap: float,
+    sinks: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """q [B, Lq, H, D], k/v [B, Lk, KVH, D], keep [B, Lq, Lk] bool -> [B, Lq, H, D].
 
@@ -35,7 +42,7 @@ def _attend(
     b, lq, h, d = q.shape
     kvh = k.shape[2]
     kt, vt = k.to(q.dtype).transpose(1, 2), v.to(q.dtype).transpose(1, 2)  # [B, KVH, Lk, D]
-    if not softcap:
+    if not softcap and sinks is None:
         # an additive mask: measured faster than a boolean one in SDPA on CPU (decode_attention.decode_mask)
         mask = torch.zeros(keep.shape, dtype=q.dtype, device=q.device).masked_fill_(~keep, float("-inf"))
         o = F.scaled_dot_product_attention(
@@ -45,9 +52,15 @@ def _attend(
     g = h // kvh
     qg = q.view(b, lq, kvh, g, d).permute(0, 2, 3, 1, 4).reshape(b, kvh, g * lq, d)
     scores = torch.matmul(qg, kt.transpose(-1, -2)) * scale  # [B, KVH, G * Lq, Lk]
-    scores = torch.tanh(scores / softcap) * softcap
+    if softcap:
+        scores = torch.tanh(scores / softcap) * softcap
     scores = scores.float().view(b, kvh, g, lq, -1).masked_fill(~keep[:, None, None], float("-inf"))
-    probs = torch.softmax(scores, dim=-1).to(q.dtype).view(b, kvh, g * lq, -1)
+    if sinks is None:
+        probs = torch.softmax(scores, dim=-1)
+    else:  # [H] -> one more column per (KV head, group member), then dropped
+        sink = sinks.float().view(1, kvh, g, 1, 1).expand(b, kvh, g, lq, 1)
+        probs = torch.softmax(torch.cat((scores, sink), dim=-1), dim=-1)[..., :-1]
+    probs = probs.to(q.dtype).reshape(b, kvh, g * lq, -1)
     out = torch.matmul(probs, vt)  # [B, KVH, G * Lq, D]
     return out.view(b, kvh, g, lq, d).permute(0, 3, 1, 2, 4).reshape(b, lq, h, d)
 
@@ -76,6 +89,7 @@ def _decode(
     window: int,
     softcap: float,
     out: torch.Tensor,
+    sinks: torch.Tensor | None = None,
 ) -> None:
     """One new token per sequence, a set at a time: gather the pages that can hold a visible key, mask, attend."""
     page = k_cache.shape[1]
@@ -91,7 +105,7 @@ def _decode(
         keep = pos.unsqueeze(0) < lens
         if window:
             keep &= pos.unsqueeze(0) >= lens - window
-        o = _attend(q.index_select(0, token_idx).unsqueeze(1), k, v, keep.unsqueeze(1), scale, softcap)
+        o = _attend(q.index_select(0, token_idx).unsqueeze(1), k, v, keep.unsqueeze(1), scale, softcap, sinks)
         out.index_copy_(0, token_idx, o[:, 0])
 
 
@@ -110,6 +124,7 @@ def _extend(
     window: int,
     softcap: float,
     out: torch.Tensor,
+    sinks: torch.Tensor | None = None,
 ) -> None:
     """Each extend sequence alone, QUERY_BLOCK new tokens at a time: over the visible part of its prefix and the new
     tokens up to the block's last, read from the cache."""
@@ -127,14 +142,14 @@ def _extend(
             if window:
                 keep &= kpos > qpos - window
             rows = slice(t0 + lo - p, t0 + hi - p)
-            o = _attend(q[rows].unsqueeze(0), k.unsqueeze(0), v.unsqueeze(0), keep.unsqueeze(0), scale, softcap)
+            o = _attend(q[rows].unsqueeze(0), k.unsqueeze(0), v.unsqueeze(0), keep.unsqueeze(0), scale, softcap, sinks)
             out[rows] = o[0]
 
 
-def needs_window_path(meta: AttentionMetadata, window: int, softcap: float) -> bool:
-    """Whether a layer must take window_attention this step: soft-capped, or windowed with some sequence longer than
-    the window (a window covering every sequence changes nothing, and the backend's own kernels run)."""
-    return bool(softcap) or (window > 0 and meta.max_seq_len > window)
+def needs_window_path(meta: AttentionMetadata, window: int, softcap: float, sinks: torch.Tensor | None = None) -> bool:
+    """Whether a layer must take window_attention this step: soft-capped, with sinks, or windowed with some sequence
+    longer than the window (a window covering every sequence changes nothing, and the backend's own kernels run)."""
+    return bool(softcap) or sinks is not None or (window > 0 and meta.max_seq_len > window)
 
 
 def window_attention(
@@ -145,10 +160,11 @@ def window_attention(
     scale: float,
     window: int = 0,
     softcap: float = 0.0,
+    sinks: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """q [T, heads, head_dim] -> [T, heads, head_dim] for every sequence of the step's plan (extend and decode),
-    over K/V already written into k_cache, v_cache [num_pages, page_size, kv_heads, head_dim]."""
+    over K/V already written into k_cache, v_cache [num_pages, page_size, kv_heads, head_dim]; sinks: [heads]."""
     out = torch.empty_like(q)
-    _extend(q, k_cache, v_cache, meta, scale, window, softcap, out)
-    _decode(q, k_cache, v_cache, _decode_sets(meta, q.device), scale, window, softcap, out)
+    _extend(q, k_cache, v_cache, meta, scale, window, softcap, out, sinks)
+    _decode(q, k_cache, v_cache, _decode_sets(meta, q.device), scale, window, softcap, out, sinks)
     return out

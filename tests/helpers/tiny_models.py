@@ -103,6 +103,8 @@ def _family_config(arch: str, common: dict, hidden: int, heads: int):
         rope = {"rope_type": "default", "rope_theta": 10000.0, "partial_rotary_factor": 0.5}
         cfg = transformers.Phi3Config(**common, rope_parameters=rope, sliding_window=WINDOW, pad_token_id=0)
         return cfg, transformers.Phi3ForCausalLM
+    if arch in MOE_FAMILIES:
+        return _moe_config(arch, common, hidden)
     gemma = dict(common, head_dim=16, query_pre_attn_scalar=24, sliding_window=WINDOW, pad_token_id=0)
     if arch == "gemma2":
         cfg = transformers.Gemma2Config(**gemma, attn_logit_softcapping=2.0, final_logit_softcapping=3.0)
@@ -115,7 +117,55 @@ def _family_config(arch: str, common: dict, hidden: int, heads: int):
         types = ["sliding_attention", "full_attention"] * (common["num_hidden_layers"] // 2)
         cfg = transformers.Gemma3TextConfig(**gemma, rope_parameters=rope, layer_types=types)
         return cfg, transformers.Gemma3ForCausalLM
-    raise ValueError(f"arch {arch!r} is not one of {ARCHS + FAMILIES}")
+    raise ValueError(f"arch {arch!r} is not one of {ARCHS + FAMILIES + MOE_FAMILIES}")
+
+
+# Mixture-of-experts families (tests/shared/engine/test_moe_families.py): 8 experts, top-2, an expert size that is
+# not a multiple of 8 (the grouped GEMM's padding); Qwen3-MoE with its last layer dense (mlp_only_layers) and
+# norm_topk_prob off, Mixtral (which always renormalises) with the sliding window, gpt-oss with its default yarn RoPE,
+# alternating windowed layers, attention sinks, biases everywhere and a SwiGLU clamp small enough to bite
+MOE_FAMILIES = ("qwen3_moe", "mixtral", "gpt_oss")
+
+
+def _moe_config(arch: str, common: dict, hidden: int):
+    import transformers
+
+    experts = dict(num_experts_per_tok=2, rope_theta=10000.0)
+    if arch == "qwen3_moe":
+        cfg = transformers.Qwen3MoeConfig(
+            **dict(common, intermediate_size=hidden + 8),
+            **experts,
+            num_experts=8,
+            moe_intermediate_size=hidden // 2 + 2,
+            norm_topk_prob=False,
+            mlp_only_layers=[common["num_hidden_layers"] - 1],
+            head_dim=2 * hidden // common["num_attention_heads"],
+        )
+        return cfg, transformers.Qwen3MoeForCausalLM
+    if arch == "gpt_oss":
+        cfg = transformers.GptOssConfig(
+            **dict(common, intermediate_size=hidden // 2 + 2),
+            num_local_experts=8,
+            num_experts_per_tok=2,
+            sliding_window=WINDOW,
+            head_dim=2 * hidden // common["num_attention_heads"],
+            swiglu_limit=0.5,
+            # gpt-oss's yarn, its original context shrunk so that 32 x it is the tiny model's max_position_embeddings
+            rope_parameters={
+                "rope_type": "yarn",
+                "factor": 32.0,
+                "beta_fast": 32.0,
+                "beta_slow": 1.0,
+                "truncate": False,
+                "original_max_position_embeddings": common["max_position_embeddings"] // 32,
+                "rope_theta": 150000.0,
+            },
+        )
+        return cfg, transformers.GptOssForCausalLM
+    cfg = transformers.MixtralConfig(
+        **dict(common, intermediate_size=hidden // 2 + 2), **experts, num_local_experts=8, sliding_window=WINDOW
+    )
+    return cfg, transformers.MixtralForCausalLM
 
 
 def make_tiny_model(
@@ -154,6 +204,8 @@ def make_tiny_model(
         for name, p in model.named_parameters():
             if name.endswith("norm.weight"):
                 p.copy_(1.0 + 0.1 * torch.randn_like(p))  # not all ones, so a wrong norm weight shows
+            elif name.endswith("sinks"):
+                p.normal_(0.0, 1.0)  # gpt-oss's sink logits: as large as the scores, so they take real mass
             else:
                 p.normal_(0.0, 0.08)
     model.save_pretrained(out, safe_serialization=True)

@@ -1,4 +1,5 @@
-"""Model implementations: the Llama-family decoder (llama.py) and Gemma's subclass of it (gemma.py)."""
+"""Model implementations: the Llama-family decoder (llama.py), Gemma's subclass of it (gemma.py) and the
+mixture-of-experts one (moe_model.py)."""
 
 from __future__ import annotations
 
@@ -16,6 +17,7 @@ from shared.engine.models.config import (
 )
 from shared.engine.models.gemma import GemmaForCausalLM
 from shared.engine.models.llama import LlamaForCausalLM, WeightSlot
+from shared.engine.models.moe_model import MoeForCausalLM
 from shared.kernels.elementwise import TORCH_OPS, ElementwiseOps
 
 if TYPE_CHECKING:
@@ -41,10 +43,15 @@ def build_model(
     quant: QuantSpec | None = None,
     tp: TPComm | None = None,
 ) -> LlamaForCausalLM:
-    """An unloaded model for `cfg` (Gemma's own class; the other families' differences are flags on the config),
-    calling the norm/rotary/activation kernels in `ops`, its parameters allocated on `device` (default: the CPU);
+    """An unloaded model for `cfg` (Gemma's and the MoE families' own classes; the other families' differences are
+    flags on the config), calling the norm/rotary/activation kernels in `ops`, its parameters allocated on `device`
+    (default: the CPU);
     `quant`: its projections' weights fp8 or int4 blocks (shared.config.quantization); `tp`: a tensor-parallel
     rank's collectives (cfg then sized per rank)."""
     assert cfg.architecture in SUPPORTED_ARCHITECTURES, cfg.architecture  # parse_model_config refused the rest
-    cls = GemmaForCausalLM if cfg.model_type in GEMMA_TYPES else LlamaForCausalLM
+    cls: type[LlamaForCausalLM] = LlamaForCausalLM
+    if cfg.model_type in GEMMA_TYPES:
+        cls = GemmaForCausalLM
+    elif cfg.num_experts:
+        cls = MoeForCausalLM
     return cls(cfg, dtype, max_positions, ops, device, quant, tp)

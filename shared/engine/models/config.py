@@ -17,7 +17,8 @@ from shared.config.quantization import parse_quantization
 from shared.kernels.rotary import SUPPORTED_ROPE_TYPES
 
 # architectures[0] in config.json -> model_type. Llama, Qwen2/3, Mistral and Phi-3 share one decoder (llama.py);
-# Gemma 2 and Gemma 3 (text) have their own layer (gemma.py).
+# Gemma 2 and Gemma 3 (text) have their own layer (gemma.py); Qwen3-MoE, Mixtral and gpt-oss swap its MLP for routed
+# experts (moe_model.py).
 SUPPORTED_ARCHITECTURES: dict[str, str] = {
     "LlamaForCausalLM": "llama",
     "Qwen2ForCausalLM": "qwen2",
@@ -26,8 +27,12 @@ SUPPORTED_ARCHITECTURES: dict[str, str] = {
     "Phi3ForCausalLM": "phi3",
     "Gemma2ForCausalLM": "gemma2",
     "Gemma3ForCausalLM": "gemma3_text",
+    "Qwen3MoeForCausalLM": "qwen3_moe",
+    "MixtralForCausalLM": "mixtral",
+    "GptOssForCausalLM": "gpt_oss",
 }
 GEMMA_TYPES = ("gemma2", "gemma3_text")
+MOE_TYPES = ("qwen3_moe", "mixtral", "gpt_oss")
 # hidden_act (Gemma: hidden_activation) each family's MLP may use
 _ACTIVATIONS = {"gemma2": ("gelu_pytorch_tanh",), "gemma3_text": ("gelu_pytorch_tanh",)}
 FULL, SLIDING = "full_attention", "sliding_attention"
@@ -66,6 +71,25 @@ class ModelArchConfig:
     embed_scale: float = 1.0  # Gemma: the embeddings are multiplied by sqrt(hidden_size)
     # Gemma 3: sliding layers rotate with their own base (and no scaling); None = the same RoPE as full layers
     local_rope_theta: float | None = None
+    # Mixture of experts (Qwen3-MoE, Mixtral): the MLP of the layers in moe_layers is num_experts experts of
+    # moe_intermediate_size, experts_per_token of them per token (softmax router, top-k; norm_topk_prob: the top-k
+    # weights renormalised to sum to 1). 0 experts: a dense model.
+    num_experts: int = 0
+    experts_per_token: int = 0
+    moe_intermediate_size: int = 0
+    norm_topk_prob: bool = False
+    moe_layers: tuple[int, ...] = ()
+    # gpt-oss: router logits with a bias, top-k then softmax over the k; experts with biases and a clamped SwiGLU
+    # (gate and up interleaved in the checkpoint): (clamp(up, +-limit) + 1) * g * sigmoid(alpha * g), g = min(gate,
+    # limit). "" = the softmax-then-top-k router and silu(gate) * up experts of Qwen3-MoE and Mixtral.
+    moe_kind: str = ""
+    swiglu_alpha: float = 0.0
+    swiglu_limit: float = 0.0
+    attn_sinks: bool = False  # gpt-oss: a learned logit per query head joins every softmax (window_attention.py)
+
+    def is_moe(self, layer: int) -> bool:
+        """Layer `layer`'s MLP is the routed experts (else the dense MLP of intermediate_size)."""
+        return layer in self.moe_layers
 
     def window(self, layer: int) -> int:
         """Layer `layer`'s sliding window in tokens, 0 for full attention."""
@@ -73,9 +97,9 @@ class ModelArchConfig:
 
     @property
     def host_planned_attention(self) -> bool:
-        """Some layer is windowed or soft-capped: its attention is planned on the host (window_attention.py), which
-        a CUDA graph cannot capture."""
-        return any(self.layer_windows) or bool(self.attn_softcap)
+        """Some layer is windowed, soft-capped or has sinks: its attention is planned on the host
+        (window_attention.py), which a CUDA graph cannot capture."""
+        return any(self.layer_windows) or bool(self.attn_softcap) or self.attn_sinks
 
     @property
     def softmax_scale(self) -> float:
@@ -135,8 +159,8 @@ def _rope(params: Mapping[str, Any], cfg: Mapping[str, Any], source: str) -> tup
         needs: tuple[str, ...] = ()
         if kind == "longrope":
             needs = ("short_factor", "long_factor", "original_max_position_embeddings")
-        if kind == "yarn" and scaling.get("factor") is None:
-            needs = ("original_max_position_embeddings",)  # the factor is then max / original, as transformers does
+        if kind == "yarn":  # (an unset factor is then max_position_embeddings / it, as transformers does)
+            needs = ("original_max_position_embeddings",)
         missing = [k for k in needs if scaling.get(k) is None]
         if missing:
             raise ValueError(f"{source}: rope_type {kind!r} needs {', '.join(missing)} in its rope parameters")
@@ -146,18 +170,18 @@ def _rope(params: Mapping[str, Any], cfg: Mapping[str, Any], source: str) -> tup
 def _layer_windows(cfg: Mapping[str, Any], model_type: str, layers: int, source: str) -> tuple[int, ...]:
     """Per-layer sliding windows, as transformers decides them for each family."""
     window = int(cfg.get("sliding_window") or 0)
-    if model_type in ("qwen2", "qwen3") and not cfg.get("use_sliding_window"):
+    if model_type in ("qwen2", "qwen3", "qwen3_moe") and not cfg.get("use_sliding_window"):
         window = 0  # Qwen keeps a sliding_window number in every config; it applies only with use_sliding_window
     if model_type == "llama" or window == 0:
         return ()
     types = cfg.get("layer_types")
-    if model_type in ("mistral", "phi3"):  # every layer slides (transformers ignores layer_types for these two)
+    if model_type in ("mistral", "phi3", "mixtral", "qwen3_moe"):  # every layer slides (layer_types ignored)
         types = [SLIDING] * layers
     elif types is None and model_type in ("qwen2", "qwen3"):
         first = int(cfg.get("max_window_layers", layers))
         types = [SLIDING if i >= first else FULL for i in range(layers)]
-    elif types is None:  # Gemma 2 alternates from layer 0; Gemma 3 has one full layer in every 6 (its default)
-        every = 2 if model_type == "gemma2" else int(cfg.get("sliding_window_pattern", 6))
+    elif types is None:  # Gemma 2, gpt-oss alternate from layer 0; Gemma 3 has one full layer in every 6
+        every = 2 if model_type in ("gemma2", "gpt_oss") else int(cfg.get("sliding_window_pattern", 6))
         types = [SLIDING if (i + 1) % every else FULL for i in range(layers)]
     if len(types) != layers or any(t not in (FULL, SLIDING) for t in types):
         raise ValueError(f"{source}: layer_types {types!r} must list {layers} of {FULL!r} / {SLIDING!r}")
@@ -211,6 +235,49 @@ def _gemma_fields(cfg: Mapping[str, Any], model_type: str, hidden: int, source: 
     return out
 
 
+def _moe_fields(cfg: Mapping[str, Any], model_type: str, layers: int, source: str) -> dict[str, Any]:
+    """The routed experts of Qwen3-MoE and Mixtral, as transformers builds them; what neither family has (shared
+    experts, another scoring function or top-k method) is refused by its field."""
+    if model_type not in MOE_TYPES:
+        return {}
+    for key in ("n_shared_experts", "shared_expert_intermediate_size", "num_shared_experts"):
+        if cfg.get(key):
+            raise ValueError(f"{source}: {key}={cfg[key]!r}: shared experts are not supported for {model_type}")
+    for key, default in (("scoring_func", "softmax"), ("topk_method", "greedy")):
+        if cfg.get(key, default) != default:
+            raise ValueError(f"{source}: {key} {cfg[key]!r} is not supported (only {default!r})")
+    if cfg.get("quantization_config") or cfg.get("compression_config"):
+        raise ValueError(f"{source}: quantization_config: quantized mixture-of-experts weights are not supported yet")
+    # Qwen3-MoE's config.json says num_experts, transformers 5 writes num_local_experts (Mixtral's name) for both
+    experts = int(cfg.get("num_experts") or cfg.get("num_local_experts") or 0)
+    top_k = int(cfg.get("num_experts_per_tok") or 0)
+    extra: dict[str, Any] = {}
+    if model_type in ("mixtral", "gpt_oss"):  # every layer sparse, of intermediate_size; Mixtral renormalises
+        sparse, inter, norm = tuple(range(layers)), int(cfg["intermediate_size"]), model_type == "mixtral"
+        if model_type == "gpt_oss":
+            alpha, limit = float(cfg.get("swiglu_alpha", 1.702)), float(cfg.get("swiglu_limit", 7.0))
+            extra = {"moe_kind": "gpt_oss", "swiglu_alpha": alpha, "swiglu_limit": limit, "attn_sinks": True}
+    else:
+        step = int(cfg.get("decoder_sparse_step") or 1)
+        dense = {int(i) for i in cfg.get("mlp_only_layers") or ()}
+        sparse = tuple(i for i in range(layers) if experts > 0 and i not in dense and (i + 1) % step == 0)
+        inter, norm = int(cfg.get("moe_intermediate_size") or 0), bool(cfg.get("norm_topk_prob", False))
+    if sparse and not (0 < top_k <= experts):
+        raise ValueError(f"{source}: num_experts_per_tok {top_k} must be in 1..{experts} (the number of experts)")
+    if sparse and inter <= 0:
+        raise ValueError(f"{source}: moe_intermediate_size {inter} must be positive")
+    if not sparse:
+        return {}
+    return {
+        "num_experts": experts,
+        "experts_per_token": top_k,
+        "moe_intermediate_size": inter,
+        "norm_topk_prob": norm,
+        "moe_layers": sparse,
+        **extra,
+    }
+
+
 def parse_model_config(cfg: Mapping[str, Any], source: str = "config.json") -> ModelArchConfig:
     """Validate and translate a config.json dict. Raises ValueError naming what is unsupported.
 
@@ -254,7 +321,7 @@ def parse_model_config(cfg: Mapping[str, Any], source: str = "config.json") -> M
         max_position_embeddings=int(cfg.get("max_position_embeddings", 2048)),
         tie_word_embeddings=bool(cfg.get("tie_word_embeddings", model_type in GEMMA_TYPES)),
         qkv_bias=attention_bias or model_type == "qwen2",
-        qk_norm=model_type in ("qwen3", "gemma3_text"),
+        qk_norm=model_type in ("qwen3", "qwen3_moe", "gemma3_text"),
         o_bias=attention_bias and model_type != "qwen2",
         rope_scaling=scaling,
         eos_token_ids=_as_ids(cfg.get("eos_token_id")),
@@ -262,6 +329,7 @@ def parse_model_config(cfg: Mapping[str, Any], source: str = "config.json") -> M
         rotary_dim=_rotary_dim(cfg, head_dim, source),
         hidden_act=act,
         **_gemma_fields(cfg, model_type, hidden, source),
+        **_moe_fields(cfg, model_type, layers, source),
     )
 
 

@@ -77,9 +77,11 @@ class DecoderLayer(nn.Module):
         self.qk_norm = _param(h + kvh, d, dtype=dtype) if cfg.qk_norm else None
         self.o_weight = _param(cfg.hidden_size, self.q_size, dtype=wdtype)
         self.o_bias = _param(cfg.hidden_size, dtype=dtype) if cfg.o_bias else None
+        self.sinks = _param(h, dtype=dtype) if cfg.attn_sinks else None  # gpt-oss: a sink logit per query head
         self.post_norm = _param(cfg.hidden_size, dtype=dtype)
-        self.gate_up_weight = _param(2 * cfg.intermediate_size, cfg.hidden_size, dtype=wdtype)
-        self.down_weight = _param(cfg.hidden_size, cfg.intermediate_size, dtype=wdtype)
+        inter = self.dense_intermediate(cfg)
+        self.gate_up_weight = _param(2 * inter, cfg.hidden_size, dtype=wdtype)
+        self.down_weight = _param(cfg.hidden_size, inter, dtype=wdtype)
         if quant is not None:  # fp8 block scales, or AWQ's int4 tensors (quant_params.py)
             add_params(self, quant)
         self.linear: LinearBackend = TorchLinear()
@@ -92,6 +94,10 @@ class DecoderLayer(nn.Module):
             "gate_up": self.gate_up_weight,
             "down": self.down_weight,
         }
+
+    def dense_intermediate(self, cfg: ModelArchConfig) -> int:
+        """The dense MLP's intermediate size (0 where the layer's MLP is routed experts: moe_model.py)."""
+        return cfg.intermediate_size
 
     def use_linear(self, backend: LinearBackend) -> None:
         """Run qkv, o and gate_up through `backend`, down through `backend.exact()` (packing the weights once; call
@@ -172,6 +178,8 @@ class DecoderLayer(nn.Module):
             m[pre + "self_attn.v_proj.bias"] = WeightSlot(me + "qkv_bias", q + kv, q + 2 * kv)
         if self.o_bias is not None:
             m[pre + "self_attn.o_proj.bias"] = WeightSlot(me + "o_bias")
+        if self.sinks is not None:
+            m[pre + "self_attn.sinks"] = WeightSlot(me + "sinks")
         if self.qk_norm is not None:
             h = self.num_heads
             m[pre + "self_attn.q_norm.weight"] = WeightSlot(me + "qk_norm", 0, h, broadcast=True)
@@ -202,10 +210,14 @@ class DecoderLayer(nn.Module):
         if self.tp is not None:  # o is row-parallel: this rank's heads' partial sum
             x = self.tp.all_reduce(x)
         x, residual = self.ops.fused_add_rms_norm(x, residual, self.post_norm, self.eps)
-        x = self.exact.apply(self._gated(x), self.packed["down"])
+        x = self.mlp(x)
         if self.tp is not None:  # down is row-parallel: this rank's intermediate columns' partial sum
             x = self.tp.all_reduce(x)
         return x, residual
+
+    def mlp(self, x: torch.Tensor) -> torch.Tensor:
+        """The MLP after the post-attention norm: [T, hidden] -> [T, hidden]."""
+        return self.exact.apply(self._gated(x), self.packed["down"])
 
     def attention(
         self,
@@ -238,9 +250,10 @@ class DecoderLayer(nn.Module):
         if kv.quantized:  # K/V in page units: k_scale folds into the softmax scale, v_scale into the output
             i = self.layer_id
             scale = self.scale * kv.k_scales[i]
-            o = attn.forward(q, k, v, k_cache, v_cache, meta, scale, self.window, self.softcap) * kv.v_scales[i]
-        else:
-            o = attn.forward(q, k, v, k_cache, v_cache, meta, self.scale, self.window, self.softcap)  # [T, H, D]
+            o = attn.forward(q, k, v, k_cache, v_cache, meta, scale, self.window, self.softcap, self.sinks)
+            o = o * kv.v_scales[i]
+        else:  # [T, H, D]
+            o = attn.forward(q, k, v, k_cache, v_cache, meta, self.scale, self.window, self.softcap, self.sinks)
         return self.linear.apply(o.reshape(t, self.q_size), self.packed["o"], self.o_bias)
 
     def _rotate(self, qk: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:

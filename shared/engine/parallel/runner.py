@@ -20,7 +20,7 @@ import torch
 from shared.engine.errors import RankLost
 from shared.engine.forward_batch import ForwardBatch
 from shared.engine.kv_pool import KVPool
-from shared.engine.model_runner import ModelRunner
+from shared.engine.model_runner import ModelRunner, arch_tp_problem
 from shared.engine.models import load_model_config
 from shared.engine.parallel import batch_wire
 from shared.engine.parallel.group import START_TIMEOUT_S, GroupAddress, join, leave, serve_store
@@ -134,6 +134,9 @@ def start_tp_runner(o: TPOptions) -> TPRunner:
     """Start ranks 1..tp-1, join the group as rank 0, load rank 0's shard and wait for the others'. A model that
     does not split over tp_size ranks is refused (ValueError) before any process starts."""
     arch = load_model_config(o.model_dir)
+    problem = arch_tp_problem(arch, o.tp_size)
+    if problem is not None:
+        raise ValueError(problem)
     ShardSpec.for_rank(arch, o.tp_size, 0)
     backend = "nccl" if o.device.startswith("cuda") else "gloo"
     store = serve_store(o.tp_size, START_TIMEOUT_S)

@@ -97,11 +97,12 @@ class TritonAttentionBackend:
         scale: float,
         window: int = 0,
         softcap: float = 0.0,
+        sinks: torch.Tensor | None = None,
     ) -> torch.Tensor:
         """q [T, heads, d], k/v [T, kv_heads, d] (already written to the cache, which the kernels read them from)
         -> [T, heads, d]. Windowed or soft-capped layers take the torch path (window_attention.py says why)."""
-        if needs_window_path(meta, window, softcap):
-            return window_attention(q, k_cache, v_cache, meta, scale, window, softcap)
+        if needs_window_path(meta, window, softcap, sinks):
+            return window_attention(q, k_cache, v_cache, meta, scale, window, softcap, sinks)
         if meta.all_decode:
             g = meta.decode_groups[0]
             return paged_decode_attention(q, k_cache, v_cache, g.page_table, g.seq_lens, scale)

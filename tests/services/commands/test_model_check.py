@@ -40,12 +40,28 @@ def test_servable(mistral_dir: Path, capsys: pytest.CaptureFixture[str]) -> None
     assert out.startswith("ok: MistralForCausalLM (mistral): 2 layers") and "sliding window 6 on 2 of 2" in out
 
 
+@pytest.mark.parametrize("family", ["qwen3_moe", "mixtral", "gpt_oss"])
+def test_moe_servable_and_its_experts_checked(family: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    d = make_tiny_model(tmp_path, family, hidden=32, heads=4, kv_heads=2)
+    capsys.readouterr()  # transformers' progress bar while saving
+    rc, out = _check(d, capsys)
+    assert rc == 0 and "8 experts top-2 of size 18" in out, out
+    assert ("(1 dense layer)" in out) == (family == "qwen3_moe")
+    # an expert's tensor missing from the checkpoint: named
+    weights = load_file(str(d / "model.safetensors"))
+    name = next(n for n in weights if ".experts.7." in n or n.endswith("experts.down_proj_bias"))
+    del weights[name]
+    save_file(weights, str(d / "model.safetensors"), metadata={"format": "pt"})
+    rc, out = _check(d, capsys)
+    assert rc == 1 and out.startswith("cannot serve: ") and name in out and len(out.splitlines()) == 1
+
+
 @pytest.mark.parametrize(
     "changes,expect",
     [
         ({"auto_map": {"AutoModelForCausalLM": "m.X"}}, "auto_map is set"),
         ({"architectures": ["FalconForCausalLM"], "model_type": "falcon"}, "'FalconForCausalLM'"),
-        ({"rope_parameters": {"rope_type": "yarn", "factor": 4.0}}, "rope_type 'yarn'"),
+        ({"rope_parameters": {"rope_type": "longrope", "factor": 4.0}}, "rope_type 'longrope'"),
         ({"quantization_config": {"quant_method": "bitsandbytes"}}, "quantization 'bitsandbytes' is not supported"),
     ],
 )

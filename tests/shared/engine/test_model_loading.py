@@ -26,6 +26,9 @@ BASE = {
     "num_key_value_heads": 2,
 }
 
+QWEN3_MOE = {"architectures": ["Qwen3MoeForCausalLM"], "num_experts": 4, "num_experts_per_tok": 2}
+QWEN3_MOE["moe_intermediate_size"] = 16
+
 
 def test_unsupported_architecture_names_it_and_the_supported_list() -> None:
     cfg = dict(BASE, architectures=["GPT2LMHeadModel"], model_type="gpt2")
@@ -44,6 +47,7 @@ def test_unsupported_architecture_names_it_and_the_supported_list() -> None:
         ({"rope_scaling": {"rope_type": "su", "factor": 4.0}}, "rope_type 'su'"),
         ({"rope_parameters": {"rope_type": "dynamic", "factor": 2.0}}, "rope_type 'dynamic'"),
         ({"num_key_value_heads": 3}, "multiple"),
+        ({"rope_parameters": {"rope_type": "yarn", "factor": 4.0}}, "needs original_max_position_embeddings"),
         ({"auto_map": {"AutoModelForCausalLM": "modeling_x.XForCausalLM"}}, "auto_map"),
         ({"quantization_config": {"quant_method": "bitsandbytes"}}, "quantization 'bitsandbytes' is not supported"),
         ({"architectures": ["Phi3ForCausalLM"], "rope_scaling": {"type": "longrope"}}, "needs short_factor, long_f"),
@@ -51,6 +55,22 @@ def test_unsupported_architecture_names_it_and_the_supported_list() -> None:
         ({"architectures": ["Phi3ForCausalLM"], "partial_rotary_factor": 0.375}, "partial_rotary_factor"),
         ({"architectures": ["Gemma3ForCausalLM"], "use_bidirectional_attention": True}, "use_bidirectional"),
         ({"architectures": ["Gemma2ForCausalLM"], "hidden_activation": "gelu"}, "hidden_activation 'gelu'"),
+        (dict(QWEN3_MOE, shared_expert_intermediate_size=32), "shared_expert_intermediate_size=32: shared experts"),
+        (dict(QWEN3_MOE, num_experts_per_tok=5), "num_experts_per_tok 5 must be in 1..4"),
+        (dict(QWEN3_MOE, moe_intermediate_size=0), "moe_intermediate_size 0"),
+        (
+            {"architectures": ["GptOssForCausalLM"], "quantization_config": {"quant_method": "mxfp4"}},
+            "quantization 'mxfp4' is not supported",
+        ),
+        ({"architectures": ["MixtralForCausalLM"], "scoring_func": "sigmoid"}, "scoring_func 'sigmoid'"),
+        ({"architectures": ["MixtralForCausalLM"], "topk_method": "noaux_tc"}, "topk_method 'noaux_tc'"),
+        (
+            {
+                "architectures": ["MixtralForCausalLM"],
+                "quantization_config": {"quant_method": "fp8", "weight_block_size": [128, 128]},
+            },
+            "quantization_config: quantized mixture-of-experts",
+        ),
         (
             {
                 "architectures": ["Qwen2ForCausalLM"],
@@ -85,6 +105,10 @@ def test_sliding_windows_per_family() -> None:
     assert windows("Gemma2ForCausalLM") == (7, 0, 7, 0, 7, 0)
     assert windows("Gemma3ForCausalLM") == (7, 7, 7, 7, 7, 0)
     assert windows("Gemma3ForCausalLM", layer_types=["full_attention"] * 5 + ["sliding_attention"]) == (0,) * 5 + (7,)
+    moe = {"num_local_experts": 4, "num_experts_per_tok": 2}
+    assert windows("MixtralForCausalLM", **moe) == (7,) * 6
+    assert windows("GptOssForCausalLM", **moe) == (7, 0, 7, 0, 7, 0)
+    assert windows("GptOssForCausalLM", **moe, layer_types=["full_attention"] * 6) == (0,) * 6
     assert windows("LlamaForCausalLM") == ()
 
 
@@ -127,6 +151,28 @@ def test_family_flags(tiny_qwen2_dir: Path, tiny_qwen3_dir: Path) -> None:
     assert q2.qkv_bias and not q2.qk_norm and not q2.o_bias
     assert q3.qk_norm and not q3.qkv_bias and q3.head_dim == 32  # head_dim decoupled from hidden / heads
     assert not parse_model_config(BASE).qkv_bias
+
+
+def test_moe_layers_per_family() -> None:
+    """Which layers are sparse, as transformers builds them: Mixtral all (its intermediate_size is the experts'),
+    Qwen3-MoE every decoder_sparse_step-th but mlp_only_layers, none without experts; both spellings of the expert
+    count (config.json's num_experts, transformers 5's num_local_experts)."""
+    six = dict(BASE, num_hidden_layers=6)
+    mix = parse_model_config(
+        dict(six, architectures=["MixtralForCausalLM"], num_local_experts=8, num_experts_per_tok=2)
+    )
+    assert mix.moe_layers == tuple(range(6)) and mix.moe_intermediate_size == 64 and mix.norm_topk_prob
+    assert mix.num_experts == 8 and mix.experts_per_token == 2 and mix.is_moe(5)
+    q = dict(six, **QWEN3_MOE)
+    assert parse_model_config(q).moe_layers == tuple(range(6)) and not parse_model_config(q).norm_topk_prob
+    assert parse_model_config(dict(q, decoder_sparse_step=2)).moe_layers == (1, 3, 5)
+    assert parse_model_config(dict(q, mlp_only_layers=[0, 4], norm_topk_prob=True)).moe_layers == (1, 2, 3, 5)
+    local = {k: v for k, v in q.items() if k != "num_experts"}
+    assert parse_model_config(dict(local, num_local_experts=4)).num_experts == 4
+    dense = parse_model_config(dict(q, num_experts=0))
+    assert dense.moe_layers == () and dense.num_experts == 0 and not dense.is_moe(0)
+    assert parse_model_config(dict(q, use_sliding_window=True, sliding_window=5)).layer_windows == (5,) * 6
+    assert parse_model_config(dict(q, sliding_window=5)).layer_windows == ()
 
 
 def _copy_model(src: Path, dst: Path) -> Path:
@@ -301,3 +347,111 @@ def test_released_mistral_and_phi3_configs() -> None:
     p = parse_model_config(phi)
     assert p.layer_windows == (2047, 2047) and p.rotary_dim == 0 and p.model_type == "phi3"
     assert parse_model_config(dict(phi, partial_rotary_factor=0.75)).rotary_dim == 6  # head_dim 8
+
+
+def test_released_moe_configs() -> None:
+    """Qwen3-30B-A3B, Mixtral-8x7B and gpt-oss-20b as their config.json files spell them (the fields that matter),
+    and the names of the tensors the model built from each expects (on the meta device: nothing allocated)."""
+    qwen = dict(
+        architectures=["Qwen3MoeForCausalLM"],
+        model_type="qwen3_moe",
+        vocab_size=151936,
+        hidden_size=2048,
+        intermediate_size=6144,
+        moe_intermediate_size=768,
+        num_hidden_layers=48,
+        num_attention_heads=32,
+        num_key_value_heads=4,
+        head_dim=128,
+        num_experts=128,
+        num_experts_per_tok=8,
+        norm_topk_prob=True,
+        decoder_sparse_step=1,
+        mlp_only_layers=[],
+        max_window_layers=48,
+        use_sliding_window=False,
+        sliding_window=None,
+        rope_scaling=None,
+        rope_theta=1e6,
+    )
+    q = parse_model_config(qwen)
+    assert (q.num_experts, q.experts_per_token, q.moe_intermediate_size) == (128, 8, 768)
+    assert q.moe_layers == tuple(range(48)) and q.norm_topk_prob and q.qk_norm and q.layer_windows == ()
+    mixtral = dict(
+        architectures=["MixtralForCausalLM"],
+        model_type="mixtral",
+        vocab_size=32000,
+        hidden_size=4096,
+        intermediate_size=14336,
+        num_hidden_layers=32,
+        num_attention_heads=32,
+        num_key_value_heads=8,
+        num_local_experts=8,
+        num_experts_per_tok=2,
+        router_aux_loss_coef=0.02,
+        rope_theta=1e6,
+        sliding_window=None,
+    )
+    m = parse_model_config(mixtral)
+    assert (m.num_experts, m.experts_per_token, m.moe_intermediate_size) == (8, 2, 14336) and m.layer_windows == ()
+    yarn = {
+        "beta_fast": 32.0,
+        "beta_slow": 1.0,
+        "factor": 32.0,
+        "original_max_position_embeddings": 4096,
+        "rope_type": "yarn",
+        "truncate": False,
+    }
+    gpt_oss = dict(
+        architectures=["GptOssForCausalLM"],
+        model_type="gpt_oss",
+        vocab_size=201088,
+        hidden_size=2880,
+        intermediate_size=2880,
+        num_hidden_layers=24,
+        num_attention_heads=64,
+        num_key_value_heads=8,
+        head_dim=64,
+        num_local_experts=32,
+        num_experts_per_tok=4,
+        experts_per_token=4,
+        layer_types=["sliding_attention", "full_attention"] * 12,
+        sliding_window=128,
+        rope_scaling=yarn,
+        rope_theta=150000,
+        swiglu_limit=7.0,
+        attention_bias=True,
+        max_position_embeddings=131072,
+    )
+    with pytest.raises(ValueError, match="quantization 'mxfp4'"):  # the released checkpoint's experts are MXFP4
+        parse_model_config(dict(gpt_oss, quantization_config={"quant_method": "mxfp4"}))
+    g = parse_model_config(gpt_oss)  # a BF16 export
+    assert (g.num_experts, g.experts_per_token, g.moe_intermediate_size) == (32, 4, 2880)
+    assert g.layer_windows == (128, 0) * 12 and g.attn_sinks and g.qkv_bias and g.o_bias and g.moe_kind == "gpt_oss"
+    assert g.rope_theta == 150000 and g.rope_scaling is not None and g.rope_scaling["rope_type"] == "yarn"
+    small = {"num_hidden_layers": 2, "vocab_size": 64}  # the names per layer, without building 48 layers
+    names = set(
+        build_model(
+            parse_model_config(dict(qwen, **small)), torch.float32, 4, device=torch.device("meta")
+        ).hf_weight_map()
+    )
+    assert "model.layers.1.mlp.experts.127.down_proj.weight" in names and "model.layers.0.mlp.gate.weight" in names
+    names = set(
+        build_model(
+            parse_model_config(dict(mixtral, **small)), torch.float32, 4, device=torch.device("meta")
+        ).hf_weight_map()
+    )
+    assert "model.layers.1.block_sparse_moe.experts.7.w3.weight" in names
+    names = set(
+        build_model(
+            parse_model_config(dict(gpt_oss, **small, layer_types=["sliding_attention", "full_attention"])),
+            torch.float32,
+            4,
+            device=torch.device("meta"),
+        ).hf_weight_map()
+    )
+    assert {
+        "model.layers.1.mlp.experts.gate_up_proj",
+        "model.layers.0.self_attn.sinks",
+        "model.layers.1.mlp.router.bias",
+    } <= names

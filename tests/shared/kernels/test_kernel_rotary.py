@@ -1,4 +1,5 @@
-"""RoPE: the cos/sin cache and the neox rotation against complex-number rotation; Llama-3 scaling against HF."""
+"""RoPE: the cos/sin cache and the neox rotation against complex-number rotation; Llama-3 and YaRN scaling against
+HF."""
 
 from __future__ import annotations
 
@@ -7,6 +8,7 @@ import math
 import pytest
 import torch
 
+from shared.kernels.rope_scaling import yarn
 from shared.kernels.rotary import RotaryCache, apply_rotary, rope_inv_freq
 
 
@@ -66,9 +68,38 @@ def test_linear_scaling_divides_frequencies() -> None:
     assert math.isclose(float(plain[0]), 1.0)
 
 
+@pytest.mark.parametrize(
+    "extra",
+    [
+        {"beta_fast": 32.0, "beta_slow": 1.0, "truncate": False},  # gpt-oss
+        {},  # Qwen3's: defaults, truncated ramp ends
+        {"factor": 40.0, "mscale": 1.0, "mscale_all_dim": 0.707},  # DeepSeek's attention factor
+        {"attention_factor": 1.25},
+    ],
+)
+def test_yarn_matches_transformers(extra: dict) -> None:
+    """Inverse frequencies and the cos/sin scale, as transformers computes them for the same rope_parameters."""
+    from transformers import LlamaConfig
+    from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
+
+    params = {"rope_type": "yarn", "factor": 32.0, "original_max_position_embeddings": 4096, "rope_theta": 150000.0}
+    params.update(extra)
+    cfg = LlamaConfig(
+        hidden_size=512, num_attention_heads=8, head_dim=64, max_position_embeddings=131072, rope_parameters=params
+    )
+    ref, ref_scale = ROPE_INIT_FUNCTIONS["yarn"](cfg, "cpu")
+    mine = yarn(64, 150000.0, params, None)
+    assert not torch.equal(mine.inv_freq, rope_inv_freq(64, 150000.0))
+    torch.testing.assert_close(mine.inv_freq, ref.float(), rtol=1e-6, atol=0)
+    cache = RotaryCache(64, 300, 150000.0, params)
+    assert mine.attention_factor == pytest.approx(ref_scale) and ref_scale != 1.0
+    freqs = torch.outer(torch.arange(300, dtype=torch.float32), ref.float())
+    torch.testing.assert_close(cache.cos, freqs.cos() * ref_scale, rtol=1e-6, atol=1e-7)
+
+
 def test_unknown_scaling_is_refused_by_name() -> None:
-    with pytest.raises(ValueError, match="yarn"):
-        rope_inv_freq(32, 10000.0, {"rope_type": "yarn", "factor": 4.0})
+    with pytest.raises(ValueError, match="dynamic"):
+        rope_inv_freq(32, 10000.0, {"rope_type": "dynamic", "factor": 4.0})
 
 
 def test_odd_head_dim_is_refused() -> None:

@@ -1,4 +1,4 @@
-"""Sliding-window and soft-capped attention (window_attention.py) against naive float64 attention over contiguous
+"""Sliding-window, soft-capped and sink attention (window_attention.py) against naive float64 attention over contiguous
 keys, through each backend's plan of a step that mixes decode tokens and extend sequences (with cached prefixes):
 the torch backend (decode in length groups), native (flat decode) and Triton's (every sequence as an extend on a
 mixed step; one decode group on an all-decode step), whose windowed layers all take this path."""
@@ -19,8 +19,17 @@ HEADS, KV_HEADS, D, PAGE = 9, 3, 16, 4
 SCALE = 0.3
 
 
-def naive(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, pos: int, window: int, softcap: float) -> torch.Tensor:
-    """q [H, D] at position pos over k, v [L, KVH, D] (positions 0..L-1) -> [H, D], float64."""
+def naive(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    pos: int,
+    window: int,
+    softcap: float,
+    sinks: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """q [H, D] at position pos over k, v [L, KVH, D] (positions 0..L-1) -> [H, D], float64; sinks [H]: one more
+    softmax term per head with no value."""
     group = HEADS // KV_HEADS
     lo = max(0, pos - window + 1) if window else 0
     out = torch.empty(HEADS, D, dtype=torch.float64)
@@ -29,6 +38,10 @@ def naive(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, pos: int, window: i
         s = kk @ q[h].double() * SCALE
         if softcap:
             s = torch.tanh(s / softcap) * softcap
+        if sinks is not None:
+            s = torch.cat((s, sinks[h : h + 1].double()))
+            out[h] = torch.softmax(s, dim=0)[:-1] @ vv
+            continue
         out[h] = torch.softmax(s, dim=0) @ vv
     return out
 
@@ -48,11 +61,22 @@ def _backends() -> list[object]:
 
 @pytest.mark.parametrize("backend", _backends(), ids=lambda b: b.name)
 # (40, 0): a window longer than every sequence, which the backends' own kernels take (needs_window_path)
-@pytest.mark.parametrize("window,softcap", [(5, 0.0), (0, 1.5), (7, 1.5), (1, 0.0), (40, 0.0)])
+# sinks (gpt-oss): with and without a window, alone and with soft-capping
+@pytest.mark.parametrize(
+    "window,softcap,with_sinks",
+    [(5, 0.0, False), (0, 1.5, False), (7, 1.5, False), (1, 0.0, False), (40, 0.0, False)]
+    + [(0, 0.0, True), (5, 0.0, True), (7, 1.5, True)],
+)
 @pytest.mark.parametrize("all_decode", [False, True])
 @pytest.mark.parametrize("block", [256, 3], ids=["one-block", "query-blocks-of-3"])
 def test_window_matches_naive(
-    backend, window: int, softcap: float, all_decode: bool, block: int, monkeypatch: pytest.MonkeyPatch
+    backend,
+    window: int,
+    softcap: float,
+    with_sinks: bool,
+    all_decode: bool,
+    block: int,
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     monkeypatch.setattr(window_attention, "QUERY_BLOCK", block)  # blocks that start mid-page and mid-window
     g = torch.Generator().manual_seed(window * 10 + int(softcap) + all_decode)
@@ -69,14 +93,15 @@ def test_window_matches_naive(
     starts = sequence_token_starts(extend)
     q = torch.randn(int(extend.sum()), HEADS, D, generator=g)
     meta = backend.prepare(pt, prefix, extend, starts, PAGE)
-    assert needs_window_path(meta, window, softcap) == ((window, softcap) != (40, 0.0))
+    sinks = torch.randn(HEADS, generator=g) * 2 if with_sinks else None
+    assert needs_window_path(meta, window, softcap, sinks) == ((window, softcap, with_sinks) != (40, 0.0, False))
     k_new = torch.cat([k[p:] for k, (p, _) in zip(ks, plan)])  # the new tokens' K/V (the torch extend reads them)
     v_new = torch.cat([v[p:] for v, (p, _) in zip(vs, plan)])
-    out = backend.forward(q, k_new, v_new, k_cache, v_cache, meta, SCALE, window, softcap)
+    out = backend.forward(q, k_new, v_new, k_cache, v_cache, meta, SCALE, window, softcap, sinks)
     for i, (p, n) in enumerate(plan):
         for j in range(n):
             t = int(starts[i]) + j
-            ref = naive(q[t], ks[i], vs[i], p + j, window, softcap)
+            ref = naive(q[t], ks[i], vs[i], p + j, window, softcap, sinks)
             torch.testing.assert_close(out[t].double(), ref, rtol=1e-5, atol=1e-5)
 
 

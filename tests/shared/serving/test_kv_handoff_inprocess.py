@@ -7,7 +7,8 @@ the real wire format (descriptors -> descs_from_pb), prefill computes with hold_
 decode's, decode verifies checksums and activates. The valid token slots of decode's pages must equal the
 colocated engine's pages (torch.equal; in bf16, where the CPU runs the native bf16 kernels, byte for byte), and
 decode's continuation must equal the colocated output. Also for Mistral and Gemma 2 (sliding windows shorter than
-the prompts, soft-capping): their pages hold every position, so the hand-off moves them as Llama's.
+the prompts, soft-capping) and the mixture-of-experts families (Qwen3-MoE, Mixtral, gpt-oss): their pages hold every
+position, so the hand-off moves them as Llama's.
 """
 
 from __future__ import annotations
@@ -63,7 +64,7 @@ class Rig:
 
 # Llama on every backend and dtype; the windowed / Gemma families (whose KV layout is Llama's) on one of them
 RIGS = [(b, d, "llama") for b in ("nixl", "mooncake") for d in DTYPES] + [
-    ("nixl", "float32", f) for f in ("mistral", "gemma2")
+    ("nixl", "float32", f) for f in ("mistral", "gemma2", "qwen3_moe", "mixtral", "gpt_oss")
 ]
 
 

@@ -75,7 +75,7 @@ def test_tp2_matches_transformers(tiny_model_dir: Path) -> None:
     engine = tp_engine(tiny_model_dir, 2)
     runner = engine.runner
     assert isinstance(runner, TPRunner) and runner.tp_size == 2
-    assert runner.layout.num_kv_heads == 1  # 2 KV heads split: one per rank
+    assert runner.inner.layout.num_kv_heads == 1 and runner.layout.num_kv_heads == 2  # one per rank; pages whole
     assert runner.model.fused_decode is None  # the one-call native decode has no all-reduce
     try:
         hf = hf_model(tiny_model_dir)
