@@ -1,9 +1,10 @@
-"""The model families beyond Llama/Qwen served by real processes on every path, against transformers: colocated, a
+"""The model families beyond Llama/Qwen (windowed, Gemma, mixture-of-experts) served by real processes on every path, against transformers: colocated, a
 prefill -> decode hand-off over NIXL, and pages that went through the kvstore and were loaded by an instance that
 never saw the prompt.
 
 Per family, one cluster (a kvstore, a prefill + decode pair and a worker, all using the store) on a tiny random
-checkpoint with a 6-token sliding window (Gemma: alternating local and global layers), 9 query heads over 3 KV heads.
+checkpoint with a 6-token sliding window (Gemma and gpt-oss: alternating local and global layers; the MoE families:
+8 experts top-2), 9 query heads over 3 KV heads.
 The prompts are 40 and 100 tokens, far past the window, so windowed attention runs on every path. The in-process
 parity per family is tests/shared/engine/test_model_families.py; the byte-exactness of the store's tiers is
 tier_round_trip.py's."""
@@ -21,7 +22,7 @@ import pytest
 import torch
 
 from tests.helpers.servers import start_etcd, start_nats
-from tests.helpers.tiny_models import FAMILIES, make_tiny_model
+from tests.helpers.tiny_models import FAMILIES, MOE_FAMILIES, make_tiny_model
 from tests.services.disagg.disagg_client import Result, generate
 from tests.services.disagg.disagg_procs import ServiceProc, Spec, stop_services
 from tests.services.kvstore.kvstore_procs import STOP_TIMEOUT_S, KVStoreProc, start_engines, store_stats
@@ -41,7 +42,7 @@ class FamilyCluster:
     procs: dict[str, ServiceProc]
 
 
-@pytest.fixture(scope="module", params=FAMILIES)
+@pytest.fixture(scope="module", params=FAMILIES + MOE_FAMILIES)
 def fam(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Iterator[FamilyCluster]:
     family = request.param
     tmp = tmp_path_factory.mktemp(f"served-{family}")
@@ -73,7 +74,9 @@ def _hf_greedy(model_dir: Path, prompt: list[int]) -> list[int]:
     """Each step recomputes the whole sequence in transformers (eager attention: Gemma's soft-capping is eager's)."""
     from transformers import AutoModelForCausalLM
 
-    hf = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32, attn_implementation="eager").eval()
+    hf = AutoModelForCausalLM.from_pretrained(  # eager experts too: transformers' grouped path wants aligned sizes
+        model_dir, dtype=torch.float32, attn_implementation="eager", experts_implementation="eager"
+    ).eval()
     ids = list(prompt)
     with torch.no_grad():
         for _ in range(NEW):
