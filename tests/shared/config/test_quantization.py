@@ -17,11 +17,11 @@ FP8_BLOCK = {"quant_method": "fp8", "fmt": "e4m3", "activation_scheme": "dynamic
 AWQ = {"quant_method": "awq", "bits": 4, "group_size": 128, "zero_point": True, "version": "gemm"}
 GPTQ = {"quant_method": "gptq", "bits": 4, "group_size": 128, "sym": True, "desc_act": False}
 BNB = {"quant_method": "bitsandbytes", "bits": 4, "load_in_4bit": True}
-CT_FP8 = {
+CT_INT4 = {
     "quant_method": "compressed-tensors",
-    "format": "float-quantized",
+    "format": "pack-quantized",
     "config_groups": {
-        "group_0": {"targets": ["Linear"], "weights": {"num_bits": 8, "type": "float", "strategy": "channel"}}
+        "group_0": {"targets": ["Linear"], "weights": {"num_bits": 4, "type": "int", "strategy": "group"}}
     },
 }
 
@@ -56,7 +56,7 @@ def test_fp8_block_parses_and_plain_checkpoints_have_none() -> None:
         (GPTQ | {"desc_act": True}, "quantization 'gptq' with desc_act (act-order) is not supported"),
         (GPTQ | {"bits": 8}, "quantization 'gptq' (8-bit) is not supported"),
         ({"quant_method": "bitsandbytes", "load_in_4bit": True}, "quantization 'bitsandbytes' is not supported"),
-        (CT_FP8, "quantization 'compressed-tensors (float 8-bit, channel)' is not supported"),
+        (CT_INT4, "quantization 'compressed-tensors (int 4-bit, group)' in format 'pack-quantized' is not"),
         ({"quant_method": "fp8", "activation_scheme": "dynamic"}, "'fp8' per-tensor (no weight_block_size)"),
         (FP8_BLOCK | {"activation_scheme": "static"}, "'fp8' with activation_scheme 'static'"),
     ],
