@@ -22,7 +22,7 @@ from typing import Any
 from shared.config.compressed_tensors import fp8_strategy
 
 # What --quantization accepts (SGLang's flag and spellings): the methods a checkpoint may declare.
-QUANTIZATION_METHODS = ("fp8", "awq", "gptq")
+QUANTIZATION_METHODS = ("fp8", "awq", "gptq", "compressed-tensors")
 # What the engine runs today, as the refusal lists it.
 SUPPORTED_QUANTIZATION = (
     "fp8 (block-wise e4m3 with weight_scale_inv, as DeepSeek-V3 and Qwen3-FP8 ship), compressed-tensors fp8 "
@@ -45,6 +45,12 @@ class QuantSpec:
     # fp8: "block" (weight_block), or compressed-tensors' "channel" (a scale per output row) and "tensor" (one per
     # projection); channel and tensor scales cover whole rows, each repeated per row at load (quant_params.py)
     strategy: str = "block"
+    # the quant_method config.json declares where it differs from `method` ("compressed-tensors"): --quantization
+    # may name either
+    declared: str = ""
+
+    def named_by(self, requested: str) -> bool:
+        return requested in (self.method, self.declared)
 
 
 def _refuse(source: str, what: str) -> ValueError:
@@ -66,7 +72,7 @@ def parse_quantization(cfg: Mapping[str, Any], source: str = "config.json") -> Q
             strategy = fp8_strategy(q)
         except ValueError as e:
             raise _refuse(source, str(e)) from None
-        return QuantSpec(method="fp8", weight_block=(1, 0), scale_suffix="weight_scale", strategy=strategy)
+        return QuantSpec("fp8", (1, 0), scale_suffix="weight_scale", strategy=strategy, declared=method)
     if method == "awq":
         return _parse_awq(q, source)
     if method == "gptq":
@@ -124,6 +130,6 @@ def check_requested(requested: str | None, spec: QuantSpec | None, model: str) -
         )
     if spec is None:
         return None  # fp8 at load (model_runner.py)
-    if requested != spec.method:
-        return f"--quantization {requested}: {model} is quantized with {spec.method!r}; drop --quantization"
+    if not spec.named_by(requested):
+        return f"--quantization {requested}: {model} is quantized with {spec.declared or spec.method!r}; drop --quantization"
     return None

@@ -12,6 +12,7 @@ import pytest
 
 from shared.config import ConfigError, resolve
 from shared.config.quantization import QuantSpec, parse_quantization
+from tests.helpers.quantized_models import ct_config
 
 FP8_BLOCK = {"quant_method": "fp8", "fmt": "e4m3", "activation_scheme": "dynamic", "weight_block_size": [128, 128]}
 AWQ = {"quant_method": "awq", "bits": 4, "group_size": 128, "zero_point": True, "version": "gemm"}
@@ -101,6 +102,13 @@ def test_quantization_flag_must_match_the_checkpoint(tmp_path: Path, ctx) -> Non
     assert cfg.model.quantization == "fp8"
     with pytest.raises(ConfigError, match="--quantization"):
         resolve("worker", ["--quantization", "int3"], env={}, ctx=ctx)
+    ct = tmp_path / "ct"
+    ct.mkdir()
+    (ct / "config.json").write_text(json.dumps(_llama(ct_config("channel"))))
+    for name in ("compressed-tensors", "fp8"):  # SGLang's name for the method, or the weights' format
+        assert resolve("worker", ["--model", str(ct), "--quantization", name], env={}, ctx=ctx).model.quantization
+    with pytest.raises(ConfigError, match=r"^--quantization gptq: .* is quantized with 'compressed-tensors'"):
+        resolve("worker", ["--model", str(ct), "--quantization", "gptq"], env={}, ctx=ctx)
 
 
 def test_fp8_kv_cache_takes_the_torch_attention(ctx, make_ctx) -> None:

@@ -47,7 +47,7 @@ def ct_pair(request, tmp_path_factory: pytest.TempPathFactory):
 def test_the_config_parses_as_fp8_per_channel_or_per_tensor(ct_pair) -> None:
     _, runner, dst, strategy = ct_pair
     spec = parse_quantization(json.loads((dst / "config.json").read_text()))
-    assert spec == QuantSpec("fp8", (1, 0), scale_suffix="weight_scale", strategy=strategy)
+    assert spec == QuantSpec("fp8", (1, 0), "weight_scale", strategy=strategy, declared="compressed-tensors")
     layer = runner.model.layers[0]
     packed = layer.packed["qkv"]
     assert isinstance(packed, Fp8BlockWeight) and packed.weight.dtype == torch.float8_e4m3fn
@@ -57,6 +57,16 @@ def test_the_config_parses_as_fp8_per_channel_or_per_tensor(ct_pair) -> None:
         assert (s[:256] == s[0]).all() and (s[256:384] == s[256]).all() and (s[384:] == s[384]).all()
         assert len({float(s[0]), float(s[256]), float(s[384])}) == 3
     assert layer.down_weight.dtype == torch.float8_e4m3fn and runner.linear.name == "dequant"
+
+
+def test_quantization_flag_may_name_fp8_or_compressed_tensors(ct_pair) -> None:
+    _, _, dst, strategy = ct_pair
+    if strategy == "tensor":
+        return  # the flag's check does not depend on the strategy
+    for name in ("compressed-tensors", "fp8"):
+        assert ModelRunner(dst, quantization=name, num_pages=8, page_size=4).quant is not None
+    with pytest.raises(ValueError, match="--quantization awq: the checkpoint is quantized with 'fp8'"):
+        ModelRunner(dst, quantization="awq", num_pages=8, page_size=4)
 
 
 def test_logits_match_transformers_on_the_dequantized_weights(ct_pair) -> None:
