@@ -131,5 +131,6 @@ def check_requested(requested: str | None, spec: QuantSpec | None, model: str) -
     if spec is None:
         return None  # fp8 at load (model_runner.py)
     if not spec.named_by(requested):
-        return f"--quantization {requested}: {model} is quantized with {spec.declared or spec.method!r}; drop --quantization"
+        declared = spec.declared or spec.method
+        return f"--quantization {requested}: {model} is quantized with {declared!r}; drop --quantization"
     return None
