@@ -65,8 +65,8 @@ def ct_config(strategy: str) -> dict:
 
 def quantize_checkpoint_ct(src: Path, dst: Path, strategy: str) -> dict[str, torch.Tensor]:
     """Write a compressed-tensors FP8 copy of `src` into `dst`, each projection e4m3 with a `weight_scale` per
-    output channel ([out, 1], bfloat16 as llm-compressor leaves a bf16 model's) or per tensor ([1] float32, plus a
-    static `input_scale`); returns the dequantized weights (HF names)."""
+    output channel ([out, 1], bfloat16 as llm-compressor leaves a bf16 model's) or per tensor ([1] float32, o_proj's
+    0-dim; a static `input_scale`; format naive-quantized); returns the dequantized weights (HF names)."""
     shutil.copytree(src, dst)
     state = load_file(src / "model.safetensors")
     out, dequant = {}, {}
@@ -81,11 +81,15 @@ def quantize_checkpoint_ct(src: Path, dst: Path, strategy: str) -> dict[str, tor
         base = name.removesuffix("weight")
         out[name] = w8
         out[base + "weight_scale"] = scale.bfloat16() if strategy == "channel" else scale
+        if strategy == "tensor" and name.endswith("o_proj.weight"):
+            out[base + "weight_scale"] = scale.reshape(())  # older exports: a 0-dim per-tensor scale
         if strategy == "tensor":
             out[base + "input_scale"] = torch.tensor([0.02])
         dequant[name] = w8.float() * (scale if strategy == "channel" else scale[0])
     save_file(out, str(dst / "model.safetensors"), metadata={"format": "pt"})
     cfg = json.loads((src / "config.json").read_text())
     cfg["quantization_config"] = ct_config(strategy)
+    if strategy == "tensor":  # the other format llm-compressor writes fp8 in (the same e4m3 bytes)
+        cfg["quantization_config"]["format"] = "naive-quantized"
     (dst / "config.json").write_text(json.dumps(cfg))
     return dequant
