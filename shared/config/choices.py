@@ -38,6 +38,7 @@ class Quantization(enum.StrEnum):
     FP8 = "fp8"
     AWQ = "awq"
     GPTQ = "gptq"
+    COMPRESSED_TENSORS = "compressed-tensors"
 
 
 class EngineKind(enum.StrEnum):

@@ -7,9 +7,10 @@ by the engine's config parse: a quantized checkpoint the engine cannot run must 
 Supported: FP8 e4m3 weights in square-ish blocks with a float32 `weight_scale_inv` per block (weight = fp8 x scale),
 as DeepSeek-V3 and Qwen3-*-FP8 ship them (`quant_method: fp8`, `weight_block_size: [128, 128]`), activations
 dynamic; AWQ int4 (`quant_method: awq`, 4 bits, zero points, AutoAWQ's GEMM packing, any group size) and GPTQ int4
-(`quant_method: gptq`, 4 bits, grouped, without act-order; v1 and v2 zero points). The engine runs activations
-unquantized: dequantize-on-the-fly weights, full-precision GEMM. Everything else (compressed-tensors, bitsandbytes,
-...) is refused naming the method and its format.
+(`quant_method: gptq`, 4 bits, grouped, without act-order; v1 and v2 zero points); compressed-tensors FP8 per channel
+or per tensor (compressed_tensors.py). The engine runs activations unquantized: dequantize-on-the-fly weights,
+full-precision GEMM. Everything else (other compressed-tensors schemes, bitsandbytes, ...) is refused naming the
+method and its format.
 """
 
 from __future__ import annotations
@@ -18,11 +19,14 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from shared.config.compressed_tensors import fp8_strategy
+
 # What --quantization accepts (SGLang's flag and spellings): the methods a checkpoint may declare.
-QUANTIZATION_METHODS = ("fp8", "awq", "gptq")
+QUANTIZATION_METHODS = ("fp8", "awq", "gptq", "compressed-tensors")
 # What the engine runs today, as the refusal lists it.
 SUPPORTED_QUANTIZATION = (
-    "fp8 (block-wise e4m3 with weight_scale_inv, as DeepSeek-V3 and Qwen3-FP8 ship), awq (4-bit, zero point, gemm), "
+    "fp8 (block-wise e4m3 with weight_scale_inv, as DeepSeek-V3 and Qwen3-FP8 ship), compressed-tensors fp8 "
+    "(e4m3 per channel or per tensor, float-quantized or naive-quantized), awq (4-bit, zero point, gemm), "
     "gptq (4-bit, grouped, no act-order)"
 )
 
@@ -38,16 +42,15 @@ class QuantSpec:
     scale_suffix: str = "weight_scale_inv"
     group_size: int = 0
     zero_offset: int = 0  # gptq: added to the stored zero points (1 in GPTQ's v1 format, which stores zero - 1)
+    # fp8: "block" (weight_block), or compressed-tensors' "channel" (a scale per output row) and "tensor" (one per
+    # projection); channel and tensor scales cover whole rows, each repeated per row at load (quant_params.py)
+    strategy: str = "block"
+    # the quant_method config.json declares where it differs from `method` ("compressed-tensors"): --quantization
+    # may name either
+    declared: str = ""
 
-
-def _describe_compressed_tensors(q: Mapping[str, Any]) -> str:
-    """'compressed-tensors (int 4-bit, group)': the scheme of its first config group, for the refusal."""
-    groups = q.get("config_groups") or {}
-    first: Any = next(iter(groups.values()), {}) if isinstance(groups, Mapping) else {}
-    w = first.get("weights") or {} if isinstance(first, Mapping) else {}
-    if not w:
-        return "compressed-tensors"
-    return f"compressed-tensors ({w.get('type', '?')} {w.get('num_bits', '?')}-bit, {w.get('strategy', '?')})"
+    def named_by(self, requested: str) -> bool:
+        return requested in (self.method, self.declared)
 
 
 def _refuse(source: str, what: str) -> ValueError:
@@ -65,7 +68,11 @@ def parse_quantization(cfg: Mapping[str, Any], source: str = "config.json") -> Q
         raise ValueError(f"{source}: quantization_config must be an object, got {type(q).__name__}")
     method = str(q.get("quant_method") or q.get("quantization_method") or "unknown").lower()
     if method == "compressed-tensors":
-        raise _refuse(source, repr(_describe_compressed_tensors(q)))
+        try:
+            strategy = fp8_strategy(q)
+        except ValueError as e:
+            raise _refuse(source, str(e)) from None
+        return QuantSpec("fp8", (1, 0), scale_suffix="weight_scale", strategy=strategy, declared=method)
     if method == "awq":
         return _parse_awq(q, source)
     if method == "gptq":
@@ -123,6 +130,7 @@ def check_requested(requested: str | None, spec: QuantSpec | None, model: str) -
         )
     if spec is None:
         return None  # fp8 at load (model_runner.py)
-    if requested != spec.method:
-        return f"--quantization {requested}: {model} is quantized with {spec.method!r}; drop --quantization"
+    if not spec.named_by(requested):
+        declared = spec.declared or spec.method
+        return f"--quantization {requested}: {model} is quantized with {declared!r}; drop --quantization"
     return None

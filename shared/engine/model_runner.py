@@ -277,7 +277,7 @@ class ModelRunner(OwnPool):
         if method is None:
             return
         if self.quant is not None:
-            if method != self.quant.method:
+            if not self.quant.named_by(method):
                 raise ValueError(f"--quantization {method}: the checkpoint is quantized with {self.quant.method!r}")
             return
         if method != "fp8":

@@ -28,8 +28,15 @@ from torch import nn
 from shared.engine.kv_scales import KV_SCALE_SUFFIXES
 from shared.engine.models.llama import WeightSlot
 
-# fp8 KV scales are read by kv_scales.py, for an fp8 KV pool only
-IGNORED_SUFFIXES = ("rotary_emb.inv_freq", "rotary_emb.cos_cached", "rotary_emb.sin_cached", *KV_SCALE_SUFFIXES)
+# fp8 KV scales are read by kv_scales.py, for an fp8 KV pool only; compressed-tensors' static activation scales
+# (input_scale) are not used: the engine runs activations unquantized (shared/config/compressed_tensors.py)
+IGNORED_SUFFIXES = (
+    "rotary_emb.inv_freq",
+    "rotary_emb.cos_cached",
+    "rotary_emb.sin_cached",
+    "_proj.input_scale",
+    *KV_SCALE_SUFFIXES,
+)
 # Most threads a load uses: reads of one NVMe and host-to-device copies saturate well before this.
 MAX_LOAD_THREADS = 8
 
@@ -133,8 +140,11 @@ def _load_piece(path: Path, names: list[str], rules: _Rules) -> _Found:
             tensor = _read(f, raw, slot.source)  # memory-mapped: only the pages read are touched
             if slot.transpose:
                 tensor = tensor.t()
+            if slot.row_block and tensor.dim() < 2:
+                tensor = tensor.reshape(-1, 1)  # a per-tensor scale ([] or [1]) or a flat per-channel one
             if slot.row_block and tensor.dim() == 2 and tensor.shape[0] == -(-want[0] // slot.row_block):
-                tensor = tensor.repeat_interleave(slot.row_block, 0)[: want[0]]  # block scales -> one row per row
+                # block scales -> one row per row (a per-tensor scale's huge row block: its one row, want[0] times)
+                tensor = tensor.repeat_interleave(min(slot.row_block, want[0]), 0)[: want[0]]
             if tuple(tensor.shape) != tuple(want):
                 found.bad_shape.append(f"{name}: checkpoint {tuple(tensor.shape)}, model expects {tuple(want)}")
                 continue

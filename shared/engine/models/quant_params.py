@@ -2,7 +2,9 @@
 down), by quantization method (shared.config.quantization.QuantSpec):
 
   fp8: <key>_weight in float8_e4m3fn plus <key>_weight_scale [rows, ceil(in / 128)] float32, the checkpoint's
-       `weight_scale_inv` blocks repeated per row (kernels/fp8_weight.py);
+       `weight_scale_inv` blocks repeated per row (kernels/fp8_weight.py); compressed-tensors' per-channel and
+       per-tensor `weight_scale` are [rows, 1] (a tensor's one scale repeated over its rows: q, k and v keep
+       their own);
   awq, gptq: <key>_qweight / <key>_qzeros / <key>_scales, the checkpoint's `qweight` / `qzeros` / `scales`
        transposed to rows of output columns (kernels/int4_weight.py), and GPTQ's `g_idx` (i // group without
        act-order: kept, not read); <key>_weight holds nothing.
@@ -20,6 +22,8 @@ from shared.kernels.int4_weight import Int4Weight
 from shared.kernels.linear import PackedWeight
 
 PROJECTIONS = ("qkv", "o", "gate_up", "down")
+# a per-tensor scale's row block: more rows than any projection has, so its one value covers the whole slice
+ALL_ROWS = 1 << 30
 
 
 def weight_dtype(quant: QuantSpec | None, dtype: torch.dtype) -> torch.dtype:
@@ -37,7 +41,7 @@ def add_params(layer: nn.Module, quant: QuantSpec) -> None:
         w = getattr(layer, f"{key}_weight")
         out, inner = w.shape
         if quant.method == "fp8":
-            cols = -(-inner // quant.weight_block[1])
+            cols = -(-inner // quant.weight_block[1]) if quant.strategy == "block" else 1
             layer.register_parameter(f"{key}_weight_scale", _param(out, cols, dtype=torch.float32))
             continue
         groups = inner // quant.group_size
@@ -65,7 +69,7 @@ def quant_slots(m: dict[str, WeightSlot], me: str, quant: QuantSpec) -> dict[str
             continue
         key, base = projections[s.param], name.removesuffix("weight")
         if quant.method == "fp8":
-            rows = quant.weight_block[0]
+            rows = {"block": quant.weight_block[0], "channel": 1}.get(quant.strategy, ALL_ROWS)
             out[base + quant.scale_suffix] = WeightSlot(f"{me}{key}_weight_scale", s.start, s.end, row_block=rows)
             continue
         if (s.start or 0) % 8 or (s.end or 0) % 8:
@@ -84,9 +88,13 @@ def quant_slots(m: dict[str, WeightSlot], me: str, quant: QuantSpec) -> dict[str
 def packed(layer: nn.Module, quant: QuantSpec) -> dict[str, PackedWeight]:
     """The quantized projections as the dequantizing backend (kernels/dequant_linear.py) takes them."""
     if quant.method == "fp8":
-        bk = quant.weight_block[1]
+        whole_rows = quant.strategy != "block"  # one scale column: the block is the whole input dimension
         return {
-            k: Fp8BlockWeight(getattr(layer, f"{k}_weight"), getattr(layer, f"{k}_weight_scale"), bk)
+            k: Fp8BlockWeight(
+                w := getattr(layer, f"{k}_weight"),
+                getattr(layer, f"{k}_weight_scale"),
+                int(w.shape[1]) if whole_rows else quant.weight_block[1],
+            )
             for k in PROJECTIONS
         }
     return {

@@ -33,6 +33,7 @@ _SOURCES = tuple(
         "skinny_gemm_bf16.c",
         "elementwise.c",
         "decode_layers.c",
+        "dequant.c",
     )
 )
 _HEADERS = (abi.HEADER, abi.HEADER.with_name("bf16.h"))  # included by the sources: part of the cache key

@@ -74,4 +74,10 @@ int pdr_decode_layers_bf16(const int64_t *layer_ptrs, const int64_t *dims, const
                            const int64_t *page_table, const int64_t *seq_lens, const int64_t *rows, float eps,
                            float scale);
 
+/* dequant.c: quantized projection weights widened to fp32 (kernels/fp8_weight.py, int4_weight.py). */
+void pdr_dequant_fp8_f32(const uint8_t *w, const float *scale, int64_t rows, int64_t cols, int64_t nb, int64_t bk,
+                         float *out, int threads);
+void pdr_dequant_int4_f32(const int32_t *qweight, const int32_t *qzeros, const float *scales, int64_t rows,
+                          int64_t cols, int64_t group, int packing, int zero_offset, float *out, int threads);
+
 #endif /* PDR_KERNELS_H */

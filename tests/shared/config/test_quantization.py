@@ -12,16 +12,17 @@ import pytest
 
 from shared.config import ConfigError, resolve
 from shared.config.quantization import QuantSpec, parse_quantization
+from tests.helpers.quantized_models import ct_config
 
 FP8_BLOCK = {"quant_method": "fp8", "fmt": "e4m3", "activation_scheme": "dynamic", "weight_block_size": [128, 128]}
 AWQ = {"quant_method": "awq", "bits": 4, "group_size": 128, "zero_point": True, "version": "gemm"}
 GPTQ = {"quant_method": "gptq", "bits": 4, "group_size": 128, "sym": True, "desc_act": False}
 BNB = {"quant_method": "bitsandbytes", "bits": 4, "load_in_4bit": True}
-CT_FP8 = {
+CT_INT4 = {
     "quant_method": "compressed-tensors",
-    "format": "float-quantized",
+    "format": "pack-quantized",
     "config_groups": {
-        "group_0": {"targets": ["Linear"], "weights": {"num_bits": 8, "type": "float", "strategy": "channel"}}
+        "group_0": {"targets": ["Linear"], "weights": {"num_bits": 4, "type": "int", "strategy": "group"}}
     },
 }
 
@@ -56,7 +57,7 @@ def test_fp8_block_parses_and_plain_checkpoints_have_none() -> None:
         (GPTQ | {"desc_act": True}, "quantization 'gptq' with desc_act (act-order) is not supported"),
         (GPTQ | {"bits": 8}, "quantization 'gptq' (8-bit) is not supported"),
         ({"quant_method": "bitsandbytes", "load_in_4bit": True}, "quantization 'bitsandbytes' is not supported"),
-        (CT_FP8, "quantization 'compressed-tensors (float 8-bit, channel)' is not supported"),
+        (CT_INT4, "quantization 'compressed-tensors (int 4-bit, group)' in format 'pack-quantized' is not"),
         ({"quant_method": "fp8", "activation_scheme": "dynamic"}, "'fp8' per-tensor (no weight_block_size)"),
         (FP8_BLOCK | {"activation_scheme": "static"}, "'fp8' with activation_scheme 'static'"),
     ],
@@ -101,6 +102,13 @@ def test_quantization_flag_must_match_the_checkpoint(tmp_path: Path, ctx) -> Non
     assert cfg.model.quantization == "fp8"
     with pytest.raises(ConfigError, match="--quantization"):
         resolve("worker", ["--quantization", "int3"], env={}, ctx=ctx)
+    ct = tmp_path / "ct"
+    ct.mkdir()
+    (ct / "config.json").write_text(json.dumps(_llama(ct_config("channel"))))
+    for name in ("compressed-tensors", "fp8"):  # SGLang's name for the method, or the weights' format
+        assert resolve("worker", ["--model", str(ct), "--quantization", name], env={}, ctx=ctx).model.quantization
+    with pytest.raises(ConfigError, match=r"^--quantization gptq: .* is quantized with 'compressed-tensors'"):
+        resolve("worker", ["--model", str(ct), "--quantization", "gptq"], env={}, ctx=ctx)
 
 
 def test_fp8_kv_cache_takes_the_torch_attention(ctx, make_ctx) -> None:

@@ -50,7 +50,7 @@ def definitions() -> dict[str, abi.Signature]:
 
 def test_header_declares_every_kernel() -> None:
     declared = abi.declared()
-    assert len(declared) == 20  # 11 fp32 kernels, 8 bf16 forms and pdr_bf16_kernels
+    assert len(declared) == 22  # 11 fp32 kernels, 8 bf16 forms, pdr_bf16_kernels and 2 dequantizers
     assert declared["pdr_bf16_kernels"] == abi.Signature("pdr_bf16_kernels", ctypes.c_int, ())
     assert declared["pdr_gemm_vector_bits"] == abi.Signature("pdr_gemm_vector_bits", ctypes.c_int, ())
     assert declared["pdr_silu_mul_f32"].argtypes == (
