@@ -157,7 +157,9 @@ class KVPool:
         self._k[layer].index_put_(idx, k.to(self.dtype))  # fp32 activations into a bf16 pool: rounded here
         self._v[layer].index_put_(idx, v.to(self.dtype))
 
-    def write_latent(self, layer: int, slots_pages: torch.Tensor, slots_offsets: torch.Tensor, rows: torch.Tensor) -> None:
+    def write_latent(
+        self, layer: int, slots_pages: torch.Tensor, slots_offsets: torch.Tensor, rows: torch.Tensor
+    ) -> None:
         """An mla pool: store T tokens' latent rows [T, 1, head_dim] at (slots_pages[i], slots_offsets[i])."""
         assert self.layout.kind == "mla", self.layout.kind
         self._k[layer].index_put_((slots_pages, slots_offsets), rows.to(self.dtype))

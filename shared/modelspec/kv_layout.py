@@ -38,7 +38,9 @@ class KVLayout:
         if self.kind not in KV_LAYOUT_KINDS:
             raise ValueError(f"KV layout kind {self.kind!r} is unknown; use one of: {', '.join(KV_LAYOUT_KINDS)}")
         if self.kind == "mla" and self.num_kv_heads != 1:
-            raise ValueError(f"an mla KV layout holds one latent row per token (num_kv_heads 1, got {self.num_kv_heads})")
+            raise ValueError(
+                f"an mla KV layout holds one latent row per token (num_kv_heads 1, got {self.num_kv_heads})"
+            )
 
     @property
     def planes(self) -> int:

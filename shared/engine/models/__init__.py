@@ -1,4 +1,5 @@
-"""Model implementations: the Llama-family decoder (llama.py) and Gemma's subclass of it (gemma.py)."""
+"""Model implementations: the Llama-family decoder (llama.py), Gemma's subclass of it (gemma.py) and DeepSeek's
+MLA decoder (deepseek.py)."""
 
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ from shared.engine.models.config import (
     load_model_config,
     parse_model_config,
 )
+from shared.engine.models.deepseek import DeepseekForCausalLM
 from shared.engine.models.gemma import GemmaForCausalLM
 from shared.engine.models.llama import LlamaForCausalLM, WeightSlot
 from shared.kernels.elementwise import TORCH_OPS, ElementwiseOps
@@ -41,10 +43,15 @@ def build_model(
     quant: QuantSpec | None = None,
     tp: TPComm | None = None,
 ) -> LlamaForCausalLM:
-    """An unloaded model for `cfg` (Gemma's own class; the other families' differences are flags on the config),
+    """An unloaded model for `cfg` (Gemma's and DeepSeek's own classes; the other families' differences are flags
+    on the config),
     calling the norm/rotary/activation kernels in `ops`, its parameters allocated on `device` (default: the CPU);
     `quant`: its projections' weights fp8 or int4 blocks (shared.config.quantization); `tp`: a tensor-parallel
     rank's collectives (cfg then sized per rank)."""
     assert cfg.architecture in SUPPORTED_ARCHITECTURES, cfg.architecture  # parse_model_config refused the rest
-    cls = GemmaForCausalLM if cfg.model_type in GEMMA_TYPES else LlamaForCausalLM
+    cls: type[LlamaForCausalLM] = LlamaForCausalLM
+    if cfg.model_type in GEMMA_TYPES:
+        cls = GemmaForCausalLM
+    elif cfg.mla is not None:
+        cls = DeepseekForCausalLM
     return cls(cfg, dtype, max_positions, ops, device, quant, tp)

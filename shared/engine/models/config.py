@@ -14,10 +14,11 @@ from pathlib import Path
 from typing import Any
 
 from shared.config.quantization import parse_quantization
+from shared.engine.models.mla_config import MLA_ARCHITECTURES, MLA_TYPES, MLAConfig, parse_mla_fields
 from shared.kernels.rotary import SUPPORTED_ROPE_TYPES
 
 # architectures[0] in config.json -> model_type. Llama, Qwen2/3, Mistral and Phi-3 share one decoder (llama.py);
-# Gemma 2 and Gemma 3 (text) have their own layer (gemma.py).
+# Gemma 2 and Gemma 3 (text) have their own layer (gemma.py); DeepSeek-V2/V3 (dense layers) theirs (deepseek.py).
 SUPPORTED_ARCHITECTURES: dict[str, str] = {
     "LlamaForCausalLM": "llama",
     "Qwen2ForCausalLM": "qwen2",
@@ -26,6 +27,7 @@ SUPPORTED_ARCHITECTURES: dict[str, str] = {
     "Phi3ForCausalLM": "phi3",
     "Gemma2ForCausalLM": "gemma2",
     "Gemma3ForCausalLM": "gemma3_text",
+    **MLA_ARCHITECTURES,
 }
 GEMMA_TYPES = ("gemma2", "gemma3_text")
 # hidden_act (Gemma: hidden_activation) each family's MLP may use
@@ -66,6 +68,9 @@ class ModelArchConfig:
     embed_scale: float = 1.0  # Gemma: the embeddings are multiplied by sqrt(hidden_size)
     # Gemma 3: sliding layers rotate with their own base (and no scaling); None = the same RoPE as full layers
     local_rope_theta: float | None = None
+    # DeepSeek's multi-head latent attention (mla_config.py); then num_kv_heads is 1 and head_dim the latent row's
+    # width: the KV cache holds one latent "head" per token (an "mla" KVLayout)
+    mla: MLAConfig | None = None
 
     def window(self, layer: int) -> int:
         """Layer `layer`'s sliding window in tokens, 0 for full attention."""
@@ -74,8 +79,8 @@ class ModelArchConfig:
     @property
     def host_planned_attention(self) -> bool:
         """Some layer is windowed or soft-capped: its attention is planned on the host (window_attention.py), which
-        a CUDA graph cannot capture."""
-        return any(self.layer_windows) or bool(self.attn_softcap)
+        a CUDA graph cannot capture; so is MLA's attention over the latent cache (mla_attention.py)."""
+        return any(self.layer_windows) or bool(self.attn_softcap) or self.mla is not None
 
     @property
     def softmax_scale(self) -> float:
@@ -213,6 +218,8 @@ def parse_model_config(cfg: Mapping[str, Any], source: str = "config.json") -> M
             text["eos_token_id"] = cfg["eos_token_id"]
         return parse_model_config(text, source=f"{source} (text_config)")
     arch, model_type = _architecture(cfg, source)
+    if model_type in MLA_TYPES:
+        return _mla_config(cfg, arch, model_type, source)
     act = _check_features(cfg, model_type, source)
     rope = cfg.get("rope_parameters") or {}
     if model_type == "gemma3_text" and FULL in rope:
@@ -250,6 +257,23 @@ def parse_model_config(cfg: Mapping[str, Any], source: str = "config.json") -> M
         rotary_dim=_rotary_dim(cfg, head_dim, source),
         hidden_act=act,
         **_gemma_fields(cfg, model_type, hidden, source),
+    )
+
+
+def _mla_config(cfg: Mapping[str, Any], arch: str, model_type: str, source: str) -> ModelArchConfig:
+    """DeepSeek-V2 / V3: the common numbers here, the attention's from mla_config.py."""
+    return ModelArchConfig(
+        architecture=arch,
+        model_type=model_type,
+        vocab_size=int(cfg["vocab_size"]),
+        hidden_size=int(cfg["hidden_size"]),
+        intermediate_size=int(cfg["intermediate_size"]),
+        rms_norm_eps=float(cfg.get("rms_norm_eps", 1e-6)),
+        max_position_embeddings=int(cfg.get("max_position_embeddings", 2048)),
+        tie_word_embeddings=bool(cfg.get("tie_word_embeddings", False)),
+        qk_norm=False,
+        eos_token_ids=_as_ids(cfg.get("eos_token_id")),
+        **parse_mla_fields(cfg, model_type, source),
     )
 
 

@@ -84,8 +84,9 @@ def test_malformed_kinds_are_refused_at_the_wire():
 
 def test_kvstore_namespace_carries_the_kind():
     mha_digest_before = hashlib.sha256(
-        json.dumps({"model": "m", "layout": {k: v for k, v in asdict(MHA).items() if k != "kind"}}, sort_keys=True)
-        .encode()
+        json.dumps(
+            {"model": "m", "layout": {k: v for k, v in asdict(MHA).items() if k != "kind"}}, sort_keys=True
+        ).encode()
     ).hexdigest()[:16]
     assert namespace_digest("m", MHA) == mha_digest_before  # existing stores keep their keys
     mla = KVLayout("float32", 16, 2, 1, 16, kind="mla")
