@@ -94,3 +94,15 @@ def test_model_check_describes_and_refuses(tmp_path: Path) -> None:
     (bad / "config.json").write_text(json.dumps(_json("v3", first_k_dense_replace=0)))
     res = check_model_dir(bad)
     assert not res.ok and "first_k_dense_replace 0 < num_hidden_layers 2" in res.reason
+
+
+def test_memory_plan_counts_latent_pages(tmp_path: Path) -> None:
+    """The memory plan's page bytes are the pool's: one latent row per token and layer, no V half."""
+    from shared.config.checkpoint import read_model_shape
+    from shared.config.memory_plan import PlanInputs, page_bytes
+
+    d = make_tiny_mla(tmp_path, "v3")
+    shape = read_model_shape(d)
+    assert (shape.kv_planes, shape.num_kv_heads, shape.head_dim) == (1, 1, 20)
+    inp = PlanInputs(shape, 4, 4, 16, 1, 64, 4, 0, 512, 0.5)
+    assert page_bytes(inp) == ModelRunner(d, num_pages=2, page_size=16).layout.page_bytes == 2 * 16 * 20 * 4
