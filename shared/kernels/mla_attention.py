@@ -4,8 +4,17 @@ The cache holds, per token and layer, one latent row [c_kv (kv_lora_rank) | k_pe
 RMS-normed compressed KV, k_pe the roped key shared by every head (an "mla" KVLayout, kv_pool.py). Here each
 sequence's rows are gathered from its pages, decompressed (kv_b_proj: c_kv -> per head [k_nope | v]), k_pe is
 appended to every head's k_nope, and the sequence's queries attend causally: the simple way, which recomputes every
-cached token's keys and values at each step. Weight absorption (q_nope through W_UK, attention in the latent space,
-the output through W_UV) is the fast form of the same sums; this one is the reference it is to be tested against.
+cached token's keys and values at each step.
+
+Weight absorption (`mla_attention_absorbed`) is the fast form of the same sums for decode steps: with
+W_UK [H, nope, rank] and W_UV [H, v, rank] the two halves of kv_b_proj per head,
+    q_nope . (W_UK c_kv) = (q_nope W_UK) . c_kv     and     sum_j p_j (W_UV c_kv_j) = W_UV (sum_j p_j c_kv_j),
+so each query head is moved into the latent space once ([q_nope W_UK | q_pe], width rank + rope) and attends over the
+cached rows as they are: multi-query attention with one KV "head" whose keys are the whole rows and whose values are
+their c_kv part; the output comes back through W_UV. Nothing is decompressed per cached token, so a decode step reads
+each sequence's latent rows once instead of recomputing every token's keys and values; the paged attention backend
+runs it like any MQA. A prefill (many queries per sequence) stays on the reference, whose attention is narrower
+(nope + rope instead of rank + rope), as SGLang and vLLM also do.
 
 The plan (which cache slots hold each sequence's tokens) is made once per step and reused by every layer.
 """
@@ -17,6 +26,9 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 import torch.nn.functional as F
+
+from shared.kernels.attention_plan import AttentionMetadata
+from shared.kernels.dispatch import AttentionBackend
 
 
 @dataclass(frozen=True)
@@ -79,3 +91,31 @@ def mla_attention(
         o = F.scaled_dot_product_attention(qs, ks, vs, attn_mask=keep, scale=scale)  # [H, n, v]
         out[start : start + n] = o.transpose(0, 1)
     return out
+
+
+def absorbed_weights(kv_b_weight: torch.Tensor, heads: int, nope: int, v_head_dim: int) -> tuple[torch.Tensor, ...]:
+    """kv_b_proj [H * (nope + v), rank] -> (W_UK [H, nope, rank], W_UV^T [H, rank, v]), contiguous copies."""
+    w = kv_b_weight.view(heads, nope + v_head_dim, -1)
+    return w[:, :nope].contiguous(), w[:, nope:].transpose(1, 2).contiguous()
+
+
+def mla_attention_absorbed(
+    q_nope: torch.Tensor,
+    q_pe: torch.Tensor,
+    rows: torch.Tensor,
+    cache: torch.Tensor,
+    w_uk: torch.Tensor,
+    w_uv_t: torch.Tensor,
+    attn: AttentionBackend,
+    meta: AttentionMetadata,
+    scale: float,
+) -> torch.Tensor:
+    """The same result as mla_attention, attending in the latent space: q_nope [T, H, nope], q_pe [T, H, rope];
+    rows [T, 1, rank + rope] the new tokens' latent rows (already in `cache`, one layer's [num_pages, page_size, 1,
+    rank + rope]); w_uk [H, nope, rank], w_uv_t [H, rank, v] (absorbed_weights) -> [T, H, v]."""
+    rank = w_uk.shape[-1]
+    q_lat = torch.bmm(q_nope.transpose(0, 1), w_uk).transpose(0, 1)  # [T, H, rank]
+    q = torch.cat((q_lat, q_pe), dim=-1)  # [T, H, rank + rope]: one latent "key head" serves every query head
+    # values are the rows too (their first `rank` columns are c_kv; the rope columns' output is dropped)
+    o_lat = attn.forward(q, rows, rows, cache, cache, meta, scale)[..., :rank]  # [T, H, rank]
+    return torch.bmm(o_lat.transpose(0, 1), w_uv_t).transpose(0, 1)  # [T, H, v]

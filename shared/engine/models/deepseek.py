@@ -8,6 +8,8 @@ Per layer, after the input norm (numbers as transformers computes them, see mla_
   "head" of kv_lora_rank + qk_rope_head_dim per token, no V), and attention runs over the sequence's latent rows
   (shared/kernels/mla_attention.py), decompressed through kv_b_proj;
   o_proj, then the post-attention norm and a SwiGLU MLP as Llama's.
+A step of decode tokens only attends in the latent space instead (weight absorption, mla_attention_absorbed: the
+paged attention backend over the latent rows as one MQA head); prefill and mixed steps take the reference.
 
 Runs on the torch ops (the MLA attention is the torch reference; no fused C decode, no Triton, no CUDA graphs) at
 --tp-size 1 with unquantized weights; the runner refuses the rest by name.
@@ -31,7 +33,7 @@ from shared.engine.models.slots import WeightSlot
 from shared.kernels.dispatch import AttentionBackend, AttentionMetadata
 from shared.kernels.elementwise import TORCH_OPS, ElementwiseOps
 from shared.kernels.linear import LinearBackend, PackedWeight, TorchLinear
-from shared.kernels.mla_attention import MLAPlan, mla_attention, plan_mla
+from shared.kernels.mla_attention import MLAPlan, absorbed_weights, mla_attention, mla_attention_absorbed, plan_mla
 from shared.kernels.rotary import RotaryCache
 from shared.kernels.yarn import yarn_inv_freq
 
@@ -79,6 +81,8 @@ class MLADecoderLayer(nn.Module):
         self.linear: LinearBackend = TorchLinear()
         self.exact: LinearBackend = TorchLinear()
         self.packed: dict[str, PackedWeight] = {}
+        # kv_b_proj split per head for weight absorption (W_UK, W_UV^T), made after loading (use_linear)
+        self.w_uk = self.w_uv_t = torch.empty(0)
         self.use_linear(TorchLinear())
 
     def use_linear(self, backend: LinearBackend) -> None:
@@ -93,6 +97,11 @@ class MLADecoderLayer(nn.Module):
         }
         if self.q_b_weight is not None:
             self.packed["q_b"] = backend.pack(self.q_b_weight)
+        if self.kv_b_weight.device.type != "meta":
+            mla = self.mla
+            self.w_uk, self.w_uv_t = absorbed_weights(
+                self.kv_b_weight, self.num_heads, mla.qk_nope_head_dim, mla.v_head_dim
+            )
 
     def weight_map(self, cfg: ModelArchConfig) -> dict[str, WeightSlot]:
         """HF tensor name -> slot, for this layer."""
@@ -125,15 +134,18 @@ class MLADecoderLayer(nn.Module):
         sin: torch.Tensor,
         batch: ForwardBatch,
         kv: KVPool,
-        plan: MLAPlan,
+        attn: AttentionBackend,
+        meta: AttentionMetadata,
+        plan: MLAPlan | None,
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        """As llama.DecoderLayer.forward: (this layer's MLP output, residual stream)."""
+        """As llama.DecoderLayer.forward: (this layer's MLP output, residual stream). plan: the reference attention's
+        (mla_attention); None: attend in the latent space through `attn` (mla_attention_absorbed)."""
         if residual is None:
             residual = hidden
             x = self.ops.rms_norm(hidden, self.input_norm, self.eps)
         else:
             x, residual = self.ops.fused_add_rms_norm(hidden, residual, self.input_norm, self.eps)
-        x = self.attention(x, cos, sin, batch, kv, plan)
+        x = self.attention(x, cos, sin, batch, kv, attn, meta, plan)
         x, residual = self.ops.fused_add_rms_norm(x, residual, self.post_norm, self.eps)
         gated = self.linear.apply_gated(x, self.packed["gate_up"])
         if gated is None:
@@ -149,7 +161,15 @@ class MLADecoderLayer(nn.Module):
         return self.ops.apply_rotary(x, cos, sin)
 
     def attention(
-        self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, batch: ForwardBatch, kv: KVPool, plan: MLAPlan
+        self,
+        x: torch.Tensor,
+        cos: torch.Tensor,
+        sin: torch.Tensor,
+        batch: ForwardBatch,
+        kv: KVPool,
+        attn: AttentionBackend,
+        meta: AttentionMetadata,
+        plan: MLAPlan | None,
     ) -> torch.Tensor:
         """x [T, hidden] (normed) -> o_proj output [T, hidden]; the new tokens' latent rows stored first."""
         t, h, mla = x.shape[0], self.num_heads, self.mla
@@ -161,17 +181,14 @@ class MLADecoderLayer(nn.Module):
         c_kv = self.ops.rms_norm(a[:, self.q_rows : self.q_rows + mla.kv_lora_rank], self.kv_a_norm, LATENT_NORM_EPS)
         q_pe = self._rotate(q[..., mla.qk_nope_head_dim :], cos, sin)  # [T, H, rope]
         k_pe = self._rotate(a[:, None, self.q_rows + mla.kv_lora_rank :], cos, sin)  # [T, 1, rope]
-        kv.write_latent(self.layer_id, batch.out_pages, batch.out_offsets, torch.cat((c_kv[:, None], k_pe), dim=-1))
-        o = mla_attention(
-            q[..., : mla.qk_nope_head_dim],
-            q_pe,
-            kv.k(self.layer_id),
-            plan,
-            self.kv_b_weight,
-            mla.kv_lora_rank,
-            mla.v_head_dim,
-            self.scale,
-        )  # [T, H, v]
+        rows = torch.cat((c_kv[:, None], k_pe), dim=-1)  # [T, 1, rank + rope]
+        kv.write_latent(self.layer_id, batch.out_pages, batch.out_offsets, rows)
+        q_nope, cache = q[..., : mla.qk_nope_head_dim], kv.k(self.layer_id)
+        if plan is None:
+            o = mla_attention_absorbed(q_nope, q_pe, rows, cache, self.w_uk, self.w_uv_t, attn, meta, self.scale)
+        else:
+            o = mla_attention(q_nope, q_pe, cache, plan, self.kv_b_weight, mla.kv_lora_rank, mla.v_head_dim, self.scale)
+        # o: [T, H, v]
         return self.linear.apply(o.reshape(t, h * mla.v_head_dim), self.packed["o"])
 
 
@@ -228,16 +245,22 @@ class DeepseekForCausalLM(LlamaForCausalLM):
             m.update(layer.weight_map(self.cfg))
         return m
 
+    # False: every step on the reference attention (tests compare the two paths with it)
+    absorb_decode = True
+
     def forward(self, batch: ForwardBatch, kv: KVPool, attn: AttentionBackend, meta: AttentionMetadata) -> torch.Tensor:
-        """As LlamaForCausalLM.forward (attn and meta unused: MLA plans its own attention, once per step)."""
+        """As LlamaForCausalLM.forward. A decode-only step attends in the latent space through `attn` and `meta`;
+        the others on the reference attention, planned here once for every layer."""
         if batch.embed_rows is not None:
             raise ValueError("image embeddings are not supported for DeepSeek text models")
         hidden = F.embedding(batch.input_ids, self.embed_tokens).to(self.act_dtype)  # [T, hidden]
         cos, sin = self.rotary.lookup(batch.positions, self.act_dtype)  # [T, 1, rope / 2] each
-        plan = plan_mla(batch.page_table, batch.prefix_lens, batch.extend_lens, batch.token_starts, batch.page_size)
+        plan = None
+        if not (self.absorb_decode and batch.is_decode):
+            plan = plan_mla(batch.page_table, batch.prefix_lens, batch.extend_lens, batch.token_starts, batch.page_size)
         residual: torch.Tensor | None = None
         for layer in self._mla_layers():
-            hidden, residual = layer(hidden, residual, cos, sin, batch, kv, plan)
+            hidden, residual = layer(hidden, residual, cos, sin, batch, kv, attn, meta, plan)
         assert residual is not None
         idx = batch.logits_indices
         if idx.numel() != hidden.shape[0] or batch.num_prompt_rows:

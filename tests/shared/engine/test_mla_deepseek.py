@@ -203,3 +203,30 @@ def test_engine_greedy_matches_hf_generate(runner: ModelRunner, hf) -> None:
     got = engine.generate(prompts, SamplingParams(max_tokens=new, temperature=0.0, ignore_eos=True))
     for i, (c, toks) in enumerate(zip(got, ref, strict=True)):
         assert list(c.token_ids) == toks, f"prompt {i} (len {len(prompts[i])}) diverged from HF"
+
+
+def test_decode_steps_attend_in_the_latent_space(runner: ModelRunner, hf, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A decode-only step takes weight absorption (no per-token decompression), and gives the reference's logits."""
+    import shared.engine.models.deepseek as ds
+
+    calls: list[int] = []
+    real = ds.mla_attention_absorbed
+    monkeypatch.setattr(ds, "mla_attention_absorbed", lambda *a: calls.append(1) or real(*a))
+    pages = Pages(runner.num_pages)
+    seqs = {f"x{i}": prompt(70 + i, n, runner.vocab_size) for i, n in enumerate([3, 14])}
+    room = {r: pages.take(npages(len(p) + 2)) for r, p in seqs.items()}
+    logits = runner.forward(
+        SchedulerOutput(tuple(ScheduledSeq(r, tuple(p), 0, room[r], True) for r, p in seqs.items()))
+    )
+    assert not calls  # a prefill step: the reference
+    for i, p in enumerate(seqs.values()):
+        p.append(int(logits[i].argmax()))
+    step = SchedulerOutput(tuple(ScheduledSeq(r, (p[-1],), len(p) - 1, room[r], True) for r, p in seqs.items()))
+    absorbed = runner.forward(step)
+    assert len(calls) == runner.arch.num_layers
+    monkeypatch.setattr(runner.model, "absorb_decode", False)
+    reference = runner.forward(step)  # the same step again: the same latent rows rewritten, then the reference
+    assert len(calls) == runner.arch.num_layers
+    assert (absorbed - reference).abs().max().item() <= 1e-5
+    for i, p in enumerate(seqs.values()):
+        check(runner, absorbed[i], hf_logits(hf, p)[-1])
