@@ -230,3 +230,20 @@ def test_decode_steps_attend_in_the_latent_space(runner: ModelRunner, hf, monkey
     assert (absorbed - reference).abs().max().item() <= 1e-5
     for i, p in enumerate(seqs.values()):
         check(runner, absorbed[i], hf_logits(hf, p)[-1])
+
+
+@pytest.mark.parametrize("variant", ["v2", "v3"])
+def test_bfloat16_runs_and_tracks_float32(variant: str, tmp_path_factory: pytest.TempPathFactory) -> None:
+    """bf16 weights and bf16 latent pages (a prefill, then a decode step in the latent space)."""
+    d = _dir(variant, tmp_path_factory)
+    r32 = ModelRunner(d, num_pages=16, page_size=PAGE)
+    r16 = ModelRunner(d, dtype="bfloat16", num_pages=16, page_size=PAGE)
+    assert r16.layout.kind == "mla" and r16.layout.page_bytes * 2 == r32.layout.page_bytes
+    p = prompt(51, 13, r32.vocab_size)
+    for out in (
+        SchedulerOutput((ScheduledSeq("x", tuple(p), 0, (0, 1, 2, 3), True),)),
+        SchedulerOutput((ScheduledSeq("x", (p[-1],), len(p), (0, 1, 2, 3), True),)),
+    ):
+        l32, l16 = r32.forward(out), r16.forward(out)
+        assert l16.dtype == torch.float32 and not l16.isnan().any()
+        assert (l16 - l32).abs().max().item() < 0.15  # bf16 keeps ~3 significant digits
