@@ -83,11 +83,19 @@ class MLADecoderLayer(nn.Module):
         self.packed: dict[str, PackedWeight] = {}
         # kv_b_proj split per head for weight absorption (W_UK, W_UV^T), made after loading (use_linear)
         self.w_uk = self.w_uv_t = torch.empty(0)
-        self.use_linear(TorchLinear())
+        self._pack(TorchLinear())
 
     def use_linear(self, backend: LinearBackend) -> None:
-        """The projections through `backend` (down through backend.exact(), as llama.py says why); kv_b_proj stays a
-        plain tensor: the attention decompresses the cached latents with it."""
+        """After loading: the projections through `backend` (down through backend.exact(), as llama.py says why);
+        kv_b_proj stays a plain tensor, which the reference attention decompresses the cached latents with, and is
+        split per head for the absorbed one."""
+        self._pack(backend)
+        mla = self.mla
+        self.w_uk, self.w_uv_t = absorbed_weights(
+            self.kv_b_weight, self.num_heads, mla.qk_nope_head_dim, mla.v_head_dim
+        )
+
+    def _pack(self, backend: LinearBackend) -> None:
         self.linear, self.exact = backend, backend.exact()
         self.packed = {
             "a": backend.pack(self.a_weight),
@@ -97,11 +105,6 @@ class MLADecoderLayer(nn.Module):
         }
         if self.q_b_weight is not None:
             self.packed["q_b"] = backend.pack(self.q_b_weight)
-        if self.kv_b_weight.device.type != "meta":
-            mla = self.mla
-            self.w_uk, self.w_uv_t = absorbed_weights(
-                self.kv_b_weight, self.num_heads, mla.qk_nope_head_dim, mla.v_head_dim
-            )
 
     def weight_map(self, cfg: ModelArchConfig) -> dict[str, WeightSlot]:
         """HF tensor name -> slot, for this layer."""
