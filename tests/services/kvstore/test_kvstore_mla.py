@@ -45,3 +45,10 @@ def test_the_kind_is_part_of_the_disk_namespace(tmp_path: Path) -> None:
     again.bind("m", MHA_SAME_NUMBERS)  # another kind: the latent pages are dropped, never served to it
     assert again.hashes() == []
     again.close()
+
+
+def test_a_store_of_the_other_kind_says_which_it_holds() -> None:
+    from services.kvstore.store import Namespace
+
+    assert "latent rows (mla), head dim 20" in Namespace("m", MLA).describe()
+    assert "1 KV heads, head dim 20" in Namespace("m", MHA_SAME_NUMBERS).describe()
