@@ -255,7 +255,8 @@ def run(ns: argparse.Namespace) -> int:
             file=sys.stderr,
         )
         return 2
-    kv = KVLayout(ns.kv_cache_dtype, ns.page_size, arch.num_layers, arch.num_kv_heads, arch.head_dim)
+    kind = "mla" if arch.mla is not None else "mha"  # the engines' own layout (model_runner._build_kv)
+    kv = KVLayout(ns.kv_cache_dtype, ns.page_size, arch.num_layers, arch.num_kv_heads, arch.head_dim, kind)
     page_bytes = kv.page_bytes
     pages = str(2 * (-(-max(lengths) // ns.page_size)) + 8)  # the longest prompt twice over: never short of pages
     common = ["--model", model, "--threads", str(ns.threads), "--num-pages", pages, "--page-size", str(ns.page_size)]

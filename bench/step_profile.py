@@ -149,7 +149,7 @@ def profile_wave(engine: Any, requests: int, input_len: int, output_len: int) ->
     from shared.modelspec.sampling import SamplingParams
 
     arch = engine.runner.arch
-    kv_bytes_per_token = arch.num_layers * 2 * arch.num_kv_heads * arch.head_dim * engine.runner.kv.dtype.itemsize
+    kv_bytes_per_token = engine.runner.layout.page_bytes // engine.runner.layout.page_size  # K and V, or MLA's latent
     rng = random.Random(0)
     params = SamplingParams(max_tokens=output_len, temperature=0.0, ignore_eos=True)
 

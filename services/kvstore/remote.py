@@ -67,7 +67,10 @@ class _Chunk:
 
 
 def namespace_digest(model: str, layout: KVLayout) -> str:
-    raw = json.dumps({"model": model, "layout": asdict(layout)}, sort_keys=True, default=str).encode()
+    lay = asdict(layout)
+    if layout.kind == "mha":  # the field came later: an mha layout keeps the digest (and the stored keys) it had
+        del lay["kind"]
+    raw = json.dumps({"model": model, "layout": lay}, sort_keys=True, default=str).encode()
     return hashlib.sha256(raw).hexdigest()[:16]
 
 

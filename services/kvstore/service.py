@@ -254,7 +254,13 @@ class KVStoreService(Service):
     def _on_bound(self, ns: Namespace) -> None:
         assert self.bus is not None
         self._kv_pub = KVEventPublisher(
-            self.bus, self.cluster, self.instance_id, epoch=self.epoch, page_size=ns.layout.page_size, tier=STORE_TIER
+            self.bus,
+            self.cluster,
+            self.instance_id,
+            epoch=self.epoch,
+            page_size=ns.layout.page_size,
+            tier=STORE_TIER,
+            layout_kind=ns.layout.kind,
         )
         if self.store.arena is not None and self.store.disk is not None:
             self._stored(self.store.disk.hashes())  # rebuilt from disk: tell the index

@@ -49,9 +49,10 @@ class Namespace:
 
     def describe(self) -> str:
         lay = self.layout
+        heads = f"{lay.num_kv_heads} KV heads" if lay.kind == "mha" else "latent rows (mla)"
         return (
             f"model {self.model!r} ({lay.dtype}, page size {lay.page_size}, {lay.num_layers} layers, "
-            f"{lay.num_kv_heads} KV heads, head dim {lay.head_dim})"
+            f"{heads}, head dim {lay.head_dim})"
         )
 
 

@@ -40,6 +40,8 @@ class ModelShape:
     vocab_size: int
     max_position_embeddings: int
     stored_bytes: int = 0
+    # K and V per layer in a KV page; 1 for MLA's latent rows (then num_kv_heads is 1 and head_dim the row's width)
+    kv_planes: int = 2
 
     def weights_bytes(self, dtype_bytes: int, tp_size: int = 1) -> int:
         """Bytes of the weights one rank holds when served in a dtype of `dtype_bytes` (split evenly over TP)."""
@@ -109,6 +111,10 @@ def read_model_shape(model_dir: str | Path) -> ModelShape:
         raise ValueError(f"{d} {what}; the memory plan reads the tensor sizes from the safetensors headers")
     hidden, heads = int(cfg["hidden_size"]), int(cfg["num_attention_heads"])
     sizes = [header_sizes(f) for f in files]
+    kv_heads, planes = int(cfg.get("num_key_value_heads") or heads), 2
+    head_dim = int(cfg.get("head_dim") or hidden // heads)
+    if cfg.get("kv_lora_rank"):  # DeepSeek's MLA: one latent row per token and layer (shared/modelspec/kv_layout.py)
+        kv_heads, head_dim, planes = 1, int(cfg["kv_lora_rank"]) + int(cfg["qk_rope_head_dim"]), 1
     return ModelShape(
         name=d.name,
         num_params=sum(n for n, _ in sizes),
@@ -117,8 +123,9 @@ def read_model_shape(model_dir: str | Path) -> ModelShape:
         hidden_size=hidden,
         intermediate_size=int(cfg["intermediate_size"]),
         num_heads=heads,
-        num_kv_heads=int(cfg.get("num_key_value_heads") or heads),
-        head_dim=int(cfg.get("head_dim") or hidden // heads),
+        num_kv_heads=kv_heads,
+        head_dim=head_dim,
+        kv_planes=planes,
         vocab_size=int(cfg["vocab_size"]),
         max_position_embeddings=int(cfg.get("max_position_embeddings", 2048)),
     )

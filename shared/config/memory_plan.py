@@ -174,7 +174,9 @@ def _token_bytes(inp: PlanInputs) -> int:
 
 def page_bytes(inp: PlanInputs) -> int:
     s = inp.shape
-    return s.num_layers * 2 * inp.page_size * s.kv_heads_per_rank(inp.tp_size) * s.head_dim * inp.kv_dtype_bytes
+    return (
+        s.num_layers * s.kv_planes * inp.page_size * s.kv_heads_per_rank(inp.tp_size) * s.head_dim * inp.kv_dtype_bytes
+    )
 
 
 def plan_memory(inp: PlanInputs, *, device: str, free: int, total: int) -> MemoryPlan:

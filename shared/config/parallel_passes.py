@@ -73,6 +73,12 @@ def check_tp_layout(cfg: ResolvedConfig, ctx: PassContext) -> ResolvedConfig:
         inter = int(c["intermediate_size"])
     except (OSError, ValueError, KeyError) as e:
         raise ConfigError(f"--model {cfg.model.model}: cannot read its config.json to check --tp-size ({e})") from None
+    if c.get("kv_lora_rank"):  # DeepSeek's latent attention: its heads are not sliced per rank yet
+        arch = (c.get("architectures") or [c.get("model_type")])[0]
+        raise ConfigError(
+            f"--tp-size {cfg.parallel.tp_size}: {arch} (multi-head latent attention, kv_lora_rank) runs at "
+            f"--tp-size 1 only for now (--model {cfg.model.model})"
+        )
     problem = tp_layout_problem(heads, kv, inter, cfg.parallel.tp_size)
     if problem is not None:
         raise ConfigError(f"{problem} (--model {cfg.model.model})")

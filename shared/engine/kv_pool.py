@@ -2,6 +2,9 @@
 
     buffer: [num_pages, num_layers, 2 (K, V), page_size, num_kv_heads, head_dim]
 
+(An "mla" layout holds one plane per layer, the latent rows, instead of K and V: [.., num_layers, 1, page_size, 1,
+latent width]; `k(layer)` reads it and there is no `v(layer)`.)
+
 Page-major means one page of one sequence (all layers, K and V) is one contiguous region of `layout.page_bytes`
 bytes at `data_ptr + page_id * bytes_per_page`: a transfer engine moves a page with one descriptor, and a
 checksum of a page is a checksum of one byte range. Attention reads a layer through the strided views `k(layer)`
@@ -71,7 +74,8 @@ class KVPool:
         self.v_scales = [1.0] * layout.num_layers
         # zeros, not empty: a never-written page must read as finite numbers (masked attention multiplies it by 0,
         # and 0 * NaN would poison the output).
-        shape = (num_pages, layout.num_layers, 2, layout.page_size, layout.num_kv_heads, layout.head_dim)
+        planes = layout.planes  # 2 (K, V), or 1 for an mla layout's latent rows
+        shape = (num_pages, layout.num_layers, planes, layout.page_size, layout.num_kv_heads, layout.head_dim)
         if self.device.type == "cpu":
             # Huge-page-advised anonymous memory: zero without a fill pass (fast start), fewer TLB misses for
             # attention, and memcpy-speed page writes between processes (see shared/engine/hostmem.py).
@@ -82,11 +86,11 @@ class KVPool:
             self.buffer = torch.zeros(shape, dtype=self.dtype, device=self.device)
         # [num_pages, num_layers * 2, page_size * kv_heads * head_dim]: row (page, 2*layer + kv) is one page's K or V
         # of one layer, contiguous; decode attention gathers these rows with one index_select.
-        self._rows = self.buffer.view(num_pages, layout.num_layers * 2, -1)
+        self._rows = self.buffer.view(num_pages, layout.num_layers * planes, -1)
         # Per-layer views made once: slicing the buffer anew on every call is measurable dispatch overhead per
         # layer per decode step.
         self._k = [self.buffer[:, i, 0] for i in range(layout.num_layers)]
-        self._v = [self.buffer[:, i, 1] for i in range(layout.num_layers)]
+        self._v = [self.buffer[:, i, 1] for i in range(layout.num_layers)] if planes == 2 else []
         # Pages known to be backed by memory (populated or written): host pools start unbacked (see prefault()).
         self._resident = bytearray(num_pages) if self.device.type == "cpu" else bytearray(b"\x01" * num_pages)
 
@@ -121,14 +125,18 @@ class KVPool:
 
     def v(self, layer: int) -> torch.Tensor:
         """[num_pages, page_size, kv_heads, head_dim] view of layer `layer`'s values (strided, no copy)."""
+        if not self._v:
+            raise ValueError("an mla KV pool holds latent rows only (k); values are decompressed from them")
         return self._v[layer]
 
     def k_rows(self, layer: int) -> torch.Tensor:
         """[num_pages, page_size * kv_heads * head_dim]: layer's keys, one contiguous row per page."""
-        return self._rows[:, 2 * layer]
+        return self._rows[:, self.layout.planes * layer]
 
     def v_rows(self, layer: int) -> torch.Tensor:
         """[num_pages, page_size * kv_heads * head_dim]: layer's values, one contiguous row per page."""
+        if not self._v:
+            raise ValueError("an mla KV pool holds latent rows only (k); values are decompressed from them")
         return self._rows[:, 2 * layer + 1]
 
     def write(
@@ -148,6 +156,13 @@ class KVPool:
             k, v = k.clamp(-FP8_E4M3_MAX, FP8_E4M3_MAX), v.clamp(-FP8_E4M3_MAX, FP8_E4M3_MAX)
         self._k[layer].index_put_(idx, k.to(self.dtype))  # fp32 activations into a bf16 pool: rounded here
         self._v[layer].index_put_(idx, v.to(self.dtype))
+
+    def write_latent(
+        self, layer: int, slots_pages: torch.Tensor, slots_offsets: torch.Tensor, rows: torch.Tensor
+    ) -> None:
+        """An mla pool: store T tokens' latent rows [T, 1, head_dim] at (slots_pages[i], slots_offsets[i])."""
+        assert self.layout.kind == "mla", self.layout.kind
+        self._k[layer].index_put_((slots_pages, slots_offsets), rows.to(self.dtype))
 
     def populate_in_background(self) -> threading.Thread | None:
         """Fault the whole host pool in, in page order, on a daemon thread at the lowest CPU priority; None on GPU.
@@ -204,11 +219,11 @@ class KVPool:
         return done
 
     def page_view(self, page_id: int) -> torch.Tensor:
-        """[num_layers, 2, page_size, kv_heads, head_dim]: one page, contiguous (a view, writes go to the pool)."""
+        """[num_layers, planes, page_size, kv_heads, head_dim]: one page, contiguous (a view, writes go to the pool)."""
         return self.buffer[page_id]
 
     def copy_pages(self, pairs: list[tuple[int, int]]) -> None:
-        """Copy whole pages (all layers, K and V): pairs of (src page, dst page)."""
+        """Copy whole pages (all layers, K and V or the latent): pairs of (src page, dst page)."""
         src = torch.tensor([a for a, _ in pairs], device=self.device)
         dst = torch.tensor([b for _, b in pairs], device=self.device)
         buf = self.buffer.view(torch.uint8) if self.quantized else self.buffer  # torch has no fp8 index_copy_

@@ -25,7 +25,16 @@ class ModelCheck:
 def _describe(cfg: ModelArchConfig) -> str:
     windows = sorted({w for w in cfg.layer_windows if w})
     parts = [f"{cfg.architecture} ({cfg.model_type}): {cfg.num_layers} layers, {cfg.num_heads} heads"]
-    parts.append(f"{cfg.num_kv_heads} KV heads, head_dim {cfg.head_dim}")
+    if cfg.mla is not None:  # the cache holds one latent row per token, not KV heads
+        m = cfg.mla
+        parts.append(
+            f"MLA: kv_lora_rank {m.kv_lora_rank} + qk_rope_head_dim {m.qk_rope_head_dim} cached per token, "
+            f"q_lora_rank {m.q_lora_rank or 'none'}, qk_nope_head_dim {m.qk_nope_head_dim}, v_head_dim {m.v_head_dim}"
+        )
+        if m.yarn is not None:
+            parts.append("rope yarn")
+    else:
+        parts.append(f"{cfg.num_kv_heads} KV heads, head_dim {cfg.head_dim}")
     if windows:
         n = sum(1 for w in cfg.layer_windows if w)
         parts.append(f"sliding window {'/'.join(map(str, windows))} on {n} of {cfg.num_layers} layers")

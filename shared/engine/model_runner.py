@@ -24,6 +24,7 @@ from shared.engine.models import LlamaForCausalLM, build_model, load_model_confi
 from shared.engine.models.config import GEMMA_TYPES, ModelArchConfig
 from shared.engine.models.llama import DecoderLayer
 from shared.engine.models.llava import LlavaWeights, canonical_name, load_llava_config
+from shared.engine.models.mla_config import MLA_TYPES
 from shared.engine.runner import OwnPool
 from shared.engine.types import SchedulerOutput
 from shared.engine.weights import checkpoint_files, load_weights
@@ -54,6 +55,22 @@ def kv_attention_backend(name: str, kv_dtype: str, dtype: str) -> str:
             f"attention_backend {name!r} reads KV pages of the model's dtype ({dtype}), not {kv_dtype}; "
             "use --attention-backend torch"
         )
+    return "torch"
+
+
+def mla_options(arch: ModelArchConfig, attention_backend: str, kv_dtype: str, quantization: str | None) -> str:
+    """The attention backend of an MLA (DeepSeek) model: its attention over the latent cache runs on the torch ops
+    (shared/kernels/mla_attention.py), so auto means torch and the others are refused, as are what it cannot hold
+    yet: fp8 latent pages and quantized weights."""
+    if attention_backend not in ("auto", "torch"):
+        raise ValueError(
+            f"--attention-backend {attention_backend}: {arch.architecture} attends over its latent KV cache with the "
+            "torch ops only for now; use --attention-backend torch (or auto)"
+        )
+    if kv_dtype == "fp8_e4m3":
+        raise ValueError(f"--kv-cache-dtype fp8_e4m3: {arch.architecture}'s latent KV pages are not quantized yet")
+    if quantization is not None:
+        raise ValueError(f"--quantization {quantization}: {arch.architecture} loads unquantized weights only for now")
     return "torch"
 
 
@@ -90,7 +107,8 @@ class ModelShard(Protocol):
 
 def arch_tp_problem(arch: ModelArchConfig, tp: int) -> str | None:
     """Why tensor parallelism cannot split this architecture yet (None: it can); checked before ranks start."""
-    if arch.model_type in (*GEMMA_TYPES, "phi3"):  # Gemma's extra norms, Phi-3's fused checkpoint tensors
+    # Gemma's extra norms, Phi-3's fused checkpoint tensors, DeepSeek's latent attention (heads not sliced yet)
+    if arch.model_type in (*GEMMA_TYPES, "phi3", *MLA_TYPES):
         return f"--tp-size {tp}: {arch.architecture} runs at --tp-size 1 only for now"
     if arch.num_experts:  # the stacked experts are not split per rank (neither TP within them nor expert parallel)
         return f"--tp-size {tp}: mixture-of-experts models ({arch.architecture}) run at --tp-size 1 only for now"
@@ -168,11 +186,13 @@ class ModelRunner(OwnPool):
         kv_dtype = kv_cache_dtype or dtype  # None: the model's dtype
         if kv_dtype != dtype:  # fp8, or bf16 under fp32: the torch ops widen the pages; no (Triton) decode graphs
             attention_backend, cuda_graph_bs = kv_attention_backend(attention_backend, kv_dtype, dtype), ()
+        if self.arch.mla is not None:
+            attention_backend = mla_options(self.arch, attention_backend, kv_dtype, quantization)
         self.shard = shard
-        arch = self.arch if shard is None else shard.local_arch(self.arch)
-        if shard is not None:
+        if shard is not None:  # before local_arch, which assumes a shape it can slice
             quantized = self.quant is not None or quantization is not None
             _check_shardable(shard.size, model_dir, self.device, cuda_graph_bs, self.arch, quantized)
+        arch = self.arch if shard is None else shard.local_arch(self.arch)
         self._build_model(arch, attention_backend, linear_backend, quantization)
         self._build_kv(arch, kv_dtype, num_pages, kv_budget_bytes, cuda_graph_bs)
 
@@ -219,6 +239,7 @@ class ModelRunner(OwnPool):
             num_layers=self.arch.num_layers,
             num_kv_heads=arch.num_kv_heads,  # this rank's under tensor parallelism
             head_dim=self.arch.head_dim,
+            kind="mla" if self.arch.mla is not None else "mha",  # mla: one latent row per token (kv_layout.py)
         )
         if num_pages is None:
             num_pages = num_pages_for_budget(self.layout, kv_budget_bytes or DEFAULT_KV_BUDGET_BYTES)

@@ -72,12 +72,17 @@ def paged_decode_attention(
 
     flat = page_table.reshape(-1)
     k_rows, v_rows = k_cache.flatten(1), v_cache.flatten(1)  # [num_pages, page_size * kv_heads * head_dim]
+    same = v_cache is k_cache  # MLA's absorbed attention: the latent rows are keys and values both, gathered once
     if workspace is not None:
         kb, vb = workspace.get(flat.numel(), k_rows.shape[1], k_rows.dtype, k_rows.device)
         torch.index_select(k_rows, 0, flat, out=kb)
-        torch.index_select(v_rows, 0, flat, out=vb)
+        if same:
+            vb = kb
+        else:
+            torch.index_select(v_rows, 0, flat, out=vb)
     else:
-        kb, vb = k_rows.index_select(0, flat), v_rows.index_select(0, flat)
+        kb = k_rows.index_select(0, flat)
+        vb = kb if same else v_rows.index_select(0, flat)
     if kb.dtype != q.dtype:  # fp8 pages (engine/kv_pool.py): widened once gathered, in the pages' own units
         kb, vb = kb.to(q.dtype), vb.to(q.dtype)
     # [bs, kv_heads, max_len, head_dim]: permuted views of the gathered rows, no copy

@@ -20,6 +20,8 @@ _FINISH_TO_PB = {
     "abort": common_pb2.FINISH_REASON_ABORT,
 }
 FINISH_FROM_PB = {v: k for k, v in _FINISH_TO_PB.items()}
+_KIND_TO_PB = {"mha": common_pb2.KV_LAYOUT_KIND_MHA, "mla": common_pb2.KV_LAYOUT_KIND_MLA}
+_KIND_FROM_PB = {v: k for k, v in _KIND_TO_PB.items()}
 BACKEND_TO_PB = {"nixl": common_pb2.TRANSFER_BACKEND_NIXL, "mooncake": common_pb2.TRANSFER_BACKEND_MOONCAKE}
 BACKEND_FROM_PB = {v: k for k, v in BACKEND_TO_PB.items()}
 
@@ -31,13 +33,16 @@ def layout_to_pb(layout: KVLayout) -> common_pb2.KVLayout:
         num_layers=layout.num_layers,
         num_kv_heads=layout.num_kv_heads,
         head_dim=layout.head_dim,
+        kind=_KIND_TO_PB[layout.kind],  # mha is the enum's 0: an mha layout encodes to the same bytes as before
     )
 
 
 def layout_from_pb(pb: common_pb2.KVLayout) -> KVLayout:
-    """Raises ValueError on a layout message that names no dtype (a malformed ticket)."""
+    """Raises ValueError on a layout message that names no dtype or an unknown kind (a malformed ticket)."""
     if pb.dtype not in _DTYPE_FROM_PB:
         raise ValueError(f"KV layout has no known dtype (got enum {pb.dtype}); the peer sent a malformed layout")
+    if pb.kind not in _KIND_FROM_PB:
+        raise ValueError(f"KV layout has an unknown kind (got enum {pb.kind}); the peer runs a newer layout")
     if min(pb.page_size, pb.num_layers, pb.num_kv_heads, pb.head_dim) <= 0:
         raise ValueError(f"KV layout has a zero dimension: {pb}".replace("\n", " "))
     return KVLayout(
@@ -46,6 +51,7 @@ def layout_from_pb(pb: common_pb2.KVLayout) -> KVLayout:
         num_layers=pb.num_layers,
         num_kv_heads=pb.num_kv_heads,
         head_dim=pb.head_dim,
+        kind=_KIND_FROM_PB[pb.kind],  # an mla kind with several KV heads is refused by KVLayout itself
     )
 
 

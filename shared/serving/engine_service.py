@@ -176,7 +176,12 @@ class EngineService(Service):
         self.vision = await self.aengine.call(lambda: self.build_vision(engine))
         assert self.bus is not None  # connected in start(), before the engine
         self._kv_pub = KVEventPublisher(
-            self.bus, self.cluster, self.instance_id, epoch=self.epoch, page_size=self.engine.page_size
+            self.bus,
+            self.cluster,
+            self.instance_id,
+            epoch=self.epoch,
+            page_size=self.engine.page_size,
+            layout_kind=self.engine.runner.layout.kind,
         )
         # gateways that start later rebuild their KV index from this (kv_snapshot.py)
         self._kv_snapshots = KVSnapshotServer(

@@ -49,6 +49,11 @@ class DType(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     DTYPE_FLOAT16: _ClassVar[DType]
     DTYPE_FP8_E4M3: _ClassVar[DType]
 
+class KVLayoutKind(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    KV_LAYOUT_KIND_MHA: _ClassVar[KVLayoutKind]
+    KV_LAYOUT_KIND_MLA: _ClassVar[KVLayoutKind]
+
 class TransferBackend(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     __slots__ = ()
     TRANSFER_BACKEND_UNSPECIFIED: _ClassVar[TransferBackend]
@@ -90,6 +95,8 @@ DTYPE_FLOAT32: DType
 DTYPE_BFLOAT16: DType
 DTYPE_FLOAT16: DType
 DTYPE_FP8_E4M3: DType
+KV_LAYOUT_KIND_MHA: KVLayoutKind
+KV_LAYOUT_KIND_MLA: KVLayoutKind
 TRANSFER_BACKEND_UNSPECIFIED: TransferBackend
 TRANSFER_BACKEND_NIXL: TransferBackend
 TRANSFER_BACKEND_MOONCAKE: TransferBackend
@@ -217,18 +224,20 @@ class TraceContext(_message.Message):
     def __init__(self, traceparent: _Optional[str] = ..., tracestate: _Optional[str] = ...) -> None: ...
 
 class KVLayout(_message.Message):
-    __slots__ = ("dtype", "page_size", "num_layers", "num_kv_heads", "head_dim")
+    __slots__ = ("dtype", "page_size", "num_layers", "num_kv_heads", "head_dim", "kind")
     DTYPE_FIELD_NUMBER: _ClassVar[int]
     PAGE_SIZE_FIELD_NUMBER: _ClassVar[int]
     NUM_LAYERS_FIELD_NUMBER: _ClassVar[int]
     NUM_KV_HEADS_FIELD_NUMBER: _ClassVar[int]
     HEAD_DIM_FIELD_NUMBER: _ClassVar[int]
+    KIND_FIELD_NUMBER: _ClassVar[int]
     dtype: DType
     page_size: int
     num_layers: int
     num_kv_heads: int
     head_dim: int
-    def __init__(self, dtype: _Optional[_Union[DType, str]] = ..., page_size: _Optional[int] = ..., num_layers: _Optional[int] = ..., num_kv_heads: _Optional[int] = ..., head_dim: _Optional[int] = ...) -> None: ...
+    kind: KVLayoutKind
+    def __init__(self, dtype: _Optional[_Union[DType, str]] = ..., page_size: _Optional[int] = ..., num_layers: _Optional[int] = ..., num_kv_heads: _Optional[int] = ..., head_dim: _Optional[int] = ..., kind: _Optional[_Union[KVLayoutKind, str]] = ...) -> None: ...
 
 class TransferPeer(_message.Message):
     __slots__ = ("backend", "endpoint", "agent_name", "agent_metadata")

@@ -45,6 +45,15 @@ class KVEventBatch(msgspec.Struct, frozen=True, kw_only=True):
     page_size: int
     tier: str = "device"  # "device" | "host" | "disk": where the pages live
     ts: float = 0.0  # unix seconds when the batch was sent
+    # The pages' KVLayout kind (shared/modelspec/kv_layout.py) when it is not "mha": "mla" pages hold latent rows,
+    # which only an engine of the same layout can use. Unset (not encoded at all) for mha: every mha event keeps
+    # the bytes it had before the field existed, and an older publisher's events read as mha.
+    layout_kind: str | msgspec.UnsetType = msgspec.UNSET
+
+    @property
+    def kind(self) -> str:
+        """The pages' layout kind: "mha" unless the publisher said otherwise."""
+        return "mha" if self.layout_kind is msgspec.UNSET else str(self.layout_kind)
 
 
 class KVEventPublisher:
@@ -59,6 +68,7 @@ class KVEventPublisher:
         epoch: int,
         page_size: int,
         tier: str = "device",
+        layout_kind: str = "mha",
         batch_window_s: float = 0.005,
         max_batch_hashes: int = 4096,
     ) -> None:
@@ -68,6 +78,7 @@ class KVEventPublisher:
         self._epoch = epoch
         self._page_size = page_size
         self._tier = tier
+        self._layout_kind: str | msgspec.UnsetType = msgspec.UNSET if layout_kind == "mha" else layout_kind
         self._window = batch_window_s
         self._max_batch = max_batch_hashes
         self._lock = threading.Lock()
@@ -178,6 +189,7 @@ class KVEventPublisher:
                 page_size=self._page_size,
                 tier=self._tier,
                 ts=time.time(),
+                layout_kind=self._layout_kind,
             )
         await self._bus.publish(self._subject, event)
 

@@ -1,5 +1,5 @@
-"""Model implementations: the Llama-family decoder (llama.py), Gemma's subclass of it (gemma.py) and the
-mixture-of-experts one (moe_model.py)."""
+"""Model implementations: the Llama-family decoder (llama.py), Gemma's subclass of it (gemma.py), the
+mixture-of-experts one (moe_model.py) and DeepSeek's MLA decoder (deepseek.py)."""
 
 from __future__ import annotations
 
@@ -15,6 +15,7 @@ from shared.engine.models.config import (
     load_model_config,
     parse_model_config,
 )
+from shared.engine.models.deepseek import DeepseekForCausalLM
 from shared.engine.models.gemma import GemmaForCausalLM
 from shared.engine.models.llama import LlamaForCausalLM, WeightSlot
 from shared.engine.models.moe_model import MoeForCausalLM
@@ -43,7 +44,7 @@ def build_model(
     quant: QuantSpec | None = None,
     tp: TPComm | None = None,
 ) -> LlamaForCausalLM:
-    """An unloaded model for `cfg` (Gemma's and the MoE families' own classes; the other families' differences are
+    """An unloaded model for `cfg` (Gemma's, the MoE families' and DeepSeek's own classes; the other families' differences are
     flags on the config), calling the norm/rotary/activation kernels in `ops`, its parameters allocated on `device`
     (default: the CPU);
     `quant`: its projections' weights fp8 or int4 blocks (shared.config.quantization); `tp`: a tensor-parallel
@@ -52,6 +53,8 @@ def build_model(
     cls: type[LlamaForCausalLM] = LlamaForCausalLM
     if cfg.model_type in GEMMA_TYPES:
         cls = GemmaForCausalLM
+    elif cfg.mla is not None:
+        cls = DeepseekForCausalLM
     elif cfg.num_experts:
         cls = MoeForCausalLM
     return cls(cfg, dtype, max_positions, ops, device, quant, tp)

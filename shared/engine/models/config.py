@@ -14,11 +14,13 @@ from pathlib import Path
 from typing import Any
 
 from shared.config.quantization import parse_quantization
+from shared.engine.models.mla_config import MLA_ARCHITECTURES, MLA_TYPES, MLAConfig, parse_mla_fields
 from shared.kernels.rotary import SUPPORTED_ROPE_TYPES
 
 # architectures[0] in config.json -> model_type. Llama, Qwen2/3, Mistral and Phi-3 share one decoder (llama.py);
 # Gemma 2 and Gemma 3 (text) have their own layer (gemma.py); Qwen3-MoE, Mixtral and gpt-oss swap its MLP for routed
-# experts (moe_model.py).
+# experts (moe_model.py). DeepSeek-V2/V3 (dense layers) have
+# theirs (deepseek.py).
 SUPPORTED_ARCHITECTURES: dict[str, str] = {
     "LlamaForCausalLM": "llama",
     "Qwen2ForCausalLM": "qwen2",
@@ -30,6 +32,7 @@ SUPPORTED_ARCHITECTURES: dict[str, str] = {
     "Qwen3MoeForCausalLM": "qwen3_moe",
     "MixtralForCausalLM": "mixtral",
     "GptOssForCausalLM": "gpt_oss",
+    **MLA_ARCHITECTURES,
 }
 GEMMA_TYPES = ("gemma2", "gemma3_text")
 MOE_TYPES = ("qwen3_moe", "mixtral", "gpt_oss")
@@ -91,6 +94,10 @@ class ModelArchConfig:
         """Layer `layer`'s MLP is the routed experts (else the dense MLP of intermediate_size)."""
         return layer in self.moe_layers
 
+    # DeepSeek's multi-head latent attention (mla_config.py); then num_kv_heads is 1 and head_dim the latent row's
+    # width: the KV cache holds one latent "head" per token (an "mla" KVLayout)
+    mla: MLAConfig | None = None
+
     def window(self, layer: int) -> int:
         """Layer `layer`'s sliding window in tokens, 0 for full attention."""
         return self.layer_windows[layer] if self.layer_windows else 0
@@ -98,8 +105,9 @@ class ModelArchConfig:
     @property
     def host_planned_attention(self) -> bool:
         """Some layer is windowed, soft-capped or has sinks: its attention is planned on the host
-        (window_attention.py), which a CUDA graph cannot capture."""
-        return any(self.layer_windows) or bool(self.attn_softcap) or self.attn_sinks
+        (window_attention.py), which a CUDA graph cannot capture; so is MLA's attention over the latent cache
+        (mla_attention.py)."""
+        return any(self.layer_windows) or bool(self.attn_softcap) or self.attn_sinks or self.mla is not None
 
     @property
     def softmax_scale(self) -> float:
@@ -292,6 +300,8 @@ def parse_model_config(cfg: Mapping[str, Any], source: str = "config.json") -> M
             text["eos_token_id"] = cfg["eos_token_id"]
         return parse_model_config(text, source=f"{source} (text_config)")
     arch, model_type = _architecture(cfg, source)
+    if model_type in MLA_TYPES:
+        return _mla_config(cfg, arch, model_type, source)
     act = _check_features(cfg, model_type, source)
     rope = cfg.get("rope_parameters") or {}
     if model_type == "gemma3_text" and FULL in rope:
@@ -330,6 +340,23 @@ def parse_model_config(cfg: Mapping[str, Any], source: str = "config.json") -> M
         hidden_act=act,
         **_gemma_fields(cfg, model_type, hidden, source),
         **_moe_fields(cfg, model_type, layers, source),
+    )
+
+
+def _mla_config(cfg: Mapping[str, Any], arch: str, model_type: str, source: str) -> ModelArchConfig:
+    """DeepSeek-V2 / V3: the common numbers here, the attention's from mla_config.py."""
+    return ModelArchConfig(
+        architecture=arch,
+        model_type=model_type,
+        vocab_size=int(cfg["vocab_size"]),
+        hidden_size=int(cfg["hidden_size"]),
+        intermediate_size=int(cfg["intermediate_size"]),
+        rms_norm_eps=float(cfg.get("rms_norm_eps", 1e-6)),
+        max_position_embeddings=int(cfg.get("max_position_embeddings", 2048)),
+        tie_word_embeddings=bool(cfg.get("tie_word_embeddings", False)),
+        qk_norm=False,
+        eos_token_ids=_as_ids(cfg.get("eos_token_id")),
+        **parse_mla_fields(cfg, model_type, source),
     )
 
 

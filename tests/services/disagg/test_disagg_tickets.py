@@ -77,6 +77,10 @@ async def test_malformed_and_incompatible_tickets_are_typed_errors(pd: BackendCl
         wrong_page = common_pb2.KVLayout(dtype=common_pb2.DTYPE_FLOAT32, page_size=8, **dims)
         no_dtype = common_pb2.KVLayout(dtype=common_pb2.DTYPE_UNSPECIFIED, page_size=16, **dims)
         fp8_kv = common_pb2.KVLayout(dtype=common_pb2.DTYPE_FP8_E4M3, page_size=16, **dims)  # a decode with fp8 KV
+        latent = dict(num_layers=layout.num_layers, num_kv_heads=1, head_dim=layout.head_dim)  # an MLA model's decode
+        mla_kv = common_pb2.KVLayout(
+            dtype=common_pb2.DTYPE_FLOAT32, page_size=16, kind=common_pb2.KV_LAYOUT_KIND_MLA, **latent
+        )
         half_pages = local.transfer.descriptors(pages)
         half_pages.paged.page_bytes //= 2
         cases = [  # (ticket fields, error code, substring of the message)
@@ -84,6 +88,7 @@ async def test_malformed_and_incompatible_tickets_are_typed_errors(pd: BackendCl
             (dict(decode_peer=other_backend), common_pb2.ERROR_CODE_LAYOUT_MISMATCH, "--transfer-backend"),
             (dict(layout=no_dtype), common_pb2.ERROR_CODE_INVALID_ARGUMENT, "dtype"),
             (dict(layout=fp8_kv), common_pb2.ERROR_CODE_LAYOUT_MISMATCH, "--kv-cache-dtype"),
+            (dict(layout=mla_kv), common_pb2.ERROR_CODE_LAYOUT_MISMATCH, "kind='mla'"),
             (dict(pages=common_pb2.PageDescriptors()), common_pb2.ERROR_CODE_INVALID_ARGUMENT, "no destination pages"),
             (dict(pages=local.transfer.descriptors([1, 2])), common_pb2.ERROR_CODE_INVALID_ARGUMENT, "needs 3"),
             (dict(pages=half_pages), common_pb2.ERROR_CODE_INVALID_ARGUMENT, "bytes"),

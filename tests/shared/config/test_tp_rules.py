@@ -49,6 +49,15 @@ def test_config_checks_tp_against_the_model_at_start(tmp_path: Path, ctx: PassCo
     assert resolve("worker", ["--model", model, "--tp-size", "2"], env={}, ctx=ctx).parallel.tp_size == 2
 
 
+def test_config_refuses_tp_for_mla_models_at_start(tmp_path: Path, ctx: PassContext) -> None:
+    model = _model(tmp_path / "ds", heads=8, kv=8)  # a head count --tp-size 2 would divide
+    cfg = json.loads((Path(model) / "config.json").read_text())
+    cfg.update(architectures=["DeepseekV3ForCausalLM"], kv_lora_rank=16, qk_rope_head_dim=4)
+    (Path(model) / "config.json").write_text(json.dumps(cfg))
+    with pytest.raises(ConfigError, match=r"^--tp-size 2: DeepseekV3ForCausalLM .*kv_lora_rank.* --tp-size 1 only"):
+        resolve("worker", ["--model", model, "--tp-size", "2"], env={}, ctx=ctx)
+
+
 def test_more_ranks_than_gpus_names_the_numbers(make_ctx) -> None:
     with pytest.raises(ConfigError, match=r"^--tp-size 8 x --dp-size 1 needs 8 GPUs but 4 are visible"):
         resolve("worker", ["--tp-size", "8"], env={}, ctx=make_ctx(cuda=True, gpus=4))

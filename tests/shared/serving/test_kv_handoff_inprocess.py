@@ -8,7 +8,8 @@ decode's, decode verifies checksums and activates. The valid token slots of deco
 colocated engine's pages (torch.equal; in bf16, where the CPU runs the native bf16 kernels, byte for byte), and
 decode's continuation must equal the colocated output. Also for Mistral and Gemma 2 (sliding windows shorter than
 the prompts, soft-capping) and the mixture-of-experts families (Qwen3-MoE, Mixtral, gpt-oss): their pages hold every
-position, so the hand-off moves them as Llama's.
+position, so the hand-off moves them as Llama's; and for DeepSeek-V3 (MLA), whose pages hold one latent row per
+token and layer (an "mla" layout, no V half).
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ from shared.modelspec.sampling import SamplingParams
 from shared.serving.handoff import descs_from_pb
 from shared.serving.kv_transfer import KVTransfer
 from shared.transfer.checksum import checksum_pages
+from tests.helpers.tiny_mla import make_tiny_mla
 from tests.helpers.tiny_models import make_tiny_model, tiny_llama_dir  # noqa: F401
 
 P = 4  # small pages: every prompt spans several
@@ -62,9 +64,10 @@ class Rig:
     t_dec: KVTransfer
 
 
-# Llama on every backend and dtype; the windowed / Gemma families (whose KV layout is Llama's) on one of them
+# Llama on every backend and dtype; the windowed / Gemma families (whose KV layout is Llama's) and DeepSeek-V3's latent
+# pages on one of them
 RIGS = [(b, d, "llama") for b in ("nixl", "mooncake") for d in DTYPES] + [
-    ("nixl", "float32", f) for f in ("mistral", "gemma2", "qwen3_moe", "mixtral", "gpt_oss")
+    ("nixl", "float32", f) for f in ("mistral", "gemma2", "qwen3_moe", "mixtral", "gpt_oss", "mla-v3")
 ]
 
 
@@ -74,9 +77,12 @@ def rig(
 ) -> Iterator[Rig]:
     backend, dtype, family = request.param
     model_dir = tiny_llama_dir
-    if family != "llama":
+    if family.startswith("mla-"):
+        model_dir = make_tiny_mla(tmp_path_factory.mktemp(family), family.removeprefix("mla-"))
+    elif family != "llama":
         model_dir = make_tiny_model(tmp_path_factory.mktemp(family), family, hidden=72, heads=9, kv_heads=3)
     pre, dec, colo = (make_engine(model_dir, dtype) for _ in range(3))
+    assert (pre.runner.layout.kind == "mla") == family.startswith("mla-")
     t_pre = KVTransfer(backend, f"inproc-prefill-{backend}", "127.0.0.1", pre.runner.kv)
     t_dec = KVTransfer(backend, f"inproc-decode-{backend}", "127.0.0.1", dec.runner.kv)
     try:
@@ -99,8 +105,9 @@ def run_held(engine: Engine, rid: str, prompt: list[int]) -> tuple[int, tuple[in
 
 
 def token_slots(engine: Engine, page_ids: tuple[int, ...] | list[int], n: int) -> torch.Tensor:
-    """KV of the first n positions: [n, num_layers, 2, kv_heads, head_dim] gathered from the pages."""
-    pages = engine.runner.kv.buffer[list(page_ids)]  # [pages, layers, 2, P, kv_heads, head_dim]
+    """KV of the first n positions: [n, num_layers, planes, kv_heads, head_dim] gathered from the pages (planes: K
+    and V, or an mla layout's latent)."""
+    pages = engine.runner.kv.buffer[list(page_ids)]  # [pages, layers, planes, P, kv_heads, head_dim]
     by_pos = pages.permute(0, 3, 1, 2, 4, 5).reshape(len(page_ids) * P, *pages.shape[1:3], *pages.shape[4:])
     return by_pos[:n]
 
