@@ -93,6 +93,7 @@ class KVPool:
         self._v = [self.buffer[:, i, 1] for i in range(layout.num_layers)] if planes == 2 else []
         # Pages known to be backed by memory (populated or written): host pools start unbacked (see prefault()).
         self._resident = bytearray(num_pages) if self.device.type == "cpu" else bytearray(b"\x01" * num_pages)
+        self._populating: threading.Thread | None = None
 
     def set_scales(self, k_scales: Sequence[float], v_scales: Sequence[float]) -> None:
         """Per-layer K and V scales of an fp8 pool (a checkpoint's k_scale / v_scale); both ends of a hand-off must
@@ -176,9 +177,10 @@ class KVPool:
         """
         if self.device.type != "cpu":
             return None
-        t = threading.Thread(target=self._populate_all, name="kv-populate", daemon=True)
-        t.start()
-        return t
+        if self._populating is None:  # once: a later call (a transfer engine over the pool) finds it started
+            self._populating = threading.Thread(target=self._populate_all, name="kv-populate", daemon=True)
+            self._populating.start()
+        return self._populating
 
     def _populate_all(self) -> None:
         from shared.engine.hostmem import POPULATE_CHUNK_BYTES, lower_this_thread

@@ -42,6 +42,10 @@ class KVTransfer:
         self.pool = pool
         self.engine: TransferEngine = create_engine(backend, name=name, host=host, options=options)
         self.region: RegionHandle = self.engine.register(pool.buffer)
+        # Peers write these pages and hand-offs read them: resident before the first one, not faulted in inside it
+        # (the model's own pool started this when it was made; a tensor-parallel runner's full-head pool, which only
+        # hand-offs and the kvstore use, starts here).
+        pool.populate_in_background()
         self.page_bytes = pool.bytes_per_page
         # The page checksums this side runs, preferred first (where its pages are: WORDSUM64 for a GPU pool):
         # decode offers them in its tickets, prefill picks from the offer when a ticket arrives.

@@ -74,7 +74,8 @@ class TPRunner:
         self.num_pages, self.vocab_size, self.eos_token_ids = inner.num_pages, inner.vocab_size, inner.eos_token_ids
         self.context_length, self.device = inner.context_length, inner.device
         # The pages hand-offs and the kvstore read and write: all KV heads, on rank 0's host (registered with a
-        # transfer engine as host memory on any device). Lazily backed: only exchanged pages ever become resident.
+        # transfer engine as host memory on any device). Backed once a transfer engine is attached (prefill, decode, a
+        # worker using the kvstore: KVTransfer populates it); a worker without one never touches it.
         self.layout = full_layout(inner.layout, inner.arch)
         self.kv = KVPool(self.layout, inner.num_pages, "cpu")
         self.exchange = KVExchange(self.kv, inner.kv, head_slices(inner.arch, self.tp_size), control, self.timeout)

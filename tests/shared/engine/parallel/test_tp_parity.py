@@ -75,7 +75,8 @@ def test_tp2_matches_transformers(tiny_model_dir: Path) -> None:
     engine = tp_engine(tiny_model_dir, 2)
     runner = engine.runner
     assert isinstance(runner, TPRunner) and runner.tp_size == 2
-    assert runner.inner.layout.num_kv_heads == 1 and runner.layout.num_kv_heads == 2  # one per rank; pages whole
+    assert runner.inner.layout.num_kv_heads == 1  # 2 KV heads split: one per rank
+    assert runner.layout.num_kv_heads == 2  # what hand-offs and the kvstore see: all of them
     assert runner.model.fused_decode is None  # the one-call native decode has no all-reduce
     try:
         hf = hf_model(tiny_model_dir)
@@ -91,7 +92,7 @@ def test_replicated_kv_head_and_uneven_vocab(tmp_path: Path) -> None:
     model = make_tiny_model(tmp_path, "qwen2", heads=4, kv_heads=1, vocab=509)
     engine = tp_engine(model, 2, attention="torch", linear="torch")
     runner = engine.runner
-    assert isinstance(runner, TPRunner) and runner.layout.num_kv_heads == 1
+    assert isinstance(runner, TPRunner) and runner.inner.layout.num_kv_heads == runner.layout.num_kv_heads == 1
     assert runner.model.embed_tokens.shape[0] == 255  # ceil(509 / 2): rank 0's rows
     try:
         hf = hf_model(model)
