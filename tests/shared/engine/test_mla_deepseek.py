@@ -238,7 +238,7 @@ def test_decode_steps_attend_in_the_latent_space(runner: ModelRunner, hf, monkey
         check(runner, absorbed[i], hf_logits(hf, p)[-1])
 
 
-@pytest.mark.parametrize("variant", ["v2", "v3"])
+@pytest.mark.parametrize("variant", ["v2", "v3", "v3-moe"])
 def test_bfloat16_runs_and_tracks_float32(variant: str, tmp_path_factory: pytest.TempPathFactory) -> None:
     """bf16 weights and bf16 latent pages (a prefill, then a decode step in the latent space)."""
     d = _dir(variant, tmp_path_factory)
