@@ -113,6 +113,8 @@ def test_model_check_describes_and_refuses(tmp_path: Path) -> None:
     ok = check_model_dir(make_tiny_mla(tmp_path, "v3"))
     assert ok.ok, ok.reason
     assert "MLA" in ok.reason and "kv_lora_rank 16" in ok.reason and "yarn" in ok.reason
+    moe = check_model_dir(make_tiny_mla(tmp_path, "v3-moe"))
+    assert moe.ok and "8 experts top-2 of size 16 + 1 shared (1 dense layer)" in moe.reason, moe.reason
     bad = tmp_path / "moe"
     bad.mkdir()
     (bad / "config.json").write_text(json.dumps(_json("v3-moe", topk_method="greedy")))

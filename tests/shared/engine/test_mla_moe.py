@@ -106,3 +106,22 @@ def test_experts_are_one_grouped_call(pair, monkeypatch: pytest.MonkeyPatch) -> 
     p = _prompts(runner.vocab_size)[2]
     runner.forward(SchedulerOutput((ScheduledSeq("g", tuple(p), 0, (0, 1, 2, 3), True),)))
     assert len(calls) == 2 * len(_moe(runner))  # gate_up and down, per MoE layer
+
+
+@pytest.mark.parametrize(
+    ("variant", "overrides"),
+    [
+        ("v2-moe", {"topk_method": "greedy", "n_shared_experts": 2}),  # V2-Lite's router, 2 shared experts
+        ("v3-moe", {"n_group": 1, "topk_group": 1, "norm_topk_prob": False}),  # one group, weights not renormalised
+    ],
+)
+def test_other_router_settings_match_transformers(variant: str, overrides: dict[str, object], tmp_path: Path) -> None:
+    from transformers import AutoModelForCausalLM
+
+    d = make_tiny_mla(tmp_path, variant, seed=1, **overrides)
+    hf = AutoModelForCausalLM.from_pretrained(
+        d, dtype=torch.float32, attn_implementation="eager", experts_implementation="eager"
+    ).eval()
+    runner = ModelRunner(d, num_pages=32, page_size=PAGE)
+    assert runner.arch.expert_groups == 1 and runner.model.layers[1].dense_inter == 16 * runner.arch.shared_experts
+    assert _diff(runner, hf) <= 1e-4
