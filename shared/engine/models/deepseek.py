@@ -84,7 +84,8 @@ class MLADecoderLayer(nn.Module):
         self.kv_b_weight = _param(h * (mla.qk_nope_head_dim + mla.v_head_dim), mla.kv_lora_rank, dtype=dtype)
         self.o_weight = _param(hidden, h * mla.v_head_dim, dtype=dtype)
         self.post_norm = _param(hidden, dtype=dtype)
-        # the dense MLP, or on an MoE layer its shared experts as one MLP of n_shared x moe_intermediate_size
+        # the dense MLP, or on an MoE layer its shared experts (mla_config.py asks for at least one) as one MLP of
+        # n_shared x moe_intermediate_size
         self.moe: DeepseekMoEBlock | None = None
         inter = cfg.intermediate_size
         if cfg.is_moe(layer_id):
@@ -123,10 +124,12 @@ class MLADecoderLayer(nn.Module):
 
     def _pack(self, backend: LinearBackend) -> None:
         self.linear, self.exact = backend, backend.exact()
-        self.packed = {"a": backend.pack(self.a_weight), "o": backend.pack(self.o_weight)}
-        if self.dense_inter:  # an MoE layer without shared experts has no dense MLP
-            self.packed["gate_up"] = backend.pack_gated(self.gate_up_weight)
-            self.packed["down"] = self.exact.pack(self.down_weight)
+        self.packed = {
+            "a": backend.pack(self.a_weight),
+            "o": backend.pack(self.o_weight),
+            "gate_up": backend.pack_gated(self.gate_up_weight),
+            "down": self.exact.pack(self.down_weight),
+        }
         if self.q_b_weight is not None:
             self.packed["q_b"] = backend.pack(self.q_b_weight)
 
@@ -142,11 +145,10 @@ class MLADecoderLayer(nn.Module):
             att + "kv_a_layernorm.weight": WeightSlot(me + "kv_a_norm"),
             att + "kv_b_proj.weight": WeightSlot(me + "kv_b_weight"),
             att + "o_proj.weight": WeightSlot(me + "o_weight"),
+            mlp + "gate_proj.weight": WeightSlot(me + "gate_up_weight", 0, inter),
+            mlp + "up_proj.weight": WeightSlot(me + "gate_up_weight", inter, 2 * inter),
+            mlp + "down_proj.weight": WeightSlot(me + "down_weight"),
         }
-        if inter:
-            m[mlp + "gate_proj.weight"] = WeightSlot(me + "gate_up_weight", 0, inter)
-            m[mlp + "up_proj.weight"] = WeightSlot(me + "gate_up_weight", inter, 2 * inter)
-            m[mlp + "down_proj.weight"] = WeightSlot(me + "down_weight")
         if self.moe is not None:
             m.update(self.moe.weight_map(pre, me + "moe.", EXPERT_NAMES))
         if self.q_b_weight is not None:
@@ -179,9 +181,6 @@ class MLADecoderLayer(nn.Module):
         x = self.attention(x, cos, sin, batch, kv, attn, meta, plan)
         x, residual = self.ops.fused_add_rms_norm(x, residual, self.post_norm, self.eps)
         routed = self.moe(x) if self.moe is not None else None
-        if not self.dense_inter:
-            assert routed is not None
-            return routed, residual
         gated = self.linear.apply_gated(x, self.packed["gate_up"])
         if gated is None:
             gated = self.ops.silu_and_mul(self.linear.apply(x, self.packed["gate_up"]))

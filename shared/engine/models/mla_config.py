@@ -118,6 +118,11 @@ def _moe_fields(cfg: Mapping[str, Any], model_type: str, layers: int, source: st
         raise ValueError(f"{source}: num_experts_per_tok {top_k} must be in 1..n_routed_experts ({experts})")
     if inter <= 0:
         raise ValueError(f"{source}: moe_intermediate_size {inter} must be positive")
+    shared = int(cfg.get("n_shared_experts") or 0)
+    if shared <= 0:  # transformers builds the shared experts' MLP on every MoE layer (and fails without them)
+        raise ValueError(
+            f"{source}: n_shared_experts {shared}: DeepSeek MoE layers without shared experts are not supported"
+        )
     groups, kept = _groups(cfg, experts, method, source)
     if top_k > kept * (experts // groups):
         raise ValueError(f"{source}: num_experts_per_tok {top_k} > the experts of topk_group {kept} groups")
@@ -132,7 +137,7 @@ def _moe_fields(cfg: Mapping[str, Any], model_type: str, layers: int, source: st
         "expert_groups": groups,
         "topk_groups": kept,
         "routed_scaling_factor": float(cfg.get("routed_scaling_factor", default_scale)),
-        "shared_experts": int(cfg.get("n_shared_experts") or 0),
+        "shared_experts": shared,
     }
 
 

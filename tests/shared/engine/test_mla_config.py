@@ -72,6 +72,7 @@ def test_moe_layers_are_parsed() -> None:
         ("v3-moe", {"num_experts_per_tok": 9}, "num_experts_per_tok 9"),
         ("v2-moe", {"num_experts_per_tok": 3}, "num_experts_per_tok 3 > the experts of topk_group 1"),
         ("v3-moe", {"moe_intermediate_size": 0}, "moe_intermediate_size 0"),
+        ("v2-moe", {"n_shared_experts": 0}, "n_shared_experts 0"),
     ],
 )
 def test_unsupported_moe_variants_are_refused(variant: str, overrides: dict[str, Any], field: str) -> None:
