@@ -42,6 +42,7 @@ def _describe(cfg: ModelArchConfig) -> str:
         dense = cfg.num_layers - len(cfg.moe_layers)
         parts.append(
             f"{cfg.num_experts} experts top-{cfg.experts_per_token} of size {cfg.moe_intermediate_size}"
+            + (f" + {cfg.shared_experts} shared" if cfg.shared_experts else "")
             + (f" ({dense} dense layer{'s' * (dense > 1)})" if dense else "")
         )
     if cfg.rope_scaling:

@@ -19,7 +19,7 @@ from shared.kernels.rotary import SUPPORTED_ROPE_TYPES
 
 # architectures[0] in config.json -> model_type. Llama, Qwen2/3, Mistral and Phi-3 share one decoder (llama.py);
 # Gemma 2 and Gemma 3 (text) have their own layer (gemma.py); Qwen3-MoE, Mixtral and gpt-oss swap its MLP for routed
-# experts (moe_model.py). DeepSeek-V2/V3 (dense layers) have
+# experts (moe_model.py). DeepSeek-V2/V3 (latent attention, dense and MoE layers) have
 # theirs (deepseek.py).
 SUPPORTED_ARCHITECTURES: dict[str, str] = {
     "LlamaForCausalLM": "llama",
@@ -89,6 +89,13 @@ class ModelArchConfig:
     swiglu_alpha: float = 0.0
     swiglu_limit: float = 0.0
     attn_sinks: bool = False  # gpt-oss: a learned logit per query head joins every softmax (window_attention.py)
+    # DeepSeek (moe_kind deepseek_v2 / deepseek_v3, mla_config.py): the experts come in expert_groups groups of which
+    # topk_groups are kept per token before the top-k; the chosen weights times routed_scaling_factor; plus
+    # shared_experts experts of moe_intermediate_size that every token passes through (one dense MLP)
+    expert_groups: int = 1
+    topk_groups: int = 1
+    routed_scaling_factor: float = 1.0
+    shared_experts: int = 0
 
     def is_moe(self, layer: int) -> bool:
         """Layer `layer`'s MLP is the routed experts (else the dense MLP of intermediate_size)."""

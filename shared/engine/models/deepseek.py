@@ -1,4 +1,5 @@
-"""DeepSeek-V2 / V3 with dense layers: multi-head latent attention (MLA) over a latent KV cache, Llama's MLP.
+"""DeepSeek-V2 / V3: multi-head latent attention (MLA) over a latent KV cache; Llama's MLP on the dense layers, on
+the MoE layers routed experts (moe.DeepseekMoEBlock, grouped GEMMs) plus the shared experts as one dense MLP.
 
 Per layer, after the input norm (numbers as transformers computes them, see mla_config.py):
   a = x @ [q_a_proj | kv_a_proj_with_mqa]  (or [q_proj | kv_a_proj_with_mqa] without q LoRA): one GEMM, both read x;
@@ -7,7 +8,8 @@ Per layer, after the input norm (numbers as transformers computes them, see mla_
   the latent row [c_kv | k_pe] of each new token is written to the layer's page slot (an "mla" KVLayout: one
   "head" of kv_lora_rank + qk_rope_head_dim per token, no V), and attention runs over the sequence's latent rows
   (shared/kernels/mla_attention.py), decompressed through kv_b_proj;
-  o_proj, then the post-attention norm and a SwiGLU MLP as Llama's.
+  o_proj, then the post-attention norm and a SwiGLU MLP as Llama's (an MoE layer: the routed experts' sum plus
+  the shared experts' MLP).
 A step of decode tokens only attends in the latent space instead (weight absorption, mla_attention_absorbed: the
 paged attention backend over the latent rows as one MQA head); prefill and mixed steps take the reference.
 
@@ -29,6 +31,7 @@ from shared.engine.kv_pool import KVPool
 from shared.engine.models.config import ModelArchConfig
 from shared.engine.models.llama import LlamaForCausalLM, _param
 from shared.engine.models.mla_config import LATENT_NORM_EPS, MLAConfig
+from shared.engine.models.moe import DeepseekMoEBlock
 from shared.engine.models.slots import WeightSlot
 from shared.kernels.dispatch import AttentionBackend, AttentionMetadata
 from shared.kernels.elementwise import TORCH_OPS, ElementwiseOps
@@ -39,6 +42,10 @@ from shared.kernels.rotary import RotaryCache
 
 if TYPE_CHECKING:
     from shared.engine.models.tp_hooks import TPComm
+
+
+# (router, gate, up, down) below model.layers.N.: the hub's per-expert names, which save_pretrained also writes
+EXPERT_NAMES = ("mlp.gate", "mlp.experts.{e}.gate_proj", "mlp.experts.{e}.up_proj", "mlp.experts.{e}.down_proj")
 
 
 def mla_rotary(cfg: ModelArchConfig, max_positions: int) -> RotaryCache:
@@ -77,8 +84,27 @@ class MLADecoderLayer(nn.Module):
         self.kv_b_weight = _param(h * (mla.qk_nope_head_dim + mla.v_head_dim), mla.kv_lora_rank, dtype=dtype)
         self.o_weight = _param(hidden, h * mla.v_head_dim, dtype=dtype)
         self.post_norm = _param(hidden, dtype=dtype)
-        self.gate_up_weight = _param(2 * cfg.intermediate_size, hidden, dtype=dtype)
-        self.down_weight = _param(hidden, cfg.intermediate_size, dtype=dtype)
+        # the dense MLP, or on an MoE layer its shared experts (mla_config.py asks for at least one) as one MLP of
+        # n_shared x moe_intermediate_size
+        self.moe: DeepseekMoEBlock | None = None
+        inter = cfg.intermediate_size
+        if cfg.is_moe(layer_id):
+            inter = cfg.shared_experts * cfg.moe_intermediate_size
+            groups = (cfg.expert_groups, cfg.topk_groups)
+            self.moe = DeepseekMoEBlock(
+                hidden,
+                cfg.moe_intermediate_size,
+                cfg.num_experts,
+                cfg.experts_per_token,
+                cfg.norm_topk_prob,
+                groups,
+                cfg.routed_scaling_factor,
+                cfg.moe_kind == "deepseek_v3",
+                dtype,
+            )
+        self.dense_inter = inter
+        self.gate_up_weight = _param(2 * inter, hidden, dtype=dtype)
+        self.down_weight = _param(hidden, inter, dtype=dtype)
         self.linear: LinearBackend = TorchLinear()
         self.exact: LinearBackend = TorchLinear()
         self.packed: dict[str, PackedWeight] = {}
@@ -110,7 +136,8 @@ class MLADecoderLayer(nn.Module):
     def weight_map(self, cfg: ModelArchConfig) -> dict[str, WeightSlot]:
         """HF tensor name -> slot, for this layer."""
         pre, me = f"model.layers.{self.layer_id}.", f"layers.{self.layer_id}."
-        att, q, inter = pre + "self_attn.", self.q_rows, cfg.intermediate_size
+        att, q, inter = pre + "self_attn.", self.q_rows, self.dense_inter
+        mlp = pre + ("mlp.shared_experts." if self.moe is not None else "mlp.")
         m = {
             pre + "input_layernorm.weight": WeightSlot(me + "input_norm"),
             pre + "post_attention_layernorm.weight": WeightSlot(me + "post_norm"),
@@ -118,10 +145,12 @@ class MLADecoderLayer(nn.Module):
             att + "kv_a_layernorm.weight": WeightSlot(me + "kv_a_norm"),
             att + "kv_b_proj.weight": WeightSlot(me + "kv_b_weight"),
             att + "o_proj.weight": WeightSlot(me + "o_weight"),
-            pre + "mlp.gate_proj.weight": WeightSlot(me + "gate_up_weight", 0, inter),
-            pre + "mlp.up_proj.weight": WeightSlot(me + "gate_up_weight", inter, 2 * inter),
-            pre + "mlp.down_proj.weight": WeightSlot(me + "down_weight"),
+            mlp + "gate_proj.weight": WeightSlot(me + "gate_up_weight", 0, inter),
+            mlp + "up_proj.weight": WeightSlot(me + "gate_up_weight", inter, 2 * inter),
+            mlp + "down_proj.weight": WeightSlot(me + "down_weight"),
         }
+        if self.moe is not None:
+            m.update(self.moe.weight_map(pre, me + "moe.", EXPERT_NAMES))
         if self.q_b_weight is not None:
             m[att + "q_a_proj.weight"] = WeightSlot(me + "a_weight", 0, q)
             m[att + "q_a_layernorm.weight"] = WeightSlot(me + "q_a_norm")
@@ -151,10 +180,13 @@ class MLADecoderLayer(nn.Module):
             x, residual = self.ops.fused_add_rms_norm(hidden, residual, self.input_norm, self.eps)
         x = self.attention(x, cos, sin, batch, kv, attn, meta, plan)
         x, residual = self.ops.fused_add_rms_norm(x, residual, self.post_norm, self.eps)
+        routed = self.moe(x) if self.moe is not None else None
         gated = self.linear.apply_gated(x, self.packed["gate_up"])
         if gated is None:
             gated = self.ops.silu_and_mul(self.linear.apply(x, self.packed["gate_up"]))
-        return self.exact.apply(gated, self.packed["down"]), residual
+        dense = self.exact.apply(gated, self.packed["down"])
+        # transformers adds the shared experts to the routed ones (the same order of the sum)
+        return (dense if routed is None else routed + dense), residual
 
     def _rotate(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
         """RoPE over x [T, heads, rope]. Interleaved pairs are gathered into halves first: the result is
@@ -197,7 +229,7 @@ class MLADecoderLayer(nn.Module):
 
 
 class DeepseekForCausalLM(LlamaForCausalLM):
-    """DeepSeek-V2 / V3 (dense layers) causal LM over a paged latent KV pool.
+    """DeepSeek-V2 / V3 causal LM over a paged latent KV pool.
 
     A LlamaForCausalLM to the runner (the same methods, the lm_head's compute_logits inherited), but its own layers
     and forward: nothing of Llama's constructor applies, so it is not called.
@@ -234,6 +266,12 @@ class DeepseekForCausalLM(LlamaForCausalLM):
         layers = [layer for layer in self.layers if isinstance(layer, MLADecoderLayer)]
         assert len(layers) == len(self.layers)
         return layers
+
+    def post_load(self) -> None:
+        """The routed experts' loaded weights stacked for the grouped GEMMs, once."""
+        for layer in self._mla_layers():
+            if layer.moe is not None:
+                layer.moe.post_load()
 
     def use_linear(self, backend: LinearBackend) -> None:
         self.linear = backend

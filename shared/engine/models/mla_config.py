@@ -1,7 +1,10 @@
 """DeepSeek-V2 / V3 config.json -> the fields of ModelArchConfig, for their multi-head latent attention (MLA).
 
-Only checkpoints whose layers are all dense are loaded here: a config with MoE layers
-(first_k_dense_replace < num_hidden_layers, transformers' rule for which layers are MoE) is refused by name.
+Layers first_k_dense_replace.. are MoE layers (transformers' rule): n_routed_experts routed experts, num_experts_per_tok
+per token, plus n_shared_experts shared ones (moe.DeepseekMoEBlock for the router). V2 scores with a softmax, top-k
+"greedy" or "group_limited_greedy" (groups ranked by their best expert); V3 with a sigmoid, "noaux_tc" (the groups
+ranked by the sum of their best two biased scores, the top k among the topk_group kept ones by the biased scores, the
+weights from the unbiased ones). Both scale the weights by routed_scaling_factor.
 
 Numbers follow transformers 5.x exactly:
   - the query: q_proj (V2-Lite), or q_a_proj -> q_a_layernorm -> q_b_proj (q_lora_rank); per head
@@ -71,21 +74,76 @@ def _rope(cfg: Mapping[str, Any], source: str) -> tuple[float, dict[str, Any] | 
     return theta, params
 
 
-def _refuse_moe(cfg: Mapping[str, Any], layers: int, source: str) -> None:
+# (scoring function, top-k methods) each version's router implements (transformers 5.x's DeepseekV2/V3TopkRouter)
+ROUTERS = {"deepseek_v2": ("softmax", ("greedy", "group_limited_greedy")), "deepseek_v3": ("sigmoid", ("noaux_tc",))}
+
+
+def _groups(cfg: Mapping[str, Any], experts: int, method: str, source: str) -> tuple[int, int]:
+    """(n_group, topk_group); greedy is one group, all kept."""
+    if method == "greedy":
+        return 1, 1
+    groups, kept = int(cfg.get("n_group") or 0), int(cfg.get("topk_group") or 0)
+    if groups <= 0 or experts % groups:
+        raise ValueError(f"{source}: n_group {groups} must divide n_routed_experts {experts} for {method}")
+    if not 0 < kept <= groups:
+        raise ValueError(f"{source}: topk_group {kept} must be in 1..n_group ({groups})")
+    if method == "noaux_tc" and experts // groups < 2:  # a group's score is the sum of its best two experts
+        raise ValueError(f"{source}: noaux_tc needs at least 2 experts per group (n_routed_experts / n_group)")
+    return groups, kept
+
+
+def _moe_fields(cfg: Mapping[str, Any], model_type: str, layers: int, source: str) -> dict[str, Any]:
+    """The routed + shared experts of layers first_k_dense_replace.. (transformers' rule for both versions), or {}
+    when every layer is dense; what neither version's router does is refused by its field."""
     dense = cfg.get("first_k_dense_replace")
     dense = 0 if dense is None else int(dense)  # transformers' DeepseekV2Config default; V3 writes its own value
-    if dense < layers:
+    experts = int(cfg.get("n_routed_experts") or 0)
+    if dense >= layers or experts == 0:
+        return {}
+    if int(cfg.get("moe_layer_freq") or 1) != 1:  # transformers makes every layer from first_k_dense_replace sparse
+        raise ValueError(f"{source}: moe_layer_freq {cfg['moe_layer_freq']} is not supported (only 1)")
+    scoring, methods = ROUTERS[model_type]
+    if cfg.get("scoring_func", scoring) != scoring:
         raise ValueError(
-            f"{source}: first_k_dense_replace {dense} < num_hidden_layers {layers}: layers {dense}..{layers - 1} "
-            f"are MoE layers (n_routed_experts {cfg.get('n_routed_experts')}); MoE layers of the DeepSeek family are "
-            "not loaded yet (checkpoints whose layers are all dense, first_k_dense_replace >= num_hidden_layers, are)"
+            f"{source}: scoring_func {cfg['scoring_func']!r} is not supported for {model_type} ({scoring})"
         )
+    method = cfg.get("topk_method") or methods[0]
+    if method not in methods:
+        raise ValueError(f"{source}: topk_method {method!r} is not supported for {model_type}; supported: {methods}")
+    norm = bool(cfg.get("norm_topk_prob", model_type == "deepseek_v3"))
+    if norm and model_type == "deepseek_v2":  # transformers ignores it, DeepSeek's own code renormalises: ambiguous
+        raise ValueError(f"{source}: norm_topk_prob=true is not supported for deepseek_v2")
+    top_k, inter = int(cfg.get("num_experts_per_tok") or 0), int(cfg.get("moe_intermediate_size") or 0)
+    if not 0 < top_k <= experts:
+        raise ValueError(f"{source}: num_experts_per_tok {top_k} must be in 1..n_routed_experts ({experts})")
+    if inter <= 0:
+        raise ValueError(f"{source}: moe_intermediate_size {inter} must be positive")
+    shared = int(cfg.get("n_shared_experts") or 0)
+    if shared <= 0:  # transformers builds the shared experts' MLP on every MoE layer (and fails without them)
+        raise ValueError(
+            f"{source}: n_shared_experts {shared}: DeepSeek MoE layers without shared experts are not supported"
+        )
+    groups, kept = _groups(cfg, experts, method, source)
+    if top_k > kept * (experts // groups):
+        raise ValueError(f"{source}: num_experts_per_tok {top_k} > the experts of topk_group {kept} groups")
+    default_scale = 2.5 if model_type == "deepseek_v3" else 1.0  # transformers' config defaults
+    return {
+        "num_experts": experts,
+        "experts_per_token": top_k,
+        "moe_intermediate_size": inter,
+        "norm_topk_prob": norm,
+        "moe_layers": tuple(range(max(dense, 0), layers)),
+        "moe_kind": model_type,
+        "expert_groups": groups,
+        "topk_groups": kept,
+        "routed_scaling_factor": float(cfg.get("routed_scaling_factor", default_scale)),
+        "shared_experts": shared,
+    }
 
 
 def parse_mla_fields(cfg: Mapping[str, Any], model_type: str, source: str) -> dict[str, Any]:
     """ModelArchConfig's keyword arguments for a DeepSeek-V2 / V3 config.json, or ValueError naming the field."""
     layers = int(cfg["num_hidden_layers"])
-    _refuse_moe(cfg, layers, source)
     if cfg.get("quantization_config"):
         raise ValueError(f"{source}: quantization_config: quantized DeepSeek (MLA) checkpoints are not loaded yet")
     act = cfg.get("hidden_act", "silu")
@@ -126,4 +184,5 @@ def parse_mla_fields(cfg: Mapping[str, Any], model_type: str, source: str) -> di
         "o_bias": False,
         "hidden_act": act,
         "mla": mla,
+        **_moe_fields(cfg, model_type, layers, source),
     }

@@ -1,5 +1,5 @@
-"""The mixture-of-experts MLP (Qwen3-MoE, Mixtral): a softmax top-k router and the experts as one grouped GEMM per
-projection, never a loop over experts.
+"""The mixture-of-experts MLP (Qwen3-MoE, Mixtral; gpt-oss's and DeepSeek's variants below): a softmax top-k router
+and the experts as one grouped GEMM per projection, never a loop over experts.
 
 The T * k routed (token, expert) rows are sorted by expert, so each expert's rows are contiguous; then
 torch._grouped_mm runs every expert's gate_up GEMM in one call (`offs` = the cumulative row counts, an expert
@@ -195,3 +195,53 @@ class GptOssMoEBlock(MoEBlock):
         gate = gate_up[:, : self.inter_p].clamp(max=self.limit)
         up = gate_up[:, self.inter_p :].clamp(min=-self.limit, max=self.limit)
         return (up + 1) * (gate * torch.sigmoid(gate * self.alpha))
+
+
+class DeepseekMoEBlock(MoEBlock):
+    """DeepSeek-V2 / V3's routed experts (the shared ones are the decoder layer's dense MLP): MoEBlock's experts and
+    names (mlp.gate, mlp.experts.{e}.gate_proj ...), a grouped router whose weights are scaled by `scale`.
+
+    The router runs in fp32 as transformers' does. V2 (sigmoid False): softmax scores; with groups > 1 each group is
+    ranked by its best score and only the best `topk_groups` groups' experts may be picked. V3 (sigmoid True): sigmoid
+    scores plus e_score_correction_bias choose (groups ranked by the sum of their best two), the unbiased scores of
+    the chosen weigh them, renormalised where norm_topk says so."""
+
+    def __init__(
+        self,
+        hidden: int,
+        inter: int,
+        experts: int,
+        top_k: int,
+        norm_topk: bool,
+        groups: tuple[int, int],
+        scale: float,
+        sigmoid: bool,
+        dtype: torch.dtype,
+    ) -> None:
+        super().__init__(hidden, inter, experts, top_k, norm_topk, dtype)
+        self.groups, self.topk_groups = groups
+        self.scale, self.sigmoid = scale, sigmoid
+        # selection only, so kept in fp32 (transformers' buffer is fp32 whatever the model's dtype)
+        self.correction = _param(experts, dtype=torch.float32) if sigmoid else None
+
+    def weight_map(self, pre: str, me: str, names: tuple[str, str, str, str]) -> dict[str, WeightSlot]:
+        m = super().weight_map(pre, me, names)
+        if self.correction is not None:
+            m[f"{pre}{names[0]}.e_score_correction_bias"] = WeightSlot(me + "correction")
+        return m
+
+    def route(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        logits = F.linear(x.float(), self.router.float())  # [T, E]
+        scores = logits.sigmoid() if self.sigmoid else logits.softmax(dim=-1)
+        choice = scores if self.correction is None else scores + self.correction
+        if self.groups > 1:
+            grouped = choice.view(-1, self.groups, self.num_experts // self.groups)
+            best = grouped.topk(2, dim=-1).values.sum(-1) if self.sigmoid else grouped.amax(dim=-1)  # [T, groups]
+            keep = torch.zeros_like(best, dtype=torch.bool)
+            keep.scatter_(1, best.topk(self.topk_groups, dim=-1).indices, True)
+            choice = grouped.masked_fill(~keep.unsqueeze(-1), float("-inf")).view_as(choice)
+        ids = choice.topk(self.top_k, dim=-1).indices
+        top = scores.gather(1, ids)
+        if self.norm_topk:
+            top = top / (top.sum(dim=-1, keepdim=True) + 1e-20)
+        return (top * self.scale).to(x.dtype), ids

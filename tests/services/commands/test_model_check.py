@@ -132,7 +132,7 @@ def test_a_bert_model_is_the_encoders(tmp_path: Path, capsys: pytest.CaptureFixt
     assert rc == 1 and "hidden_act 'swish'" in out
 
 
-def test_deepseek_dense_is_servable_and_moe_is_refused_by_field(
+def test_deepseek_is_servable_and_an_unknown_router_is_refused_by_field(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     from tests.helpers.tiny_mla import make_tiny_mla
@@ -141,6 +141,6 @@ def test_deepseek_dense_is_servable_and_moe_is_refused_by_field(
     capsys.readouterr()  # transformers' progress bars while saving
     rc, out = _check(d, capsys)
     assert rc == 0 and out.startswith("ok: DeepseekV3ForCausalLM (deepseek_v3): 2 layers") and "MLA" in out
-    rc, out = _check(_edit_config(d, tmp_path / "moe", first_k_dense_replace=1), capsys)
+    rc, out = _check(_edit_config(d, tmp_path / "moe", first_k_dense_replace=1, topk_method="noaux"), capsys)
     assert rc == 1 and out.startswith("cannot serve: ") and len(out.splitlines()) == 1
-    assert "first_k_dense_replace 1 < num_hidden_layers 2" in out and "MoE layers of the DeepSeek family" in out
+    assert "topk_method 'noaux'" in out and "noaux_tc" in out

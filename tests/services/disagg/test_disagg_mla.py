@@ -1,4 +1,5 @@
-"""A DeepSeek-V3-shaped checkpoint (MLA, dense layers) served by real processes: a colocated worker, and a prefill and
+"""A DeepSeek-V3-shaped checkpoint (MLA; a dense layer, then MoE layers with grouped noaux_tc routing and a shared
+expert) served by real processes: a colocated worker, and a prefill and
 a decode moving latent pages (the "mla" KV layout: one row of kv_lora_rank + qk_rope_head_dim per token and layer)
 over NIXL. Both answer with the greedy tokens of an in-process engine over the same checkpoint (whose logits are
 checked against transformers in tests/shared/engine/test_mla_deepseek.py)."""
@@ -26,7 +27,7 @@ ARGS = ("--num-pages", "64", "--page-size", "16")
 
 @pytest.fixture(scope="module")
 def mla_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return make_tiny_mla(tmp_path_factory.mktemp("mla-served"), "v3")
+    return make_tiny_mla(tmp_path_factory.mktemp("mla-served"), "v3-moe")
 
 
 @pytest.fixture(scope="module")

@@ -44,15 +44,40 @@ def test_v2_lite_has_no_q_lora_and_v2_always_interleaves() -> None:
     assert b.mla is not None and not b.mla.rope_interleave
 
 
-@pytest.mark.parametrize("variant", ["v2", "v3"])
-def test_moe_layers_are_refused_naming_the_field(variant: str) -> None:
-    with pytest.raises(ValueError, match=r"first_k_dense_replace 1 < num_hidden_layers 2.*n_routed_experts 4.*MoE"):
-        parse_model_config(_json(variant, first_k_dense_replace=1))
-    cfg = _json(variant)
-    del cfg["first_k_dense_replace"]  # V2's default is 0: every layer MoE
-    if variant == "v2":
-        with pytest.raises(ValueError, match="first_k_dense_replace 0"):
-            parse_model_config(cfg)
+def test_moe_layers_are_parsed() -> None:
+    a = parse_model_config(_json("v3-moe"))
+    assert a.moe_layers == (1, 2) and a.moe_kind == "deepseek_v3" and a.num_experts == 8 and a.experts_per_token == 2
+    assert (a.expert_groups, a.topk_groups, a.shared_experts, a.norm_topk_prob) == (4, 2, 1, True)
+    assert a.routed_scaling_factor == 2.5 and a.moe_intermediate_size == 16
+    cfg = _json("v2-moe")
+    del cfg["first_k_dense_replace"], cfg["topk_method"]  # V2's defaults: every layer MoE, greedy (one group)
+    b = parse_model_config(cfg)
+    assert b.moe_layers == (0, 1, 2) and b.moe_kind == "deepseek_v2" and (b.expert_groups, b.topk_groups) == (1, 1)
+    assert b.routed_scaling_factor == 1.5 and not b.norm_topk_prob
+    assert not parse_model_config(_json("v3")).moe_layers  # first_k_dense_replace = num_hidden_layers: all dense
+
+
+@pytest.mark.parametrize(
+    ("variant", "overrides", "field"),
+    [
+        ("v2-moe", {"topk_method": "noaux_tc"}, "topk_method 'noaux_tc'"),
+        ("v3-moe", {"topk_method": "greedy"}, "topk_method 'greedy'"),
+        ("v3-moe", {"scoring_func": "softmax"}, "scoring_func 'softmax'"),
+        ("v2-moe", {"scoring_func": "sigmoid"}, "scoring_func 'sigmoid'"),
+        ("v2-moe", {"norm_topk_prob": True}, "norm_topk_prob"),
+        ("v3-moe", {"moe_layer_freq": 2}, "moe_layer_freq 2"),
+        ("v3-moe", {"n_group": 3}, "n_group 3"),
+        ("v3-moe", {"topk_group": 5}, "topk_group 5"),
+        ("v3-moe", {"n_group": 8, "topk_group": 2}, "at least 2 experts per group"),
+        ("v3-moe", {"num_experts_per_tok": 9}, "num_experts_per_tok 9"),
+        ("v2-moe", {"num_experts_per_tok": 3}, "num_experts_per_tok 3 > the experts of topk_group 1"),
+        ("v3-moe", {"moe_intermediate_size": 0}, "moe_intermediate_size 0"),
+        ("v2-moe", {"n_shared_experts": 0}, "n_shared_experts 0"),
+    ],
+)
+def test_unsupported_moe_variants_are_refused(variant: str, overrides: dict[str, Any], field: str) -> None:
+    with pytest.raises(ValueError, match=field):
+        parse_model_config(_json(variant, **overrides))
 
 
 @pytest.mark.parametrize(
@@ -89,11 +114,13 @@ def test_model_check_describes_and_refuses(tmp_path: Path) -> None:
     ok = check_model_dir(make_tiny_mla(tmp_path, "v3"))
     assert ok.ok, ok.reason
     assert "MLA" in ok.reason and "kv_lora_rank 16" in ok.reason and "yarn" in ok.reason
+    moe = check_model_dir(make_tiny_mla(tmp_path, "v3-moe"))
+    assert moe.ok and "8 experts top-2 of size 16 + 1 shared (1 dense layer)" in moe.reason, moe.reason
     bad = tmp_path / "moe"
     bad.mkdir()
-    (bad / "config.json").write_text(json.dumps(_json("v3", first_k_dense_replace=0)))
+    (bad / "config.json").write_text(json.dumps(_json("v3-moe", topk_method="greedy")))
     res = check_model_dir(bad)
-    assert not res.ok and "first_k_dense_replace 0 < num_hidden_layers 2" in res.reason
+    assert not res.ok and "topk_method 'greedy'" in res.reason
 
 
 def test_memory_plan_counts_latent_pages(tmp_path: Path) -> None:

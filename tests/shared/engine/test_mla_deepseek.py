@@ -3,7 +3,9 @@
 a latent KV cache (an "mla" KVLayout: one row of kv_lora_rank + qk_rope_head_dim per token and layer, no V).
 
 Variants (tests/helpers/tiny_mla.py): V2 with q LoRA, V2-Lite without, V3 with interleaved yarn RoPE, V3 with NeoX
-RoPE. Pages of 4 tokens, shorter than every prompt but one; page ids scrambled."""
+RoPE, and V2 / V3 with MoE layers (8 experts top-2 in 4 groups, 1 shared expert; V2 group_limited_greedy, V3
+noaux_tc with a non-zero correction bias; transformers' experts in eager mode). Pages of 4 tokens, shorter than every
+prompt but one; page ids scrambled."""
 
 from __future__ import annotations
 
@@ -40,7 +42,10 @@ def case(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactor
     variant = request.param
     d = _dir(variant, tmp_path_factory)
     if variant not in _HF:
-        _HF[variant] = AutoModelForCausalLM.from_pretrained(d, dtype=torch.float32, attn_implementation="eager").eval()
+        extra = {"experts_implementation": "eager"} if variant.endswith("-moe") else {}
+        _HF[variant] = AutoModelForCausalLM.from_pretrained(
+            d, dtype=torch.float32, attn_implementation="eager", **extra
+        ).eval()
     return ModelRunner(d, num_pages=96, page_size=PAGE), _HF[variant]
 
 
@@ -107,9 +112,10 @@ def test_the_cache_holds_the_latent(runner: ModelRunner) -> None:
         )
     )
     # layers x page_size x (kv_lora_rank + qk_rope_head_dim) x 4 bytes: no V half
-    assert lay.page_bytes == runner.kv.bytes_per_page == 2 * PAGE * (16 + 4) * 4 == 640
-    assert runner.kv.nbytes == runner.kv.num_pages * 640
-    assert runner.kv.page_view(0).shape == (2, 1, PAGE, 1, 20)
+    layers = runner.arch.num_layers
+    assert lay.page_bytes == runner.kv.bytes_per_page == layers * PAGE * (16 + 4) * 4 == layers * 320
+    assert runner.kv.nbytes == runner.kv.num_pages * layers * 320
+    assert runner.kv.page_view(0).shape == (layers, 1, PAGE, 1, 20)
     with pytest.raises(ValueError, match="latent rows only"):
         runner.kv.v(0)
 
@@ -232,7 +238,7 @@ def test_decode_steps_attend_in_the_latent_space(runner: ModelRunner, hf, monkey
         check(runner, absorbed[i], hf_logits(hf, p)[-1])
 
 
-@pytest.mark.parametrize("variant", ["v2", "v3"])
+@pytest.mark.parametrize("variant", ["v2", "v3", "v3-moe"])
 def test_bfloat16_runs_and_tracks_float32(variant: str, tmp_path_factory: pytest.TempPathFactory) -> None:
     """bf16 weights and bf16 latent pages (a prefill, then a decode step in the latent space)."""
     d = _dir(variant, tmp_path_factory)

@@ -67,7 +67,7 @@ class Rig:
 # Llama on every backend and dtype; the windowed / Gemma families (whose KV layout is Llama's) and DeepSeek-V3's latent
 # pages on one of them
 RIGS = [(b, d, "llama") for b in ("nixl", "mooncake") for d in DTYPES] + [
-    ("nixl", "float32", f) for f in ("mistral", "gemma2", "qwen3_moe", "mixtral", "gpt_oss", "mla-v3")
+    ("nixl", "float32", f) for f in ("mistral", "gemma2", "qwen3_moe", "mixtral", "gpt_oss", "mla-v3", "mla-v3-moe")
 ]
 
 
