@@ -21,7 +21,7 @@ import json
 from typing import Any, Protocol
 
 from services.gateway.openai.tools.formats_tagged import DeepSeekV3, GptOss, Qwen3Coder
-from services.gateway.openai.tools.json_text import json_items, tag_prefix
+from services.gateway.openai.tools.json_text import TaggedBlocks, json_items, tag_prefix
 from shared.config.choices import ToolCallParser
 
 
@@ -43,26 +43,14 @@ class ToolFormat(Protocol):
     def items(self, text: str, partial: bool) -> list[Any] | None: ...
 
 
-class Hermes:
+class Hermes(TaggedBlocks):
     TAG, END = "<tool_call>", "</tool_call>"
 
-    def start(self, text: str) -> int:
-        return text.find(self.TAG)
-
-    def held(self, text: str) -> int:
-        return tag_prefix(text, self.TAG)
-
-    def items(self, text: str, partial: bool) -> list[Any] | None:
-        out: list[Any] = []
-        for block in text.split(self.TAG)[1:]:
-            body, closed, _ = block.partition(self.END)
-            try:
-                out.append(json.loads(body))
-            except ValueError:
-                if partial and not closed:
-                    break  # the block max_tokens cut
-                return None
-        return out
+    def parse(self, body: str) -> Any | None:
+        try:
+            return json.loads(body)
+        except ValueError:
+            return None
 
 
 class _BareJson:

@@ -18,7 +18,7 @@ import json
 import re
 from typing import Any
 
-from services.gateway.openai.tools.json_text import json_items, tag_prefix
+from services.gateway.openai.tools.json_text import Tagged, TaggedBlocks, json_items, tag_prefix
 
 
 class XmlValue(str):
@@ -31,29 +31,15 @@ _FUNCTION = re.compile(r"<function=([^>\n]+)>(.*?)(</function>|$)", re.DOTALL)
 _PARAM = re.compile(r"<parameter=([^>\n]+)>\n?(.*?)\n?</parameter>", re.DOTALL)
 
 
-class Qwen3Coder:
+class Qwen3Coder(TaggedBlocks):
     TAG, END = "<tool_call>", "</tool_call>"
 
-    def start(self, text: str) -> int:
-        return text.find(self.TAG)
-
-    def held(self, text: str) -> int:
-        return tag_prefix(text, self.TAG)
-
-    def items(self, text: str, partial: bool) -> list[Any] | None:
-        out: list[Any] = []
-        for block in text.split(self.TAG)[1:]:
-            body, closed, _ = block.partition(self.END)
-            m = _FUNCTION.search(body)
-            complete = closed and m is not None and m.group(3) == "</function>"
-            if not complete:
-                if partial and not closed:
-                    break  # the call max_tokens cut
-                return None
-            assert m is not None
-            args = {k.strip(): XmlValue(v) for k, v in _PARAM.findall(m.group(2))}
-            out.append({"name": m.group(1).strip(), "arguments": args})
-        return out
+    def parse(self, body: str) -> Any | None:
+        m = _FUNCTION.search(body)
+        if m is None or m.group(3) != "</function>":
+            return None
+        args = {k.strip(): XmlValue(v) for k, v in _PARAM.findall(m.group(2))}
+        return {"name": m.group(1).strip(), "arguments": args}
 
 
 class DeepSeekV3:
@@ -96,17 +82,11 @@ class DeepSeekV3:
         return {"name": name, "arguments": found[0][0]}
 
 
-class GptOss:
+class GptOss(Tagged):
     """Calls as the gpt-oss channel splitter leaves them in the content (services/gateway/openai/harmony.py)."""
 
     TAG = "<|channel|>commentary to="
     CALL = re.compile(r"<\|channel\|>commentary to=([^<]*)<\|message\|>(.*?)(<\|call\|>|$)", re.DOTALL)
-
-    def start(self, text: str) -> int:
-        return text.find(self.TAG)
-
-    def held(self, text: str) -> int:
-        return tag_prefix(text, self.TAG)
 
     def items(self, text: str, partial: bool) -> list[Any] | None:
         out: list[Any] = []

@@ -35,3 +35,36 @@ def json_items(text: str, pos: int, partial: bool, *, until: str = "") -> tuple[
         except ValueError:
             return (items, pos) if partial else None
         items.append(value)
+
+
+class Tagged:
+    """A format whose calls start at TAG: where they begin, and how much of the text's end could still become it."""
+
+    TAG = ""
+
+    def start(self, text: str) -> int:
+        return text.find(self.TAG)
+
+    def held(self, text: str) -> int:
+        return tag_prefix(text, self.TAG)
+
+
+class TaggedBlocks(Tagged):
+    """Calls as TAG ... END blocks, each read by parse(); the last block may lack its END (a model may stop there)."""
+
+    END = ""
+
+    def parse(self, body: str) -> Any | None:
+        raise NotImplementedError
+
+    def items(self, text: str, partial: bool) -> list[Any] | None:
+        out: list[Any] = []
+        for block in text.split(self.TAG)[1:]:
+            body, closed, _ = block.partition(self.END)
+            call = self.parse(body)
+            if call is None:
+                if partial and not closed:
+                    break  # the block max_tokens cut
+                return None
+            out.append(call)
+        return out
