@@ -19,11 +19,12 @@ from shared.engine.engine import Engine
 from shared.engine.model_runner import ModelRunner
 from shared.engine.types import ScheduledSeq, SchedulerOutput
 from shared.modelspec.sampling import SamplingParams
+from tests.helpers.paged_parity import Pages, Worst, hf_logits, prompt
 from tests.helpers.tiny_mla import MLA_VARIANTS, make_tiny_mla
 
 PAGE = 4
 TOL = 1e-4
-WORST: dict[str, float] = {}
+WORST = Worst(TOL)
 _DIRS: dict[str, Path] = {}
 _HF: dict[str, torch.nn.Module] = {}
 
@@ -62,29 +63,7 @@ def hf(case: tuple[ModelRunner, object]):
 @pytest.fixture(scope="module", autouse=True)
 def report():
     yield
-    for key, diff in sorted(WORST.items()):
-        print(f"max abs logit diff {key}: {diff:.2e}")
-
-
-def hf_logits(hf, tokens: list[int]) -> torch.Tensor:
-    with torch.no_grad():
-        return hf(torch.tensor([tokens])).logits[0].float()
-
-
-def prompt(seed: int, n: int, vocab: int) -> list[int]:
-    return torch.randint(3, vocab, (n,), generator=torch.Generator().manual_seed(seed)).tolist()
-
-
-class Pages:
-    """Page ids in a scrambled order, so contiguity is never assumed."""
-
-    def __init__(self, n: int) -> None:
-        self.free = torch.randperm(n, generator=torch.Generator().manual_seed(5)).tolist()
-
-    def take(self, n: int) -> tuple[int, ...]:
-        got, self.free = self.free[:n], self.free[n:]
-        assert len(got) == n
-        return tuple(got)
+    WORST.print()
 
 
 def npages(n: int) -> int:
@@ -92,10 +71,7 @@ def npages(n: int) -> int:
 
 
 def check(runner: ModelRunner, ours: torch.Tensor, ref: torch.Tensor) -> None:
-    assert not ours.isnan().any()
-    diff = (ours - ref).abs().max().item()
-    WORST[runner.model_dir.name] = max(WORST.get(runner.model_dir.name, 0.0), diff)
-    assert diff <= TOL, f"max abs diff {diff:.2e} > {TOL}"
+    WORST.check(runner.model_dir.name, ours, ref)
 
 
 def test_the_cache_holds_the_latent(runner: ModelRunner) -> None:

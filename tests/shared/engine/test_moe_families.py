@@ -22,11 +22,12 @@ from shared.engine.model_runner import ModelRunner
 from shared.engine.models.moe_model import MoeDecoderLayer
 from shared.engine.types import ScheduledSeq, SchedulerOutput
 from shared.modelspec.sampling import SamplingParams
+from tests.helpers.paged_parity import Pages, Worst, hf_logits, prompt
 from tests.helpers.tiny_models import MOE_FAMILIES, WINDOW, make_tiny_model
 
 PAGE = 4
 TOL = 1e-4
-WORST: dict[str, float] = {}  # the largest difference per (family, backend), printed at the end (pytest -s)
+WORST = Worst(TOL)  # the largest difference per (family, backend), printed at the end (pytest -s)
 CASES = [(f, b) for f in MOE_FAMILIES for b in ("torch", "native")] + [("gpt_oss", "triton")]
 _DIRS: dict[str, Path] = {}
 _HF: dict[str, torch.nn.Module] = {}
@@ -72,29 +73,7 @@ def hf(case: tuple[ModelRunner, object]):
 @pytest.fixture(scope="module", autouse=True)
 def report():
     yield
-    for key, diff in sorted(WORST.items()):
-        print(f"max abs logit diff {key}: {diff:.2e}")
-
-
-def hf_logits(hf, tokens: list[int]) -> torch.Tensor:
-    with torch.no_grad():
-        return hf(torch.tensor([tokens])).logits[0].float()
-
-
-def prompt(seed: int, n: int, vocab: int) -> list[int]:
-    return torch.randint(3, vocab, (n,), generator=torch.Generator().manual_seed(seed)).tolist()
-
-
-class Pages:
-    """Page ids in a scrambled order, so contiguity is never assumed."""
-
-    def __init__(self, n: int) -> None:
-        self.free = torch.randperm(n, generator=torch.Generator().manual_seed(5)).tolist()
-
-    def take(self, n: int) -> tuple[int, ...]:
-        got, self.free = self.free[:n], self.free[n:]
-        assert len(got) == n
-        return tuple(got)
+    WORST.print()
 
 
 def npages(n: int) -> int:
@@ -102,11 +81,7 @@ def npages(n: int) -> int:
 
 
 def check(runner: ModelRunner, ours: torch.Tensor, ref: torch.Tensor) -> None:
-    assert not ours.isnan().any()
-    diff = (ours - ref).abs().max().item()
-    key = f"{runner.model_dir.name} [{runner.attn.name}]"
-    WORST[key] = max(WORST.get(key, 0.0), diff)
-    assert diff <= TOL, f"max abs diff {diff:.2e} > {TOL}"
+    WORST.check(f"{runner.model_dir.name} [{runner.attn.name}]", ours, ref)
 
 
 def test_config_has_the_moe_features(runner: ModelRunner) -> None:
